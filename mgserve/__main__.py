@@ -1,0 +1,3 @@
+from mgserve.cli import main
+
+raise SystemExit(main())
