@@ -1,0 +1,42 @@
+"""Benchmarks behind ``mgserve bench NAME``. Each module has ``add_arguments(parser)`` and
+``run(args) -> int``; results are printed as a table and, with ``--record``, appended to
+BENCHMARKS.md with date, machine and command, so every speed claim has a reproducible source."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import sys
+from pathlib import Path
+
+BENCHMARKS = ("tokenize", "decode")
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, {cpu}"
+
+
+def record(title: str, body: str, path: str | Path = "BENCHMARKS.md") -> None:
+    """Append one run to BENCHMARKS.md: date, machine, the exact command, then ``body``."""
+    cmd = "mgserve " + " ".join(sys.argv[1:]) if sys.argv else "mgserve bench"
+    entry = (
+        f"\n## {title}\n\n"
+        f"- date: {_dt.datetime.now().strftime('%Y-%m-%d %H:%M')}\n"
+        f"- machine: {machine()}\n"
+        f"- command: `{cmd}`\n\n{body.rstrip()}\n"
+    )
+    p = Path(path)
+    if not p.exists():
+        p.write_text("# Benchmarks\n\nEvery row comes from `mgserve bench ...`; newest last.\n")
+    with p.open("a") as f:
+        f.write(entry)

@@ -1,0 +1,54 @@
+"""``mgserve serve | info | bench``: the command line. Settings come from ``mgserve/config.py``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from mgserve import config
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mgserve", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve a GGUF model over HTTP")
+    config.add_arguments(serve)
+
+    info = sub.add_parser("info", help="describe a GGUF file and the memory a context needs")
+    info.add_argument("file", help="the GGUF file")
+    info.add_argument("-c", "--ctx-size", type=int, default=None,
+                      help="context size to size the KV cache for (default: trained context)")
+    info.add_argument("-np", "--parallel", type=int, default=1, help="number of slots")
+    info.add_argument("--cache-type-k", "-ctk", default="f16", choices=config.CACHE_TYPES)
+    info.add_argument("--cache-type-v", "-ctv", default="f16", choices=config.CACHE_TYPES)
+
+    bench = sub.add_parser("bench", help="run a benchmark (see BENCHMARKS.md)")
+    bsub = bench.add_subparsers(dest="bench", required=True)
+    from mgserve.bench import BENCHMARKS
+
+    for name in BENCHMARKS:
+        mod = importlib.import_module(f"mgserve.bench.{name}")
+        bp = bsub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
+        bp.add_argument("--record", action="store_true", help="append the result to BENCHMARKS.md")
+        mod.add_arguments(bp)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            from mgserve.api.server import serve
+
+            return serve(config.settings_from(args))
+        if args.command == "info":
+            from mgserve.core.info import main as info_main
+
+            return info_main(args)
+        mod = importlib.import_module(f"mgserve.bench.{args.bench}")
+        return int(mod.run(args))
+    except ValueError as e:  # user errors (bad settings, bad GGUF) get one clear line, no trace
+        print(f"mgserve: error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,131 @@
+"""One typed settings table: every option is a CLI flag and an ``MGSERVE_<NAME>`` variable.
+
+Precedence: command line > environment > default. Where llama-server has the same option we accept
+its flag names too (``-m``, ``-c``, ``-np``, ``--cache-type-k`` ...), so users can switch without
+relearning. Nothing else in mgserve reads ``os.environ`` for settings (see ``mgserve/env.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from mgserve import env
+
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def _opt(default: Any, help: str, *flags: str, choices: tuple[str, ...] | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "flags": flags, "choices": choices})
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str | None = _opt(
+        None, "GGUF file to serve; default: the built-in Gemma 3 270M Q4_K_M", "-m", "--model"
+    )
+    model_alias: str | None = _opt(
+        None, "model id reported by /v1/models (default: the file's name)", "-a", "--alias"
+    )
+    host: str = _opt("127.0.0.1", "address to listen on", "--host")
+    port: int = _opt(8080, "port to listen on", "--port")
+    ctx_size: int = _opt(
+        4096, "context size per slot in tokens (0: the model's trained context)", "-c", "--ctx-size"
+    )
+    parallel: int = _opt(4, "number of slots (sessions served at once)", "-np", "--parallel")
+    batch_size: int = _opt(
+        512, "most prompt tokens processed in one step across slots", "-b", "--batch-size"
+    )
+    api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' (not on /health)",
+                               "--api-key")
+    chat_template: str | None = _opt(
+        None,
+        "chat template: a built-in name (gemma, chatml, llama3) or a jinja file; "
+        "default: the GGUF's own, else the architecture's built-in",
+        "--chat-template",
+    )
+    cache_type_k: str = _opt("f16", "KV cache type for K", "-ctk", "--cache-type-k",
+                             choices=CACHE_TYPES)
+    cache_type_v: str = _opt("f16", "KV cache type for V", "-ctv", "--cache-type-v",
+                             choices=CACHE_TYPES)
+    device: str = _opt("auto", "where the model runs", "--device", choices=DEVICES)
+    threads: int = _opt(0, "CPU threads for the reference path (0: all cores)", "-t", "--threads")
+    n_predict: int = _opt(
+        -1, "default max tokens to generate when a request gives none (-1: to context end)",
+        "-n", "--n-predict",
+    )
+    seed: int = _opt(-1, "default sampling seed (-1: random per request)", "-s", "--seed")
+    max_body_mb: int = _opt(64, "largest accepted request body, in MiB", "--max-body-mb")
+    log_level: str = _opt("info", "logging level", "--log-level",
+                          choices=("debug", "info", "warning", "error"))
+    cache_dir: str | None = _opt(
+        None, "where the built-in model and compiled kernels are kept (default: ~/.cache/mgserve)",
+        "--cache-dir",
+    )
+
+    def __post_init__(self) -> None:
+        if not (0 < self.port < 65536):
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if self.ctx_size < 0:
+            raise ValueError(f"ctx-size must be >= 0, got {self.ctx_size}")
+        if self.parallel < 1:
+            raise ValueError(f"parallel must be >= 1, got {self.parallel}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch-size must be >= 1, got {self.batch_size}")
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0, got {self.threads}")
+        if self.max_body_mb < 1:
+            raise ValueError(f"max-body-mb must be >= 1, got {self.max_body_mb}")
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise ValueError(f"{f.name} must be one of {choices}, got {getattr(self, f.name)!r}")
+
+
+def _field_type(f: dataclasses.Field[Any]) -> type:
+    t = str(f.type)
+    return int if t.startswith("int") else str
+
+
+def env_name(name: str) -> str:
+    return "MGSERVE_" + name.upper()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per setting. Defaults are None so we can tell 'not given' from 'given'."""
+    for f in dataclasses.fields(Settings):
+        md = f.metadata
+        default = f.default
+        parser.add_argument(
+            *md["flags"],
+            dest=f.name,
+            type=_field_type(f),
+            default=None,
+            choices=md.get("choices"),
+            help=f"{md['help']} [env {env_name(f.name)}; default {default!r}]",
+        )
+
+
+def settings_from(args: argparse.Namespace | None = None, **overrides: Any) -> Settings:
+    """Build Settings from parsed CLI args, then MGSERVE_* variables, then defaults."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(Settings):
+        cli = getattr(args, f.name, None) if args is not None else None
+        if f.name in overrides:
+            values[f.name] = overrides[f.name]
+        elif cli is not None:
+            values[f.name] = cli
+        else:
+            raw = env.get(env_name(f.name))
+            if raw is not None:
+                conv = _field_type(f)
+                try:
+                    values[f.name] = conv(raw)
+                except ValueError:
+                    raise ValueError(
+                        f"{env_name(f.name)}={raw!r} is not a valid {conv.__name__}"
+                    ) from None
+    return Settings(**values)

@@ -1,0 +1,107 @@
+"""The scheduler-runner contract and the messages around it.
+
+``Request`` goes from the API to the scheduler; ``TokenEvent`` comes back. Each step the scheduler
+hands the runner one ``ScheduledBatch`` and gets one ``StepResult``. The single rule "per session, how
+many tokens go through the model this step" covers prefill (a prompt chunk), decode (one token) and,
+later, speculation (one token plus k drafts): see ``SeqWork``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick the next token. Neutral values switch a stage off (llama.cpp's conventions)."""
+
+    temperature: float = 0.8  # <= 0: greedy
+    top_k: int = 40  # <= 0: off
+    top_p: float = 0.95  # >= 1: off
+    min_p: float = 0.05  # <= 0: off
+    repeat_penalty: float = 1.0  # 1: off; applied over the last repeat_last_n tokens
+    repeat_last_n: int = 64  # window for all three penalties (-1: whole context, 0: off)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None  # None: random; the same seed gives the same tokens
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); -inf bans a token
+    n_probs: int = 0  # also report the top n_probs candidates (id, logprob) per sampled token
+    want_logprob: bool = False  # report the sampled token's own logprob
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class Request:
+    """One generation request, already tokenized. Mutable only by the scheduler once submitted."""
+
+    id: str
+    prompt: list[int]  # token ids, BOS included where the model wants one
+    sampling: SamplingParams
+    max_tokens: int  # > 0; the scheduler also stops at the slot's context end
+    stop_token_ids: frozenset[int] = frozenset()  # end-of-generation ids (EOS, EOT, ...)
+    ignore_eos: bool = False
+
+
+class TopLogprob(NamedTuple):
+    token: int
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token (or the end of a request) sent from the scheduler to the API."""
+
+    request_id: str
+    token: int | None  # None only on a final event that carries no token (error, abort)
+    logprob: float | None = None
+    top: tuple[TopLogprob, ...] = ()
+    finish_reason: str | None = None  # None while running; "stop", "length", "abort", "error"
+    n_prompt: int = 0  # prompt tokens (on every event, so usage can be built from the last)
+    n_cached: int = 0  # prompt tokens reused from the slot's cache
+    n_generated: int = 0  # tokens generated so far, this one included
+    error: str | None = None
+    # timings, seconds since the request was submitted (llama-server's `timings` are built from them)
+    t_prompt_done: float | None = None
+
+
+@dataclass(frozen=True)
+class SeqWork:
+    """One session's share of a step: which tokens go through the model, and what comes back."""
+
+    slot: int  # the slot whose state (KV cache, later recurrent state) is read and extended
+    request_id: str  # so a stale result (slot reassigned meanwhile) is never applied
+    tokens: tuple[int, ...]  # a prompt chunk, one decode token, or (later) 1 + k drafts
+    start: int  # position of tokens[0] == tokens already in the slot's cache
+    sample: bool  # False for a prompt chunk that does not end the prompt: no logits needed
+    sampling: SamplingParams  # the request's params (the runner keeps per-slot RNG + history)
+    new_sequence: bool = False  # first work of a request in this slot: reset sampler state
+    history: tuple[int, ...] = ()  # with new_sequence: tokens before `start` (penalty window)
+
+
+@dataclass(frozen=True)
+class ScheduledBatch:
+    """Everything the runner needs for one step. The runner never looks at the queue."""
+
+    step: int  # monotonically increasing; results carry it back
+    work: tuple[SeqWork, ...]  # at most one entry per slot
+    freed_slots: tuple[int, ...] = ()  # slots released since the last step: drop their state
+
+
+class SeqResult(NamedTuple):
+    slot: int
+    request_id: str
+    token: int  # the sampled token
+    logprob: float | None  # its logprob under the unmodified distribution, if asked
+    top: tuple[TopLogprob, ...]  # top n_probs candidates, if asked
+
+
+@dataclass
+class StepResult:
+    step: int
+    results: list[SeqResult] = field(default_factory=list)  # one per SeqWork with sample=True
+    n_tokens: int = 0  # tokens that went through the model this step
+    seconds: float = 0.0  # wall time of the step on the runner
