@@ -24,6 +24,11 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("--cache-type-k", "-ctk", default="f16", choices=config.CACHE_TYPES)
     info.add_argument("--cache-type-v", "-ctv", default="f16", choices=config.CACHE_TYPES)
 
+    from mgserve.core import synth
+
+    synth_p = sub.add_parser("synth", help="write a random-weight GGUF at a real model's shapes")
+    synth.add_arguments(synth_p)
+
     bench = sub.add_parser("bench", help="run a benchmark (see BENCHMARKS.md)")
     bsub = bench.add_subparsers(dest="bench", required=True)
     from mgserve.bench import BENCHMARKS
@@ -47,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
             from mgserve.core.info import main as info_main
 
             return info_main(args)
+        if args.command == "synth":
+            from mgserve.core import synth
+
+            return synth.run(args)
         mod = importlib.import_module(f"mgserve.bench.{args.bench}")
         return int(mod.run(args))
     except ValueError as e:  # user errors (bad settings, bad GGUF) get one clear line, no trace
