@@ -1,0 +1,78 @@
+"""The reference runner: executes a ``ScheduledBatch`` on a ``CausalLM`` and samples, on the CPU.
+
+The twin of ``mgserve/cuda/runner.py``: same contract, plain PyTorch. It owns one KV cache per slot
+(created on first use) and one ``SeqSampler`` per running session. It is synchronous; the engine
+calls ``run`` in a worker thread so the event loop stays free while the model computes.
+
+A freed slot keeps its cache: the scheduler remembers which tokens it holds, and a later request
+with the same prefix starts past them. A cache is positional (writing at ``start`` overwrites
+whatever was at ``start`` and later), which is what makes that reuse safe without clearing it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from mgserve.core.batch import ScheduledBatch, SeqResult, StepResult
+from mgserve.core.kvcache import KVCache
+from mgserve.core.models.base import CausalLM, SeqInput
+from mgserve.core.sampling import SeqSampler, logprobs_for
+
+
+class ReferenceRunner:
+    def __init__(
+        self,
+        model: CausalLM,
+        n_slots: int,
+        n_ctx: int,
+        type_k: str = "f16",
+        type_v: str = "f16",
+    ) -> None:
+        self.model = model
+        self.n_ctx = n_ctx
+        self.type_k, self.type_v = type_k, type_v
+        self._caches: list[KVCache | None] = [None] * n_slots  # KVCache per slot, made lazily
+        self._samplers: dict[int, SeqSampler] = {}  # slot -> the running session's sampler
+
+    def _cache(self, slot: int) -> KVCache:
+        cache = self._caches[slot]
+        if cache is None:
+            cache = self.model.new_cache(self.n_ctx, self.type_k, self.type_v)
+            self._caches[slot] = cache
+        return cache
+
+    def run(self, batch: ScheduledBatch) -> StepResult:
+        t0 = time.perf_counter()
+        for slot in batch.freed_slots:
+            self._samplers.pop(slot, None)
+        seqs: list[SeqInput] = []
+        for w in batch.work:
+            if w.new_sequence:
+                self._samplers[w.slot] = SeqSampler(w.sampling, w.history)
+            seqs.append(
+                SeqInput(
+                    cache=self._cache(w.slot),
+                    tokens=torch.tensor(w.tokens, dtype=torch.int64),  # [T]
+                    start=w.start,
+                    n_logits=1 if w.sample else 0,
+                )
+            )
+        logits = self.model.forward(seqs)  # [n_sample, V] float32, in work order
+
+        sampled = [w for w in batch.work if w.sample]
+        assert logits.shape[0] == len(sampled), (logits.shape, len(sampled))
+        tokens: list[int] = []
+        for w in batch.work:
+            sampler = self._samplers[w.slot]
+            sampler.accept(w.tokens)  # they are in the context now: the penalty window sees them
+            if w.sample:
+                tokens.append(sampler.sample(logits[len(tokens)]))
+        extras = logprobs_for(logits, tokens, [w.sampling for w in sampled])
+        results = [
+            SeqResult(w.slot, w.request_id, tok, lp, top)
+            for w, tok, (lp, top) in zip(sampled, tokens, extras, strict=True)
+        ]
+        n_tokens = sum(len(w.tokens) for w in batch.work)
+        return StepResult(batch.step, results, n_tokens, time.perf_counter() - t0)

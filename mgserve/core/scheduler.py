@@ -1,0 +1,268 @@
+"""The scheduler: slots, a FIFO queue, and one decision per step.
+
+Pure and synchronous (no asyncio, no torch): the engine actor wraps it, tests drive it with fake
+step results. Each step, per session: a decoding session feeds its last sampled token (1 token); a
+session still in its prompt feeds a chunk. Prompt tokens per step are bounded by ``batch_size`` and
+given oldest request first, so decoders keep streaming while a long prompt is chunked beside them.
+
+Prefix reuse: every slot remembers the token ids its cache holds. A new request takes the free slot
+whose cache shares the longest prefix with its prompt and starts there; the last prompt token is
+always recomputed, since its logits give the first generated token.
+
+A session's work is written into ``Slot.cached`` when it is scheduled, and the session is "in
+flight" until the step's result is applied; only sessions not in flight get new work. So the next
+step can be planned while the runner executes the current one; the runner runs steps in order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mgserve.core.batch import (
+    Request,
+    ScheduledBatch,
+    SeqResult,
+    SeqWork,
+    StepResult,
+    TokenEvent,
+)
+
+
+@dataclass
+class Session:
+    """A request placed in a slot."""
+
+    req: Request
+    t_added: float  # clock() when the request was submitted
+    n_cached: int  # prompt tokens reused from the slot's cache
+    n_done: int  # prompt tokens already in the cache (n_cached included)
+    generated: list[int] = field(default_factory=list)
+    in_flight: bool = False  # work scheduled, result not yet applied
+    new_sequence: bool = True  # the next work is the first of this request in its slot
+    t_prompt_done: float | None = None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.n_done < len(self.req.prompt)
+
+
+@dataclass
+class Slot:
+    id: int
+    cached: list[int] = field(default_factory=list)  # token ids held by the cache, positions 0..
+    session: Session | None = None
+    last_used: int = -1  # step of the last assignment, to evict the least recently used cache
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def validate(req: Request, n_ctx: int) -> None:
+    """Reject what can never run; a ValueError's message is meant for the client."""
+    if not req.prompt:
+        raise ValueError("the prompt is empty")
+    if len(req.prompt) >= n_ctx:
+        raise ValueError(
+            f"the prompt has {len(req.prompt)} tokens; the context holds {n_ctx} "
+            "(prompt plus at least one generated token)"
+        )
+    if req.max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {req.max_tokens}")
+
+
+class Scheduler:
+    def __init__(
+        self,
+        n_slots: int,
+        n_ctx: int,
+        batch_size: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if n_slots < 1 or n_ctx < 2 or batch_size < 1:
+            raise ValueError(f"bad scheduler sizes: {n_slots=} {n_ctx=} {batch_size=}")
+        self.n_ctx = n_ctx
+        self.batch_size = batch_size
+        self.slots = [Slot(i) for i in range(n_slots)]
+        self.queue: deque[tuple[Request, float]] = deque()
+        self._clock = clock
+        self._step = 0
+        self._freed: list[int] = []
+        self._in_flight: dict[int, ScheduledBatch] = {}
+
+    # -- requests in and out ---------------------------------------------------------------------
+
+    def add(self, req: Request, t_submit: float | None = None) -> None:
+        validate(req, self.n_ctx)
+        self.queue.append((req, self._clock() if t_submit is None else t_submit))
+
+    def abort(self, request_id: str) -> TokenEvent | None:
+        """Drop a queued or running request; None if it is unknown (already finished)."""
+        for i, (req, _) in enumerate(self.queue):
+            if req.id == request_id:
+                del self.queue[i]
+                return TokenEvent(request_id, None, finish_reason="abort", n_prompt=len(req.prompt))
+        for slot in self.slots:
+            s = slot.session
+            if s is not None and s.req.id == request_id:
+                self._release(slot)
+                return self._event(s, None, finish_reason="abort")
+        return None
+
+    def fail(self, step: int, error: str) -> list[TokenEvent]:
+        """The runner failed on ``step``: end its sessions with an error and forget their caches."""
+        batch = self._in_flight.pop(step, None)
+        events: list[TokenEvent] = []
+        for w in batch.work if batch else ():
+            slot = self.slots[w.slot]
+            s = slot.session
+            slot.cached.clear()  # what the cache holds is unknown now
+            if s is not None and s.req.id == w.request_id:
+                self._release(slot)
+                events.append(self._event(s, None, finish_reason="error", error=error))
+        return events
+
+    # -- one step --------------------------------------------------------------------------------
+
+    def has_work(self) -> bool:
+        return bool(self.queue) or any(s.session is not None for s in self.slots)
+
+    def schedule(self) -> ScheduledBatch | None:
+        """Plan the next step, or None if no session can make progress now."""
+        self._admit()
+        running = [s for s in self.slots if s.session is not None and not s.session.in_flight]
+        work: list[SeqWork] = []
+        for slot in running:
+            s = slot.session
+            assert s is not None
+            if not s.prefilling:
+                work.append(self._work(slot, s, (s.generated[-1],), sample=True))
+        budget = self.batch_size
+        # oldest request first: it gets the whole budget if it needs it (shortest mean TTFT)
+        for slot in sorted(running, key=lambda sl: sl.session.t_added):  # type: ignore[union-attr]
+            s = slot.session
+            assert s is not None
+            if not s.prefilling or budget == 0:
+                continue
+            chunk = s.req.prompt[s.n_done : s.n_done + budget]
+            budget -= len(chunk)
+            s.n_done += len(chunk)
+            work.append(self._work(slot, s, tuple(chunk), sample=not s.prefilling))
+        if not work:
+            return None
+        self._step += 1
+        batch = ScheduledBatch(
+            self._step, tuple(sorted(work, key=lambda w: w.slot)), tuple(dict.fromkeys(self._freed))
+        )
+        self._freed.clear()
+        self._in_flight[batch.step] = batch
+        return batch
+
+    def apply(self, result: StepResult) -> list[TokenEvent]:
+        """Apply sampled tokens; returns one event per token for requests still running."""
+        batch = self._in_flight.pop(result.step)
+        by_slot: dict[int, SeqResult] = {r.slot: r for r in result.results}
+        events: list[TokenEvent] = []
+        for w in batch.work:
+            slot = self.slots[w.slot]
+            s = slot.session
+            if s is None or s.req.id != w.request_id:
+                continue  # aborted meanwhile (and maybe reassigned): the result is stale
+            s.in_flight = False
+            if not w.sample:
+                continue
+            r = by_slot[w.slot]
+            assert r.request_id == w.request_id
+            events.append(self._on_token(slot, s, r))
+        return events
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        while self.queue:
+            free = [s for s in self.slots if s.session is None]
+            if not free:
+                return
+            req, t_added = self.queue.popleft()
+            # longest cached prefix wins; among equals, the least recently used cache is given up
+            slot = max(free, key=lambda sl: (common_prefix(sl.cached, req.prompt), -sl.last_used))
+            n_cached = min(common_prefix(slot.cached, req.prompt), len(req.prompt) - 1)
+            del slot.cached[n_cached:]
+            slot.session = Session(req, t_added, n_cached=n_cached, n_done=n_cached)
+            slot.last_used = self._step
+
+    def _work(self, slot: Slot, s: Session, tokens: tuple[int, ...], sample: bool) -> SeqWork:
+        start = len(slot.cached)
+        w = SeqWork(
+            slot=slot.id,
+            request_id=s.req.id,
+            tokens=tokens,
+            start=start,
+            sample=sample,
+            sampling=s.req.sampling,
+            new_sequence=s.new_sequence,
+            history=tuple(slot.cached) if s.new_sequence else (),
+        )
+        slot.cached.extend(tokens)
+        s.new_sequence = False
+        s.in_flight = True
+        return w
+
+    def _on_token(self, slot: Slot, s: Session, r: SeqResult) -> TokenEvent:
+        s.generated.append(r.token)
+        if s.t_prompt_done is None:
+            s.t_prompt_done = self._clock() - s.t_added
+        reason: str | None = None
+        if not s.req.ignore_eos and r.token in s.req.stop_token_ids:
+            reason = "stop"
+        elif len(s.generated) >= s.req.max_tokens or len(slot.cached) >= self.n_ctx:
+            reason = "length"  # max_tokens, or no room left to feed this token back
+        ev = self._event(s, r.token, finish_reason=reason, logprob=r.logprob, top=r.top)
+        if reason is not None:
+            self._release(slot)
+        return ev
+
+    def _release(self, slot: Slot) -> None:
+        slot.session = None
+        self._freed.append(slot.id)
+
+    def _event(self, s: Session, token: int | None, **kw: object) -> TokenEvent:
+        return TokenEvent(
+            request_id=s.req.id,
+            token=token,
+            n_prompt=len(s.req.prompt),
+            n_cached=s.n_cached,
+            n_generated=len(s.generated),
+            t_prompt_done=s.t_prompt_done,
+            **kw,  # type: ignore[arg-type]
+        )
+
+    # -- introspection (for /slots and metrics) --------------------------------------------------
+
+    def slot_info(self) -> list[dict[str, object]]:
+        out: list[dict[str, object]] = []
+        for slot in self.slots:
+            s = slot.session
+            out.append(
+                {
+                    "id": slot.id,
+                    "is_processing": s is not None,
+                    "id_task": s.req.id if s else None,
+                    "n_ctx": self.n_ctx,
+                    "n_prompt_tokens": len(s.req.prompt) if s else 0,
+                    "n_decoded": len(s.generated) if s else 0,
+                    "n_cached_tokens": len(slot.cached),
+                }
+            )
+        return out
+
+    @property
+    def n_busy(self) -> int:
+        return sum(s.session is not None for s in self.slots)
