@@ -1,0 +1,197 @@
+"""The tokenizer stored in a GGUF file's metadata, giving the same ids and text as llama.cpp.
+
+Two vocab types are supported: SentencePiece-style (``tokenizer.ggml.model == "llama"``, Gemma,
+Llama 2; see tokenizer_spm.py) and byte-level BPE (``"gpt2"``, Qwen, Llama 3; tokenizer_bpe.py).
+Special tokens, bos/eos handling and the end-of-generation set follow llama-vocab.cpp
+(tokenizer_special.py); text comes back through detokenizer.py.
+
+    tok = Tokenizer.from_metadata(GGUFFile(path).metadata)
+    ids = tok.encode("<start_of_turn>user\\nHi", parse_special=True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from mgserve.core.detokenizer import IncrementalDetokenizer, detokenize
+from mgserve.core.tokenizer_bpe import PRE_TYPES, BpeEncoder, decode_text
+from mgserve.core.tokenizer_special import (
+    ATTR_BYTE,
+    ATTR_CONTROL,
+    ATTR_NORMAL,
+    ATTR_UNKNOWN,
+    ATTR_USER_DEFINED,
+    SpecialSplitter,
+    derive_eog,
+    mark_unused,
+    token_attrs,
+)
+from mgserve.core.tokenizer_spm import SPACE, SpmEncoder
+
+__all__ = ["IncrementalDetokenizer", "Tokenizer"]
+
+_SPECIAL = ATTR_CONTROL | ATTR_UNKNOWN  # hidden by piece(special=False), not split without parse
+_RAW = _SPECIAL | ATTR_USER_DEFINED  # rendered as their plain text
+
+
+class Tokenizer:
+    """Build with ``from_metadata``; every id-taking method raises ValueError for a bad id."""
+
+    def __init__(self, meta: Mapping[str, Any]) -> None:
+        model = meta.get("tokenizer.ggml.model")
+        if model not in ("llama", "gpt2"):
+            raise ValueError(
+                f"unsupported tokenizer: tokenizer.ggml.model = {model!r} "
+                "(supported: 'llama' (SentencePiece), 'gpt2' (byte-level BPE))"
+            )
+        tokens = meta.get("tokenizer.ggml.tokens")
+        if tokens is None or len(tokens) == 0:
+            raise ValueError("GGUF metadata has no tokenizer.ggml.tokens")
+        self.model: str = model
+        self._tokens: list[str] = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+        self.n_vocab: int = len(self._tokens)
+        self._to_id: dict[str, int] = dict(zip(self._tokens, range(self.n_vocab), strict=True))
+        attrs = token_attrs(meta, self.n_vocab)
+
+        spm = model == "llama"
+        if spm:
+            self.add_bos, self.add_eos, self.clean_spaces = True, False, False
+            scores = meta.get("tokenizer.ggml.scores")
+            scores = [0.0] * self.n_vocab if scores is None else np.asarray(scores).tolist()
+            if len(scores) < self.n_vocab:
+                raise ValueError(
+                    f"tokenizer.ggml.scores has {len(scores)} entries, need {self.n_vocab}"
+                )
+            self._encoder: SpmEncoder | BpeEncoder = SpmEncoder(self._tokens, self._to_id, scores)
+            default_bos, default_eos = 1, 2
+        else:
+            pre = meta.get("tokenizer.ggml.pre") or "default"
+            if pre not in PRE_TYPES:
+                raise ValueError(
+                    f"unsupported pre-tokenizer: tokenizer.ggml.pre = {pre!r} "
+                    f"(supported: {', '.join(sorted(PRE_TYPES))})"
+                )
+            kind, ignore_merges, self.add_bos, self.clean_spaces = PRE_TYPES[pre]
+            self.add_eos = False
+            merges = meta.get("tokenizer.ggml.merges")
+            if merges is None:
+                raise ValueError("BPE tokenizer without tokenizer.ggml.merges")
+            self._encoder = BpeEncoder(kind, ignore_merges, self._to_id, merges)
+            default_bos, default_eos = 11, 11
+        self.add_space_prefix: bool = bool(meta.get("tokenizer.ggml.add_space_prefix", spm))
+        self.add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", self.add_bos))
+        self.add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", self.add_eos))
+        self.bos_id: int | None = self._special_id(meta, "bos", default_bos)
+        self.eos_id: int | None = self._special_id(meta, "eos", default_eos)
+        self.eog_ids: frozenset[int] = derive_eog(meta, self._to_id, attrs, self.eos_id)
+        mark_unused(self._tokens, attrs)
+        self._attrs: list[int] = attrs.tolist()
+        self._pieces: list[list[bytes | None]] = [[None] * self.n_vocab, [None] * self.n_vocab]
+
+    @classmethod
+    def from_metadata(cls, meta: Mapping[str, Any]) -> Tokenizer:
+        return cls(meta)
+
+    def _special_id(self, meta: Mapping[str, Any], name: str, default: int | None) -> int | None:
+        if default is not None and default >= self.n_vocab:
+            default = None
+        value = meta.get(f"tokenizer.ggml.{name}_token_id")
+        if value is None or not 0 <= int(value) < self.n_vocab:
+            return default  # llama.cpp warns about an out-of-range id and keeps the default
+        return int(value)
+
+    # ---- encoding
+
+    @cached_property
+    def _split_parse(self) -> SpecialSplitter:
+        return SpecialSplitter(
+            [(t, i) for i, t in enumerate(self._tokens) if self._attrs[i] & _RAW]
+        )
+
+    @cached_property
+    def _split_plain(self) -> SpecialSplitter:
+        # without parse_special, user-defined tokens are still split out first (llama.cpp,
+        # after huggingface tokenizers); control and unknown ones are plain text
+        return SpecialSplitter(
+            [
+                (t, i)
+                for i, t in enumerate(self._tokens)
+                if self._attrs[i] & _RAW and not self._attrs[i] & _SPECIAL
+            ]
+        )
+
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """``llama_tokenize(text, add_special, parse_special)``."""
+        fragments = (self._split_parse if parse_special else self._split_plain).split(text)
+        out: list[int] = []
+        if add_special and self.add_bos:
+            if self.bos_id is None:
+                raise ValueError("the vocab asks for a BOS token but has none")
+            out.append(self.bos_id)
+        prev_special = True  # SPM: a fragment at the start or after a special gets the prefix
+        for frag in fragments:
+            if isinstance(frag, int):
+                out.append(frag)
+                prev_special = True
+                continue
+            if self.add_space_prefix and prev_special:
+                frag = " " + frag
+            self._encoder.encode(frag, out)
+            prev_special = False
+        if add_special and self.add_eos:
+            if self.eos_id is None:
+                raise ValueError("the vocab asks for an EOS token but has none")
+            out.append(self.eos_id)
+        return out
+
+    # ---- decoding
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        """Whole-sequence text (``llama_detokenize``, unparse_special = not skip_special);
+        invalid UTF-8 becomes U+FFFD."""
+        return detokenize(self, list(ids), not skip_special)
+
+    def piece(self, token: int, special: bool = True) -> bytes:
+        """``llama_token_to_piece`` bytes; with special=False control tokens render as b""."""
+        self._check(token)
+        cache = self._pieces[special]
+        p = cache[token]
+        if p is None:
+            p = cache[token] = self._render(token, special)
+        return p
+
+    def _render(self, token: int, special: bool) -> bytes:
+        attr = self._attrs[token]
+        text = self._tokens[token]
+        if attr & _SPECIAL and not special:
+            return b""
+        if attr & _RAW:
+            return text.encode()
+        if attr & ATTR_NORMAL:
+            if self.model == "llama":
+                return text.replace(SPACE, " ").encode()
+            return decode_text(text)
+        if attr & ATTR_BYTE:
+            return bytes([int(text[3:5], 16)])
+        return b""  # unused / undefined tokens render as nothing
+
+    # ---- vocab lookups
+
+    def token_text(self, token: int) -> str:
+        self._check(token)
+        return self._tokens[token]
+
+    def is_control(self, token: int) -> bool:
+        self._check(token)
+        return bool(self._attrs[token] & ATTR_CONTROL)
+
+    def token_id(self, text: str) -> int | None:
+        return self._to_id.get(text)
+
+    def _check(self, token: int) -> None:
+        if not 0 <= token < self.n_vocab:
+            raise ValueError(f"token id {token} out of range [0, {self.n_vocab})")

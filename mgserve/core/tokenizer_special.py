@@ -1,0 +1,220 @@
+"""Special tokens as llama.cpp's llama-vocab.cpp treats them: token attributes, the
+end-of-generation set, and the split of input text around special-token texts
+(``tokenizer_st_partition``).
+
+llama.cpp knows several special tokens only by their text (``<end_of_turn>``, ``<|im_end|>``...)
+and upgrades them to control tokens; the rules below repeat that, so ``eog_ids`` and
+``is_control`` agree with llama.cpp for the same GGUF.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+# llama_token_attr bits (llama.h)
+ATTR_UNKNOWN = 1 << 0
+ATTR_UNUSED = 1 << 1
+ATTR_NORMAL = 1 << 2
+ATTR_CONTROL = 1 << 3
+ATTR_USER_DEFINED = 1 << 4
+ATTR_BYTE = 1 << 5
+
+# GGUF tokenizer.ggml.token_type values -> attribute bits; anything else is "undefined" (0)
+_TYPE_TO_ATTR = {
+    1: ATTR_NORMAL,
+    2: ATTR_UNKNOWN,
+    3: ATTR_CONTROL,
+    4: ATTR_USER_DEFINED,
+    5: ATTR_UNUSED,
+    6: ATTR_BYTE,
+}
+
+# Token texts that end generation (llama-vocab.cpp, "maintain a list of tokens that cause EOG").
+EOG_TEXTS = frozenset(
+    [
+        "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
+        "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
+        "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
+        "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[",
+    ]
+)  # fmt: skip
+# Ids llama.cpp finds by text when their key is absent; the token found becomes control.
+# (llama.cpp takes the first hit in hash-map order; we mark every hit, which only differs for a
+# vocab holding two candidates for the same role.)
+_DETECTED: dict[str, tuple[str, ...]] = {
+    "tokenizer.ggml.eot_token_id": (
+        "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+        "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>",
+        "<end_of_utterance>",
+    ),
+    "tokenizer.ggml.eom_token_id": ("<|eom_id|>",),
+    "tokenizer.ggml.fim_pre_token_id": (
+        "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+        "<|code_prefix|>", "<|prefix|>",
+    ),
+    "tokenizer.ggml.fim_suf_token_id": (
+        "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+        "<|code_suffix|>", "<|suffix|>",
+    ),
+    "tokenizer.ggml.fim_mid_token_id": (
+        "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+        "<|code_middle|>", "<|middle|>",
+    ),
+    "tokenizer.ggml.fim_pad_token_id": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "tokenizer.ggml.fim_rep_token_id": (
+        "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>",
+    ),
+    "tokenizer.ggml.fim_sep_token_id": ("<|file_sep|>",),
+}  # fmt: skip
+# roles whose token also ends generation
+_EOG_ROLES = ("eot", "eom", "fim_pad", "fim_rep", "fim_sep")
+
+
+def token_attrs(meta: Mapping[str, Any], n_vocab: int) -> np.ndarray:
+    """Attribute bits per token from ``tokenizer.ggml.token_type`` (all normal when absent)."""
+    types = meta.get("tokenizer.ggml.token_type")
+    if types is None:
+        return np.full(n_vocab, ATTR_NORMAL, dtype=np.int32)
+    types = np.asarray(types, dtype=np.int64)[:n_vocab]
+    if len(types) < n_vocab:
+        raise ValueError(f"tokenizer.ggml.token_type has {len(types)} entries, need {n_vocab}")
+    lut = np.zeros(8, dtype=np.int32)
+    for ty, attr in _TYPE_TO_ATTR.items():
+        lut[ty] = attr
+    return lut[np.clip(types, 0, 7)]
+
+
+def derive_eog(
+    meta: Mapping[str, Any], token_to_id: Mapping[str, int], attrs: np.ndarray, eos: int | None
+) -> frozenset[int]:
+    """End-of-generation ids as llama.cpp derives them; updates ``attrs`` in place the same way
+    (tokens found by text become control; a few model-family fix-ups)."""
+    n_vocab = len(attrs)
+    role_ids: dict[str, int] = {}
+    for key, candidates in _DETECTED.items():
+        role = key.removeprefix("tokenizer.ggml.").removesuffix("_token_id")
+        tid = meta.get(key)
+        if tid is not None and 0 <= int(tid) < n_vocab:
+            role_ids[role] = int(tid)
+            continue
+        hits = [token_to_id[t] for t in candidates if t in token_to_id]
+        for hit in hits:
+            attrs[hit] |= ATTR_CONTROL
+        if hits:
+            role_ids[role] = hits[0]
+    texts = {token_to_id[t]: t for t in EOG_TEXTS if t in token_to_id}
+    for tid in texts:
+        attrs[tid] |= ATTR_CONTROL
+    eog = set(texts) | {role_ids[r] for r in _EOG_ROLES if r in role_ids}
+    if eos is not None:
+        eog.add(eos)
+    for text in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"):  # gpt-oss
+        if text in token_to_id:
+            attrs[token_to_id[text]] = ATTR_USER_DEFINED
+    by_text = {t: i for i, t in texts.items()}
+    # o200k_harmony / solar-open: "<|end|>" is not a stop there
+    has_call = "<|call|>" in by_text or "<|calls|>" in by_text
+    if "<|end|>" in by_text and has_call and ("<|return|>" in by_text or "<|flush|>" in by_text):
+        eog.discard(by_text["<|end|>"])
+        attrs[by_text["<|end|>"]] = ATTR_USER_DEFINED
+    # gemma4 / plamo: "</s>" is a normal token there
+    if "</s>" in by_text and ("<|tool_response>" in by_text or "<|plamo:eos|>" in token_to_id):
+        eog.discard(by_text["</s>"])
+        attrs[by_text["</s>"]] = ATTR_NORMAL
+    return frozenset(eog)
+
+
+def mark_unused(tokens: Sequence[str], attrs: np.ndarray) -> None:
+    """Control tokens whose text contains "unused" get the unused bit (llama.cpp does this)."""
+    for tid in np.flatnonzero(attrs & ATTR_CONTROL).tolist():
+        if "unused" in tokens[tid]:
+            attrs[tid] |= ATTR_UNUSED
+
+
+class SpecialSplitter:
+    """Cuts text into raw-text pieces and special-token ids, exactly like llama.cpp's
+    ``tokenizer_st_partition``: special tokens are taken one at a time, longest text first, and
+    each claims its leftmost non-overlapping occurrences in the text that is still raw.
+
+    Only the specials that occur in the text matter, and finding them one by one over a 262k
+    vocab would scan the text thousands of times; one regex trie finds, at every position, the
+    longest special starting there, and every special that is a prefix of a found one is added.
+    """
+
+    def __init__(self, specials: Sequence[tuple[str, int]]) -> None:
+        # llama.cpp sorts by byte length, longest first (std::sort: ties in unspecified order;
+        # we break them by id)
+        self.specials = sorted(specials, key=lambda s: (-len(s[0].encode()), s[1]))
+        self.rank = {text: i for i, (text, _) in enumerate(self.specials)}
+        self.prefixes: dict[str, list[str]] = {}
+        texts = set(self.rank)
+        for text in texts:
+            self.prefixes[text] = [text[:k] for k in range(1, len(text)) if text[:k] in texts]
+        self.finder = re.compile("(?=(" + trie_regex(texts) + "))") if texts else None
+
+    def split(self, text: str) -> list[str | int]:
+        if self.finder is None or not text:
+            return [text] if text else []
+        present: set[str] = set()
+        for found in set(self.finder.findall(text)):
+            present.add(found)
+            present.update(self.prefixes[found])
+        if not present:
+            return [text]
+        claimed = bytearray(len(text))  # 1 where a special already took the character
+        starts: dict[int, tuple[int, int]] = {}  # start -> (end, id)
+        for stext, sid in sorted((self.specials[self.rank[t]] for t in present), key=self._key):
+            n = len(stext)
+            last_end = 0
+            pos = text.find(stext)
+            while pos >= 0:
+                if pos < last_end:  # overlaps this special's previous occurrence
+                    pos = text.find(stext, last_end)
+                    continue
+                taken = claimed.find(1, pos, pos + n)
+                if taken >= 0:  # every start up to the end of that claimed run overlaps it
+                    free = claimed.find(0, taken)
+                    pos = text.find(stext, free) if free >= 0 else -1
+                    continue
+                claimed[pos : pos + n] = b"\x01" * n
+                starts[pos] = (pos + n, sid)
+                last_end = pos + n
+                pos = text.find(stext, last_end)
+        out: list[str | int] = []
+        cur = 0
+        for start in sorted(starts):
+            end, sid = starts[start]
+            if start > cur:
+                out.append(text[cur:start])
+            out.append(sid)
+            cur = end
+        if cur < len(text):
+            out.append(text[cur:])
+        return out
+
+    def _key(self, special: tuple[str, int]) -> int:
+        return self.rank[special[0]]
+
+
+def trie_regex(words: set[str]) -> str:
+    """A regex matching any of ``words``, longest alternative first, shaped as a trie so that
+    matching costs one pass over the candidate characters, not one try per word."""
+    trie: dict[str, Any] = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def emit(node: dict[str, Any]) -> str:
+        alts = [re.escape(ch) + emit(child) for ch, child in sorted(node.items()) if ch]
+        if not alts:
+            return ""
+        body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+        return f"(?:{body})?" if "" in node else body
+
+    return emit(trie)

@@ -1,0 +1,128 @@
+"""SentencePiece-style encoding (``tokenizer.ggml.model == "llama"``), identical to llama.cpp's
+``llm_tokenizer_spm_session``: spaces become ``▁``, then adjacent symbols are merged, best vocab
+score first (ties: leftmost), until no adjacent pair forms a vocab token; what is left and is not
+a token falls back to ``<0xNN>`` byte tokens.
+
+llama.cpp merges over a whole text fragment; doing that in Python on 1 MB is slow, so we cut the
+fragment into words before each ``▁`` and cache the ids of each word. The cut is exact: every
+symbol llama.cpp ever forms is a contiguous substring that is a vocab token, so a merge can cross
+a cut only if some vocab token occurs in the text across it. Tokens with ``▁`` after their first
+character are the only ones that can cross a cut made before a ``▁``; wherever one of them
+occurs we do not cut inside it. Merges on the two sides of a safe cut never interact, and the
+priority order restricted to one side is the order llama.cpp uses, so the ids are identical.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from collections.abc import Mapping, Sequence
+
+from mgserve.core.tokenizer_special import trie_regex
+
+SPACE = "\u2581"  # ▁
+_WORD_RE = re.compile(f"{SPACE}[^{SPACE}]*|[^{SPACE}]+")
+_CACHE_LIMIT = 200_000  # words; cleared when full so a long-running server stays bounded
+
+
+class SpmEncoder:
+    def __init__(
+        self, tokens: Sequence[str], token_to_id: Mapping[str, int], scores: Sequence[float]
+    ) -> None:
+        self.token_to_id = token_to_id
+        self.scores = scores
+        crossing = {t for t in tokens if SPACE in t[1:]}
+        # at each position the longest crossing token starting there (shorter ones span less)
+        self.crossing = re.compile("(?=(" + trie_regex(crossing) + "))") if crossing else None
+        self.byte_ids: list[int | None] = [None] * 256
+        self.cache: dict[str, tuple[int, ...]] = {}
+
+    def encode(self, text: str, out: list[int]) -> None:
+        """Append the ids of one raw-text fragment (space prefix already applied) to ``out``."""
+        cache = self.cache
+        for word in self._words(text.replace(" ", SPACE)):
+            ids = cache.get(word)
+            if ids is None:
+                if len(cache) >= _CACHE_LIMIT:
+                    cache.clear()
+                ids = cache[word] = tuple(self._merge(word))
+            out.extend(ids)
+
+    def _words(self, s: str) -> list[str]:
+        if self.crossing is None:
+            return _WORD_RE.findall(s)
+        unsafe: set[int] = set()
+        for m in self.crossing.finditer(s):
+            unsafe.update(range(m.start() + 1, m.start() + len(m.group(1))))
+        if not unsafe:
+            return _WORD_RE.findall(s)
+        words = []
+        begin = 0
+        for m in _WORD_RE.finditer(s):
+            cut = m.start()
+            if cut > begin and cut not in unsafe:
+                words.append(s[begin:cut])
+                begin = cut
+        if begin < len(s):
+            words.append(s[begin:])
+        return words
+
+    def _merge(self, word: str) -> list[int]:
+        tid = self.token_to_id
+        scores = self.scores
+        n = len(word)
+        # symbol i covers word[i : i + length[i]]; a symbol only ever absorbs its right neighbour,
+        # so its start never moves; length 0 marks a symbol that was absorbed
+        length = [1] * n
+        nxt = list(range(1, n + 1))
+        nxt[-1] = -1
+        prev = list(range(-1, n - 1))
+        heap: list[tuple[float, int, int, int]] = []  # (-score, left, right, size)
+        for i in range(n - 1):
+            t = tid.get(word[i : i + 2])
+            if t is not None:
+                heap.append((-scores[t], i, i + 1, 2))
+        heapq.heapify(heap)
+        while heap:
+            _, left, right, size = heapq.heappop(heap)
+            if length[left] == 0 or length[right] == 0 or length[left] + length[right] != size:
+                continue  # stale: one side already merged with something else
+            length[left] = size
+            length[right] = 0
+            after = nxt[right]
+            nxt[left] = after
+            if after >= 0:
+                prev[after] = left
+            before = prev[left]
+            if before >= 0:
+                span = length[before] + size
+                t = tid.get(word[before : before + span])
+                if t is not None:
+                    heapq.heappush(heap, (-scores[t], before, left, span))
+            if after >= 0:
+                span = size + length[after]
+                t = tid.get(word[left : left + span])
+                if t is not None:
+                    heapq.heappush(heap, (-scores[t], left, after, span))
+        out: list[int] = []
+        i = 0
+        while i >= 0:
+            piece = word[i : i + length[i]]
+            t = tid.get(piece)
+            if t is not None:
+                out.append(t)
+            else:
+                out.extend(self._byte_id(b) for b in piece.encode())
+            i = nxt[i]
+        return out
+
+    def _byte_id(self, b: int) -> int:
+        t = self.byte_ids[b]
+        if t is None:
+            t = self.token_to_id.get(f"<0x{b:02X}>")
+            if t is None and b < 0x80:
+                t = self.token_to_id.get(chr(b))
+            if t is None:
+                raise ValueError(f"vocab has no byte-fallback token for byte 0x{b:02X}")
+            self.byte_ids[b] = t
+        return t

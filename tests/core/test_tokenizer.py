@@ -1,0 +1,178 @@
+"""The tokenizer against llama.cpp: ids, text and pieces for every corpus entry, recorded once by
+tests/data/make_tokenizer_reference.py (llama-cpp-python 0.3.36) for the built-in Gemma 3 270M
+(SentencePiece), the same vocab with add_space_prefix on (Llama-2 style), and three tiny
+byte-level BPE files (qwen2, llama-bpe, default pre-tokenizers)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mgserve.core.detokenizer import _safe_cut, clean_spaces
+from mgserve.core.gguf import GGUFFile
+from mgserve.core.tokenizer import IncrementalDetokenizer, Tokenizer
+from mgserve.core.tokenizer_spm import SPACE
+
+DATA = Path(__file__).parent.parent / "data"
+MODELS = ("gemma3", "gemma3_prefix", "bpe_qwen2", "bpe_llama-bpe", "bpe_default")
+CORPUS: list[str] = json.loads((DATA / "tokenizer_corpus.json").read_text())
+
+
+def _reference(name: str) -> dict[str, Any]:
+    return json.loads(gzip.decompress((DATA / f"tokenizer_ref_{name}.json.gz").read_bytes()))
+
+
+@pytest.fixture(scope="session")
+def gemma_meta(gemma_path: Path) -> dict[str, Any]:
+    return GGUFFile(gemma_path).metadata
+
+
+@pytest.fixture(scope="session")
+def toks(gemma_meta: dict[str, Any]) -> dict[str, Tokenizer]:
+    out = {
+        "gemma3": Tokenizer.from_metadata(gemma_meta),
+        "gemma3_prefix": Tokenizer.from_metadata(
+            {**gemma_meta, "tokenizer.ggml.add_space_prefix": True}
+        ),
+    }
+    for name in MODELS[2:]:
+        pre = name.removeprefix("bpe_")
+        out[name] = Tokenizer.from_metadata(GGUFFile(DATA / f"tokenizer_bpe_{pre}.gguf").metadata)
+    return out
+
+
+@pytest.fixture(scope="session", params=MODELS)
+def case(request: pytest.FixtureRequest, toks: dict[str, Tokenizer]) -> tuple[Tokenizer, dict]:
+    return toks[request.param], _reference(request.param)
+
+
+def test_corpus_is_varied() -> None:
+    assert len(CORPUS) >= 250
+    joined = "".join(CORPUS)
+    needles = ["def ", "#include", '{"', "\t\t", "   ", "\n\n", "é", "日本", "한국", "مرحبا"]
+    needles += ["\u0301", "\U0001f468\u200d\U0001f469", "🇯🇵", "<start_of_turn>", "<bos>"]
+    needles += ["<|im_start|>", "9" * 50]
+    for needle in needles:
+        assert needle in joined, needle
+    assert "" in CORPUS and max(map(len, CORPUS)) >= 3000
+
+
+def test_encode_matches_llama_cpp(case: tuple[Tokenizer, dict]) -> None:
+    tok, ref = case
+    assert len(ref["entries"]) == len(CORPUS)
+    bad = []
+    for text, entry in zip(CORPUS, ref["entries"], strict=True):
+        for key, want in entry["ids"].items():
+            got = tok.encode(text, add_special=key[0] == "1", parse_special=key[1] == "1")
+            if got != want:
+                bad.append((key, text[:40], got[:12], want[:12]))
+    assert not bad, f"{len(bad)} of {4 * len(CORPUS)} differ; first: {bad[:3]}"
+
+
+def test_decode_matches_llama_cpp(case: tuple[Tokenizer, dict]) -> None:
+    tok, ref = case
+    for entry in ref["entries"]:
+        ids = entry["ids"]["11"]
+        assert tok.decode(ids) == entry["text"]
+        assert tok.decode(iter(ids), skip_special=True) == entry["text_nospecial"]
+
+
+def test_pieces_match_llama_cpp(case: tuple[Tokenizer, dict]) -> None:
+    tok, ref = case
+    assert len(ref["pieces"]) > 100
+    for token, (with_special, without) in ref["pieces"].items():
+        assert tok.piece(int(token)).hex() == with_special, token
+        assert tok.piece(int(token), special=False).hex() == without, token
+
+
+def test_vocab_facts_match_llama_cpp(case: tuple[Tokenizer, dict]) -> None:
+    tok, ref = case
+    assert tok.n_vocab == ref["n_vocab"]
+    assert (tok.bos_id, tok.eos_id) == (ref["bos"], ref["eos"])
+    assert (tok.add_bos, tok.add_eos) == (ref["add_bos"], ref["add_eos"])
+    assert sorted(tok.eog_ids) == ref["eog"]
+    assert [t for t in range(tok.n_vocab) if tok.is_control(t)] == ref["control"]
+
+
+def test_incremental_detokenizer_matches_decode(case: tuple[Tokenizer, dict]) -> None:
+    tok, ref = case
+    split_chars = 0
+    for entry in ref["entries"]:
+        ids = entry["ids"]["11"]
+        for skip in (True, False):
+            det = IncrementalDetokenizer(tok, skip_special=skip)
+            chunks = [det.push(t) for t in ids]
+            chunks.append(det.flush())
+            assert "".join(chunks) == tok.decode(ids, skip_special=skip)
+            assert not any("\ufffd" in c for c in chunks), chunks
+            # a token whose bytes end inside a character must not show up on its own
+            split_chars += sum(
+                1 for t, c in zip(ids, chunks, strict=False) if c == "" and tok.piece(t, not skip)
+            )
+    assert split_chars > 0  # the corpus does split characters across byte-fallback tokens
+
+
+def test_gemma_special_tokens(toks: dict[str, Tokenizer]) -> None:
+    tok = toks["gemma3"]
+    eot = tok.token_id("<end_of_turn>")
+    assert eot is not None and eot in tok.eog_ids and tok.is_control(eot)
+    assert tok.token_text(eot) == "<end_of_turn>"
+    assert tok.token_id("no such token text") is None
+    sot = tok.token_id("<start_of_turn>")
+    ids = tok.encode("<start_of_turn>user\nHi", parse_special=True)
+    assert ids[:2] == [tok.bos_id, sot]
+    assert sot not in tok.encode("<start_of_turn>user\nHi")  # plain text without parse_special
+    assert tok.piece(eot, special=False) == b"" and tok.piece(eot) == b"<end_of_turn>"
+    assert tok.decode(ids, skip_special=True) == "user\nHi"
+
+
+def test_spm_word_cut_is_exact(toks: dict[str, Tokenizer]) -> None:
+    """Cutting before each ▁ (except inside tokens like ">▁</") gives the ids that merging
+    over the whole fragment gives, which is what llama.cpp does."""
+    enc = toks["gemma3"]._encoder
+    for text in [*CORPUS[:120], "<a> </b> x>▁</y", "a>  </b"]:
+        for frag in text.split("\n"):
+            if not frag:
+                continue
+            cut: list[int] = []
+            enc.encode(frag, cut)
+            assert cut == enc._merge(frag.replace(" ", SPACE)), frag
+
+
+def test_bad_ids_and_bad_vocab(toks: dict[str, Tokenizer], gemma_meta: dict[str, Any]) -> None:
+    tok = toks["gemma3"]
+    for bad in (-1, tok.n_vocab):
+        with pytest.raises(ValueError, match=rf"token id {bad} out of range \[0, 262144\)"):
+            tok.piece(bad)
+        with pytest.raises(ValueError, match="out of range"):
+            tok.decode([5, bad])
+        with pytest.raises(ValueError, match="out of range"):
+            IncrementalDetokenizer(tok).push(bad)
+    with pytest.raises(ValueError, match=r"tokenizer\.ggml\.model.*'t5'"):
+        Tokenizer.from_metadata({**gemma_meta, "tokenizer.ggml.model": "t5"})
+    bpe = GGUFFile(DATA / "tokenizer_bpe_qwen2.gguf").metadata
+    with pytest.raises(ValueError, match=r"tokenizer\.ggml\.pre.*'nonesuch'"):
+        Tokenizer.from_metadata({**bpe, "tokenizer.ggml.pre": "nonesuch"})
+
+
+def test_streaming_clean_up_cut_is_safe() -> None:
+    """Where the streaming detokenizer cuts a clean_spaces vocab's bytes, cleaning the two halves
+    equals cleaning the whole, whatever comes next."""
+    rng = random.Random(0)
+    alphabet = b" '?!.,smrevtdlx"
+    cuts = 0
+    for _ in range(20_000):
+        head = bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 10)))
+        p = _safe_cut(bytearray(head))
+        if p == 0:
+            continue
+        cuts += 1
+        for tail in (b"", b"?", b"'s", b"'re", b" ' x", b" ."):
+            whole = head + tail
+            assert clean_spaces(whole) == clean_spaces(head[:p]) + clean_spaces(whole[p:])
+    assert cuts > 1000
