@@ -1,0 +1,55 @@
+"""The aiohttp application: middlewares, routes, and the engine's lifetime in one cleanup_ctx."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from mgserve.api import llama_routes, openai_routes
+from mgserve.api.errors import Handler, error_middleware, error_response
+from mgserve.api.http import SERVICE
+from mgserve.api.service import Service
+
+PUBLIC_PATHS = frozenset({"/health", "/v1/health"})  # as llama-server: probes need no key
+
+
+def _auth_middleware(api_key: str) -> web.middleware:  # type: ignore[valid-type]
+    expected = api_key.encode()
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in PUBLIC_PATHS:
+            return await handler(request)
+        # OpenAI clients send a Bearer token; llama-server also takes X-Api-Key
+        given = request.headers.get("Authorization") or request.headers.get("X-Api-Key") or ""
+        if given.startswith("Bearer "):
+            given = given[len("Bearer ") :]
+        if not hmac.compare_digest(given.encode(), expected):
+            return error_response("invalid API key", 401)
+        return await handler(request)
+
+    return auth
+
+
+async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
+    engine = app[SERVICE].engine
+    await engine.start()
+    yield
+    await engine.stop()
+
+
+def create_app(service: Service) -> web.Application:
+    middlewares = [error_middleware]
+    if service.settings.api_key:
+        middlewares.append(_auth_middleware(service.settings.api_key))
+    app = web.Application(
+        middlewares=middlewares,
+        client_max_size=service.settings.max_body_mb * 1024 * 1024,
+    )
+    app[SERVICE] = service
+    app.cleanup_ctx.append(_engine_ctx)
+    openai_routes.add_routes(app)
+    llama_routes.add_routes(app)
+    return app

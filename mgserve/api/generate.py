@@ -1,0 +1,212 @@
+"""One generation as the API sees it: submit, detokenize incrementally, apply stop strings.
+
+The engine streams ``TokenEvent``s; this turns them into ``Chunk``s of text that are safe to send:
+UTF-8 complete, with any tail that could still become a stop string held back. A matched stop
+string, a client that went away, or a handler that fails all end in ``stream.abort()``, so the
+slot is freed within a step.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from mgserve.api.protocol import GenParams
+from mgserve.api.service import Service
+from mgserve.core.batch import Request, TokenEvent, TopLogprob
+
+
+class StopMatcher:
+    """Finds stop strings in streamed text, holding back what could be the start of one."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self.pending = ""
+
+    def push(self, text: str) -> tuple[str, str | None]:
+        """Returns (text safe to send, the stop string matched or None)."""
+        buf = self.pending + text
+        if not self.stops:
+            self.pending = ""
+            return buf, None
+        hits = [(buf.find(s), s) for s in self.stops if s in buf]
+        if hits:
+            at, word = min(hits)
+            self.pending = ""
+            return buf[:at], word
+        hold = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(buf)), hold, -1):
+                if buf.endswith(s[:k]):
+                    hold = k
+                    break
+        self.pending = buf[len(buf) - hold :]
+        return buf[: len(buf) - hold], None
+
+    def flush(self) -> str:
+        text, self.pending = self.pending, ""
+        return text
+
+
+@dataclass(frozen=True)
+class TokenOut:
+    """A generated token with what logprobs responses need."""
+
+    id: int
+    piece: bytes  # the token's own bytes (may be part of a UTF-8 character)
+    logprob: float | None
+    top: tuple[TopLogprob, ...]
+
+
+@dataclass
+class Chunk:
+    text: str  # text to send now
+    tokens: list[TokenOut] = field(default_factory=list)  # tokens behind it (for logprobs)
+    finish_reason: str | None = None  # set on the last chunk: "stop", "length", "abort", "error"
+
+
+class Generation:
+    """A submitted request. Iterate ``chunks()``; always ``close()`` (aborts if not finished)."""
+
+    def __init__(
+        self,
+        service: Service,
+        prompt: list[int],
+        params: GenParams,
+        http_request: web.Request | None = None,
+    ) -> None:
+        self.service = service
+        self.params = params
+        self.http_request = http_request
+        s = service.settings
+        max_tokens = params.max_tokens
+        if max_tokens is None:
+            room = s.ctx_size - len(prompt)
+            max_tokens = min(s.n_predict, room) if s.n_predict > 0 else room
+        self.request = Request(
+            id=uuid.uuid4().hex,
+            prompt=prompt,
+            sampling=params.sampling,
+            max_tokens=max_tokens,
+            stop_token_ids=frozenset(service.tokenizer.eog_ids),
+            ignore_eos=params.ignore_eos,
+        )
+        self.n_prompt = len(prompt)
+        self.n_cached = 0
+        self.n_generated = 0
+        self.finish_reason: str | None = None
+        self.stop_word = ""  # the stop string that ended generation, if one did
+        self.error: str | None = None
+        self._detok = service.detokenizer()
+        self._stops = StopMatcher(params.stop)
+        self.t_submit = time.perf_counter()
+        self.t_prompt_done: float | None = None  # seconds after submit
+        self.t_end: float | None = None
+        self.stream = service.engine.submit(self.request)  # ValueError -> 400
+
+    def _client_gone(self) -> bool:
+        if self.http_request is None:
+            return False
+        transport = self.http_request.transport
+        return transport is None or transport.is_closing()
+
+    def _note(self, ev: TokenEvent) -> None:
+        self.n_prompt = ev.n_prompt or self.n_prompt
+        self.n_cached = max(self.n_cached, ev.n_cached)  # a bare abort event carries zeros
+        self.n_generated = max(self.n_generated, ev.n_generated)
+        if self.t_prompt_done is None:
+            self.t_prompt_done = (
+                ev.t_prompt_done
+                if ev.t_prompt_done is not None
+                else time.perf_counter() - self.t_submit
+            )
+
+    def _token_out(self, ev: TokenEvent) -> TokenOut:
+        assert ev.token is not None
+        piece = (
+            self.service.tokenizer.piece(ev.token)
+            if self.params.n_probs or self.params.logprobs
+            else b""
+        )
+        return TokenOut(ev.token, piece, ev.logprob, ev.top)
+
+    async def chunks(self) -> AsyncIterator[Chunk]:
+        try:
+            async for ev in self.stream:
+                self._note(ev)
+                fin = ev.finish_reason
+                text, toks = "", []
+                if ev.token is not None and fin != "stop":  # an eog token is not text
+                    text = self._detok.push(ev.token)
+                    toks.append(self._token_out(ev))
+                if fin is not None:
+                    text += self._detok.flush()
+                out, word = self._stops.push(text)
+                if word is not None:
+                    self.stop_word = word
+                    self._finish("stop")
+                    self.stream.abort()
+                    yield Chunk(out, toks, "stop")
+                    return
+                if fin is not None:
+                    self.error = ev.error
+                    self._finish(fin)
+                    yield Chunk(out + self._stops.flush(), toks, fin)
+                    return
+                if out or toks:
+                    yield Chunk(out, toks)
+                if self._client_gone():
+                    self.close()
+                    return
+        finally:
+            self.close()
+
+    def _finish(self, reason: str) -> None:
+        self.finish_reason = reason
+        self.t_end = time.perf_counter()
+
+    def close(self) -> None:
+        """Abort the request unless it already finished; idempotent."""
+        if self.finish_reason is None:
+            self._finish("abort")
+            self.stream.abort()
+
+    async def collect(self) -> tuple[str, list[TokenOut]]:
+        """Run to the end; the whole text and every token."""
+        parts: list[str] = []
+        tokens: list[TokenOut] = []
+        async for c in self.chunks():
+            parts.append(c.text)
+            tokens.extend(c.tokens)
+        return "".join(parts), tokens
+
+    def usage(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.n_prompt,
+            "completion_tokens": self.n_generated,
+            "total_tokens": self.n_prompt + self.n_generated,
+            "prompt_tokens_details": {"cached_tokens": self.n_cached},
+        }
+
+    def timings(self) -> dict[str, Any]:
+        """llama-server's ``timings`` object."""
+        end = (self.t_end or time.perf_counter()) - self.t_submit
+        prompt_s = min(self.t_prompt_done if self.t_prompt_done is not None else end, end)
+        gen_s = max(end - prompt_s, 0.0)
+        prompt_n = max(self.n_prompt - self.n_cached, 0)
+        return {
+            "cache_n": self.n_cached,
+            "prompt_n": prompt_n,
+            "prompt_ms": prompt_s * 1e3,
+            "prompt_per_token_ms": prompt_s * 1e3 / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": prompt_n / prompt_s if prompt_s > 0 else 0.0,
+            "predicted_n": self.n_generated,
+            "predicted_ms": gen_s * 1e3,
+            "predicted_per_token_ms": gen_s * 1e3 / self.n_generated if self.n_generated else 0.0,
+            "predicted_per_second": self.n_generated / gen_s if gen_s > 0 else 0.0,
+        }

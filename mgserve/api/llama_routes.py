@@ -1,0 +1,265 @@
+"""llama-server's native routes: /completion, /tokenize, /detokenize, /apply-template, /health,
+/props, /slots, /metrics. Field names follow llama.cpp's tools/server of the vendored version."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from aiohttp import web
+
+from mgserve import __version__ as VERSION
+from mgserve.api import sse
+from mgserve.api.errors import ApiError
+from mgserve.api.generate import Generation, TokenOut
+from mgserve.api.http import SERVICE, json_response
+from mgserve.api.prompts import (
+    check_ids,
+    check_prompt_length,
+    encode_text,
+    llama_prompt,
+    mixed_prompt,
+)
+from mgserve.api.protocol import Fields, GenParams, llama_params, read_json
+from mgserve.api.service import Service
+from mgserve.core.batch import SamplingParams
+
+STOP_TYPE = {"stop": "eos", "length": "limit"}  # a stop string gives "word"; anything else "none"
+
+
+def _valid_prefix(piece: bytes) -> str:
+    # llama-server cuts a token's text at its last complete UTF-8 character
+    return piece.decode("utf-8", errors="ignore")
+
+
+def _probs(service: Service, tokens: list[TokenOut]) -> list[dict[str, Any]]:
+    tok = service.tokenizer
+    out = []
+    for t in tokens:
+        top = []
+        for c in t.top:
+            piece = bytes(tok.piece(c.token))
+            top.append(
+                {
+                    "id": c.token,
+                    "token": _valid_prefix(piece),
+                    "bytes": list(piece),
+                    "logprob": c.logprob,
+                }
+            )
+        out.append(
+            {
+                "id": t.id,
+                "token": _valid_prefix(t.piece),
+                "bytes": list(t.piece),
+                "logprob": t.logprob if t.logprob is not None else 0.0,
+                "top_logprobs": top,
+            }
+        )
+    return out
+
+
+def _slot_of(service: Service, request_id: str) -> int:
+    for s in service.engine.slots():
+        if s.get("id_task") == request_id:
+            return int(s["id"])
+    return -1
+
+
+def _settings(service: Service, params: GenParams | None) -> dict[str, Any]:
+    sampling = params.sampling if params else SamplingParams()
+    d = dataclasses.asdict(sampling)
+    d["logit_bias"] = [[t, b] for t, b in sampling.logit_bias]
+    d["seed"] = -1 if sampling.seed is None else sampling.seed
+    d.update(
+        n_predict=(
+            params.max_tokens if params and params.max_tokens else service.settings.n_predict
+        ),
+        stop=list(params.stop) if params else [],
+        ignore_eos=params.ignore_eos if params else False,
+        stream=params.stream if params else False,
+    )
+    return {"n_ctx": service.engine.n_ctx, "params": d}
+
+
+async def completion(request: web.Request) -> web.StreamResponse:
+    service = request.app[SERVICE]
+    body = await read_json(request)
+    if "prompt" not in body:
+        raise ApiError("'prompt' is required", param="prompt")
+    params = llama_params(
+        body,
+        service.engine.n_ctx,
+        service.n_vocab,
+        service.settings.seed,
+        lambda s: encode_text(service, s, False),
+    )
+    return_tokens = Fields(body).get_bool("return_tokens", False)
+    prompt = llama_prompt(service, body["prompt"])
+    check_prompt_length(prompt, service.engine.n_ctx)
+    gen = Generation(service, prompt, params, request)
+    slot = -1
+
+    def partial(text: str, tokens: list[TokenOut]) -> dict[str, Any]:
+        obj: dict[str, Any] = {
+            "index": 0,
+            "content": text,
+            "tokens": [t.id for t in tokens] if return_tokens else [],
+            "stop": False,
+            "id_slot": slot,
+            "tokens_predicted": gen.n_generated,
+            "tokens_evaluated": gen.n_prompt,
+        }
+        if params.n_probs and tokens:
+            obj["completion_probabilities"] = _probs(service, tokens)
+        return obj
+
+    def final(text: str, tokens: list[TokenOut]) -> dict[str, Any]:
+        reason = gen.finish_reason or ""
+        return partial(text, tokens) | {
+            "stop": True,
+            "model": service.model_id,
+            "generation_settings": _settings(service, params),
+            "prompt": service.tokenizer.decode(prompt),
+            "has_new_line": "\n" in text,
+            "truncated": False,
+            "stop_type": "word" if gen.stop_word else STOP_TYPE.get(reason, "none"),
+            "stopping_word": gen.stop_word,
+            "tokens_cached": gen.n_prompt + gen.n_generated,
+            "timings": gen.timings(),
+        }
+
+    try:
+        if not params.stream:
+            parts, tokens = [], []
+            async for c in gen.chunks():
+                if slot < 0:
+                    slot = _slot_of(service, gen.request.id)
+                parts.append(c.text)
+                tokens.extend(c.tokens)
+            if gen.finish_reason == "error":
+                raise ApiError(f"generation failed: {gen.error}", status=500)
+            return json_response(final("".join(parts), tokens))
+        resp = await sse.open_stream(request)
+        try:
+            async for c in gen.chunks():
+                if slot < 0:
+                    slot = _slot_of(service, gen.request.id)
+                if c.finish_reason == "error":
+                    await sse.send_error(resp, f"generation failed: {gen.error}")
+                    return resp
+                if c.text or c.tokens:
+                    await sse.send(resp, partial(c.text, c.tokens))
+                if c.finish_reason is not None:
+                    await sse.send(resp, final("", []))
+        except sse.DISCONNECTED:
+            pass
+        return resp
+    finally:
+        gen.close()
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    body = await read_json(request)
+    f = Fields(body)
+    add_special = f.get_bool("add_special", False)
+    parse_special = f.get_bool("parse_special", True)
+    with_pieces = f.get_bool("with_pieces", False)
+    content = body.get("content")
+    if content is None:
+        return json_response({"tokens": []})
+    if isinstance(content, str):
+        ids = service.tokenizer.encode(
+            content, add_special=add_special, parse_special=parse_special
+        )
+    elif isinstance(content, list):
+        ids = mixed_prompt(service, content, "content")
+    else:
+        raise ApiError("'content' must be a string or a list", param="content")
+    if not with_pieces:
+        return json_response({"tokens": ids})
+    out = []
+    for t in ids:
+        piece = bytes(service.tokenizer.piece(t))
+        try:
+            shown: str | list[int] = piece.decode("utf-8")
+        except UnicodeDecodeError:  # part of a character: llama-server sends the raw bytes
+            shown = list(piece)
+        out.append({"id": t, "piece": shown})
+    return json_response({"tokens": out})
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    body = await read_json(request)
+    tokens = body.get("tokens", [])
+    if not isinstance(tokens, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in tokens
+    ):
+        raise ApiError("'tokens' must be a list of token ids", param="tokens")
+    check_ids(tokens, service.n_vocab, "tokens")
+    return json_response({"content": service.tokenizer.decode(tokens)})
+
+
+async def apply_template(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    body = await read_json(request)
+    try:
+        prompt = service.chat.apply(
+            body.get("messages"), add_generation_prompt=True, tools=body.get("tools")
+        )
+    except ValueError as e:
+        raise ApiError(str(e), param="messages") from None
+    return json_response({"prompt": prompt})
+
+
+async def health(request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+async def props(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    return json_response(
+        {
+            "default_generation_settings": _settings(service, None),
+            "total_slots": service.engine.n_slots,
+            "model_alias": service.model_id,
+            "model_path": service.model_path,
+            "n_ctx": service.engine.n_ctx,
+            "n_ctx_train": service.n_ctx_train,
+            "chat_template": service.chat.source,
+            "chat_template_name": service.chat.name,
+            "bos_token": service.chat.bos_token,
+            "eos_token": service.chat.eos_token,
+            "modalities": {"vision": False, "audio": False},
+            "build_info": f"mgserve {VERSION}",
+        }
+    )
+
+
+async def slots(request: web.Request) -> web.Response:
+    return json_response(request.app[SERVICE].engine.slots())
+
+
+async def metrics(request: web.Request) -> web.Response:
+    text = request.app[SERVICE].engine.metrics_text()
+    return web.Response(
+        text=text,
+        content_type="text/plain",
+        charset="utf-8",
+        headers={"X-Content-Type-Options": "nosniff"},
+    )
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/completion", completion)
+    app.router.add_post("/completions", completion)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
+    app.router.add_post("/apply-template", apply_template)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/health", health)
+    app.router.add_get("/props", props)
+    app.router.add_get("/slots", slots)
+    app.router.add_get("/metrics", metrics)

@@ -1,0 +1,234 @@
+"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from mgserve.api import sse
+from mgserve.api.errors import ApiError
+from mgserve.api.generate import Generation, TokenOut
+from mgserve.api.http import SERVICE, json_response
+from mgserve.api.prompts import check_prompt_length, encode_text, openai_prompt
+from mgserve.api.protocol import GenParams, openai_params, read_json
+from mgserve.api.service import Service
+
+FINGERPRINT = "mgserve-0.1.0"
+
+
+def _text(service: Service, token: int) -> str:
+    return bytes(service.tokenizer.piece(token)).decode("utf-8", errors="replace")
+
+
+def chat_logprobs(service: Service, tokens: list[TokenOut]) -> dict[str, Any]:
+    content = []
+    for t in tokens:
+        content.append(
+            {
+                "token": t.piece.decode("utf-8", errors="replace"),
+                "logprob": t.logprob if t.logprob is not None else 0.0,
+                "bytes": list(t.piece),
+                "top_logprobs": [
+                    {
+                        "token": _text(service, c.token),
+                        "logprob": c.logprob,
+                        "bytes": list(service.tokenizer.piece(c.token)),
+                    }
+                    for c in t.top
+                ],
+            }
+        )
+    return {"content": content}
+
+
+def completion_logprobs(service: Service, tokens: list[TokenOut], offset: int) -> dict[str, Any]:
+    """The legacy completions shape; ``offset`` is where this chunk's text starts."""
+    texts = [t.piece.decode("utf-8", errors="replace") for t in tokens]
+    offsets = []
+    for s in texts:
+        offsets.append(offset)
+        offset += len(s)
+    return {
+        "tokens": texts,
+        "token_logprobs": [t.logprob if t.logprob is not None else 0.0 for t in tokens],
+        "top_logprobs": [{_text(service, c.token): c.logprob for c in t.top} for t in tokens],
+        "text_offset": offsets,
+    }
+
+
+class _Shape:
+    """What differs between chat and completions responses."""
+
+    def __init__(self, service: Service, chat: bool, params: GenParams) -> None:
+        self.service = service
+        self.chat = chat
+        self.params = params
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.offset = 0
+
+    def envelope(self, choices: list[dict[str, Any]], stream: bool) -> dict[str, Any]:
+        obj = "chat.completion" if self.chat else "text_completion"
+        return {
+            "id": self.id,
+            "object": obj + (".chunk" if stream and self.chat else ""),
+            "created": self.created,
+            "model": self.service.model_id,
+            "system_fingerprint": FINGERPRINT,
+            "choices": choices,
+        }
+
+    def choice(
+        self,
+        text: str,
+        tokens: list[TokenOut],
+        finish: str | None,
+        stream: bool,
+        first: bool = False,
+    ) -> dict[str, Any]:
+        logprobs = None
+        if self.params.logprobs and tokens:
+            logprobs = (
+                chat_logprobs(self.service, tokens)
+                if self.chat
+                else completion_logprobs(self.service, tokens, self.offset)
+            )
+        self.offset += len(text)
+        c: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": finish}
+        if not self.chat:
+            c["text"] = text
+        elif first:
+            c["delta"] = {"role": "assistant", "content": text}
+        elif stream:  # the finishing chunk carries an empty delta, as OpenAI's does
+            c["delta"] = {"content": text} if text or finish is None else {}
+        else:
+            c["message"] = {"role": "assistant", "content": text}
+        return c
+
+
+async def _respond(
+    request: web.Request, service: Service, prompt: list[int], params: GenParams, chat: bool
+) -> web.StreamResponse:
+    check_prompt_length(prompt, service.engine.n_ctx, "messages" if chat else "prompt")
+    gen = Generation(service, prompt, params, request)
+    shape = _Shape(service, chat, params)
+    try:
+        if not params.stream:
+            text, tokens = await gen.collect()
+            if gen.finish_reason == "error":
+                raise ApiError(f"generation failed: {gen.error}", status=500)
+            body = shape.envelope([shape.choice(text, tokens, gen.finish_reason, False)], False)
+            body["usage"] = gen.usage()
+            body["timings"] = gen.timings()  # a llama-server extension; clients ignore it
+            return json_response(body)
+        resp = await sse.open_stream(request)
+        try:
+            usage_null = {"usage": None} if params.include_usage else {}
+            if chat:  # the role comes first, alone, as OpenAI sends it
+                await sse.send(
+                    resp,
+                    shape.envelope([shape.choice("", [], None, True, first=True)], True)
+                    | usage_null,
+                )
+            async for c in gen.chunks():
+                if c.finish_reason == "error":
+                    await sse.send_error(resp, f"generation failed: {gen.error}")
+                    return resp
+                if c.text or c.tokens:
+                    await sse.send(
+                        resp,
+                        shape.envelope([shape.choice(c.text, c.tokens, None, True)], True)
+                        | usage_null,
+                    )
+                if c.finish_reason is not None:
+                    await sse.send(
+                        resp,
+                        shape.envelope([shape.choice("", [], c.finish_reason, True)], True)
+                        | usage_null
+                        | {"timings": gen.timings()},
+                    )
+            if params.include_usage:
+                await sse.send(resp, shape.envelope([], True) | {"usage": gen.usage()})
+            await sse.send_done(resp)
+        except sse.DISCONNECTED:
+            pass
+        return resp
+    finally:
+        gen.close()
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    service = request.app[SERVICE]
+    body = await read_json(request)
+    params = openai_params(
+        body,
+        True,
+        service.engine.n_ctx,
+        service.n_vocab,
+        service.settings.seed,
+        lambda s: encode_text(service, s, False),
+    )
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
+        raise ApiError(
+            f"response_format {fmt.get('type')!r} is not supported", param="response_format"
+        )
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise ApiError("'tools' must be a list", param="tools")
+    try:
+        text = service.chat.apply(body.get("messages"), add_generation_prompt=True, tools=tools)
+    except ValueError as e:
+        raise ApiError(str(e), param="messages") from None
+    prompt = encode_text(service, text)
+    return await _respond(request, service, prompt, params, chat=True)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    service = request.app[SERVICE]
+    body = await read_json(request)
+    if "prompt" not in body:
+        raise ApiError("'prompt' is required", param="prompt")
+    params = openai_params(
+        body,
+        False,
+        service.engine.n_ctx,
+        service.n_vocab,
+        service.settings.seed,
+        lambda s: encode_text(service, s, False),
+    )
+    prompt = openai_prompt(service, body["prompt"])
+    return await _respond(request, service, prompt, params, chat=False)
+
+
+async def models(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    return json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": service.model_id,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "mgserve",
+                    "meta": {
+                        "n_ctx_train": service.n_ctx_train,
+                        "n_vocab": service.n_vocab,
+                        "architecture": service.architecture,
+                    },
+                }
+            ],
+        }
+    )
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/models", models)

