@@ -1,0 +1,39 @@
+"""Model definitions per architecture, and ``load_model`` (GGUF file -> ``CausalLM``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from mgserve.core.gguf import GGUFFile
+from mgserve.core.models.base import CausalLM, SeqInput
+from mgserve.core.models.gemma3 import Gemma3
+from mgserve.core.models.llama import Llama
+from mgserve.core.spec import spec_from_gguf
+
+__all__ = ["ARCHITECTURES", "CausalLM", "SeqInput", "load_model"]
+
+# general.architecture -> reference implementation
+ARCHITECTURES: dict[str, type[Llama]] = {
+    "llama": Llama,
+    "qwen2": Llama,
+    "qwen3": Llama,
+    "gemma3": Gemma3,
+}
+
+
+def set_threads(threads: int) -> None:
+    """Torch's intra-op threads for the reference path (0: all cores). Process-wide."""
+    if threads < 0:
+        raise ValueError(f"threads must be >= 0, got {threads}")
+    torch.set_num_threads(threads or os.cpu_count() or 1)
+
+
+def load_model(path_or_file: str | Path | GGUFFile, *, threads: int = 0) -> CausalLM:
+    """Open (if needed) a GGUF file and build its reference model; GGUFError on a bad file."""
+    g = path_or_file if isinstance(path_or_file, GGUFFile) else GGUFFile(path_or_file)
+    spec = spec_from_gguf(g)  # raises GGUFError naming unsupported architectures
+    set_threads(threads)
+    return ARCHITECTURES[spec.arch](g, spec)

@@ -1,0 +1,176 @@
+"""llama / qwen2 / qwen3 on the reference ops: pre-norm blocks, GQA attention, SwiGLU MLP.
+
+The three differ only in switches on ``ModelSpec``: qwen2 adds q/k/v biases, qwen3 RMS-normalizes q
+and k per head, and llama rotates consecutive pairs (see spec.py). ``Gemma3`` (gemma3.py) reuses
+everything here but the block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from mgserve.core.gguf import GGUFFile
+from mgserve.core.kvcache import KVCache
+from mgserve.core.models.base import SeqInput, check_inputs
+from mgserve.core.reference import ops
+from mgserve.core.reference.dequant import load_tensor
+from mgserve.core.spec import ModelSpec
+
+
+@dataclass
+class Layer:  # weights are [out, in] float32 (torch order of GGUF's [in, out])
+    attn_norm: torch.Tensor  # [n_embd]
+    wq: torch.Tensor  # [n_head * head_dim, n_embd]
+    wk: torch.Tensor  # [n_head_kv * head_dim, n_embd]
+    wv: torch.Tensor  # [n_head_kv * head_dim, n_embd]
+    wo: torch.Tensor  # [n_embd, n_head * head_dim]
+    ffn_norm: torch.Tensor  # [n_embd]
+    gate: torch.Tensor  # [n_ff, n_embd]
+    up: torch.Tensor  # [n_ff, n_embd]
+    down: torch.Tensor  # [n_embd, n_ff]
+    bq: torch.Tensor | None = None  # [n_head * head_dim] (qwen2)
+    bk: torch.Tensor | None = None  # [n_head_kv * head_dim]
+    bv: torch.Tensor | None = None
+    q_norm: torch.Tensor | None = None  # [head_dim] (qwen3, gemma3)
+    k_norm: torch.Tensor | None = None
+    post_attn_norm: torch.Tensor | None = None  # [n_embd] (gemma3)
+    post_ffn_norm: torch.Tensor | None = None
+
+
+def load_layer(g: GGUFFile, spec: ModelSpec, il: int) -> Layer:
+    d, q, kv, ff = spec.n_embd, spec.q_dim, spec.kv_dim, spec.n_ff
+
+    def w(name: str, *shape: int) -> torch.Tensor:
+        return load_tensor(g, f"blk.{il}.{name}", shape)
+
+    layer = Layer(
+        attn_norm=w("attn_norm.weight", d),
+        wq=w("attn_q.weight", d, q),
+        wk=w("attn_k.weight", d, kv),
+        wv=w("attn_v.weight", d, kv),
+        wo=w("attn_output.weight", q, d),
+        ffn_norm=w("ffn_norm.weight", d),
+        gate=w("ffn_gate.weight", d, ff),
+        up=w("ffn_up.weight", d, ff),
+        down=w("ffn_down.weight", ff, d),
+    )
+    if spec.qkv_bias:
+        layer.bq, layer.bk, layer.bv = (
+            w("attn_q.bias", q),
+            w("attn_k.bias", kv),
+            w("attn_v.bias", kv),
+        )
+    if spec.qk_norm:
+        layer.q_norm = w("attn_q_norm.weight", spec.head_dim)
+        layer.k_norm = w("attn_k_norm.weight", spec.head_dim)
+    if spec.gemma:
+        layer.post_attn_norm = w("post_attention_norm.weight", d)
+        layer.post_ffn_norm = w("post_ffw_norm.weight", d)
+    return layer
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    y = x @ w.T
+    return y if b is None else y + b
+
+
+class Llama:
+    """A dense decoder whose weights were dequantized to float32 at load (see dequant.py)."""
+
+    def __init__(self, g: GGUFFile, spec: ModelSpec) -> None:
+        self.spec = spec
+        self.tok_embd = load_tensor(g, "token_embd.weight", (spec.n_embd, spec.n_vocab))
+        self.output_norm = load_tensor(g, "output_norm.weight", (spec.n_embd,))
+        self.output = (  # [n_vocab, n_embd]
+            self.tok_embd
+            if spec.tied_output
+            else load_tensor(g, "output.weight", (spec.n_embd, spec.n_vocab))
+        )
+        self.rope_freqs: torch.Tensor | None = None  # llama 3.1 style per-frequency divisors
+        if "rope_freqs.weight" in g.tensors:
+            self.rope_freqs = load_tensor(g, "rope_freqs.weight", (spec.n_rot // 2,))
+        self.layers = [load_layer(g, spec, il) for il in range(spec.n_layer)]
+
+    def new_cache(self, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> KVCache:
+        return KVCache(self.spec, n_ctx, type_k, type_v)
+
+    @torch.inference_mode()
+    def forward(self, seqs: Sequence[SeqInput]) -> torch.Tensor:
+        spec = self.spec
+        check_inputs(seqs, spec.n_vocab)
+        if not seqs:
+            return torch.zeros(0, spec.n_vocab)
+        tokens = torch.cat([s.tokens for s in seqs])  # [N]
+        pos = torch.cat([s.start + torch.arange(s.tokens.numel()) for s in seqs])  # [N]
+        x = self.embed(tokens)  # [N, n_embd]
+        for il, layer in enumerate(self.layers):
+            x = self.block(il, layer, x, pos, seqs)
+        rows: list[int] = []
+        end = 0
+        for s in seqs:
+            end += s.tokens.numel()
+            rows.extend(range(end - s.n_logits, end))
+        h = ops.rms_norm(x[rows], self.output_norm, spec.rms_eps)  # [sum(n_logits), n_embd]
+        logits = h @ self.output.T  # [sum(n_logits), n_vocab]
+        if spec.final_softcap > 0.0:
+            logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap
+        return logits
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.tok_embd[tokens]
+
+    def block(
+        self, il: int, layer: Layer, x: torch.Tensor, pos: torch.Tensor, seqs: Sequence[SeqInput]
+    ) -> torch.Tensor:
+        eps = self.spec.rms_eps
+        x = x + self.attend(il, layer, ops.rms_norm(x, layer.attn_norm, eps), pos, seqs)
+        h = ops.rms_norm(x, layer.ffn_norm, eps)
+        return x + ops.swiglu(h @ layer.gate.T, h @ layer.up.T) @ layer.down.T
+
+    def attend(
+        self, il: int, layer: Layer, h: torch.Tensor, pos: torch.Tensor, seqs: Sequence[SeqInput]
+    ) -> torch.Tensor:  # [N, n_embd]
+        """Self-attention of all sequences' tokens, each against its own cache."""
+        spec = self.spec
+        n = h.shape[0]
+        q = _linear(h, layer.wq, layer.bq).view(n, spec.n_head, spec.head_dim)  # [N, H, Dh]
+        k = _linear(h, layer.wk, layer.bk).view(n, spec.n_head_kv, spec.head_dim)  # [N, Hkv, Dh]
+        v = _linear(h, layer.wv, layer.bv).view(n, spec.n_head_kv, spec.head_dim)
+        if layer.q_norm is not None and layer.k_norm is not None:
+            q = ops.rms_norm(q, layer.q_norm, spec.rms_eps)
+            k = ops.rms_norm(k, layer.k_norm, spec.rms_eps)
+        swa = spec.swa_layers[il]
+        rope = partial(
+            ops.rope,
+            pos=pos,
+            n_rot=spec.n_rot,
+            base=spec.rope_base_swa if swa else spec.rope_base,
+            neox=spec.rope_neox,
+            scale=spec.rope_scale,
+            freq_factors=self.rope_freqs,
+        )
+        q, k = rope(q), rope(k)
+        outs, off = [], 0
+        for s in seqs:
+            t = s.tokens.numel()
+            # Write first, then read everything back: the current chunk's K/V go through the cache
+            # type's rounding exactly as llama.cpp's do, whatever the chunking.
+            s.cache.write(il, s.start, k[off : off + t], v[off : off + t])
+            keys, values = s.cache.read(il, s.start + t)  # [start + t, Hkv, Dh]
+            outs.append(
+                ops.attention(
+                    q[off : off + t],
+                    keys,
+                    values,
+                    pos[off : off + t],
+                    scale=spec.attn_scale,
+                    window=spec.sliding_window if swa else 0,
+                    softcap=spec.attn_softcap,
+                )
+            )
+            off += t
+        return torch.cat(outs) @ layer.wo.T

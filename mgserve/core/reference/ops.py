@@ -1,0 +1,90 @@
+"""The reference ops in plain PyTorch, float32 on CPU: the oracle for the CUDA kernels.
+
+Conventions follow llama.cpp's ggml graph for the supported architectures, so the reference and
+llama.cpp agree on the same GGUF file (Gemma's "1 + w" norm weights are already folded in by the
+converter, so one ``rms_norm`` serves every architecture).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+_QUERY_CHUNK = 512  # bounds the [H, T, S] score matrix of a long prompt chunk
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight over the last dimension."""
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
+
+
+def rope(
+    x: torch.Tensor,  # [N, H, D]
+    pos: torch.Tensor,  # [N] int64 absolute positions
+    *,
+    n_rot: int,
+    base: float,
+    neox: bool,
+    scale: float = 1.0,
+    freq_factors: torch.Tensor | None = None,  # [n_rot / 2] llama 3 style divisors, or None
+) -> torch.Tensor:
+    """Rotary embedding of the first ``n_rot`` dims of each head.
+
+    neox: dim i pairs with i + n_rot/2 (Hugging Face's rotate_half); otherwise ("norm") dims 2i and
+    2i + 1 pair. Angles are computed in float64 and rounded once, to stay close to both references.
+    """
+    half = n_rot // 2
+    inv_freq = base ** (-torch.arange(half, dtype=torch.float64) * 2.0 / n_rot)  # [half]
+    if freq_factors is not None:
+        inv_freq = inv_freq / freq_factors.to(torch.float64)
+    theta = (pos.to(torch.float64) * scale)[:, None] * inv_freq[None, :]  # [N, half]
+    cos = theta.cos().to(x.dtype)[:, None, :]  # [N, 1, half]
+    sin = theta.sin().to(x.dtype)[:, None, :]
+    rot, rest = x[..., :n_rot], x[..., n_rot:]
+    if neox:
+        x1, x2 = rot[..., :half], rot[..., half:]
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    return torch.cat((out, rest), dim=-1)
+
+
+def attention(
+    q: torch.Tensor,  # [T, H, D] queries, already scaled or not (see ``scale``)
+    k: torch.Tensor,  # [S, Hkv, D] keys for positions 0..S-1
+    v: torch.Tensor,  # [S, Hkv, D]
+    q_pos: torch.Tensor,  # [T] int64 positions of the queries
+    *,
+    scale: float,
+    window: int = 0,  # > 0: query at p sees keys at p - window + 1 .. p
+    softcap: float = 0.0,
+) -> torch.Tensor:  # [T, H * D]
+    """Causal (optionally sliding-window) multi-head attention with grouped KV heads."""
+    n_head, n_kv = q.shape[1], k.shape[1]
+    k = k.repeat_interleave(n_head // n_kv, dim=1)  # [S, H, D]: query head h reads KV head h // g
+    v = v.repeat_interleave(n_head // n_kv, dim=1)
+    k_pos = torch.arange(k.shape[0])  # [S]
+    outs = []
+    for c in range(0, q.shape[0], _QUERY_CHUNK):
+        qc, pc = q[c : c + _QUERY_CHUNK], q_pos[c : c + _QUERY_CHUNK]
+        scores = torch.einsum("thd,shd->hts", qc, k) * scale  # [H, Tc, S]
+        if softcap > 0.0:
+            scores = torch.tanh(scores / softcap) * softcap
+        visible = k_pos[None, :] <= pc[:, None]  # [Tc, S]
+        if window > 0:
+            visible &= pc[:, None] - k_pos[None, :] < window
+        scores = scores.masked_fill(~visible, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        outs.append(torch.einsum("hts,shd->thd", probs, v))  # [Tc, H, D]
+    return torch.cat(outs).flatten(1)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up: the llama / qwen MLP activation (inputs already projected)."""
+    return F.silu(gate) * up
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gate) * up: the Gemma MLP activation (llama.cpp's ggml_gelu is the tanh form)."""
+    return F.gelu(gate, approximate="tanh") * up

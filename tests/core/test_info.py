@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from mgserve.cli import main
+from tests.core.tiny import export, hf_model
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export(hf_model("gemma3", tied=True), "gemma3", tmp_path_factory.mktemp("g") / "g.gguf")
+
+
+def test_info_describes_file_and_kv_memory(tiny_gemma: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["info", str(tiny_gemma), "-c", "100", "-np", "3", "-ctk", "q8_0"]) == 0
+    out = capsys.readouterr().out
+    assert "architecture:  gemma3" in out
+    assert "global: [5]" in out  # 7 layers, pattern 6
+    assert "tied_output     True" in out
+    # all F32: token_embd + output_norm + 13 per layer: q, o (64x128), k, v (64x64), q/k norms (32),
+    # gate, up, down (64x96), 4 norms (64)
+    attn = 2 * 64 * 128 + 2 * 64 * 64
+    n_bytes = 4 * (160 * 64 + 64 + 7 * (attn + 2 * 32 + 3 * 64 * 96 + 4 * 64))
+    assert re.search(rf"F32\s+{2 + 7 * 13}\s+{n_bytes:,}\s", out)
+    # 7 layers x 2 KV heads x 32 dims: K q8_0 (34/32 bytes) + V f16 (2 bytes) per value
+    per_token = 7 * 64 * 34 // 32 + 7 * 64 * 2
+    assert f"{per_token:,} bytes per token" in out
+    assert f"100 tokens x 3 slot(s) = {per_token * 300:,} bytes" in out
+
+
+def test_info_bad_file_is_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 10)
+    assert main(["info", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mgserve: error: ") and str(bad) in err
+    assert len(err.strip().splitlines()) == 1
