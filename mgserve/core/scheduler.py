@@ -145,13 +145,18 @@ class Scheduler:
             if not s.prefilling:
                 work.append(self._work(slot, s, (s.generated[-1],), sample=True))
         budget = self.batch_size
-        # oldest request first: it gets the whole budget if it needs it (shortest mean TTFT)
+        # Oldest request first. A prompt is always cut at the same places (every batch_size tokens
+        # from where its computation starts), whatever else runs: a chunk that does not fit what is
+        # left of the budget waits for the next step instead of being cut shorter, so a session's
+        # numbers never depend on its neighbours (DESIGN.md: concurrency never changes results).
         for slot in sorted(running, key=lambda sl: sl.session.t_added):  # type: ignore[union-attr]
             s = slot.session
             assert s is not None
-            if not s.prefilling or budget == 0:
+            if not s.prefilling:
                 continue
-            chunk = s.req.prompt[s.n_done : s.n_done + budget]
+            chunk = s.req.prompt[s.n_done : s.n_done + self.batch_size]
+            if len(chunk) > budget:
+                continue
             budget -= len(chunk)
             s.n_done += len(chunk)
             work.append(self._work(slot, s, tuple(chunk), sample=not s.prefilling))

@@ -80,8 +80,31 @@ def test_prompt_budget_goes_to_the_oldest_request_first() -> None:
     b, _ = step(s)
     assert [(w.request_id, len(w.tokens)) for w in b.work] == [("old", 4)]
     b, _ = step(s)
-    assert sorted((w.request_id, len(w.tokens)) for w in b.work) == [("new", 2), ("old", 2)]
-    assert sum(len(w.tokens) for w in b.work) <= 4
+    # the new prompt's first chunk (4 tokens) does not fit the 2 left: it waits rather than being
+    # cut at a place that depends on its neighbour
+    assert [(w.request_id, len(w.tokens)) for w in b.work] == [("old", 2)]
+    b, _ = step(s)
+    assert ("new", (9, 8, 7, 6)) in [(w.request_id, w.tokens) for w in b.work]
+
+
+def _prompt_chunks(s: Scheduler, rid: str, n_prompt: int, steps: int = 8) -> list[tuple[int, ...]]:
+    out = []
+    for _ in range(steps):
+        b, _ = step(s)
+        out += [w.tokens for w in b.work if w.request_id == rid and w.start < n_prompt]
+    return out
+
+
+def test_prompt_chunks_are_cut_at_the_same_places_alone_and_beside_others() -> None:
+    prompt = list(range(100, 110))
+    alone = Scheduler(n_slots=2, n_ctx=64, batch_size=4)
+    alone.add(req("x", prompt))
+    crowded = Scheduler(n_slots=2, n_ctx=64, batch_size=4)
+    crowded.add(req("y", [1, 2, 3]))
+    crowded.add(req("x", prompt))
+    assert _prompt_chunks(alone, "x", 10) == _prompt_chunks(crowded, "x", 10) == [
+        (100, 101, 102, 103), (104, 105, 106, 107), (108, 109)
+    ]
 
 
 def test_prefix_reuse_takes_the_slot_with_the_longest_common_prefix() -> None:

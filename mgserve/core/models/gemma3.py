@@ -30,5 +30,5 @@ class Gemma3(Llama):
         a = self.attend(il, layer, ops.rms_norm(x, layer.attn_norm, eps), pos, seqs)
         x = x + ops.rms_norm(a, layer.post_attn_norm, eps)
         h = ops.rms_norm(x, layer.ffn_norm, eps)
-        m = ops.geglu(h @ layer.gate.T, h @ layer.up.T) @ layer.down.T
+        m = ops.linear(ops.geglu(ops.linear(h, layer.gate), ops.linear(h, layer.up)), layer.down)
         return x + ops.rms_norm(m, layer.post_ffn_norm, eps)

@@ -73,11 +73,6 @@ def load_layer(g: GGUFFile, spec: ModelSpec, il: int) -> Layer:
     return layer
 
 
-def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    y = x @ w.T
-    return y if b is None else y + b
-
-
 class Llama:
     """A dense decoder whose weights were dequantized to float32 at load (see dequant.py)."""
 
@@ -115,7 +110,7 @@ class Llama:
             end += s.tokens.numel()
             rows.extend(range(end - s.n_logits, end))
         h = ops.rms_norm(x[rows], self.output_norm, spec.rms_eps)  # [sum(n_logits), n_embd]
-        logits = h @ self.output.T  # [sum(n_logits), n_vocab]
+        logits = ops.matvec_rows(h, self.output)  # [sum(n_logits), n_vocab]
         if spec.final_softcap > 0.0:
             logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap
         return logits
@@ -129,7 +124,7 @@ class Llama:
         eps = self.spec.rms_eps
         x = x + self.attend(il, layer, ops.rms_norm(x, layer.attn_norm, eps), pos, seqs)
         h = ops.rms_norm(x, layer.ffn_norm, eps)
-        return x + ops.swiglu(h @ layer.gate.T, h @ layer.up.T) @ layer.down.T
+        return x + ops.linear(ops.swiglu(ops.linear(h, layer.gate), ops.linear(h, layer.up)), layer.down)
 
     def attend(
         self, il: int, layer: Layer, h: torch.Tensor, pos: torch.Tensor, seqs: Sequence[SeqInput]
@@ -137,9 +132,9 @@ class Llama:
         """Self-attention of all sequences' tokens, each against its own cache."""
         spec = self.spec
         n = h.shape[0]
-        q = _linear(h, layer.wq, layer.bq).view(n, spec.n_head, spec.head_dim)  # [N, H, Dh]
-        k = _linear(h, layer.wk, layer.bk).view(n, spec.n_head_kv, spec.head_dim)  # [N, Hkv, Dh]
-        v = _linear(h, layer.wv, layer.bv).view(n, spec.n_head_kv, spec.head_dim)
+        q = ops.linear(h, layer.wq, layer.bq).view(n, spec.n_head, spec.head_dim)  # [N, H, Dh]
+        k = ops.linear(h, layer.wk, layer.bk).view(n, spec.n_head_kv, spec.head_dim)  # [N, Hkv, Dh]
+        v = ops.linear(h, layer.wv, layer.bv).view(n, spec.n_head_kv, spec.head_dim)
         if layer.q_norm is not None and layer.k_norm is not None:
             q = ops.rms_norm(q, layer.q_norm, spec.rms_eps)
             k = ops.rms_norm(k, layer.k_norm, spec.rms_eps)
@@ -173,4 +168,4 @@ class Llama:
                 )
             )
             off += t
-        return torch.cat(outs) @ layer.wo.T
+        return ops.linear(torch.cat(outs), layer.wo)
