@@ -102,9 +102,11 @@ def test_prompt_chunks_are_cut_at_the_same_places_alone_and_beside_others() -> N
     crowded = Scheduler(n_slots=2, n_ctx=64, batch_size=4)
     crowded.add(req("y", [1, 2, 3]))
     crowded.add(req("x", prompt))
-    assert _prompt_chunks(alone, "x", 10) == _prompt_chunks(crowded, "x", 10) == [
-        (100, 101, 102, 103), (104, 105, 106, 107), (108, 109)
-    ]
+    assert (
+        _prompt_chunks(alone, "x", 10)
+        == _prompt_chunks(crowded, "x", 10)
+        == [(100, 101, 102, 103), (104, 105, 106, 107), (108, 109)]
+    )
 
 
 def test_prefix_reuse_takes_the_slot_with_the_longest_common_prefix() -> None:

@@ -124,7 +124,8 @@ class Llama:
         eps = self.spec.rms_eps
         x = x + self.attend(il, layer, ops.rms_norm(x, layer.attn_norm, eps), pos, seqs)
         h = ops.rms_norm(x, layer.ffn_norm, eps)
-        return x + ops.linear(ops.swiglu(ops.linear(h, layer.gate), ops.linear(h, layer.up)), layer.down)
+        m = ops.swiglu(ops.linear(h, layer.gate), ops.linear(h, layer.up))
+        return x + ops.linear(m, layer.down)
 
     def attend(
         self, il: int, layer: Layer, h: torch.Tensor, pos: torch.Tensor, seqs: Sequence[SeqInput]
