@@ -18,8 +18,13 @@ def _parser() -> argparse.ArgumentParser:
 
     info = sub.add_parser("info", help="describe a GGUF file and the memory a context needs")
     info.add_argument("file", help="the GGUF file")
-    info.add_argument("-c", "--ctx-size", type=int, default=None,
-                      help="context size to size the KV cache for (default: trained context)")
+    info.add_argument(
+        "-c",
+        "--ctx-size",
+        type=int,
+        default=None,
+        help="context size to size the KV cache for (default: trained context)",
+    )
     info.add_argument("-np", "--parallel", type=int, default=1, help="number of slots")
     info.add_argument("--cache-type-k", "-ctk", default="f16", choices=config.CACHE_TYPES)
     info.add_argument("--cache-type-v", "-ctv", default="f16", choices=config.CACHE_TYPES)

@@ -39,30 +39,37 @@ class Settings:
     batch_size: int = _opt(
         512, "most prompt tokens processed in one step across slots", "-b", "--batch-size"
     )
-    api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' (not on /health)",
-                               "--api-key")
+    api_key: str | None = _opt(
+        None, "require 'Authorization: Bearer KEY' (not on /health)", "--api-key"
+    )
     chat_template: str | None = _opt(
         None,
         "chat template: a built-in name (gemma, chatml, llama3) or a jinja file; "
         "default: the GGUF's own, else the architecture's built-in",
         "--chat-template",
     )
-    cache_type_k: str = _opt("f16", "KV cache type for K", "-ctk", "--cache-type-k",
-                             choices=CACHE_TYPES)
-    cache_type_v: str = _opt("f16", "KV cache type for V", "-ctv", "--cache-type-v",
-                             choices=CACHE_TYPES)
+    cache_type_k: str = _opt(
+        "f16", "KV cache type for K", "-ctk", "--cache-type-k", choices=CACHE_TYPES
+    )
+    cache_type_v: str = _opt(
+        "f16", "KV cache type for V", "-ctv", "--cache-type-v", choices=CACHE_TYPES
+    )
     device: str = _opt("auto", "where the model runs", "--device", choices=DEVICES)
     threads: int = _opt(0, "CPU threads for the reference path (0: all cores)", "-t", "--threads")
     n_predict: int = _opt(
-        -1, "default max tokens to generate when a request gives none (-1: to context end)",
-        "-n", "--n-predict",
+        -1,
+        "default max tokens to generate when a request gives none (-1: to context end)",
+        "-n",
+        "--n-predict",
     )
     seed: int = _opt(-1, "default sampling seed (-1: random per request)", "-s", "--seed")
     max_body_mb: int = _opt(64, "largest accepted request body, in MiB", "--max-body-mb")
-    log_level: str = _opt("info", "logging level", "--log-level",
-                          choices=("debug", "info", "warning", "error"))
+    log_level: str = _opt(
+        "info", "logging level", "--log-level", choices=("debug", "info", "warning", "error")
+    )
     cache_dir: str | None = _opt(
-        None, "where the built-in model and compiled kernels are kept (default: ~/.cache/mgserve)",
+        None,
+        "where the built-in model and compiled kernels are kept (default: ~/.cache/mgserve)",
         "--cache-dir",
     )
 
@@ -82,7 +89,9 @@ class Settings:
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
-                raise ValueError(f"{f.name} must be one of {choices}, got {getattr(self, f.name)!r}")
+                raise ValueError(
+                    f"{f.name} must be one of {choices}, got {getattr(self, f.name)!r}"
+                )
 
 
 def _field_type(f: dataclasses.Field[Any]) -> type:

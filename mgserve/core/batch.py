@@ -1,9 +1,9 @@
 """The scheduler-runner contract and the messages around it.
 
 ``Request`` goes from the API to the scheduler; ``TokenEvent`` comes back. Each step the scheduler
-hands the runner one ``ScheduledBatch`` and gets one ``StepResult``. The single rule "per session, how
-many tokens go through the model this step" covers prefill (a prompt chunk), decode (one token) and,
-later, speculation (one token plus k drafts): see ``SeqWork``.
+hands the runner one ``ScheduledBatch`` and gets one ``StepResult``. The single rule "per session,
+how many tokens go through the model this step" covers prefill (a prompt chunk), decode (one token)
+and, later, speculation (one token plus k drafts): see ``SeqWork``.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class TokenEvent:
     n_cached: int = 0  # prompt tokens reused from the slot's cache
     n_generated: int = 0  # tokens generated so far, this one included
     error: str | None = None
-    # timings, seconds since the request was submitted (llama-server's `timings` are built from them)
+    # seconds since the request was submitted (llama-server's `timings` are built from it)
     t_prompt_done: float | None = None
 
 
