@@ -20,7 +20,7 @@ from typing import Any
 from mgserve.core.gguf import GGUFError, GGUFFile
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
-_NEOX_ARCHS = ("qwen2", "qwen3", "gemma3")
+_NEOX_ARCHS = ("qwen2", "qwen3", "gemma3", "qwen3moe", "qwen3next")  # MoE: spec_hybrid.py
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class ModelSpec:
         set_(self, "attn_scale", self.attn_scale or 1.0 / math.sqrt(self.head_dim))
         set_(self, "rope_neox", self.arch in _NEOX_ARCHS)
         set_(self, "qkv_bias", self.arch == "qwen2")
-        set_(self, "qk_norm", self.arch in ("qwen3", "gemma3"))
+        set_(self, "qk_norm", self.arch in ("qwen3", "gemma3", "qwen3moe", "qwen3next"))
         set_(self, "gemma", self.arch == "gemma3")
         set_(self, "n_gqa", self.n_head // self.n_head_kv)
         if len(self.swa_layers) != self.n_layer:

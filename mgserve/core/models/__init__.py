@@ -7,9 +7,10 @@ from pathlib import Path
 
 import torch
 
-from mgserve.core.gguf import GGUFFile
+from mgserve.core.gguf import GGUFError, GGUFFile
 from mgserve.core.models.base import CausalLM, SeqInput
 from mgserve.core.models.gemma3 import Gemma3
+from mgserve.core.models.hybrid import HYBRID_MODELS, load_hybrid
 from mgserve.core.models.llama import Llama
 from mgserve.core.spec import spec_from_gguf
 
@@ -34,6 +35,14 @@ def set_threads(threads: int) -> None:
 def load_model(path_or_file: str | Path | GGUFFile, *, threads: int = 0) -> CausalLM:
     """Open (if needed) a GGUF file and build its reference model; GGUFError on a bad file."""
     g = path_or_file if isinstance(path_or_file, GGUFFile) else GGUFFile(path_or_file)
-    spec = spec_from_gguf(g)  # raises GGUFError naming unsupported architectures
+    supported = (*ARCHITECTURES, *HYBRID_MODELS)
+    if g.architecture not in supported:
+        raise GGUFError(
+            f"{g.path}: architecture {g.architecture!r} is not supported "
+            f"(supported: {', '.join(supported)})"
+        )
     set_threads(threads)
+    if g.architecture in HYBRID_MODELS:  # qwen3moe, qwen3next (MoE, Gated DeltaNet)
+        return load_hybrid(g)
+    spec = spec_from_gguf(g)
     return ARCHITECTURES[spec.arch](g, spec)

@@ -1,0 +1,73 @@
+"""What qwen3moe and qwen3next share: embedding, the output head, and the batched ``forward``
+skeleton over several sessions (token-wise work on all tokens at once, per-session work inside
+each architecture's ``block``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from mgserve.core.gguf import GGUFFile
+from mgserve.core.kvcache import KVCache
+from mgserve.core.models.base import SeqInput, check_inputs
+from mgserve.core.models.hybrid_weights import load
+from mgserve.core.reference import ops
+from mgserve.core.spec import ModelSpec
+from mgserve.core.spec_hybrid import HybridSpec
+
+
+class MoeLM:
+    """A decoder whose weights were dequantized to float32 at load; subclasses define ``block``."""
+
+    def __init__(self, g: GGUFFile, spec: ModelSpec, hybrid: HybridSpec) -> None:
+        self.spec = spec
+        self.hybrid = hybrid
+        self.tok_embd = load(g, "token_embd.weight", (spec.n_embd, spec.n_vocab))  # [V, d]
+        self.output_norm = load(g, "output_norm.weight", (spec.n_embd,))
+        self.output = (  # [V, d]
+            self.tok_embd
+            if spec.tied_output
+            else load(g, "output.weight", (spec.n_embd, spec.n_vocab))
+        )
+        self.layers: list[Any] = [self.load_layer(g, il) for il in range(spec.n_layer)]
+
+    def load_layer(self, g: GGUFFile, il: int) -> Any:
+        raise NotImplementedError
+
+    def new_cache(self, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> KVCache:
+        raise NotImplementedError
+
+    def block(
+        self, il: int, x: torch.Tensor, pos: torch.Tensor, seqs: Sequence[SeqInput]
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+    def begin(self, seqs: Sequence[SeqInput]) -> None:
+        """Validate per-session state before anything is written (default: nothing to check)."""
+
+    def end(self, seqs: Sequence[SeqInput]) -> None:
+        """Record that each session consumed its tokens (default: nothing to record)."""
+
+    @torch.inference_mode()
+    def forward(self, seqs: Sequence[SeqInput]) -> torch.Tensor:
+        """[sum(n_logits), n_vocab] float32 logits, sessions in ``seqs`` order."""
+        spec = self.spec
+        check_inputs(seqs, spec.n_vocab)
+        if not seqs:
+            return torch.zeros(0, spec.n_vocab)
+        self.begin(seqs)
+        tokens = torch.cat([s.tokens for s in seqs])  # [N]
+        pos = torch.cat([s.start + torch.arange(s.tokens.numel()) for s in seqs])  # [N]
+        x = self.tok_embd[tokens]  # [N, d]
+        for il in range(spec.n_layer):
+            x = self.block(il, x, pos, seqs)
+        self.end(seqs)
+        rows: list[int] = []
+        end = 0
+        for s in seqs:
+            end += s.tokens.numel()
+            rows.extend(range(end - s.n_logits, end))
+        h = ops.rms_norm(x[rows], self.output_norm, spec.rms_eps)  # [sum(n_logits), d]
+        return ops.matvec_rows(h, self.output)
