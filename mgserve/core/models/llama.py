@@ -110,7 +110,7 @@ class Llama:
             end += s.tokens.numel()
             rows.extend(range(end - s.n_logits, end))
         h = ops.rms_norm(x[rows], self.output_norm, spec.rms_eps)  # [sum(n_logits), n_embd]
-        logits = ops.matvec_rows(h, self.output)  # [sum(n_logits), n_vocab]
+        logits = ops.linear(h, self.output)  # [sum(n_logits), n_vocab]
         if spec.final_softcap > 0.0:
             logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap
         return logits

@@ -70,4 +70,4 @@ class MoeLM:
             end += s.tokens.numel()
             rows.extend(range(end - s.n_logits, end))
         h = ops.rms_norm(x[rows], self.output_norm, spec.rms_eps)  # [sum(n_logits), d]
-        return ops.matvec_rows(h, self.output)
+        return ops.linear(h, self.output)
