@@ -128,6 +128,10 @@ def test_gemma_teacher_forced_agrees_with_llama_cpp(gemma: CausalLM) -> None:
         f"round activations); ours in llama.cpp's top-5: {in_top5:.4f}"
     )
     assert vs_f32 >= 0.98
+    # The Q4_K_M top-1 can't be reproduced closer than this without copying llama.cpp's kernels:
+    # each quantized matmul rounds its input to 8 bits, so a last-bit difference anywhere upstream
+    # (summation order, expf, cosf) flips a rounding that then spreads. llama.cpp itself, on the
+    # same file, matches this reference at 0.9369 with n_batch=7 and 0.9586 with n_batch=1.
     assert vs_q >= 0.93
     assert in_top5 >= 0.99
 
