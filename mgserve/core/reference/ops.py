@@ -7,6 +7,8 @@ converter, so one ``rms_norm`` serves every architecture).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -42,6 +44,40 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
 
 
+_ROPE_BLOCK = 4096  # positions per block of the cached cos/sin tables
+
+
+class _RopeTable:
+    """cos/sin of the rotary angles of every position, computed once per block of positions.
+
+    Decode would otherwise recompute the same angles in every layer. Each block is computed from
+    the same ``arange`` whenever it is first needed, so a position's values never depend on which
+    other positions share a batch (vector body or scalar tail of a transcendental kernel).
+    """
+
+    def __init__(self, inv_freq: torch.Tensor, scale: float) -> None:
+        self.inv_freq = inv_freq  # [half] float64
+        self.scale = scale
+        self.cos = torch.empty(0, inv_freq.numel())  # [n_pos, half] float32
+        self.sin = torch.empty(0, inv_freq.numel())
+
+    def lookup(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        need = int(pos.max()) + 1 if pos.numel() else 0
+        while self.cos.shape[0] < need:
+            p0 = self.cos.shape[0]
+            p = torch.arange(p0, p0 + _ROPE_BLOCK, dtype=torch.float64) * self.scale
+            theta = p[:, None] * self.inv_freq[None, :]  # [block, half]
+            self.cos = torch.cat((self.cos, theta.cos().float()))
+            self.sin = torch.cat((self.sin, theta.sin().float()))
+        return self.cos[pos], self.sin[pos]  # [N, half] each
+
+
+@functools.lru_cache(maxsize=16)
+def _rope_table(n_rot: int, base: float, scale: float) -> _RopeTable:
+    half = n_rot // 2
+    return _RopeTable(base ** (-torch.arange(half, dtype=torch.float64) * 2.0 / n_rot), scale)
+
+
 def rope(
     x: torch.Tensor,  # [N, H, D]
     pos: torch.Tensor,  # [N] int64 absolute positions
@@ -58,12 +94,12 @@ def rope(
     2i + 1 pair. Angles are computed in float64 and rounded once, to stay close to both references.
     """
     half = n_rot // 2
-    inv_freq = base ** (-torch.arange(half, dtype=torch.float64) * 2.0 / n_rot)  # [half]
-    if freq_factors is not None:
-        inv_freq = inv_freq / freq_factors.to(torch.float64)
-    theta = (pos.to(torch.float64) * scale)[:, None] * inv_freq[None, :]  # [N, half]
-    cos = theta.cos().to(x.dtype)[:, None, :]  # [N, 1, half]
-    sin = theta.sin().to(x.dtype)[:, None, :]
+    if freq_factors is None:
+        cos, sin = _rope_table(n_rot, float(base), float(scale)).lookup(pos)
+    else:
+        inv_freq = _rope_table(n_rot, float(base), 1.0).inv_freq / freq_factors.to(torch.float64)
+        cos, sin = _RopeTable(inv_freq, scale).lookup(pos)
+    cos, sin = cos.to(x.dtype)[:, None, :], sin.to(x.dtype)[:, None, :]  # [N, 1, half]
     rot, rest = x[..., :n_rot], x[..., n_rot:]
     if neox:
         x1, x2 = rot[..., :half], rot[..., half:]
