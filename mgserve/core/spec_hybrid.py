@@ -8,7 +8,8 @@ two MoE architectures need, read from ``{arch}.*`` keys the way llama.cpp reads 
   renormalised to sum 1: llama.cpp passes ``norm_w = true`` for both archs and reads neither
   ``{arch}.expert_weights_norm`` nor ``expert_weights_scale`` for them (HF's ``norm_topk_prob`` is
   true in the released Qwen3-MoE and Qwen3-Next configs).
-- qwen3next: layer ``il`` is a Gated DeltaNet layer iff ``(il + 1) % full_attention_interval``
+- qwen3next (and qwen4exp, whose extras are in spec_qwen4exp.py): layer ``il`` is a Gated
+  DeltaNet layer iff ``(il + 1) % full_attention_interval``
   is not 0, unless ``{arch}.attention.recurrent_layers`` lists them; DeltaNet key heads are
   ``ssm.group_count``, value heads ``ssm.time_step_rank``, both head dims ``ssm.state_size``; full
   attention rotates only the first ``rope.dimension_count`` dims of each head (NeoX pairs).
@@ -23,7 +24,8 @@ from typing import Any
 from mgserve.core.gguf import GGUFError, GGUFFile
 from mgserve.core.spec import ModelSpec
 
-HYBRID_ARCHS = ("qwen3moe", "qwen3next")
+HYBRID_ARCHS = ("qwen3moe", "qwen3next", "qwen4exp")
+_RECURRENT_ARCHS = ("qwen3next", "qwen4exp")  # Gated DeltaNet + gated full attention
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ class HybridSpec:
 
 
 def _recurrent_pattern(g: GGUFFile, arch: str, n_layer: int) -> tuple[bool, ...]:
-    if arch != "qwen3next":
+    if arch not in _RECURRENT_ARCHS:
         return (False,) * n_layer
     explicit = g.get(f"{arch}.attention.recurrent_layers")
     if explicit is not None:
@@ -89,7 +91,8 @@ def _recurrent_pattern(g: GGUFFile, arch: str, n_layer: int) -> tuple[bool, ...]
 
 
 def hybrid_spec_from_gguf(g: GGUFFile) -> tuple[ModelSpec, HybridSpec]:
-    """The dense and the MoE/DeltaNet hyperparameters of a ``qwen3moe``/``qwen3next`` file."""
+    """The dense and the MoE/DeltaNet hyperparameters of a ``qwen3moe``/``qwen3next``/``qwen4exp``
+    file."""
     arch = g.architecture
     if arch not in HYBRID_ARCHS:
         raise GGUFError(f"{g.path}: architecture {arch!r} is not one of {HYBRID_ARCHS}")
@@ -115,7 +118,7 @@ def hybrid_spec_from_gguf(g: GGUFFile) -> tuple[ModelSpec, HybridSpec]:
             n_ff_shexp=int(opt("expert_shared_feed_forward_length", 0)),
             norm_topk=True,  # see the module docstring
             recurrent=_recurrent_pattern(g, arch, n_layer),
-            attn_gated=arch == "qwen3next",
+            attn_gated=arch in _RECURRENT_ARCHS,
             ssm_conv=int(opt("ssm.conv_kernel", 0)),
             ssm_head_dim=int(opt("ssm.state_size", 0)),
             ssm_k_heads=int(opt("ssm.group_count", 0)),

@@ -44,12 +44,14 @@ N_SYNTH = 40  # prompt tokens for the quantized synthetic file
 GGML_TYPE_F32 = 0
 
 
-def run(path: Path, prompt: list[int], n_gen: int = N_GEN) -> tuple[list[int], np.ndarray]:
+def run(
+    path: Path, prompt: list[int], n_gen: int = N_GEN, n_ctx: int = 256
+) -> tuple[list[int], np.ndarray]:
     """llama.cpp's tokens (prompt + greedy continuation) and logits [len, V] at every position."""
     from llama_cpp import Llama
 
     llm = Llama(
-        model_path=str(path), n_ctx=256, n_batch=256, logits_all=True, n_threads=2, seed=0,
+        model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, logits_all=True, n_threads=2, seed=0,
         verbose=False, type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32,
     )  # fmt: skip
     llm.eval(prompt)

@@ -1,5 +1,5 @@
-"""``load_hybrid``: a qwen3moe / qwen3next GGUF file -> its reference model (see models/__init__.py
-for the dense architectures)."""
+"""``load_hybrid``: a qwen3moe / qwen3next / qwen4exp GGUF file -> its reference model (see
+models/__init__.py for the dense architectures)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,18 @@ from mgserve.core.gguf import GGUFFile
 from mgserve.core.models.moe_base import MoeLM
 from mgserve.core.models.qwen3moe import Qwen3Moe
 from mgserve.core.models.qwen3next import Qwen3Next
+from mgserve.core.models.qwen4exp import Qwen4Exp
 from mgserve.core.spec_hybrid import hybrid_spec_from_gguf
 
-HYBRID_MODELS: dict[str, type[MoeLM]] = {"qwen3moe": Qwen3Moe, "qwen3next": Qwen3Next}
+HYBRID_MODELS: dict[str, type[MoeLM]] = {
+    "qwen3moe": Qwen3Moe,
+    "qwen3next": Qwen3Next,
+    "qwen4exp": Qwen4Exp,
+}
 
 
 def load_hybrid(path_or_file: str | Path | GGUFFile) -> MoeLM:
-    """Build the reference model of a qwen3moe / qwen3next file; GGUFError on a bad file."""
+    """The reference model of a qwen3moe / qwen3next / qwen4exp file; GGUFError on a bad file."""
     g = path_or_file if isinstance(path_or_file, GGUFFile) else GGUFFile(path_or_file)
     spec, hybrid = hybrid_spec_from_gguf(g)
     return HYBRID_MODELS[spec.arch](g, spec, hybrid)

@@ -1,6 +1,6 @@
-"""What qwen3moe and qwen3next share: embedding, the output head, and the batched ``forward``
-skeleton over several sessions (token-wise work on all tokens at once, per-session work inside
-each architecture's ``block``)."""
+"""What qwen3moe, qwen3next and qwen4exp share: embedding, the output head, and the batched
+``forward`` skeleton over several sessions (token-wise work on all tokens at once, per-session work
+inside each architecture's ``block``)."""
 
 from __future__ import annotations
 
@@ -25,13 +25,25 @@ class MoeLM:
         self.spec = spec
         self.hybrid = hybrid
         self.tok_embd = load(g, "token_embd.weight", (spec.n_embd, spec.n_vocab))  # [V, d]
-        self.output_norm = load(g, "output_norm.weight", (spec.n_embd,))
         self.output = (  # [V, d]
             self.tok_embd
             if spec.tied_output
             else load(g, "output.weight", (spec.n_embd, spec.n_vocab))
         )
+        self.load_head(g)
         self.layers: list[Any] = [self.load_layer(g, il) for il in range(spec.n_layer)]
+
+    def load_head(self, g: GGUFFile) -> None:
+        """What ``head`` needs besides ``output``: here the final norm."""
+        self.output_norm = load(g, "output_norm.weight", (self.spec.n_embd,))
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The residual stream the first block reads: [N, d] (qwen4exp: [N, hc, d])."""
+        return self.tok_embd[tokens]
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits [R, V] of the residual rows x that want them."""
+        return ops.linear(ops.rms_norm(x, self.output_norm, self.spec.rms_eps), self.output)
 
     def load_layer(self, g: GGUFFile, il: int) -> Any:
         raise NotImplementedError
@@ -60,7 +72,7 @@ class MoeLM:
         self.begin(seqs)
         tokens = torch.cat([s.tokens for s in seqs])  # [N]
         pos = torch.cat([s.start + torch.arange(s.tokens.numel()) for s in seqs])  # [N]
-        x = self.tok_embd[tokens]  # [N, d]
+        x = self.embed(tokens)  # [N, d]
         for il in range(spec.n_layer):
             x = self.block(il, x, pos, seqs)
         self.end(seqs)
@@ -69,5 +81,4 @@ class MoeLM:
         for s in seqs:
             end += s.tokens.numel()
             rows.extend(range(end - s.n_logits, end))
-        h = ops.rms_norm(x[rows], self.output_norm, spec.rms_eps)  # [sum(n_logits), d]
-        return ops.linear(h, self.output)
+        return self.head(x[rows])  # [sum(n_logits), V]

@@ -40,6 +40,7 @@ class DeltaNetWeights:  # [out, in] float32
     a: torch.Tensor  # [H_v] (ssm_a) = -exp(A_log), negative
     norm: torch.Tensor  # [d_v] (ssm_norm), plain (not 1 + w)
     out: torch.Tensor  # [n_embd, value_dim] (ssm_out)
+    sigmoid_gate: bool = False  # output gate sigmoid(z) (qwen4exp) instead of silu(z)
 
 
 def causal_conv(
@@ -185,6 +186,8 @@ def mix(
 
 
 def output(o: torch.Tensor, z: torch.Tensor, w: DeltaNetWeights, eps: float) -> torch.Tensor:
-    """RMSNorm(o) * silu(z) per value head, then the out projection: [N, H_v, d_v] -> [N, d]."""
-    h = ops.rms_norm(o, w.norm, eps) * rowwise.silu(z.flatten(1)).view(z.shape)
+    """RMSNorm(o) * silu(z) (sigmoid(z) for qwen4exp) per value head, then the out projection:
+    [N, H_v, d_v] -> [N, d]."""
+    act = rowwise.sigmoid if w.sigmoid_gate else rowwise.silu
+    h = ops.rms_norm(o, w.norm, eps) * act(z.flatten(1)).view(z.shape)
     return ops.linear(h.flatten(1), w.out)

@@ -30,14 +30,13 @@ class AttnWeights:  # [out, in] float32
     gated: bool  # wq carries the sigmoid output gate (qwen3next)
 
 
-def attend(
+def project(
     w: AttnWeights,
     h: torch.Tensor,  # [N, n_embd] normalised input, all sessions' tokens in order
     pos: torch.Tensor,  # [N] int64 positions
-    spans: Sequence[tuple[KVCache, int, int]],  # per session: (cache, start, n_tokens)
-    kv_layer: int,  # the layer's index inside the caches
     spec: ModelSpec,
-) -> torch.Tensor:  # [N, n_embd]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Token-wise: q [N, H, Dh], k and v [N, Hkv, Dh] (normed, rotated), gate [N, H * Dh]."""
     n, dh = h.shape[0], spec.head_dim
     q = ops.linear(h, w.wq).view(n, spec.n_head, -1)  # [N, H, Dh] or [N, H, 2 Dh]
     gate = None
@@ -49,6 +48,25 @@ def attend(
     k = ops.rms_norm(k, w.k_norm, spec.rms_eps)
     q = ops.rope(q, pos, n_rot=spec.n_rot, base=spec.rope_base, neox=True, scale=spec.rope_scale)
     k = ops.rope(k, pos, n_rot=spec.n_rot, base=spec.rope_base, neox=True, scale=spec.rope_scale)
+    return q, k, v, gate
+
+
+def output(out: torch.Tensor, gate: torch.Tensor | None, w: AttnWeights) -> torch.Tensor:
+    """The attention output [N, H * Dh], gated when the model has a gate, projected to [N, d]."""
+    if gate is not None:
+        out = out * rowwise.sigmoid(gate)
+    return ops.linear(out, w.wo)
+
+
+def attend(
+    w: AttnWeights,
+    h: torch.Tensor,  # [N, n_embd] normalised input, all sessions' tokens in order
+    pos: torch.Tensor,  # [N] int64 positions
+    spans: Sequence[tuple[KVCache, int, int]],  # per session: (cache, start, n_tokens)
+    kv_layer: int,  # the layer's index inside the caches
+    spec: ModelSpec,
+) -> torch.Tensor:  # [N, n_embd]
+    q, k, v, gate = project(w, h, pos, spec)
     outs, off = [], 0
     for cache, start, t in spans:
         # Write, then read back through the cache type's rounding, whatever the chunking.
@@ -58,7 +76,4 @@ def attend(
             ops.attention(q[off : off + t], keys, values, pos[off : off + t], scale=spec.attn_scale)
         )
         off += t
-    out = torch.cat(outs)  # [N, H * Dh]
-    if gate is not None:
-        out = out * rowwise.sigmoid(gate)
-    return ops.linear(out, w.wo)
+    return output(torch.cat(outs), gate, w)  # [N, H * Dh] -> [N, n_embd]

@@ -1,0 +1,55 @@
+"""Hyper-connections (qwen4exp): the residual is ``hc`` parallel streams per token, and every block
+reads a learned mix of them and writes its output back into each with its own weight.
+
+In place of a pre-norm (HF ``Qwen4ExpTextGatedResidual``, llama.cpp ``build_hc_mix`` /
+``build_hc_combine``), for streams x [hc, d]::
+
+    xn     = rms_norm(x, per stream) * gamma                    # gamma [hc, d], stored 1 + w
+    gate   = sigmoid(up(silu(down(flat(xn)) / hc)))             # low-rank: hc*d -> r -> hc*d
+    input  = mean_over_streams(gate * xn)                       # [d]: what the block reads
+    inject = 2 * sigmoid(w_inject . flat(xn) / hc)              # [hc], centred on 1
+    x      = x + inject[:, None] * block(input)                 # combine
+
+The head has the same mix without the inject, in place of the output norm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mgserve.core.reference import ops, rowwise
+
+
+@dataclass
+class HCWeights:  # [out, in] float32
+    norm: torch.Tensor  # [hc, d] per-stream RMSNorm gammas (1 + w)
+    down: torch.Tensor  # [r, hc * d]
+    up: torch.Tensor  # [hc * d, r]
+    inject: torch.Tensor | None  # [hc, hc * d]; None for the head's mix
+
+
+def grouped_norm(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of each stream of x [N, hc, d], scaled by gamma [hc, d]."""
+    return ops.rms_norm(x, gamma, eps)
+
+
+def mix(
+    x: torch.Tensor, w: HCWeights, eps: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # input [N, d], inject [N, hc] or None
+    """What a block reads from the streams x [N, hc, d], and how strongly it writes back."""
+    n, hc, d = x.shape
+    xn = grouped_norm(x, w.norm, eps).reshape(n, hc * d)  # [N, hc * d]
+    low = rowwise.silu(ops.linear(xn, w.down) / hc)  # [N, r]
+    gate = rowwise.sigmoid(ops.linear(low, w.up))  # [N, hc * d]
+    mixed = (gate * xn).view(n, hc, d).mean(dim=1)  # [N, d]
+    if w.inject is None:
+        return mixed, None
+    inject = 2.0 * rowwise.sigmoid(ops.linear(xn, w.inject) / hc)  # [N, hc]
+    return mixed, inject
+
+
+def combine(x: torch.Tensor, out: torch.Tensor, inject: torch.Tensor) -> torch.Tensor:
+    """x [N, hc, d] + inject [N, hc] x out [N, d] broadcast over the streams."""
+    return x + inject[:, :, None] * out[:, None, :]

@@ -1,0 +1,144 @@
+"""PLE, qwen4exp's n-gram hash embedding: each token looks up ``n_heads`` rows of one huge table
+(~51B parameters in the real model) by hashing itself and the tokens before it, and the layer
+mixes them into every hyper-connection stream.
+
+Hash (host side, as llama.cpp's ``llm_graph_input_qwen4exp_ple`` and HF
+``Qwen4ExpTextNGramEmbedding``): ctx[0] is the token, ctx[s] the token s positions back; a missing
+predecessor or an EOS in the window turns it and everything further back into EOS (the token's own
+EOS does not cut). For n = 2..ngram, ``mixed = XOR_j ctx[j] * m[j]`` over j < n (each product stays
+below 2^63, so signed and unsigned arithmetic agree) and head h of that n-gram reads row
+``mixed % size[h] + offset[h]``.
+
+The table stays memory-mapped: ``gather_rows`` copies and dequantizes only the rows asked for.
+
+Layer (HF ``Qwen4ExpTextPLELayer``, llama.cpp ``build_ple``), streams x [hc, d], e the token's
+concatenated rows::
+
+    key   = grouped_norm(W_key e)          [hc, d]     value = W_value e   [d]
+    s     = <key, grouped_norm(x)> / sqrt(d) per stream; gate = sigmoid(sign(s) sqrt(|s|))
+    g     = gate * value                    [hc, d]
+    x    += g + silu(dilated_causal_conv(grouped_norm(g)))   (dilation ngram, history in state)
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from mgserve.core.gguf import GGUFError, TensorInfo
+from mgserve.core.reference import ops, rowwise
+from mgserve.core.reference.dequant import SUPPORTED_TYPES
+from mgserve.core.spec_qwen4exp import PleSpec
+
+
+def ngram_rows(tokens: np.ndarray, history: np.ndarray, ple: PleSpec) -> np.ndarray:
+    """[T, n_heads] int64 table rows for ``tokens`` [T], preceded by ``history`` [ngram - 1]
+    (oldest first; EOS where the session has no such token)."""
+    back = ple.ngram - 1
+    seq = np.concatenate([history, tokens]).astype(np.int64)  # [back + T]
+    t = tokens.shape[0]
+    ctx = np.empty((ple.ngram, t), dtype=np.int64)  # ctx[s]: the token s positions back
+    ctx[0] = tokens
+    cut = np.zeros(t, dtype=bool)
+    for s in range(1, ple.ngram):
+        prev = seq[back - s : back - s + t]
+        cut |= prev == ple.eos
+        ctx[s] = np.where(cut, ple.eos, prev)
+    mult = np.array(ple.multipliers, dtype=np.uint64)
+    prods = ctx.astype(np.uint64) * mult[:, None]  # [ngram, T], each < 2^63
+    rows = np.empty((t, ple.n_heads), dtype=np.int64)
+    for n in range(2, ple.ngram + 1):
+        mixed = np.bitwise_xor.reduce(prods[:n], axis=0)  # [T]
+        for g in range(ple.heads_per_ngram):
+            h = (n - 2) * ple.heads_per_ngram + g
+            rows[:, h] = (mixed % np.uint64(ple.sizes[h])).astype(np.int64) + ple.offsets[h]
+    return rows
+
+
+def check_table(t: TensorInfo, ple: PleSpec, path: object) -> None:
+    """GGUFError unless ``t`` is a table every head's row range fits."""
+    need = max(o + s for o, s in zip(ple.offsets, ple.sizes, strict=True))
+    if len(t.shape) != 2 or t.shape[0] != ple.head_dim or t.shape[1] < need:
+        raise GGUFError(
+            f"{path}: tensor {t.name!r} has shape {list(t.shape)}, expected "
+            f"[{ple.head_dim}, >= {need}] for the PLE head ranges"
+        )
+    if t.type_name not in SUPPORTED_TYPES:
+        raise GGUFError(f"{path}: tensor {t.name!r} has unsupported type {t.type_name}")
+
+
+def advise_random(t: TensorInfo) -> bool:
+    """Tell the kernel that ``t``'s pages are read at random, so a row read maps the page it
+    needs instead of a 64 KiB fault-around / readahead window (which, for 16 scattered rows per
+    token, would grow the mapped (resident) part of the table by ~1 MiB per token). False when
+    the data is not an mmap or the platform has no madvise."""
+    base: Any = t.data
+    while base is not None and not hasattr(base, "_mmap"):
+        base = base.base
+    mm = getattr(base, "_mmap", None)
+    if not isinstance(mm, mmap.mmap) or not hasattr(mmap, "MADV_RANDOM"):
+        return False
+    start = t.offset - t.offset % mmap.PAGESIZE
+    mm.madvise(mmap.MADV_RANDOM, start, t.offset + t.n_bytes - start)
+    return True
+
+
+def gather_rows(t: TensorInfo, rows: np.ndarray) -> torch.Tensor:
+    """[*rows.shape, row width] float32: the table rows ``rows``, read from the memory map."""
+    flat = rows.reshape(-1)
+    raw = np.asarray(t.data[flat])  # [R, row bytes or elements]: copies only these rows
+    if t.type_name == "F32":
+        values = raw.astype(np.float32, copy=False)
+    elif t.type_name == "F16":
+        values = raw.astype(np.float32)
+    else:
+        values = quants.dequantize(raw, GGMLQuantizationType(t.type_id))
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).view(
+        *rows.shape, t.shape[0]
+    )
+
+
+@dataclass
+class PleWeights:  # [out, in] float32
+    key: torch.Tensor  # [hc * d, n_heads * head_dim]
+    value: torch.Tensor  # [d, n_heads * head_dim]
+    norm_key: torch.Tensor  # [hc, d] (1 + w)
+    norm_query: torch.Tensor  # [hc, d]
+    norm_conv: torch.Tensor  # [hc, d]
+    conv: torch.Tensor  # [hc * d, kernel] depthwise, dilated by ngram
+
+
+def gated_values(
+    x: torch.Tensor, emb: torch.Tensor, w: PleWeights, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:  # gated [N, hc, d], conv input [N, hc * d]
+    """Token-wise part: each stream's gate on the shared value, and the conv's normalised input."""
+    n, hc, d = x.shape
+    key = ops.rms_norm(ops.linear(emb, w.key).view(n, hc, d), w.norm_key, eps)
+    value = ops.linear(emb, w.value)  # [N, d]
+    query = ops.rms_norm(x, w.norm_query, eps)
+    s = (key * query).sum(dim=-1) / math.sqrt(d)  # [N, hc]
+    gate = rowwise.sigmoid(torch.sign(s) * s.abs().clamp_min(1e-6).sqrt())
+    gated = gate[:, :, None] * value[:, None, :]  # [N, hc, d]
+    return gated, ops.rms_norm(gated, w.norm_conv, eps).reshape(n, hc * d)
+
+
+def dilated_conv(
+    x: torch.Tensor,  # [T, C] one session's new conv inputs
+    state: torch.Tensor,  # [(K - 1) * dil, C] its previous inputs, oldest first (zeros at start)
+    weight: torch.Tensor,  # [C, K]
+    dilation: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # silu(y) [T, C], new state
+    """y_t = sum_k w[:, k] x_{t - (K - 1 - k) * dilation}, then silu."""
+    hist, t, k = state.shape[0], x.shape[0], weight.shape[1]
+    xp = torch.cat((state, x))  # [hist + T, C]
+    y = torch.zeros_like(x)
+    for j in range(k):
+        start = hist - (k - 1 - j) * dilation
+        y = y + xp[start : start + t] * weight[:, j]
+    return rowwise.silu(y), xp[xp.shape[0] - hist :].clone()

@@ -1,0 +1,127 @@
+"""PLE n-gram hash embedding pieces (mgserve/core/reference/ple.py): the hash against
+transformers' ``Qwen4ExpTextNGramEmbedding``, row gathers from memory-mapped quantized tables, and
+the dilated conv."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType, quants
+
+from mgserve.core.gguf import GGUFError, GGUFFile
+from mgserve.core.gguf_writer import GGUFWriter
+from mgserve.core.reference import ple
+from mgserve.core.reference.dequant import dequantize
+from mgserve.core.spec_qwen4exp import PleSpec
+from tests.core.qwen4exp_export import VOCAB, hf_config
+
+EOS = VOCAB.im_end_id
+
+
+@pytest.fixture(scope="module")
+def hf_ngram() -> Any:
+    """HF's n-gram embedding whose table row r holds the number r in its first column, so the
+    embedding of a token tells which rows it hashed to."""
+    from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpTextNGramEmbedding
+
+    cfg = hf_config()
+    emb = Qwen4ExpTextNGramEmbedding(cfg, cfg.ple_embed_dim, layer_idx=1, ple_layer_index=0)
+    with torch.no_grad():
+        emb.ngram_embedding.weight.zero_()
+        emb.ngram_embedding.weight[:, 0] = torch.arange(emb.ngram_embedding.weight.shape[0])
+    return emb
+
+
+@pytest.fixture(scope="module")
+def spec(hf_ngram: Any) -> PleSpec:
+    return PleSpec(
+        layer=1,
+        ngram=hf_ngram.ngram_size,
+        heads_per_ngram=hf_ngram.heads_per_ngram,
+        conv_kernel=4,
+        eos=EOS,
+        head_dim=hf_ngram.ngram_embedding.weight.shape[1],
+        multipliers=tuple(hf_ngram.layer_multipliers.tolist()),
+        offsets=tuple(hf_ngram.ngram_heads_offsets.tolist()),
+        sizes=tuple(hf_ngram.ngram_heads_vocab_sizes.tolist()),
+    )
+
+
+def hf_rows(emb: Any, tokens: torch.Tensor) -> np.ndarray:
+    with torch.no_grad():
+        out = emb(tokens[None], past_key_values=None)  # [1, T, n_heads * head_dim]
+    return out.view(tokens.numel(), -1, emb.ngram_embedding.weight.shape[1])[:, :, 0].numpy()
+
+
+def test_hash_matches_transformers(hf_ngram: Any, spec: PleSpec) -> None:
+    toks = torch.randint(0, VOCAB.endoftext_id, (60,), generator=torch.Generator().manual_seed(3))
+    toks[[0, 10, 11, 25, 27, 59]] = EOS  # a leading EOS, two in a row, one with a gap of one
+    start = np.full(spec.ngram - 1, EOS)
+    want = hf_rows(hf_ngram, toks).astype(np.int64)
+    got = ple.ngram_rows(toks.numpy(), start, spec)
+    assert got.shape == (60, spec.n_heads)
+    np.testing.assert_array_equal(got, want)
+    assert len(np.unique(got[:, 0])) > 40  # the rows really depend on the tokens
+
+
+def test_hash_is_chunk_independent(spec: PleSpec) -> None:
+    toks = np.random.default_rng(0).integers(0, 300, 50)
+    toks[[5, 6, 30]] = EOS
+    whole = ple.ngram_rows(toks, np.full(2, EOS), spec)
+    parts, history = [], np.full(2, EOS)
+    for lo, hi in ((0, 1), (1, 6), (6, 7), (7, 31), (31, 50)):
+        parts.append(ple.ngram_rows(toks[lo:hi], history, spec))
+        history = np.concatenate([history, toks[lo:hi]])[-2:]
+    np.testing.assert_array_equal(np.concatenate(parts), whole)
+
+
+def _write_table(path: Path, qtype: GGMLQuantizationType, width: int, rows: int) -> np.ndarray:
+    values = np.random.default_rng(1).standard_normal((rows, width)).astype(np.float32)
+    data = quants.quantize(values, qtype) if qtype != GGMLQuantizationType.F32 else values
+    with GGUFWriter(path, "test") as w:
+        w.add_tensor_info("table", (width, rows), qtype)
+        w.write_header()
+        w.write_tensor_data("table", data)
+    return values
+
+
+@pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q8_0"])
+def test_gather_rows_equals_full_dequantize(tmp_path: Path, qtype: str) -> None:
+    width = 160
+    t = GGMLQuantizationType[qtype]
+    _write_table(tmp_path / "t.gguf", t, width, 500)
+    g = GGUFFile(tmp_path / "t.gguf")
+    table = g.tensor("table")
+    rows = np.array([[3, 499, 0], [3, 17, 250]])
+    got = ple.gather_rows(table, rows)  # [2, 3, width]
+    assert got.shape == (2, 3, width) and got.dtype == torch.float32
+    assert torch.equal(got, dequantize(g, table)[torch.from_numpy(rows)])
+    assert ple.advise_random(table)
+
+
+def test_check_table_needs_every_head_range(tmp_path: Path, spec: PleSpec) -> None:
+    _write_table(tmp_path / "t.gguf", GGMLQuantizationType.F32, spec.head_dim, 1000)
+    table = GGUFFile(tmp_path / "t.gguf").tensor("table")
+    with pytest.raises(GGUFError, match="PLE head ranges"):
+        ple.check_table(table, spec, tmp_path)
+
+
+def test_dilated_conv_matches_conv1d_in_any_chunks() -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(23, 6, generator=gen)  # [T, C]
+    w = torch.randn(6, 4, generator=gen)  # [C, K]
+    hist = 3 * 3
+    padded = F.pad(x.T[None], (hist, 0))  # [1, C, hist + T]
+    want = F.silu(F.conv1d(padded, w[:, None], dilation=3, groups=6))[0].T  # [T, C]
+    state = torch.zeros(hist, 6)
+    outs = []
+    for lo, hi in ((0, 1), (1, 8), (8, 9), (9, 23)):
+        y, state = ple.dilated_conv(x[lo:hi], state, w, 3)
+        outs.append(y)
+    torch.testing.assert_close(torch.cat(outs), want, rtol=1e-5, atol=1e-6)
+    assert torch.equal(state, x[-hist:])
