@@ -86,7 +86,9 @@ class Engine:
                 model, self.n_slots, self.n_ctx, settings.cache_type_k, settings.cache_type_v
             )
         self._runner = runner
-        self._sched = Scheduler(self.n_slots, self.n_ctx, settings.batch_size)
+        self._sched = Scheduler(
+            self.n_slots, self.n_ctx, settings.batch_size, rewindable=model.rewindable
+        )
         self._inbox: asyncio.Queue[_Submit | _Abort] = asyncio.Queue()
         self._streams: dict[str, RequestStream] = {}  # open requests
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="mgserve-runner")

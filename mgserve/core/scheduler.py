@@ -7,7 +7,10 @@ given oldest request first, so decoders keep streaming while a long prompt is ch
 
 Prefix reuse: every slot remembers the token ids its cache holds. A new request takes the free slot
 whose cache shares the longest prefix with its prompt and starts there; the last prompt token is
-always recomputed, since its logits give the first generated token.
+always recomputed, since its logits give the first generated token. A recurrent state (Gated
+DeltaNet) cannot be cut back to a shorter prefix, so for such models (``rewindable=False``) a slot
+is reused only when its whole history starts the new prompt; otherwise the request starts at 0,
+which resets the state. (Checkpoints that restore a shorter prefix come with the prompt cache.)
 
 A session's work is written into ``Slot.cached`` when it is scheduled, and the session is "in
 flight" until the step's result is applied; only sessions not in flight get new work. So the next
@@ -85,11 +88,14 @@ class Scheduler:
         n_ctx: int,
         batch_size: int,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        rewindable: bool = True,
     ) -> None:
         if n_slots < 1 or n_ctx < 2 or batch_size < 1:
             raise ValueError(f"bad scheduler sizes: {n_slots=} {n_ctx=} {batch_size=}")
         self.n_ctx = n_ctx
         self.batch_size = batch_size
+        self.rewindable = rewindable  # a slot's state can be cut back to any prefix of its history
         self.slots = [Slot(i) for i in range(n_slots)]
         self.queue: deque[tuple[Request, float]] = deque()
         self._clock = clock
@@ -196,12 +202,17 @@ class Scheduler:
             if not free:
                 return
             req, t_added = self.queue.popleft()
-            # longest cached prefix wins; among equals, the least recently used cache is given up
-            slot = max(free, key=lambda sl: (common_prefix(sl.cached, req.prompt), -sl.last_used))
-            n_cached = min(common_prefix(slot.cached, req.prompt), len(req.prompt) - 1)
+            # longest reusable prefix wins; among equals, the least recently used cache is given up
+            slot = max(free, key=lambda sl: (self._reusable(sl, req.prompt), -sl.last_used))
+            n_cached = self._reusable(slot, req.prompt)
             del slot.cached[n_cached:]
             slot.session = Session(req, t_added, n_cached=n_cached, n_done=n_cached)
             slot.last_used = self._step
+
+    def _reusable(self, slot: Slot, prompt: list[int]) -> int:
+        """Prompt tokens a request can take from ``slot``'s cache (the last one is recomputed)."""
+        n = min(common_prefix(slot.cached, prompt), len(prompt) - 1)
+        return n if self.rewindable or n == len(slot.cached) else 0
 
     def _work(self, slot: Slot, s: Session, tokens: tuple[int, ...], sample: bool) -> SeqWork:
         start = len(slot.cached)

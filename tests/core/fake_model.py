@@ -36,6 +36,8 @@ class FakeCache:
 
 
 class FakeModel:
+    rewindable = True
+
     def __init__(self, n_vocab: int = 64, n_ctx_train: int = 256, delay: float = 0.0) -> None:
         self.spec = FakeSpec(n_vocab, n_ctx_train)
         self.delay = delay  # seconds per forward, so steps overlap with submits in engine tests

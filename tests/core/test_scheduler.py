@@ -276,3 +276,18 @@ def test_pipelined_planning_skips_sessions_in_flight() -> None:
     assert [e.request_id for e in ev] == ["b"]
     b3 = s.schedule()
     assert b3 is not None and {w.request_id for w in b3.work} == {"a", "b"}
+
+
+def test_recurrent_state_is_reused_only_when_the_whole_history_starts_the_prompt() -> None:
+    s = Scheduler(n_slots=1, n_ctx=64, batch_size=64, rewindable=False)
+    s.add(req("a", [1, 2, 3, 4], max_tokens=2))
+    step(s, token=7)  # the prompt; samples 7
+    _, ev = step(s, token=9)  # feeds 7, samples 9: history [1, 2, 3, 4, 7] (9 was not fed)
+    assert ev[-1].finish_reason == "length"
+    s.add(req("b", [1, 2, 3, 4, 7, 9, 5]))  # extends the whole history: reused
+    b, _ = step(s)
+    assert (b.work[0].start, b.work[0].tokens) == (5, (9, 5))
+    s.abort("b")
+    s.add(req("c", [1, 2, 3, 8]))  # shares only [1, 2, 3]: a recurrent state cannot go back
+    b, _ = step(s)
+    assert (b.work[0].start, b.work[0].tokens) == (0, (1, 2, 3, 8))

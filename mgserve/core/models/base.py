@@ -25,6 +25,9 @@ class SeqInput(NamedTuple):
 
 class CausalLM(Protocol):
     spec: ModelSpec
+    # True when a session's state can be cut back to any prefix of its history (an attention-only
+    # KV cache); False for recurrent state, which only goes forward (or starts again at 0).
+    rewindable: bool
 
     def new_cache(self, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> KVCache: ...
 

@@ -76,6 +76,8 @@ def load_layer(g: GGUFFile, spec: ModelSpec, il: int) -> Layer:
 class Llama:
     """A dense decoder whose weights were dequantized to float32 at load (see dequant.py)."""
 
+    rewindable = True  # attention only: a KV cache is rewritten from any position
+
     def __init__(self, g: GGUFFile, spec: ModelSpec) -> None:
         self.spec = spec
         self.tok_embd = load_tensor(g, "token_embd.weight", (spec.n_embd, spec.n_vocab))

@@ -21,6 +21,8 @@ from mgserve.core.spec_hybrid import HybridSpec
 class MoeLM:
     """A decoder whose weights were dequantized to float32 at load; subclasses define ``block``."""
 
+    rewindable = True  # qwen3moe: attention only (Qwen3Next, recurrent, sets False)
+
     def __init__(self, g: GGUFFile, spec: ModelSpec, hybrid: HybridSpec) -> None:
         self.spec = spec
         self.hybrid = hybrid

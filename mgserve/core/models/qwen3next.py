@@ -48,6 +48,8 @@ def _state(s: SeqInput) -> HybridState:
 
 
 class Qwen3Next(MoeLM):
+    rewindable = False  # DeltaNet and conv state only go forward (see scheduler.py)
+
     def load_layer(self, g: GGUFFile, il: int) -> Qwen3NextLayer:
         d, spec, hp = self.spec.n_embd, self.spec, self.hybrid
         mixer: DeltaNetWeights | AttnWeights = (
@@ -69,6 +71,8 @@ class Qwen3Next(MoeLM):
         if len({id(st) for st in states}) != len(states):
             raise ValueError("a session appears twice in one forward call")
         for i, (s, st) in enumerate(zip(seqs, states, strict=True)):
+            if s.start == 0:  # a new sequence in this slot
+                st.reset()
             if s.start != st.pos:
                 raise ValueError(
                     f"sequence {i}: starts at {s.start} but its recurrent state is at position "
