@@ -10,7 +10,7 @@ import platform
 import sys
 from pathlib import Path
 
-BENCHMARKS = ("tokenize", "decode")
+BENCHMARKS = ("tokenize", "decode", "synth")
 
 
 def machine() -> str:
