@@ -38,6 +38,10 @@ class TensorInfo:
     data: np.ndarray  # raw memory-mapped bytes/elements as gguf-py exposes them (no copy)
 
 
+class _Truncated(ValueError):
+    """A tensor's data runs past the end of the file (the reader does not know the path)."""
+
+
 class _FastReader(GGUFReader):
     """``GGUFReader`` whose flat arrays are parsed in one go instead of one part per element.
 
@@ -79,7 +83,7 @@ class _FastReader(GGUFReader):
             end = start_offs + int(f.parts[5][0]) + n_elems * type_size // block
             if end > size:
                 name = str(bytes(f.parts[1]), "utf-8")
-                raise ValueError(
+                raise _Truncated(
                     f"tensor {name!r} ends at byte {end} but the file has {size} bytes "
                     "(truncated download?)"
                 )
@@ -121,6 +125,8 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: no such file")
         try:
             self._reader = _FastReader(self.path, "r")
+        except _Truncated as e:
+            raise GGUFError(f"{self.path}: {e}") from e
         except Exception as e:  # gguf-py raises ValueError/IndexError/... on garbage
             raise GGUFError(
                 f"{self.path}: not a readable GGUF file ({type(e).__name__}: {e})"
@@ -134,9 +140,8 @@ class GGUFFile:
             except Exception as e:
                 raise GGUFError(f"{self.path}: metadata key {key!r} cannot be decoded: {e}") from e
         self.tensors: dict[str, TensorInfo] = {}
-        size = self.path.stat().st_size
-        for t in self._reader.tensors:
-            info = TensorInfo(
+        for t in self._reader.tensors:  # _FastReader checked that each one fits in the file
+            self.tensors[t.name] = TensorInfo(
                 name=t.name,
                 type_name=t.tensor_type.name,
                 type_id=int(t.tensor_type),
@@ -146,12 +151,6 @@ class GGUFFile:
                 offset=int(t.data_offset),
                 data=t.data,
             )
-            if info.offset + info.n_bytes > size:
-                raise GGUFError(
-                    f"{self.path}: tensor {t.name!r} ends at byte {info.offset + info.n_bytes} "
-                    f"but the file has {size} bytes (truncated download?)"
-                )
-            self.tensors[t.name] = info
 
     @property
     def architecture(self) -> str:

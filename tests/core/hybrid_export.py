@@ -17,6 +17,7 @@ llama.cpp; mgserve ignores it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -189,11 +190,19 @@ def metadata(arch: str, cfg: Any) -> dict[str, Any]:
     return md
 
 
-def export(model: Any, arch: str, path: Path, fused: bool = False) -> Path:
-    """The tiny HF ``model`` as an F32 GGUF file at ``path``."""
+def export(
+    model: Any,
+    arch: str,
+    path: Path,
+    fused: bool = False,
+    edit: Callable[[dict[str, np.ndarray]], None] | None = None,
+) -> Path:
+    """The tiny HF ``model`` as an F32 GGUF file at ``path``; ``edit`` may damage the tensors."""
     from gguf.constants import GGMLQuantizationType, GGUFValueType
 
     tensors = {k: v.numpy().astype(np.float32) for k, v in gguf_tensors(arch, model, fused).items()}
+    if edit is not None:
+        edit(tensors)
     with GGUFWriter(path, arch) as w:
         w.add("general.name", f"tiny {arch}")
         w.add("general.file_type", 0, GGUFValueType.UINT32)
