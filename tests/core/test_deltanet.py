@@ -3,8 +3,6 @@ the causal conv carries its state, and both match Hugging Face's torch reference
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,13 +18,7 @@ from mgserve.core.reference.deltanet import (
 B, T, H, DK, DV = 2, 50, 3, 16, 8
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny matrices: extra intra-op threads only add contention on a shared CI machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def inputs(seed: int = 0, strong_decay: bool = False) -> dict[str, torch.Tensor]:

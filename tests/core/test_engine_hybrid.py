@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from mgserve.config import Settings
 from mgserve.core.batch import Request, SamplingParams
@@ -33,12 +32,11 @@ def _qwen4exp(path: Path) -> Path:
 
 
 @pytest.fixture(scope="module", params=[_qwen3next, _qwen4exp], ids=["qwen3next", "qwen4exp"])
-def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def model(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, one_thread: None
+) -> Any:
     make: Callable[[Path], Path] = request.param
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_model(make(tmp_path_factory.mktemp("m") / "model.gguf"), threads=1)
-    torch.set_num_threads(threads)
+    return load_model(make(tmp_path_factory.mktemp("m") / "model.gguf"), threads=1)
 
 
 async def _generate(engine: Engine, rid: str, prompt: list[int]) -> list[int]:

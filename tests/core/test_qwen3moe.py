@@ -7,7 +7,6 @@ max |diff| / max |logit| (``rel_error``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +34,7 @@ N_PROMPT = 100
 TOL = 1e-4  # float32 reference vs float32 transformers: observed ~2e-6
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny matrices: extra intra-op threads only add contention on a shared CI machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -43,13 +43,7 @@ TOL = 1e-4  # float32 reference vs float32 transformers: observed ~1e-5
 DENSE_UNTIL = 67  # positions below this have at most 16 complete blocks: QSA is dense there
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Any:
-    """Tiny matrices: extra intra-op threads only add contention on a shared CI machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -52,3 +52,20 @@ def check_inputs(seqs: Sequence[SeqInput], n_vocab: int) -> None:
         lo, hi = int(s.tokens.min()), int(s.tokens.max())
         if lo < 0 or hi >= n_vocab:
             raise ValueError(f"sequence {i}: token id out of range 0..{n_vocab - 1}")
+
+
+def flatten(seqs: Sequence[SeqInput]) -> tuple[torch.Tensor, torch.Tensor]:
+    """All sessions' tokens and their absolute positions, concatenated in ``seqs`` order."""
+    tokens = torch.cat([s.tokens for s in seqs])  # [N]
+    pos = torch.cat([s.start + torch.arange(s.tokens.numel()) for s in seqs])  # [N]
+    return tokens, pos
+
+
+def logit_rows(seqs: Sequence[SeqInput]) -> list[int]:
+    """Indices, among the flattened tokens, of the positions whose logits are returned."""
+    rows: list[int] = []
+    end = 0
+    for s in seqs:
+        end += s.tokens.numel()
+        rows.extend(range(end - s.n_logits, end))
+    return rows

@@ -15,7 +15,7 @@ import torch
 
 from mgserve.core.gguf import GGUFFile
 from mgserve.core.kvcache import KVCache
-from mgserve.core.models.base import SeqInput, check_inputs
+from mgserve.core.models.base import SeqInput, check_inputs, flatten, logit_rows
 from mgserve.core.reference import ops
 from mgserve.core.reference.dequant import load_tensor
 from mgserve.core.spec import ModelSpec
@@ -101,17 +101,11 @@ class Llama:
         check_inputs(seqs, spec.n_vocab)
         if not seqs:
             return torch.zeros(0, spec.n_vocab)
-        tokens = torch.cat([s.tokens for s in seqs])  # [N]
-        pos = torch.cat([s.start + torch.arange(s.tokens.numel()) for s in seqs])  # [N]
+        tokens, pos = flatten(seqs)  # [N], [N]
         x = self.embed(tokens)  # [N, n_embd]
         for il, layer in enumerate(self.layers):
             x = self.block(il, layer, x, pos, seqs)
-        rows: list[int] = []
-        end = 0
-        for s in seqs:
-            end += s.tokens.numel()
-            rows.extend(range(end - s.n_logits, end))
-        h = ops.rms_norm(x[rows], self.output_norm, spec.rms_eps)  # [sum(n_logits), n_embd]
+        h = ops.rms_norm(x[logit_rows(seqs)], self.output_norm, spec.rms_eps)  # [sum(n_logits), d]
         logits = ops.linear(h, self.output)  # [sum(n_logits), n_vocab]
         if spec.final_softcap > 0.0:
             logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap

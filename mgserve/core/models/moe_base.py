@@ -11,7 +11,7 @@ import torch
 
 from mgserve.core.gguf import GGUFFile
 from mgserve.core.kvcache import KVCache
-from mgserve.core.models.base import SeqInput, check_inputs
+from mgserve.core.models.base import SeqInput, check_inputs, flatten, logit_rows
 from mgserve.core.models.hybrid_weights import load
 from mgserve.core.reference import ops
 from mgserve.core.spec import ModelSpec
@@ -72,15 +72,9 @@ class MoeLM:
         if not seqs:
             return torch.zeros(0, spec.n_vocab)
         self.begin(seqs)
-        tokens = torch.cat([s.tokens for s in seqs])  # [N]
-        pos = torch.cat([s.start + torch.arange(s.tokens.numel()) for s in seqs])  # [N]
+        tokens, pos = flatten(seqs)  # [N], [N]
         x = self.embed(tokens)  # [N, d]
         for il in range(spec.n_layer):
             x = self.block(il, x, pos, seqs)
         self.end(seqs)
-        rows: list[int] = []
-        end = 0
-        for s in seqs:
-            end += s.tokens.numel()
-            rows.extend(range(end - s.n_logits, end))
-        return self.head(x[rows])  # [sum(n_logits), V]
+        return self.head(x[logit_rows(seqs)])  # [sum(n_logits), V]
