@@ -10,7 +10,7 @@ import platform
 import sys
 from pathlib import Path
 
-BENCHMARKS = ("tokenize", "decode", "synth")
+BENCHMARKS = ("tokenize", "decode", "synth", "matvec")
 
 
 def machine() -> str:

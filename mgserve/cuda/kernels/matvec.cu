@@ -1,20 +1,23 @@
-// Quantized matrix-vector products y[t, n] = sum_k W[n, k] * x[t, k] that read GGUF blocks directly.
+// Quantized matrix-vector products y[t, n] = sum_k W[n, k] * x[t, k], reading GGUF blocks directly.
 //
 // W is one GGUF tensor in its file layout: n_rows rows, each (k / BLOCK) blocks of BYTES bytes.
 // x is fp32 [n_tok, k], y is fp32 [n_tok, n_rows]; n_tok is 1..NT (a few decode tokens share one
 // pass over the weights, which is what makes batched decode and draft verification cheap).
 //
-// One warp per output row, ROWS_PER_CTA warps per thread block. Each lane decodes 8 consecutive
-// weights at a time (every format below splits evenly into 8-value runs that share one scale),
-// multiplies them with 8 activations per token and accumulates in fp32; a shuffle reduction ends
-// the row. Block layouts (bytes; ggml's, as gguf-py decodes them):
+// Each warp owns R output rows (ROWS_PER_WARP_*), WARPS_PER_CTA warps per thread block. Each lane
+// decodes 8 consecutive weights at a time (every format below splits evenly into 8-value runs that
+// share one scale), multiplies them with 8 activations per token, loaded once for all the warp's
+// rows, and accumulates in fp32; a shuffle reduction ends each row. A 2560-wide Q4_K row is only
+// 10 steps of 144 bytes per warp, so the kernel tends to wait on latency rather than bandwidth;
+// rows per warp and the run-loop unroll trade bytes in flight against occupancy (see RUN_UNROLL).
+// Block layouts (bytes; ggml's, as gguf-py decodes them):
 //
 //   Q4_0  18 / 32:  f16 d | 16 nibbles (low: values 0..15, high: 16..31), v = d * (q - 8)
 //   Q4_1  20 / 32:  f16 d, f16 m | 16 nibbles, v = d * q + m
 //   Q5_0  22 / 32:  f16 d | u32 qh (5th bits) | 16 nibbles, v = d * (q - 16)
 //   Q5_1  24 / 32:  f16 d, f16 m | u32 qh | 16 nibbles, v = d * q + m
 //   Q8_0  34 / 32:  f16 d | 32 x i8, v = d * q
-//   IQ4_NL 18 / 32: f16 d | 16 nibbles, v = d * KVALUES[q]
+//   IQ4_NL 18 / 32: f16 d | 16 nibbles, v = d * kvalue_iq4(q)
 //   Q4_K 144 / 256: f16 d, f16 dmin | 12 bytes of 6-bit scales/mins | 128 nibbles
 //   Q5_K 176 / 256: f16 d, f16 dmin | 12 scales | 32 qh | 128 nibbles
 //   Q6_K 210 / 256: 128 ql | 64 qh | 16 x i8 scales | f16 d
@@ -29,7 +32,17 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 typedef signed char i8;
 
-#define ROWS_PER_CTA 4
+#define WARPS_PER_CTA 4
+// Tuning, set by the Python wrapper (ops.MatvecTuning) through -D; defaults match its defaults.
+#ifndef ROWS_PER_WARP_1
+#define ROWS_PER_WARP_1 1  // rows per warp for one token
+#endif
+#ifndef ROWS_PER_WARP_N
+#define ROWS_PER_WARP_N 2  // rows per warp for 2..8 tokens (each x load serves more rows)
+#endif
+#ifndef RUN_UNROLL
+#define RUN_UNROLL 4  // run-loop unroll: loads of several runs in flight per lane
+#endif
 
 __device__ __forceinline__ float f16_bits(u16 h) {
     float f;
@@ -37,14 +50,35 @@ __device__ __forceinline__ float f16_bits(u16 h) {
     return f;
 }
 
-__device__ __forceinline__ float ld_f16(const u8* p) { return f16_bits((u16)(p[0] | (p[1] << 8))); }
+// Every block size and every field offset below is even, and tensors start 16-byte aligned, so
+// 2-byte loads are always aligned (most rows are not 4-byte aligned: 34, 22, 210-byte blocks).
+__device__ __forceinline__ u32 ld_u16(const u8* p) { return *(const u16*)p; }
+__device__ __forceinline__ float ld_f16(const u8* p) { return f16_bits((u16)ld_u16(p)); }
+__device__ __forceinline__ u32 ld_u32(const u8* p) { return ld_u16(p) | (ld_u16(p + 2) << 16); }
 
-__device__ __forceinline__ u32 ld_u32(const u8* p) {
-    return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+// The 8 bytes at p (2-byte aligned), one per word.
+__device__ __forceinline__ void ld_bytes8(const u8* p, u32* v) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const u32 h = ld_u16(p + 2 * i);
+        v[2 * i] = h & 0xFF;
+        v[2 * i + 1] = h >> 8;
+    }
 }
 
-__constant__ float KVALUES_IQ4NL[16] = {-127.f, -104.f, -83.f, -65.f, -49.f, -35.f, -22.f, -10.f,
-                                        1.f,    13.f,   25.f,  38.f,  53.f,  69.f,  89.f,  113.f};
+// Exactly (float)v - bias for 0 <= v < 2^23: v becomes the mantissa of 2^23 + v, then one FADD.
+// Replaces the quarter-rate integer-to-float conversion, which bounded the quantized kernels.
+__device__ __forceinline__ float u2f(u32 v, float bias) {
+    return __int_as_float(0x4B000000u | v) - (8388608.f + bias);
+}
+
+// IQ4_NL's 16 levels {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
+// as int8 packed in two words: a register lookup. A __constant__ table serialises a warp whose
+// lanes read different entries (up to 16-way), which made IQ4_XS 6x slower than Q4_K.
+__device__ __forceinline__ float kvalue_iq4(u32 q) {
+    const unsigned long long t = q < 8 ? 0xf6eaddcfbfad9881ull : 0x7159453526190d01ull;
+    return u2f((u32)((t >> (8 * (q & 7))) & 0xFF) ^ 0x80u, 128.f);  // int8 via its offset-128 form
+}
 
 // Each format: BLOCK values per block, BYTES bytes per block, and load(blk, j, w) that writes the
 // 8 values j*8 .. j*8+7 of the block starting at blk.
@@ -53,10 +87,11 @@ struct Q4_0 {
     static constexpr int BLOCK = 32, BYTES = 18;
     __device__ static void load(const u8* b, int j, float* w) {
         const float d = ld_f16(b);
-        const u8* q = b + 2 + (j & 1) * 8;
+        u32 q[8];
+        ld_bytes8(b + 2 + (j & 1) * 8, q);
         const int shift = (j >> 1) * 4;  // runs 0,1 are low nibbles, 2,3 high
 #pragma unroll
-        for (int i = 0; i < 8; i++) w[i] = d * (float)(((q[i] >> shift) & 0xF) - 8);
+        for (int i = 0; i < 8; i++) w[i] = d * u2f((q[i] >> shift) & 0xF, 8.f);
     }
 };
 
@@ -64,10 +99,11 @@ struct Q4_1 {
     static constexpr int BLOCK = 32, BYTES = 20;
     __device__ static void load(const u8* b, int j, float* w) {
         const float d = ld_f16(b), m = ld_f16(b + 2);
-        const u8* q = b + 4 + (j & 1) * 8;
+        u32 q[8];
+        ld_bytes8(b + 4 + (j & 1) * 8, q);
         const int shift = (j >> 1) * 4;
 #pragma unroll
-        for (int i = 0; i < 8; i++) w[i] = d * (float)((q[i] >> shift) & 0xF) + m;
+        for (int i = 0; i < 8; i++) w[i] = d * u2f((q[i] >> shift) & 0xF, 0.f) + m;
     }
 };
 
@@ -76,12 +112,13 @@ struct Q5_0 {
     __device__ static void load(const u8* b, int j, float* w) {
         const float d = ld_f16(b);
         const u32 qh = ld_u32(b + 2) >> (j * 8);  // value e's 5th bit is qh bit e
-        const u8* q = b + 6 + (j & 1) * 8;
+        u32 q[8];
+        ld_bytes8(b + 6 + (j & 1) * 8, q);
         const int shift = (j >> 1) * 4;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            const int v = ((q[i] >> shift) & 0xF) | (((qh >> i) & 1) << 4);
-            w[i] = d * (float)(v - 16);
+            const u32 v = ((q[i] >> shift) & 0xF) | (((qh >> i) & 1) << 4);
+            w[i] = d * u2f(v, 16.f);
         }
     }
 };
@@ -91,12 +128,13 @@ struct Q5_1 {
     __device__ static void load(const u8* b, int j, float* w) {
         const float d = ld_f16(b), m = ld_f16(b + 2);
         const u32 qh = ld_u32(b + 4) >> (j * 8);
-        const u8* q = b + 8 + (j & 1) * 8;
+        u32 q[8];
+        ld_bytes8(b + 8 + (j & 1) * 8, q);
         const int shift = (j >> 1) * 4;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            const int v = ((q[i] >> shift) & 0xF) | (((qh >> i) & 1) << 4);
-            w[i] = d * (float)v + m;
+            const u32 v = ((q[i] >> shift) & 0xF) | (((qh >> i) & 1) << 4);
+            w[i] = d * u2f(v, 0.f) + m;
         }
     }
 };
@@ -105,9 +143,11 @@ struct Q8_0 {
     static constexpr int BLOCK = 32, BYTES = 34;
     __device__ static void load(const u8* b, int j, float* w) {
         const float d = ld_f16(b);
-        const i8* q = (const i8*)(b + 2 + j * 8);
+        u32 q[8];
+        ld_bytes8(b + 2 + j * 8, q);
 #pragma unroll
-        for (int i = 0; i < 8; i++) w[i] = d * (float)q[i];
+        // int8 = (byte ^ 0x80) - 128
+        for (int i = 0; i < 8; i++) w[i] = d * u2f(q[i] ^ 0x80u, 128.f);
     }
 };
 
@@ -115,21 +155,22 @@ struct IQ4_NL {
     static constexpr int BLOCK = 32, BYTES = 18;
     __device__ static void load(const u8* b, int j, float* w) {
         const float d = ld_f16(b);
-        const u8* q = b + 2 + (j & 1) * 8;
+        u32 q[8];
+        ld_bytes8(b + 2 + (j & 1) * 8, q);
         const int shift = (j >> 1) * 4;
 #pragma unroll
-        for (int i = 0; i < 8; i++) w[i] = d * KVALUES_IQ4NL[(q[i] >> shift) & 0xF];
+        for (int i = 0; i < 8; i++) w[i] = d * kvalue_iq4((q[i] >> shift) & 0xF);
     }
 };
 
 // ggml's get_scale_min_k4: sub-block s (0..7) of a Q4_K/Q5_K block has a 6-bit scale and min.
 __device__ __forceinline__ void scale_min_k4(const u8* q, int s, float* sc, float* mn) {
     if (s < 4) {
-        *sc = (float)(q[s] & 63);
-        *mn = (float)(q[s + 4] & 63);
+        *sc = u2f(q[s] & 63, 0.f);
+        *mn = u2f(q[s + 4] & 63, 0.f);
     } else {
-        *sc = (float)((q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4));
-        *mn = (float)((q[s + 4] >> 4) | ((q[s] >> 6) << 4));
+        *sc = u2f((q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4), 0.f);
+        *mn = u2f((q[s + 4] >> 4) | ((q[s] >> 6) << 4), 0.f);
     }
 }
 
@@ -146,7 +187,7 @@ struct Q4_K {
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const u32 word = i < 4 ? raw.x : raw.y;
-            w[i] = d * (float)((word >> (8 * (i & 3) + shift)) & 0xF) - m;
+            w[i] = d * u2f((word >> (8 * (i & 3) + shift)) & 0xF, 0.f) - m;
         }
     }
 };
@@ -165,9 +206,9 @@ struct Q5_K {
         for (int i = 0; i < 8; i++) {
             const u32 word = i < 4 ? raw.x : raw.y;
             const u32 hword = i < 4 ? hraw.x : hraw.y;
-            const int lo = (word >> (8 * (i & 3) + shift)) & 0xF;
-            const int hi = (hword >> (8 * (i & 3) + s)) & 1;
-            w[i] = d * (float)(lo | (hi << 4)) - m;
+            const u32 lo = (word >> (8 * (i & 3) + shift)) & 0xF;
+            const u32 hi = (hword >> (8 * (i & 3) + s)) & 1;
+            w[i] = d * u2f(lo | (hi << 4), 0.f) - m;
         }
     }
 };
@@ -176,14 +217,16 @@ struct Q6_K {
     static constexpr int BLOCK = 256, BYTES = 210;
     __device__ static void load(const u8* b, int j, float* w) {
         const int e = j * 8, h = e >> 7, r = e & 127, quarter = r >> 5, l0 = r & 31;
-        const u8* ql = b + 64 * h + (quarter & 1) * 32 + l0;
-        const u8* qh = b + 128 + 32 * h + l0;
-        const float d = ld_f16(b + 208) * (float)((const i8*)(b + 192))[8 * h + (l0 >> 4) + 2 * quarter];
+        u32 ql[8], qh[8];
+        ld_bytes8(b + 64 * h + (quarter & 1) * 32 + l0, ql);
+        ld_bytes8(b + 128 + 32 * h + l0, qh);
+        const int sc = ((const i8*)(b + 192))[8 * h + (l0 >> 4) + 2 * quarter];
+        const float d = ld_f16(b + 208) * (float)sc;
         const int lshift = (quarter >> 1) * 4, hshift = quarter * 2;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            const int v = ((ql[i] >> lshift) & 0xF) | (((qh[i] >> hshift) & 3) << 4);
-            w[i] = d * (float)(v - 32);
+            const u32 v = ((ql[i] >> lshift) & 0xF) | (((qh[i] >> hshift) & 3) << 4);
+            w[i] = d * u2f(v, 32.f);
         }
     }
 };
@@ -192,13 +235,14 @@ struct IQ4_XS {
     static constexpr int BLOCK = 256, BYTES = 136;
     __device__ static void load(const u8* b, int j, float* w) {
         const int ib = j >> 2;  // 32-value sub-block, laid out like one IQ4_NL block
-        const u32 sh = (u32)b[2] | ((u32)b[3] << 8);
-        const int ls = ((b[4 + (ib >> 1)] >> (4 * (ib & 1))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
-        const float d = ld_f16(b) * (float)(ls - 32);
-        const u8* q = b + 8 + 16 * ib + (j & 1) * 8;
+        const u32 sh = ld_u16(b + 2);
+        const u32 ls = ((b[4 + (ib >> 1)] >> (4 * (ib & 1))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+        const float d = ld_f16(b) * u2f(ls, 32.f);
+        u32 q[8];
+        ld_bytes8(b + 8 + 16 * ib + (j & 1) * 8, q);
         const int shift = ((j >> 1) & 1) * 4;
 #pragma unroll
-        for (int i = 0; i < 8; i++) w[i] = d * KVALUES_IQ4NL[(q[i] >> shift) & 0xF];
+        for (int i = 0; i < 8; i++) w[i] = d * kvalue_iq4((q[i] >> shift) & 0xF);
     }
 };
 
@@ -243,45 +287,64 @@ struct BF16 {
 template <typename T, int NT>
 __device__ void matvec(const u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                        int n_rows, int k, int n_tok) {
-    const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * ROWS_PER_CTA + (threadIdx.x >> 5);
-    if (row >= n_rows) return;
+    constexpr int R = NT == 1 ? ROWS_PER_WARP_1 : ROWS_PER_WARP_N;
     constexpr int RUNS = T::BLOCK / 8;  // 8-value runs per block
+    const int lane = threadIdx.x & 31;
+    const int row0 = (blockIdx.x * WARPS_PER_CTA + (threadIdx.x >> 5)) * R;
+    if (row0 >= n_rows) return;
     const size_t row_bytes = (size_t)(k / T::BLOCK) * T::BYTES;
-    const u8* wrow = w + (size_t)row * row_bytes;
-    float acc[NT];
+    const u8* wrow[R];
 #pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+    for (int rr = 0; rr < R; rr++) {
+        // past the last row: re-read a valid row (keeps the loop branch-free); never written
+        const int row = row0 + rr < n_rows ? row0 + rr : n_rows - 1;
+        wrow[rr] = w + (size_t)row * row_bytes;
+    }
+    float acc[R][NT];
+#pragma unroll
+    for (int rr = 0; rr < R; rr++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[rr][t] = 0.f;
     const int n_runs = k / 8;
+#pragma unroll RUN_UNROLL
     for (int r = lane; r < n_runs; r += 32) {
-        float v[8];
-        T::load(wrow + (size_t)(r / RUNS) * T::BYTES, r % RUNS, v);
+        float v[R][8];
+#pragma unroll
+        for (int rr = 0; rr < R; rr++)
+            T::load(wrow[rr] + (size_t)(r / RUNS) * T::BYTES, r % RUNS, v[rr]);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             if (t < n_tok) {
                 const float4* xp = (const float4*)(x + (size_t)t * k + (size_t)r * 8);
                 const float4 a = xp[0], c = xp[1];
-                acc[t] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * c.x +
-                          v[5] * c.y + v[6] * c.z + v[7] * c.w;
+#pragma unroll
+                for (int rr = 0; rr < R; rr++)
+                    acc[rr][t] += v[rr][0] * a.x + v[rr][1] * a.y + v[rr][2] * a.z +
+                                  v[rr][3] * a.w + v[rr][4] * c.x + v[rr][5] * c.y +
+                                  v[rr][6] * c.z + v[rr][7] * c.w;
             }
         }
     }
 #pragma unroll
-    for (int t = 0; t < NT; t++) {
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], off);
-    }
-    if (lane == 0) {
+    for (int rr = 0; rr < R; rr++)
 #pragma unroll
         for (int t = 0; t < NT; t++)
-            if (t < n_tok) y[(size_t)t * n_rows + row] = acc[t];
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1)
+                acc[rr][t] += __shfl_xor_sync(0xffffffffu, acc[rr][t], off);
+    if (lane == 0) {
+#pragma unroll
+        for (int rr = 0; rr < R; rr++)
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                if (t < n_tok && row0 + rr < n_rows) y[(size_t)t * n_rows + row0 + rr] = acc[rr][t];
     }
 }
 
 // One extern "C" entry per (format, token bucket), named matvec_<format>_t<NT>, so the Python
 // side looks kernels up by plain names.
 #define MATVEC_ENTRY(TYPE, NT)                                                                  \
-    extern "C" __global__ void __launch_bounds__(32 * ROWS_PER_CTA)                            \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS_PER_CTA)                            \
         matvec_##TYPE##_t##NT(const u8* __restrict__ w, const float* __restrict__ x,          \
                               float* __restrict__ y, int n_rows, int k, int n_tok) {           \
         matvec<TYPE, NT>(w, x, y, n_rows, k, n_tok);                                          \

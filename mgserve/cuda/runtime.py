@@ -1,0 +1,110 @@
+"""One GPU as mgserve sees it: a cuda.core Device made current, its streams and events, and a way
+to await GPU work on the asyncio loop without blocking it.
+
+This is the only module that imports ``cuda.bindings`` (STYLE.md 6): the NVRTC version for the
+cubin cache key is the one thing cuda.core does not expose.
+
+Torch allocates memory and cuda.core launches kernels, so the two must agree on streams: a
+``Stream`` here can be handed to torch (``torch_stream``) and a torch stream to cuda.core
+(``stream_from_torch``); pointers cross freely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from cuda.core import Device, Event, Stream
+
+# How often an awaited event is polled. The loop stays free between polls; 50 us adds at most that
+# much latency to a ~10-30 ms decode step.
+POLL_S = 50e-6
+
+
+@cache
+def nvrtc_version() -> tuple[int, int]:
+    """The NVRTC (major, minor) that compiles our kernels; part of the cubin cache key."""
+    from cuda.bindings import nvrtc
+
+    err, major, minor = nvrtc.nvrtcVersion()
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise RuntimeError(f"nvrtcVersion failed: {err}")
+    return int(major), int(minor)
+
+
+@cache
+def device(index: int = 0) -> Device:
+    """The cuda.core Device ``index``, current on this thread (torch's primary context too)."""
+    from cuda.core import Device
+
+    dev = Device(index)
+    dev.set_current()
+    return dev
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    arch: str  # "90" for sm_90, as NVRTC's arch option wants it after "sm_"
+    multiprocessors: int
+
+
+def gpu_info(index: int = 0) -> GpuInfo:
+    dev = device(index)
+    return GpuInfo(
+        index=index,
+        name=dev.name,
+        arch=dev.arch,
+        multiprocessors=dev.properties.multiprocessor_count,
+    )
+
+
+def new_stream(index: int = 0) -> Stream:
+    """A non-blocking stream on GPU ``index`` (never waits for the legacy default stream)."""
+    return device(index).create_stream()
+
+
+def new_event(index: int = 0, timing: bool = False) -> Event:
+    return device(index).create_event({"timing_enabled": timing})
+
+
+class _TorchStreamHandle:
+    """Presents a torch stream through the ``__cuda_stream__`` protocol that cuda.core accepts."""
+
+    def __init__(self, handle: int) -> None:
+        self._handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self._handle)
+
+
+def stream_from_torch(ts: torch.cuda.Stream, index: int = 0) -> Stream:
+    """cuda.core's view of a torch stream (same CUstream): kernels land in torch's order."""
+    return device(index).create_stream(_TorchStreamHandle(ts.cuda_stream))
+
+
+def torch_stream(stream: Stream, index: int = 0) -> torch.cuda.ExternalStream:
+    """Torch's view of a cuda.core stream, for ``with torch.cuda.stream(...)`` around torch ops."""
+    import torch
+
+    return torch.cuda.ExternalStream(int(stream.handle), device=torch.device("cuda", index))
+
+
+async def wait_event(event: Event, poll_s: float = POLL_S) -> None:
+    """Wait for ``event`` on the asyncio loop, letting other tasks run meanwhile.
+
+    ``Event.sync()`` would block the loop for the whole GPU step; polling ``is_done`` costs a few
+    microseconds per poll and no thread.
+    """
+    while not event.is_done:
+        await asyncio.sleep(poll_s)
+
+
+async def wait_stream(stream: Stream, poll_s: float = POLL_S) -> None:
+    """Record an event at the stream's current end and wait for it without blocking the loop."""
+    await wait_event(stream.record(), poll_s)
