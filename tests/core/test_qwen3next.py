@@ -21,10 +21,7 @@ from mgserve.core.state import HybridState, kv_spec, recurrent_bytes
 from tests.core.hybrid_export import (
     export,
     file_sha256,
-    hf_logits,
-    hf_model,
     load_reference,
-    prompt_tokens,
     rel_error,
     run_chunks,
     write_synth_qwen3next,
@@ -36,40 +33,6 @@ TOL = 1e-4  # float32 reference vs float32 transformers: observed ~1e-5
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def ref() -> dict[str, Any]:
-    return load_reference(ARCH)
-
-
-@pytest.fixture(scope="module")
-def hf() -> Any:
-    return hf_model(ARCH)
-
-
-@pytest.fixture(scope="module")
-def gguf_path(hf: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return export(hf, ARCH, tmp_path_factory.mktemp(ARCH) / f"{ARCH}.gguf")
-
-
-@pytest.fixture(scope="module")
-def lm(gguf_path: Path) -> Any:
-    return load_hybrid(gguf_path)
-
-
-@pytest.fixture(scope="module")
-def tokens(ref: dict[str, Any]) -> torch.Tensor:
-    """The prompt, then llama.cpp's greedy continuation (teacher-forced everywhere)."""
-    toks = torch.tensor(ref["tokens"])
-    assert torch.equal(toks[:N_PROMPT], prompt_tokens(N_PROMPT))
-    return toks
-
-
-@pytest.fixture(scope="module")
-def hf_ref(hf: Any, tokens: torch.Tensor) -> torch.Tensor:
-    """HF logits: the prompt in one call, then one token per call through HF's cache."""
-    return hf_logits(hf, tokens, N_PROMPT)
 
 
 def new_state(lm: Any) -> Any:  # a HybridState, typed Any until SeqInput.cache admits it
