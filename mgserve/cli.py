@@ -1,4 +1,4 @@
-"""``mgserve serve | info | bench``: the command line. Settings come from ``mgserve/config.py``."""
+"""``mgserve serve | info | synth | bench``: the command line. Settings: ``mgserve/config.py``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ from mgserve import config
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mgserve", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="mgserve",
+        description="Serve GGUF language models over HTTP (OpenAI- and llama-server-compatible).",
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="serve a GGUF model over HTTP")

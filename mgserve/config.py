@@ -37,7 +37,10 @@ class Settings:
     )
     parallel: int = _opt(4, "number of slots (sessions served at once)", "-np", "--parallel")
     batch_size: int = _opt(
-        512, "most prompt tokens processed in one step across slots", "-b", "--batch-size"
+        512,
+        "prompt tokens per step, shared by all slots; prompts are cut into chunks of this size",
+        "-b",
+        "--batch-size",
     )
     api_key: str | None = _opt(
         None, "require 'Authorization: Bearer KEY' (not on /health)", "--api-key"
