@@ -1,6 +1,10 @@
 """Quantized matvec bandwidth on the GPU: achieved GB/s per type at qwen4exp's shapes, against the
 device-to-device copy rate measured in the same run (bytes read + written).
 
+Activation modes (--activations): fp32 runs the exact kernels; int8 quantizes x to int8 groups
+and runs the int8 kernel (two launches, as a lone matvec pays); int8-pre times the int8 kernel on
+x quantized beforehand (what each of several matvecs sharing one x pays).
+
 Each case cycles through enough weight copies (over 4x the 60 MB L2) that every launch streams its
 weights from HBM. Time per launch is the median over repeats of (events around ``--iters``
 launches) / iters; bytes are weights + activations + outputs.
@@ -33,6 +37,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help='space-separated matvec tunings "R1,RN,UNROLL" to compare (default: the built-in one)',
     )
     parser.add_argument("--iters", type=int, default=200, help="launches per timed repeat")
+    parser.add_argument(
+        "--q8-rows",
+        default="2,2,128",
+        help='space-separated int8-kernel shapes "R1,RN,G" to compare: rows per group of G '
+        "threads (32 or 128) for 1 token and for 2..8",
+    )
+    parser.add_argument(
+        "--activations",
+        default="fp32,int8,int8-pre",
+        help="comma-separated: fp32 (exact kernels), int8 (quantize x + int8 matvec, per call), "
+        "int8-pre (int8 matvec on x quantized once outside the timing; int8 types only)",
+    )
 
 
 def _copy_rate(torch, nbytes: int = 2 << 30) -> float:
@@ -51,7 +67,15 @@ def _copy_rate(torch, nbytes: int = 2 << 30) -> float:
     return 2 * nbytes / statistics.median(times) / 1e9
 
 
-def _time_graph(torch, runtime, ops, ws, x, y, iters: int) -> float:
+def _launcher(ops, mode: str, x, stream):
+    """fn(w, stream, out) for one activation mode (see --activations)."""
+    if mode == "int8-pre":
+        xq = ops.quantize_q8(x, stream)
+        return lambda w, s, out: ops.matvec_q8(w, xq, s, out)
+    return lambda w, s, out: ops.matvec(w, x, s, out=out, int8=mode == "int8")
+
+
+def _time_graph(torch, runtime, launch, ws, y, iters: int) -> float:
     """Seconds per launch, from replays of a CUDA graph of ``iters`` launches: decode replays
     graphs, and eager launches (~6 us of host time each) would hide small kernels' GPU time."""
     graph = torch.cuda.CUDAGraph()
@@ -59,7 +83,7 @@ def _time_graph(torch, runtime, ops, ws, x, y, iters: int) -> float:
     with torch.cuda.stream(capture), torch.cuda.graph(graph, stream=capture):
         cs = runtime.stream_from_torch(capture)
         for i in range(iters):
-            ops.matvec(ws[i % len(ws)], x, cs, out=y)
+            launch(ws[i % len(ws)], cs, y)
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
@@ -72,14 +96,14 @@ def _time_graph(torch, runtime, ops, ws, x, y, iters: int) -> float:
     return statistics.median(times)
 
 
-def _time_eager(torch, ops, stream, ws, x, y, iters: int) -> float:
+def _time_eager(torch, launch, stream, ws, y, iters: int) -> float:
     ts = torch.cuda.ExternalStream(int(stream.handle))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(5):
         start.record(ts)
         for i in range(iters):
-            ops.matvec(ws[i % len(ws)], x, stream, out=y)
+            launch(ws[i % len(ws)], stream, y)
         end.record(ts)
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3 / iters)
@@ -91,17 +115,28 @@ def run(args: argparse.Namespace) -> int:
 
     from mgserve.cuda import runtime
     from mgserve.cuda.compiler import KernelCompiler
-    from mgserve.cuda.ops import CudaOps, MatvecTuning
+    from mgserve.cuda.ops import INT8_TYPES, CudaOps, MatvecTuning
     from mgserve.cuda.weights import FORMATS, upload_bytes
 
     types = [t.strip() for t in args.types.split(",") if t.strip()]
     tokens = [int(t) for t in args.tokens.split(",")]
+    modes = [m.strip() for m in args.activations.split(",") if m.strip()]
+    for m in modes:
+        if m not in ("fp32", "int8", "int8-pre"):
+            raise ValueError(f"--activations: unknown mode {m!r} (fp32, int8, int8-pre)")
     for t in types:
         if t not in FORMATS:
             raise ValueError(f"--types: unknown or unsupported type {t!r}")
     compiler = KernelCompiler(0)
     tunings = [MatvecTuning.parse(t) for t in args.tunings.split()] or [MatvecTuning()]
     all_ops = [CudaOps(compiler, t) for t in tunings]
+    q8_ops = []
+    for text in args.q8_rows.split():
+        try:
+            r1, rn, g = (int(v) for v in text.split(","))
+        except ValueError:
+            raise ValueError(f"--q8-rows {text!r}: expected R1,RN,G") from None
+        q8_ops.append(CudaOps(compiler, q8_rows=(r1, rn), q8_group=g))
     stream = runtime.new_stream()
     ts = runtime.torch_stream(stream)
     copy_gbs = _copy_rate(torch)
@@ -109,8 +144,8 @@ def run(args: argparse.Namespace) -> int:
     lines = [
         f"GPU: {runtime.gpu_info().name}; device-to-device copy {copy_gbs:.0f} GB/s (read+write)",
         "",
-        "| type | shape | tokens | tuning R1,RN,U | us/launch (graph) | GB/s | % of copy |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| type | shape | tokens | x | tuning | us/launch (graph) | GB/s | % of copy |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for type_name in types:
         fmt = FORMATS[type_name]
@@ -126,21 +161,30 @@ def run(args: argparse.Namespace) -> int:
                 with torch.cuda.stream(ts):
                     x = torch.randn(n_tok, k, device="cuda")  # [n_tok, k]
                     y = torch.empty(n_tok, rows, device="cuda")  # [n_tok, rows]
-                for ops in all_ops:
+                runs = [(o, m) for m in modes for o in (all_ops if m == "fp32" else q8_ops)]
+                for ops, mode in runs:
+                    if mode != "fp32" and type_name not in INT8_TYPES:
+                        continue
+                    with torch.cuda.stream(ts):
+                        launch = _launcher(ops, mode, x, stream)
                     for w in ws:  # warm-up: loads the kernel, touches every copy
-                        ops.matvec(w, x, stream, out=y)
+                        launch(w, stream, y)
                     stream.sync()
                     try:
-                        t = _time_graph(torch, runtime, ops, ws, x, y, args.iters)
+                        t = _time_graph(torch, runtime, launch, ws, y, args.iters)
                     except Exception as e:  # report, then time eager launches instead
                         print(f"graph capture failed ({e}); timing eager launches", flush=True)
-                        t = _time_eager(torch, ops, stream, ws, x, y, args.iters)
+                        t = _time_eager(torch, launch, stream, ws, y, args.iters)
                     nbytes = w_bytes + 4 * n_tok * (k + rows)
                     gbs = nbytes / t / 1e9
                     tu = ops.tuning
+                    shape = (
+                        f"{tu.rows_per_warp_1},{tu.rows_per_warp_n},{tu.unroll}"
+                        if mode == "fp32"
+                        else "rows {},{} per {} threads".format(*ops.q8_rows, ops.q8_group)
+                    )
                     lines.append(
-                        f"| {type_name} | {label} | {n_tok} "
-                        f"| {tu.rows_per_warp_1},{tu.rows_per_warp_n},{tu.unroll} "
+                        f"| {type_name} | {label} | {n_tok} | {mode} | {shape} "
                         f"| {t * 1e6:.1f} | {gbs:.0f} | {100 * gbs / copy_gbs:.0f}% |"
                     )
                     print(lines[-1], flush=True)
