@@ -255,6 +255,31 @@ def run_chunks(
     return torch.cat(out)
 
 
+def batched_and_alone(
+    lm: Any,
+    new_state: Callable[[Any], Any],
+    tokens: torch.Tensor,
+    starts: tuple[int, ...],
+    sizes: tuple[int, ...],
+) -> tuple[torch.Tensor, torch.Tensor, list[Any], list[Any]]:
+    """One session per start (prefilled to it), then each session's next ``size`` tokens in ONE
+    forward call and again alone on a copy of its state: (together, alone, states, copies)."""
+    from mgserve.core.models.base import SeqInput
+
+    states = [new_state(lm) for _ in starts]
+    for n, st in zip(starts, states, strict=True):
+        if n:
+            run_chunks(lm, st, tokens[:n], 64)
+    forks = [st.copy() for st in states]
+    seqs = [
+        SeqInput(st, tokens[n : n + t], n, min(t, 2))
+        for st, n, t in zip(states, starts, sizes, strict=True)
+    ]
+    together = lm.forward(seqs)
+    alone = torch.cat([lm.forward([s._replace(cache=f)]) for s, f in zip(seqs, forks, strict=True)])
+    return together, alone, states, forks
+
+
 def load_reference(arch: str) -> dict[str, Any]:
     """The entry for ``arch`` in tests/data/hybrid_llama_reference.json."""
     import json

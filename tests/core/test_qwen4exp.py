@@ -24,7 +24,13 @@ from mgserve.core.models.base import SeqInput
 from mgserve.core.models.hybrid import load_hybrid
 from mgserve.core.models.qwen4exp import Qwen4Exp
 from mgserve.core.state_qwen4exp import Qwen4ExpState
-from tests.core.hybrid_export import file_sha256, hf_logits, rel_error, run_chunks
+from tests.core.hybrid_export import (
+    batched_and_alone,
+    file_sha256,
+    hf_logits,
+    rel_error,
+    run_chunks,
+)
 from tests.core.qwen4exp_export import (
     I32,
     U32,
@@ -193,17 +199,7 @@ def test_sessions_batched_equal_alone(lm: Any, tokens: torch.Tensor) -> None:
     """Six decoders (past and before the QSA budget), a prompt chunk and a first chunk together."""
     starts = (150, 30, 7, 201, 68, 95, 140, 0)
     sizes = (1, 1, 1, 1, 1, 1, 9, 20)
-    states = [new_state(lm) for _ in starts]
-    for n, st in zip(starts, states, strict=True):
-        if n:
-            run_chunks(lm, st, tokens[:n], 64)
-    forks = [st.copy() for st in states]
-    seqs = [
-        SeqInput(st, tokens[n : n + t], n, min(t, 2))
-        for st, n, t in zip(states, starts, sizes, strict=True)
-    ]
-    together = lm.forward(seqs)
-    alone = torch.cat([lm.forward([s._replace(cache=f)]) for s, f in zip(seqs, forks, strict=True)])
+    together, alone, states, forks = batched_and_alone(lm, new_state, tokens, starts, sizes)
     # bit for bit: concurrency never changes results (DESIGN.md)
     assert torch.equal(together, alone)
     for st, f in zip(states, forks, strict=True):
