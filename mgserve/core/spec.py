@@ -94,6 +94,46 @@ def _swa_pattern(g: GGUFFile, arch: str, n_layer: int) -> tuple[bool, ...]:
     return tuple(il % raw < raw - 1 for il in range(n_layer))
 
 
+def common_fields(g: GGUFFile, arch: str) -> dict[str, Any]:
+    """The ``ModelSpec`` fields every supported architecture reads the same way from ``{arch}.*``
+    keys and the tensor table; GGUFError names a missing key or tensor, or an unsupported value.
+    Callers add ``n_ff`` and what is their own (sliding windows, soft-capping)."""
+
+    def req(key: str) -> Any:
+        return g.require(f"{arch}.{key}")
+
+    n_embd = int(req("embedding_length"))
+    n_head = int(req("attention.head_count"))
+    head_dim = int(g.get(f"{arch}.attention.key_length", n_embd // n_head))
+    v_dim = int(g.get(f"{arch}.attention.value_length", head_dim))
+    if v_dim != head_dim:
+        raise GGUFError(f"{g.path}: value_length {v_dim} != key_length {head_dim} is not supported")
+    if "token_embd.weight" not in g.tensors:
+        raise GGUFError(f"{g.path}: required tensor 'token_embd.weight' is missing")
+    scaling = g.get(f"{arch}.rope.scaling.type", "none")
+    if scaling not in ("none", "linear"):
+        raise GGUFError(f"{g.path}: {arch}.rope.scaling.type {scaling!r} is not supported")
+    factor = float(g.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
+    rope_base = float(g.get(f"{arch}.rope.freq_base", 10000.0))
+    return dict(
+        arch=arch,
+        name=str(g.get("general.name", g.path.stem)),
+        n_layer=int(req("block_count")),
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=int(g.get(f"{arch}.attention.head_count_kv", n_head)),
+        head_dim=head_dim,
+        n_vocab=int(g.tensors["token_embd.weight"].shape[1]),
+        n_ctx_train=int(req("context_length")),
+        rms_eps=float(req("attention.layer_norm_rms_epsilon")),
+        rope_base=rope_base,
+        rope_base_swa=rope_base,
+        rope_scale=1.0 / factor if scaling == "linear" and factor else 1.0,
+        n_rot=int(g.get(f"{arch}.rope.dimension_count", head_dim)),
+        tied_output="output.weight" not in g.tensors,
+    )
+
+
 def spec_from_gguf(g: GGUFFile) -> ModelSpec:
     """Read the hyperparameters of a supported dense architecture; GGUFError names what is wrong."""
     arch = g.architecture
@@ -102,57 +142,24 @@ def spec_from_gguf(g: GGUFFile) -> ModelSpec:
             f"{g.path}: architecture {arch!r} is not supported (supported: "
             f"{', '.join(SUPPORTED_ARCHS)})"
         )
-
-    def req(key: str) -> Any:
-        return g.require(f"{arch}.{key}")
-
-    n_layer = int(req("block_count"))
-    n_embd = int(req("embedding_length"))
-    n_head = int(req("attention.head_count"))
-    n_head_kv = int(g.get(f"{arch}.attention.head_count_kv", n_head))
-    head_dim = int(g.get(f"{arch}.attention.key_length", n_embd // n_head))
-    v_dim = int(g.get(f"{arch}.attention.value_length", head_dim))
-    if v_dim != head_dim:
-        raise GGUFError(f"{g.path}: value_length {v_dim} != key_length {head_dim} is not supported")
-    if "token_embd.weight" not in g.tensors:
-        raise GGUFError(f"{g.path}: required tensor 'token_embd.weight' is missing")
-    n_vocab = int(g.tensors["token_embd.weight"].shape[1])
-    scaling = g.get(f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", "linear"):
-        raise GGUFError(f"{g.path}: {arch}.rope.scaling.type {scaling!r} is not supported")
-    factor = float(g.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
-    rope_base = float(g.get(f"{arch}.rope.freq_base", 10000.0))
-
+    fields = common_fields(g, arch)
+    n_layer, n_embd, n_head = fields["n_layer"], fields["n_embd"], fields["n_head"]
     window = int(g.get(f"{arch}.attention.sliding_window", 0)) if arch == "gemma3" else 0
     swa = _swa_pattern(g, arch, n_layer) if window > 0 else (False,) * n_layer
+    if window:
+        fields["rope_base_swa"] = float(g.get(f"{arch}.rope.freq_base_swa", 10000.0))
     attn_scale = 0.0
     if arch == "gemma3" and n_layer == 62:  # gemma 3 27B, see the module docstring
         attn_scale = 1.0 / math.sqrt(n_embd / n_head)
     try:
         return ModelSpec(
-            arch=arch,
-            name=str(g.get("general.name", g.path.stem)),
-            n_layer=n_layer,
-            n_embd=n_embd,
-            n_ff=int(req("feed_forward_length")),
-            n_head=n_head,
-            n_head_kv=n_head_kv,
-            head_dim=head_dim,
-            n_vocab=n_vocab,
-            n_ctx_train=int(req("context_length")),
-            rms_eps=float(req("attention.layer_norm_rms_epsilon")),
-            rope_base=rope_base,
-            rope_base_swa=float(g.get(f"{arch}.rope.freq_base_swa", 10000.0))
-            if window
-            else rope_base,
-            rope_scale=1.0 / factor if scaling == "linear" and factor else 1.0,
-            n_rot=int(g.get(f"{arch}.rope.dimension_count", head_dim)),
+            **fields,
+            n_ff=int(g.require(f"{arch}.feed_forward_length")),
             sliding_window=window,
             swa_layers=swa,
             attn_scale=attn_scale,
             attn_softcap=float(g.get(f"{arch}.attn_logit_softcapping", 0.0) or 0.0),
             final_softcap=float(g.get(f"{arch}.final_logit_softcapping", 0.0) or 0.0),
-            tied_output="output.weight" not in g.tensors,
         )
     except ValueError as e:
         if isinstance(e, GGUFError):

@@ -17,12 +17,11 @@ two MoE architectures need, read from ``{arch}.*`` keys the way llama.cpp reads 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from mgserve.core.gguf import GGUFError, GGUFFile
-from mgserve.core.spec import ModelSpec
+from mgserve.core.spec import ModelSpec, common_fields
 
 HYBRID_ARCHS = ("qwen3moe", "qwen3next", "qwen4exp")
 _RECURRENT_ARCHS = ("qwen3next", "qwen4exp")  # Gated DeltaNet + gated full attention
@@ -103,13 +102,8 @@ def hybrid_spec_from_gguf(g: GGUFFile) -> tuple[ModelSpec, HybridSpec]:
     def opt(key: str, default: Any) -> Any:
         return g.get(f"{arch}.{key}", default)
 
-    n_layer = int(req("block_count"))
-    n_embd = int(req("embedding_length"))
-    n_head = int(req("attention.head_count"))
-    head_dim = int(opt("attention.key_length", n_embd // n_head))
+    fields = common_fields(g, arch)
     n_ff_exp = int(req("expert_feed_forward_length"))
-    if "token_embd.weight" not in g.tensors:
-        raise GGUFError(f"{g.path}: required tensor 'token_embd.weight' is missing")
     try:
         hybrid = HybridSpec(
             n_expert=int(req("expert_count")),
@@ -117,7 +111,7 @@ def hybrid_spec_from_gguf(g: GGUFFile) -> tuple[ModelSpec, HybridSpec]:
             n_ff_exp=n_ff_exp,
             n_ff_shexp=int(opt("expert_shared_feed_forward_length", 0)),
             norm_topk=True,  # see the module docstring
-            recurrent=_recurrent_pattern(g, arch, n_layer),
+            recurrent=_recurrent_pattern(g, arch, fields["n_layer"]),
             attn_gated=arch in _RECURRENT_ARCHS,
             ssm_conv=int(opt("ssm.conv_kernel", 0)),
             ssm_head_dim=int(opt("ssm.state_size", 0)),
@@ -127,25 +121,7 @@ def hybrid_spec_from_gguf(g: GGUFFile) -> tuple[ModelSpec, HybridSpec]:
         inner = int(opt("ssm.inner_size", hybrid.value_dim))
         if inner != hybrid.value_dim:
             raise ValueError(f"ssm.inner_size {inner} != time_step_rank x state_size")
-        rope_base = float(opt("rope.freq_base", 10000.0))
-        spec = ModelSpec(
-            arch=arch,
-            name=str(g.get("general.name", g.path.stem)),
-            n_layer=n_layer,
-            n_embd=n_embd,
-            n_ff=int(opt("feed_forward_length", n_ff_exp)),
-            n_head=n_head,
-            n_head_kv=int(opt("attention.head_count_kv", n_head)),
-            head_dim=head_dim,
-            n_vocab=int(g.tensors["token_embd.weight"].shape[1]),
-            n_ctx_train=int(req("context_length")),
-            rms_eps=float(req("attention.layer_norm_rms_epsilon")),
-            rope_base=rope_base,
-            rope_base_swa=rope_base,
-            n_rot=int(opt("rope.dimension_count", head_dim)),
-            attn_scale=1.0 / math.sqrt(head_dim),
-            tied_output="output.weight" not in g.tensors,
-        )
+        spec = ModelSpec(**fields, n_ff=int(opt("feed_forward_length", n_ff_exp)))
     except ValueError as e:
         if isinstance(e, GGUFError):
             raise
