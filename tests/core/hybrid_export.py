@@ -26,6 +26,7 @@ import torch
 
 from mgserve.core.gguf_writer import GGUFWriter
 from mgserve.core.synth_vocab import SynthVocab
+from tests.core.tiny import attention_metadata
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -160,16 +161,7 @@ def gguf_tensors(arch: str, model: Any, fused: bool = False) -> dict[str, torch.
 
 def metadata(arch: str, cfg: Any) -> dict[str, Any]:
     """The keys convert_hf_to_gguf.py writes for ``arch`` (integers as UINT32, floats FLOAT32)."""
-    md: dict[str, Any] = {
-        "context_length": cfg.max_position_embeddings,
-        "embedding_length": cfg.hidden_size,
-        "block_count": cfg.num_hidden_layers,
-        "feed_forward_length": cfg.intermediate_size,
-        "attention.head_count": cfg.num_attention_heads,
-        "attention.head_count_kv": cfg.num_key_value_heads,
-        "attention.key_length": cfg.head_dim,
-        "attention.value_length": cfg.head_dim,
-        "attention.layer_norm_rms_epsilon": float(cfg.rms_norm_eps),
+    md: dict[str, Any] = attention_metadata(cfg) | {
         "rope.freq_base": float(cfg.rope_parameters["rope_theta"]),
         "expert_count": cfg.num_experts,
         "expert_used_count": cfg.num_experts_per_tok,

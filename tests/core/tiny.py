@@ -114,6 +114,22 @@ def gguf_tensors(arch: str, model: Any) -> dict[str, np.ndarray]:
     return {k: v.contiguous().numpy().astype(np.float32) for k, v in out.items()}
 
 
+def attention_metadata(cfg: Any) -> dict[str, Any]:
+    """The ``{arch}.*`` keys convert_hf_to_gguf.py writes for any decoder's blocks and attention
+    (integers are written as UINT32, floats as FLOAT32)."""
+    return {
+        "context_length": cfg.max_position_embeddings,
+        "embedding_length": cfg.hidden_size,
+        "block_count": cfg.num_hidden_layers,
+        "feed_forward_length": cfg.intermediate_size,
+        "attention.head_count": cfg.num_attention_heads,
+        "attention.head_count_kv": cfg.num_key_value_heads,
+        "attention.key_length": cfg.head_dim,
+        "attention.value_length": cfg.head_dim,
+        "attention.layer_norm_rms_epsilon": float(cfg.rms_norm_eps),
+    }
+
+
 def write_gguf(
     path: Path,
     arch: str,
@@ -125,17 +141,7 @@ def write_gguf(
     import gguf
 
     w = gguf.GGUFWriter(path, arch)
-    kv: dict[str, Any] = {
-        "context_length": cfg.max_position_embeddings,
-        "embedding_length": cfg.hidden_size,
-        "block_count": cfg.num_hidden_layers,
-        "feed_forward_length": cfg.intermediate_size,
-        "attention.head_count": cfg.num_attention_heads,
-        "attention.head_count_kv": cfg.num_key_value_heads,
-        "attention.key_length": cfg.head_dim,
-        "attention.value_length": cfg.head_dim,
-        "attention.layer_norm_rms_epsilon": float(cfg.rms_norm_eps),
-    }
+    kv = attention_metadata(cfg)
     if arch == "gemma3":
         kv["rope.freq_base"] = float(cfg.rope_parameters["full_attention"]["rope_theta"])
         kv["rope.freq_base_swa"] = float(cfg.rope_parameters["sliding_attention"]["rope_theta"])
