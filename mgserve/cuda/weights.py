@@ -7,6 +7,7 @@ the tensor's contiguous GGUF dimension (ne0, the matvec's k) and rows are everyt
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from math import prod
 from typing import NamedTuple
@@ -94,7 +95,9 @@ def upload_bytes(
             f"tensor {name!r} ({type_name}, shape {list(shape)}): {flat.size} bytes of data, "
             f"expected {rows * rb}"
         )
-    host = torch.from_numpy(flat).reshape(rows, rb)  # [rows, row_bytes]
+    with warnings.catch_warnings():  # a read-only memory map: torch only reads it here
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        host = torch.from_numpy(flat).reshape(rows, rb)  # [rows, row_bytes]
     data = host.to(device, non_blocking=False)
     return QuantWeight(name=name, type_name=type_name, shape=tuple(shape), data=data)
 

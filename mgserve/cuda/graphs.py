@@ -1,0 +1,120 @@
+"""Decode steps as CUDA graphs, one per batch-size bucket (DESIGN.md: no per-layer Python
+launches in decode).
+
+A decode step reads only device tensors of shape [B] (tokens, positions, slots; see
+``models/base.Step``), so one capture per B serves every later step of B sessions: the runner
+copies the step's inputs into the graph's static buffers and replays it. B is rounded up to a
+bucket; the padding rows decode a dummy token in the pools' spare slot (index ``n_slots``, never
+given to a session), whose state nobody reads.
+
+On a device without graphs (the CPU, or ``graphs=False`` for debugging) ``EagerDecode`` runs the
+same forward directly, so tests of the step logic run anywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mgserve.cuda.models.base import DeviceLM, Step
+
+BUCKETS = (1, 2, 4, 8, 16)
+
+
+def bucket_for(n: int, buckets: tuple[int, ...] = BUCKETS) -> int:
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} decoding sessions exceed the largest graph bucket {buckets[-1]}")
+
+
+@dataclass
+class DecodeInputs:
+    """One decode step's inputs on the host: B sessions, one token each."""
+
+    tokens: list[int]
+    pos: list[int]
+    slots: list[int]
+    extra: torch.Tensor | None = None  # [B, ...] model-specific rows (PLE), host float32
+
+
+class _Captured:
+    def __init__(self, model: DeviceLM, b: int, pad_slot: int, extra_shape: tuple[int, ...] | None,
+                 device: torch.device, pool: Any) -> None:  # fmt: skip
+        self.b = b
+        self.tokens = torch.zeros(b, dtype=torch.int64, device=device)
+        self.pos = torch.ones(b, dtype=torch.int32, device=device)  # position 1: never a start
+        self.slots = torch.full((b,), pad_slot, dtype=torch.int32, device=device)
+        self.extra = (
+            torch.zeros((b, *extra_shape), dtype=torch.float32, device=device)
+            if extra_shape is not None
+            else None
+        )
+        step = Step(self.tokens, self.pos, self.slots, decode=True, extra=self.extra)
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):  # warm up: kernels compiled, workspaces allocated
+            model.forward(step)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.logits = model.forward(step)  # [b, V], rewritten by every replay
+
+    def run(self, inp: DecodeInputs, pad_slot: int) -> torch.Tensor:
+        n = len(inp.tokens)
+        pad = self.b - n
+        host = torch.tensor(
+            [inp.tokens + [0] * pad, inp.pos + [1] * pad, inp.slots + [pad_slot] * pad],
+            dtype=torch.int64,
+        ).pin_memory()
+        self.tokens.copy_(host[0], non_blocking=True)
+        self.pos.copy_(host[1], non_blocking=True)
+        self.slots.copy_(host[2], non_blocking=True)
+        if self.extra is not None and inp.extra is not None:
+            self.extra[:n].copy_(inp.extra.pin_memory(), non_blocking=True)
+        self.graph.replay()
+        return self.logits[:n]
+
+
+class GraphDecode:
+    """Captures lazily: the first step of B sessions pays for the capture of B's bucket."""
+
+    def __init__(self, model: DeviceLM, device: torch.device, pad_slot: int,
+                 extra_shape: tuple[int, ...] | None = None) -> None:  # fmt: skip
+        self.model, self.device, self.pad_slot = model, device, pad_slot
+        self.extra_shape = extra_shape
+        self._graphs: dict[int, _Captured] = {}
+        self._pool = torch.cuda.graph_pool_handle()  # buckets share one memory pool
+
+    @property
+    def captured(self) -> tuple[int, ...]:
+        return tuple(sorted(self._graphs))
+
+    def __call__(self, inp: DecodeInputs) -> torch.Tensor:
+        b = bucket_for(len(inp.tokens))
+        g = self._graphs.get(b)
+        if g is None:
+            g = self._graphs[b] = _Captured(
+                self.model, b, self.pad_slot, self.extra_shape, self.device, self._pool
+            )
+        return g.run(inp, self.pad_slot)
+
+
+class EagerDecode:
+    """The same step without graphs."""
+
+    def __init__(self, model: DeviceLM, device: torch.device) -> None:
+        self.model, self.device = model, device
+
+    def __call__(self, inp: DecodeInputs) -> torch.Tensor:
+        d = self.device
+        step = Step(
+            torch.tensor(inp.tokens, dtype=torch.int64, device=d),
+            torch.tensor(inp.pos, dtype=torch.int32, device=d),
+            torch.tensor(inp.slots, dtype=torch.int32, device=d),
+            decode=True,
+            extra=None if inp.extra is None else inp.extra.to(d),
+        )
+        return self.model.forward(step)

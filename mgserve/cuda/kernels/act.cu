@@ -1,0 +1,59 @@
+// Gated MLP activations, float32: out = act(gate) * up with act = silu (SwiGLU, llama / qwen) or
+// gelu_tanh (GeGLU, Gemma; llama.cpp's ggml_gelu is the tanh form).
+//
+// Thread mapping: grid = (rows, ceil(F / (per-thread values * 256))), 256 threads per CTA; each
+// thread handles one float4 (the _v4 entries: F % 4 == 0, 16-byte aligned rows) or one float of
+// one row. Rows of gate and up start at r * g_stride / r * u_stride (so both may be column
+// slices of one fused [rows, 2F] projection); out is contiguous [rows, F].
+
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float gelu_tanh_f(float x) {
+    // ATen's tanh GELU: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+    const float k_beta = 0.7978845608028654f, k_kappa = 0.044715f;
+    float x_cube = x * x * x;
+    float inner = k_beta * (x + k_kappa * x_cube);
+    return 0.5f * x * (1.0f + tanhf(inner));
+}
+
+template <int ACT>
+__device__ __forceinline__ float act_mul(float g, float u) {
+    return (ACT == 0 ? silu_f(g) : gelu_tanh_f(g)) * u;
+}
+
+template <int ACT, bool VEC>
+__device__ __forceinline__ void act_row(const float* __restrict__ gate, long long g_stride,
+                                        const float* __restrict__ up, long long u_stride,
+                                        float* __restrict__ out, int F) {
+    const long long r = blockIdx.x;
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    const float* gr = gate + r * g_stride;
+    const float* ur = up + r * u_stride;
+    float* orow = out + r * F;
+    if (VEC) {
+        if (i >= F / 4) return;
+        float4 g = reinterpret_cast<const float4*>(gr)[i];
+        float4 u = reinterpret_cast<const float4*>(ur)[i];
+        float4 o;
+        o.x = act_mul<ACT>(g.x, u.x);
+        o.y = act_mul<ACT>(g.y, u.y);
+        o.z = act_mul<ACT>(g.z, u.z);
+        o.w = act_mul<ACT>(g.w, u.w);
+        reinterpret_cast<float4*>(orow)[i] = o;
+    } else {
+        if (i >= F) return;
+        orow[i] = act_mul<ACT>(gr[i], ur[i]);
+    }
+}
+
+#define ACT_ENTRY(NAME, ACT, VEC)                                                                \
+    extern "C" __global__ void __launch_bounds__(256)                                           \
+        NAME(const float* __restrict__ gate, long long g_stride, const float* __restrict__ up,  \
+             long long u_stride, float* __restrict__ out, int F) {                              \
+        act_row<ACT, VEC>(gate, g_stride, up, u_stride, out, F);                                \
+    }
+
+ACT_ENTRY(silu_mul_f32, 0, false)
+ACT_ENTRY(silu_mul_f32_v4, 0, true)
+ACT_ENTRY(gelu_mul_f32, 1, false)
+ACT_ENTRY(gelu_mul_f32_v4, 1, true)

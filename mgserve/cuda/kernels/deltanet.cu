@@ -1,0 +1,150 @@
+// Gated DeltaNet decode (qwen3next / qwen4exp linear attention), one token per session, float32.
+// Sessions b = 0..B-1 own state slots slots[b] (distinct); nothing depends on B or on the other
+// sessions, so a session's results are the same alone or in a batch.
+//
+// Channel layout of the conv input/output (llama.cpp's attn_qkv rows), C = (2 Hk + Hv) d:
+//   [q (Hk key heads of d) | k (Hk key heads) | v (Hv value heads)]; value head h reads key head
+//   h / (Hv / Hk).
+//
+// conv_step_f32 (CONV_K = conv width K):
+//   y = silu(sum_j w[c, j] * xp[j]) with xp = [conv[slot, 0..K-2, c], x[b, c]] (oldest first),
+//   then conv[slot, :, c] = xp[1..K-1].
+//   Thread mapping: grid = (ceil(C / blockDim), B), one thread per (session, channel); loads of
+//   the state rows are coalesced across the channel dimension.
+//
+// delta_step_f32 (HEAD_DIM = d = d_k = d_v):
+//   q, k = L2-normalised key-head rows (eps inside the sqrt), q *= q_scale (d^-0.5);
+//   S = ssm[slot, h] (d_k x d_v), a = exp(g[b, h]):
+//     S <- a S;  delta = beta (v - S^T k);  S <- S + k delta^T;  o = S^T q.
+//   Column j of S only ever meets column j. Thread mapping: grid = (ceil(d / 32), Hv, B), block
+//   = (32, DELTA_SPLIT): lane t owns column j = blockIdx.x * 32 + t, warp w owns rows
+//   [w * d / DELTA_SPLIT, (w + 1) * d / DELTA_SPLIT) of it, kept in registers. Each row of the
+//   state is read and written as one 128-byte coalesced segment per warp, and the state crosses
+//   memory exactly once each way. The two column sums (S^T k, S^T q) add the warps' partial sums
+//   through shared memory in a fixed order (deterministic). Each warp L2-normalises q and k
+//   itself (shuffle reductions) and stages its rows of them in shared memory.
+
+#ifndef CONV_K
+#define CONV_K 4
+#endif
+#ifndef CONV_VEC
+#define CONV_VEC 1  // weight rows readable as one float4 (K == 4 and 16-byte aligned weight)
+#endif
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef DELTA_SPLIT
+#define DELTA_SPLIT 4  // warps per CTA, each owning HEAD_DIM / DELTA_SPLIT rows of the state
+#endif
+#define DELTA_COLS 32
+#define DELTA_ROWS ((HEAD_DIM + DELTA_SPLIT - 1) / DELTA_SPLIT)
+
+extern "C" __global__ void __launch_bounds__(128)
+    conv_step_f32(const float* __restrict__ x, float* __restrict__ conv,
+                  const int* __restrict__ slots, const float* __restrict__ w,
+                  float* __restrict__ out, int C) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.y;
+    if (c >= C) return;
+    float* st = conv + (long long)slots[b] * (CONV_K - 1) * C + c;
+    float xp[CONV_K];
+#pragma unroll
+    for (int j = 0; j < CONV_K - 1; ++j) xp[j] = st[(long long)j * C];
+    xp[CONV_K - 1] = x[(long long)b * C + c];
+    float wc[CONV_K];
+    if (CONV_K == 4 && CONV_VEC) {  // one 16-byte load of the channel's weights
+        float4 v = reinterpret_cast<const float4*>(w)[c];
+        wc[0] = v.x;
+        wc[1 % CONV_K] = v.y;
+        wc[2 % CONV_K] = v.z;
+        wc[3 % CONV_K] = v.w;
+    } else {
+#pragma unroll
+        for (int j = 0; j < CONV_K; ++j) wc[j] = w[(long long)c * CONV_K + j];
+    }
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < CONV_K; ++j) acc = __fadd_rn(acc, __fmul_rn(wc[j], xp[j]));
+#pragma unroll
+    for (int j = 0; j < CONV_K - 1; ++j) st[(long long)j * C] = xp[j + 1];
+    out[(long long)b * C + c] = acc / (1.0f + expf(-acc));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__(DELTA_COLS * DELTA_SPLIT)
+    delta_step_f32(const float* __restrict__ y, const float* __restrict__ g,
+                   const float* __restrict__ beta, float* __restrict__ ssm,
+                   const int* __restrict__ slots, float* __restrict__ out, int n_k_heads,
+                   int n_v_heads, float eps, float q_scale) {
+    __shared__ float qs[HEAD_DIM], ks[HEAD_DIM];
+    __shared__ float red_pred[DELTA_SPLIT][DELTA_COLS], red_out[DELTA_SPLIT][DELTA_COLS];
+    const int t = threadIdx.x, wy = threadIdx.y, h = blockIdx.y, b = blockIdx.z;
+    const int col = blockIdx.x * DELTA_COLS + t;
+    const bool active = col < HEAD_DIM;
+    const int i0 = wy * DELTA_ROWS;  // this warp's rows: i0 .. i0 + DELTA_ROWS - 1 (< HEAD_DIM)
+    const int kh = h / (n_v_heads / n_k_heads);
+    const long long C = (long long)(2 * n_k_heads + n_v_heads) * HEAD_DIM;
+    const float* yb = y + b * C;
+
+    // Issue the loads of this thread's part of the state column first: they are the long pole.
+    float* S = ssm + ((long long)slots[b] * n_v_heads + h) * (HEAD_DIM * HEAD_DIM) + col;
+    float s[DELTA_ROWS];
+#pragma unroll
+    for (int r = 0; r < DELTA_ROWS; ++r)
+        s[r] = (active && i0 + r < HEAD_DIM) ? S[(i0 + r) * HEAD_DIM] : 0.0f;
+
+    // q and k of key head kh, L2-normalised: x * rsqrt(sum(x^2) + eps). Every warp reduces the
+    // whole rows itself (same order, same result) and stores its own rows' values.
+    const float* qr = yb + kh * HEAD_DIM;
+    const float* kr = yb + (long long)(n_k_heads + kh) * HEAD_DIM;
+    float qq = 0.0f, kk = 0.0f;
+    for (int i = t; i < HEAD_DIM; i += 32) {
+        float a = qr[i], c = kr[i];
+        qq += a * a;
+        kk += c * c;
+    }
+    const float qn = rsqrtf(warp_sum(qq) + eps), kn = rsqrtf(warp_sum(kk) + eps);
+    for (int i = i0 + t; i < i0 + DELTA_ROWS && i < HEAD_DIM; i += 32) {
+        qs[i] = __fmul_rn(__fmul_rn(qr[i], qn), q_scale);
+        ks[i] = __fmul_rn(kr[i], kn);
+    }
+    __syncwarp();
+
+    const float a = expf(g[b * n_v_heads + h]), bt = beta[b * n_v_heads + h];
+    float pred = 0.0f;  // this warp's rows of (a S)^T k, for column col
+#pragma unroll
+    for (int r = 0; r < DELTA_ROWS; ++r) {
+        if (i0 + r < HEAD_DIM) {
+            s[r] = __fmul_rn(s[r], a);
+            pred = fmaf(s[r], ks[i0 + r], pred);
+        }
+    }
+    red_pred[wy][t] = pred;
+    __syncthreads();
+    pred = 0.0f;
+#pragma unroll
+    for (int w = 0; w < DELTA_SPLIT; ++w) pred += red_pred[w][t];
+    const float v = active ? yb[(long long)(2 * n_k_heads + h) * HEAD_DIM + col] : 0.0f;
+    const float delta = __fmul_rn(__fsub_rn(v, pred), bt);
+    float o = 0.0f;
+#pragma unroll
+    for (int r = 0; r < DELTA_ROWS; ++r) {
+        if (i0 + r < HEAD_DIM) {
+            s[r] = __fadd_rn(s[r], __fmul_rn(ks[i0 + r], delta));
+            o = fmaf(s[r], qs[i0 + r], o);
+            if (active) S[(i0 + r) * HEAD_DIM] = s[r];
+        }
+    }
+    red_out[wy][t] = o;
+    __syncthreads();
+    if (wy == 0 && active) {
+        o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < DELTA_SPLIT; ++w) o += red_out[w][t];
+        out[((long long)b * n_v_heads + h) * HEAD_DIM + col] = o;
+    }
+}

@@ -1,0 +1,183 @@
+// RMSNorm (optionally gated) and RoPE (optionally after a per-head RMSNorm), float32.
+//
+// rms_norm_f32 / rms_norm_f32_v4:
+//   y[r, i] = x[r, i] * rsqrt(mean_i(x[r, :]^2) + eps) * w[r % G, i]  (* act(z[r, i]))
+//   Thread mapping: blockDim = (TPR, RPC). threadIdx.y picks one of the CTA's RPC rows
+//   (row = blockIdx.x * RPC + threadIdx.y); the row's TPR threads (a multiple of 32, <= 256)
+//   stride over its D values, float4 at a time in the _v4 entry (D % 4 == 0, 16-byte aligned
+//   rows). Pass 1 sums squares (warp shuffles, then the row's warps through shared memory in a
+//   fixed order: deterministic); pass 2 re-reads x (an L1 hit) and writes y.
+//   x row r starts at r * x_stride; y is contiguous [rows, D]; the gate (mode 1 silu, 2 sigmoid)
+//   z[r, i] sits at (r / z_group) * z_stride + (r % z_group) * D + i (DeltaNet: rows are
+//   (token, value head), z is [N, H_v * d_v]).
+//
+// rms_norm_rope_f32:
+//   Per (token n, head h): optional RMSNorm of x[n, h, :] with w [D], then rotary embedding of the
+//   first n_rot dims (NeoX pairs i, i + n_rot/2; otherwise 2i, 2i + 1); dims >= n_rot copied.
+//   Angle of pair i: theta = ((double)pos[n] * scale) * inv_freq[i] (inv_freq / freq_factors[i]
+//   when given), in double as the reference computes it; cos and sin are rounded to float once.
+//   Thread mapping: grid = (N, ceil(H / warps)), one warp per head. The CTA first computes the
+//   token's n_rot/2 cos/sin pairs into shared memory (all threads), then each warp stages its
+//   normalised head row in shared memory (pairs cross lanes) and writes the rotated row.
+//   The rotation uses explicitly rounded products (no FMA contraction) so it rounds exactly as
+//   the reference's x1 * cos - x2 * sin does.
+
+#define MAX_ROW_WARPS 8  // 256 threads per row at most
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float gate_act(float z, int gate) {
+    // silu(z) = z / (1 + exp(-z)), sigmoid(z) = 1 / (1 + exp(-z)) as ATen writes them
+    float e = 1.0f + expf(-z);
+    return gate == 1 ? z / e : 1.0f / e;
+}
+
+template <bool VEC>
+__device__ __forceinline__ void rms_norm_row(const float* __restrict__ x, long long x_stride,
+                                             const float* __restrict__ w, int n_groups,
+                                             const float* __restrict__ z, int z_group,
+                                             long long z_stride, float* __restrict__ y, int n_rows,
+                                             int D, float eps, int gate) {
+    __shared__ float partial[32][MAX_ROW_WARPS];  // [row in CTA][warp in row]
+    const int tpr = blockDim.x, t = threadIdx.x, ry = threadIdx.y;
+    const int row = blockIdx.x * blockDim.y + ry;
+    const bool live = row < n_rows;
+    const float* xr = x + (live ? (long long)row * x_stride : 0);
+    float ss = 0.0f;
+    if (live) {
+        if (VEC) {
+            const float4* x4 = reinterpret_cast<const float4*>(xr);
+            for (int i = t; i < D / 4; i += tpr) {
+                float4 v = x4[i];
+                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+        } else {
+            for (int i = t; i < D; i += tpr) ss += xr[i] * xr[i];
+        }
+    }
+    ss = warp_sum(ss);
+    const int n_warps = tpr / 32;
+    if ((t & 31) == 0) partial[ry][t / 32] = ss;
+    __syncthreads();
+    if (!live) return;
+    float total = 0.0f;
+    for (int k = 0; k < n_warps; ++k) total += partial[ry][k];
+    const float r = rsqrtf(total / (float)D + eps);
+    const float* wr = w + (long long)(row % n_groups) * D;
+    const float* zr = z ? z + (long long)(row / z_group) * z_stride + (long long)(row % z_group) * D
+                        : nullptr;
+    float* yr = y + (long long)row * D;
+    if (VEC) {
+        const float4* x4 = reinterpret_cast<const float4*>(xr);
+        const float4* w4 = reinterpret_cast<const float4*>(wr);
+        float4* y4 = reinterpret_cast<float4*>(yr);
+        for (int i = t; i < D / 4; i += tpr) {
+            float4 v = x4[i], g = w4[i], o;
+            o.x = __fmul_rn(__fmul_rn(v.x, r), g.x);
+            o.y = __fmul_rn(__fmul_rn(v.y, r), g.y);
+            o.z = __fmul_rn(__fmul_rn(v.z, r), g.z);
+            o.w = __fmul_rn(__fmul_rn(v.w, r), g.w);
+            if (zr) {
+                float4 zz = reinterpret_cast<const float4*>(zr)[i];
+                o.x *= gate_act(zz.x, gate);
+                o.y *= gate_act(zz.y, gate);
+                o.z *= gate_act(zz.z, gate);
+                o.w *= gate_act(zz.w, gate);
+            }
+            y4[i] = o;
+        }
+    } else {
+        for (int i = t; i < D; i += tpr) {
+            float o = __fmul_rn(__fmul_rn(xr[i], r), wr[i]);
+            if (zr) o *= gate_act(zr[i], gate);
+            yr[i] = o;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    rms_norm_f32(const float* __restrict__ x, long long x_stride, const float* __restrict__ w,
+                 int n_groups, const float* __restrict__ z, int z_group, long long z_stride,
+                 float* __restrict__ y, int n_rows, int D, float eps, int gate) {
+    rms_norm_row<false>(x, x_stride, w, n_groups, z, z_group, z_stride, y, n_rows, D, eps, gate);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    rms_norm_f32_v4(const float* __restrict__ x, long long x_stride, const float* __restrict__ w,
+                    int n_groups, const float* __restrict__ z, int z_group, long long z_stride,
+                    float* __restrict__ y, int n_rows, int D, float eps, int gate) {
+    rms_norm_row<true>(x, x_stride, w, n_groups, z, z_group, z_stride, y, n_rows, D, eps, gate);
+}
+
+// x [N, H, D] with strides (x_sn, x_sh, 1); w [D] or null (no norm); y [N, H, D] contiguous;
+// pos [N] int32; inv_freq [n_rot / 2] double; freq_factors [n_rot / 2] float or null.
+// Dynamic shared memory: (n_rot + warps * D) floats.
+extern "C" __global__ void __launch_bounds__(256)
+    rms_norm_rope_f32(const float* __restrict__ x, long long x_sn, long long x_sh,
+                      const float* __restrict__ w, float* __restrict__ y,
+                      const int* __restrict__ pos, const double* __restrict__ inv_freq,
+                      const float* __restrict__ freq_factors, int H, int D, int n_rot, int neox,
+                      double scale, float eps) {
+    extern __shared__ float smem[];
+    const int half = n_rot / 2, n = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    const int warps = blockDim.x / 32;
+    float* cs = smem;          // [half] cos
+    float* sn = smem + half;   // [half] sin
+    float* row = smem + n_rot + warp * D;  // this warp's head row
+    const double p = (double)pos[n] * scale;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        double inv = inv_freq[i];
+        if (freq_factors) inv = inv / (double)freq_factors[i];
+        double s, c;
+        sincos(p * inv, &s, &c);
+        cs[i] = (float)c;
+        sn[i] = (float)s;
+    }
+    __syncthreads();
+    const int h = blockIdx.y * warps + warp;
+    if (h >= H) return;
+    const float* xr = x + (long long)n * x_sn + (long long)h * x_sh;
+    if (w) {
+        float ss = 0.0f;
+        for (int i = lane; i < D; i += 32) {
+            float v = xr[i];
+            row[i] = v;
+            ss += v * v;
+        }
+        ss = warp_sum(ss);
+        const float r = rsqrtf(ss / (float)D + eps);
+        for (int i = lane; i < D; i += 32) row[i] = __fmul_rn(__fmul_rn(row[i], r), w[i]);
+    } else {
+        for (int i = lane; i < D; i += 32) row[i] = xr[i];
+    }
+    __syncwarp();
+    float* yr = y + ((long long)n * H + h) * D;
+    for (int i = lane; i < D; i += 32) {
+        float o;
+        if (i >= n_rot) {
+            o = row[i];
+        } else {
+            int j, first;  // pair index; whether i is the pair's first element
+            float x1, x2;
+            if (neox) {
+                first = i < half;
+                j = first ? i : i - half;
+                x1 = row[j];
+                x2 = row[j + half];
+            } else {
+                first = (i & 1) == 0;
+                j = i >> 1;
+                x1 = row[2 * j];
+                x2 = row[2 * j + 1];
+            }
+            const float c = cs[j], s = sn[j];
+            o = first ? __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s))
+                      : __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+        }
+        yr[i] = o;
+    }
+}

@@ -1,0 +1,175 @@
+"""llama / qwen2 / qwen3 / gemma3 on the device backend (the twin of core/models/llama.py and
+gemma3.py, which are the oracle: tests/cuda/test_device_models.py compares the two).
+
+Weights stay quantized (``QuantWeight``) except the token embedding, which is dequantized once to a
+float32 table on the device (rows are gathered by token id inside the step, so decode needs no
+host-side lookup), and the small vectors (norm gammas, biases).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from mgserve.core.gguf import GGUFFile
+from mgserve.core.spec import ModelSpec
+from mgserve.cuda.loader import Loader
+from mgserve.cuda.models.base import DeviceOps, Step, rows
+from mgserve.cuda.pools import SlotPools
+from mgserve.cuda.weights import QuantWeight
+
+
+@dataclass
+class DenseLayer:
+    attn_norm: torch.Tensor  # [d]
+    wq: QuantWeight
+    wk: QuantWeight
+    wv: QuantWeight
+    wo: QuantWeight
+    ffn_norm: torch.Tensor  # [d]
+    gate: QuantWeight
+    up: QuantWeight
+    down: QuantWeight
+    bq: torch.Tensor | None = None  # qwen2
+    bk: torch.Tensor | None = None
+    bv: torch.Tensor | None = None
+    q_norm: torch.Tensor | None = None  # [head_dim] qwen3, gemma3
+    k_norm: torch.Tensor | None = None
+    post_attn_norm: torch.Tensor | None = None  # gemma3
+    post_ffn_norm: torch.Tensor | None = None
+
+
+def embedding_table(ops: DeviceOps, w: QuantWeight) -> torch.Tensor:
+    """float32 [rows, k] of a token embedding, dequantized on the device when the backend can."""
+    out = torch.empty(w.rows, w.k, dtype=torch.float32, device=w.data.device)
+    return ops.dequantize(w, 0, w.rows, out)
+
+
+class DenseLM:
+    rewindable = True
+
+    def __init__(
+        self,
+        g: GGUFFile,
+        spec: ModelSpec,
+        ops: DeviceOps,
+        device: torch.device,
+        n_slots: int,
+        n_ctx: int,
+        type_k: str = "f16",
+        type_v: str = "f16",
+    ) -> None:
+        self.spec, self.ops, self.device = spec, ops, device
+        ld = Loader(g, device)
+        d, q, kv, ff = spec.n_embd, spec.q_dim, spec.kv_dim, spec.n_ff
+        tok = ld.mat("token_embd.weight", (d, spec.n_vocab))
+        self.tok_embd = embedding_table(ops, tok)  # [V, d]
+        self.output = tok if spec.tied_output else ld.mat("output.weight", (d, spec.n_vocab))
+        self.output_norm = ld.vec("output_norm.weight", (d,))
+        self.rope_freqs = (
+            ld.vec("rope_freqs.weight", (spec.n_rot // 2,)) if ld.has("rope_freqs.weight") else None
+        )
+        self.layers: list[DenseLayer] = []
+        for il in range(spec.n_layer):
+            p = f"blk.{il}."
+            layer = DenseLayer(
+                attn_norm=ld.vec(p + "attn_norm.weight", (d,)),
+                wq=ld.mat(p + "attn_q.weight", (d, q)),
+                wk=ld.mat(p + "attn_k.weight", (d, kv)),
+                wv=ld.mat(p + "attn_v.weight", (d, kv)),
+                wo=ld.mat(p + "attn_output.weight", (q, d)),
+                ffn_norm=ld.vec(p + "ffn_norm.weight", (d,)),
+                gate=ld.mat(p + "ffn_gate.weight", (d, ff)),
+                up=ld.mat(p + "ffn_up.weight", (d, ff)),
+                down=ld.mat(p + "ffn_down.weight", (ff, d)),
+            )
+            if spec.qkv_bias:
+                layer.bq = ld.vec(p + "attn_q.bias", (q,))
+                layer.bk = ld.vec(p + "attn_k.bias", (kv,))
+                layer.bv = ld.vec(p + "attn_v.bias", (kv,))
+            if spec.qk_norm:
+                layer.q_norm = ld.vec(p + "attn_q_norm.weight", (spec.head_dim,))
+                layer.k_norm = ld.vec(p + "attn_k_norm.weight", (spec.head_dim,))
+            if spec.gemma:
+                layer.post_attn_norm = ld.vec(p + "post_attention_norm.weight", (d,))
+                layer.post_ffn_norm = ld.vec(p + "post_ffw_norm.weight", (d,))
+            self.layers.append(layer)
+        self.weight_bytes = ld.nbytes
+        self.pools = SlotPools(n_slots, n_ctx)
+        for il in range(spec.n_layer):
+            self.pools.add_attention(il, type_k, type_v, spec.n_head_kv, spec.head_dim, device)
+
+    def begin_sequence(self, slot: int) -> None:
+        """Nothing only goes forward in a KV cache: positions are rewritten before they are read."""
+
+    def step_extra(self, step_tokens: list[list[int]], slots: list[int]) -> None:
+        return None
+
+    def forward(self, step: Step) -> torch.Tensor:
+        spec, ops = self.spec, self.ops
+        x = self.tok_embd.index_select(0, step.tokens)  # [N, d]
+        if spec.gemma:
+            x = x * math.sqrt(spec.n_embd)
+        for il, layer in enumerate(self.layers):
+            x = self.block(il, layer, x, step)
+        h = ops.rms_norm(rows(x, step), self.output_norm, spec.rms_eps)
+        logits = ops.linear(h, self.output)
+        if spec.final_softcap > 0.0:
+            logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap
+        return logits  # type: ignore[no-any-return]
+
+    def block(self, il: int, layer: DenseLayer, x: torch.Tensor, step: Step) -> torch.Tensor:
+        ops = self.ops
+        eps = self.spec.rms_eps
+        a = self.attend(il, layer, ops.rms_norm(x, layer.attn_norm, eps), step)
+        if layer.post_attn_norm is not None:
+            a = ops.rms_norm(a, layer.post_attn_norm, eps)
+        x = x + a
+        h = ops.rms_norm(x, layer.ffn_norm, eps)
+        g, u = ops.linear(h, layer.gate), ops.linear(h, layer.up)
+        act = ops.gelu_mul(g, u) if self.spec.gemma else ops.silu_mul(g, u)
+        m = ops.linear(act, layer.down)
+        if layer.post_ffn_norm is not None:
+            m = ops.rms_norm(m, layer.post_ffn_norm, eps)
+        return x + m
+
+    def attend(self, il: int, layer: DenseLayer, h: torch.Tensor, step: Step) -> torch.Tensor:
+        spec, ops = self.spec, self.ops
+        n, dh = h.shape[0], spec.head_dim
+        q, k, v = (ops.linear(h, w) for w in (layer.wq, layer.wk, layer.wv))
+        if layer.bq is not None:
+            q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
+        q, k, v = q.view(n, spec.n_head, dh), k.view(n, spec.n_head_kv, dh), v.view(n, -1, dh)
+        if layer.q_norm is not None:
+            q = ops.rms_norm(q, layer.q_norm, spec.rms_eps)
+            k = ops.rms_norm(k, layer.k_norm, spec.rms_eps)
+        swa = bool(spec.swa_layers and spec.swa_layers[il])
+        rope = dict(
+            n_rot=spec.n_rot,
+            base=spec.rope_base_swa if swa else spec.rope_base,
+            neox=spec.rope_neox,
+            scale=spec.rope_scale,
+            freq_factors=self.rope_freqs,
+        )
+        q = ops.rope(q, step.pos, **rope)
+        k = ops.rope(k, step.pos, **rope)
+        kc, vc = self.pools.k[il], self.pools.v[il]
+        ops.kv_write(kc, k, step.slots, step.pos)
+        ops.kv_write(vc, v, step.slots, step.pos)
+        kw = dict(
+            scale=spec.attn_scale,
+            window=spec.sliding_window if swa else 0,
+            softcap=spec.attn_softcap,
+        )
+        if step.decode:
+            out = ops.attention_decode(q, kc, vc, step.slots, step.pos + 1, **kw)
+        else:
+            parts, off = [], 0
+            for s in step.spans:
+                qs = q[off : off + s.n]
+                parts.append(ops.attention_prefill(qs, kc, vc, s.slot, s.start, **kw))
+                off += s.n
+            out = torch.cat(parts)
+        return ops.linear(out, layer.wo)

@@ -1,0 +1,142 @@
+"""The device runner: executes a ``ScheduledBatch`` on a device model and samples on the device.
+
+The twin of ``mgserve/core/runner.py`` (same contract, ``Engine(runner=...)``). One step:
+
+1. prompt chunks (and first tokens at position 0) run as one eager prefill step;
+2. sessions decoding one token run as one decode step, a CUDA-graph replay of their batch-size
+   bucket on a GPU (``graphs.py``);
+3. the logits of every row that samples go through the device sampler together, and the token ids
+   come back through pinned memory behind ONE event, the only host-device synchronisation of the
+   step (DESIGN.md).
+
+Sessions keep their state in the model's ``SlotPools`` (slot-indexed); the runner keeps, per
+running slot, what sampling needs on the host: the penalty window and the draw counter.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from mgserve.core.batch import (
+    SamplingParams,
+    ScheduledBatch,
+    SeqResult,
+    SeqWork,
+    StepResult,
+    TopLogprob,
+)
+from mgserve.cuda.graphs import DecodeInputs, EagerDecode, GraphDecode
+from mgserve.cuda.models.base import DeviceLM, Span, Step
+from mgserve.cuda.sampling import DeviceSampler, HostBuffers, SamplingBatch, SamplingRow, seeded
+
+MAX_N_PROBS = 100  # top candidates a request may ask for (api.protocol.MAX_N_PROBS)
+
+
+@dataclass
+class _SlotSampling:
+    params: SamplingParams  # with a seed (drawn once on the host when the request had none)
+    history: list[int] = field(default_factory=list)  # the tokens the penalty window may read
+    counter: int = 0  # draws made so far: (seed, counter) names the next draw's noise
+
+
+class DeviceRunner:
+    def __init__(self, model: DeviceLM, device: torch.device, *, graphs: bool = True) -> None:
+        self.model = model
+        self.device = device
+        self.pad_slot = model.pools.n_slots - 1  # the spare slot: padding rows of graph buckets
+        use_graphs = graphs and device.type == "cuda"
+        extra = getattr(model, "decode_extra_shape", None)
+        self.decode = (
+            GraphDecode(model, device, self.pad_slot, extra)
+            if use_graphs
+            else EagerDecode(model, device)
+        )
+        self.sampler = DeviceSampler()
+        self._host = HostBuffers.allocate(model.pools.n_slots, MAX_N_PROBS)
+        self._slots: dict[int, _SlotSampling] = {}
+        self._done = torch.cuda.Event() if device.type == "cuda" else None
+
+    def run(self, batch: ScheduledBatch) -> StepResult:
+        t0 = time.perf_counter()
+        for slot in batch.freed_slots:
+            self._slots.pop(slot, None)
+        for w in batch.work:
+            if w.slot >= self.pad_slot:
+                raise ValueError(f"slot {w.slot} out of range (the model has {self.pad_slot})")
+            if w.new_sequence:
+                self._slots[w.slot] = _SlotSampling(seeded(w.sampling), list(w.history))
+            if w.start == 0:
+                self.model.begin_sequence(w.slot)
+        prefill = [w for w in batch.work if len(w.tokens) > 1 or w.start == 0]
+        decode = [w for w in batch.work if not (len(w.tokens) > 1 or w.start == 0)]
+        parts: list[tuple[list[SeqWork], torch.Tensor]] = []
+        if prefill:
+            parts.append(([w for w in prefill if w.sample], self._prefill(prefill)))
+        if decode:
+            parts.append((decode, self._decode(decode)))
+        sampled = [w for ws, _ in parts for w in ws]
+        for w in batch.work:  # the step's tokens enter each session's penalty window
+            self._slots[w.slot].history.extend(w.tokens)
+        results: list[SeqResult] = []
+        if sampled:
+            logits = torch.cat([lg for _, lg in parts if lg.shape[0]])  # [S, V]
+            results = self._sample(logits, sampled)
+        n_tokens = sum(len(w.tokens) for w in batch.work)
+        return StepResult(batch.step, results, n_tokens, time.perf_counter() - t0)
+
+    def _prefill(self, work: list[SeqWork]) -> torch.Tensor:
+        d = self.device
+        tokens = [t for w in work for t in w.tokens]
+        pos = [w.start + i for w in work for i in range(len(w.tokens))]
+        slots = [w.slot for w in work for _ in w.tokens]
+        ends, end = [], 0
+        for w in work:
+            end += len(w.tokens)
+            if w.sample:
+                ends.append(end - 1)
+        step = Step(
+            tokens=torch.tensor(tokens, dtype=torch.int64, device=d),
+            pos=torch.tensor(pos, dtype=torch.int32, device=d),
+            slots=torch.tensor(slots, dtype=torch.int32, device=d),
+            decode=False,
+            spans=tuple(Span(w.slot, w.start, len(w.tokens)) for w in work),
+            logit_rows=torch.tensor(ends, dtype=torch.int64, device=d),
+            extra=self.model.step_extra([list(w.tokens) for w in work], [w.slot for w in work]),
+        )
+        return self.model.forward(step)
+
+    def _decode(self, work: list[SeqWork]) -> torch.Tensor:
+        extra = self.model.step_extra([list(w.tokens) for w in work], [w.slot for w in work])
+        inp = DecodeInputs(
+            tokens=[w.tokens[0] for w in work],
+            pos=[w.start for w in work],
+            slots=[w.slot for w in work],
+            extra=extra,
+        )
+        return self.decode(inp)
+
+    def _sample(self, logits: torch.Tensor, work: list[SeqWork]) -> list[SeqResult]:
+        states = [self._slots[w.slot] for w in work]
+        rows = [SamplingRow(st.params, st.history, st.counter) for st in states]
+        batch = SamplingBatch.build(rows, self.model.spec.n_vocab, self.device)
+        out = self.sampler.sample(logits, batch)
+        host = out.to_host(self._host)
+        if self._done is not None:
+            self._done.record()
+            self._done.synchronize()  # the step's one wait: ids are in pinned memory after it
+        tokens = host.tokens.tolist()
+        logprobs = host.logprob.tolist() if host.logprob is not None else None
+        results = []
+        for i, (w, st) in enumerate(zip(work, states, strict=True)):
+            st.counter += 1
+            top: tuple[TopLogprob, ...] = ()
+            n = min(st.params.n_probs, MAX_N_PROBS)
+            if n and host.top_ids is not None and host.top_logprobs is not None:
+                ids, lps = host.top_ids[i, :n].tolist(), host.top_logprobs[i, :n].tolist()
+                top = tuple(TopLogprob(a, b) for a, b in zip(ids, lps, strict=True))
+            lp = logprobs[i] if logprobs is not None and st.params.want_logprob else None
+            results.append(SeqResult(w.slot, w.request_id, tokens[i], lp, top))
+        return results

@@ -1,0 +1,90 @@
+"""The device runner behind the real engine: greedy requests give the reference engine's tokens.
+
+Torch backend on the CPU (runs in CI): the runner's split of a step into prefill spans and a decode
+batch, slot bookkeeping, prefix reuse (a rewindable KV cache starts past the shared prefix; a
+recurrent state restarts), penalty windows and device sampling all meet the scheduler here. Four
+requests run concurrently (three slots: one waits for a slot), then one again alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from mgserve.config import Settings
+from mgserve.core.batch import Request, SamplingParams
+from mgserve.core.engine import Engine
+from mgserve.core.gguf import GGUFFile
+from mgserve.core.models import load_model
+
+GREEDY = SamplingParams(temperature=0.0)
+PENALIZED = SamplingParams(temperature=0.0, repeat_penalty=1.3, repeat_last_n=16)
+SETTINGS = Settings(parallel=3, ctx_size=160, batch_size=16)
+
+
+def _export(arch: str, path: Path) -> Path:
+    if arch == "qwen4exp":
+        from tests.core import qwen4exp_export
+
+        return qwen4exp_export.export(qwen4exp_export.hf_model(), path)
+    from tests.core import tiny
+
+    return tiny.export(tiny.hf_model(arch), arch, path)
+
+
+def _requests() -> list[Request]:
+    base = list(range(20, 60))
+    return [
+        Request("a", base, GREEDY, max_tokens=6),
+        Request("b", base[:25] + [7, 8, 9], PENALIZED, max_tokens=5),
+        Request("c", list(range(90, 97)), GREEDY, max_tokens=7),
+        Request("d", base + [3, 4], GREEDY, max_tokens=4),  # extends a's history
+    ]
+
+
+async def _serve(engine: Engine, reqs: list[Request]) -> dict[str, list[int]]:
+    await engine.start()
+    try:
+
+        async def one(r: Request) -> tuple[str, list[int]]:
+            toks = [ev.token async for ev in engine.submit(r) if ev.token is not None]
+            return r.id, toks
+
+        return dict(await asyncio.gather(*(one(r) for r in reqs)))
+    finally:
+        await engine.stop()
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen4exp"])
+async def test_device_runner_serves_like_the_reference(arch: str, tmp_path: Path) -> None:
+    from mgserve.cuda.backend import TorchBackend, load_device_model
+    from mgserve.cuda.runner import DeviceRunner
+
+    path = _export(arch, tmp_path / f"{arch}.gguf")
+    ref = await _serve(Engine(load_model(path, threads=1), SETTINGS), _requests())
+    cpu = torch.device("cpu")
+    model = load_device_model(
+        GGUFFile(path), TorchBackend(), cpu, SETTINGS.parallel, SETTINGS.ctx_size
+    )
+    runner = DeviceRunner(model, cpu, graphs=False)
+    got = await _serve(Engine(model, SETTINGS, runner=runner), _requests())
+    assert got == ref
+    again = await _serve(Engine(model, SETTINGS, runner=runner), _requests()[2:3])
+    assert again["c"] == ref["c"]
+
+
+def test_runner_rejects_the_spare_slot(tmp_path: Path) -> None:
+    from mgserve.core.batch import ScheduledBatch, SeqWork
+    from mgserve.cuda.backend import TorchBackend, load_device_model
+    from mgserve.cuda.runner import DeviceRunner
+
+    path = _export("qwen3", tmp_path / "m.gguf")
+    cpu = torch.device("cpu")
+    model = load_device_model(GGUFFile(path), TorchBackend(), cpu, 2, 32)
+    runner = DeviceRunner(model, cpu, graphs=False)
+    work = SeqWork(2, "x", (5, 6), 0, True, GREEDY, new_sequence=True)  # slot 2 is the spare
+    with pytest.raises(ValueError, match="slot 2 out of range"):
+        runner.run(ScheduledBatch(1, (work,)))

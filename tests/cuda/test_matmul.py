@@ -1,0 +1,308 @@
+"""MatmulCuda (dequant.cu, moe.cu, moe_q8.cu, and the matvec / cuBLAS paths of ``linear``) against
+gguf-py's dequantization, the torch version's weights and the reference MoE, in float64 on the CPU.
+
+Tolerances (see test_matmul_torch.py for the error scales and how they were measured):
+- dequantize: fp32 output within 1e-6 of each row's max |value| (the kernel and gguf-py may
+  round d * sc * q - m in another order); f16 output additionally within f16 rounding,
+  2^-11 |v| + 2^-24 (a wrong nibble is off by >= 1/16 of the row's range).
+- linear, N <= 8 (fp32 matvec): 2e-5 of |W| @ |x|. N > 8: x and W are rounded to f16 and
+  cuBLAS accumulates in fp32, so 2e-3 of |W| @ |x| (f16 rounding alone is <= 2 * 2^-11 ~ 1e-3 of
+  it in the worst case, ~1e-5 typically).
+- moe_experts: fp32 decode 2e-5, f16 prefill 2e-3, int8 decode 2e-2 of S = sum_j w_j |down| @ |h|.
+- batch invariance and graph replay: bitwise.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+from mgserve.cuda.matmul import MatmulTorch
+from mgserve.cuda.weights import FORMATS
+from tests.cuda.test_matmul_torch import (
+    RTOL_F16,
+    RTOL_FP32,
+    RTOL_INT8,
+    ExpertCase,
+    bound_error,
+    make_case,
+    make_weight,
+    reference_moe,
+    routing,
+)
+from tests.cuda.test_matvec import reference_weight
+
+pytestmark = pytest.mark.gpu
+
+TYPES = sorted(FORMATS)
+Q8_TYPES = ["Q4_K", "Q6_K", "Q5_0", "Q8_0"]
+LINEAR_N = [1, 3, 8, 9, 100, 600]
+
+
+@pytest.fixture(scope="module")
+def mm(compiler, ops):
+    from mgserve.cuda.matmul import MatmulCuda
+
+    return MatmulCuda(compiler, ops=ops)
+
+
+@pytest.fixture(scope="module")
+def mm8(compiler, ops):
+    from mgserve.cuda.matmul import MatmulCuda
+
+    return MatmulCuda(compiler, int8=True, ops=ops)
+
+
+@functools.cache
+def target_case(down_type: str) -> ExpertCase:
+    """qwen4exp's MoE layer: d 2560, ff 640, 256 experts, gate/up Q4_K (built once: ~0.8 GB)."""
+    return make_case("Q4_K", down_type, 256, 2560, 640, fused=False, seed=9, device="cuda")
+
+
+def run_moe(
+    m, case: ExpertCase, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    y = m.moe_experts(x.cuda(), case.w, experts.cuda(), weights.cuda())
+    torch.cuda.synchronize()
+    return y.cpu()
+
+
+def check_moe(
+    m, case: ExpertCase, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, tol: float
+) -> float:
+    y = run_moe(m, case, x, experts, weights)
+    assert y.shape == x.shape and torch.isfinite(y).all(), "unwritten or non-finite outputs"
+    ref, scale = reference_moe(case, x, experts, weights)
+    err = bound_error(y, ref, scale)
+    label = f"{case.gate_type}/{case.down_type} E={case.w.n_expert} d={case.d} ff={case.w.n_ff}"
+    assert err <= tol, f"{label} N={x.shape[0]} kk={experts.shape[1]}: error {err:.2e} > {tol}"
+    return err
+
+
+# ---- dequantize ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_dequantize_matches_gguf(mm, type_name: str) -> None:
+    block = max(32, FORMATS[type_name].block)
+    rng = np.random.default_rng(TYPES.index(type_name))
+    for rows, k, row0, n in [(37, 3 * block, 5, 29), (1, block, 0, 1), (130, 2560, 0, 130)]:
+        w, raw = make_weight(type_name, rows, k, rng, "cuda")
+        ref = reference_weight(type_name, rows, k, raw)[row0 : row0 + n].double()  # [n, k]
+        row_max = ref.abs().amax(dim=1, keepdim=True)
+        for dtype in (torch.float32, torch.float16):
+            guard = torch.full((n + 2, k), float("nan"), dtype=dtype, device="cuda")
+            mm.dequantize(w, row0, n, guard[1 : n + 1])
+            got = guard.cpu().double()
+            assert got[0].isnan().all() and got[-1].isnan().all(), "wrote outside out"
+            out = got[1 : n + 1]
+            assert torch.isfinite(out).all(), f"{type_name} {dtype}: unwritten values"
+            tol = 1e-6 * row_max
+            if dtype == torch.float16:
+                tol = tol + ref.abs() * 2.0**-11 + 2.0**-24
+            excess = ((out - ref).abs() - tol).max().item()
+            assert excess <= 0, (
+                f"{type_name} -> {dtype} rows [{row0}, {row0 + n}) of {rows}x{k}: "
+                f"max error {(out - ref).abs().max().item():.3e} over tolerance by {excess:.3e}"
+            )
+
+
+# ---- linear --------------------------------------------------------------------------------------
+
+
+def check_linear(m, w, dense: torch.Tensor, n: int, rng: np.random.Generator) -> float:
+    x = torch.from_numpy(rng.standard_normal((n, w.k), dtype=np.float32))  # [n, k]
+    y = m.linear(x.cuda(), w)
+    torch.cuda.synchronize()
+    assert y.shape == (n, w.rows) and y.dtype == torch.float32
+    ref = x.double() @ dense.T
+    err = bound_error(y, ref, x.double().abs() @ dense.abs().T)
+    tol = RTOL_FP32 if n <= 8 else RTOL_F16
+    assert err <= tol, f"{w.type_name} {w.rows}x{w.k} N={n}: error {err:.2e} > {tol}"
+    return err
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_linear_matches_torch(mm, type_name: str) -> None:
+    """Every N regime against the torch version's weights (gguf-py, float64 product)."""
+    rng = np.random.default_rng(100 + TYPES.index(type_name))
+    w, _ = make_weight(type_name, 96, 512, rng, "cuda")
+    dense = MatmulTorch().dense(w).double().cpu()  # [96, 512]
+    errors = [check_linear(mm, w, dense, n, rng) for n in LINEAR_N]
+    print(f"linear {type_name}: errors {' '.join(f'{e:.1e}' for e in errors)} for N {LINEAR_N}")
+
+
+def test_linear_row_tiles(mm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scratch budget of 40 rows: tiles of 40, 40 and 16 rows must give the same result."""
+    from mgserve.cuda import matmul
+
+    rng = np.random.default_rng(7)
+    w, _ = make_weight("Q6_K", 96, 512, rng, "cuda")
+    dense = MatmulTorch().dense(w).double().cpu()
+    monkeypatch.setattr(matmul, "SCRATCH_BYTES", 2 * 512 * 40)
+    check_linear(mm, w, dense, 100, rng)
+
+
+def test_linear_int8_uses_int8_matvec(mm8, ops, stream) -> None:
+    rng = np.random.default_rng(8)
+    w, _ = make_weight("Q4_K", 64, 512, rng, "cuda")
+    x = torch.from_numpy(rng.standard_normal((3, 512), dtype=np.float32)).cuda()
+    y = mm8.linear(x, w)
+    torch.cuda.synchronize()
+    want = ops.matvec(w, x, stream, int8=True)
+    stream.sync()
+    assert torch.equal(y, want)
+
+
+# ---- MoE decode ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_moe_decode_matches_reference(mm, type_name: str) -> None:
+    """All formats, separate and fused gate/up, N = 1, 3, 8 tokens x 10 of 16 experts."""
+    i = TYPES.index(type_name)
+    case = make_case(type_name, type_name, 16, 256, 256, fused=i % 2 == 1, seed=i, device="cuda")
+    rng = np.random.default_rng(200 + i)
+    for n in (1, 3, 8):
+        x = torch.from_numpy(rng.standard_normal((n, 256), dtype=np.float32))
+        experts, weights = routing(n, 10, 16, rng)
+        check_moe(mm, case, x, experts, weights, RTOL_FP32)
+
+
+@pytest.mark.parametrize("down_type", ["Q5_0", "Q8_0"])
+def test_moe_decode_target_shape(mm, mm8, down_type: str) -> None:
+    """The target layer, 10 experts per token; the first and last experts are selected (row
+    offsets near the end of the 256-expert tensors)."""
+    case = target_case(down_type)
+    rng = np.random.default_rng(9)
+    x = torch.from_numpy(rng.standard_normal((2, 2560), dtype=np.float32))
+    experts, weights = routing(2, 10, 256, rng)
+    experts[0, 0], experts[1, 9] = 255, 0  # (a repeated id is fine: its slots just add up)
+    e32 = check_moe(mm, case, x, experts, weights, RTOL_FP32)
+    e8 = check_moe(mm8, case, x, experts, weights, RTOL_INT8)
+    print(f"moe Q4_K/{down_type} target shape: error fp32 {e32:.1e}, int8 {e8:.1e}")
+
+
+@pytest.mark.parametrize("gate_type", Q8_TYPES)
+def test_moe_decode_int8_matches_reference(mm8, gate_type: str) -> None:
+    """int8 kernels for each int8 format as gate/up and as down, and an int8 gate/up with a
+    down format that has no int8 kernel (Q4_1: the fp32 down kernel reads h)."""
+    i = Q8_TYPES.index(gate_type)
+    for j, down_type in enumerate([Q8_TYPES[(i + 1) % 4], "Q4_1"]):
+        case = make_case(gate_type, down_type, 16, 256, 256, fused=j == 1, seed=i, device="cuda")
+        rng = np.random.default_rng(300 + i)
+        for n in (1, 5):
+            x = torch.from_numpy(rng.standard_normal((n, 256), dtype=np.float32))
+            x[0, :32] = 0.0  # an all-zero group: scale 0 must give 0, not NaN
+            experts, weights = routing(n, 10, 16, rng)
+            check_moe(mm8, case, x, experts, weights, RTOL_INT8)
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_moe_decode_batch_invariant(mm, mm8, int8: bool) -> None:
+    """Token 0's output is bitwise the same alone, beside 3 others and beside 7 others (some of
+    which share its experts)."""
+    m = mm8 if int8 else mm
+    case = target_case("Q5_0")
+    rng = np.random.default_rng(4)
+    x = torch.from_numpy(rng.standard_normal((8, 2560), dtype=np.float32))
+    experts, weights = routing(8, 10, 256, rng)
+    experts[1:4, :3] = experts[0, :3]  # shared experts
+    ys = [run_moe(m, case, x[:n], experts[:n], weights[:n]) for n in (1, 4, 8)]
+    assert torch.equal(ys[0][0], ys[1][0]) and torch.equal(ys[0][0], ys[2][0]), (
+        f"token 0 differs with the batch: max diff "
+        f"{(ys[0][0] - ys[2][0]).abs().max().item():.3e} (1 vs 8 tokens)"
+    )
+    assert torch.equal(ys[1], ys[2][:4])
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_moe_decode_graph_capture(mm, mm8, int8: bool) -> None:
+    """A captured decode step replays with new routing written into its static inputs."""
+    m = mm8 if int8 else mm
+    case = make_case("Q8_0", "Q6_K", 16, 256, 256, fused=True, seed=6, device="cuda")
+    rng = np.random.default_rng(6)
+    inputs = []
+    for _ in range(2):
+        x = torch.from_numpy(rng.standard_normal((4, 256), dtype=np.float32))
+        inputs.append((x, *routing(4, 10, 16, rng)))
+    sx, se, sw = (t.cuda() for t in inputs[0])
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        m.moe_experts(sx, case.w, se, sw)  # warm-up: compile, cache the stream's view
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        sy = m.moe_experts(sx, case.w, se, sw)
+    for x, experts, weights in reversed(inputs):
+        sx.copy_(x)
+        se.copy_(experts)
+        sw.copy_(weights)
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = run_moe(m, case, x, experts, weights)
+        assert torch.equal(sy.cpu(), eager), "graph replay differs from an eager call"
+
+
+# ---- MoE prefill ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("gate_type", "down_type", "fused"),
+    [("Q4_K", "Q8_0", False), ("Q6_K", "Q5_0", True), ("Q5_0", "Q4_K", False)],
+)
+def test_moe_prefill_matches_reference(
+    mm, monkeypatch: pytest.MonkeyPatch, gate_type: str, down_type: str, fused: bool
+) -> None:
+    """300 tokens x 4 of 16 experts: expert 11 chosen by every token (at a random slot), experts
+    12..15 by none; a scratch of 5 experts makes three dequantization chunks (5, 5, 2)."""
+    from mgserve.cuda import matmul
+
+    d = ff = 256
+    case = make_case(gate_type, down_type, 16, d, ff, fused=fused, seed=12, device="cuda")
+    rng = np.random.default_rng(12)
+    n, kk = 300, 4
+    x = torch.from_numpy(rng.standard_normal((n, d), dtype=np.float32))
+    rows = [rng.permutation([11, *rng.permutation(11)[: kk - 1]]) for _ in range(n)]
+    experts = torch.from_numpy(np.stack(rows).astype(np.int32))
+    weights = torch.from_numpy(rng.uniform(0.05, 1.0, size=(n, kk)).astype(np.float32))
+    monkeypatch.setattr(matmul, "SCRATCH_BYTES", 2 * 3 * ff * d * 5)
+    err = check_moe(mm, case, x, experts, weights, RTOL_F16)
+    print(f"moe prefill {gate_type}/{down_type} fused={fused}: error {err:.1e}")
+
+
+# ---- validation ----------------------------------------------------------------------------------
+
+
+def test_views_are_accepted(mm) -> None:
+    """Non-contiguous or misaligned x (model code passes views) is copied, not rejected."""
+    rng = np.random.default_rng(1)
+    w, _ = make_weight("Q8_0", 8, 64, rng, "cuda")
+    x = torch.from_numpy(rng.standard_normal((3, 64), dtype=np.float32)).cuda()
+    want = mm.linear(x, w)
+    strided = torch.zeros(64, 3, device="cuda")
+    strided.copy_(x.T)
+    shifted = torch.zeros(3 * 64 + 1, device="cuda")
+    shifted[1:].copy_(x.flatten())
+    for view in (strided.T, shifted[1:].view(3, 64)):
+        assert torch.equal(mm.linear(view, w), want)
+
+
+def test_rejects_bad_input(mm) -> None:
+    rng = np.random.default_rng(0)
+    w, _ = make_weight("Q8_0", 4, 64, rng, "cuda")
+    with pytest.raises(ValueError, match="cuda"):
+        mm.linear(torch.zeros(2, 64), w)
+    with pytest.raises(ValueError, match="out has shape"):
+        mm.dequantize(w, 0, 2, torch.empty(2, 32, device="cuda"))
+    case = make_case("Q8_0", "Q8_0", 4, 64, 32, False, seed=1, device="cuda")
+    experts, weights = routing(2, 2, 4, rng)
+    with pytest.raises(ValueError, match="weights"):
+        mm.moe_experts(torch.zeros(2, 64, device="cuda"), case.w, experts.cuda(), weights)
+    cpu_case = make_case("Q8_0", "Q8_0", 4, 64, 32, False, seed=1)
+    with pytest.raises(ValueError, match="uint8 on cuda"):
+        mm.moe_experts(torch.zeros(2, 64, device="cuda"), cpu_case.w, experts, weights)
