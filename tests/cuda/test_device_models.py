@@ -113,6 +113,7 @@ def _compare(arch: str, path: Path, backend: Any, device: torch.device, tol: flo
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.usefixtures("stable_qsa_ties")
 def test_torch_backend_matches_reference(arch: str, tmp_path: Path) -> None:
     from mgserve.cuda.backend import TorchBackend
 
@@ -122,6 +123,7 @@ def test_torch_backend_matches_reference(arch: str, tmp_path: Path) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.usefixtures("stable_qsa_ties")
 def test_cuda_backend_matches_reference(arch: str, tmp_path: Path) -> None:
     pytest.importorskip("cuda.core")
     from mgserve.cuda.backend import cuda_backend
@@ -131,6 +133,7 @@ def test_cuda_backend_matches_reference(arch: str, tmp_path: Path) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ("qwen4exp", "gemma3"))
+@pytest.mark.usefixtures("stable_qsa_ties")
 def test_cuda_backend_torch_ops_on_gpu(arch: str, tmp_path: Path) -> None:
     """The torch backend on the GPU: the fallback path itself is right on the device."""
     from mgserve.cuda.backend import TorchBackend

@@ -59,6 +59,7 @@ async def _serve(engine: Engine, reqs: list[Request]) -> dict[str, list[int]]:
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen4exp"])
+@pytest.mark.usefixtures("stable_qsa_ties")
 async def test_device_runner_serves_like_the_reference(arch: str, tmp_path: Path) -> None:
     from mgserve.cuda.backend import TorchBackend, load_device_model
     from mgserve.cuda.runner import DeviceRunner

@@ -248,6 +248,45 @@ def test_moe_decode_graph_capture(mm, mm8, int8: bool) -> None:
         assert torch.equal(sy.cpu(), eager), "graph replay differs from an eager call"
 
 
+def test_moe_decode_timing(mm, mm8) -> None:
+    """Prints the decode kernels' GPU time and bandwidth at the target shape, replaying a CUDA
+    graph of 10 calls (so Python's launch cost is not measured). For tuning: ``pytest -s -k
+    timing``; nothing is asserted beyond sanity."""
+    rng = np.random.default_rng(13)
+    s = torch.cuda.Stream()
+    for down_type in ("Q5_0", "Q8_0"):
+        case = target_case(down_type)
+        gate_row = 2560 // 256 * FORMATS["Q4_K"].nbytes
+        down_row = 640 // FORMATS[down_type].block * FORMATS[down_type].nbytes
+        for n in (1, 8):
+            x = torch.from_numpy(rng.standard_normal((n, 2560), dtype=np.float32)).cuda()
+            experts, weights = (t.cuda() for t in routing(n, 10, 256, rng))
+            n_used = len(set(experts.flatten().tolist()))
+            nbytes = n_used * (2 * 640 * gate_row + 2560 * down_row)
+            for label, m in (("fp32", mm), ("int8", mm8)):
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    m.moe_experts(x, case.w, experts, weights)  # warm-up
+                torch.cuda.current_stream().wait_stream(s)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, stream=s):
+                    for _ in range(10):
+                        m.moe_experts(x, case.w, experts, weights)
+                graph.replay()
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(True)
+                start.record()
+                for _ in range(5):
+                    graph.replay()
+                stop.record()
+                stop.synchronize()
+                us = start.elapsed_time(stop) / 50 * 1e3
+                print(
+                    f"moe decode Q4_K/{down_type} N={n} {label}: {us:.1f} us per layer, "
+                    f"{nbytes / us / 1e3:.0f} GB/s ({n_used} distinct experts)"
+                )
+                assert us > 0
+
+
 # ---- MoE prefill ---------------------------------------------------------------------------------
 
 
@@ -259,7 +298,9 @@ def test_moe_prefill_matches_reference(
     mm, monkeypatch: pytest.MonkeyPatch, gate_type: str, down_type: str, fused: bool
 ) -> None:
     """300 tokens x 4 of 16 experts: expert 11 chosen by every token (at a random slot), experts
-    12..15 by none; a scratch of 5 experts makes three dequantization chunks (5, 5, 2)."""
+    12..15 by none, the rest by ~80 tokens each. Three scratch budgets split the 12 used experts
+    into chunks of 12, 6 and 1 (padded batched products, and none), all must agree with the
+    reference; and 9 tokens (the smallest prefill)."""
     from mgserve.cuda import matmul
 
     d = ff = 256
@@ -270,9 +311,17 @@ def test_moe_prefill_matches_reference(
     rows = [rng.permutation([11, *rng.permutation(11)[: kk - 1]]) for _ in range(n)]
     experts = torch.from_numpy(np.stack(rows).astype(np.int32))
     weights = torch.from_numpy(rng.uniform(0.05, 1.0, size=(n, kk)).astype(np.float32))
-    monkeypatch.setattr(matmul, "SCRATCH_BYTES", 2 * 3 * ff * d * 5)
-    err = check_moe(mm, case, x, experts, weights, RTOL_F16)
-    print(f"moe prefill {gate_type}/{down_type} fused={fused}: error {err:.1e}")
+    ref, scale = reference_moe(case, x, experts, weights)
+    errors = []
+    for budget in (matmul.SCRATCH_BYTES, 8 << 20, 2 << 20):
+        monkeypatch.setattr(matmul, "SCRATCH_BYTES", budget)
+        y = run_moe(mm, case, x, experts, weights)
+        errors.append(bound_error(y, ref, scale))
+        assert errors[-1] <= RTOL_F16, (
+            f"{gate_type}/{down_type} fused={fused} scratch {budget} B: error {errors[-1]:.2e}"
+        )
+    check_moe(mm, case, x[:9], experts[:9], weights[:9], RTOL_F16)
+    print(f"moe prefill {gate_type}/{down_type} fused={fused}: errors {errors}")
 
 
 # ---- validation ----------------------------------------------------------------------------------

@@ -65,15 +65,25 @@ def select(
     blocks: torch.Tensor,  # [>= (p + 1) // r, D] the session's block keys
     r: int,
     budget: int,  # tokens of whole blocks
+    stable: bool = False,
 ) -> torch.Tensor:  # [S'] int64 ascending positions the query attends to
-    """The query's selected blocks' positions and its tail, ascending."""
+    """The query's selected blocks' positions and its tail, ascending.
+
+    relu makes every block whose heads all score negative score exactly 0, so ties at the cut
+    happen. ``stable=False`` leaves them to ``torch.topk`` as HF does (on the CPU it matches HF's
+    choice); ``stable=True`` gives them to the earlier block, the rule the device path uses on
+    every device (mgserve/cuda/attention.py)."""
     complete = (p + 1) // r
     top = budget // r
     if complete <= top:
         return torch.arange(p + 1)  # every block: dense causal attention
     scores = q @ blocks[:complete].T  # [H_idx, complete]
     scores = torch.relu(scores.T).sum(dim=-1) / math.sqrt(q.shape[-1])  # [complete]
-    chosen = scores.topk(top, dim=0).indices.sort().values  # [top]
+    if stable:
+        order = torch.sort(scores, descending=True, stable=True).indices
+    else:
+        order = scores.topk(top, dim=0).indices
+    chosen = order[:top].sort().values  # [top]
     cells = (chosen[:, None] * r + torch.arange(r)).flatten()  # [top * r]
     return torch.cat((cells, torch.arange(complete * r, p + 1)))
 

@@ -38,8 +38,6 @@
 // attn_combine, grid (H, B), 128 threads: out[b, h] = sum_s O_s w_s / sum_s l_s w_s with
 // w_s = exp(m_s - max m), splits in order; sessions with no visible key give zeros.
 
-#include <cuda_fp16.h>
-
 #ifndef HEAD_DIM
 #define HEAD_DIM 256
 #endif
@@ -60,20 +58,22 @@
 #define COMBINE_THREADS 128
 #define P_SCALE 256.f
 #define FULL 0xffffffffu
+#define NEG_INF __int_as_float(0xff800000)
 
 static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "HEAD_DIM: 64, 128 or 256");
 static_assert(ATT_STAGES >= 2 && ATT_STAGES <= 4, "ATT_STAGES: 2..4");
 
 typedef unsigned char u8;
+typedef unsigned short u16;
 
 constexpr int D = HEAD_DIM;
 constexpr int NBLK = D / 32;  // 32-dim blocks (q8_0 blocks)
 constexpr int NKT = D / 16;   // k16 tiles of S = Q K^T
 constexpr int NOT = D / 8;    // n8 tiles of O
 
-constexpr int cmod(int a, int m) { return ((a % m) + m) % m; }
-constexpr int cmin(int a, int b) { return a < b ? a : b; }
-constexpr int cmax(int a, int b) { return a > b ? a : b; }
+__host__ __device__ constexpr int cmod(int a, int m) { return ((a % m) + m) % m; }
+__host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
+__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
 
 // Shared-memory rows, padded so the fragment reads below are free of bank conflicts:
 // K q8 (8-byte reads of rows gid 0..3 per half-warp): row stride = 8 or 24 words mod 32;
@@ -96,7 +96,10 @@ constexpr int VS_TILE_B = V_Q8 ? ATT_TILE * SC_ROW : 0;
 constexpr int STAGE_B = K_TILE_B + V_TILE_B + KS_TILE_B + VS_TILE_B;
 constexpr int Q_B = NKT * 2 * 32 * 16;   // Q fragments: [k16 tile][hi, lo][lane] uint4
 constexpr int RED_B = ATT_WARPS * 16 * D * 4;  // per-warp O [16, D] for the final merge
-constexpr int SMEM_B = Q_B + cmax(ATT_STAGES * STAGE_B, RED_B);  // attention.py: _decode_smem
+constexpr int SMEM_B = Q_B + cmax(ATT_STAGES * STAGE_B, RED_B);
+#ifdef EXPECT_SMEM  // attention.py passes its own count (decode_smem_bytes): they must agree
+static_assert(SMEM_B == EXPECT_SMEM, "attention.py decode_smem_bytes disagrees with SMEM_B");
+#endif
 
 // ---- small helpers ---------------------------------------------------------------------------
 
@@ -144,14 +147,30 @@ __device__ __forceinline__ unsigned i8x2_to_h2(unsigned r) {
     return out;
 }
 
-__device__ __forceinline__ unsigned h2_bits(__half2 h) { return *reinterpret_cast<unsigned*>(&h); }
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// (lo, hi) -> f16x2, round to nearest even; lo goes to the low half (the lower k / n index).
+__device__ __forceinline__ unsigned pack_h2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ float2 unpack_h2(unsigned r) {
+    u16 a, b;
+    asm("mov.b32 {%0, %1}, %2;" : "=h"(a), "=h"(b) : "r"(r));
+    return make_float2(h2f(a), h2f(b));
+}
 
 // (x0, x1) -> f16x2 hi = round(x) and lo = round(x - hi), so hi + lo carries ~22 bits.
 __device__ __forceinline__ void split2(float x0, float x1, unsigned& hi, unsigned& lo) {
-    const __half2 h = __floats2half2_rn(x0, x1);
-    const float2 f = __half22float2(h);
-    hi = h2_bits(h);
-    lo = h2_bits(__floats2half2_rn(x0 - f.x, x1 - f.y));
+    hi = pack_h2(x0, x1);
+    const float2 f = unpack_h2(hi);
+    lo = pack_h2(x0 - f.x, x1 - f.y);
 }
 
 // ---- which positions a session sees ------------------------------------------------------------
@@ -204,8 +223,8 @@ __device__ __forceinline__ int virtual_pos(const Range& r, const int* __restrict
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 attn_decode(const float* __restrict__ q,      // [B, H, D]
             const u8* __restrict__ k_val,     // K pool values (int8 or f16)
-            const __half* __restrict__ k_sc,  // K pool scales (q8) or unused
-            const u8* __restrict__ v_val, const __half* __restrict__ v_sc,
+            const u16* __restrict__ k_sc,  // K pool scales (q8) or unused
+            const u8* __restrict__ v_val, const u16* __restrict__ v_sc,
             const int* __restrict__ slots,    // [B]
             const int* __restrict__ lengths,  // [B] query b is at position lengths[b] - 1
             const int* __restrict__ sel,      // [B, top] QSA selected blocks, or null (dense)
@@ -302,7 +321,7 @@ attn_decode(const float* __restrict__ q,      // [B, H, D]
     };
 
     // Per-warp online softmax state: rows (heads) gid and gid + 8; l is this thread's partial sum.
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
     float o[NOT][4];
 #pragma unroll
     for (int n = 0; n < NOT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
@@ -328,8 +347,8 @@ attn_decode(const float* __restrict__ q,      // [B, H, D]
 
         const u8* sK = stages + (it % ATT_STAGES) * STAGE_B;
         const u8* sV = sK + K_TILE_B;
-        const __half* sKs = reinterpret_cast<const __half*>(sV + V_TILE_B);
-        const __half* sVs = reinterpret_cast<const __half*>(sV + V_TILE_B + KS_TILE_B);
+        const u16* sKs = reinterpret_cast<const u16*>(sV + V_TILE_B);
+        const u16* sVs = reinterpret_cast<const u16*>(sV + V_TILE_B + KS_TILE_B);
 
         // S = Q K^T for rows r0 + 8 t + c (n-tile t = 0, 1): s[t][0..1] head gid, columns
         // 2 tig, 2 tig + 1; s[t][2..3] head gid + 8.
@@ -374,8 +393,8 @@ attn_decode(const float* __restrict__ q,      // [B, H, D]
                 float d0 = 1.f, d1 = 1.f;
                 if (K_Q8) {
                     const int row = r0 + 8 * t + 2 * tig;
-                    d0 = __half2float(sKs[row * NBLK + blk]);
-                    d1 = __half2float(sKs[(row + 1) * NBLK + blk]);
+                    d0 = h2f(sKs[row * NBLK + blk]);
+                    d1 = h2f(sKs[(row + 1) * NBLK + blk]);
                 }
                 s[t][0] += acc[t][0] * d0;
                 s[t][1] += acc[t][1] * d1;
@@ -391,7 +410,7 @@ attn_decode(const float* __restrict__ q,      // [B, H, D]
             for (int e = 0; e < 4; ++e) {
                 const int v = wv0 + 8 * t + 2 * tig + (e & 1);
                 if (v >= v_end)
-                    s[t][e] = -INFINITY;
+                    s[t][e] = NEG_INF;
                 else if (softcap > 0.f)
                     s[t][e] = tanhf(s[t][e] / softcap) * softcap;
             }
@@ -403,8 +422,8 @@ attn_decode(const float* __restrict__ q,      // [B, H, D]
         mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 2));
         const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float b0 = mn0 == -INFINITY ? 0.f : mn0;  // no finite score yet: weights stay 0
-        const float b1 = mn1 == -INFINITY ? 0.f : mn1;
+        const float b0 = mn0 == NEG_INF ? 0.f : mn0;  // no finite score yet: weights stay 0
+        const float b1 = mn1 == NEG_INF ? 0.f : mn1;
         if (__any_sync(FULL, mn0 != m0 || mn1 != m1)) {
             const float c0 = expf(m0 - b0), c1 = expf(m1 - b1);
             l0 *= c0;
@@ -442,10 +461,10 @@ attn_decode(const float* __restrict__ q,      // [B, H, D]
 #pragma unroll
         for (int blk = 0; blk < NBLK; ++blk) {
             if (V_Q8) {
-                const float d0 = __half2float(sVs[R0 * NBLK + blk]) * P_SCALE;
-                const float d1 = __half2float(sVs[(R0 + 1) * NBLK + blk]) * P_SCALE;
-                const float d2 = __half2float(sVs[(R0 + 8) * NBLK + blk]) * P_SCALE;
-                const float d3 = __half2float(sVs[(R0 + 9) * NBLK + blk]) * P_SCALE;
+                const float d0 = h2f(sVs[R0 * NBLK + blk]) * P_SCALE;
+                const float d1 = h2f(sVs[(R0 + 1) * NBLK + blk]) * P_SCALE;
+                const float d2 = h2f(sVs[(R0 + 8) * NBLK + blk]) * P_SCALE;
+                const float d3 = h2f(sVs[(R0 + 9) * NBLK + blk]) * P_SCALE;
                 split2(s[0][0] * d0, s[0][1] * d1, ahi.x, alo.x);
                 split2(s[0][2] * d0, s[0][3] * d1, ahi.y, alo.y);
                 split2(s[1][0] * d2, s[1][1] * d3, ahi.z, alo.z);
@@ -516,13 +535,13 @@ attn_decode(const float* __restrict__ q,      // [B, H, D]
 
     for (int idx = tid; idx < group * D; idx += ATT_THREADS) {
         const int g = idx / D, d = idx - g * D;
-        float mm = -INFINITY;
+        float mm = NEG_INF;
 #pragma unroll
         for (int w = 0; w < ATT_WARPS; ++w) mm = fmaxf(mm, s_m[w][g]);
         float acc = 0.f, l = 0.f;
 #pragma unroll
         for (int w = 0; w < ATT_WARPS; ++w) {
-            const float wt = s_m[w][g] == -INFINITY ? 0.f : expf(s_m[w][g] - mm);
+            const float wt = s_m[w][g] == NEG_INF ? 0.f : expf(s_m[w][g] - mm);
             acc += red[((size_t)w * 16 + g) * D + d] * wt;
             l += s_l[w][g] * wt;
         }
@@ -550,7 +569,7 @@ attn_combine(const float* __restrict__ part_o, const float2* __restrict__ part_m
     const int chunk = chunk_len(rg.n, min_chunk);
     const int ns = min((rg.n + chunk - 1) / chunk, n_splits);
     const size_t row0 = ((size_t)b * n_head + h) * n_splits;
-    float mm = -INFINITY;
+    float mm = NEG_INF;
     for (int s = 0; s < ns; ++s) mm = fmaxf(mm, part_ml[row0 + s].x);
     float l = 0.f;
     for (int s = 0; s < ns; ++s) {

@@ -282,8 +282,11 @@ struct BF16 {
 #ifndef DOWN_ROWS
 #define DOWN_ROWS 1  // down rows per warp
 #endif
-#ifndef MOE_UNROLL
-#define MOE_UNROLL 4  // run-loop unroll: loads in flight per lane
+#ifndef GU_UNROLL
+#define GU_UNROLL 4  // gate/up run-loop unroll: loads in flight per lane (k = 2560: 10 runs)
+#endif
+#ifndef DOWN_UNROLL
+#define DOWN_UNROLL 8  // down run-loop unroll (kk 10 x ff 640: 25 runs per lane)
 #endif
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
@@ -328,7 +331,7 @@ __device__ void moe_gate_up(const u8* __restrict__ gate, const u8* __restrict__ 
     for (int rr = 0; rr < R; rr++) ag[rr] = au[rr] = 0.f;
     const float* xn = x + (size_t)n * k;
     const int n_runs = k / 8;
-#pragma unroll MOE_UNROLL
+#pragma unroll GU_UNROLL
     for (int r = lane; r < n_runs; r += 32) {
         const size_t off = (size_t)(r / RUNS) * T::BYTES;
         float vg[R][8], vu[R][8];
@@ -378,7 +381,7 @@ __device__ void moe_down(const u8* __restrict__ down, long long expert_rows,
     for (int rr = 0; rr < R; rr++) acc[rr] = 0.f;
     const float* hn = h + (size_t)n * kk * ff;
     const int n_runs = ff / 8, total = kk * n_runs;
-#pragma unroll MOE_UNROLL
+#pragma unroll DOWN_UNROLL
     for (int i = lane; i < total; i += 32) {
         const int j = i / n_runs, c = i - j * n_runs;
         const u8* base = down + (size_t)s_e[j] * expert_rows * row_bytes +
