@@ -24,8 +24,8 @@ def cuda_available() -> str | None:
 
 
 def resolve_device(setting: str) -> str:
-    """"cpu" or "cuda" for ``--device`` auto | cpu | cuda; ValueError when cuda is asked for and
-    cannot run here (with the reason)."""
+    """The backend for ``--device`` auto | cpu | cuda: "cpu" or "cuda". ValueError when cuda is
+    asked for and cannot run here (with the reason)."""
     if setting not in ("auto", "cpu", "cuda"):
         raise ValueError(f"unknown device {setting!r}; expected auto, cpu or cuda")
     if setting == "cpu":

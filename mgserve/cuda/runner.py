@@ -106,6 +106,8 @@ class DeviceRunner:
             logit_rows=torch.tensor(ends, dtype=torch.int64, device=d),
             extra=self.model.step_extra([list(w.tokens) for w in work], [w.slot for w in work]),
         )
+        if step.extra is not None:  # host rows (PLE): to the device with the step
+            step.extra = step.extra.to(d, non_blocking=False)
         return self.model.forward(step)
 
     def _decode(self, work: list[SeqWork]) -> torch.Tensor:

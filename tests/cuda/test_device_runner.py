@@ -26,13 +26,9 @@ SETTINGS = Settings(parallel=3, ctx_size=160, batch_size=16)
 
 
 def _export(arch: str, path: Path) -> Path:
-    if arch == "qwen4exp":
-        from tests.core import qwen4exp_export
+    from tests.cuda.test_device_models import _export as export
 
-        return qwen4exp_export.export(qwen4exp_export.hf_model(), path)
-    from tests.core import tiny
-
-    return tiny.export(tiny.hf_model(arch), arch, path)
+    return export(arch, path.parent)
 
 
 def _requests() -> list[Request]:

@@ -491,8 +491,8 @@ class HybridLM:
         n = h.shape[0]
         qkv = ops.linear(h, w.qkv)  # [N, conv_dim]
         z = ops.linear(h, w.z)  # [N, value_dim]
-        beta = rowwise.sigmoid(ops.linear(h, w.beta))  # [N, H_v]
-        g = rowwise.softplus(ops.linear(h, w.alpha) + w.dt_bias) * w.a
+        beta = rowwise.sigmoid(ops.linear(h, w.beta)).contiguous()  # [N, H_v]
+        g = (rowwise.softplus(ops.linear(h, w.alpha) + w.dt_bias) * w.a).contiguous()
         heads = dict(
             n_k_heads=hp.ssm_k_heads, n_v_heads=hp.ssm_v_heads, head_dim=hp.ssm_head_dim, eps=eps
         )
