@@ -40,6 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill", default="4096@0,4096@32768", help="P@D prefill workloads")
     parser.add_argument("--long-prefill", type=int, default=0, help="one prompt of N tokens")
     parser.add_argument("--multi-prefill", default="", help="S@N: S sessions of N-token prompts")
+    parser.add_argument(
+        "--sampled-prefill",
+        default="",
+        help="S@N: S sessions of N-token prompts, estimated from one ubatch step per session at "
+        "5 depths spread over the prompt (synthetic state below each); for prompts too long to run",
+    )
     parser.add_argument("--decode", default=DEFAULT_DEPTHS, help="1-session decode depths")
     parser.add_argument("--multi-decode", default="5@32768,5@131072", help="B@D decode workloads")
     parser.add_argument("--decode-steps", type=int, default=32, help="timed decode steps")
@@ -165,6 +171,25 @@ class Bench:
             self._run([self._work(s, p[c : c + ub], c, c + ub >= n) for s, p in enumerate(prompts)])
         self.torch.cuda.synchronize()
         return sessions * n / (time.perf_counter() - t0)
+
+    def time_sampled_prefill(self, sessions: int, n: int, samples: int = 5) -> tuple[float, str]:
+        """Aggregate tokens/s of ``sessions`` prompts of ``n`` tokens, estimated: at the midpoints
+        of ``samples`` equal parts of the prompt, each session is filled to that depth and one step
+        with an ubatch chunk of every session is timed; the estimate is the mean step time."""
+        ub = self.args.ubatch
+        depths = [int((i + 0.5) * n / samples) // ub * ub for i in range(samples)]
+        times = []
+        for d in depths:
+            for s in range(sessions):
+                self.fill(s, d)
+            work = [self._work(s, self._tokens(ub, 31 + s), d, True) for s in range(sessions)]
+            self.torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            self._run(work)
+            self.torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        note = "sampled at depths " + "/".join(f"{d // 1024}k" for d in depths)
+        return sessions * ub / statistics.mean(times), note
 
     def time_decode(self, sessions: int, depth: int) -> tuple[float, float]:
         """(aggregate tokens/s, median step ms) of ``sessions`` sessions decoding at ``depth``."""

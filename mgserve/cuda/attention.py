@@ -10,22 +10,24 @@ KV head ``h // (H / n_kv)``. A session with length 0 (a padding row) gets zeros.
 ``AttentionTorch`` is the oracle-equivalent PyTorch version: it equals
 ``mgserve.core.reference.ops.attention`` / ``qsa.select`` + ``qsa.attend_selected`` on the
 dequantized cache to float rounding. QSA picks the highest block scores and, among equal scores
-(relu makes exact zeros common), the lower block (``rank_keys``); ``qsa.select`` must break ties
-the same way (a stable descending sort) for the two to agree on such selections. The decode ops
-are static-shape and sync-free (masks over all ``n_ctx`` positions, a fixed-size QSA selection),
-so they capture into CUDA graphs; the prefill ops may synchronise and work in memory-bounded
-chunks.
+(relu makes exact zeros common), the lower block (``select_blocks``); ``qsa.select`` must break
+ties the same way (a stable descending sort) for the two to agree on such selections. The decode
+ops are static-shape and sync-free (masks over all ``n_ctx`` positions, a fixed-size QSA
+selection), so they capture into CUDA graphs; the prefill ops may synchronise and work in
+memory-bounded chunks.
 
 ``AttentionCuda`` runs ``kernels/attention.cu`` (flash-decoding with tensor cores: one CTA per
 (chunk of positions, KV head, session) holding all query heads of the group, so K/V are read once;
 a combine kernel merges the chunks in a fixed order, so results never depend on the batch) and
-``kernels/attention_util.cu`` (pool writes, QSA block scores). QSA decode is: score the complete
-blocks (kernel, as rank keys), ``torch.topk`` on the fixed-size row of keys, then the same
-attention kernel reading the selected blocks' cells and the tail. Prefill: short chunks
-(<= PREFILL_DECODE_MAX_T tokens, e.g. speculative verification) run the decode kernel once per
-token ("virtual sessions", exactly a decode step's numerics); longer dense chunks use torch's flash
-SDPA on f16 copies of K/V (about 1e-3 relative, like llama.cpp); QSA prefill runs the decode
-kernels per token in groups.
+``kernels/attention_util.cu`` (pool writes, QSA block scores) and ``kernels/qsa_select.cu`` (each
+query's top blocks, ascending: a radix select in one CTA per query). QSA decode is: score the
+complete blocks (kernel), select (kernel), then the same attention kernel reading the selected
+blocks' cells and the tail. Prefill: short chunks (<= PREFILL_DECODE_MAX_T tokens, e.g.
+speculative verification) run the decode kernel once per token ("virtual sessions", exactly a
+decode step's numerics); longer dense chunks use torch's flash SDPA on f16 copies of K/V (about
+1e-3 relative, like llama.cpp). QSA prefill scores all the chunk's queries against the complete
+blocks with one fp32 matmul (cuBLAS; in query groups bounding the score matrix), selects with the
+kernel, and runs the decode attention kernel once over all the chunk's queries.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
 
 ATTN_SOURCE = "attention.cu"
 UTIL_SOURCE = "attention_util.cu"
+SELECT_SOURCE = "qsa_select.cu"
+SEL_THREADS = 1024  # SEL_THREADS in qsa_select.cu: one CTA per query row
 ATT_THREADS = 128  # ATT_THREADS in attention.cu: 4 warps
 ATT_WARPS = 4
 ATT_TILE = 16 * ATT_WARPS  # positions per pipeline stage
@@ -54,16 +58,17 @@ MAX_GROUP = 16  # query heads per KV head the kernel holds (one m16 tensor-core 
 HEAD_DIMS = (64, 128, 256)  # head dims attention.cu is instantiated for
 DENSE_MIN_CHUNK = 256  # positions per CTA at least, dense / windowed decode
 QSA_MIN_CHUNK = 64  # QSA decode: ~2k selected cells per query, so smaller chunks for more CTAs
-QSA_PREFILL_MIN_CHUNK = 512  # QSA prefill: many queries per launch already fill the GPU
+QSA_PREFILL_MIN_CHUNK = 1088  # QSA prefill: a selection's ~2k cells in two chunks per query
 QS_THREADS = 256  # QS_THREADS in attention_util.cu
 QS_KEYS = 256  # QS_KEYS in attention_util.cu: block keys scored per CTA
 QS_MAX_HI, QS_MAX_DI = 8, 256  # indexer heads / head dim the scoring kernel supports
 KV_WRITE_MAX_DIM = 1024  # one thread per value of a head
 PREFILL_DECODE_MAX_T = 8  # prefill chunks up to this long run the decode kernel per token
-QSA_PREFILL_GROUP = 256  # queries per launch of QSA prefill (bounds scores / partials memory)
 _SCORE_ELEMS = 1 << 26  # bound on the [.., T, S] score elements of one torch prefill chunk
 _GATHER_ELEMS = 1 << 26  # bound on gathered K/V + block-score elements per torch QSA group
 _F16_COPY_POS = 16384  # positions dequantized per step when making f16 K/V for SDPA
+_PREFILL_SCORE_ELEMS = 1 << 26  # bound on the [T * H_idx, n_blk] fp32 scores of QSA prefill
+_PREFILL_PART_ELEMS = 1 << 26  # bound on the [T, H, splits, D] fp32 partials of one prefill launch
 _KV_DTYPES = (torch.int8, torch.float16, torch.float32, torch.bfloat16)
 _NEG_INF = float("-inf")
 _KEY_MIN = -(1 << 63)  # rank key of blocks that cannot be selected
@@ -140,6 +145,15 @@ def _check_qsa(
         raise _shape_error("blocks", blocks, f"[n_slots, {n_ctx // ratio}, {iq.shape[2]}]")
 
 
+def _check_select(scores: torch.Tensor, lengths: torch.Tensor, ratio: int, top: int) -> None:
+    _check_f32("scores", scores)
+    if scores.dim() != 2:
+        raise _shape_error("scores", scores, "[N, n_cols]")
+    _check_index("lengths", lengths, scores.shape[0])
+    if ratio < 1 or top < 1:
+        raise ValueError(f"QSA selection needs ratio >= 1 and top >= 1, got {ratio}, {top}")
+
+
 def _check_span(n_ctx: int, n_slots: int, slot: int, start: int, t: int) -> None:
     if not 0 <= slot < n_slots:
         raise ValueError(f"slot {slot} outside the pool's {n_slots} slots")
@@ -192,25 +206,25 @@ def _attend(
 
 
 def _qsa_positions(
-    keys: torch.Tensor | None,  # [N, n_blk] rank_keys of the block scores (-inf past complete)
+    sel: torch.Tensor | None,  # [N, top] select_blocks of each query (rows of dense ones unused)
     lengths: torch.Tensor,  # [N] int64: query at lengths - 1
     ratio: int,
     top: int,
     n_ctx: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # positions [N, L] int64, valid [N, L] bool
     """Each query's selection as a fixed number L = top * ratio + ratio - 1 of cells: sparse
-    queries (complete blocks > top) take the top-ranked blocks' cells (ascending) then the tail
+    queries (complete blocks > top) take the selected blocks' cells (ascending) then the tail
     complete * ratio .. p; dense ones take 0 .. p (p + 1 <= L always holds for them). Cells past
-    the query are invalid. ``keys`` None: every query is dense."""
+    the query are invalid. ``sel`` None: every query is dense."""
     dev = lengths.device
     n = lengths.shape[0]
     idx = torch.arange(top * ratio + ratio - 1, device=dev)  # [L]
     last = lengths - 1  # [N]
     dense_valid = idx[None, :] <= last[:, None]
-    if keys is None:
+    if sel is None:
         return idx.clamp(max=n_ctx - 1).expand(n, -1), dense_valid
     complete = lengths // ratio
-    chosen = keys.topk(top, dim=1, sorted=False).indices.sort(dim=1).values  # [N, top]
+    chosen = sel.long()  # [N, top]
     cells = (chosen[:, :, None] * ratio + torch.arange(ratio, device=dev)).flatten(1)
     tail = complete[:, None] * ratio + torch.arange(ratio - 1, device=dev)  # [N, ratio - 1]
     sparse_pos = torch.cat((cells, tail), dim=1)  # [N, L]
@@ -256,15 +270,39 @@ def _mask_incomplete(scores: torch.Tensor, lengths: torch.Tensor, ratio: int) ->
 
 
 def rank_keys(scores: torch.Tensor) -> torch.Tensor:
-    """int64 [N, n_blk] keys whose order is the selection order: higher score first, then the
-    lower block index; -inf (not selectable) lowest. Ties are common, not rare: relu makes every
-    block whose indexer heads all score negative exactly 0, and torch.topk picks among equal values
-    in an implementation-defined way (it depends on the row length and the device), so the choice
-    is made explicit here. Scores are >= 0, whose float bits as integers are monotone."""
+    """int64 [N, n_blk] distinct keys whose order is the selection order: higher score first,
+    then the lower block index. Ties are common, not rare: relu makes every block whose indexer
+    heads all score negative exactly 0, and torch.topk picks among equal values in an
+    implementation-defined way (it depends on the row length and the device), so the choice is
+    made explicit here. The high half is the score's float bits made monotone as a signed integer
+    (negative scores have their magnitude bits flipped; -0.0 counts as +0.0); no NaN."""
     idx = torch.arange(scores.shape[1], device=scores.device)
-    bits = (scores + 0.0).view(torch.int32).long()  # + 0.0 turns -0.0 into +0.0
-    keys = (bits << 32) | (0xFFFFFFFF - idx)[None, :]
-    return keys.masked_fill(torch.isneginf(scores), _KEY_MIN)
+    bits = (scores + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0
+    bits = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()
+    return (bits << 32) | (0xFFFFFFFF - idx)[None, :]
+
+
+def select_blocks(
+    scores: torch.Tensor,  # [N, n_cols] float32 block scores
+    lengths: torch.Tensor,  # [N] the query sits at position lengths - 1
+    ratio: int,
+    top: int,
+) -> torch.Tensor:  # [N, top] int32
+    """Each query's ``top`` highest-scoring complete blocks (0 .. lengths // ratio - 1, at most
+    n_cols; ties: the lower block), in ascending order; a dense query (complete <= top) gets
+    0 .. complete - 1 and then -1. Scores past a query's complete blocks are ignored. The torch
+    version of ``kernels/qsa_select.cu``: static shapes, no host sync."""
+    n_cols = scores.shape[1]
+    dev = scores.device
+    complete = (lengths.long() // ratio).clamp(0, n_cols)  # [N]
+    idx = torch.arange(top, device=dev)
+    dense = torch.where(idx[None, :] < complete[:, None], idx[None, :], -1)  # [N, top]
+    if n_cols <= top:
+        return dense.to(torch.int32)
+    blk = torch.arange(n_cols, device=dev)
+    keys = rank_keys(scores).masked_fill(blk[None, :] >= complete[:, None], _KEY_MIN)
+    chosen = keys.topk(top, dim=1, sorted=False).indices.sort(dim=1).values  # [N, top]
+    return torch.where((complete > top)[:, None], chosen, dense).to(torch.int32)
 
 
 # ---- torch ------------------------------------------------------------------------------------
@@ -369,6 +407,18 @@ class AttentionTorch(TorchBase):
             return q.new_zeros((0, h * d))
         return torch.cat(outs)
 
+    def qsa_select_blocks(
+        self,
+        scores: torch.Tensor,  # [N, n_cols] float32 block scores
+        lengths: torch.Tensor,  # [N] int32 / int64: query at lengths - 1
+        *,
+        ratio: int,
+        top: int,
+    ) -> torch.Tensor:  # [N, top] int32
+        """Each query's QSA selection: ``select_blocks`` with checked arguments."""
+        _check_select(scores, lengths, ratio, top)
+        return select_blocks(scores, lengths, ratio, top)
+
     def qsa_decode(
         self,
         q: torch.Tensor,  # [B, H, D]
@@ -384,7 +434,7 @@ class AttentionTorch(TorchBase):
         scale: float,
     ) -> torch.Tensor:  # [B, H * D]
         """QSA for one query per session: every block score over the fixed-size row (-inf past
-        the complete ones), topk, and attention over a fixed number of selected cells."""
+        the complete ones), select_blocks, and attention over a fixed number of selected cells."""
         n_slots, n_ctx, n_kv, d = _check_kv(k, v)
         b, _ = _check_q(q, n_kv, d, "B")
         _check_qsa(iq, blocks, b, n_ctx, ratio, budget)
@@ -392,14 +442,14 @@ class AttentionTorch(TorchBase):
         _check_index("lengths", lengths, b)
         top, n_blk = budget // ratio, blocks.shape[1]
         lengths_l = lengths.long()
-        keys = None
+        sel = None
         if n_blk > top:  # otherwise no query can have more than `top` complete blocks
             rows = [
                 _block_scores(iq[i : i + 1], blocks.index_select(0, slots[i : i + 1].long())[0])
                 for i in range(b)
             ]
-            keys = rank_keys(_mask_incomplete(torch.cat(rows), lengths_l, ratio))
-        pos, valid = _qsa_positions(keys, lengths_l, ratio, top, n_ctx)
+            sel = self.qsa_select_blocks(torch.cat(rows), lengths_l, ratio=ratio, top=top)
+        pos, valid = _qsa_positions(sel, lengths_l, ratio, top, n_ctx)
         return _attend_cells(q, k, v, slots.long(), pos, valid, scale)
 
     def qsa_prefill(
@@ -431,10 +481,10 @@ class AttentionTorch(TorchBase):
         for c0 in range(0, t, group):
             c1 = min(t, c0 + group)
             lengths = torch.arange(start + c0 + 1, start + c1 + 1, device=dev)
-            keys = None
+            sel = None
             if n_blk > top:
-                keys = rank_keys(_mask_incomplete(_block_scores(iq[c0:c1], bl), lengths, ratio))
-            pos, valid = _qsa_positions(keys, lengths, ratio, top, n_ctx)
+                sel = select_blocks(_block_scores(iq[c0:c1], bl), lengths, ratio, top)
+            pos, valid = _qsa_positions(sel, lengths, ratio, top, n_ctx)
             rows = torch.full((c1 - c0,), slot, dtype=torch.long, device=dev)
             outs.append(_attend_cells(q[c0:c1], k, v, rows, pos, valid, scale))
         if not outs:
@@ -603,9 +653,12 @@ class AttentionCuda(CudaBase, AttentionTorch):
         n_cols: int,  # blocks scored per row (complete blocks of any query fit)
         ratio: int,
         top: int,
-    ) -> torch.Tensor:  # [N, n_cols] int64 rank_keys of the block scores (dense rows: all min)
+    ) -> torch.Tensor:  # [N, stride] float32 (-inf past complete and on dense rows)
+        """Block scores of the complete blocks of sparse queries (kernel); rows padded to a
+        multiple of 4 floats for qsa_select's 16-byte loads (the padding is not written)."""
         n, n_hi, di = iq.shape
-        keys = torch.empty((n, n_cols), dtype=torch.int64, device=self.device)
+        stride = _cdiv(n_cols, 4) * 4
+        scores = torch.empty((n, stride), dtype=torch.float32, device=self.device)
         self.launch(
             self.kernel(UTIL_SOURCE, "qsa_scores"),
             (_cdiv(n_cols, QS_KEYS), n),
@@ -614,8 +667,9 @@ class AttentionCuda(CudaBase, AttentionTorch):
             blocks.data_ptr(),
             slots.data_ptr(),
             lengths.data_ptr(),
-            keys.data_ptr(),
+            scores.data_ptr(),
             np.int32(n_cols),
+            np.int32(stride),
             np.int32(blocks.shape[1]),
             np.int32(n_hi),
             np.int32(di),
@@ -623,7 +677,34 @@ class AttentionCuda(CudaBase, AttentionTorch):
             np.int32(top),
             np.float32(math.sqrt(di)),
         )
-        return keys
+        return scores
+
+    def _select(
+        self,
+        scores: torch.Tensor,  # [N, stride] float32, stride % 4 == 0, contiguous
+        lengths: torch.Tensor,  # [N] int32
+        n_cols: int,  # columns that may hold complete blocks (<= stride)
+        ratio: int,
+        top: int,
+        out: torch.Tensor | None = None,  # [N, top] int32 contiguous
+    ) -> torch.Tensor:  # [N, top] int32: select_blocks of each row (kernel)
+        n, stride = scores.shape
+        assert stride % 4 == 0 and n_cols <= stride and scores.is_contiguous()
+        sel = torch.empty((n, top), dtype=torch.int32, device=self.device) if out is None else out
+        if n:
+            self.launch(
+                self.kernel(SELECT_SOURCE, "qsa_select"),
+                n,
+                SEL_THREADS,
+                scores.data_ptr(),
+                lengths.data_ptr(),
+                sel.data_ptr(),
+                np.int32(stride),
+                np.int32(n_cols),
+                np.int32(ratio),
+                np.int32(top),
+            )
+        return sel
 
     def _qsa_select(
         self,
@@ -634,12 +715,74 @@ class AttentionCuda(CudaBase, AttentionTorch):
         n_cols: int,
         ratio: int,
         top: int,
-    ) -> torch.Tensor:  # [N, top] int32 ascending selected blocks (rows of dense queries: junk)
-        """Block rank keys (kernel), then the top ``top`` of each fixed-size row (torch.topk: no
-        host sync, graph-capturable), sorted so the attention reads cells in position order."""
-        keys = self._qsa_scores(iq, blocks, slots, lengths, n_cols, ratio, top)
-        chosen = torch.topk(keys, top, dim=1, sorted=False).indices.sort(dim=1).values
-        return chosen.to(torch.int32)
+    ) -> torch.Tensor:  # [N, top] int32 ascending selected blocks (dense rows: 0.. then -1)
+        """Block scores, then each row's top blocks in ascending order (two kernels: no host
+        sync, graph-capturable)."""
+        scores = self._qsa_scores(iq, blocks, slots, lengths, n_cols, ratio, top)
+        return self._select(scores, lengths, n_cols, ratio, top)
+
+    def _prefill_select(
+        self,
+        iq: torch.Tensor,  # [T, H_idx, D_idx]
+        blocks: torch.Tensor,  # [n_slots, n_ctx / ratio, D_idx]
+        slot: int,
+        lengths: torch.Tensor,  # [T] int32: query j at lengths[j] - 1
+        n_blk: int,  # blocks complete by the last query
+        ratio: int,
+        top: int,
+    ) -> torch.Tensor:  # [T, top] int32
+        """QSA prefill selection: every query of the chunk scored against the complete blocks by
+        one fp32 matmul per group of queries (cuBLAS reuses each block key across queries; the
+        groups bound the [queries * H_idx, blocks] score matrix by _PREFILL_SCORE_ELEMS), then
+        qsa_select per group. Scores of blocks a query cannot see yet are computed but never
+        read (the kernel reads blocks < lengths / ratio only)."""
+        t, n_hi, di = iq.shape
+        stride = _cdiv(n_blk, 4) * 4
+        bl = blocks[slot, : min(stride, blocks.shape[1])]  # [<= stride, D_idx]
+        if bl.shape[0] < stride:
+            bl = F.pad(bl, (0, 0, 0, stride - bl.shape[0]))
+        blt = bl.t()  # [D_idx, stride]
+        sel = torch.empty((t, top), dtype=torch.int32, device=self.device)
+        group = max(1, _PREFILL_SCORE_ELEMS // (n_hi * stride))
+        for c0 in range(0, t, group):
+            c1 = min(t, c0 + group)
+            s = torch.matmul(iq[c0:c1].reshape(-1, di), blt)  # [(c1 - c0) * H_idx, stride]
+            scores = s.view(c1 - c0, n_hi, stride).relu_().sum(dim=1)  # [c1 - c0, stride]
+            scores.div_(math.sqrt(di))
+            self._select(scores, lengths[c0:c1], n_blk, ratio, top, out=sel[c0:c1])
+        return sel
+
+    def _run_prefill(
+        self,
+        q: torch.Tensor,  # [T, H, D] contiguous
+        k: KVLayer,
+        v: KVLayer,
+        slot: int,
+        start: int,
+        sel: torch.Tensor | None,  # [T, top] int32 (QSA) or None (dense causal)
+        *,
+        scale: float,
+        bound: int,
+        top: int = 0,
+        ratio: int = 1,
+    ) -> torch.Tensor:  # [T, H * D]
+        """The decode kernel over every query of one session's chunk (query j a virtual session
+        at position start + j), in as few launches as _PREFILL_PART_ELEMS allows (one for a
+        4096-token chunk of qwen4exp)."""
+        t, h, d = q.shape
+        slots = torch.full((t,), slot, dtype=torch.int32, device=self.device)
+        lengths = torch.arange(start + 1, start + t + 1, dtype=torch.int32, device=self.device)
+        n_splits = max(1, min(MAX_SPLITS, _cdiv(bound, QSA_PREFILL_MIN_CHUNK)))
+        group = max(1, _PREFILL_PART_ELEMS // (h * n_splits * d))
+        outs = []
+        for c0 in range(0, t, group):
+            c1 = min(t, c0 + group)
+            outs.append(self._run_decode(
+                q[c0:c1], k, v, slots[c0:c1], lengths[c0:c1],
+                None if sel is None else sel[c0:c1], scale=scale, bound=bound,
+                min_chunk=QSA_PREFILL_MIN_CHUNK, top=top, ratio=ratio,
+            ))  # fmt: skip
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def _qsa_fast(
         self, q: torch.Tensor, iq: torch.Tensor, k: KVLayer, v: KVLayer, blocks: torch.Tensor
@@ -788,6 +931,20 @@ class AttentionCuda(CudaBase, AttentionTorch):
             out[:, p0 - k0 : p1 - k0] = _dequant(c, slot, slice(p0, p1)).transpose(0, 1)
         return out
 
+    def qsa_select_blocks(
+        self, scores: torch.Tensor, lengths: torch.Tensor, *, ratio: int, top: int
+    ) -> torch.Tensor:
+        _check_select(scores, lengths, ratio, top)
+        if not self._on_device(scores, lengths):
+            return super().qsa_select_blocks(scores, lengths, ratio=ratio, top=top)
+        n, n_cols = scores.shape
+        stride = _cdiv(n_cols, 4) * 4
+        if stride != n_cols or not scores.is_contiguous() or scores.data_ptr() % 16:
+            padded = torch.empty((n, stride), dtype=torch.float32, device=self.device)
+            padded[:, :n_cols] = scores
+            scores = padded
+        return self._select(scores, self._i32("lengths", lengths), n_cols, ratio, top)
+
     def qsa_decode(
         self,
         q: torch.Tensor,
@@ -846,25 +1003,14 @@ class AttentionCuda(CudaBase, AttentionTorch):
             )
         top, end = budget // ratio, start + t
         n_blk = end // ratio  # blocks complete by the chunk's last query
-        bound = min(end, top * ratio + ratio - 1)
-        outs = []
-        for c0 in range(0, t, QSA_PREFILL_GROUP):
-            c1 = min(t, c0 + QSA_PREFILL_GROUP)
-            slots = torch.full((c1 - c0,), slot, dtype=torch.int32, device=self.device)
-            lengths = torch.arange(start + c0 + 1, start + c1 + 1, dtype=torch.int32,
-                                   device=self.device)  # fmt: skip
-            qc = q[c0:c1].contiguous()
-            if n_blk <= top:  # every query of the chunk is dense
-                outs.append(
-                    self._run_decode(qc, k, v, slots, lengths, None, scale=scale, bound=end)
-                )
-                continue
-            sel = self._qsa_select(iq[c0:c1].contiguous(), blocks, slots, lengths, n_blk, ratio,
-                                   top)  # fmt: skip
-            outs.append(self._run_decode(
-                qc, k, v, slots, lengths, sel, scale=scale, bound=bound,
-                min_chunk=QSA_PREFILL_MIN_CHUNK, top=top, ratio=ratio,
-            ))  # fmt: skip
-        if not outs:
+        if t == 0:
             return q.new_zeros((0, h * d))
-        return torch.cat(outs)
+        qc = q.contiguous()
+        if n_blk <= top:  # every query of the chunk is dense
+            return self._run_prefill(qc, k, v, slot, start, None, scale=scale, bound=end)
+        lengths = torch.arange(start + 1, end + 1, dtype=torch.int32, device=self.device)
+        sel = self._prefill_select(iq, blocks, slot, lengths, n_blk, ratio, top)
+        bound = min(end, top * ratio + ratio - 1)
+        return self._run_prefill(
+            qc, k, v, slot, start, sel, scale=scale, bound=bound, top=top, ratio=ratio
+        )

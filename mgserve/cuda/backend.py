@@ -14,8 +14,10 @@ import torch
 
 from mgserve.core.gguf import GGUFError, GGUFFile
 from mgserve.cuda.attention import AttentionCuda, AttentionTorch
+from mgserve.cuda.hc import HCCuda, HCTorch
 from mgserve.cuda.matmul import MatmulCuda, MatmulTorch
 from mgserve.cuda.models.base import DeviceLM
+from mgserve.cuda.route import RouteCuda, RouteTorch
 from mgserve.cuda.smallops import SmallOpsCuda, SmallOpsTorch
 
 if TYPE_CHECKING:
@@ -25,11 +27,11 @@ DENSE_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 HYBRID_ARCHS = ("qwen3moe", "qwen3next", "qwen4exp")
 
 
-class TorchBackend(AttentionTorch, MatmulTorch, SmallOpsTorch):
+class TorchBackend(AttentionTorch, MatmulTorch, SmallOpsTorch, HCTorch, RouteTorch):
     """All ops in PyTorch on the tensors' device."""
 
 
-class CudaBackend(AttentionCuda, MatmulCuda, SmallOpsCuda):
+class CudaBackend(AttentionCuda, MatmulCuda, SmallOpsCuda, HCCuda, RouteCuda):
     """All ops as NVRTC kernels on torch's current stream (torch versions where none exists)."""
 
 

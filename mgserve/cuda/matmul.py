@@ -7,7 +7,8 @@ Two regimes, chosen by the number of tokens N:
   selected experts' rows, with expert ids read on the device so a step captures into a CUDA graph).
 - prefill (N > 8): W is dequantized to f16 in row tiles (kernels/dequant.cu) into a scratch buffer
   and multiplied by cuBLAS with fp32 accumulation and fp32 output; MoE groups the (token, slot)
-  pairs by expert first (one host sync for the per-expert counts).
+  pairs by expert first (one host sync for the per-expert counts) and runs moe_prefill.py's
+  bucketed batched products (a fixed handful of launches per layer, two cuBLAS calls a bucket).
 
 ``MatmulTorch`` is the plain PyTorch twin (CPU in CI, and the oracle of the GPU tests).
 """
@@ -19,11 +20,11 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from mgserve.core.reference import ops as ref_ops
 from mgserve.core.reference import rowwise
-from mgserve.cuda.kbase import CudaBase, TorchBase, check_cuda
+from mgserve.cuda.kbase import CudaBase, check_cuda
+from mgserve.cuda.moe_prefill import MoePrefillCuda, MoePrefillTorch
 from mgserve.cuda.ops import INT8_TYPES, MAX_MATVEC_TOKENS, CudaOps
 from mgserve.cuda.weights import FORMATS, QuantWeight
 
@@ -165,7 +166,7 @@ def _rows_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x @ w.T
 
 
-class MatmulTorch(TorchBase):
+class MatmulTorch(MoePrefillTorch):
     """Linear layers and MoE experts on dequantized (cached) weights, in plain PyTorch.
 
     Each token's result is independent of the rest of the batch on the CPU (``_rows_linear``,
@@ -234,7 +235,7 @@ def _f16_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return op(a.float(), bt.float())
 
 
-class MatmulCuda(CudaBase, MatmulTorch):
+class MatmulCuda(CudaBase, MoePrefillCuda, MatmulTorch):
     """The same ops on NVRTC kernels (decode) and dequantized tiles + cuBLAS (prefill).
 
     ``int8``: decode products of INT8_TYPES / MOE_Q8_TYPES weights round the activations to int8
@@ -396,9 +397,10 @@ class MatmulCuda(CudaBase, MatmulTorch):
         [0, E) are clamped), weights [N, kk] fp32 -> [N, d] fp32.
         N <= 8: two kernels (moe.cu, or moe_q8.cu with ``int8``), no host sync: graph-capturable,
         and each token's result is bitwise independent of the rest of the batch.
-        N > 8: pairs grouped by expert (one host sync for the counts); the used experts'
-        matrices dequantized to f16 a scratch-full at a time and multiplied by batched cuBLAS
-        products (fp32 accumulation); per-pair results summed over j in a fixed order.
+        N > 8: ``moe_prefill`` (moe_prefill.py): pairs sorted by expert (one host sync for the
+        counts), all used experts dequantized to f16 in one launch per matrix, batched cuBLAS
+        products (fp32 accumulation) over buckets of experts with similar counts; per-pair
+        results summed over j in a fixed order.
         """
         _check_moe(x, w, experts, weights)
         for m in (w.gate, w.up, w.gate_up, w.down):
@@ -470,57 +472,5 @@ class MatmulCuda(CudaBase, MatmulTorch):
     def _moe_prefill(
         self, x: torch.Tensor, w: ExpertWeights, experts: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
-        """Pairs (token, slot) sorted by expert; the used experts in chunks that fit the scratch:
-        one dequantization launch per matrix for the whole chunk, then two batched products
-        over the chunk's experts, each expert's rows padded to the chunk's largest count (the
-        pad rows repeat a real pair and are dropped)."""
-        n, kk = experts.shape
-        d, e, ff = w.n_embd, w.n_expert, w.n_ff
-        flat = experts.reshape(-1).long().clamp(0, e - 1)  # [N * kk] expert of each pair
-        order = torch.argsort(flat, stable=True)  # [N * kk] pair ids, grouped by expert
-        counts = torch.bincount(flat, minlength=e).cpu().numpy()  # [E] the one host sync
-        starts = np.cumsum(counts) - counts  # [E] first position of each expert in order
-        used = np.flatnonzero(counts)  # [U] experts with at least one pair, ascending
-        x16 = x.to(torch.float16)  # [N, d]
-        y = torch.empty(n * kk, d, dtype=torch.float32, device=self.device)  # [N * kk, d]
-        per_expert = 3 * ff * d  # f16 weight values: gate + up [2 ff, d], down [d, ff]
-        per_row = 6 * d + 10 * ff  # activation bytes per padded row: x, gate/up, h, out
-        group = min(
-            len(used),
-            SCRATCH_BYTES // (2 * per_expert),
-            SCRATCH_BYTES // (per_row * int(counts.max())),
-        )
-        group = max(1, group)
-        buf = self.matmul_scratch(group * per_expert)
-        for c0 in range(0, len(used), group):
-            chunk = used[c0 : c0 + group]  # [g] expert ids (host)
-            g, cnt = len(chunk), counts[chunk]
-            m = int(cnt.max())  # padded rows per expert
-            ids = torch.from_numpy(chunk.astype(np.int32)).to(self.device)  # [g]
-            gu = buf[: g * 2 * ff * d].view(g, 2 * ff, d)  # [g, 2 ff, d]: gate rows, then up
-            dn = buf[g * 2 * ff * d : g * per_expert].view(g, d, ff)  # [g, d, ff]
-            if w.gate_up is not None:
-                self._mm_dequant(w.gate_up, gu.data_ptr(), torch.float16, 0, 2 * ff, ids, 2 * ff)
-            else:
-                assert w.gate is not None and w.up is not None
-                self._mm_dequant(w.gate, gu.data_ptr(), torch.float16, 0, ff, ids, ff, 2 * ff)
-                up_ptr = gu.data_ptr() + ff * d * gu.element_size()
-                self._mm_dequant(w.up, up_ptr, torch.float16, 0, ff, ids, ff, 2 * ff)
-            self._mm_dequant(w.down, dn.data_ptr(), torch.float16, 0, d, ids, d)
-            # row r of expert slot i is pair order[starts + min(r, count - 1)]: pads repeat
-            # the last real pair
-            col = np.arange(m)[None, :]  # [1, m]
-            pos = starts[chunk][:, None] + np.minimum(col, cnt[:, None] - 1)  # [g, m]
-            keep = np.flatnonzero(col < cnt[:, None])  # real rows of the flattened [g * m]
-            pairs = order[torch.from_numpy(pos).to(self.device)]  # [g, m]
-            xs = x16[pairs // kk]  # [g, m, d]
-            gh = _f16_product(xs, gu)  # [g, m, 2 ff]
-            h = (F.silu(gh[..., :ff]) * gh[..., ff:]).to(torch.float16)  # [g, m, ff]
-            yg = _f16_product(h, dn).view(g * m, d)  # [g * m, d]
-            # the chunk's experts are consecutive in ``order``: its pairs are one slice, in the
-            # same (expert, position) order as the kept rows; distinct rows, no accumulation
-            s0 = int(starts[chunk[0]])
-            s1 = int(starts[chunk[-1]] + cnt[-1])
-            rows = yg.index_select(0, torch.from_numpy(keep).to(self.device))  # [s1 - s0, d]
-            y.index_copy_(0, order[s0:s1], rows)
-        return _combine(y.view(n, kk, d), weights)
+        """The bucketed prefill path of moe_prefill.py (kernels + batched cuBLAS products)."""
+        return self.moe_prefill(x, w, experts, weights)

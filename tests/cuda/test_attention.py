@@ -6,13 +6,17 @@ the non-exact operand (K/V values are exact in f16), so it agrees with fp32 torc
 each row's largest output (bound 2e-5); kv_write must be bit-identical; the long-chunk prefill
 path runs torch's flash SDPA in f16 (bound 5e-3). QSA: block selection is a top-k of float
 scores, so end-to-end comparisons use block keys whose scores are well separated, and the random
-case compares the attention given the kernel's own selection.
+case compares the attention given the kernel's own selection. The selection kernel itself
+(qsa_select.cu) must equal ``select_blocks`` exactly, on the same scores: random rows, rows full
+of ties (all +0, all equal, a few distinct values), the best blocks at the tail, dense queries
+(complete <= top) and lengths from 1 to 262144 (65536 blocks) in batches of 1..8.
 
 Cases: the small ones of the CPU tests (q8_0 / f16 / mixed pools, GQA, window, soft cap,
 lengths around tile and chunk edges, zero-length rows) plus the target shapes: D=256, Hkv=2,
 H=24 at lengths 1..70000 in one batch (and each row alone: results must not depend on the
 batch), Gemma 3 270M (D=256, Hkv=1, H=4, window 512), QSA at 20000 positions with budget 2048,
-and a CUDA-graph capture + replay of both decode ops.
+and a CUDA-graph capture + replay of both decode ops and of the selection. ``pytest -s`` prints
+the selection's time at 65536 blocks.
 """
 
 from __future__ import annotations
@@ -260,15 +264,13 @@ def separated(
 
 def test_qsa_scores_kernel(att) -> None:
     n_ctx, ratio, top = 20480, 4, 512
-    blocks = randn(3, n_ctx // ratio, DI, seed=15)
+    n_blk = n_ctx // ratio
+    blocks = randn(3, n_blk, DI, seed=15)
     iq = randn(5, HI, DI, seed=16)
     slots, lengths = i32([0, 1, 2, 0, 1]), i32([20000, 20003, 2051, 2052, 1])
-    keys = att._qsa_scores(iq, blocks, slots, lengths, n_ctx // ratio, ratio, top)
-    n_blk = n_ctx // ratio
-    low = 0xFFFFFFFF - torch.arange(n_blk, device=DEV)
-    valid = keys != attention._KEY_MIN
-    assert torch.equal((keys & 0xFFFFFFFF)[valid], low.expand_as(keys)[valid]), "key index bits"
-    got = (keys >> 32).to(torch.int32).view(torch.float32).masked_fill(~valid, float("-inf"))
+    got = att._qsa_scores(iq, blocks, slots, lengths, n_blk - 3, ratio, top)  # padded rows
+    assert got.shape == (5, n_blk), f"scores shape {list(got.shape)}"
+    got = got[:, : n_blk - 3]
     want = attention._mask_incomplete(
         torch.cat(
             [
@@ -278,14 +280,146 @@ def test_qsa_scores_kernel(att) -> None:
         ),
         lengths.long(),
         ratio,
-    )
+    )[:, : n_blk - 3]
     dense = (lengths.long() // ratio) <= top
     assert torch.isneginf(got[dense]).all(), "dense rows must be all -inf"
     sparse = ~dense
     fin = torch.isfinite(want[sparse])
     assert torch.equal(torch.isfinite(got[sparse]), fin), "-inf pattern differs"
+    assert not torch.signbit(got[sparse][fin]).any(), "scores must be +0, never -0"
     err = (got[sparse][fin] - want[sparse][fin]).abs().max() / want[sparse][fin].abs().max()
     assert err.item() <= 1e-5, f"block scores: max relative error {err.item():.2e}"
+
+
+# ---- QSA selection ----------------------------------------------------------------------------
+
+SEL_COLS, SEL_RATIO, SEL_TOP = 65536, 4, 512  # qwen4exp at 262144 tokens
+
+
+def score_rows(kind: str, n: int, n_cols: int, seed: int) -> torch.Tensor:
+    """[n, n_cols] block scores of one kind (see test_qsa_select_kernel)."""
+    g = gen(seed)
+    if kind == "relu":  # like the indexer: ~40% exact zeros, the rest spread over binades
+        x = torch.randn(n, n_cols, generator=g, device=DEV) + 0.3
+        return torch.relu(x * torch.randn(n, 1, generator=g, device=DEV).abs() * 3)
+    if kind == "zeros":  # every block ties: the first `top` blocks win
+        return torch.zeros(n, n_cols, device=DEV)
+    if kind == "equal":  # one positive value everywhere (not the +0 fast path)
+        return torch.full((n, n_cols), 0.75, device=DEV)
+    if kind == "few":  # 4 values, heavy ties at the cut
+        return torch.randint(0, 4, (n, n_cols), generator=g, device=DEV).float() * 0.5
+    if kind == "ulps":  # neighbouring floats: only the last radix digit separates them
+        steps = torch.randint(0, 5, (n, n_cols), generator=g, device=DEV)
+        return (torch.tensor(1.0, device=DEV).view(torch.int32) + steps).view(torch.float32)
+    if kind == "tail":  # increasing with the block: the last complete blocks win
+        return torch.arange(n_cols, device=DEV, dtype=torch.float32).expand(n, -1) * 1e-3
+    if kind == "signed":  # negative scores, -0.0 and -inf (not from the indexer, but ordered)
+        x = torch.randn(n, n_cols, generator=g, device=DEV)
+        x[x.abs() < 0.3] = -0.0
+        x[x < -2.0] = float("-inf")
+        return x
+    raise ValueError(kind)
+
+
+SEL_KINDS = ["relu", "zeros", "equal", "few", "ulps", "tail", "signed"]
+# dense (0, 1, complete = top - 1, top), the first sparse lengths, mid-block, the pool's end
+SEL_LENGTHS = [0, 1, 4 * 511 + 3, 2048, 2051, 2052, 2053, 100003, 262143, 262144]
+
+
+def check_selection(att, ref, scores: torch.Tensor, lengths: torch.Tensor, name: str,
+                    ratio: int = SEL_RATIO, top: int = SEL_TOP) -> None:  # fmt: skip
+    got = att.qsa_select_blocks(scores, lengths, ratio=ratio, top=top)
+    want = ref.qsa_select_blocks(scores, lengths, ratio=ratio, top=top)
+    assert got.shape == want.shape and got.dtype == torch.int32, f"{name}: {got.shape} {got.dtype}"
+    bad = (got != want).any(dim=1).nonzero().flatten().tolist()
+    if bad:
+        i = bad[0]
+        diff = (got[i] != want[i]).nonzero().flatten()[:5].tolist()
+        raise AssertionError(
+            f"{name}: rows {bad} differ (lengths {[int(lengths[j]) for j in bad]}); row {i} at "
+            f"{diff}: got {got[i, diff].tolist()} want {want[i, diff].tolist()}"
+        )
+
+
+@pytest.mark.parametrize("kind", SEL_KINDS)
+def test_qsa_select_kernel(att, ref, kind: str) -> None:
+    """Every kind at every length in one batch of 10, each row also alone (the selection must
+    not depend on the batch)."""
+    scores = score_rows(kind, len(SEL_LENGTHS), SEL_COLS, seed=40)
+    lengths = i32(SEL_LENGTHS)
+    check_selection(att, ref, scores, lengths, f"select {kind}")
+    both = att.qsa_select_blocks(scores, lengths, ratio=SEL_RATIO, top=SEL_TOP)
+    for i in (2, 6, 9):
+        alone = att.qsa_select_blocks(
+            scores[i : i + 1], lengths[i : i + 1], ratio=SEL_RATIO, top=SEL_TOP
+        )
+        assert torch.equal(alone[0], both[i]), f"{kind}: row {i} depends on the batch"
+    dense = both[3]  # 2048 tokens = 512 complete blocks = top: every block
+    assert torch.equal(dense.long().cpu(), torch.arange(SEL_TOP)), "dense row must select all"
+    assert (both[1] == -1).all() and (both[0] == -1).all(), "rows without blocks: all -1"
+
+
+@pytest.mark.parametrize("b", [1, 2, 3, 5, 8])
+def test_qsa_select_batches(att, ref, b: int) -> None:
+    """Random lengths 1..262144 in batches of 1..8; ratio 1 and 4, small and large `top`, row
+    lengths that are not a multiple of 4 (the padded copy)."""
+    g = torch.Generator().manual_seed(41 + b)
+    for ratio, top, n_cols in ((4, 512, 65536), (1, 37, 1001), (4, 8, 50), (2, 3000, 9999)):
+        lengths = torch.randint(1, n_cols * ratio + 1, (b,), generator=g).int().to(DEV)
+        for kind in ("relu", "few"):
+            scores = score_rows(kind, b, n_cols, seed=42 + b)
+            check_selection(
+                att, ref, scores, lengths, f"B={b} {kind} ratio {ratio} top {top}", ratio, top
+            )
+
+
+def test_qsa_select_capture_and_timing(att, ref) -> None:
+    """The selection captures into a CUDA graph and replays on new scores and lengths; then
+    (informational, pytest -s) its time per layer at 65536 blocks beside torch.topk + sort."""
+    scores = score_rows("relu", 8, SEL_COLS, seed=43)
+    lengths = i32([262144, 200001, 150000, 100000, 65536, 30000, 5000, 2100])
+    kw = {"ratio": SEL_RATIO, "top": SEL_TOP}
+    att.qsa_select_blocks(scores, lengths, **kw)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sel = att.qsa_select_blocks(scores, lengths, **kw)
+    scores.copy_(score_rows("few", 8, SEL_COLS, seed=44))
+    lengths.copy_(i32([2052, 262144, 9, 262000, 70001, 2048, 131072, 4]))
+    graph.replay()
+    torch.cuda.synchronize()
+    check_selection(att, ref, scores, lengths, "select replay")
+    assert torch.equal(sel, ref.qsa_select_blocks(scores, lengths, **kw)), "replay differs"
+
+    scores.copy_(score_rows("relu", 8, SEL_COLS, seed=45))
+    full = i32([SEL_COLS * SEL_RATIO] * 8)
+    keys = attention.rank_keys(scores)
+    blocks, iq = randn(8, SEL_COLS, DI, seed=46), randn(8, HI, DI, seed=47)
+    slots = i32(list(range(8)))
+
+    def topk_sort(b: int) -> None:
+        keys[:b].topk(SEL_TOP, dim=1, sorted=False).indices.sort(dim=1)
+
+    for b in (1, 8):
+        for name, fn in (
+            ("qsa_select", lambda b=b: att._select(scores[:b], full[:b], SEL_COLS, 4, SEL_TOP)),
+            ("torch topk + sort", lambda b=b: topk_sort(b)),
+            (
+                "(qsa_scores)",
+                lambda b=b: att._qsa_scores(
+                    iq[:b], blocks, slots[:b], full[:b], SEL_COLS, SEL_RATIO, SEL_TOP
+                ),
+            ),
+        ):
+            fn()
+            t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0.record()
+            for _ in range(20):
+                fn()
+            t1.record()
+            torch.cuda.synchronize()
+            us = t0.elapsed_time(t1) / 20 * 1e3
+            print(f"QSA selection of {SEL_TOP} of {SEL_COLS} blocks, B={b}, {name}: {us:.1f} us")
 
 
 QSA_BIG = {"n_ctx": 20480, "ratio": 4, "budget": 2048, "n_kv": 2, "n_head": 24, "d": 256}
@@ -317,21 +451,27 @@ def test_qsa_decode(att, ref, cfg: dict[str, int], rows: list[tuple[int, int]], 
     top = budget // ratio
     sel = att._qsa_select(iq, blocks, slots, lengths, n_ctx // ratio, ratio, top)
     got = att.qsa_decode(q, iq, k, v, blocks, slots, lengths, **kw)
-    fake = torch.full((len(rows), n_ctx // ratio), float("-inf"), device=DEV)
-    fake.scatter_(1, sel.long(), 1.0)  # a score row whose top-k is exactly `sel`
-    keys = attention.rank_keys(fake)
-    pos, valid = attention._qsa_positions(keys, lengths.long(), ratio, top, n_ctx)
+    want_sel = attention.select_blocks(
+        att._qsa_scores(iq, blocks, slots, lengths, n_ctx // ratio, ratio, top),
+        lengths,
+        ratio,
+        top,
+    )
+    assert torch.equal(sel, want_sel), "the kernel's selection differs from select_blocks"
+    pos, valid = attention._qsa_positions(sel, lengths.long(), ratio, top, n_ctx)
     want = attention._attend_cells(q, k, v, slots.long(), pos, valid, kw["scale"])
     close(name + " (random blocks, same selection)", got, want)
 
 
 @pytest.mark.parametrize(
-    ("cfg", "start", "t"), [(QSA_SMALL, 18, 60), (QSA_BIG, 19990, 40), (QSA_BIG, 2040, 24)]
+    ("cfg", "start", "t"),
+    [(QSA_SMALL, 18, 60), (QSA_BIG, 19990, 40), (QSA_BIG, 2040, 24), (QSA_BIG, 1901, 300)],
 )
 def test_qsa_prefill(
     att, ref, cfg: dict[str, int], start: int, t: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Chunks starting mid-block; the small one and the one at 2040 cross from dense to sparse."""
+    """Chunks starting mid-block; the small one and those at 2040 and 1901 cross from dense to
+    sparse. Then again with the scores and the attention split over several launches."""
     n_ctx, ratio, budget = cfg["n_ctx"], cfg["ratio"], cfg["budget"]
     n_kv, n_head, d = cfg["n_kv"], cfg["n_head"], cfg["d"]
     k, v = pool("q8_0", 2, n_ctx, n_kv, d, seed=23), pool("q8_0", 2, n_ctx, n_kv, d, seed=24)
@@ -344,8 +484,13 @@ def test_qsa_prefill(
         att.qsa_prefill(q, iq, k, v, blocks, 1, start, **kw),
         want,
     )
-    monkeypatch.setattr(attention, "QSA_PREFILL_GROUP", 7)  # several launches per chunk
-    close("qsa prefill in groups of 7", att.qsa_prefill(q, iq, k, v, blocks, 1, start, **kw), want)
+    monkeypatch.setattr(attention, "_PREFILL_SCORE_ELEMS", 7 * HI * (start + t) // 4)
+    monkeypatch.setattr(attention, "_PREFILL_PART_ELEMS", 11 * n_head * 2 * d)
+    close(
+        "qsa prefill in groups of 7 / 11 queries",
+        att.qsa_prefill(q, iq, k, v, blocks, 1, start, **kw),
+        want,
+    )
 
 
 # ---- CUDA graphs ------------------------------------------------------------------------------

@@ -8,7 +8,9 @@ in each call, in shuffled order) and, per slot, a reference ``KVCache`` given th
   cap, q8_0 and f16 pools, a zero-length padding row, prefill chunks starting mid-way);
 - qsa_decode / qsa_prefill: ``qsa.select`` + ``qsa.attend_selected`` per query (sparse selections
   with and without a tail, dense queries, a prefill chunk starting mid-block whose queries cross
-  from dense to sparse, a pool too short for any sparse query).
+  from dense to sparse, a pool too short for any sparse query);
+- select_blocks (the rule qsa_select.cu implements): a stable descending sort of each query's
+  complete blocks, on random rows, ties (+0 / -0, few values), the best blocks at the tail.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from mgserve.core.kvcache import KVCache
 from mgserve.core.reference import ops, qsa
 from mgserve.core.spec import ModelSpec
 from mgserve.cuda import attention
-from mgserve.cuda.attention import AttentionTorch
+from mgserve.cuda.attention import AttentionTorch, rank_keys, select_blocks
 from mgserve.cuda.kbase import KVLayer
 from mgserve.cuda.pools import kv_layer
 
@@ -377,3 +379,65 @@ def test_qsa_short_pool_is_dense() -> None:
     close("short-pool QSA vs dense", got, dense)
     pre = w.ops.qsa_prefill(q, iq, w.k, w.v, blocks, 1, 17, ratio=RATIO, budget=BUDGET, scale=0.125)
     close("short-pool QSA prefill", pre, w.ops.attention_prefill(q, w.k, w.v, 1, 17, scale=0.125))
+
+
+# ---- QSA selection ----------------------------------------------------------------------------
+
+
+def stable_selection(row: torch.Tensor, length: int, ratio: int, top: int) -> list[int]:
+    """The rule by definition: a stable descending sort of the complete blocks' scores."""
+    complete = min(length // ratio, row.shape[0])
+    if complete <= top:
+        return list(range(complete)) + [-1] * (top - complete)
+    order = torch.sort(row[:complete], descending=True, stable=True).indices
+    return sorted(order[:top].tolist())
+
+
+SELECT_ROWS = {
+    "random": lambda g, n: torch.randn(n, generator=g),
+    "relu": lambda g, n: torch.relu(torch.randn(n, generator=g)),  # ~half exact zeros
+    "zeros": lambda g, n: torch.zeros(n),
+    "few": lambda g, n: torch.randint(0, 3, (n,), generator=g).float(),
+    "tail": lambda g, n: torch.arange(n, dtype=torch.float32),  # the last blocks win
+    "signed": lambda g, n: torch.where(
+        torch.rand(n, generator=g) < 0.3, torch.tensor(-0.0), torch.randn(n, generator=g)
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SELECT_ROWS))
+def test_select_blocks_is_a_stable_top_k(kind: str) -> None:
+    """select_blocks takes each query's top blocks among its complete ones, ties to the lower
+    block (-0.0 ties with +0.0), ascending; dense queries take all their blocks, then -1."""
+    g = torch.Generator().manual_seed(30)
+    ratio, top, n_cols = 4, 16, 100
+    lengths = [0, 3, 4, 63, 64, 67, 68, 69, 250, 399, 400, 401, 1000]  # 1000: past the row
+    scores = torch.stack([SELECT_ROWS[kind](g, n_cols) for _ in lengths])
+    scores[:, 90:] = float("nan")  # past every complete block but the last rows': never read
+    scores[-3:, 90:] = 1.0
+    got = select_blocks(scores, torch.tensor(lengths, dtype=torch.int32), ratio, top)
+    assert got.dtype == torch.int32 and got.shape == (len(lengths), top)
+    for i, n in enumerate(lengths):
+        want = stable_selection(scores[i], n, ratio, top)
+        assert got[i].tolist() == want, f"{kind}, length {n}: {got[i].tolist()} != {want}"
+
+
+def test_select_blocks_edges() -> None:
+    # a row no longer than top: every query is dense
+    got = select_blocks(torch.ones(2, 5), torch.tensor([9, 100]), 2, 8)
+    assert got.tolist() == [[0, 1, 2, 3, -1, -1, -1, -1], [0, 1, 2, 3, 4, -1, -1, -1]]
+    # rank_keys orders negatives, -inf and -0.0 like the floats themselves
+    s = torch.tensor([[-1.0, -2.0, float("-inf"), -0.0, 0.0, 3.0, -1.0]])
+    keys = rank_keys(s)[0]
+    order = torch.sort(keys, descending=True).indices.tolist()
+    assert order == [5, 3, 4, 0, 6, 1, 2], order
+    ops_ = AttentionTorch()
+    ones = torch.ones(3, dtype=torch.int32)
+    with pytest.raises(ValueError, match="scores has shape"):
+        ops_.qsa_select_blocks(torch.ones(3), ones, ratio=4, top=2)
+    with pytest.raises(ValueError, match="lengths has shape"):
+        ops_.qsa_select_blocks(torch.ones(3, 9), ones[:2], ratio=4, top=2)
+    with pytest.raises(ValueError, match="lengths must be int32"):
+        ops_.qsa_select_blocks(torch.ones(3, 9), ones.float(), ratio=4, top=2)
+    with pytest.raises(ValueError, match="ratio >= 1"):
+        ops_.qsa_select_blocks(torch.ones(3, 9), ones, ratio=0, top=2)

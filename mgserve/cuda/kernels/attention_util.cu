@@ -1,5 +1,5 @@
 // The small kernels around attention: writing K/V rows into the slot pools, and scoring QSA
-// blocks (attention.py calls torch.topk on their rank keys between the two).
+// blocks (qsa_select.cu then picks each query's blocks from the scores).
 //
 // kv_write, grid (N, n_kv), D threads (D <= 1024; q8_0 needs D % 32 == 0):
 //   thread d of CTA (i, kh) writes value d of token i's head kh at (slots[i], pos[i]). q8_0: one
@@ -9,12 +9,11 @@
 //   Tokens whose position is outside [0, n_ctx) are skipped.
 //
 // qsa_scores, grid (ceil(n_cols / QS_KEYS), B), QS_THREADS = 256 threads:
-//   score[b, n] = sum_h relu(iq[b, h] . blocks[slots[b], n]) / norm for the complete blocks
-//   n < lengths[b] / ratio of sessions whose selection is sparse (complete > top), written as an
-//   int64 rank key (float bits of the score << 32 | 0xFFFFFFFF - n: higher score first, then the
-//   lower block; scores are >= 0 so their bits are monotone; attention.py rank_keys); every other
-//   entry of the row is INT64_MIN, so torch.topk over the fixed-size row picks only complete
-//   blocks, and never has to break a tie (relu makes exact-zero scores common).
+//   scores[b, n] = sum_h relu(iq[b, h] . blocks[slots[b], n]) / norm (+0, never -0) for the
+//   complete blocks n < lengths[b] / ratio of sessions whose selection is sparse (complete > top);
+//   every other entry of the row (n < n_cols) is -inf: dense sessions select without scores.
+//   Rows are `stride` floats apart (attention.py pads them to a multiple of 4 for qsa_select's
+//   16-byte loads); the padding is not written.
 //   Each warp scores 4 block keys at a time, 8 lanes per key; lane `sub` of a key reads float4
 //   number c * 8 + sub (c < Di / 32), so 8 lanes read 128 contiguous bytes. The indexer queries
 //   live in shared memory. The block pool is read once per step (the bandwidth of this kernel).
@@ -23,7 +22,7 @@ typedef unsigned char u8;
 typedef unsigned short u16;
 
 #define FULL 0xffffffffu
-#define KEY_MIN (-0x7fffffffffffffffll - 1)
+#define NEG_INF __int_as_float(0xff800000)
 #define QS_WARPS 8
 #define QS_THREADS (32 * QS_WARPS)
 #define QS_KEYS_PER_WARP 32
@@ -70,16 +69,17 @@ extern "C" __global__ void __launch_bounds__(QS_THREADS)
 qsa_scores(const float* __restrict__ iq,      // [B, n_hi, di] indexer queries
            const float* __restrict__ blocks,  // [n_slots, blk_stride, di] pooled block keys
            const int* __restrict__ slots, const int* __restrict__ lengths,
-           long long* __restrict__ keys,  // [B, n_cols] rank keys
-           int n_cols, int blk_stride, int n_hi, int di, int ratio, int top, float norm) {
+           float* __restrict__ scores,  // [B, stride] block scores
+           int n_cols, int stride, int blk_stride, int n_hi, int di, int ratio, int top,
+           float norm) {
     __shared__ __align__(16) float s_iq[QS_MAX_HI * QS_MAX_DI];
     const int b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int k_begin = blockIdx.x * QS_KEYS;
     const int k_end = min(k_begin + QS_KEYS, n_cols);
-    long long* row = keys + (size_t)b * n_cols;
+    float* row = scores + (size_t)b * stride;
     const int complete = max(lengths[b], 0) / ratio;
     if (complete <= top || k_begin >= complete) {  // dense query, or no complete block here
-        for (int k = k_begin + tid; k < k_end; k += QS_THREADS) row[k] = KEY_MIN;
+        for (int k = k_begin + tid; k < k_end; k += QS_THREADS) row[k] = NEG_INF;
         return;
     }
     for (int i = tid; i < n_hi * di; i += QS_THREADS) s_iq[i] = iq[(size_t)b * n_hi * di + i];
@@ -118,9 +118,7 @@ qsa_scores(const float* __restrict__ iq,      // [B, n_hi, di] indexer queries
 #pragma unroll
             for (int h = 0; h < QS_MAX_HI; ++h)
                 if (h < n_hi) sc += fmaxf(acc[h], 0.f);
-            const float score = __fadd_rn(__fdiv_rn(sc, norm), 0.f);  // -0 -> +0
-            row[key] = ok ? ((long long)__float_as_int(score) << 32) | (0xFFFFFFFFll - key)
-                          : KEY_MIN;
+            row[key] = ok ? __fadd_rn(__fdiv_rn(sc, norm), 0.f) : NEG_INF;  // -0 -> +0
         }
     }
 }

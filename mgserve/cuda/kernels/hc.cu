@@ -1,0 +1,533 @@
+// Hyper-connection mix and combine (qwen4exp; reference: mgserve/core/reference/hyper_connections.py).
+//
+// For streams x [N, hc, d] (f32), gamma [hc, d], down [r, hc*d], up [hc*d, r], inject [hc, hc*d]
+// (GGUF rows of BF16 / F16 / F32 / Q8_0):
+//
+//   inv[t, s]  = rsqrt(mean_c x[t, s, c]^2 + eps)                   (per token and stream)
+//   xn[t, s, c] = x[t, s, c] * inv[t, s] * gamma[s, c]
+//   low[t, :]  = silu((down . flat(xn[t])) / hc)                     [N, r]
+//   inj[t, :]  = 2 * sigmoid((inject . flat(xn[t])) / hc)            [N, hc]
+//   mixed[t, c] = mean_s sigmoid(up[s*d + c, :] . low[t]) * xn[t, s, c]   [N, d]
+//
+// Two kernels per mix (no atomics; every value depends on its own token only, bitwise):
+//
+// hc_down_<T>_t<NT>: the down (and inject) products, split by stream. Since inv[t, s] is one
+// factor per stream, down . flat(xn) = sum_s inv[t, s] * (down[:, stream s] . (x * gamma)[t, s]),
+// so each CTA computes one stream's partial products P[s, t, row] of x * gamma (no norm needed
+// yet) and the sum of squares SS[s, t] of its stream; hc_up combines them.
+//   grid = (row blocks * hc, token groups of NT), block = DOWN_WARPS warps. blockIdx.x % hc is
+//   the stream s, blockIdx.x / hc the row block (DOWN_WARPS * DOWN_ROWS rows of [down | inject]).
+//   The stream's d values are walked in parts of `part` values (part % 256 == 0 unless it is all
+//   of d, so a lane visits the same runs in the same order whatever the part size): the CTA
+//   stages x * gamma of the part for its NT tokens in shared memory, then each warp owns
+//   DOWN_ROWS rows, each lane 8-value runs lane, lane + 32, ... of them (one 16-byte BF16 load
+//   per run), DOWN_BATCH runs' loads issued before any is used, fp32 accumulation, a shuffle
+//   tree at the end. Before staging, the CTA prefetches its weight rows into L2.
+//   Row block 0 of each stream also sums squares while staging (thread i takes the stream's
+//   float4s i (mod blockDim) in order; lanes, then warps in order: independent of NT) and writes
+//   SS[s, t]; when fused with the previous combine it also writes x_new = x + inj_prev * out_prev
+//   for its stream, and every CTA stages (and hc_up later reads) that new x.
+//   Shared memory x * gamma layout (float4): [t][half][run], half 0 = values 0..3 of the run,
+//   half 1 = values 4..7, so the lanes' float4 reads are consecutive (no bank conflicts).
+//
+// hc_up_<T>_t<NT>: the up product fused with its sigmoid, * xn and the mean over streams.
+//   grid = (ceil(d / (UP_WARPS * UP_COLS)), token groups), block = UP_WARPS warps.
+//   Prologue (every CTA, redundantly: a few KB of L2 reads, after an L2 prefetch of its up
+//   rows): low[t, :] = silu(sum_s inv[t, s] * P[s, t, :r] / hc) into shared memory (same
+//   half/run layout), inv recomputed from SS wherever needed; CTA 0 also writes inj. Main loop:
+//   a warp owns UP_COLS output columns c; its lanes form 4 groups of 8, group g reads row
+//   (s0 + g) * d + c of up (stream s0 + g), lane j of the group runs j, j + 8, ... of the
+//   r-wide row (8 lanes read 128 contiguous bytes per step; UP_BATCH runs per batch of loads).
+//   After a shuffle tree inside each group, lane j of group g holds token j's gate for stream
+//   s0 + g, multiplies it by xn, and lane j of group 0 sums the streams in order s = 0, 1, ...
+//   (NT <= 8 tokens per group of lanes). hc > 4 loops over stream quads.
+//
+// hc_combine: y[t, s, c] = x[t, s, c] + inj[t, s] * out[t, c] (float4; explicitly rounded mul
+//   then add, exactly as torch's two elementwise ops), one thread per float4.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+// Tuning (mgserve/cuda/hc.py HCTuning sets them through -D; defaults match its defaults). The
+// per-token-group knobs pack one hex digit per group size: 0xABCD = A for 1 token, B for 2, C for
+// 4, D for 8 (each 1..15).
+#ifndef DOWN_WARPS
+#define DOWN_WARPS 8  // warps per hc_down CTA
+#endif
+#ifndef DOWN_ROWS
+#define DOWN_ROWS 0x1112  // rows per warp of hc_down
+#endif
+#ifndef DOWN_BATCH
+#define DOWN_BATCH 0xAA55  // runs per lane loaded as one batch (loads in flight) in hc_down
+#endif
+#ifndef UP_WARPS
+#define UP_WARPS 4  // warps per hc_up CTA
+#endif
+#ifndef UP_COLS
+#define UP_COLS 0x2244  // output columns per warp of hc_up
+#endif
+#ifndef UP_BATCH
+#define UP_BATCH 0x5553  // runs per lane loaded as one batch in hc_up (320-wide rows: 5 runs)
+#endif
+#ifndef PREFETCH
+#define PREFETCH 1  // 1: prefetch the CTA's weights into L2 before its shared-memory prologue
+#endif
+
+template <int NT>
+struct Tune {
+    static_assert(NT == 1 || NT == 2 || NT == 4 || NT == 8, "token groups are 1, 2, 4 or 8");
+    static constexpr int SHIFT = NT == 1 ? 12 : NT == 2 ? 8 : NT == 4 ? 4 : 0;
+    static constexpr int DOWN_ROWS_NT = (DOWN_ROWS >> SHIFT) & 15;
+    static constexpr int DOWN_BATCH_NT = (DOWN_BATCH >> SHIFT) & 15;
+    static constexpr int UP_COLS_NT = (UP_COLS >> SHIFT) & 15;
+    static constexpr int UP_BATCH_NT = (UP_BATCH >> SHIFT) & 15;
+    static_assert(DOWN_ROWS_NT >= 1 && DOWN_BATCH_NT >= 1 && UP_COLS_NT >= 1 && UP_BATCH_NT >= 1,
+                  "every tuning digit must be 1..15");
+};
+
+// ---- weight formats (as kernels/matvec.cu reads them) ------------------------------------------
+
+__device__ __forceinline__ float f16_bits(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// Weights are read through the read-only path (__ldg: the row pointers come from shared memory,
+// so the compiler cannot tell they are global). Q8_0 blocks are 34 bytes: 2-byte loads.
+__device__ __forceinline__ u32 ld_u16(const u8* p) { return __ldg((const unsigned short*)p); }
+
+// Exactly (float)v - bias for 0 <= v < 2^23.
+__device__ __forceinline__ float u2f(u32 v, float bias) {
+    return __int_as_float(0x4B000000u | v) - (8388608.f + bias);
+}
+
+// Each format: BLOCK values per block, BYTES bytes per block; fetch(blk, j) loads the raw bits of
+// the 8 values j*8 .. j*8+7 of the block starting at blk, decode(raw, w) turns them into floats.
+// Split so a batch of loads is issued before any is used (and raw bits take fewer registers).
+// Plain types use BLOCK 8: one block = one run.
+struct Q8_0 {
+    static constexpr int BLOCK = 32, BYTES = 34;
+    struct Raw {
+        u32 d, q[2];  // f16 scale bits, 8 int8 values
+    };
+    __device__ static Raw fetch(const u8* b, int j) {
+        const u8* q = b + 2 + j * 8;
+        Raw r;
+        r.d = ld_u16(b);
+        r.q[0] = ld_u16(q) | (ld_u16(q + 2) << 16);
+        r.q[1] = ld_u16(q + 4) | (ld_u16(q + 6) << 16);
+        return r;
+    }
+    __device__ static void decode(const Raw& r, float* w) {
+        const float d = f16_bits((u16)r.d);
+#pragma unroll
+        for (int i = 0; i < 8; i++)  // int8 = (byte ^ 0x80) - 128
+            w[i] = d * u2f(((r.q[i >> 2] >> (8 * (i & 3))) & 0xFF) ^ 0x80u, 128.f);
+    }
+};
+
+struct F32 {
+    static constexpr int BLOCK = 8, BYTES = 32;
+    struct Raw {
+        float4 a, b;
+    };
+    __device__ static Raw fetch(const u8* b, int) {
+        return Raw{__ldg((const float4*)b), __ldg((const float4*)(b + 16))};
+    }
+    __device__ static void decode(const Raw& r, float* w) {
+        w[0] = r.a.x; w[1] = r.a.y; w[2] = r.a.z; w[3] = r.a.w;
+        w[4] = r.b.x; w[5] = r.b.y; w[6] = r.b.z; w[7] = r.b.w;
+    }
+};
+
+struct F16 {
+    static constexpr int BLOCK = 8, BYTES = 16;
+    typedef uint4 Raw;
+    __device__ static Raw fetch(const u8* b, int) { return __ldg((const uint4*)b); }
+    __device__ static void decode(const Raw& a, float* w) {
+        const u32 v[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            w[2 * i] = f16_bits((u16)(v[i] & 0xFFFF));
+            w[2 * i + 1] = f16_bits((u16)(v[i] >> 16));
+        }
+    }
+};
+
+struct BF16 {
+    static constexpr int BLOCK = 8, BYTES = 16;
+    typedef uint4 Raw;
+    __device__ static Raw fetch(const u8* b, int) { return __ldg((const uint4*)b); }
+    __device__ static void decode(const Raw& a, float* w) {
+        const u32 v[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            w[2 * i] = __int_as_float((int)(v[i] << 16));
+            w[2 * i + 1] = __int_as_float((int)(v[i] & 0xFFFF0000u));
+        }
+    }
+};
+
+// The raw bits of run `run` (8 values) of a row starting at `row`.
+template <typename T>
+__device__ __forceinline__ typename T::Raw fetch_run(const u8* row, size_t run) {
+    constexpr int RUNS = T::BLOCK / 8;
+    return T::fetch(row + run / RUNS * T::BYTES, (int)(run % RUNS));
+}
+
+// Row `row` of [wa (rows_a rows) | wb]: both have rows of row_bytes bytes.
+__device__ __forceinline__ const u8* row_ptr(const u8* wa, int rows_a, const u8* wb,
+                                             size_t row_bytes, int row) {
+    return row < rows_a ? wa + (size_t)row * row_bytes : wb + (size_t)(row - rows_a) * row_bytes;
+}
+
+// Bytes [b0, b1) of rows row0 .. row0 + n - 1 of [wa | wb] into L2 (a hint: the loads that follow
+// hit L2 instead of waiting on DRAM behind the CTA's prologue). The CTA's threads share the
+// lines; every address lies inside [b0, b1) of a row.
+__device__ __forceinline__ void prefetch_rows(const u8* wa, int rows_a, const u8* wb,
+                                              size_t row_bytes, int row0, int n, size_t b0,
+                                              size_t b1) {
+#if PREFETCH
+    const size_t lines = (b1 - b0 + 127) / 128 + 1;  // +1: the tail line of a misaligned range
+    for (size_t i = threadIdx.x; i < lines * n; i += blockDim.x) {
+        const size_t off = b0 + (i / n) * 128;
+        const u8* p = row_ptr(wa, rows_a, wb, row_bytes, row0 + (int)(i % n));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + (off < b1 ? off : b1 - 1)));
+    }
+#endif
+}
+
+__device__ __forceinline__ float dot8(const float* w, float4 a, float4 b) {
+    return w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y +
+           w[6] * b.z + w[7] * b.w;
+}
+
+// silu(z) = z / (1 + exp(-z)), sigmoid(z) = 1 / (1 + exp(-z)) as ATen writes them.
+__device__ __forceinline__ float silu(float z) { return z / (1.0f + expf(-z)); }
+__device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
+
+// x + a * o rounded as two separate ops (no FMA contraction): torch's x + inject * out.
+__device__ __forceinline__ float4 combine4(float4 x, float a, float4 o) {
+    return make_float4(__fadd_rn(x.x, __fmul_rn(a, o.x)), __fadd_rn(x.y, __fmul_rn(a, o.y)),
+                       __fadd_rn(x.z, __fmul_rn(a, o.z)), __fadd_rn(x.w, __fmul_rn(a, o.w)));
+}
+
+// Values i .. i+3 of token tok's stream s: x, or x + inj_prev * out_prev when fused.
+__device__ __forceinline__ float4 stream4(const float* __restrict__ x,
+                                          const float* __restrict__ out_prev,
+                                          const float* __restrict__ inj_prev, int tok, int s,
+                                          int hc, int d, int i) {
+    float4 v = *(const float4*)(x + ((size_t)tok * hc + s) * d + i);
+    if (out_prev != nullptr)
+        v = combine4(v, inj_prev[(size_t)tok * hc + s], *(const float4*)(out_prev + (size_t)tok * d + i));
+    return v;
+}
+
+// ---- hc_down -------------------------------------------------------------------------------------
+
+// x [n_tok, hc, d]; gamma [hc, d]; out_prev [n_tok, d] and inj_prev [n_tok, hc] or null;
+// x_new [n_tok, hc, d] (written when out_prev is given and aux); wa / wb: rows_a / rows_b rows of
+// hc*d values (wb may be null with rows_b 0), row i of [wa | wb] -> P column col0 + i;
+// P [hc, n_tok, p_stride]; SS [hc, n_tok] (written when aux). part: values per staged part.
+template <typename T, int NT>
+__device__ void hc_down(const float* __restrict__ x, const float* __restrict__ gamma,
+                        const float* __restrict__ out_prev, const float* __restrict__ inj_prev,
+                        float* __restrict__ x_new, const u8* __restrict__ wa, int rows_a,
+                        const u8* __restrict__ wb, int rows_b, float* __restrict__ P,
+                        float* __restrict__ SS, int n_tok, int hc, int d, int part, int p_stride,
+                        int col0, int aux) {
+    constexpr int R = Tune<NT>::DOWN_ROWS_NT, U = Tune<NT>::DOWN_BATCH_NT;
+    extern __shared__ float4 xs4[];  // [NT][2][part / 8]: x * gamma of the staged part
+    __shared__ float red[DOWN_WARPS][NT];  // per-warp sums of squares
+    const int s = blockIdx.x % hc, rb = blockIdx.x / hc;
+    const int tok0 = blockIdx.y * NT, nt = min(NT, n_tok - tok0);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n_rows = rows_a + rows_b;
+    const size_t row_bytes = (size_t)hc * d / T::BLOCK * T::BYTES;
+    const bool aux0 = aux && rb == 0;  // block-uniform: this CTA also sums squares (and x_new)
+    const int cta_row0 = rb * DOWN_WARPS * R;
+    const int cta_n = min(DOWN_WARPS * R, n_rows - cta_row0);
+
+    const int row0 = cta_row0 + warp * R;  // this warp's rows: row0 .. row0 + R - 1
+    const u8* wrow[R];  // past the last row: the last row again (never written)
+#pragma unroll
+    for (int rr = 0; rr < R; rr++)
+        wrow[rr] = row_ptr(wa, rows_a, wb, row_bytes, min(row0 + rr, n_rows - 1));
+    float acc[R][NT], ss[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        ss[t] = 0.f;
+#pragma unroll
+        for (int rr = 0; rr < R; rr++) acc[rr][t] = 0.f;
+    }
+
+    const int runs = part / 8;  // runs per part
+    for (int p0 = 0; p0 < d; p0 += part) {
+        const size_t first = (size_t)s * d + p0;  // first value of the part within a row
+        prefetch_rows(wa, rows_a, wb, row_bytes, cta_row0, cta_n, first / T::BLOCK * T::BYTES,
+                      (first + part + T::BLOCK - 1) / T::BLOCK * T::BYTES);
+        __syncthreads();  // the previous part's reads of xs4 are done
+        // Stage x * gamma. Thread i takes the stream's float4s c = i (mod blockDim), in order,
+        // whatever the part size, so its share of the sums of squares does not depend on NT.
+        const int q0 = (int)((threadIdx.x + blockDim.x - (p0 / 4) % blockDim.x) % blockDim.x);
+#pragma unroll 2
+        for (int q = q0; q < part / 4; q += blockDim.x) {  // float4 q of the part
+            const float4 g = *(const float4*)(gamma + (size_t)s * d + p0 + q * 4);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (t < nt) {
+                    v = stream4(x, out_prev, inj_prev, tok0 + t, s, hc, d, p0 + q * 4);
+                    if (aux0) {
+                        if (out_prev != nullptr)
+                            *(float4*)(x_new + ((size_t)(tok0 + t) * hc + s) * d + p0 + q * 4) = v;
+                        ss[t] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+                    }
+                    v = make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w);
+                }
+                xs4[(t * 2 + (q & 1)) * runs + (q >> 1)] = v;
+            }
+        }
+        __syncthreads();
+        if (row0 >= n_rows) continue;  // warp-uniform: an idle warp still meets the barriers
+        // Lane runs lane, lane + 32, ... in order, U at a time: all U loads, then their sums.
+        for (int r0 = lane; r0 < runs; r0 += 32 * U) {
+            typename T::Raw raw[U][R];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int r = min(r0 + 32 * u, runs - 1);  // past the end: a valid run, unused
+#pragma unroll
+                for (int rr = 0; rr < R; rr++) raw[u][rr] = fetch_run<T>(wrow[rr], first / 8 + r);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int r = r0 + 32 * u;
+                if (r < runs) {
+                    float w[R][8];
+#pragma unroll
+                    for (int rr = 0; rr < R; rr++) T::decode(raw[u][rr], w[rr]);
+#pragma unroll
+                    for (int t = 0; t < NT; t++) {
+                        if (t < nt) {
+                            const float4 a = xs4[(t * 2) * runs + r];
+                            const float4 b = xs4[(t * 2 + 1) * runs + r];
+#pragma unroll
+                            for (int rr = 0; rr < R; rr++) acc[rr][t] += dot8(w[rr], a, b);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    if (aux0) {  // the stream's sums of squares: lanes, then warps in order
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ss[t] += __shfl_xor_sync(0xffffffffu, ss[t], o);
+            if (lane == 0) red[warp][t] = ss[t];
+        }
+        __syncthreads();
+        if (threadIdx.x < nt) {
+            float v = 0.f;
+            for (int w = 0; w < DOWN_WARPS; w++) v += red[w][threadIdx.x];
+            SS[(size_t)s * n_tok + tok0 + threadIdx.x] = v;
+        }
+    }
+
+    if (row0 >= n_rows) return;
+#pragma unroll
+    for (int rr = 0; rr < R; rr++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                acc[rr][t] += __shfl_xor_sync(0xffffffffu, acc[rr][t], o);
+    if (lane == 0) {
+#pragma unroll
+        for (int rr = 0; rr < R; rr++)
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                if (t < nt && row0 + rr < n_rows)
+                    P[((size_t)s * n_tok + tok0 + t) * p_stride + col0 + row0 + rr] = acc[rr][t];
+    }
+}
+
+// ---- hc_up ---------------------------------------------------------------------------------------
+
+// up: [hc*d rows, r]; P [hc, n_tok, p_stride] (columns 0..r-1 down, r..r+hc-1 inject);
+// SS [hc, n_tok]; x [n_tok, hc, d] (the new x when fused); gamma [hc, d]; mixed [n_tok, d];
+// inj [n_tok, hc] or null.
+template <typename T, int NT>
+__device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
+                      const float* __restrict__ SS, const float* __restrict__ x,
+                      const float* __restrict__ gamma, float* __restrict__ mixed,
+                      float* __restrict__ inj, int n_tok, int hc, int d, int r, int p_stride,
+                      float eps) {
+    constexpr int C = Tune<NT>::UP_COLS_NT, U = Tune<NT>::UP_BATCH_NT;
+    extern __shared__ float4 smem4[];
+    const float4* low4 = smem4;  // [NT][2][r / 8]: low in the run-half layout
+    float* lowf = (float*)smem4;
+    const int tok0 = blockIdx.y * NT, nt = min(NT, n_tok - tok0);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 3, j = lane & 7;  // lane group (stream within a quad), lane in group
+    const int runs = r / 8;
+    const size_t row_bytes = (size_t)(r / T::BLOCK) * T::BYTES;
+    const int c0 = (blockIdx.x * UP_WARPS + warp) * C;  // this warp's columns c0 .. c0 + C - 1
+
+#if PREFETCH
+    {  // this CTA's rows of up: for each stream, UP_WARPS * C consecutive rows
+        const int cta_c0 = blockIdx.x * UP_WARPS * C;
+        const int n_c = min(UP_WARPS * C, d - cta_c0);
+        const size_t span = (size_t)n_c * row_bytes, lines = (span + 127) / 128;
+        for (size_t i = threadIdx.x; i < lines * hc; i += blockDim.x) {
+            const size_t s = i / lines, off = (i % lines) * 128;  // off < span
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(up + (s * d + cta_c0) * row_bytes + off));
+        }
+    }
+#endif
+
+    // inv(t, s): token t's norm scale for stream s, recomputed where needed (no extra barrier)
+    const auto inv = [&](int t, int s) {
+        return rsqrtf(SS[(size_t)s * n_tok + tok0 + t] / (float)d + eps);
+    };
+    for (int i = threadIdx.x; i < NT * r; i += blockDim.x) {
+        const int t = i / r, k = i - t * r;
+        float v = 0.f;
+        if (t < nt) {
+            const float* p = P + (size_t)(tok0 + t) * p_stride + k;
+            for (int s = 0; s < hc; s++) v += inv(t, s) * p[(size_t)s * n_tok * p_stride];
+            v = silu(v / (float)hc);
+        }
+        lowf[((t * 2 + ((k >> 2) & 1)) * runs + (k >> 3)) * 4 + (k & 3)] = v;
+    }
+    if (inj != nullptr && blockIdx.x == 0) {
+        for (int i = threadIdx.x; i < nt * hc; i += blockDim.x) {
+            const int t = i / hc, q = i - t * hc;
+            const float* p = P + (size_t)(tok0 + t) * p_stride + r + q;
+            float v = 0.f;
+            for (int s = 0; s < hc; s++) v += inv(t, s) * p[(size_t)s * n_tok * p_stride];
+            inj[(size_t)(tok0 + t) * hc + q] = 2.0f * sigmoid(v / (float)hc);
+        }
+    }
+    __syncthreads();
+    if (c0 >= d) return;  // warp-uniform; no barrier below
+
+    float total[C];
+#pragma unroll
+    for (int cc = 0; cc < C; cc++) total[cc] = 0.f;
+    for (int s0 = 0; s0 < hc; s0 += 4) {
+        const int s = s0 + g;
+        const bool live = s < hc;  // group g's stream exists (hc not a multiple of 4)
+        const int sr = live ? s : hc - 1;
+        const u8* wrow[C];
+        float xn[C];  // xn[token j, stream s, column c0 + cc], read before the weights arrive
+#pragma unroll
+        for (int cc = 0; cc < C; cc++) {
+            const int c = min(c0 + cc, d - 1);
+            wrow[cc] = up + ((size_t)sr * d + c) * row_bytes;
+            xn[cc] = 0.f;
+            if (live && j < nt)
+                xn[cc] = x[((size_t)(tok0 + j) * hc + s) * d + c] * inv(j, s) *
+                         gamma[(size_t)s * d + c];
+        }
+        float acc[C][NT];
+#pragma unroll
+        for (int cc = 0; cc < C; cc++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[cc][t] = 0.f;
+        // Lane j of the group: runs j, j + 8, ... in order, U at a time.
+        for (int run0 = j; run0 < runs; run0 += 8 * U) {
+            typename T::Raw raw[U][C];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int run = min(run0 + 8 * u, runs - 1);  // past the end: valid, unused
+#pragma unroll
+                for (int cc = 0; cc < C; cc++) raw[u][cc] = fetch_run<T>(wrow[cc], run);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int run = run0 + 8 * u;
+                if (run < runs) {
+                    float w[C][8];
+#pragma unroll
+                    for (int cc = 0; cc < C; cc++) T::decode(raw[u][cc], w[cc]);
+#pragma unroll
+                    for (int t = 0; t < NT; t++) {
+                        if (t < nt) {
+                            const float4 a = low4[(t * 2) * runs + run];
+                            const float4 b = low4[(t * 2 + 1) * runs + run];
+#pragma unroll
+                            for (int cc = 0; cc < C; cc++) acc[cc][t] += dot8(w[cc], a, b);
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int cc = 0; cc < C; cc++) {
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int o = 4; o > 0; o >>= 1)  // within the group of 8 lanes
+                    acc[cc][t] += __shfl_xor_sync(0xffffffffu, acc[cc][t], o);
+            float gate = 0.f;  // token j's: acc[cc][j] without dynamic register indexing
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                if (t == j) gate = acc[cc][t];
+            const float val = live && j < nt ? sigmoid(gate) * xn[cc] : 0.f;
+            // token j's streams s0 .. s0 + 3, added in stream order
+#pragma unroll
+            for (int q = 0; q < 4; q++) total[cc] += __shfl_sync(0xffffffffu, val, q * 8 + j);
+        }
+    }
+    if (lane < nt) {
+#pragma unroll
+        for (int cc = 0; cc < C; cc++)
+            if (c0 + cc < d) mixed[(size_t)(tok0 + lane) * d + c0 + cc] = total[cc] / (float)hc;
+    }
+}
+
+// ---- entries -------------------------------------------------------------------------------------
+
+#define HC_ENTRIES(TYPE, NT)                                                                      \
+    extern "C" __global__ void __launch_bounds__(32 * DOWN_WARPS) hc_down_##TYPE##_t##NT(          \
+        const float* __restrict__ x, const float* __restrict__ gamma,                             \
+        const float* __restrict__ out_prev, const float* __restrict__ inj_prev,                   \
+        float* __restrict__ x_new, const u8* __restrict__ wa, int rows_a,                         \
+        const u8* __restrict__ wb, int rows_b, float* __restrict__ P, float* __restrict__ SS,     \
+        int n_tok, int hc, int d, int part, int p_stride, int col0, int aux) {                    \
+        hc_down<TYPE, NT>(x, gamma, out_prev, inj_prev, x_new, wa, rows_a, wb, rows_b, P, SS,    \
+                          n_tok, hc, d, part, p_stride, col0, aux);                               \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * UP_WARPS) hc_up_##TYPE##_t##NT(              \
+        const u8* __restrict__ up, const float* __restrict__ P, const float* __restrict__ SS,     \
+        const float* __restrict__ x, const float* __restrict__ gamma, float* __restrict__ mixed,  \
+        float* __restrict__ inj, int n_tok, int hc, int d, int r, int p_stride, float eps) {      \
+        hc_up<TYPE, NT>(up, P, SS, x, gamma, mixed, inj, n_tok, hc, d, r, p_stride, eps);         \
+    }
+
+#define HC_TYPE_ENTRIES(TYPE) \
+    HC_ENTRIES(TYPE, 1)       \
+    HC_ENTRIES(TYPE, 2)       \
+    HC_ENTRIES(TYPE, 4)       \
+    HC_ENTRIES(TYPE, 8)
+
+// One weight format per module (-D HC_TYPE=...), so a model that only uses BF16 compiles only that.
+#ifndef HC_TYPE
+#define HC_TYPE BF16
+#endif
+HC_TYPE_ENTRIES(HC_TYPE)
+
+// x, y [n_tok, hc, d] (as float4: d4 = d / 4 per stream); out [n_tok, d]; inj [n_tok, hc].
+extern "C" __global__ void hc_combine(const float4* __restrict__ x, const float4* __restrict__ out,
+                                      const float* __restrict__ inj, float4* __restrict__ y,
+                                      int hc, int d4, long long n4) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    const long long tok = i / ((long long)hc * d4);
+    const int rem = (int)(i - tok * hc * d4), s = rem / d4, c = rem - s * d4;
+    y[i] = combine4(x[i], inj[tok * hc + s], out[tok * d4 + c]);
+}

@@ -1,0 +1,218 @@
+// QSA block selection: for each query row of block scores, the `top` highest-scoring complete
+// blocks (ties: the lower block first), written in ascending block order, which is the order
+// attn_decode reads the selected cells in (attention.py: select_blocks is the torch version).
+//
+// qsa_select, grid (N), SEL_THREADS = 1024 threads (32 warps), one CTA per query row:
+//   complete = min(lengths[n] / ratio, n_cols) blocks are eligible: only scores[n, 0:complete)
+//   are read, so whatever lies past them (-inf, stale values, padding up to `stride`) is ignored.
+//   complete <= top (dense query): sel[n] = 0, 1, .., complete - 1, then -1 (no key is read).
+//   Otherwise a radix select on 32-bit order keys (float bits made monotone as unsigned):
+//   - up to three histogram passes over the row (digits of 11, 11 and 10 bits from the top) find
+//     the threshold key T and `need`, how many of the keys equal to T are taken; a pass stops the
+//     refinement early once its whole threshold bucket is taken. Counts are shared-memory integer
+//     atomics (exact, so the result never depends on thread timing; ptxas emits warp-aggregated
+//     ATOMS.POPC.INC for them). Exact ties are common (relu makes every score of a block whose
+//     indexer heads all score negative exactly +0), so keys equal to +0 and to the row's first
+//     key are counted in registers instead of in the atomics;
+//   - a compaction pass in tiles of SEL_TILE keys, thread t owning keys 8t .. 8t + 7 of the tile
+//     (two 16-byte loads): a CTA-wide exclusive scan of (above, equal) counts gives every key its
+//     rank, so a key above T goes to position (above before it) + min(equal before it, need), and
+//     a key equal to T is taken iff fewer than `need` equal keys precede it (lower blocks first).
+//   The row is read from L2 (the scoring kernel wrote it just before), at most four times.
+// Scores must not be NaN. Rows are `stride` floats apart, stride % 4 == 0 and 16-byte aligned.
+
+#define FULL 0xffffffffu
+#define SEL_THREADS 1024
+#define SEL_WARPS (SEL_THREADS / 32)
+#define SEL_VEC 8                           // keys per thread per tile
+#define SEL_TILE (SEL_THREADS * SEL_VEC)    // keys per tile (< 65536: counts pack in 16 bits)
+#define SEL_BINS 2048                       // histogram bins: 11-bit digits
+#define SEL_BINS_PER_THREAD (SEL_BINS / SEL_THREADS)
+
+static_assert(SEL_WARPS == 32, "block_scan scans the warp totals with one warp");
+static_assert(SEL_BINS_PER_THREAD == 2, "the bucket search gives each thread two bins");
+static_assert(SEL_TILE < 65536, "per-tile counts are packed as two 16-bit fields");
+
+// Float -> unsigned key with the same order (-0 ranks as +0; -inf lowest).
+__device__ __forceinline__ unsigned order_key(float f) {
+    unsigned u = __float_as_uint(f);
+    if (u == 0x80000000u) u = 0u;
+    return u ^ ((unsigned)((int)u >> 31) | 0x80000000u);
+}
+
+// Scores i0 .. i0 + 7 of the row (i0 % 8 == 0); those at or past `n` are not loaded. The tile
+// loops load the next tile before working on this one, so the loads overlap the work.
+__device__ __forceinline__ void load_tile(const float* __restrict__ row, int i0, int n, float4& a,
+                                          float4& b) {
+    a = b = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (i0 < n) a = __ldg(reinterpret_cast<const float4*>(row + i0));
+    if (i0 + 4 < n) b = __ldg(reinterpret_cast<const float4*>(row + i0 + 4));
+}
+
+__device__ __forceinline__ void keys_of(const float4& a, const float4& b, unsigned (&k)[SEL_VEC]) {
+    k[0] = order_key(a.x);
+    k[1] = order_key(a.y);
+    k[2] = order_key(a.z);
+    k[3] = order_key(a.w);
+    k[4] = order_key(b.x);
+    k[5] = order_key(b.y);
+    k[6] = order_key(b.z);
+    k[7] = order_key(b.w);
+}
+
+__device__ __forceinline__ unsigned warp_sum(unsigned v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL, v, off);
+    return v;
+}
+
+// Exclusive prefix sum of v over the CTA in thread order; `total` gets the CTA's sum. Callers
+// alternate between two `s_w` buffers: a fast thread may write the next call's warp totals
+// before a slow one has read this call's.
+__device__ __forceinline__ unsigned block_scan(unsigned v, unsigned* s_w, unsigned& total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    unsigned x = v;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const unsigned y = __shfl_up_sync(FULL, x, off);
+        if (lane >= off) x += y;
+    }
+    if (lane == 31) s_w[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        unsigned w = s_w[lane];
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const unsigned y = __shfl_up_sync(FULL, w, off);
+            if (lane >= off) w += y;
+        }
+        s_w[lane] = w;
+    }
+    __syncthreads();
+    total = s_w[SEL_WARPS - 1];
+    return (warp ? s_w[warp - 1] : 0u) + x - v;
+}
+
+extern "C" __global__ void __launch_bounds__(SEL_THREADS)
+qsa_select(const float* __restrict__ scores,  // [N, stride] block scores
+           const int* __restrict__ lengths,   // [N] the query sits at position lengths[n] - 1
+           int* __restrict__ sel,             // [N, top] ascending selected blocks
+           int stride, int n_cols, int ratio, int top) {
+    __shared__ unsigned s_hist[SEL_BINS];
+    __shared__ unsigned s_scan[2][SEL_WARPS];
+    __shared__ unsigned s_pick[3];  // threshold digit, keys above its bin, keys in its bin
+
+    const int n = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
+    int* out = sel + (size_t)n * top;
+    const int complete = min(max(lengths[n], 0) / ratio, n_cols);
+    if (complete <= top) {  // dense: every complete block
+        for (int i = tid; i < top; i += SEL_THREADS) out[i] = i < complete ? i : -1;
+        return;
+    }
+    const float* row = scores + (size_t)n * stride;
+    const unsigned kz = order_key(0.f), k0 = order_key(row[0]);  // the usual tie values
+
+    // Radix select: keys whose top (32 - shift) bits are above `prefix` are all selected; of
+    // those equal to it, the first `need` (by block) are. shift == 32: nothing resolved yet.
+    unsigned prefix = 0u, need = (unsigned)top;
+    int shift = 32, parity = 0;
+    for (int pass = 0; pass < 3; ++pass) {
+        const int nshift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
+        const unsigned dmask = (1u << (shift - nshift)) - 1u;
+        for (int i = tid; i < SEL_BINS; i += SEL_THREADS) s_hist[i] = 0u;
+        __syncthreads();
+        unsigned cz = 0u, c0 = 0u;
+        float4 a, b, na, nb;
+        load_tile(row, tid * SEL_VEC, complete, a, b);
+        for (int base = 0; base < complete; base += SEL_TILE) {
+            const int i0 = base + tid * SEL_VEC;
+            load_tile(row, i0 + SEL_TILE, complete, na, nb);
+            unsigned k[SEL_VEC];
+            keys_of(a, b, k);
+            a = na;
+            b = nb;
+#pragma unroll
+            for (int e = 0; e < SEL_VEC; ++e) {
+                if (i0 + e >= complete) break;
+                if (k[e] == kz) {
+                    ++cz;
+                } else if (k[e] == k0) {
+                    ++c0;
+                } else if (shift == 32 || (k[e] >> shift) == prefix) {
+                    atomicAdd(&s_hist[(k[e] >> nshift) & dmask], 1u);
+                }
+            }
+        }
+        cz = warp_sum(cz);
+        c0 = warp_sum(c0);
+        if (lane == 0) {
+            if (cz && (shift == 32 || (kz >> shift) == prefix))
+                atomicAdd(&s_hist[(kz >> nshift) & dmask], cz);
+            if (c0 && k0 != kz && (shift == 32 || (k0 >> shift) == prefix))
+                atomicAdd(&s_hist[(k0 >> nshift) & dmask], c0);
+        }
+        __syncthreads();
+
+        // The bin holding the need-th highest candidate: thread t owns bins 2047 - 2t (hi) and
+        // 2046 - 2t (lo), so an exclusive scan in thread order counts the keys in higher bins.
+        const int bhi = SEL_BINS - 1 - 2 * tid, blo = bhi - 1;
+        const unsigned hh = s_hist[bhi], hl = s_hist[blo];
+        unsigned total;
+        const unsigned above = block_scan(hh + hl, s_scan[parity], total);
+        parity ^= 1;
+        if (above < need && need <= above + hh) {
+            s_pick[0] = (unsigned)bhi;
+            s_pick[1] = above;
+            s_pick[2] = hh;
+        } else if (above + hh < need && need <= above + hh + hl) {
+            s_pick[0] = (unsigned)blo;
+            s_pick[1] = above + hh;
+            s_pick[2] = hl;
+        }
+        __syncthreads();
+        const unsigned digit = s_pick[0], n_above = s_pick[1], n_in = s_pick[2];
+        prefix = shift == 32 ? digit : ((prefix << (shift - nshift)) | digit);
+        shift = nshift;
+        need -= n_above;
+        if (need == n_in) break;  // the whole bucket is taken: no finer digit matters
+    }
+
+    // Compaction in block order.
+    unsigned above_run = 0u, equal_run = 0u;  // keys above / equal to the threshold before the tile
+    float4 a, b, na, nb;
+    load_tile(row, tid * SEL_VEC, complete, a, b);
+    for (int base = 0; base < complete; base += SEL_TILE) {
+        const int i0 = base + tid * SEL_VEC;
+        load_tile(row, i0 + SEL_TILE, complete, na, nb);
+        unsigned k[SEL_VEC];
+        keys_of(a, b, k);
+        a = na;
+        b = nb;
+        unsigned is_above = 0u, is_equal = 0u;  // bit e: key i0 + e
+#pragma unroll
+        for (int e = 0; e < SEL_VEC; ++e) {
+            if (i0 + e < complete) {
+                const unsigned hi = k[e] >> shift;
+                is_above |= (hi > prefix ? 1u : 0u) << e;
+                is_equal |= (hi == prefix ? 1u : 0u) << e;
+            }
+        }
+        unsigned total;
+        const unsigned before =
+            block_scan(__popc(is_above) | (__popc(is_equal) << 16), s_scan[parity], total);
+        parity ^= 1;
+        unsigned a = above_run + (before & 0xFFFFu), q = equal_run + (before >> 16);
+#pragma unroll
+        for (int e = 0; e < SEL_VEC; ++e) {
+            if (is_above >> e & 1u) {
+                out[a + min(q, need)] = i0 + e;
+                ++a;
+            } else if (is_equal >> e & 1u) {
+                if (q < need) out[a + q] = i0 + e;
+                ++q;
+            }
+        }
+        above_run += total & 0xFFFFu;
+        equal_run += total >> 16;
+    }
+}

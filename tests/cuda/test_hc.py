@@ -1,0 +1,336 @@
+"""HCCuda (kernels/hc.cu) against the reference hyper-connection mix in float64 on the CPU, on the
+weights' stored values: the qwen4exp shape (hc 4, d 2560, r 320) and small odd ones, BF16 / F16 /
+F32 / Q8_0 (and mixed) weights, 1..20 tokens (several token groups), the head's mix; the combine
+and the fused combine + mix bitwise against the unfused ops; batch invariance and CUDA-graph
+replay bitwise; the torch fallback for other formats; and a timing print (``pytest -s -k timing``).
+
+Tolerances. mixed = mean_s sigmoid(g_s) * xn_s, so its error is measured per element relative to
+S = mean_s |xn_s|: xn carries ~2 ulp of rsqrtf, and the gate's pre-activation an fp32 sum of
+hc * d (down) then r (up) products; with these O(1) pre-activations the CPU emulation of the
+kernels measured ~2e-7 of S. We allow 2e-5 of S: a wrong row, stream or scale moves gates by
+~1e-1 (errors ~1e-2 of S or more). inject is in (0, 2): absolute 2e-5.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from mgserve.core.reference import hyper_connections as hcref
+from mgserve.cuda.weights import QuantWeight
+from tests.cuda.test_hc_torch import EPS, HCCase, make_case, make_streams
+
+pytestmark = pytest.mark.gpu
+
+RTOL_MIXED = 2e-5
+ATOL_INJECT = 2e-5
+REAL = (4, 2560, 320)  # hc, d, r of qwen4exp
+REAL_N = [1, 2, 3, 8, 11, 20]
+
+
+@pytest.fixture(scope="module")
+def hcc(compiler):
+    from mgserve.cuda.hc import HCCuda
+
+    return HCCuda(compiler)
+
+
+def reference(
+    x: torch.Tensor, case: HCCase
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(mixed, inject, S) in float64 on the CPU; S [N, d] = mean_s |xn_s|, the error scale."""
+    r = case.ref
+    ref = hcref.HCWeights(
+        r.norm.double(),
+        r.down.double(),
+        r.up.double(),
+        None if r.inject is None else r.inject.double(),
+    )
+    x64 = x.double().cpu()
+    mixed, inj = hcref.mix(x64, ref, EPS)
+    scale = hcref.grouped_norm(x64, ref.norm, EPS).abs().mean(dim=1)
+    return mixed, inj, scale
+
+
+def check_mix(hcc, case: HCCase, x: torch.Tensor, label: str) -> tuple[float, float]:
+    """Runs the kernels on x (CPU, copied over) and asserts the tolerances; returns the errors."""
+    mixed, inj = hcc.hc_mix(x.cuda(), case.norm, case.down, case.up, case.inject, EPS)
+    torch.cuda.synchronize()
+    want_mixed, want_inj, scale = reference(x, case)
+    n, _, d = x.shape
+    assert mixed.shape == (n, d), f"{label}: mixed shape {list(mixed.shape)}"
+    assert torch.isfinite(mixed).all(), f"{label}: non-finite mixed"
+    err = ((mixed.double().cpu() - want_mixed).abs() / scale.clamp_min(1e-30)).max().item()
+    assert err <= RTOL_MIXED, f"{label}: mixed error {err:.3e} of S (tolerance {RTOL_MIXED})"
+    err_inj = 0.0
+    if case.inject is None:
+        assert inj is None, f"{label}: head mix returned an inject"
+    else:
+        assert inj is not None and inj.shape == (n, case.hc), f"{label}: inject shape"
+        err_inj = (inj.double().cpu() - want_inj).abs().max().item()
+        assert err_inj <= ATOL_INJECT, f"{label}: inject error {err_inj:.3e}"
+    return err, err_inj
+
+
+@pytest.mark.parametrize(
+    "types", ["BF16", "F16", "F32", "Q8_0", ("Q8_0", "BF16", "F32"), ("BF16", "F32", "F16")]
+)
+def test_mix_real_shape(hcc, types: str | tuple[str, str, str]) -> None:
+    """qwen4exp's shape, 1..20 tokens (groups of 1, 2, 4, 8; several groups from 9 on). Mixed
+    formats: down and inject differ, so hc_down runs twice."""
+    hc, d, r = REAL
+    case = make_case(hc, d, r, types, seed=1, device="cuda")
+    errors = [
+        check_mix(hcc, case, make_streams(n, hc, d, seed=n), f"{types} N={n}") for n in REAL_N
+    ]
+    print(f"hc_mix {types}: errors (mixed, inject) {[(f'{a:.1e}', f'{b:.1e}') for a, b in errors]}")
+
+
+ODD = [  # (N, hc, d, r, formats): idle lanes, partial CTAs, hc not 4, hc > 4
+    (5, 3, 40, 24, "F32"),
+    (9, 5, 72, 16, "BF16"),
+    (4, 3, 40, 16, "F16"),
+    (6, 4, 64, 64, ("Q8_0", "BF16", "F32")),
+    (2, 2, 272, 32, "Q8_0"),
+    (13, 4, 1536, 96, "BF16"),  # N=13: groups of 8 + 5, each stream staged in 2 parts of 768
+    (8, 4, 4096, 128, "BF16"),  # 8 tokens: the stream staged in 4 parts of 1024
+]
+
+
+@pytest.mark.parametrize("shape", ODD)
+def test_mix_odd_shapes(hcc, shape: tuple) -> None:
+    n, hc, d, r, types = shape
+    case = make_case(hc, d, r, types, seed=n + d, device="cuda")
+    err, err_inj = check_mix(hcc, case, make_streams(n, hc, d, seed=d), f"{shape}")
+    print(f"hc_mix {shape}: errors {err:.1e} {err_inj:.1e}")
+
+
+@pytest.mark.parametrize("types", ["BF16", ("Q8_0", "F16", "Q8_0")])
+def test_head_mix(hcc, types: str | tuple[str, str, str]) -> None:
+    hc, d, r = REAL
+    case = make_case(hc, d, r, types, seed=2, head=True, device="cuda")
+    for n in (1, 5):
+        check_mix(hcc, case, make_streams(n, hc, d, seed=n), f"head {types} N={n}")
+
+
+def test_combine_is_torch_bitwise(hcc) -> None:
+    g = torch.Generator().manual_seed(3)
+    for n, hc, d in ((1, 4, 2560), (7, 4, 2560), (3, 3, 40), (2, 4, 6)):  # d=6: torch fallback
+        x = torch.randn(n, hc, d, generator=g).cuda()
+        out = torch.randn(n, d, generator=g).cuda()
+        inj = (torch.rand(n, hc, generator=g) * 2).cuda()
+        y = hcc.hc_combine(x, out, inj)
+        want = x + inj[:, :, None] * out[:, None, :]
+        assert torch.equal(y, want), (
+            f"combine {n, hc, d}: max diff {(y - want).abs().max().item():.3e}"
+        )
+
+
+@pytest.mark.parametrize("types", ["BF16", ("Q8_0", "BF16", "F32")])
+def test_combine_mix_is_combine_then_mix(hcc, types: str | tuple[str, str, str]) -> None:
+    """The fused op writes the same new streams and the same mix, bitwise."""
+    hc, d, r = REAL
+    case = make_case(hc, d, r, types, seed=4, device="cuda")
+    g = torch.Generator().manual_seed(4)
+    for n in (1, 4, 11):
+        x = make_streams(n, hc, d, seed=n).cuda()
+        out = torch.randn(n, d, generator=g).cuda()
+        inj_prev = (torch.rand(n, hc, generator=g) * 2).cuda()
+        x_new, mixed, inj = hcc.hc_combine_mix(
+            x, out, inj_prev, case.norm, case.down, case.up, case.inject, EPS
+        )
+        want_x = hcc.hc_combine(x, out, inj_prev)
+        want_mixed, want_inj = hcc.hc_mix(want_x, case.norm, case.down, case.up, case.inject, EPS)
+        assert torch.equal(x_new, want_x), f"{types} N={n}: fused new x differs"
+        assert torch.equal(mixed, want_mixed), (
+            f"{types} N={n}: fused mixed differs by {(mixed - want_mixed).abs().max().item():.3e}"
+        )
+        assert inj is not None and want_inj is not None and torch.equal(inj, want_inj)
+
+
+@pytest.mark.parametrize("types", ["BF16", "Q8_0"])
+def test_batch_invariant(hcc, types: str) -> None:
+    """Tokens 0 and 9 give bitwise the same results alone as in batches of 3, 8, 13 and 16
+    (token groups 4 and 8, one part or two, token 9 in the second group)."""
+    hc, d, r = REAL
+    case = make_case(hc, d, r, types, seed=5, device="cuda")
+    x = make_streams(16, hc, d, seed=5).cuda()
+
+    def run(rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        mixed, inj = hcc.hc_mix(x[rows], case.norm, case.down, case.up, case.inject, EPS)
+        assert inj is not None
+        return mixed, inj
+
+    alone = {t: run(slice(t, t + 1)) for t in (0, 9)}
+    for n in (3, 8, 13, 16):
+        mixed, inj = run(slice(0, n))
+        for t, (m1, i1) in alone.items():
+            if t >= n:
+                continue
+            diff = (mixed[t] - m1[0]).abs().max().item()
+            assert torch.equal(mixed[t], m1[0]), f"{types}: token {t} in {n} differs by {diff:.3e}"
+            assert torch.equal(inj[t], i1[0]), f"{types}: token {t}'s inject differs in {n}"
+
+
+@pytest.mark.parametrize("n", [1, 4, 16])
+def test_graph_capture(hcc, n: int) -> None:
+    """combine_mix then mix captured once, replayed with new streams: bitwise the eager ops."""
+    hc, d, r = REAL
+    case = make_case(hc, d, r, ("BF16", "BF16", "Q8_0"), seed=6, device="cuda")
+    g = torch.Generator().manual_seed(6)
+    inputs = [
+        (
+            make_streams(n, hc, d, seed=10 + i),
+            torch.randn(n, d, generator=g),
+            torch.rand(n, hc, generator=g) * 2,
+        )
+        for i in range(2)
+    ]
+
+    def step(x: torch.Tensor, out: torch.Tensor, ip: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        x_new, _, inj = hcc.hc_combine_mix(
+            x, out, ip, case.norm, case.down, case.up, case.inject, EPS
+        )
+        assert inj is not None
+        mixed, inj2 = hcc.hc_mix(x_new, case.norm, case.down, case.up, case.inject, EPS)
+        assert inj2 is not None
+        return x_new, mixed, inj2
+
+    sx, so, si = (t.cuda() for t in inputs[0])
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step(sx, so, si)  # warm-up: compile, cache the stream's view
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        outs = step(sx, so, si)
+    for x, out, ip in reversed(inputs):
+        sx.copy_(x)
+        so.copy_(out)
+        si.copy_(ip)
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = step(x.cuda(), out.cuda(), ip.cuda())
+        for name, a, b in zip(("x", "mixed", "inject"), outs, eager, strict=True):
+            assert torch.equal(a, b), f"N={n}: graph replay's {name} differs from an eager call"
+
+
+def test_other_formats_fall_back_to_torch(compiler) -> None:
+    """Q4_0 weights (no hc.cu kernel): the torch version, bitwise, and still correct."""
+    from mgserve.cuda.hc import HCCuda, HCTorch
+
+    hcc = HCCuda(compiler)  # fresh: dense() caches by address
+    case = make_case(4, 256, 64, ("Q4_0", "BF16", "BF16"), seed=7, device="cuda")
+    x = make_streams(3, 4, 256, seed=7).cuda()
+    mixed, inj = hcc.hc_mix(x, case.norm, case.down, case.up, case.inject, EPS)
+    want_mixed, want_inj = HCTorch.hc_mix(hcc, x, case.norm, case.down, case.up, case.inject, EPS)
+    assert torch.equal(mixed, want_mixed) and inj is not None and want_inj is not None
+    assert torch.equal(inj, want_inj)
+    check_mix(hcc, case, x.cpu(), "Q4_0 fallback")
+
+
+def test_rejects_bad_input(hcc) -> None:
+    hc, d, r = 4, 64, 32
+    case = make_case(hc, d, r, "BF16", seed=8, device="cuda")
+    x = make_streams(2, hc, d, seed=8)
+    with pytest.raises(ValueError, match="x is on cpu"):
+        hcc.hc_mix(x, case.norm, case.down, case.up, case.inject, EPS)
+    with pytest.raises(ValueError, match="norm has shape"):
+        hcc.hc_mix(x.cuda(), case.norm[:, :8], case.down, case.up, case.inject, EPS)
+    with pytest.raises(ValueError, match="out has shape"):
+        hcc.hc_combine(x.cuda(), torch.zeros(2, d + 1, device="cuda"), torch.zeros(2, hc).cuda())
+    cpu = make_case(hc, d, r, "BF16", seed=8)
+    with pytest.raises(ValueError, match="weight bytes"):
+        hcc.hc_mix(x.cuda(), case.norm, cpu.down, case.up, case.inject, EPS)
+
+
+# ---- timing --------------------------------------------------------------------------------------
+
+
+def _bf16_weight(name: str, rows: int, k: int, std: float) -> QuantWeight:
+    """A random BF16 weight made on the GPU (bf16 elements are GGUF BF16 rows as they are)."""
+    v = (torch.randn(rows, k, device="cuda") * std).to(torch.bfloat16)
+    return QuantWeight(name, "BF16", (k, rows), v.view(torch.uint8).reshape(rows, k * 2))
+
+
+def test_timing(hcc, compiler) -> None:
+    """Prints GPU time per mix at qwen4exp's shape (BF16), replaying a CUDA graph of 16 mixes
+    that cycle through 8 weight sets (105 MB: more than L2, as a model's 97 mixes are). For
+    tuning: ``pytest -s -k timing``; MGSERVE_HC_SWEEP=1 also times a few other HCTunings (each
+    compiles hc.cu once more). Nothing is asserted beyond sanity."""
+    from mgserve.cuda.hc import HCCuda, HCTorch, HCTuning
+
+    hc, d, r = REAL
+    k = hc * d
+    sets = []
+    for i in range(8):
+        norm = 1 + 0.1 * torch.randn(hc, d, device="cuda")
+        sets.append(
+            (
+                norm,
+                _bf16_weight(f"down{i}", r, k, k**-0.5),
+                _bf16_weight(f"up{i}", k, r, r**-0.5),
+                _bf16_weight(f"inject{i}", hc, k, k**-0.5),
+            )
+        )
+    nbytes = sum(w.nbytes for w in sets[0][1:])
+    s = torch.cuda.Stream()
+
+    def time_us(fn, x: torch.Tensor) -> float:
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn(x, 0)  # warm-up
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=s):
+            for i in range(16):
+                fn(x, i % len(sets))
+        graph.replay()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            graph.replay()
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop) / 80 * 1e3
+
+    def mix_with(ops):
+        def fn(x: torch.Tensor, i: int) -> None:
+            ops.hc_mix(x, *sets[i], EPS)
+
+        return fn
+
+    def combine_mix(x: torch.Tensor, i: int) -> None:
+        out, ip = prev[x.shape[0]]
+        hcc.hc_combine_mix(x, out, ip, *sets[i], EPS)
+
+    torch_ops = HCTorch()
+    for _, down, up, inject in sets:  # dense f32 copies without the host round trip
+        for w in (down, up, inject):
+            torch_ops._dense[w.data.data_ptr()] = w.data.view(torch.bfloat16).float()
+    prev = {n: (torch.randn(n, d, device="cuda"), torch.ones(n, hc, device="cuda")) for n in (1, 8)}
+    for n in (1, 2, 4, 8, 16):
+        x = torch.randn(n, hc, d, device="cuda")
+        us = time_us(mix_with(hcc), x)
+        line = f"hc_mix BF16 N={n}: {us:.1f} us per mix, {nbytes / us / 1e3:.0f} GB/s of weights"
+        if n in (1, 8):
+            line += f"; fused combine+mix {time_us(combine_mix, x):.1f} us"
+            line += f"; torch {time_us(mix_with(torch_ops), x):.1f} us"
+        print(line)
+        assert us > 0
+    if os.environ.get("MGSERVE_HC_SWEEP"):
+        tunings = [
+            HCTuning(prefetch=False),
+            HCTuning(down_warps=4),
+            HCTuning(up_warps=8),
+            HCTuning(up_cols=(1, 2, 4, 4), down_rows=(1, 1, 2, 2)),
+            HCTuning(up_cols=(4, 4, 4, 8), up_batch=(5, 5, 5, 2)),
+        ]
+        for tuning in tunings:
+            alt = HCCuda(compiler)
+            alt.hc_tuning = tuning
+            times = [time_us(mix_with(alt), torch.randn(n, hc, d, device="cuda")) for n in (1, 8)]
+            print(f"{tuning}: N=1 {times[0]:.1f} us, N=8 {times[1]:.1f} us")
