@@ -103,11 +103,12 @@ class Bench:
     def warm_up(self) -> None:
         """Compile every kernel (or read it from the cubin cache) and size the workspaces once, so
         no timed workload pays for it: a short prefill, then a few decode steps."""
-        toks = self._tokens(300, 99)
-        self._run([self._work(0, toks[:257], 0, True)])
-        self._run([self._work(0, toks[257:], 257, True)])
+        ub = min(self.args.ubatch, self.args.ctx // 2)
+        toks = self._tokens(ub + 43, 99)
+        self._run([self._work(0, toks[:ub], 0, True)])  # a whole ubatch: GEMM shapes, scratch
+        self._run([self._work(0, toks[ub:], ub, True)])
         for i in range(3):
-            self._run([self._work(0, (500 + i,), 300 + i, True)])
+            self._run([self._work(0, (500 + i,), ub + 43 + i, True)])
         self.torch.cuda.synchronize()
 
     # -- building batches --------------------------------------------------------------------
@@ -313,6 +314,10 @@ def run(args: argparse.Namespace) -> int:
             f"prefill, {sessions} sessions of {n} tokens, aggregate",
             b.time_multi_prefill(sessions, n),
         )
+    for sessions, n in _pairs(args.sampled_prefill):
+        tps, note = b.time_sampled_prefill(sessions, n)
+        what = "a prompt" if sessions == 1 else f"{sessions} sessions' prompts"
+        row(f"prefill of {what} of {n} tokens (estimate)", tps, note)
     for depth in [int(d) for d in args.decode.split(",") if d.strip()]:
         tps, ms = b.time_decode(1, depth)
         row(

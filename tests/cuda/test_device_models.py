@@ -26,7 +26,7 @@ N_CTX = 160
 PROMPTS = (37, 22, 70)  # qwen4exp: 70 tokens pass the QSA budget of 64 (16 blocks of 4)
 N_DECODE = 4
 TOL_TORCH = 1e-4  # max |diff| / max |logit|, float32 both sides (observed ~3e-5)
-TOL_CUDA = 2e-3  # f16 tiles in prefill GEMMs, different summation orders
+TOL_CUDA = 1e-2  # f16 prefill GEMMs (~1e-3 per op, opcheck) compounded over the layers
 
 
 def _export(arch: str, root: Path) -> Path:
@@ -138,7 +138,7 @@ def test_cuda_backend_matches_reference(arch: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("arch", ("qwen4exp", "gemma3"))
+@pytest.mark.parametrize("arch", ("qwen4exp", "qwen3next", "gemma3"))
 @pytest.mark.usefixtures("stable_qsa_ties")
 def test_cuda_backend_torch_ops_on_gpu(arch: str, tmp_path: Path) -> None:
     """The torch backend on the GPU: the fallback path itself is right on the device."""

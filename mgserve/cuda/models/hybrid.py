@@ -41,6 +41,7 @@ from mgserve.cuda.models.dense import embedding_table
 from mgserve.cuda.pools import SlotPools
 from mgserve.cuda.weights import QuantWeight
 
+HC_FUSED_MAX_TOKENS = 16  # larger batches (prompt chunks) mix the streams with GEMMs
 DELTA_CHUNK = 128  # tokens per step of the chunked delta rule in prefill (same results as 64)
 
 
@@ -377,8 +378,21 @@ class HybridLM:
         return self.attention(il, layer, layer.mixer, h, step)
 
     def hc_mix(self, x: torch.Tensor, w: HC) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hyper_connections.mix: what a block reads [N, d], and its inject weights [N, hc]."""
-        return self.ops.hc_mix(x, w.norm, w.down, w.up, w.inject, self.spec.rms_eps)
+        """hyper_connections.mix: what a block reads [N, d], and its inject weights [N, hc].
+
+        Decode-sized batches take the fused kernels (weights read once per group of 8 tokens);
+        a prompt chunk takes three GEMMs, which read each weight once for the whole chunk."""
+        ops, eps = self.ops, self.spec.rms_eps
+        n, hc, d = x.shape
+        if n <= HC_FUSED_MAX_TOKENS:
+            return ops.hc_mix(x, w.norm, w.down, w.up, w.inject, eps)
+        xn = ops.rms_norm(x, w.norm, eps).reshape(n, hc * d)  # [N, hc * d]
+        low = rowwise.silu(ops.linear(xn, w.down) / hc)  # [N, r]
+        gate = rowwise.sigmoid(ops.linear(low, w.up))  # [N, hc * d]
+        mixed = (gate * xn).view(n, hc, d).mean(dim=1)  # [N, d]
+        if w.inject is None:
+            return mixed, None
+        return mixed, 2.0 * rowwise.sigmoid(ops.linear(xn, w.inject) / hc)
 
     def moe(self, w: Moe, h: torch.Tensor) -> torch.Tensor:
         ops, hp = self.ops, self.hp
