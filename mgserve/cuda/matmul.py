@@ -255,6 +255,9 @@ class MatmulCuda(CudaBase, MoePrefillCuda, MatmulTorch):
             raise ValueError(f"moe_rows must be two row counts in 1..8, got {moe_rows}")
         self.matvec_ops = ops or CudaOps(compiler)
         self.int8 = int8
+        # True: prompt chunks (N > 8) multiply dequantized fp32 weights in fp32 instead of f16
+        # tiles; for comparing whole models with the reference without the f16 rounding
+        self.prefill_exact = False
         self.moe_rows = moe_rows
         self._moe_kernel_defines = (("GU_ROWS", str(moe_rows[0])), ("DOWN_ROWS", str(moe_rows[1])))
         self._mm_scratch: dict[int, torch.Tensor] = {}  # f16, per torch stream handle
@@ -363,6 +366,8 @@ class MatmulCuda(CudaBase, MoePrefillCuda, MatmulTorch):
             int8 = self.int8 and w.type_name in INT8_TYPES
             self.matvec_ops.matvec(w, x, self.stream(), out=out, int8=int8)
             return out
+        if self.prefill_exact:  # fp32 weights and product (tests, debugging: slow, memory-hungry)
+            return MatmulTorch.linear(self, x, w)
         x16 = x.to(torch.float16)  # [N, k]
         tile = max(1, min(rows, SCRATCH_BYTES // (2 * k)))  # rows per f16 tile
         buf = self.matmul_scratch(tile * k)
@@ -415,6 +420,8 @@ class MatmulCuda(CudaBase, MoePrefillCuda, MatmulTorch):
         check_cuda("experts", experts, self.device, torch.int32)
         check_cuda("weights", weights, self.device, torch.float32)
         n = x.shape[0]
+        if n > MAX_DECODE_TOKENS and self.prefill_exact:
+            return MatmulTorch.moe_experts(self, x, w, experts, weights)
         if n == 0:
             return torch.zeros_like(x)
         if n <= MAX_DECODE_TOKENS:

@@ -26,7 +26,7 @@ N_CTX = 160
 PROMPTS = (37, 22, 70)  # qwen4exp: 70 tokens pass the QSA budget of 64 (16 blocks of 4)
 N_DECODE = 4
 TOL_TORCH = 1e-4  # max |diff| / max |logit|, float32 both sides (observed ~3e-5)
-TOL_CUDA = 1e-2  # f16 prefill GEMMs (~1e-3 per op, opcheck) compounded over the layers
+TOL_CUDA = 2e-3  # fp32 prefill; kernels sum in other orders than the reference
 
 
 def _export(arch: str, root: Path) -> Path:
@@ -134,7 +134,10 @@ def test_cuda_backend_matches_reference(arch: str, tmp_path: Path) -> None:
     pytest.importorskip("cuda.core")
     from mgserve.cuda.backend import cuda_backend
 
-    _compare(arch, _export(arch, tmp_path), cuda_backend(0), torch.device("cuda", 0), TOL_CUDA)
+    backend = cuda_backend(0)
+    backend.prefill_exact = True  # f16 prefill GEMMs are checked op by op (opcheck test below):
+    # the tiny random hybrids amplify their 1e-3 rounding into 1e-1 logit differences
+    _compare(arch, _export(arch, tmp_path), backend, torch.device("cuda", 0), TOL_CUDA)
 
 
 @pytest.mark.gpu
