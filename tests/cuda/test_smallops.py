@@ -203,7 +203,7 @@ def check_decode(small, ref, b: int, hk: int, hv: int, d: int, k: int, n_slots: 
     untouched = [s for s in range(n_slots) if s not in slots.tolist()]
     if untouched:
         u = torch.tensor(untouched, device=dev())
-        start_conv, _, _, start_ssm, *_ = deltanet_inputs(b, hk, hv, d, k, n_slots, 20)
+        _, start_conv, _, start_ssm, *_ = deltanet_inputs(b, hk, hv, d, k, n_slots, 20)
         assert torch.equal(conv[u], start_conv[u]), f"conv slots {untouched} changed"
         assert torch.equal(ssm[u], start_ssm[u]), f"ssm slots {untouched} changed"
 
