@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,32 @@ if TYPE_CHECKING:
     from cuda.core import Kernel, ObjectCode
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
+
+
+_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)"[ \t]*$', re.MULTILINE)
+
+
+def expand_includes(path: Path) -> str:
+    """The source of ``path`` with each ``#include "name.cuh"`` line replaced by that file of
+    ``kernels/`` (once; ``#pragma once`` lines dropped). Done here rather than by NVRTC so the
+    cubin cache key, a hash of this text, changes whenever a shared header does."""
+    seen: set[str] = set()
+
+    def expand(text: str) -> str:
+        def sub(m: re.Match[str]) -> str:
+            name = m.group(1)
+            if name in seen:
+                return ""
+            seen.add(name)
+            header = KERNEL_DIR / name
+            if not header.is_file():
+                raise ValueError(f"{path}: included header {name!r} not found in {KERNEL_DIR}")
+            body = header.read_text().replace("#pragma once\n", "")
+            return f"// ---- {name} ----\n" + expand(body) + f"// ---- end of {name} ----"
+
+        return _INCLUDE.sub(sub, text)
+
+    return expand(path.read_text())
 
 
 @dataclass(frozen=True)
@@ -77,7 +104,7 @@ class KernelCompiler:
         path = KERNEL_DIR / source
         if not path.is_file():
             raise ValueError(f"no kernel source {source!r} in {KERNEL_DIR}")
-        text = path.read_bytes()
+        text = expand_includes(path).encode()
         cubin_path = self.cache_path(source, text, opts)
         t0 = time.perf_counter()
         if cubin_path.is_file():
