@@ -15,7 +15,7 @@ def test_kernels_inline_their_shared_headers() -> None:
     assert '#include "gguf_blocks.cuh"' not in text
     assert "struct Q4_K" in text and text.count("typedef unsigned char u8;") == 1
     for name in ("dequant.cu", "moe.cu", "matvec_q8.cu", "moe_q8.cu"):
-        assert '.cuh"' not in compiler.expand_includes(compiler.KERNEL_DIR / name)
+        assert '#include "gguf' not in compiler.expand_includes(compiler.KERNEL_DIR / name)
 
 
 def test_header_inlined_once_and_missing_header_named(
