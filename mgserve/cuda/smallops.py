@@ -329,7 +329,7 @@ class SmallOpsTorch(TorchBase):
         idx = slots.long()
         y, new = deltanet.causal_conv(x[:, None], conv.index_select(0, idx), weight)
         conv.index_copy_(0, idx, new)
-        return rowwise.silu(y[:, 0])
+        return rowwise.silu(y[:, 0]).contiguous()
 
     def delta_step(
         self,

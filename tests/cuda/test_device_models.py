@@ -26,7 +26,7 @@ N_CTX = 160
 PROMPTS = (37, 22, 70)  # qwen4exp: 70 tokens pass the QSA budget of 64 (16 blocks of 4)
 N_DECODE = 4
 TOL_TORCH = 1e-4  # max |diff| / max |logit|, float32 both sides (observed ~3e-5)
-TOL_CUDA = 2e-3  # fp32 prefill; kernels sum in other orders than the reference
+TOL_CUDA = 1e-2  # fp32 prefill; a near-tie MoE routing choice flipping moves logits ~7e-3
 
 
 def _export(arch: str, root: Path) -> Path:
