@@ -537,7 +537,7 @@ class AttentionCuda(CudaBase, AttentionTorch):
 
     # -- helpers ---------------------------------------------------------------------------------
 
-    def _i32(self, name: str, t: torch.Tensor) -> torch.Tensor:
+    def _attn_i32(self, name: str, t: torch.Tensor) -> torch.Tensor:
         if t.device != self.device:
             raise ValueError(f"{name} is on {t.device}, expected {self.device}")
         return (t if t.dtype == torch.int32 else t.to(torch.int32)).contiguous()
@@ -829,8 +829,8 @@ class AttentionCuda(CudaBase, AttentionTorch):
             x.data_ptr(),
             cache.values.data_ptr(),
             cache.scales.data_ptr() if cache.quantized else 0,
-            self._i32("slots", slots).data_ptr(),
-            self._i32("pos", pos).data_ptr(),
+            self._attn_i32("slots", slots).data_ptr(),
+            self._attn_i32("pos", pos).data_ptr(),
             np.int32(n_ctx),
             np.int32(n_kv),
             np.int32(kind),
@@ -856,7 +856,7 @@ class AttentionCuda(CudaBase, AttentionTorch):
             )
         _check_index("slots", slots, b)
         _check_index("lengths", lengths, b)
-        slots, lengths = self._i32("slots", slots), self._i32("lengths", lengths)
+        slots, lengths = self._attn_i32("slots", slots), self._attn_i32("lengths", lengths)
         bound = min(n_ctx, window) if window > 0 else n_ctx
         return self._run_decode(
             q.contiguous(), k, v, slots, lengths, None, scale=scale, bound=bound, softcap=softcap,
@@ -943,7 +943,7 @@ class AttentionCuda(CudaBase, AttentionTorch):
             padded = torch.empty((n, stride), dtype=torch.float32, device=self.device)
             padded[:, :n_cols] = scores
             scores = padded
-        return self._select(scores, self._i32("lengths", lengths), n_cols, ratio, top)
+        return self._select(scores, self._attn_i32("lengths", lengths), n_cols, ratio, top)
 
     def qsa_decode(
         self,
@@ -968,7 +968,7 @@ class AttentionCuda(CudaBase, AttentionTorch):
             )
         _check_index("slots", slots, b)
         _check_index("lengths", lengths, b)
-        slots, lengths = self._i32("slots", slots), self._i32("lengths", lengths)
+        slots, lengths = self._attn_i32("slots", slots), self._attn_i32("lengths", lengths)
         top, n_blk, qc = budget // ratio, blocks.shape[1], q.contiguous()
         if n_blk <= top:  # no session can have more than `top` complete blocks: dense
             return self._run_decode(qc, k, v, slots, lengths, None, scale=scale, bound=n_ctx)

@@ -8,7 +8,7 @@ interchangeable op by op (see kbase.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -16,7 +16,7 @@ from mgserve.core.gguf import GGUFError, GGUFFile
 from mgserve.cuda.attention import AttentionCuda, AttentionTorch
 from mgserve.cuda.hc import HCCuda, HCTorch
 from mgserve.cuda.matmul import MatmulCuda, MatmulTorch
-from mgserve.cuda.models.base import DeviceLM
+from mgserve.cuda.models.base import DeviceLM, DeviceOps
 from mgserve.cuda.route import RouteCuda, RouteTorch
 from mgserve.cuda.smallops import SmallOpsCuda, SmallOpsTorch
 
@@ -49,7 +49,7 @@ def cuda_backend(device_index: int = 0, *, int8: bool = False) -> CudaBackend:
 
 def load_device_model(
     g: GGUFFile,
-    ops: object,
+    ops: TorchBackend | CudaBackend,
     device: torch.device,
     n_slots: int,
     n_ctx: int,
@@ -65,11 +65,13 @@ def load_device_model(
 
     arch = g.architecture
     pools = (n_slots + 1, n_ctx, type_k, type_v)
+    # the op families spell their keyword arguments out; DeviceOps lists them as **kw
+    dev_ops = cast(DeviceOps, ops)
     if arch in DENSE_ARCHS:
-        return DenseLM(g, spec_from_gguf(g), ops, device, *pools)  # type: ignore[return-value]
+        return DenseLM(g, spec_from_gguf(g), dev_ops, device, *pools)
     if arch in HYBRID_ARCHS:
         spec, hp = hybrid_spec_from_gguf(g)
-        return HybridLM(g, spec, hp, ops, device, *pools)  # type: ignore[return-value]
+        return HybridLM(g, spec, hp, dev_ops, device, *pools)
     raise GGUFError(
         f"{g.path}: architecture {arch!r} is not supported on the device backend "
         f"(supported: {', '.join(DENSE_ARCHS + HYBRID_ARCHS)})"

@@ -455,7 +455,7 @@ class SmallOpsCuda(CudaBase, SmallOpsTorch):
     def _f32(self, name: str, t: torch.Tensor) -> None:
         check_cuda(name, t, self.device, torch.float32)
 
-    def _i32(self, name: str, t: torch.Tensor) -> None:
+    def _small_i32(self, name: str, t: torch.Tensor) -> None:
         check_cuda(name, t, self.device, torch.int32)
 
     def _norm_rows(
@@ -544,7 +544,7 @@ class SmallOpsCuda(CudaBase, SmallOpsTorch):
             raise ValueError(f"x is on {x.device}, expected {self.device}")
         if x.stride(2) != 1:  # heads are read with any token / head strides, but dims in order
             x = x.contiguous()
-        self._i32("pos", pos)
+        self._small_i32("pos", pos)
         n, h, d = x.shape
         if d > ROPE_MAX_DIM:
             raise ValueError(f"rope: head dim {d} > {ROPE_MAX_DIM}")
@@ -652,7 +652,7 @@ class SmallOpsCuda(CudaBase, SmallOpsTorch):
             self._f32(name, t)
         b, c = x.shape
         _check_index("slots", slots, b)
-        self._i32("slots", slots)
+        self._small_i32("slots", slots)
         if k > MAX_CONV_K:
             raise ValueError(f"conv kernel width {k} > {MAX_CONV_K}")
         out = torch.empty((b, c), dtype=torch.float32, device=self.device)
@@ -694,7 +694,7 @@ class SmallOpsCuda(CudaBase, SmallOpsTorch):
         _check_gb(g, beta, b, n_v_heads)
         _check_ssm(ssm, n_v_heads, head_dim)
         _check_index("slots", slots, b)
-        self._i32("slots", slots)
+        self._small_i32("slots", slots)
         if head_dim > 256:
             raise ValueError(f"delta_step: head_dim {head_dim} > 256 (state column in registers)")
         o = torch.empty((b, n_v_heads, head_dim), dtype=torch.float32, device=self.device)

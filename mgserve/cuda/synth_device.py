@@ -46,8 +46,6 @@ from mgserve.core.synth_shapes import SHAPES, ShapeSpec, metadata
 from mgserve.core.synth_tensors import tensor_plan
 from mgserve.cuda.weights import QuantWeight, row_bytes
 
-Q = GGMLQuantizationType
-
 WEIGHT_STD = 0.03  # target std of every random matrix (an initialised model's magnitude)
 HOST_MAX_ELEMENTS = 1 << 20  # tensors up to this many values get host data; larger: data None
 HOST_POOL_BYTES = 8 << 20  # per-type host pool the small tensors are views of
@@ -96,7 +94,7 @@ def supported_types() -> frozenset[str]:
 
 def _unit(type_name: str) -> int:
     """Bytes of one GGUF block of ``type_name`` (one element for float types)."""
-    return GGML_QUANT_SIZES[Q[type_name]][1]
+    return GGML_QUANT_SIZES[GGMLQuantizationType[type_name]][1]
 
 
 def make_blocks(
@@ -143,7 +141,9 @@ def _device_pool(type_name: str, device: torch.device) -> torch.Tensor:
     if pool is None:
         unit = _unit(type_name)
         n_blocks = max(1, DEVICE_POOL_BYTES.get(device.type, DEVICE_POOL_BYTES["cpu"]) // unit)
-        gen = torch.Generator(device=device).manual_seed(_POOL_SEED + int(Q[type_name]))
+        gen = torch.Generator(device=device).manual_seed(
+            _POOL_SEED + int(GGMLQuantizationType[type_name])
+        )
         pool = _device_pools[key] = make_blocks(type_name, n_blocks, device, gen).view(-1)
     return pool
 
@@ -216,7 +216,7 @@ def _gguf_layout(type_name: str, shape: tuple[int, ...], raw: np.ndarray) -> np.
         return raw.view(np.float32).reshape(np_shape)
     if type_name == "F16":
         return raw.view(np.float16).reshape(np_shape)
-    block, size = GGML_QUANT_SIZES[Q[type_name]]
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
     return raw.view(np.uint8).reshape(*np_shape[:-1], np_shape[-1] // block * size)
 
 
@@ -257,9 +257,9 @@ def _encode_floats(values: np.ndarray, type_name: str) -> np.ndarray:
     if type_name == "F16":
         return values.astype("<f2").reshape(-1).view(np.uint8)
     if type_name == "BF16":  # round to nearest even on the dropped 16 bits
-        bits = values.astype("<f4").reshape(-1).view(np.uint32).astype(np.uint64)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        return bits.astype("<u2").view(np.uint8)
+        raw = values.astype("<f4").reshape(-1).view(np.uint32).astype(np.uint64)
+        rounded = (raw + 0x7FFF + ((raw >> 16) & 1)) >> 16
+        return rounded.astype("<u2").view(np.uint8)
     raise ValueError(f"special values for type {type_name} are not supported")
 
 
@@ -288,7 +288,7 @@ class _TiledMapping:
         fd = os.memfd_create("mgserve-synth-ple")
         try:
             os.ftruncate(fd, tile)
-            view = memoryview(pool.reshape(-1))
+            view = memoryview(pool.reshape(-1))  # type: ignore[arg-type]  # ndarray is a buffer
             done = 0
             while done < tile:
                 done += os.pwrite(fd, view[done:], done)
@@ -341,7 +341,7 @@ def _ple_table_data(type_name: str, shape: tuple[int, ...], gen: torch.Generator
     a pool of about ``PLE_TILE_BYTES`` of random rows repeated. The pool's byte size is a multiple
     of the page size so the memfd path can map it back to back."""
     width, rows = shape
-    block, size = GGML_QUANT_SIZES[Q[type_name]]
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
     rb = width // block * size
     period = math.lcm(rb, mmap.PAGESIZE) // rb  # rows per page-aligned unit
     pool_rows = min(rows, period * max(1, PLE_TILE_BYTES // (period * rb)))

@@ -175,3 +175,23 @@ def test_every_cuda_op_matches_torch_inside_the_model(arch: str, tmp_path: Path)
         print(f"{arch}: {r.op} call {r.call} {r.what}: {r.err:.2e}")
     bad = ops.first_above(lambda op: OP_TOL.get(op, 1e-4))
     assert bad is None, f"{arch}: first op beyond tolerance: {bad}"
+
+
+def test_op_families_do_not_shadow_each_other() -> None:
+    """The backends are mixins of op families; a helper name defined by two families would make
+    one family silently call the other's (the MRO picks one)."""
+    from mgserve.cuda import backend
+
+    for combined in (backend.TorchBackend, backend.CudaBackend):
+        owners: dict[str, set[str]] = {}
+        for cls in combined.__mro__[1:]:
+            if cls.__module__.startswith("mgserve.cuda.") and cls.__name__ not in (
+                "TorchBase",
+                "CudaBase",
+            ):
+                family = cls.__name__.replace("Torch", "").replace("Cuda", "")
+                for name in vars(cls):
+                    if not name.startswith("__"):
+                        owners.setdefault(name, set()).add(family)
+        shared = {n: f for n, f in owners.items() if len(f) > 1}
+        assert not shared, f"{combined.__name__}: names defined by several op families: {shared}"

@@ -83,6 +83,19 @@ class DeviceOps(Protocol):
         weight: torch.Tensor,
         **kw: Any,
     ) -> torch.Tensor: ...
+    def route(self, logits: torch.Tensor, k: int, norm: bool) -> Any: ...
+    def hc_mix(
+        self,
+        x: torch.Tensor,
+        norm: torch.Tensor,
+        down: QuantWeight,
+        up: QuantWeight,
+        inject: QuantWeight | None,
+        eps: float,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+    def hc_combine(
+        self, x: torch.Tensor, out: torch.Tensor, inject: torch.Tensor
+    ) -> torch.Tensor: ...
     def kv_write(
         self, cache: KVLayer, x: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor
     ) -> None: ...
@@ -126,6 +139,7 @@ class DeviceLM(Protocol):
     spec: ModelSpec
     rewindable: bool
     pools: SlotPools
+    weight_bytes: int  # bytes of weights uploaded to the device
 
     def forward(self, step: Step) -> torch.Tensor:
         """[R, n_vocab] float32 logits of the step's logit rows."""

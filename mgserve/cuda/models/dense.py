@@ -139,10 +139,10 @@ class DenseLM:
         spec, ops = self.spec, self.ops
         n, dh = h.shape[0], spec.head_dim
         q, k, v = (ops.linear(h, w) for w in (layer.wq, layer.wk, layer.wv))
-        if layer.bq is not None:
+        if layer.bq is not None and layer.bk is not None and layer.bv is not None:
             q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
         q, k, v = q.view(n, spec.n_head, dh), k.view(n, spec.n_head_kv, dh), v.view(n, -1, dh)
-        if layer.q_norm is not None:
+        if layer.q_norm is not None and layer.k_norm is not None:
             q = ops.rms_norm(q, layer.q_norm, spec.rms_eps)
             k = ops.rms_norm(k, layer.k_norm, spec.rms_eps)
         swa = bool(spec.swa_layers and spec.swa_layers[il])

@@ -34,6 +34,7 @@ from mgserve.core.reference import rowwise
 from mgserve.core.spec import ModelSpec
 from mgserve.core.spec_hybrid import HybridSpec
 from mgserve.core.spec_qwen4exp import Qwen4ExpSpec, qwen4exp_spec_from_gguf
+from mgserve.cuda.kbase import KVLayer
 from mgserve.cuda.loader import Loader, select_rows
 from mgserve.cuda.matmul import ExpertWeights
 from mgserve.cuda.models.base import DeviceOps, Step, rows
@@ -358,6 +359,7 @@ class HybridLM:
     def block(self, il: int, x: torch.Tensor, step: Step) -> torch.Tensor:
         layer, ops, eps = self.layers[il], self.ops, self.spec.rms_eps
         if layer.hc_attn is None:
+            assert layer.attn_norm is not None and layer.ffn_norm is not None
             h = ops.rms_norm(x, layer.attn_norm, eps)
             x = x + self.mixer(il, layer, h, step)
             h = ops.rms_norm(x, layer.ffn_norm, eps)
@@ -398,7 +400,7 @@ class HybridLM:
         ops, hp = self.ops, self.hp
         experts, weights = ops.route(ops.linear(h, w.router), hp.n_expert_used, hp.norm_topk)
         y = ops.moe_experts(h, w.experts, experts, weights)  # [N, d]
-        if w.shexp_gate is not None:
+        if w.shexp_gate is not None and w.shexp_up is not None and w.shexp_down is not None:
             g = ops.linear(h, w.shexp_gate)
             u = ops.linear(h, w.shexp_up)
             s = ops.linear(ops.silu_mul(g, u), w.shexp_down)
@@ -442,7 +444,7 @@ class HybridLM:
 
     # -- QSA ---------------------------------------------------------------------------------
 
-    def sparse(self, il: int, w: Indexer, q: torch.Tensor, kc: object, vc: object,
+    def sparse(self, il: int, w: Indexer, q: torch.Tensor, kc: KVLayer, vc: KVLayer,
                h: torch.Tensor, step: Step) -> torch.Tensor:  # fmt: skip
         """Pool the blocks this step completes, then QSA attention over the selected cells."""
         spec, ops, qp = self.spec, self.ops, self.qp
@@ -466,11 +468,12 @@ class HybridLM:
         parts, off = [], 0
         for s in step.spans:
             buf = torch.cat((pending[s.slot, : s.start % r], raw[off : off + s.n]))
-            first, n_new = s.start // r, buf.shape[0] // r
+            first_block, n_new = s.start // r, buf.shape[0] // r
             if n_new:
-                starts = (first + torch.arange(n_new, device=h.device)) * r
+                starts = (first_block + torch.arange(n_new, device=h.device)) * r
                 whole = buf[: n_new * r].view(n_new, r, dim)
-                blocks[s.slot, first : first + n_new] = self.pool_blocks(whole, starts, w)
+                new_blocks = slice(first_block, first_block + n_new)
+                blocks[s.slot, new_blocks] = self.pool_blocks(whole, starts, w)
             rest = buf[n_new * r :]
             pending[s.slot, : rest.shape[0]] = rest
             sl = slice(off, off + s.n)
