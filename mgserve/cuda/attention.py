@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mgserve.cuda.kbase import CudaBase, KVLayer, TorchBase
+from mgserve.cuda.kbase import CudaBase, KVLayer, TorchBase, check_f32, check_index, shape_error
 
 if TYPE_CHECKING:
     from cuda.core import Kernel
@@ -77,26 +77,10 @@ _KEY_MIN = -(1 << 63)  # rank key of blocks that cannot be selected
 # ---- checks -----------------------------------------------------------------------------------
 
 
-def _shape_error(name: str, t: torch.Tensor, expected: str) -> ValueError:
-    return ValueError(f"{name} has shape {list(t.shape)}, expected {expected}")
-
-
-def _check_f32(name: str, t: torch.Tensor) -> None:
-    if t.dtype != torch.float32:
-        raise ValueError(f"{name} must be float32, got {t.dtype}")
-
-
-def _check_index(name: str, t: torch.Tensor, n: int) -> None:
-    if t.dim() != 1 or t.shape[0] != n:
-        raise _shape_error(name, t, f"[{n}]")
-    if t.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"{name} must be int32 (or int64), got {t.dtype}")
-
-
 def _check_layer(name: str, c: KVLayer) -> None:
     vals = c.values
     if vals.dim() != 4:
-        raise _shape_error(f"{name}.values", vals, "[n_slots, n_ctx, n_kv, head_dim]")
+        raise shape_error(f"{name}.values", vals, "[n_slots, n_ctx, n_kv, head_dim]")
     if vals.dtype not in _KV_DTYPES:
         raise ValueError(f"{name}.values must be one of {_KV_DTYPES}, got {vals.dtype}")
     if c.quantized:
@@ -124,9 +108,9 @@ def _check_kv(k: KVLayer, v: KVLayer) -> tuple[int, int, int, int]:
 
 def _check_q(q: torch.Tensor, n_kv: int, d: int, what: str) -> tuple[int, int]:
     """(rows, heads) of q [rows, H, D] float32 with H a multiple of n_kv."""
-    _check_f32("q", q)
+    check_f32("q", q)
     if q.dim() != 3 or q.shape[2] != d:
-        raise _shape_error("q", q, f"[{what}, H, {d}] (head_dim of the pools)")
+        raise shape_error("q", q, f"[{what}, H, {d}] (head_dim of the pools)")
     if q.shape[1] % n_kv:
         raise ValueError(f"q has {q.shape[1]} heads, not a multiple of the {n_kv} KV heads")
     return q.shape[0], q.shape[1]
@@ -135,21 +119,21 @@ def _check_q(q: torch.Tensor, n_kv: int, d: int, what: str) -> tuple[int, int]:
 def _check_qsa(
     iq: torch.Tensor, blocks: torch.Tensor, n: int, n_ctx: int, ratio: int, budget: int
 ) -> None:
-    _check_f32("iq", iq)
-    _check_f32("blocks", blocks)
+    check_f32("iq", iq)
+    check_f32("blocks", blocks)
     if iq.dim() != 3 or iq.shape[0] != n:
-        raise _shape_error("iq", iq, f"[{n}, H_idx, D_idx]")
+        raise shape_error("iq", iq, f"[{n}, H_idx, D_idx]")
     if ratio < 1 or budget < ratio:
         raise ValueError(f"QSA needs ratio >= 1 and budget >= ratio, got {ratio}, {budget}")
     if blocks.dim() != 3 or blocks.shape[1] != n_ctx // ratio or blocks.shape[2] != iq.shape[2]:
-        raise _shape_error("blocks", blocks, f"[n_slots, {n_ctx // ratio}, {iq.shape[2]}]")
+        raise shape_error("blocks", blocks, f"[n_slots, {n_ctx // ratio}, {iq.shape[2]}]")
 
 
 def _check_select(scores: torch.Tensor, lengths: torch.Tensor, ratio: int, top: int) -> None:
-    _check_f32("scores", scores)
+    check_f32("scores", scores)
     if scores.dim() != 2:
-        raise _shape_error("scores", scores, "[N, n_cols]")
-    _check_index("lengths", lengths, scores.shape[0])
+        raise shape_error("scores", scores, "[N, n_cols]")
+    check_index("lengths", lengths, scores.shape[0])
     if ratio < 1 or top < 1:
         raise ValueError(f"QSA selection needs ratio >= 1 and top >= 1, got {ratio}, {top}")
 
@@ -321,11 +305,11 @@ class AttentionTorch(TorchBase):
         """Write token i's ``x[i]`` at (slots[i], pos[i]) of ``cache`` (q8_0: rounded exactly as
         the reference cache rounds)."""
         _check_layer("cache", cache)
-        _check_f32("x", x)
+        check_f32("x", x)
         if x.dim() != 3 or tuple(x.shape[1:]) != tuple(cache.values.shape[2:]):
-            raise _shape_error("x", x, f"[N, {cache.values.shape[2]}, {cache.values.shape[3]}]")
-        _check_index("slots", slots, x.shape[0])
-        _check_index("pos", pos, x.shape[0])
+            raise shape_error("x", x, f"[N, {cache.values.shape[2]}, {cache.values.shape[3]}]")
+        check_index("slots", slots, x.shape[0])
+        check_index("pos", pos, x.shape[0])
         index = (slots.long(), pos.long())
         if cache.quantized:
             q, d = quantize_q8_0(x)
@@ -357,8 +341,8 @@ class AttentionTorch(TorchBase):
         all n_ctx positions: static shapes, one session at a time to bound memory)."""
         n_slots, n_ctx, n_kv, d = _check_kv(k, v)
         b, _ = _check_q(q, n_kv, d, "B")
-        _check_index("slots", slots, b)
-        _check_index("lengths", lengths, b)
+        check_index("slots", slots, b)
+        check_index("lengths", lengths, b)
         key_pos = torch.arange(n_ctx, device=q.device)
         outs = []
         for i in range(b):
@@ -438,8 +422,8 @@ class AttentionTorch(TorchBase):
         n_slots, n_ctx, n_kv, d = _check_kv(k, v)
         b, _ = _check_q(q, n_kv, d, "B")
         _check_qsa(iq, blocks, b, n_ctx, ratio, budget)
-        _check_index("slots", slots, b)
-        _check_index("lengths", lengths, b)
+        check_index("slots", slots, b)
+        check_index("lengths", lengths, b)
         top, n_blk = budget // ratio, blocks.shape[1]
         lengths_l = lengths.long()
         sel = None
@@ -809,12 +793,12 @@ class AttentionCuda(CudaBase, AttentionTorch):
             super().kv_write(cache, x, slots, pos)
             return
         _check_layer("cache", cache)
-        _check_f32("x", x)
+        check_f32("x", x)
         n_ctx, n_kv = cache.values.shape[1], cache.values.shape[2]
         if x.dim() != 3 or tuple(x.shape[1:]) != (n_kv, d):
-            raise _shape_error("x", x, f"[N, {n_kv}, {d}]")
-        _check_index("slots", slots, x.shape[0])
-        _check_index("pos", pos, x.shape[0])
+            raise shape_error("x", x, f"[N, {n_kv}, {d}]")
+        check_index("slots", slots, x.shape[0])
+        check_index("pos", pos, x.shape[0])
         if not cache.values.is_contiguous() or (
             cache.quantized and not cache.scales.is_contiguous()
         ):
@@ -854,8 +838,8 @@ class AttentionCuda(CudaBase, AttentionTorch):
             return super().attention_decode(
                 q, k, v, slots, lengths, scale=scale, window=window, softcap=softcap
             )
-        _check_index("slots", slots, b)
-        _check_index("lengths", lengths, b)
+        check_index("slots", slots, b)
+        check_index("lengths", lengths, b)
         slots, lengths = self._attn_i32("slots", slots), self._attn_i32("lengths", lengths)
         bound = min(n_ctx, window) if window > 0 else n_ctx
         return self._run_decode(
@@ -966,8 +950,8 @@ class AttentionCuda(CudaBase, AttentionTorch):
             return super().qsa_decode(
                 q, iq, k, v, blocks, slots, lengths, ratio=ratio, budget=budget, scale=scale
             )
-        _check_index("slots", slots, b)
-        _check_index("lengths", lengths, b)
+        check_index("slots", slots, b)
+        check_index("lengths", lengths, b)
         slots, lengths = self._attn_i32("slots", slots), self._attn_i32("lengths", lengths)
         top, n_blk, qc = budget // ratio, blocks.shape[1], q.contiguous()
         if n_blk <= top:  # no session can have more than `top` complete blocks: dense

@@ -31,8 +31,8 @@ import torch
 
 from mgserve.core.reference import ops as ref_ops
 from mgserve.core.reference import rowwise
-from mgserve.cuda.kbase import CudaBase, TorchBase, check_cuda
-from mgserve.cuda.weights import FORMATS, QuantWeight
+from mgserve.cuda.kbase import CudaBase, TorchBase, check_cuda, check_weight
+from mgserve.cuda.weights import QuantWeight
 
 HC_SOURCE = "hc.cu"
 HC_KERNEL_TYPES = ("BF16", "F16", "F32", "Q8_0")  # weight formats hc.cu reads
@@ -227,15 +227,7 @@ class HCCuda(CudaBase, HCTorch):
         return t
 
     def _hc_weight(self, w: QuantWeight) -> None:
-        fmt = FORMATS[w.type_name]
-        if w.data.device != self.device or w.data.dtype != torch.uint8:
-            raise ValueError(f"{w.name}: weight bytes must be uint8 on {self.device}")
-        if (
-            not w.data.is_contiguous()
-            or w.data.numel() != w.rows * (w.k // fmt.block) * fmt.nbytes
-            or w.data.data_ptr() % 16
-        ):
-            raise ValueError(f"{w.name}: weight bytes must be contiguous, 16-byte aligned, whole")
+        check_weight(w, self.device)
 
     @staticmethod
     def hc_kernels_apply(hc: int, d: int, r: int, weights: tuple[QuantWeight | None, ...]) -> bool:

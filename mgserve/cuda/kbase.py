@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import torch
 
-from mgserve.cuda.weights import QuantWeight
+from mgserve.cuda.weights import FORMATS, QuantWeight
 
 if TYPE_CHECKING:
     from cuda.core import Kernel, Stream
@@ -128,3 +128,36 @@ def check_cuda(name: str, t: torch.Tensor, device: torch.device, dtype: torch.dt
         raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous")
+
+
+def shape_error(name: str, t: torch.Tensor, expected: str) -> ValueError:
+    return ValueError(f"{name} has shape {list(t.shape)}, expected {expected}")
+
+
+def check_f32(name: str, t: torch.Tensor) -> None:
+    if t.dtype != torch.float32:
+        raise ValueError(f"{name} must be float32, got {t.dtype}")
+
+
+def check_index(name: str, t: torch.Tensor, n: int) -> None:
+    """``t`` is a [n] int32 or int64 tensor (slots, positions, lengths)."""
+    if t.dim() != 1 or t.shape[0] != n:
+        raise shape_error(name, t, f"[{n}]")
+    if t.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
+
+
+def check_weight(w: QuantWeight, device: torch.device) -> None:
+    """ValueError unless ``w`` is whole, contiguous, 16-byte aligned uint8 blocks on ``device``
+    of a type the kernels read."""
+    fmt = FORMATS.get(w.type_name)
+    if fmt is None:
+        raise ValueError(f"{w.name}: no CUDA kernel for type {w.type_name}")
+    if w.data.device != device or w.data.dtype != torch.uint8:
+        raise ValueError(f"{w.name}: weight bytes must be uint8 on {device}")
+    if (
+        not w.data.is_contiguous()
+        or w.data.numel() != w.rows * (w.k // fmt.block) * fmt.nbytes
+        or w.data.data_ptr() % 16
+    ):
+        raise ValueError(f"{w.name}: weight bytes must be contiguous, 16-byte aligned, whole")

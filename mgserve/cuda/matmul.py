@@ -23,10 +23,10 @@ import torch
 
 from mgserve.core.reference import ops as ref_ops
 from mgserve.core.reference import rowwise
-from mgserve.cuda.kbase import CudaBase, check_cuda
+from mgserve.cuda.kbase import CudaBase, check_cuda, check_weight
 from mgserve.cuda.moe_prefill import MoePrefillCuda, MoePrefillTorch
 from mgserve.cuda.ops import INT8_TYPES, MAX_MATVEC_TOKENS, CudaOps
-from mgserve.cuda.weights import FORMATS, QuantWeight
+from mgserve.cuda.weights import QuantWeight
 
 if TYPE_CHECKING:
     from mgserve.cuda.compiler import KernelCompiler
@@ -265,17 +265,7 @@ class MatmulCuda(CudaBase, MoePrefillCuda, MatmulTorch):
     # -- helpers --
 
     def _mm_check_weight(self, w: QuantWeight) -> None:
-        fmt = FORMATS.get(w.type_name)
-        if fmt is None:
-            raise ValueError(f"{w.name}: no CUDA kernel for type {w.type_name}")
-        if w.data.device != self.device or w.data.dtype != torch.uint8:
-            raise ValueError(f"{w.name}: weight bytes must be uint8 on {self.device}")
-        if (
-            not w.data.is_contiguous()
-            or w.data.numel() != w.rows * (w.k // fmt.block) * fmt.nbytes
-            or w.data.data_ptr() % 16
-        ):
-            raise ValueError(f"{w.name}: weight bytes must be contiguous, 16-byte aligned, whole")
+        check_weight(w, self.device)
 
     def _mm_check_act(self, name: str, t: torch.Tensor, dtype: torch.dtype) -> None:
         check_cuda(name, t, self.device, dtype)

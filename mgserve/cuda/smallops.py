@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from mgserve.core.reference import deltanet, ops, rowwise
-from mgserve.cuda.kbase import CudaBase, TorchBase, check_cuda
+from mgserve.cuda.kbase import CudaBase, TorchBase, check_cuda, check_f32, check_index, shape_error
 
 NORM_SOURCE = "norm.cu"
 ACT_SOURCE = "act.cu"
@@ -37,26 +37,10 @@ _PREFILL_ELEMS = 1 << 25  # bound on H * chunks * chunk^2 of one batched block o
 _GATE_NONE, _GATE_SILU, _GATE_SIGMOID = 0, 1, 2  # gate modes of rms_norm_f32
 
 
-def _shape_error(name: str, t: torch.Tensor, expected: str) -> ValueError:
-    return ValueError(f"{name} has shape {list(t.shape)}, expected {expected}")
-
-
-def _check_f32(name: str, t: torch.Tensor) -> None:
-    if t.dtype != torch.float32:
-        raise ValueError(f"{name} must be float32, got {t.dtype}")
-
-
-def _check_index(name: str, t: torch.Tensor, n: int) -> None:
-    if t.dim() != 1 or t.shape[0] != n:
-        raise _shape_error(name, t, f"[{n}]")
-    if t.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
-
-
 def _check_norm(x: torch.Tensor, w: torch.Tensor) -> None:
     """x [..., D] with w [D], or x [..., G, D] with w [G, D]."""
-    _check_f32("x", x)
-    _check_f32("w", w)
+    check_f32("x", x)
+    check_f32("w", w)
     if w.dim() == 1:
         ok = x.dim() >= 1 and x.shape[-1] == w.shape[0]
     else:
@@ -69,19 +53,19 @@ def _check_norm(x: torch.Tensor, w: torch.Tensor) -> None:
 
 
 def _check_rope(x: torch.Tensor, pos: torch.Tensor, n_rot: int, ff: torch.Tensor | None) -> None:
-    _check_f32("x", x)
+    check_f32("x", x)
     if x.dim() != 3:
-        raise _shape_error("x", x, "[N, H, D]")
-    _check_index("pos", pos, x.shape[0])
+        raise shape_error("x", x, "[N, H, D]")
+    check_index("pos", pos, x.shape[0])
     if n_rot < 2 or n_rot % 2 or n_rot > x.shape[2]:
         raise ValueError(f"n_rot must be even and in 2..{x.shape[2]} (head dim), got {n_rot}")
     if ff is not None and (ff.dim() != 1 or ff.shape[0] != n_rot // 2):
-        raise _shape_error("freq_factors", ff, f"[{n_rot // 2}]")
+        raise shape_error("freq_factors", ff, f"[{n_rot // 2}]")
 
 
 def _check_gate_pair(gate: torch.Tensor, up: torch.Tensor) -> None:
-    _check_f32("gate", gate)
-    _check_f32("up", up)
+    check_f32("gate", gate)
+    check_f32("up", up)
     if gate.shape != up.shape:
         raise ValueError(f"gate {list(gate.shape)} and up {list(up.shape)} differ in shape")
 
@@ -99,29 +83,29 @@ def _deltanet_dims(n_k_heads: int, n_v_heads: int, head_dim: int) -> int:
 def _check_conv(x: torch.Tensor, conv: torch.Tensor, weight: torch.Tensor) -> int:
     """x [B or T, C], conv [n_slots, K - 1, C], weight [C, K]; returns K."""
     for name, t in (("x", x), ("conv", conv), ("weight", weight)):
-        _check_f32(name, t)
+        check_f32(name, t)
     if x.dim() != 2:
-        raise _shape_error("x", x, "[B, C]")
+        raise shape_error("x", x, "[B, C]")
     c = x.shape[1]
     if weight.dim() != 2 or weight.shape[0] != c or weight.shape[1] < 1:
-        raise _shape_error("weight", weight, f"[{c}, K]")
+        raise shape_error("weight", weight, f"[{c}, K]")
     k = weight.shape[1]
     if conv.dim() != 3 or conv.shape[1:] != (k - 1, c):
-        raise _shape_error("conv", conv, f"[n_slots, {k - 1}, {c}]")
+        raise shape_error("conv", conv, f"[n_slots, {k - 1}, {c}]")
     return k
 
 
 def _check_ssm(ssm: torch.Tensor, n_v_heads: int, head_dim: int) -> None:
-    _check_f32("ssm", ssm)
+    check_f32("ssm", ssm)
     if ssm.dim() != 4 or ssm.shape[1:] != (n_v_heads, head_dim, head_dim):
-        raise _shape_error("ssm", ssm, f"[n_slots, {n_v_heads}, {head_dim}, {head_dim}]")
+        raise shape_error("ssm", ssm, f"[n_slots, {n_v_heads}, {head_dim}, {head_dim}]")
 
 
 def _check_gb(g: torch.Tensor, beta: torch.Tensor, n: int, n_v_heads: int) -> None:
     for name, t in (("g", g), ("beta", beta)):
-        _check_f32(name, t)
+        check_f32(name, t)
         if t.shape != (n, n_v_heads):
-            raise _shape_error(name, t, f"[{n}, {n_v_heads}]")
+            raise shape_error(name, t, f"[{n}, {n_v_heads}]")
 
 
 def _split_qkv(
@@ -297,7 +281,7 @@ class SmallOpsTorch(TorchBase):
         """rope(rms_norm(x, w, eps), pos, ...): the per-head q / k norm then rotary embedding of
         the attention layers, in one op."""
         if w.dim() != 1:
-            raise _shape_error("w", w, f"[{x.shape[-1]}] (one weight for every head)")
+            raise shape_error("w", w, f"[{x.shape[-1]}] (one weight for every head)")
         h = self.rms_norm(x, w, eps)
         return self.rope(
             h, pos, n_rot=n_rot, base=base, neox=neox, scale=scale, freq_factors=freq_factors
@@ -325,7 +309,7 @@ class SmallOpsTorch(TorchBase):
         """One decode token of the depthwise causal conv + silu; shifts conv[slots[b]] (drops the
         oldest input, appends x[b]). Sync-free."""
         _check_conv(x, conv, weight)
-        _check_index("slots", slots, x.shape[0])
+        check_index("slots", slots, x.shape[0])
         idx = slots.long()
         y, new = deltanet.causal_conv(x[:, None], conv.index_select(0, idx), weight)
         conv.index_copy_(0, idx, new)
@@ -348,13 +332,13 @@ class SmallOpsTorch(TorchBase):
         (q scaled by head_dim^-0.5), then S <- exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q
         on ssm[slots[b]] in place. Sync-free."""
         c = _deltanet_dims(n_k_heads, n_v_heads, head_dim)
-        _check_f32("y", y)
+        check_f32("y", y)
         if y.dim() != 2 or y.shape[1] != c:
-            raise _shape_error("y", y, f"[B, {c}]")
+            raise shape_error("y", y, f"[B, {c}]")
         b = y.shape[0]
         _check_gb(g, beta, b, n_v_heads)
         _check_ssm(ssm, n_v_heads, head_dim)
-        _check_index("slots", slots, b)
+        check_index("slots", slots, b)
         idx = slots.long()
         q, k, v = _split_qkv(y[:, None], n_k_heads, n_v_heads, head_dim, eps)  # [B, 1, H_v, d]
         o, new = deltanet.delta_rule_recurrent(
@@ -373,16 +357,16 @@ class SmallOpsTorch(TorchBase):
     ) -> torch.Tensor:  # [N, H_v * d_v]
         """rms_norm(o, w) * act(z) per value head, act = sigmoid (qwen4exp) or silu (qwen3next):
         ``deltanet.output`` without the out projection."""
-        _check_f32("o", o)
-        _check_f32("z", z)
-        _check_f32("w", w)
+        check_f32("o", o)
+        check_f32("z", z)
+        check_f32("w", w)
         if o.dim() != 3:
-            raise _shape_error("o", o, "[N, H_v, d_v]")
+            raise shape_error("o", o, "[N, H_v, d_v]")
         n, hv, dv = o.shape
         if z.shape != (n, hv * dv):
-            raise _shape_error("z", z, f"[{n}, {hv * dv}]")
+            raise shape_error("z", z, f"[{n}, {hv * dv}]")
         if w.shape != (dv,):
-            raise _shape_error("w", w, f"[{dv}]")
+            raise shape_error("w", w, f"[{dv}]")
         act = rowwise.sigmoid if sigmoid else rowwise.silu
         return (ops.rms_norm(o, w, eps) * act(z).view(n, hv, dv)).reshape(n, hv * dv)
 
@@ -409,7 +393,7 @@ class SmallOpsTorch(TorchBase):
         c = _deltanet_dims(n_k_heads, n_v_heads, head_dim)
         _check_conv(qkv, conv, weight)
         if qkv.shape[1] != c or qkv.shape[0] < 1:
-            raise _shape_error("qkv", qkv, f"[T >= 1, {c}]")
+            raise shape_error("qkv", qkv, f"[T >= 1, {c}]")
         t = qkv.shape[0]
         _check_gb(g, beta, t, n_v_heads)
         _check_ssm(ssm, n_v_heads, head_dim)
@@ -518,12 +502,12 @@ class SmallOpsCuda(CudaBase, SmallOpsTorch):
         if z.device != self.device or z.dtype != torch.float32:
             raise ValueError(f"z must be float32 on {self.device}")
         if o.dim() != 3:
-            raise _shape_error("o", o, "[N, H_v, d_v]")
+            raise shape_error("o", o, "[N, H_v, d_v]")
         n, hv, dv = o.shape
         if z.shape != (n, hv * dv):
-            raise _shape_error("z", z, f"[{n}, {hv * dv}]")
+            raise shape_error("z", z, f"[{n}, {hv * dv}]")
         if w.shape != (dv,):
-            raise _shape_error("w", w, f"[{dv}]")
+            raise shape_error("w", w, f"[{dv}]")
         gate = _GATE_SIGMOID if sigmoid else _GATE_SILU
         return self._norm_rows(o, w, eps, z, hv, gate).view(n, hv * dv)
 
@@ -551,7 +535,7 @@ class SmallOpsCuda(CudaBase, SmallOpsTorch):
         if w is not None:
             self._f32("w", w)
             if w.shape != (d,):
-                raise _shape_error("w", w, f"[{d}] (one weight for every head)")
+                raise shape_error("w", w, f"[{d}] (one weight for every head)")
         if freq_factors is not None:
             self._f32("freq_factors", freq_factors)
         inv = self.inv_freq(n_rot, base, self.device)
@@ -607,9 +591,9 @@ class SmallOpsCuda(CudaBase, SmallOpsTorch):
         scale: float = 1.0,
         freq_factors: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        _check_f32("w", w)
+        check_f32("w", w)
         if w.dim() != 1:
-            raise _shape_error("w", w, f"[{x.shape[-1]}] (one weight for every head)")
+            raise shape_error("w", w, f"[{x.shape[-1]}] (one weight for every head)")
         return self._rope(x, w, eps, pos, n_rot, base, neox, scale, freq_factors)
 
     def _act(self, name: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -651,7 +635,7 @@ class SmallOpsCuda(CudaBase, SmallOpsTorch):
         for name, t in (("x", x), ("conv", conv), ("weight", weight)):
             self._f32(name, t)
         b, c = x.shape
-        _check_index("slots", slots, b)
+        check_index("slots", slots, b)
         self._small_i32("slots", slots)
         if k > MAX_CONV_K:
             raise ValueError(f"conv kernel width {k} > {MAX_CONV_K}")
@@ -689,11 +673,11 @@ class SmallOpsCuda(CudaBase, SmallOpsTorch):
         for name, t in (("y", y), ("g", g), ("beta", beta), ("ssm", ssm)):
             self._f32(name, t)
         if y.dim() != 2 or y.shape[1] != c:
-            raise _shape_error("y", y, f"[B, {c}]")
+            raise shape_error("y", y, f"[B, {c}]")
         b = y.shape[0]
         _check_gb(g, beta, b, n_v_heads)
         _check_ssm(ssm, n_v_heads, head_dim)
-        _check_index("slots", slots, b)
+        check_index("slots", slots, b)
         self._small_i32("slots", slots)
         if head_dim > 256:
             raise ValueError(f"delta_step: head_dim {head_dim} > 256 (state column in registers)")
