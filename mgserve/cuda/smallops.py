@@ -670,6 +670,8 @@ class SmallOpsCuda(CudaBase, SmallOpsTorch):
         eps: float,
     ) -> torch.Tensor:
         c = _deltanet_dims(n_k_heads, n_v_heads, head_dim)
+        # per-token rows read in place; views (rowwise's padded outputs, slices) are copied
+        y, g, beta = (t if t.is_contiguous() else t.contiguous() for t in (y, g, beta))
         for name, t in (("y", y), ("g", g), ("beta", beta), ("ssm", ssm)):
             self._f32(name, t)
         if y.dim() != 2 or y.shape[1] != c:

@@ -47,6 +47,16 @@ def embedding_table(ops: DeviceOps, w: QuantWeight) -> torch.Tensor:
     return ops.dequantize(w, 0, w.rows, out)
 
 
+def load_embeddings(
+    ld: Loader, spec: ModelSpec, ops: DeviceOps
+) -> tuple[torch.Tensor, QuantWeight]:
+    """The token embedding as a float32 table [V, d] and the output projection (the embedding's
+    quantized weight itself when the model ties them)."""
+    tok = ld.mat("token_embd.weight", (spec.n_embd, spec.n_vocab))
+    out = tok if spec.tied_output else ld.mat("output.weight", (spec.n_embd, spec.n_vocab))
+    return embedding_table(ops, tok), out
+
+
 class DenseLM:
     rewindable = True
 
@@ -64,9 +74,7 @@ class DenseLM:
         self.spec, self.ops, self.device = spec, ops, device
         ld = Loader(g, device)
         d, q, kv, ff = spec.n_embd, spec.q_dim, spec.kv_dim, spec.n_ff
-        tok = ld.mat("token_embd.weight", (d, spec.n_vocab))
-        self.tok_embd = embedding_table(ops, tok)  # [V, d]
-        self.output = tok if spec.tied_output else ld.mat("output.weight", (d, spec.n_vocab))
+        self.tok_embd, self.output = load_embeddings(ld, spec, ops)
         self.output_norm = ld.vec("output_norm.weight", (d,))
         self.rope_freqs = (
             ld.vec("rope_freqs.weight", (spec.n_rot // 2,)) if ld.has("rope_freqs.weight") else None

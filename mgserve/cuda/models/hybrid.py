@@ -38,7 +38,7 @@ from mgserve.cuda.kbase import KVLayer
 from mgserve.cuda.loader import Loader, select_rows
 from mgserve.cuda.matmul import ExpertWeights
 from mgserve.cuda.models.base import DeviceOps, Step, rows
-from mgserve.cuda.models.dense import embedding_table
+from mgserve.cuda.models.dense import load_embeddings
 from mgserve.cuda.pools import SlotPools
 from mgserve.cuda.weights import QuantWeight
 
@@ -153,10 +153,8 @@ class HybridLM:
         if self.arch == "qwen4exp":
             self.qp = qwen4exp_spec_from_gguf(g, hp.recurrent, spec.n_rot)
         ld = Loader(g, device)
-        d, V = spec.n_embd, spec.n_vocab
-        tok = ld.mat("token_embd.weight", (d, V))
-        self.tok_embd = embedding_table(ops, tok)  # [V, d]
-        self.output = tok if spec.tied_output else ld.mat("output.weight", (d, V))
+        d = spec.n_embd
+        self.tok_embd, self.output = load_embeddings(ld, spec, ops)
         self.output_norm: torch.Tensor | None = None
         self.output_hc: HC | None = None
         if self.qp is not None:
@@ -495,8 +493,8 @@ class HybridLM:
         n = h.shape[0]
         qkv = ops.linear(h, w.qkv)  # [N, conv_dim]
         z = ops.linear(h, w.z)  # [N, value_dim]
-        beta = rowwise.sigmoid(ops.linear(h, w.beta)).contiguous()  # [N, H_v]
-        g = (rowwise.softplus(ops.linear(h, w.alpha) + w.dt_bias) * w.a).contiguous()
+        beta = rowwise.sigmoid(ops.linear(h, w.beta))  # [N, H_v]
+        g = rowwise.softplus(ops.linear(h, w.alpha) + w.dt_bias) * w.a
         heads = dict(
             n_k_heads=hp.ssm_k_heads, n_v_heads=hp.ssm_v_heads, head_dim=hp.ssm_head_dim, eps=eps
         )
