@@ -23,7 +23,8 @@ class BlockFormat(NamedTuple):
     nbytes: int  # bytes per block
 
 
-# The formats the matvec kernels read (kernels/matvec.cu has every layout).
+# The formats the matvec, dequant and MoE kernels read (layouts: kernels/matvec.cu and the headers
+# it names).
 FORMATS: dict[str, BlockFormat] = {
     "Q4_0": BlockFormat(32, 18),
     "Q4_1": BlockFormat(32, 20),
@@ -38,6 +39,17 @@ FORMATS: dict[str, BlockFormat] = {
     "F32": BlockFormat(8, 32),
     "F16": BlockFormat(8, 16),
     "BF16": BlockFormat(8, 16),
+    # the low-bit formats of dynamic quants (kernels/gguf_blocks_lowbit.cuh, gguf_blocks_iq.cuh)
+    "Q2_K": BlockFormat(256, 84),
+    "Q3_K": BlockFormat(256, 110),
+    "MXFP4": BlockFormat(32, 17),
+    "IQ2_XXS": BlockFormat(256, 66),
+    "IQ2_XS": BlockFormat(256, 74),
+    "IQ2_S": BlockFormat(256, 82),
+    "IQ3_XXS": BlockFormat(256, 98),
+    "IQ3_S": BlockFormat(256, 110),
+    "IQ1_S": BlockFormat(256, 50),
+    "IQ1_M": BlockFormat(256, 56),
 }
 
 

@@ -36,10 +36,20 @@ def random_tensor(type_name: str, rows: int, k: int, rng: np.random.Generator) -
     n_bytes = rows * k // block * size
     if supported(qtype):
         return make_pool(qtype, rng, n_bytes)[:n_bytes]
-    # IQ4_NL / IQ4_XS: random bytes, then the fp16 d at offset 0 of each block made finite
+    # the IQ types and MXFP4: random bytes, then each block's scale made finite and moderate
     blocks = rng.integers(0, 256, size=(n_bytes // size, size), dtype=np.uint8)
     d = rng.uniform(1e-4, 1e-3, size=len(blocks)).astype("<f2")
-    blocks[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
+    if type_name == "MXFP4":  # u8 E8M0 exponent at 0: scales 2^-13 .. 2^0
+        blocks[:, 0] = rng.integers(115, 129, size=len(blocks), dtype=np.uint8)
+    elif type_name == "IQ1_M":  # d's four nibbles are the top nibbles of the u16s at 48..55
+        bits = d.view("<u2").astype(np.uint16)
+        words = blocks[:, 48:56].copy().view("<u2")  # [n_blocks, 4]
+        for i in range(4):
+            nibble = (bits >> np.uint16(4 * i)) & np.uint16(0xF)
+            words[:, i] = (words[:, i] & np.uint16(0x0FFF)) | (nibble << np.uint16(12))
+        blocks[:, 48:56] = words.view(np.uint8)
+    else:  # IQ4_NL, IQ4_XS, IQ2_*, IQ3_*, IQ1_S: fp16 d at offset 0
+        blocks[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
     return blocks.reshape(-1)
 
 

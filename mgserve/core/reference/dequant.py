@@ -14,11 +14,13 @@ from gguf import GGMLQuantizationType, quants
 from mgserve.core.gguf import GGUFError, GGUFFile, TensorInfo
 
 # Types the reference path reads. F32/F16 are stored as plain elements; the rest are block formats
-# that gguf-py decodes in numpy.
+# that gguf-py decodes in numpy (the last line: the low-bit types dynamic quants use; gguf-py carries
+# their IQ grids). Others (TQ1_0, TQ2_0, NVFP4, ...) are refused: no file we serve uses them.
 SUPPORTED_TYPES = frozenset(
     {
         "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+        "MXFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
     }
 )  # fmt: skip
 

@@ -28,8 +28,12 @@
 //   Q6_K 210 / 256: 128 ql | 64 qh | 16 x i8 scales | f16 d
 //   IQ4_XS 136 / 256: f16 d | u16 scales_h | 4 scales_l | 128 nibbles
 //   F32, F16, BF16: plain elements (k must be a multiple of 8)
+//   Q2_K, Q3_K, MXFP4: gguf_blocks_lowbit.cuh; IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S,
+//   IQ1_S, IQ1_M: gguf_blocks_iq.cuh (lookup grids generated from gguf-py: gguf_grids.cuh)
 
 #include "gguf_blocks.cuh"
+#include "gguf_blocks_lowbit.cuh"
+#include "gguf_blocks_iq.cuh"
 // ---- the kernel --------------------------------------------------------------------------------
 
 #define DEQUANT_THREADS 256
@@ -102,3 +106,13 @@ DEQUANT_TYPE(IQ4_XS)
 DEQUANT_TYPE(F32)
 DEQUANT_TYPE(F16)
 DEQUANT_TYPE(BF16)
+DEQUANT_TYPE(Q2_K)
+DEQUANT_TYPE(Q3_K)
+DEQUANT_TYPE(MXFP4)
+DEQUANT_TYPE(IQ2_XXS)
+DEQUANT_TYPE(IQ2_XS)
+DEQUANT_TYPE(IQ2_S)
+DEQUANT_TYPE(IQ3_XXS)
+DEQUANT_TYPE(IQ3_S)
+DEQUANT_TYPE(IQ1_S)
+DEQUANT_TYPE(IQ1_M)

@@ -23,11 +23,15 @@
 //   Q6_K 210 / 256: 128 ql | 64 qh | 16 x i8 scales | f16 d
 //   IQ4_XS 136 / 256: f16 d | u16 scales_h | 4 scales_l | 128 nibbles
 //   F32, F16, BF16: plain elements (k must be a multiple of 8)
+//   Q2_K, Q3_K, MXFP4: gguf_blocks_lowbit.cuh; IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S,
+//   IQ1_S, IQ1_M: gguf_blocks_iq.cuh (lookup grids generated from gguf-py: gguf_grids.cuh)
 //
 // Rows of most formats are not 4-byte aligned (34, 22, 210 bytes...), so block fields are read
 // bytewise; the bytes of one block are shared by its lanes through L1, so DRAM sees each byte once.
 
 #include "gguf_blocks.cuh"
+#include "gguf_blocks_lowbit.cuh"
+#include "gguf_blocks_iq.cuh"
 #define WARPS_PER_CTA 4
 // Tuning, set by the Python wrapper (ops.MatvecTuning) through -D; defaults match its defaults.
 #ifndef ROWS_PER_WARP_1
@@ -127,3 +131,13 @@ MATVEC_TYPE(IQ4_XS)
 MATVEC_TYPE(F32)
 MATVEC_TYPE(F16)
 MATVEC_TYPE(BF16)
+MATVEC_TYPE(Q2_K)
+MATVEC_TYPE(Q3_K)
+MATVEC_TYPE(MXFP4)
+MATVEC_TYPE(IQ2_XXS)
+MATVEC_TYPE(IQ2_XS)
+MATVEC_TYPE(IQ2_S)
+MATVEC_TYPE(IQ3_XXS)
+MATVEC_TYPE(IQ3_S)
+MATVEC_TYPE(IQ1_S)
+MATVEC_TYPE(IQ1_M)

@@ -30,6 +30,8 @@
 // Block layouts: see matvec.cu (the decoders below are its, unchanged).
 
 #include "gguf_blocks.cuh"
+#include "gguf_blocks_lowbit.cuh"
+#include "gguf_blocks_iq.cuh"
 // ---- the kernels -------------------------------------------------------------------------------
 
 #define MOE_WARPS 4
@@ -186,3 +188,13 @@ MOE_ENTRIES(IQ4_XS)
 MOE_ENTRIES(F32)
 MOE_ENTRIES(F16)
 MOE_ENTRIES(BF16)
+MOE_ENTRIES(Q2_K)
+MOE_ENTRIES(Q3_K)
+MOE_ENTRIES(MXFP4)
+MOE_ENTRIES(IQ2_XXS)
+MOE_ENTRIES(IQ2_XS)
+MOE_ENTRIES(IQ2_S)
+MOE_ENTRIES(IQ3_XXS)
+MOE_ENTRIES(IQ3_S)
+MOE_ENTRIES(IQ1_S)
+MOE_ENTRIES(IQ1_M)
