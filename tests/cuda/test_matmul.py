@@ -89,6 +89,7 @@ def check_moe(
 def test_dequantize_matches_gguf(mm, type_name: str) -> None:
     block = max(32, FORMATS[type_name].block)
     rng = np.random.default_rng(TYPES.index(type_name))
+    worst = 0.0
     for rows, k, row0, n in [(37, 3 * block, 5, 29), (1, block, 0, 1), (130, 2560, 0, 130)]:
         w, raw = make_weight(type_name, rows, k, rng, "cuda")
         ref = reference_weight(type_name, rows, k, raw)[row0 : row0 + n].double()  # [n, k]
@@ -104,10 +105,12 @@ def test_dequantize_matches_gguf(mm, type_name: str) -> None:
             if dtype == torch.float16:
                 tol = tol + ref.abs() * 2.0**-11 + 2.0**-24
             excess = ((out - ref).abs() - tol).max().item()
+            worst = max(worst, ((out - ref).abs() / row_max.clamp_min(1e-30)).max().item())
             assert excess <= 0, (
                 f"{type_name} -> {dtype} rows [{row0}, {row0 + n}) of {rows}x{k}: "
                 f"max error {(out - ref).abs().max().item():.3e} over tolerance by {excess:.3e}"
             )
+    print(f"dequantize {type_name}: max error / row max {worst:.2e} (fp32 and f16 out)")
 
 
 # ---- linear --------------------------------------------------------------------------------------
@@ -166,10 +169,12 @@ def test_moe_decode_matches_reference(mm, type_name: str) -> None:
     i = TYPES.index(type_name)
     case = make_case(type_name, type_name, 16, 256, 256, fused=i % 2 == 1, seed=i, device="cuda")
     rng = np.random.default_rng(200 + i)
+    errors = []
     for n in (1, 3, 8):
         x = torch.from_numpy(rng.standard_normal((n, 256), dtype=np.float32))
         experts, weights = routing(n, 10, 16, rng)
-        check_moe(mm, case, x, experts, weights, RTOL_FP32)
+        errors.append(check_moe(mm, case, x, experts, weights, RTOL_FP32))
+    print(f"moe decode {type_name}: max error {max(errors):.2e} (N = 1, 3, 8)")
 
 
 @pytest.mark.parametrize("down_type", ["Q5_0", "Q8_0"])
@@ -322,6 +327,27 @@ def test_moe_prefill_matches_reference(
         )
     check_moe(mm, case, x[:9], experts[:9], weights[:9], RTOL_F16)
     print(f"moe prefill {gate_type}/{down_type} fused={fused}: errors {errors}")
+
+
+LOWBIT_TYPES = ["Q2_K", "Q3_K", "MXFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S",
+                "IQ1_M"]  # fmt: skip
+
+
+@pytest.mark.parametrize("gate_type", LOWBIT_TYPES)
+def test_moe_prefill_lowbit_types(mm, gate_type: str) -> None:
+    """The low-bit formats of dynamic quants through MoE prefill (dequant.cu to f16 + batched
+    products): 120 tokens x 4 of 16 experts, gate/up of one format and down of the next, fused
+    and separate gate/up alternating."""
+    i = LOWBIT_TYPES.index(gate_type)
+    down_type = LOWBIT_TYPES[(i + 1) % len(LOWBIT_TYPES)]
+    case = make_case(
+        gate_type, down_type, 16, 256, 256, fused=i % 2 == 0, seed=300 + i, device="cuda"
+    )
+    rng = np.random.default_rng(300 + i)
+    x = torch.from_numpy(rng.standard_normal((120, 256), dtype=np.float32))
+    experts, weights = routing(120, 4, 16, rng)
+    err = check_moe(mm, case, x, experts, weights, RTOL_F16)
+    print(f"moe prefill {gate_type}/{down_type}: error {err:.2e}")
 
 
 # ---- validation ----------------------------------------------------------------------------------

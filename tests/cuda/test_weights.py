@@ -25,8 +25,8 @@ def test_rows_of_a_3d_tensor_are_all_outer_dimensions() -> None:
 
 
 def test_unsupported_type_names_tensor_and_type() -> None:
-    with pytest.raises(ValueError, match=r"'blk\.3\.ffn_down\.weight' has type Q2_K"):
-        upload_bytes("blk.3.ffn_down.weight", "Q2_K", (256, 2), np.zeros(168, np.uint8), "cpu")
+    with pytest.raises(ValueError, match=r"'blk\.3\.ffn_down\.weight' has type TQ1_0"):
+        upload_bytes("blk.3.ffn_down.weight", "TQ1_0", (256, 2), np.zeros(108, np.uint8), "cpu")
 
 
 def test_misaligned_width_and_wrong_size_are_rejected() -> None:

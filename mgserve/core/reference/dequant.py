@@ -14,8 +14,8 @@ from gguf import GGMLQuantizationType, quants
 from mgserve.core.gguf import GGUFError, GGUFFile, TensorInfo
 
 # Types the reference path reads. F32/F16 are stored as plain elements; the rest are block formats
-# that gguf-py decodes in numpy (the last line: the low-bit types dynamic quants use; gguf-py carries
-# their IQ grids). Others (TQ1_0, TQ2_0, NVFP4, ...) are refused: no file we serve uses them.
+# that gguf-py decodes in numpy (the last line: the low-bit types dynamic quants use; gguf-py
+# carries their IQ grids). Others (TQ1_0, TQ2_0, NVFP4, ...) are refused: no file we serve has them.
 SUPPORTED_TYPES = frozenset(
     {
         "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
