@@ -103,7 +103,10 @@ struct IQ3_S {
 __device__ __forceinline__ void iq1_levels8(u32 idx, float delta, float scale, float* w) {
     const unsigned long long g = iq1s_grid[idx];
 #pragma unroll
-    for (int i = 0; i < 8; i++) w[i] = scale * (u2f(((u32)(g >> (8 * i)) & 0xFF) ^ 0x80u, 128.f) + delta);
+    for (int i = 0; i < 8; i++) {
+        const u32 level = ((u32)(g >> (8 * i)) & 0xFF) ^ 0x80u;  // int8 via its offset form
+        w[i] = scale * (u2f(level, 128.f) + delta);
+    }
 }
 
 struct IQ1_S {
@@ -119,7 +122,8 @@ struct IQ1_S {
 struct IQ1_M {
     static constexpr int BLOCK = 256, BYTES = 56;
     __device__ static void load(const u8* b, int j, float* w) {
-        const u32 s0 = ld_u16(b + 48), s1 = ld_u16(b + 50), s2 = ld_u16(b + 52), s3 = ld_u16(b + 54);
+        const u32 s0 = ld_u16(b + 48), s1 = ld_u16(b + 50);
+        const u32 s2 = ld_u16(b + 52), s3 = ld_u16(b + 54);
         const u32 dbits = (s0 >> 12) | ((s1 >> 8) & 0xF0) | ((s2 >> 4) & 0xF00) | (s3 & 0xF000);
         const int s = j >> 1;  // 16-value sub-block
         const u32 sw = s < 8 ? (s < 4 ? s0 : s1) : (s < 12 ? s2 : s3);
