@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf import quants
@@ -35,7 +36,7 @@ GRIDS = [
 PER_LINE = {"u64": 4, "u32": 6}
 
 
-def grid_levels(cls: type) -> np.ndarray:
+def grid_levels(cls: Any) -> np.ndarray:
     """int64 [entries, width]: gguf-py's grid of ``cls`` as integer levels."""
     cls.init_grid()
     grid = np.asarray(cls.grid, dtype=np.float32).reshape(cls.grid_shape)

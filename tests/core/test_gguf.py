@@ -124,14 +124,14 @@ def test_missing_key(tmp_path: Path, llama_parts) -> None:
 
 def test_unsupported_tensor_type(tmp_path: Path) -> None:
     w = gguf.GGUFWriter(tmp_path / "q.gguf", "llama")
-    block = np.zeros((1, 66), dtype=np.uint8)  # one IQ2_XXS block: 256 values in 66 bytes
-    w.add_tensor("odd.weight", block, raw_dtype=gguf.GGMLQuantizationType.IQ2_XXS)
+    block = np.zeros((1, 54), dtype=np.uint8)  # one TQ1_0 block: 256 values in 54 bytes
+    w.add_tensor("odd.weight", block, raw_dtype=gguf.GGMLQuantizationType.TQ1_0)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     g = GGUFFile(tmp_path / "q.gguf")
-    with pytest.raises(GGUFError, match=r"q\.gguf.*'odd\.weight' has type IQ2_XXS"):
+    with pytest.raises(GGUFError, match=r"q\.gguf.*'odd\.weight' has type TQ1_0"):
         dequantize(g, g.tensor("odd.weight"))
 
 
