@@ -10,6 +10,7 @@ from aiohttp import web
 
 from mgserve import __version__ as VERSION
 from mgserve.api import fields, sse
+from mgserve.api.chat_inputs import chat_inputs
 from mgserve.api.errors import ApiError
 from mgserve.api.generate import Generation, TokenOut
 from mgserve.api.http import SERVICE, json_response
@@ -25,7 +26,6 @@ from mgserve.api.protocol import (
     Fields,
     GenParams,
     body_size,
-    chat_inputs,
     llama_params,
     read_json,
 )

@@ -9,11 +9,12 @@ from typing import Any
 from aiohttp import web
 
 from mgserve.api import fields, sse
+from mgserve.api.chat_inputs import chat_inputs
 from mgserve.api.errors import ApiError
 from mgserve.api.generate import Generation, TokenOut
 from mgserve.api.http import SERVICE, json_response
 from mgserve.api.prompts import chat_prompt, check_prompt_length, key_tokenizer, openai_prompt
-from mgserve.api.protocol import GenParams, body_size, chat_inputs, openai_params, read_json
+from mgserve.api.protocol import GenParams, body_size, openai_params, read_json
 from mgserve.api.service import Service
 
 FINGERPRINT = "mgserve-0.1.0"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mgserve.api.chat_inputs import ChatInputs
 from mgserve.api.errors import ApiError
-from mgserve.api.protocol import ChatInputs
 from mgserve.api.service import Service
 
 
