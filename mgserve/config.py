@@ -51,7 +51,8 @@ class Settings:
     )
     chat_template: str | None = _opt(
         None,
-        "chat template: a built-in name (gemma, chatml, llama3) or a jinja file; "
+        "chat template: a built-in name (gemma, chatml, qwen2.5, qwen3, qwen3.5, llama3) or a "
+        "jinja file; "
         "default: the GGUF's own, else the architecture's built-in",
         "--chat-template",
     )

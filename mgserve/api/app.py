@@ -40,6 +40,11 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
     await engine.stop()
 
 
+async def _text_pool_ctx(app: web.Application) -> AsyncIterator[None]:
+    yield
+    app[SERVICE].text.close()
+
+
 def create_app(service: Service) -> web.Application:
     middlewares = [error_middleware]
     if service.settings.api_key:
@@ -50,6 +55,7 @@ def create_app(service: Service) -> web.Application:
     )
     app[SERVICE] = service
     app.cleanup_ctx.append(_engine_ctx)
+    app.cleanup_ctx.append(_text_pool_ctx)
     openai_routes.add_routes(app)
     llama_routes.add_routes(app)
     return app

@@ -9,18 +9,26 @@ from typing import Any
 from aiohttp import web
 
 from mgserve import __version__ as VERSION
-from mgserve.api import sse
+from mgserve.api import fields, sse
+from mgserve.api.chat_inputs import chat_inputs
 from mgserve.api.errors import ApiError
 from mgserve.api.generate import Generation, TokenOut
 from mgserve.api.http import SERVICE, json_response
 from mgserve.api.prompts import (
     check_ids,
     check_prompt_length,
-    encode_text,
+    key_tokenizer,
     llama_prompt,
     mixed_prompt,
+    render_chat,
 )
-from mgserve.api.protocol import Fields, GenParams, llama_params, read_json
+from mgserve.api.protocol import (
+    Fields,
+    GenParams,
+    body_size,
+    llama_params,
+    read_json,
+)
 from mgserve.api.service import Service
 from mgserve.core.batch import SamplingParams
 
@@ -85,18 +93,20 @@ def _settings(service: Service, params: GenParams | None) -> dict[str, Any]:
 async def completion(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     body = await read_json(request)
+    fields.check_fields(body, fields.LLAMA_COMPLETION)
     if "prompt" not in body:
         raise ApiError("'prompt' is required", param="prompt")
-    params = llama_params(
-        body,
-        service.engine.n_ctx,
-        service.n_vocab,
-        service.settings.seed,
-        lambda s: encode_text(service, s, False),
-    )
+    Fields(body).get_bool("cache_prompt", True)  # a prompt's cached prefix is always reused
     return_tokens = Fields(body).get_bool("return_tokens", False)
-    prompt = llama_prompt(service, body["prompt"])
-    check_prompt_length(prompt, service.engine.n_ctx)
+
+    def work() -> tuple[GenParams, list[int], str]:  # on the text pool
+        s = service
+        params = llama_params(body, s.engine.n_ctx, s.n_vocab, s.settings.seed, key_tokenizer(s))
+        prompt = llama_prompt(s, body["prompt"])
+        check_prompt_length(prompt, s.engine.n_ctx)
+        return params, prompt, s.tokenizer.decode(prompt)  # the text the response echoes
+
+    params, prompt, prompt_text = await service.text.run(await body_size(request), work)
     gen = Generation(service, prompt, params, request)
     slot = -1
 
@@ -120,7 +130,7 @@ async def completion(request: web.Request) -> web.StreamResponse:
             "stop": True,
             "model": service.model_id,
             "generation_settings": _settings(service, params),
-            "prompt": service.tokenizer.decode(prompt),
+            "prompt": prompt_text,
             "has_new_line": "\n" in text,
             "truncated": False,
             "stop_type": "word" if gen.stop_word else STOP_TYPE.get(reason, "none"),
@@ -162,6 +172,7 @@ async def completion(request: web.Request) -> web.StreamResponse:
 async def tokenize(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     body = await read_json(request)
+    fields.check_fields(body, fields.TOKENIZE)
     f = Fields(body)
     add_special = f.get_bool("add_special", False)
     parse_special = f.get_bool("parse_special", True)
@@ -169,48 +180,50 @@ async def tokenize(request: web.Request) -> web.Response:
     content = body.get("content")
     if content is None:
         return json_response({"tokens": []})
-    if isinstance(content, str):
-        ids = service.tokenizer.encode(
-            content, add_special=add_special, parse_special=parse_special
-        )
-    elif isinstance(content, list):
-        ids = mixed_prompt(service, content, "content")
-    else:
+    if not isinstance(content, str | list):
         raise ApiError("'content' must be a string or a list", param="content")
-    if not with_pieces:
-        return json_response({"tokens": ids})
-    out = []
-    for t in ids:
-        piece = bytes(service.tokenizer.piece(t))
-        try:
-            shown: str | list[int] = piece.decode("utf-8")
-        except UnicodeDecodeError:  # part of a character: llama-server sends the raw bytes
-            shown = list(piece)
-        out.append({"id": t, "piece": shown})
-    return json_response({"tokens": out})
+
+    def work() -> list[Any]:  # no context limit here: counting tokens of any text is a use
+        if isinstance(content, str):
+            ids = service.tokenizer.encode(
+                content, add_special=add_special, parse_special=parse_special
+            )
+        else:
+            ids = mixed_prompt(service, content, "content", limit=False)
+        return ids if not with_pieces else [_with_piece(service, t) for t in ids]
+
+    return json_response({"tokens": await service.text.run(await body_size(request), work)})
+
+
+def _with_piece(service: Service, token: int) -> dict[str, Any]:
+    piece = bytes(service.tokenizer.piece(token))
+    try:
+        shown: str | list[int] = piece.decode("utf-8")
+    except UnicodeDecodeError:  # part of a character: llama-server sends the raw bytes
+        shown = list(piece)
+    return {"id": token, "piece": shown}
 
 
 async def detokenize(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     body = await read_json(request)
+    fields.check_fields(body, fields.DETOKENIZE)
     tokens = body.get("tokens", [])
     if not isinstance(tokens, list) or not all(
         isinstance(t, int) and not isinstance(t, bool) for t in tokens
     ):
         raise ApiError("'tokens' must be a list of token ids", param="tokens")
     check_ids(tokens, service.n_vocab, "tokens")
-    return json_response({"content": service.tokenizer.decode(tokens)})
+    text = await service.text.run(await body_size(request), service.tokenizer.decode, tokens)
+    return json_response({"content": text})
 
 
 async def apply_template(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     body = await read_json(request)
-    try:
-        prompt = service.chat.apply(
-            body.get("messages"), add_generation_prompt=True, tools=body.get("tools")
-        )
-    except ValueError as e:
-        raise ApiError(str(e), param="messages") from None
+    fields.check_fields(body, fields.APPLY_TEMPLATE)
+    inputs = chat_inputs(body)
+    prompt = await service.text.run(await body_size(request), render_chat, service, inputs)
     return json_response({"prompt": prompt})
 
 

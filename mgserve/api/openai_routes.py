@@ -8,12 +8,13 @@ from typing import Any
 
 from aiohttp import web
 
-from mgserve.api import sse
+from mgserve.api import fields, sse
+from mgserve.api.chat_inputs import chat_inputs
 from mgserve.api.errors import ApiError
 from mgserve.api.generate import Generation, TokenOut
 from mgserve.api.http import SERVICE, json_response
-from mgserve.api.prompts import check_prompt_length, encode_text, openai_prompt
-from mgserve.api.protocol import GenParams, openai_params, read_json
+from mgserve.api.prompts import chat_prompt, check_prompt_length, key_tokenizer, openai_prompt
+from mgserve.api.protocol import GenParams, body_size, openai_params, read_json
 from mgserve.api.service import Service
 
 FINGERPRINT = "mgserve-0.1.0"
@@ -160,47 +161,36 @@ async def _respond(
         gen.close()
 
 
+def _params(service: Service, body: dict[str, Any], chat: bool) -> GenParams:
+    s = service
+    tokenize = key_tokenizer(s)
+    return openai_params(body, chat, s.engine.n_ctx, s.n_vocab, s.settings.seed, tokenize)
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     body = await read_json(request)
-    params = openai_params(
-        body,
-        True,
-        service.engine.n_ctx,
-        service.n_vocab,
-        service.settings.seed,
-        lambda s: encode_text(service, s, False),
-    )
-    fmt = body.get("response_format")
-    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
-        raise ApiError(
-            f"response_format {fmt.get('type')!r} is not supported", param="response_format"
-        )
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise ApiError("'tools' must be a list", param="tools")
-    try:
-        text = service.chat.apply(body.get("messages"), add_generation_prompt=True, tools=tools)
-    except ValueError as e:
-        raise ApiError(str(e), param="messages") from None
-    prompt = encode_text(service, text)
+    fields.check_fields(body, fields.CHAT)
+    inputs = chat_inputs(body)
+
+    def work() -> tuple[GenParams, list[int]]:  # render and tokenize: on the text pool
+        return _params(service, body, True), chat_prompt(service, inputs)
+
+    params, prompt = await service.text.run(await body_size(request), work)
     return await _respond(request, service, prompt, params, chat=True)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     body = await read_json(request)
+    fields.check_fields(body, fields.COMPLETIONS)
     if "prompt" not in body:
         raise ApiError("'prompt' is required", param="prompt")
-    params = openai_params(
-        body,
-        False,
-        service.engine.n_ctx,
-        service.n_vocab,
-        service.settings.seed,
-        lambda s: encode_text(service, s, False),
-    )
-    prompt = openai_prompt(service, body["prompt"])
+
+    def work() -> tuple[GenParams, list[int]]:
+        return _params(service, body, False), openai_prompt(service, body["prompt"])
+
+    params, prompt = await service.text.run(await body_size(request), work)
     return await _respond(request, service, prompt, params, chat=False)
 
 

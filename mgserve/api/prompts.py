@@ -1,9 +1,16 @@
-"""Prompts as text, token ids, or llama-server's mix of both -> checked token ids."""
+"""Prompts as text, token ids, or llama-server's mix of both -> checked token ids.
+
+These run on the service's text pool (textwork.py), not on the event loop. Before any text is
+tokenized its size is checked against the most the context can hold: a token covers at most
+``service.max_token_bytes`` bytes of text, so a prompt of more than ``n_ctx`` times that many
+bytes has more than ``n_ctx`` tokens, and is refused at once rather than after tokenizing it.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from mgserve.api.chat_inputs import ChatInputs
 from mgserve.api.errors import ApiError
 from mgserve.api.service import Service
 
@@ -22,19 +29,41 @@ def check_ids(ids: list[int], n_vocab: int, param: str) -> list[int]:
     return ids
 
 
-def encode_text(service: Service, text: str, add_special: bool = True) -> list[int]:
+def check_text_size(service: Service, text: str, param: str = "prompt") -> None:
+    """400 (context_length_exceeded) for a text too long to fit the context in any tokenization."""
+    limit = service.engine.n_ctx * service.max_token_bytes
+    if len(text) <= limit // 4:  # at most 4 bytes a character: no need to count them
+        return
+    n_bytes = len(text) if len(text) > limit else len(text.encode("utf-8", "surrogatepass"))
+    if n_bytes > limit:
+        raise ApiError(
+            f"the prompt is {'at least ' if len(text) > limit else ''}{n_bytes} bytes, more than "
+            f"the context's {service.engine.n_ctx} tokens can hold (a token covers at most "
+            f"{service.max_token_bytes} bytes)",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+
+def encode_text(
+    service: Service, text: str, add_special: bool = True, param: str = "prompt"
+) -> list[int]:
+    check_text_size(service, text, param)
     # special-token text in a prompt is parsed, as llama-server does for completions and chat
     return service.tokenizer.encode(text, add_special=add_special, parse_special=True)
 
 
-def mixed_prompt(service: Service, items: list[Any], param: str) -> list[int]:
-    """llama-server's [id, "text", id, ...]: text tokenized, BOS only before a leading text."""
+def mixed_prompt(service: Service, items: list[Any], param: str, limit: bool = True) -> list[int]:
+    """llama-server's [id, "text", id, ...]: text tokenized, BOS only before a leading text.
+    ``limit=False`` (/tokenize) tokenizes texts of any size the body limit lets through."""
+    if limit:
+        check_text_size(service, "".join(s for s in items if isinstance(s, str)), param)
     ids: list[int] = []
     for i, item in enumerate(items):
         if _is_id(item):
             ids.append(item)
         elif isinstance(item, str):
-            ids.extend(encode_text(service, item, add_special=(i == 0)))
+            ids.extend(service.tokenizer.encode(item, add_special=(i == 0), parse_special=True))
         else:
             raise ApiError(f"{param}[{i}] must be a token id or a string", param=param)
     return check_ids(ids, service.n_vocab, param)
@@ -74,3 +103,27 @@ def check_prompt_length(prompt: list[int], n_ctx: int, param: str = "prompt") ->
             param=param,
             code="context_length_exceeded",
         )
+
+
+def render_chat(service: Service, inputs: ChatInputs) -> str:
+    """The chat template applied; its refusals (and bad messages) are 400s."""
+    try:
+        return service.chat.apply(
+            inputs.messages, inputs.add_generation_prompt, inputs.tools, inputs.kwargs
+        )
+    except ValueError as e:
+        msg = str(e)
+        param = next(
+            (p for p in ("tools", "chat_template_kwargs") if msg.lstrip("'").startswith(p)),
+            "messages",
+        )
+        raise ApiError(msg, param=param) from None
+
+
+def chat_prompt(service: Service, inputs: ChatInputs) -> list[int]:
+    return encode_text(service, render_chat(service, inputs), param="messages")
+
+
+def key_tokenizer(service: Service) -> Any:
+    """llama-server's logit_bias text keys: each key's tokens, without BOS."""
+    return lambda text: encode_text(service, text, add_special=False, param="logit_bias")

@@ -48,6 +48,12 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     return body
 
 
+async def body_size(request: web.Request) -> int:
+    """The body's length in bytes: how much text work the request can ask for (textwork.py).
+    aiohttp keeps the body read_json read, so this reads nothing again."""
+    return len(await request.read())
+
+
 class Fields:
     """Typed, range-checked access to a JSON object's fields; missing or null -> the default."""
 

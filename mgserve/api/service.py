@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from mgserve.api.textwork import TextPool
 from mgserve.config import Settings
 from mgserve.core.builtin_models import resolve_model
 from mgserve.core.chat import ChatTemplate, load_chat_template
@@ -41,6 +42,15 @@ class Service:
     model_path: str = ""
     # a fresh incremental detokenizer per request; injectable so tests can run on fakes
     new_detokenizer: Callable[[], Detokenizer] | None = None
+    # the most bytes of text one token covers (its longest piece, at least one character): a
+    # text longer than n_ctx times this cannot fit the context, whatever its tokens
+    max_token_bytes: int = 0  # 0: measured from the vocabulary
+    text: TextPool = field(default_factory=TextPool)  # rendering and tokenizing, off the loop
+
+    def __post_init__(self) -> None:
+        if self.max_token_bytes == 0:
+            longest = max(len(self.tokenizer.piece(t)) for t in range(self.n_vocab))
+            self.max_token_bytes = max(4, longest)  # 4: an unknown character is one token
 
     def detokenizer(self) -> Detokenizer:
         if self.new_detokenizer is not None:
@@ -108,6 +118,7 @@ def build_service(settings: Settings) -> Service:
         spec.arch,
         bos_token=_special_text(tokenizer, tokenizer.bos_id),
         eos_token=_special_text(tokenizer, tokenizer.eos_id),
+        has_token=lambda text: tokenizer.token_id(text) is not None,
     )
     engine = Engine(model, settings, runner=runner)
     log.info(

@@ -1,131 +1,86 @@
-"""Chat templates: OpenAI-style messages -> one prompt string, rendered in a sandboxed jinja2.
+"""Chat templates: OpenAI-style messages -> one prompt string.
 
-A GGUF's ``tokenizer.chat_template`` is untrusted code, so it runs in jinja2's immutable sandbox
-with the globals Hugging Face templates expect (``raise_exception``, ``strftime_now``, ``bos_token``
-...), and ``trim_blocks``/``lstrip_blocks`` as transformers sets them. Files without a template get
-a built-in format chosen by architecture; ``--chat-template`` overrides with a name or a file.
+The template is the GGUF's ``tokenizer.chat_template`` (untrusted code, run in the sandbox of
+chat_env.py), a file or built-in name given with ``--chat-template``, or, for a file without one,
+the built-in format of its family (chat_builtin.py). Messages are normalized first
+(chat_messages.py: ``developer`` -> ``system``, text parts joined, tool-call arguments parsed).
+
+A template is rendered with ``messages``, ``add_generation_prompt``, ``bos_token`` and
+``eos_token``; ``tools`` only when the request has tools, so ``tools is defined`` means what
+templates take it to mean; and the request's ``chat_template_kwargs`` (``enable_thinking``...).
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-ROLES = ("system", "user", "assistant", "tool")
+from mgserve.core.chat_builtin import BUILTIN, builtin_for
+from mgserve.core.chat_env import TemplateError, chat_environment
+from mgserve.core.chat_messages import normalize_messages, normalize_tools, plain
 
-GEMMA = """{{ bos_token }}
-{%- if messages and messages[0]['role'] == 'system' -%}
-    {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
-    {%- set loop_messages = messages[1:] -%}
-{%- else -%}
-    {%- set first_user_prefix = '' -%}
-    {%- set loop_messages = messages -%}
-{%- endif -%}
-{%- for message in loop_messages -%}
-    {%- if (message['role'] == 'assistant') != (loop.index0 % 2 == 1) -%}
-        {{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}
-    {%- endif -%}
-    {%- set role = 'model' if message['role'] == 'assistant' else 'user' -%}
-    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}
-    {{- message['content'] | trim }}
-    {{- '<end_of_turn>\n' }}
-{%- endfor -%}
-{%- if add_generation_prompt -%}
-    {{ '<start_of_turn>model\n' }}
-{%- endif -%}"""
+__all__ = [
+    "BUILTIN",
+    "RESERVED",
+    "ChatTemplate",
+    "TemplateError",
+    "load_chat_template",
+    "normalize_messages",
+]
 
-CHATML = """{%- for message in messages -%}
-    {{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}
-{%- endfor -%}
-{%- if add_generation_prompt -%}
-    {{ '<|im_start|>assistant\n' }}
-{%- endif -%}"""
+# Names the server gives the template itself; chat_template_kwargs may not replace them.
+RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 
-LLAMA3 = """{{ bos_token }}
-{%- for message in messages -%}
-    {{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}
-    {{- message['content'] | trim + '<|eot_id|>' }}
-{%- endfor -%}
-{%- if add_generation_prompt -%}
-    {{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
-{%- endif -%}"""
-
-BUILTIN = {"gemma": GEMMA, "chatml": CHATML, "llama3": LLAMA3}
-
-# Architectures whose files sometimes come without a template, and the format they were trained on.
-ARCH_FORMAT = {
-    "gemma": "gemma",
-    "gemma2": "gemma",
-    "gemma3": "gemma",
-    "qwen2": "chatml",
-    "qwen3": "chatml",
-    "qwen3moe": "chatml",
-    "qwen3next": "chatml",
-    "qwen4exp": "chatml",
-    "llama": "llama3",
-}
+# A conversation with one tool call, to learn whether a template reads tool-call arguments as an
+# object or as the JSON string OpenAI clients send (llama.cpp's caps probe asks the same).
+_PROBE_VALUE = "mgserve-probe-value"
+_PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "probe_tool",
+            "description": "A tool",
+            "parameters": {"type": "object", "properties": {"arg": {"type": "string"}}},
+        },
+    }
+]
 
 
-class TemplateError(ValueError):
-    """The template rejected the conversation (its own raise_exception) or failed to render."""
+def _probe_messages(arguments: Any) -> list[dict[str, Any]]:
+    call = {"id": "call00001", "type": "function"}
+    call["function"] = {"name": "probe_tool", "arguments": arguments}  # type: ignore[assignment]
+    return [
+        {"role": "user", "content": "Use the tool."},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "done", "tool_call_id": "call00001"},
+        {"role": "assistant", "content": "It is done."},
+        {"role": "user", "content": "Thanks."},
+    ]
 
 
-def _raise_exception(message: str) -> None:
-    raise TemplateError(message)
+def _shows_arguments(compiled: jinja2.Template, arguments: Any) -> bool:
+    try:
+        text = compiled.render(
+            messages=_probe_messages(arguments),
+            tools=_PROBE_TOOLS,
+            add_generation_prompt=True,
+            bos_token="",
+            eos_token="",
+        )
+    except Exception:  # a template that refuses the probe tells nothing
+        return False
+    return _PROBE_VALUE in text
 
 
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-def _tojson(value: Any, indent: int | None = None, **_: Any) -> str:
-    # transformers' override: keep non-ASCII as is, which jinja's own tojson escapes
-    return json.dumps(value, ensure_ascii=False, indent=indent)
-
-
-def _content_text(content: Any, index: int) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text":
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise ValueError(
-                    f"messages[{index}].content: only text parts are supported, got {kind!r}"
-                )
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise ValueError(f"messages[{index}].content: a text part needs a string 'text'")
-            parts.append(text)
-        return "".join(parts)
-    raise ValueError(f"messages[{index}].content must be a string or a list of text parts")
-
-
-def normalize_messages(messages: Any) -> list[dict[str, Any]]:
-    """Validate roles and flatten content-part lists to strings; ValueError on anything else."""
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("'messages' must be a non-empty list")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise ValueError(f"messages[{i}] must be an object")
-        role = m.get("role")
-        if role not in ROLES:
-            raise ValueError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}")
-        msg = dict(m)
-        msg["content"] = _content_text(m.get("content"), i)
-        out.append(msg)
-    return out
+def _reads_object_arguments(compiled: jinja2.Template) -> bool:
+    """True unless the template renders string arguments and fails on (or drops) object ones."""
+    if _shows_arguments(compiled, {"arg": _PROBE_VALUE}):
+        return True
+    return not _shows_arguments(compiled, '{"arg": "' + _PROBE_VALUE + '"}')
 
 
 @dataclass(frozen=True)
@@ -138,43 +93,48 @@ class ChatTemplate:
     eos_token: str = ""
 
     def __post_init__(self) -> None:
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True,
-            lstrip_blocks=True,
-            extensions=[jinja2.ext.loopcontrols],
-        )
-        env.filters["tojson"] = _tojson
-        env.globals["raise_exception"] = _raise_exception
-        env.globals["strftime_now"] = _strftime_now
         try:
-            compiled = env.from_string(self.source)
+            compiled = chat_environment().from_string(self.source)
         except jinja2.TemplateSyntaxError as e:
             raise ValueError(f"chat template {self.name}: syntax error line {e.lineno}: {e}") from e
         object.__setattr__(self, "_compiled", compiled)
+        # whether tool-call arguments are parsed to objects before rendering (almost always)
+        object.__setattr__(self, "object_arguments", _reads_object_arguments(compiled))
 
     def apply(
         self,
         messages: Any,
         add_generation_prompt: bool = True,
-        tools: list[Any] | None = None,
-        **extra: Any,
+        tools: Any = None,
+        kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         """Render messages to a prompt. A leading BOS is dropped: the tokenizer adds its own.
 
         Raises ValueError (TemplateError) for bad messages or a template that refuses them.
         """
-        msgs = normalize_messages(messages)
+        context: dict[str, Any] = {}
+        for key, value in (kwargs or {}).items():
+            if key in RESERVED:
+                raise ValueError(f"chat_template_kwargs may not set {key!r}")
+            context[key] = plain(value, f"chat_template_kwargs.{key}")
+        context.update(
+            messages=normalize_messages(messages, self.object_arguments),  # type: ignore[attr-defined]
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+        )
+        tool_list = normalize_tools(tools)
+        if tool_list is not None:
+            context["tools"] = tool_list
         try:
-            text = self._compiled.render(  # type: ignore[attr-defined]
-                messages=msgs,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
-                tools=tools,
-                **extra,
-            )
+            text: str = self._compiled.render(context)  # type: ignore[attr-defined]
         except TemplateError:
             raise
+        except jinja2.UndefinedError as e:  # say how a template's own variables can be given
+            raise TemplateError(
+                f"chat template error: {e} (a request can set the template's variables in "
+                "chat_template_kwargs)"
+            ) from e
         except Exception as e:  # the template is untrusted code: any failure is the request's
             raise TemplateError(f"chat template error: {type(e).__name__}: {e}") from e
         if self.bos_token and text.startswith(self.bos_token):
@@ -188,8 +148,10 @@ def load_chat_template(
     architecture: str,
     bos_token: str = "",
     eos_token: str = "",
+    has_token: Callable[[str], bool] | None = None,
 ) -> ChatTemplate:
-    """Pick the template: --chat-template (built-in name or file), else the GGUF's, else by arch."""
+    """Pick the template: --chat-template (built-in name or file), else the GGUF's, else the
+    built-in format of the architecture (checked against the vocabulary with ``has_token``)."""
     if override:
         if override in BUILTIN:
             return ChatTemplate(override, BUILTIN[override], bos_token, eos_token)
@@ -202,5 +164,5 @@ def load_chat_template(
         return ChatTemplate(str(path), path.read_text(encoding="utf-8"), bos_token, eos_token)
     if gguf_template:
         return ChatTemplate("gguf", gguf_template, bos_token, eos_token)
-    name = ARCH_FORMAT.get(architecture, "chatml")
+    name = builtin_for(architecture, has_token)
     return ChatTemplate(name, BUILTIN[name], bos_token, eos_token)

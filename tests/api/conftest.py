@@ -14,15 +14,24 @@ from tests.api.fakes import FakeDetokenizer, FakeEngine, FakeTokenizer
 
 
 def fake_service(
-    api_key: str | None = None, n_ctx: int = 256, max_body_mb: int = 1, **engine_kw: Any
+    api_key: str | None = None,
+    n_ctx: int = 256,
+    max_body_mb: int = 1,
+    chat_template: str | None = None,
+    tokenizer: Any = None,
+    **engine_kw: Any,
 ) -> Service:
+    """The fake engine behind the real API; ``chat_template`` a built-in name or a file,
+    ``tokenizer`` a real one instead of the byte-level fake."""
     settings = Settings(ctx_size=n_ctx, parallel=2, api_key=api_key, max_body_mb=max_body_mb)
-    tok = FakeTokenizer()
+    tok = tokenizer or FakeTokenizer()
     return Service(
         settings=settings,
         model_id="fake-model",
-        tokenizer=tok,  # type: ignore[arg-type]
-        chat=load_chat_template(None, None, "gemma3", bos_token="<bos>", eos_token="<eos>"),
+        tokenizer=tok,
+        chat=load_chat_template(
+            chat_template, None, "gemma3", bos_token="<bos>", eos_token="<eos>"
+        ),
         engine=FakeEngine(n_slots=2, n_ctx=n_ctx, **engine_kw),  # type: ignore[arg-type]
         n_ctx_train=n_ctx,
         n_vocab=tok.n_vocab,

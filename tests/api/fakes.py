@@ -30,12 +30,16 @@ class FakeTokenizer:
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         ids = [BOS] if add_special and self.add_bos else []
-        parts = _SPECIAL_RE.split(text) if parse_special else [text]
+        parts = _SPECIAL_RE.split(text) if parse_special and "<" in text else [text]
         for part in parts:
             if parse_special and part in SPECIALS:
                 ids.append(256 + SPECIALS.index(part))
-            else:
-                ids.extend(part.encode("utf-8"))
+                continue
+            data = part.encode("utf-8")
+            # in slices, as a real tokenizer works word by word: one C call over a 10 MB text
+            # would hold the GIL (and the event loop) for its whole length
+            for i in range(0, len(data), 1 << 16):
+                ids.extend(data[i : i + (1 << 16)])
         return ids
 
     def piece(self, token: int, special: bool = True) -> bytes:
