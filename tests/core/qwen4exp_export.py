@@ -8,7 +8,9 @@ The exporter follows llama.cpp's converter (conversion/qwen4exp.py on top of qwe
   ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``/``in_proj_a`` (-> ``ssm_beta``/``ssm_alpha``),
   ``A_log`` (-> ``ssm_a = -exp``), ``dt_bias``, the conv's V channels and ``out_proj``'s columns;
 - the indexer's ``index_qk_proj`` is split into ``indexer.q_proj`` and ``indexer.k_proj``;
-- hyper-connection and PLE norms [hc * d] are stored [d, hc] (GGUF order); conv kernels squeezed;
+- hyper-connection and PLE norms keep the checkpoint's 1-D [hc * d], as the converter writes them
+  (``grouped_norms=True`` writes them [d, hc] instead: the shape llama.cpp's loader asks for, which
+  it also accepts); conv kernels squeezed;
 - ``ple_layer_ids`` (1-based) become ``ple.layers`` (0-based); the hash constants go to metadata.
 ``sparse_ple_rows`` declares a much larger PLE table whose data is a hole in a sparse file (rows
 read as zeros), to measure what loading costs in memory without writing gigabytes.
@@ -108,13 +110,13 @@ def _tile_v(x: torch.Tensor, dim: int, cfg: Any, width: int) -> torch.Tensor:
     return grouped.transpose(dim, dim + 1).reshape(shape)
 
 
-def _hc_norm(w: torch.Tensor, cfg: Any) -> torch.Tensor:
-    return (w + 1.0).view(cfg.hc_count, cfg.hidden_size)  # torch [hc, d] == GGUF [d, hc]
-
-
-def gguf_tensors(model: Any) -> dict[str, torch.Tensor]:
+def gguf_tensors(model: Any, grouped_norms: bool = False) -> dict[str, torch.Tensor]:
     """llama.cpp tensor names -> float32 tensors in torch order ([out, in])."""
     cfg = model.config
+
+    def _hc_norm(w: torch.Tensor, cfg: Any) -> torch.Tensor:  # [hc * d], or [hc, d] == GGUF [d, hc]
+        return (w + 1.0).view(cfg.hc_count, cfg.hidden_size) if grouped_norms else w + 1.0
+
     sd = {k: v.detach().float() for k, v in model.state_dict().items()}
     key_dim = cfg.linear_num_key_heads * cfg.linear_key_head_dim
     dv, n_idx_q = cfg.linear_value_head_dim, cfg.indexer_n_heads * cfg.indexer_head_dim
@@ -298,10 +300,12 @@ def export(
     path: Path,
     sparse_ple_rows: int | None = None,
     overrides: dict[str, tuple[Any, Any]] | None = None,
+    grouped_norms: bool = False,
 ) -> Path:
     """The tiny HF ``model`` as an F32 GGUF file at ``path`` (see the module docstring);
     ``overrides`` replaces metadata entries (key -> (value, GGUF type)), to make bad files."""
-    tensors = {k: v.numpy().astype(np.float32) for k, v in gguf_tensors(model).items()}
+    tensors = gguf_tensors(model, grouped_norms)
+    tensors = {k: v.numpy().astype(np.float32) for k, v in tensors.items()}
     table = "per_layer_token_embd.weight"
     shapes = {k: tuple(reversed(v.shape)) for k, v in tensors.items()}
     order = list(tensors)

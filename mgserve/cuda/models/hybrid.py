@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from mgserve.core.gguf import GGUFError, GGUFFile
+from mgserve.core.models.hybrid_weights import ssm_in_rows
 from mgserve.core.reference import ple as ple_ref
 from mgserve.core.reference import rowwise
 from mgserve.core.spec import ModelSpec
@@ -55,6 +56,7 @@ class Attn:
     q_norm: torch.Tensor  # [Dh]
     k_norm: torch.Tensor
     gated: bool
+    biases: list[torch.Tensor | None]  # [bq, bk, bv]: optional, None where the file has none
 
 
 @dataclass
@@ -128,6 +130,10 @@ def _grouped_from_tiled(hp: HybridSpec) -> torch.Tensor:
     return (j % r) * hk + j // r
 
 
+def _bias(x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return x if b is None else x + b
+
+
 def _head_rows(heads: torch.Tensor, width: int) -> torch.Tensor:
     """Row indices of whole heads of ``width`` rows each, in the order ``heads`` lists them."""
     return (heads[:, None] * width + torch.arange(width)).flatten()
@@ -197,7 +203,7 @@ class HybridLM:
         d = self.spec.n_embd
         hc_dim, lr = qp.hc * d, qp.hc_lowrank
         return HC(
-            norm=ld.vec(f"{prefix}_norm.weight", (d, qp.hc)),
+            norm=ld.vec(f"{prefix}_norm.weight", (d, qp.hc), reshape_ok=True),  # [hc, d]
             down=ld.mat(f"{prefix}_down.weight", (hc_dim, lr)),
             up=ld.mat(f"{prefix}_up.weight", (lr, hc_dim)),
             inject=ld.mat(f"{prefix}_inject.weight", (hc_dim, qp.hc)) if inject else None,
@@ -228,9 +234,9 @@ class HybridLM:
             layer.ple = Ple(
                 key=ld.mat(p + "ple_key.weight", (emb, hc_dim)),
                 value=ld.mat(p + "ple_value.weight", (emb, d)),
-                norm_key=ld.vec(p + "ple_norm_key.weight", (d, qp.hc)),
-                norm_query=ld.vec(p + "ple_norm_query.weight", (d, qp.hc)),
-                norm_conv=ld.vec(p + "ple_norm_conv.weight", (d, qp.hc)),
+                norm_key=ld.vec(p + "ple_norm_key.weight", (d, qp.hc), reshape_ok=True),
+                norm_query=ld.vec(p + "ple_norm_query.weight", (d, qp.hc), reshape_ok=True),
+                norm_conv=ld.vec(p + "ple_norm_conv.weight", (d, qp.hc), reshape_ok=True),
                 conv=ld.vec(p + "ple_conv1d.weight", (qp.ple.conv_kernel, hc_dim)),
             )
         return layer
@@ -238,27 +244,31 @@ class HybridLM:
     def _attn(self, ld: Loader, il: int) -> Attn:
         spec, hp, d, p = self.spec, self.hp, self.spec.n_embd, f"blk.{il}."
         q, kv = spec.q_dim, spec.kv_dim
+        wq, wk, wv, biases = ld.qkv(p, d, 2 * q if hp.attn_gated else q, kv, kv)
         return Attn(
-            wq=ld.mat(p + "attn_q.weight", (d, 2 * q if hp.attn_gated else q)),
-            wk=ld.mat(p + "attn_k.weight", (d, kv)),
-            wv=ld.mat(p + "attn_v.weight", (d, kv)),
+            wq=wq,
+            wk=wk,
+            wv=wv,
             wo=ld.mat(p + "attn_output.weight", (q, d)),
             q_norm=ld.vec(p + "attn_q_norm.weight", (spec.head_dim,)),
             k_norm=ld.vec(p + "attn_k_norm.weight", (spec.head_dim,)),
             gated=hp.attn_gated,
+            biases=biases,
         )
 
     def _deltanet(self, ld: Loader, il: int) -> DeltaNet:
         hp, d, p = self.hp, self.spec.n_embd, f"blk.{il}."
         hv, hk, dv, kd = hp.ssm_v_heads, hp.ssm_k_heads, hp.ssm_head_dim, hp.key_dim
         r = hv // hk
-        if not ld.has(p + "attn_qkv.weight"):
-            raise GGUFError(
-                f"{ld.g.path}: layer {il} has no 'attn_qkv' (legacy 'ssm_in' files are not "
-                "supported; re-convert with a current convert_hf_to_gguf.py)"
-            )
-        qkv = ld.mat(p + "attn_qkv.weight", (d, hp.conv_dim))
-        z = ld.mat(p + "attn_gate.weight", (d, hp.value_dim))
+        if ld.has(p + "attn_qkv.weight"):
+            qkv = ld.mat(p + "attn_qkv.weight", (d, hp.conv_dim))
+            z = ld.mat(p + "attn_gate.weight", (d, hp.value_dim))
+        elif ld.has(p + "ssm_in.weight") and self.arch == "qwen3next":  # legacy fused [q|k|v|z]
+            fused = ld.mat(p + "ssm_in.weight", (d, hp.conv_dim + hp.value_dim))
+            qkv_rows, z_rows = ssm_in_rows(hp)
+            qkv, z = select_rows(fused, qkv_rows), select_rows(fused, z_rows)
+        else:
+            raise GGUFError(f"{ld.g.path}: layer {il} has neither 'attn_qkv' nor 'ssm_in'")
         conv = ld.vec(p + "ssm_conv1d.weight", (hp.ssm_conv, hp.conv_dim))  # [conv_dim, K]
         dt_bias = ld.vec(p + "ssm_dt.bias", (hv,))
         a = ld.vec(p + "ssm_a", (hv,))
@@ -412,12 +422,12 @@ class HybridLM:
     ) -> torch.Tensor:
         spec, ops = self.spec, self.ops
         n, dh = h.shape[0], spec.head_dim
-        q = ops.linear(h, w.wq).view(n, spec.n_head, -1)
+        q = _bias(ops.linear(h, w.wq), w.biases[0]).view(n, spec.n_head, -1)
         gate = None
         if w.gated:
             q, gate = q[..., :dh].contiguous(), q[..., dh:].reshape(n, spec.n_head * dh)
-        k = ops.linear(h, w.wk).view(n, spec.n_head_kv, dh)
-        v = ops.linear(h, w.wv).view(n, spec.n_head_kv, dh)
+        k = _bias(ops.linear(h, w.wk), w.biases[1]).view(n, spec.n_head_kv, dh)
+        v = _bias(ops.linear(h, w.wv), w.biases[2]).view(n, spec.n_head_kv, dh)
         rope = dict(n_rot=spec.n_rot, base=spec.rope_base, neox=True, scale=spec.rope_scale)
         q = ops.rope(ops.rms_norm(q, w.q_norm, spec.rms_eps), step.pos, **rope)
         k = ops.rope(ops.rms_norm(k, w.k_norm, spec.rms_eps), step.pos, **rope)
