@@ -93,7 +93,9 @@ def qwen3next_model() -> Any:
         moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=True,
         max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
         eos_token_id=VOCAB_N - 1,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+        },
     )  # fmt: skip
     cfg.architectures = ["Qwen3NextForCausalLM"]
     cfg._attn_implementation = "eager"
