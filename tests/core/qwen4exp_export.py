@@ -149,7 +149,7 @@ def gguf_tensors(model: Any, grouped_norms: bool = False) -> dict[str, torch.Ten
         "self_attn.indexer.q_layernorm.weight": "indexer.q_norm.weight",
         "self_attn.indexer.k_layernorm.weight": "indexer.k_norm.weight",
     }
-    grouped_norms = {
+    hc_norms = {
         "attn_hyper_connection.hc_norm.weight": "hc_attn_norm.weight",
         "mlp_hyper_connection.hc_norm.weight": "hc_ffn_norm.weight",
         "ple.norm_key.weight": "ple_norm_key.weight",
@@ -167,8 +167,8 @@ def gguf_tensors(model: Any, grouped_norms: bool = False) -> dict[str, torch.Ten
             out[p + simple[rest]] = value
         elif rest in plus_one:
             out[p + plus_one[rest]] = value + 1.0
-        elif rest in grouped_norms:
-            out[p + grouped_norms[rest]] = _hc_norm(value, cfg)
+        elif rest in hc_norms:
+            out[p + hc_norms[rest]] = _hc_norm(value, cfg)
         elif "_hyper_connection." in rest:
             part = "attn" if rest.startswith("attn_") else "ffn"
             out[p + f"hc_{part}_{hc_mats[rest.split('.')[1]]}.weight"] = value
