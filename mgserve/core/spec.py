@@ -58,6 +58,8 @@ class ModelSpec:
     attn_softcap: float = 0.0  # tanh soft-capping of attention scores (0: off)
     final_softcap: float = 0.0  # tanh soft-capping of output logits (0: off)
     tied_output: bool = False  # no output.weight: the output projection is token_embd
+    n_expert: int = 0  # llama only (Mixtral-style files): routed experts of n_ff each per layer
+    n_expert_used: int = 0  # top-k of those (softmax routing, renormalised, as llama.cpp)
     # derived in __post_init__
     rope_neox: bool = field(init=False)  # True: rotate (i, i + n_rot/2); False: (2i, 2i + 1)
     qkv_bias: bool = field(init=False)  # qwen2 has biases on q, k, v
@@ -203,15 +205,21 @@ def spec_from_gguf(g: GGUFFile) -> ModelSpec:
     attn_scale = 0.0
     if arch == "gemma3" and n_layer == 62:  # gemma 3 27B, see the module docstring
         attn_scale = 1.0 / math.sqrt(n_embd / n_head)
+    n_expert = int(g.get(f"{arch}.expert_count", 0)) if arch == "llama" else 0
     try:
         return ModelSpec(
             **fields,
+            n_expert=n_expert,
+            n_expert_used=layer_int(g, f"{arch}.expert_used_count", n_layer, 0) if n_expert else 0,
             n_ff=layer_int(g, f"{arch}.feed_forward_length", fields["n_layer"]),
             sliding_window=window,
             swa_layers=swa,
             attn_scale=attn_scale,
-            attn_softcap=float(g.get(f"{arch}.attn_logit_softcapping", 0.0) or 0.0),
-            final_softcap=float(g.get(f"{arch}.final_logit_softcapping", 0.0) or 0.0),
+            # llama.cpp reads no attention soft-capping for these archs, and the final one for
+            # gemma3 only (a key another converter left behind changes nothing there)
+            final_softcap=float(g.get(f"{arch}.final_logit_softcapping", 0.0) or 0.0)
+            if arch == "gemma3"
+            else 0.0,
         )
     except ValueError as e:
         if isinstance(e, GGUFError):

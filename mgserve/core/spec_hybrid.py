@@ -141,3 +141,19 @@ def hybrid_spec_from_gguf(g: GGUFFile) -> tuple[ModelSpec, HybridSpec]:
             raise
         raise GGUFError(f"{g.path}: inconsistent hyperparameters: {e}") from e
     return spec, hybrid
+
+
+def dense_moe(spec: ModelSpec) -> HybridSpec | None:
+    """The expert layout of a ``llama`` file with experts (Mixtral-style: every layer routes to
+    ``n_expert`` experts of ``n_ff``, softmax top-k renormalised, no shared expert), else None."""
+    if not spec.n_expert:
+        return None
+    return HybridSpec(
+        n_expert=spec.n_expert,
+        n_expert_used=spec.n_expert_used,
+        n_ff_exp=spec.n_ff,
+        n_ff_shexp=0,
+        norm_topk=True,  # llama.cpp's llama graph passes norm_w = true
+        recurrent=(False,) * spec.n_layer,
+        attn_gated=False,
+    )

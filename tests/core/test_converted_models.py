@@ -1,12 +1,13 @@
 """mgserve on GGUF files written by llama.cpp's own converter, against llama.cpp's outputs on them.
 
-tests/data/converted_{qwen4exp,qwen3next}.gguf were made by tests/data/make_converted_reference.py:
-tiny random transformers checkpoints through ``convert_hf_to_gguf.py``'s model classes (only the
+tests/data/converted_{qwen4exp,qwen3next,llama}.gguf were made by
+tests/data/make_converted_reference.py: tiny random transformers checkpoints through ``convert_hf_to_gguf.py``'s model classes (only the
 vocabulary is ours), then run by llama.cpp (llama-cpp-python 0.3.36): a 60-token prompt, 8 greedy
 tokens, top-5 logits at every position. Nothing of mgserve's own export layout is involved: the
 qwen4exp file has 1-D hyper-connection / PLE norms, [n_embd, 1] shared-expert gates, a PLE table
 joined from checkpoint shards; the qwen3next file has an MTP block appended as a 5th block
-(``nextn_predict_layers = 1``) and per-layer ``recurrent_layers``.
+(``nextn_predict_layers = 1``) and per-layer ``recurrent_layers``; the llama file is a tiny
+Mixtral, which the converter writes as architecture ``llama`` with experts.
 
 Both sides read F32 weights and keep an F32 KV cache, so only float rounding order differs
 (observed ~1e-6 relative); the reference path and the device backend (torch ops, CPU) must give
@@ -33,7 +34,8 @@ from mgserve.cuda.models.base import Span, Step
 from tests.core.hybrid_export import file_sha256, rel_error, run_chunks
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-ARCHS = ("qwen4exp", "qwen3next")
+ARCHS = ("qwen4exp", "qwen3next", "llama")
+N_LAYER = {"qwen4exp": 4, "qwen3next": 4, "llama": 2}
 TOL = 1e-4
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -66,6 +68,11 @@ def test_converted_file_layout(arch: str, refs: dict[str, Any]) -> None:
     """The files really are in the converter's layout (what the other tests rely on)."""
     g = GGUFFile(_file(arch, refs))
     assert g.architecture == arch
+    if arch == "llama":
+        assert g.get("llama.expert_count") == 4 and g.get("llama.expert_used_count") == 2
+        assert g.tensors["blk.1.ffn_gate_exps.weight"].shape == (64, 64, 4)
+        assert "blk.0.ffn_gate.weight" not in g.tensors
+        return
     assert g.tensors["blk.0.ffn_gate_inp_shexp.weight"].shape == (64, 1)
     if arch == "qwen4exp":
         assert g.tensors["output_hc_norm.weight"].shape == (256,)
@@ -80,7 +87,7 @@ def test_converted_file_layout(arch: str, refs: dict[str, Any]) -> None:
 def test_reference_path_matches_llama_cpp(arch: str, refs: dict[str, Any]) -> None:
     ref = refs[arch]
     lm = load_model(_file(arch, refs), threads=1)
-    assert lm.spec.n_layer == 4  # the MTP block is not part of the model
+    assert lm.spec.n_layer == N_LAYER[arch]  # qwen3next's MTP block is not part of the model
     toks, n = torch.tensor(ref["tokens"]), ref["n_prompt"]
     state = lm.new_cache(256, "f32", "f32")
     got = torch.cat([run_chunks(lm, state, toks[:n], 16), run_chunks(lm, state, toks[n:], 1, n)])

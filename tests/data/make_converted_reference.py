@@ -18,13 +18,15 @@ For each model it
    full logits of the last prompt position and the last position.
 
 The GGUF files (F32, small configs so each is well under 2 MB) are kept in tests/data/ as
-``converted_{qwen4exp,qwen3next}.gguf``; the records go to ``converted_llama_reference.json``.
+``converted_{qwen4exp,qwen3next,llama}.gguf``; the records go to ``converted_llama_reference.json``.
 
 - qwen4exp: QSA on blocks of 1 token with 8 indexer heads. llama.cpp ranks cells where the
   reference ranks blocks (see make_qwen4exp_reference.py); with blocks of one token the two are
   the same ranking, so llama.cpp and mgserve must agree at every position. The PLE table is split
   into ``split_ngram_parts`` shards in the checkpoint, as the released checkpoints store it (the
   converter joins them back).
+- llama: a tiny Mixtral (``MixtralForCausalLM``), which the converter writes as architecture
+  ``llama`` with 4 experts per layer (``ffn_gate_inp``, ``ffn_{gate,up,down}_exps``).
 - qwen3next: the checkpoint also carries an MTP block (``mtp.*``, a copy of a full-attention layer
   plus the fc/norms), as the released Qwen3-Next checkpoints do; the converter appends it as block
   ``num_hidden_layers`` with ``nextn_predict_layers = 1``, which a loader must skip.
@@ -51,8 +53,10 @@ N_GEN = 8
 VOCAB_N = 320
 
 
-def _shake(model: Any, seed: int) -> Any:
+def _shake(make: Any, cfg: Any, seed: int) -> Any:
+    """``make(cfg)`` built and then shaken under ``seed`` (the build draws random numbers too)."""
     torch.manual_seed(seed)
+    model = make(cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.add_(torch.randn_like(p) * (0.5 if "ngram_embedding" in name else 0.1))
@@ -79,7 +83,7 @@ def qwen4exp_model() -> Any:
     )  # fmt: skip
     cfg.architectures = ["Qwen4ExpForCausalLM"]
     cfg._attn_implementation = "eager"
-    return _shake(tf.Qwen4ExpForCausalLM(cfg), seed=0)
+    return _shake(tf.Qwen4ExpForCausalLM, cfg, seed=0)
 
 
 def qwen3next_model() -> Any:
@@ -99,7 +103,21 @@ def qwen3next_model() -> Any:
     )  # fmt: skip
     cfg.architectures = ["Qwen3NextForCausalLM"]
     cfg._attn_implementation = "eager"
-    return _shake(tf.Qwen3NextForCausalLM(cfg), seed=1)
+    return _shake(tf.Qwen3NextForCausalLM, cfg, seed=1)
+
+
+def mixtral_model() -> Any:
+    """Mixtral converts to GGUF architecture ``llama`` with experts (``expert_count``)."""
+    import transformers as tf
+
+    cfg = tf.MixtralConfig(
+        vocab_size=VOCAB_N, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+        max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        eos_token_id=VOCAB_N - 1,
+    )  # fmt: skip
+    cfg._attn_implementation = "eager"
+    return _shake(tf.MixtralForCausalLM, cfg, seed=2)
 
 
 def _checkpoint(model: Any, arch: str) -> dict[str, torch.Tensor]:
@@ -176,9 +194,12 @@ def convert(model: Any, arch: str, pre: str, out: Path, tmp: Path) -> Path:
     from safetensors.torch import save_file
 
     ckpt = tmp / arch
-    ckpt.mkdir()
-    (ckpt / "config.json").write_text(model.config.to_json_string())
-    save_file(_checkpoint(model, arch), str(ckpt / "model.safetensors"))
+    if arch == "llama":  # transformers saves Mixtral's experts one by one, as released
+        model.save_pretrained(ckpt)
+    else:
+        ckpt.mkdir()
+        (ckpt / "config.json").write_text(model.config.to_json_string())
+        save_file(_checkpoint(model, arch), str(ckpt / "model.safetensors"))
     (ckpt / "vocab.json").write_text(json.dumps(_vocab(pre)))
     llama_cpp_dir = SDIST / "vendor" / "llama.cpp"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the sdist's gguf-py only
@@ -201,6 +222,7 @@ def main() -> None:
         for arch, make, pre in (
             ("qwen4exp", qwen4exp_model, "qwen35"),
             ("qwen3next", qwen3next_model, "qwen2"),
+            ("llama", mixtral_model, "qwen2"),
         ):
             path = convert(make(), arch, pre, DATA / f"converted_{arch}.gguf", Path(tmp))
             tokens, logits = run(path, prompt.tolist(), n_gen=N_GEN, n_ctx=256)

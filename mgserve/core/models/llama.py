@@ -16,9 +16,12 @@ import torch
 from mgserve.core.gguf import GGUFFile
 from mgserve.core.kvcache import KVCache
 from mgserve.core.models.base import SeqInput, check_inputs, flatten, logit_rows
+from mgserve.core.models.hybrid_weights import load_moe
 from mgserve.core.models.tensors import load, load_qkv, optional
-from mgserve.core.reference import ops
+from mgserve.core.reference import moe, ops
+from mgserve.core.reference.moe import MoeWeights
 from mgserve.core.spec import ModelSpec
+from mgserve.core.spec_hybrid import dense_moe
 
 
 @dataclass
@@ -29,9 +32,9 @@ class Layer:  # weights are [out, in] float32 (torch order of GGUF's [in, out])
     wv: torch.Tensor  # [n_head_kv * head_dim, n_embd]
     wo: torch.Tensor  # [n_embd, n_head * head_dim]
     ffn_norm: torch.Tensor  # [n_embd]
-    gate: torch.Tensor  # [n_ff, n_embd]
-    up: torch.Tensor  # [n_ff, n_embd]
-    down: torch.Tensor  # [n_embd, n_ff]
+    gate: torch.Tensor | None  # [n_ff, n_embd]; None in a layer of experts
+    up: torch.Tensor | None  # [n_ff, n_embd]
+    down: torch.Tensor | None  # [n_embd, n_ff]
     bq: torch.Tensor | None = None  # [n_head * head_dim] (qwen2; optional on every arch)
     bk: torch.Tensor | None = None  # [n_head_kv * head_dim]
     bv: torch.Tensor | None = None
@@ -43,6 +46,7 @@ class Layer:  # weights are [out, in] float32 (torch order of GGUF's [in, out])
     gate_b: torch.Tensor | None = None  # [n_ff]
     up_b: torch.Tensor | None = None  # [n_ff]
     down_b: torch.Tensor | None = None  # [n_embd]
+    moe: MoeWeights | None = None  # llama with experts (Mixtral-style files)
 
 
 def load_layer(g: GGUFFile, spec: ModelSpec, il: int) -> Layer:
@@ -56,6 +60,8 @@ def load_layer(g: GGUFFile, spec: ModelSpec, il: int) -> Layer:
         return optional(g, p + name, shape)
 
     qkv = load_qkv(g, p, d, q, kv, kv)
+    experts = dense_moe(spec)
+    dense = experts is None
     layer = Layer(
         attn_norm=w("attn_norm.weight", d),
         wq=qkv.wq,
@@ -63,9 +69,10 @@ def load_layer(g: GGUFFile, spec: ModelSpec, il: int) -> Layer:
         wv=qkv.wv,
         wo=w("attn_output.weight", q, d),
         ffn_norm=w("ffn_norm.weight", d),
-        gate=w("ffn_gate.weight", d, ff),
-        up=w("ffn_up.weight", d, ff),
-        down=w("ffn_down.weight", ff, d),
+        gate=w("ffn_gate.weight", d, ff) if dense else None,
+        up=w("ffn_up.weight", d, ff) if dense else None,
+        down=w("ffn_down.weight", ff, d) if dense else None,
+        moe=None if experts is None else load_moe(g, il, spec, experts),
         bq=qkv.bq,
         bk=qkv.bk,
         bv=qkv.bv,
@@ -131,6 +138,9 @@ class Llama:
         eps = self.spec.rms_eps
         x = x + self.attend(il, layer, ops.rms_norm(x, layer.attn_norm, eps), pos, seqs)
         h = ops.rms_norm(x, layer.ffn_norm, eps)
+        if layer.moe is not None:
+            return x + moe.moe_ffn(h, layer.moe, self.spec.n_expert_used, True)
+        assert layer.gate is not None and layer.up is not None and layer.down is not None
         m = ops.swiglu(ops.linear(h, layer.gate, layer.gate_b), ops.linear(h, layer.up, layer.up_b))
         return x + ops.linear(m, layer.down, layer.down_b)
 

@@ -15,8 +15,10 @@ import torch
 
 from mgserve.core.gguf import GGUFFile
 from mgserve.core.spec import ModelSpec
+from mgserve.core.spec_hybrid import dense_moe
 from mgserve.cuda.loader import Loader
 from mgserve.cuda.models.base import DeviceOps, Step, rows
+from mgserve.cuda.models.moe import Moe, load_moe, moe_ffn
 from mgserve.cuda.pools import SlotPools
 from mgserve.cuda.weights import QuantWeight
 
@@ -29,9 +31,9 @@ class DenseLayer:
     wv: QuantWeight
     wo: QuantWeight
     ffn_norm: torch.Tensor  # [d]
-    gate: QuantWeight
-    up: QuantWeight
-    down: QuantWeight
+    gate: QuantWeight | None  # None in a layer of experts (llama, Mixtral-style)
+    up: QuantWeight | None
+    down: QuantWeight | None
     bq: torch.Tensor | None = None  # qwen2 (optional on every arch)
     bk: torch.Tensor | None = None
     bv: torch.Tensor | None = None
@@ -43,6 +45,7 @@ class DenseLayer:
     gate_b: torch.Tensor | None = None
     up_b: torch.Tensor | None = None
     down_b: torch.Tensor | None = None
+    moe: Moe | None = None  # llama with experts
 
 
 def _bias(x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -88,6 +91,8 @@ class DenseLM:
         self.rope_freqs = (
             ld.vec("rope_freqs.weight", (spec.n_rot // 2,)) if ld.has("rope_freqs.weight") else None
         )
+        self.experts = dense_moe(spec)
+        dense = self.experts is None
         self.layers: list[DenseLayer] = []
         for il in range(spec.n_layer):
             p = f"blk.{il}."
@@ -99,9 +104,10 @@ class DenseLM:
                 wv=wv,
                 wo=ld.mat(p + "attn_output.weight", (q, d)),
                 ffn_norm=ld.vec(p + "ffn_norm.weight", (d,)),
-                gate=ld.mat(p + "ffn_gate.weight", (d, ff)),
-                up=ld.mat(p + "ffn_up.weight", (d, ff)),
-                down=ld.mat(p + "ffn_down.weight", (ff, d)),
+                gate=ld.mat(p + "ffn_gate.weight", (d, ff)) if dense else None,
+                up=ld.mat(p + "ffn_up.weight", (d, ff)) if dense else None,
+                down=ld.mat(p + "ffn_down.weight", (ff, d)) if dense else None,
+                moe=None if self.experts is None else load_moe(ld, il, d, self.experts),
                 bq=bq,
                 bk=bk,
                 bv=bv,
@@ -149,6 +155,9 @@ class DenseLM:
             a = ops.rms_norm(a, layer.post_attn_norm, eps)
         x = x + a
         h = ops.rms_norm(x, layer.ffn_norm, eps)
+        if layer.moe is not None and self.experts is not None:
+            return x + moe_ffn(ops, layer.moe, h, self.experts)
+        assert layer.gate is not None and layer.up is not None and layer.down is not None
         g = _bias(ops.linear(h, layer.gate), layer.gate_b)
         u = _bias(ops.linear(h, layer.up), layer.up_b)
         act = ops.gelu_mul(g, u) if self.spec.gemma else ops.silu_mul(g, u)

@@ -37,9 +37,9 @@ from mgserve.core.spec_hybrid import HybridSpec
 from mgserve.core.spec_qwen4exp import Qwen4ExpSpec, qwen4exp_spec_from_gguf
 from mgserve.cuda.kbase import KVLayer
 from mgserve.cuda.loader import Loader, select_rows
-from mgserve.cuda.matmul import ExpertWeights
 from mgserve.cuda.models.base import DeviceOps, Step, rows
 from mgserve.cuda.models.dense import load_embeddings
+from mgserve.cuda.models.moe import Moe, load_moe, moe_ffn
 from mgserve.cuda.pools import SlotPools
 from mgserve.cuda.weights import QuantWeight
 
@@ -72,16 +72,6 @@ class DeltaNet:
     out: QuantWeight  # [d, value_dim] in the file's value-head order
     out_order: torch.Tensor | None  # [H_v] int64: grouped heads -> the order ``out`` reads
     sigmoid_gate: bool
-
-
-@dataclass
-class Moe:
-    router: QuantWeight  # [E, d]
-    experts: ExpertWeights
-    shexp_gate: QuantWeight | None = None
-    shexp_up: QuantWeight | None = None
-    shexp_down: QuantWeight | None = None
-    shexp_gate_inp: QuantWeight | None = None  # [1, d]
 
 
 @dataclass
@@ -213,7 +203,7 @@ class HybridLM:
         hp, qp, d = self.hp, self.qp, self.spec.n_embd
         p = f"blk.{il}."
         mixer: Attn | DeltaNet = self._deltanet(ld, il) if hp.recurrent[il] else self._attn(ld, il)
-        layer = Layer(mixer=mixer, moe=self._moe(ld, il))
+        layer = Layer(mixer=mixer, moe=load_moe(ld, il, self.spec.n_embd, self.hp))
         if qp is None:
             layer.attn_norm = ld.vec(p + "attn_norm.weight", (d,))
             norm2 = "post_attention_norm" if self.arch == "qwen3next" else "ffn_norm"
@@ -296,30 +286,6 @@ class HybridLM:
             sigmoid_gate=self.arch == "qwen4exp",
         )  # fmt: skip
 
-    def _moe(self, ld: Loader, il: int) -> Moe:
-        hp, d, p = self.hp, self.spec.n_embd, f"blk.{il}."
-        ff, ne = hp.n_ff_exp, hp.n_expert
-        if ld.has(p + "ffn_gate_up_exps.weight"):
-            gate_up = ld.mat(p + "ffn_gate_up_exps.weight", (d, 2 * ff, ne))
-            gate = up = None
-        else:
-            gate_up = None
-            gate = ld.mat(p + "ffn_gate_exps.weight", (d, ff, ne))
-            up = ld.mat(p + "ffn_up_exps.weight", (d, ff, ne))
-        down = ld.mat(p + "ffn_down_exps.weight", (ff, d, ne))
-        m = Moe(
-            router=ld.mat(p + "ffn_gate_inp.weight", (d, ne)),
-            experts=ExpertWeights(gate, up, gate_up, down, ne, ff),
-        )
-        if hp.n_ff_shexp:
-            sh = hp.n_ff_shexp
-            m.shexp_gate = ld.mat(p + "ffn_gate_shexp.weight", (d, sh))
-            m.shexp_up = ld.mat(p + "ffn_up_shexp.weight", (d, sh))
-            m.shexp_down = ld.mat(p + "ffn_down_shexp.weight", (sh, d))
-            if ld.has(p + "ffn_gate_inp_shexp.weight"):
-                m.shexp_gate_inp = ld.mat(p + "ffn_gate_inp_shexp.weight", (d,))
-        return m
-
     # -- sessions ----------------------------------------------------------------------------
 
     def begin_sequence(self, slot: int) -> None:
@@ -371,7 +337,7 @@ class HybridLM:
             h = ops.rms_norm(x, layer.attn_norm, eps)
             x = x + self.mixer(il, layer, h, step)
             h = ops.rms_norm(x, layer.ffn_norm, eps)
-            return x + self.moe(layer.moe, h)
+            return x + moe_ffn(self.ops, layer.moe, h, self.hp)
         assert layer.hc_ffn is not None
         if layer.ple is not None:
             x = x + self.ple(layer.ple, x, step)
@@ -380,7 +346,7 @@ class HybridLM:
         x = self.ops.hc_combine(x, self.mixer(il, layer, h, step), inject)
         h, inject = self.hc_mix(x, layer.hc_ffn)
         assert inject is not None
-        return self.ops.hc_combine(x, self.moe(layer.moe, h), inject)
+        return self.ops.hc_combine(x, moe_ffn(self.ops, layer.moe, h, self.hp), inject)
 
     def mixer(self, il: int, layer: Layer, h: torch.Tensor, step: Step) -> torch.Tensor:
         if isinstance(layer.mixer, DeltaNet):
@@ -403,19 +369,6 @@ class HybridLM:
         if w.inject is None:
             return mixed, None
         return mixed, 2.0 * rowwise.sigmoid(ops.linear(xn, w.inject) / hc)
-
-    def moe(self, w: Moe, h: torch.Tensor) -> torch.Tensor:
-        ops, hp = self.ops, self.hp
-        experts, weights = ops.route(ops.linear(h, w.router), hp.n_expert_used, hp.norm_topk)
-        y = ops.moe_experts(h, w.experts, experts, weights)  # [N, d]
-        if w.shexp_gate is not None and w.shexp_up is not None and w.shexp_down is not None:
-            g = ops.linear(h, w.shexp_gate)
-            u = ops.linear(h, w.shexp_up)
-            s = ops.linear(ops.silu_mul(g, u), w.shexp_down)
-            if w.shexp_gate_inp is not None:
-                s = s * rowwise.sigmoid(ops.linear(h, w.shexp_gate_inp))
-            y = y + s
-        return y  # type: ignore[no-any-return]
 
     def attention(
         self, il: int, layer: Layer, w: Attn, h: torch.Tensor, step: Step
