@@ -1,8 +1,9 @@
 """mgserve on GGUF files written by llama.cpp's own converter, against llama.cpp's outputs on them.
 
 tests/data/converted_{qwen4exp,qwen3next,llama}.gguf were made by
-tests/data/make_converted_reference.py: tiny random transformers checkpoints through ``convert_hf_to_gguf.py``'s model classes (only the
-vocabulary is ours), then run by llama.cpp (llama-cpp-python 0.3.36): a 60-token prompt, 8 greedy
+tests/data/make_converted_reference.py: tiny random transformers checkpoints through
+``convert_hf_to_gguf.py``'s model classes (only the vocabulary is ours), then run by llama.cpp
+(llama-cpp-python 0.3.36): a 60-token prompt, 8 greedy
 tokens, top-5 logits at every position. Nothing of mgserve's own export layout is involved: the
 qwen4exp file has 1-D hyper-connection / PLE norms, [n_embd, 1] shared-expert gates, a PLE table
 joined from checkpoint shards; the qwen3next file has an MTP block appended as a 5th block
