@@ -159,6 +159,9 @@ def common_fields(g: GGUFFile, arch: str) -> dict[str, Any]:
             raise GGUFError(f"{g.path}: {arch}.{key} != key_length is not supported")
     if "token_embd.weight" not in g.tensors:
         raise GGUFError(f"{g.path}: required tensor 'token_embd.weight' is missing")
+    scaled = [n for n in g.tensors if n.endswith((".scale", ".input_scale"))]
+    if scaled:  # llama.cpp multiplies the matching product by these (NVFP4 / ModelOpt exports)
+        raise GGUFError(f"{g.path}: tensor {scaled[0]!r}: per-tensor scales are not supported")
     scaling = g.get(f"{arch}.rope.scaling.type", "linear")
     factor = float(
         g.get(f"{arch}.rope.scaling.factor", g.get(f"{arch}.rope.scale_linear", 0.0)) or 0.0

@@ -265,6 +265,10 @@ def metadata(model: Any, sparse_ple_rows: int | None = None) -> dict[str, tuple[
         f"{a}.ssm.group_count": (cfg.linear_num_key_heads, U32),
         f"{a}.ssm.time_step_rank": (cfg.linear_num_value_heads, U32),
         f"{a}.ssm.inner_size": (cfg.linear_value_head_dim * cfg.linear_num_value_heads, U32),
+        f"{a}.attention.recurrent_layers": (
+            [t == "linear_attention" for t in cfg.layer_types],
+            GGUFValueType.BOOL,
+        ),
         f"{a}.full_attention_interval": (cfg.layer_types.index("indexed_attention") + 1, U32),
         f"{a}.hyper_connection.count": (cfg.hc_count, U32),
         f"{a}.hyper_connection.low_rank": (cfg.hc_lowrank, U32),

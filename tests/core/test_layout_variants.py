@@ -244,3 +244,21 @@ def test_qwen4exp_norm_of_wrong_size_is_refused(
 
     with pytest.raises(GGUFError, match=msg):
         load_device_model(GGUFFile(path), TorchBackend(), torch.device("cpu"), 1, 64)
+
+
+def test_qwen4exp_without_output_ties_it_to_the_embedding(
+    qwen4exp_files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """No ``output.weight`` (llama.cpp: TENSOR_NOT_REQUIRED): the head is ``token_embd``."""
+
+    def untie(t: Tensors, m: Meta) -> None:
+        t["output.weight"] = t["token_embd.weight"].copy()
+
+    def tie(t: Tensors, m: Meta) -> None:
+        del t["output.weight"]
+
+    separate = rewrite(qwen4exp_files[0], tmp_path / "separate.gguf", untie)
+    tied = rewrite(qwen4exp_files[0], tmp_path / "tied.gguf", tie)
+    assert load_model(tied, threads=1).spec.tied_output
+    assert torch.equal(logits(tied), logits(separate))
+    device_matches_reference("qwen4exp", tied)
