@@ -72,6 +72,8 @@ class ModelSpec:
             raise ValueError(
                 f"n_head {self.n_head} is not a multiple of n_head_kv {self.n_head_kv}"
             )
+        if self.n_expert and not 0 < self.n_expert_used <= self.n_expert:
+            raise ValueError(f"expert_used_count {self.n_expert_used} not in 1..{self.n_expert}")
         set_ = object.__setattr__  # frozen: derived fields are set once, here
         set_(self, "n_rot", self.n_rot or self.head_dim)
         set_(self, "swa_layers", self.swa_layers or (False,) * self.n_layer)

@@ -17,10 +17,12 @@ and that the device model (torch backend, CPU) matches the reference on the rewr
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -78,11 +80,15 @@ def logits(path: Path, n: int = 40) -> torch.Tensor:
 
 
 def device_matches_reference(arch: str, path: Path) -> None:
+    """tests/cuda/test_device_models.py's comparison; the reference breaks QSA score ties like the
+    device (tests/cuda/conftest.py ``stable_qsa_ties``)."""
+    from mgserve.core.reference import qsa
     from mgserve.cuda.backend import TorchBackend
     from tests.cuda.test_device_models import TOL_TORCH, _compare
 
     torch.manual_seed(0)
-    _compare(arch, path, TorchBackend(), torch.device("cpu"), TOL_TORCH)
+    with mock.patch.object(qsa, "select", functools.partial(qsa.select, stable=True)):
+        _compare(arch, path, TorchBackend(), torch.device("cpu"), TOL_TORCH)
 
 
 def _layers(tensors: Tensors) -> list[int]:
