@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mgserve.core.gguf import GGUFError, GGUFFile
-from mgserve.core.spec import ModelSpec, common_fields
+from mgserve.core.spec import ModelSpec, common_fields, layer_int
 
 HYBRID_ARCHS = ("qwen3moe", "qwen3next", "qwen4exp")
 _RECURRENT_ARCHS = ("qwen3next", "qwen4exp")  # Gated DeltaNet + gated full attention
@@ -78,6 +78,8 @@ def _recurrent_pattern(g: GGUFFile, arch: str, n_layer: int) -> tuple[bool, ...]
     if arch not in _RECURRENT_ARCHS:
         return (False,) * n_layer
     explicit = g.get(f"{arch}.attention.recurrent_layers")
+    if isinstance(explicit, bool | int):  # get_key_or_arr: a scalar applies to every layer
+        return (bool(explicit),) * n_layer
     if explicit is not None:
         flags = tuple(bool(x) for x in explicit)[:n_layer]  # may list MTP layers past n_layer
         if len(flags) != n_layer:
@@ -103,15 +105,25 @@ def hybrid_spec_from_gguf(g: GGUFFile) -> tuple[ModelSpec, HybridSpec]:
         return g.get(f"{arch}.{key}", default)
 
     fields = common_fields(g, arch)
-    n_ff_exp = int(req("expert_feed_forward_length"))
+    n_layer = fields["n_layer"]
+    n_expert_used = layer_int(g, f"{arch}.expert_used_count", n_layer)
+    n_ff = layer_int(g, f"{arch}.feed_forward_length", n_layer, 0)
+    # llama.cpp: n_ff_exp = expert_feed_forward_length, else n_ff / n_expert_used; the shared
+    # expert (always there in qwen3next / qwen4exp) is expert_shared_feed_forward_length wide,
+    # else n_ff
+    n_ff_exp = layer_int(
+        g, f"{arch}.expert_feed_forward_length", n_layer, n_ff // max(n_expert_used, 1)
+    )
+    # qwen3moe has none: llama.cpp neither reads the key nor creates the tensors for it
+    n_ff_shexp = int(opt("expert_shared_feed_forward_length", n_ff))
     try:
         hybrid = HybridSpec(
             n_expert=int(req("expert_count")),
-            n_expert_used=int(req("expert_used_count")),
+            n_expert_used=n_expert_used,
             n_ff_exp=n_ff_exp,
-            n_ff_shexp=int(opt("expert_shared_feed_forward_length", 0)),
+            n_ff_shexp=n_ff_shexp if arch in _RECURRENT_ARCHS else 0,
             norm_topk=True,  # see the module docstring
-            recurrent=_recurrent_pattern(g, arch, fields["n_layer"]),
+            recurrent=_recurrent_pattern(g, arch, n_layer),
             attn_gated=arch in _RECURRENT_ARCHS,
             ssm_conv=int(opt("ssm.conv_kernel", 0)),
             ssm_head_dim=int(opt("ssm.state_size", 0)),
@@ -121,9 +133,27 @@ def hybrid_spec_from_gguf(g: GGUFFile) -> tuple[ModelSpec, HybridSpec]:
         inner = int(opt("ssm.inner_size", hybrid.value_dim))
         if inner != hybrid.value_dim:
             raise ValueError(f"ssm.inner_size {inner} != time_step_rank x state_size")
-        spec = ModelSpec(**fields, n_ff=int(opt("feed_forward_length", n_ff_exp)))
+        if n_ff_exp < 1:
+            raise ValueError("no expert_feed_forward_length (nor feed_forward_length)")
+        spec = ModelSpec(**fields, n_ff=n_ff or n_ff_exp)
     except ValueError as e:
         if isinstance(e, GGUFError):
             raise
         raise GGUFError(f"{g.path}: inconsistent hyperparameters: {e}") from e
     return spec, hybrid
+
+
+def dense_moe(spec: ModelSpec) -> HybridSpec | None:
+    """The expert layout of a ``llama`` file with experts (Mixtral-style: every layer routes to
+    ``n_expert`` experts of ``n_ff``, softmax top-k renormalised, no shared expert), else None."""
+    if not spec.n_expert:
+        return None
+    return HybridSpec(
+        n_expert=spec.n_expert,
+        n_expert_used=spec.n_expert_used,
+        n_ff_exp=spec.n_ff,
+        n_ff_shexp=0,
+        norm_topk=True,  # llama.cpp's llama graph passes norm_w = true
+        recurrent=(False,) * spec.n_layer,
+        attn_gated=False,
+    )

@@ -59,6 +59,13 @@ class Qwen4ExpSpec:
         return tuple(il for il, r in enumerate(self.compress) if r)
 
 
+def _int_or_list(raw: object, n: int) -> list[int]:
+    """A ``get_key_or_arr`` value: an array as is, a scalar repeated ``n`` times."""
+    if isinstance(raw, bool | int | float):
+        return [int(raw)] * n
+    return [int(x) for x in raw]  # type: ignore[attr-defined]
+
+
 def _ints(g: GGUFFile, key: str, n: int) -> tuple[int, ...]:
     raw = g.require(key)
     values = tuple(int(x) for x in raw)
@@ -97,13 +104,13 @@ def qwen4exp_spec_from_gguf(g: GGUFFile, recurrent: tuple[bool, ...], n_rot: int
     """The qwen4exp extras of ``g``; ``recurrent`` and ``n_rot`` come from the hybrid spec."""
     a = g.architecture
     n_layer = len(recurrent)
-    sections = [int(x) for x in g.require(f"{a}.rope.dimension_sections")][:4]
+    sections = _int_or_list(g.require(f"{a}.rope.dimension_sections"), 4)[:4]
     sect = sum(sections)
     for i in range(n_rot // 2):  # ggml's imrope: pair i, sector s = i % sum, reads t/h/w (s % 3)
         s = i % sect if sect else 0  # while s < 3 * that section's size, else the 4th section
         if not any(s % 3 == j and s < 3 * sections[j] for j in range(3)):
             raise GGUFError(f"{g.path}: rotated pair {i} reads the 4th M-RoPE section (not text)")
-    ratios = tuple(int(x) for x in g.get(f"{a}.attention.compress_ratios", [0] * n_layer))
+    ratios = tuple(_int_or_list(g.get(f"{a}.attention.compress_ratios", 0), n_layer))
     if len(ratios) < n_layer:
         raise GGUFError(f"{g.path}: {a}.attention.compress_ratios has too few entries")
     spec = Qwen4ExpSpec(

@@ -204,7 +204,14 @@ QWEN4EXP_FLASH_NEXT = ShapeSpec(
     n_layer=48,
     n_embd=2560,
     n_ctx=262144,
-    vocab=SynthVocab(248320, "qwen35", endoftext_id=248044, im_start_id=248045, im_end_id=248046),
+    vocab=SynthVocab(
+        248320,
+        "qwen35",
+        endoftext_id=248044,
+        im_start_id=248045,
+        im_end_id=248046,
+        template="qwen35",  # the real model's tokenizer and chat template (Qwen3.5's)
+    ),
     n_head=24,
     n_head_kv=2,
     head_dim=256,

@@ -15,6 +15,10 @@ Type policy (``ud_q4_k_xl_type``), first rule that matches:
    "use more bits" layers (first and last eighth, and every third layer between).
 5. Q4_K: everything else (``token_embd``, attention, DeltaNet projections, experts).
 
+Shapes are the ones llama.cpp's converter writes (conversion/qwen4exp.py, qwen.py): the
+hyper-connection and PLE norm gammas keep the checkpoint's 1-D [n_embd * hc] (llama.cpp creates
+them with ``TENSOR_ALLOW_RESHAPE`` and reads them as [n_embd, hc]; see core/spec_tensors.py).
+
 Then the row-width fallback ``llama-quantize`` applies: a K-quant needs ``ne0 % 256 == 0``, so a
 640- or 320-wide row takes Q5_0 in place of Q4_K and Q8_0 in place of Q6_K.
 """
@@ -90,7 +94,7 @@ def tensor_plan(spec: ShapeSpec) -> list[TensorPlan]:
     if spec.ple_layer is not None:
         add("per_layer_token_embd", (spec.ple_dim, ple_table(spec)[2]))
     if spec.hc:
-        add("output_hc_norm", (e, spec.hc))
+        add("output_hc_norm", (hc_dim,))  # 1-D as the converter writes it
         add("output_hc_down", (hc_dim, lr))
         add("output_hc_up", (lr, hc_dim))
     else:
@@ -100,7 +104,7 @@ def tensor_plan(spec: ShapeSpec) -> list[TensorPlan]:
     for il in range(spec.n_layer):
         if spec.hc:
             for part in ("attn", "ffn"):
-                add(f"hc_{part}_norm", (e, spec.hc), il)
+                add(f"hc_{part}_norm", (hc_dim,), il)
                 add(f"hc_{part}_down", (hc_dim, lr), il)
                 add(f"hc_{part}_up", (lr, hc_dim), il)
                 add(f"hc_{part}_inject", (hc_dim, spec.hc), il)
@@ -135,9 +139,9 @@ def tensor_plan(spec: ShapeSpec) -> list[TensorPlan]:
         if il == spec.ple_layer:
             add("ple_key", (e, hc_dim), il)
             add("ple_value", (e, e), il)
-            add("ple_norm_key", (e, spec.hc), il)
-            add("ple_norm_query", (e, spec.hc), il)
-            add("ple_norm_conv", (e, spec.hc), il)
+            add("ple_norm_key", (hc_dim,), il)
+            add("ple_norm_query", (hc_dim,), il)
+            add("ple_norm_conv", (hc_dim,), il)
             add("ple_conv1d", (spec.ple_conv, hc_dim), il)
         add("ffn_gate_inp", (e, ne), il)
         add("ffn_gate_exps", (e, ff, ne), il)

@@ -10,6 +10,8 @@ no text produces, and the last ids are the Qwen control tokens at their real pos
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
+from importlib.resources import files
 from typing import Any
 
 from gguf.constants import GGUFValueType
@@ -23,6 +25,18 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+
+
+@cache
+def chat_template(name: str) -> str:
+    """``chatml`` (a minimal ChatML template), or a template shipped in mgserve/core/data
+    (``qwen35``: Qwen3.5's own, see data/README.md)."""
+    if name == "chatml":
+        return CHATML_TEMPLATE
+    path = files("mgserve.core") / "data" / f"{name}_template.jinja"
+    if not path.is_file():
+        raise ValueError(f"no chat template {name!r} in mgserve/core/data")
+    return path.read_text(encoding="utf-8")
 
 
 def byte_alphabet() -> list[str]:
@@ -44,6 +58,7 @@ class SynthVocab:
     endoftext_id: int  # <|endoftext|>: bos/pad, as in Qwen files
     im_start_id: int
     im_end_id: int  # eos
+    template: str = "chatml"  # tokenizer.chat_template: a name ``chat_template`` knows
 
     def __post_init__(self) -> None:
         if self.n_vocab < 300:
@@ -87,7 +102,7 @@ class SynthVocab:
             "tokenizer.ggml.padding_token_id": (self.endoftext_id, u32),
             "tokenizer.ggml.bos_token_id": (self.endoftext_id, u32),
             "tokenizer.ggml.add_bos_token": (False, None),
-            "tokenizer.chat_template": (CHATML_TEMPLATE, None),
+            "tokenizer.chat_template": (chat_template(self.template), None),
         }
 
 

@@ -2,8 +2,8 @@
 layout (``QuantWeight``, read by the matvec / matmul kernels), vectors and small elementwise weights
 (norm gammas, biases, conv taps) become float32 tensors.
 
-Shapes are checked in GGUF order (ne0 first) like the reference loaders, trailing 1s ignored, so
-a file that the reference path rejects is rejected here with the same kind of message.
+Shapes are checked by ``core.spec_tensors`` (llama.cpp's rule), the same check as the reference
+loaders', so both take the same files and refuse a wrong one with the same message.
 """
 
 from __future__ import annotations
@@ -12,13 +12,8 @@ import torch
 
 from mgserve.core.gguf import GGUFError, GGUFFile
 from mgserve.core.reference.dequant import dequantize
+from mgserve.core.spec_tensors import check_tensor, torch_shape
 from mgserve.cuda.weights import QuantWeight, upload
-
-
-def _strip(shape: tuple[int, ...]) -> tuple[int, ...]:
-    while len(shape) > 1 and shape[-1] == 1:
-        shape = shape[:-1]
-    return shape
 
 
 class Loader:
@@ -32,17 +27,36 @@ class Loader:
     def has(self, name: str) -> bool:
         return name in self.g.tensors
 
-    def _check(self, name: str, shape: tuple[int, ...]) -> None:
-        t = self.g.tensor(name)
-        if _strip(t.shape) != _strip(shape):
-            raise GGUFError(
-                f"{self.g.path}: tensor {name!r} has shape {list(t.shape)}, expected {list(shape)}"
-            )
+    def opt_vec(self, name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
+        """``vec`` if the file has ``name`` (llama.cpp's ``TENSOR_NOT_REQUIRED``), else None."""
+        return self.vec(name, shape) if self.has(name) else None
+
+    def qkv(
+        self, prefix: str, d: int, nq: int, nk: int, nv: int
+    ) -> tuple[QuantWeight, QuantWeight, QuantWeight, list[torch.Tensor | None]]:
+        """Attention q/k/v projections of ``prefix`` (``blk.N.``) from three tensors or a fused
+        ``attn_qkv`` (then row views of it, no copy), and their biases ([bq, bk, bv], None where
+        the file has none)."""
+        fused = prefix + "attn_qkv."
+        if self.has(fused + "weight"):
+            w = self.mat(fused + "weight", (d, nq + nk + nv))
+            wq, wk, wv = rows_of(w, 0, nq), rows_of(w, nq, nk), rows_of(w, nq + nk, nv)
+            if self.has(fused + "bias"):
+                b = self.vec(fused + "bias", (nq + nk + nv,))
+                return wq, wk, wv, list(b.split((nq, nk, nv)))
+        else:
+            wq = self.mat(prefix + "attn_q.weight", (d, nq))
+            wk = self.mat(prefix + "attn_k.weight", (d, nk))
+            wv = self.mat(prefix + "attn_v.weight", (d, nv))
+        biases = [
+            self.opt_vec(prefix + f"attn_{x}.bias", (n,))
+            for x, n in zip("qkv", (nq, nk, nv), strict=True)
+        ]
+        return wq, wk, wv, biases
 
     def mat(self, name: str, shape: tuple[int, ...]) -> QuantWeight:
         """A matrix (or a stack of expert matrices) in its file layout; GGUF shape ``shape``."""
-        self._check(name, shape)
-        t = self.g.tensor(name)
+        t = check_tensor(self.g, name, shape)
         try:
             if t.data is None:  # a synthetic model's matrix: random blocks made on the device
                 from mgserve.cuda.synth_device import synth_weight
@@ -55,10 +69,11 @@ class Loader:
         self.nbytes += w.nbytes
         return w
 
-    def vec(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        """float32 in torch order ([..., ne1, ne0]), trailing 1s dropped."""
-        self._check(name, shape)
-        t = dequantize(self.g, self.g.tensor(name)).reshape(tuple(reversed(_strip(shape))))
+    def vec(self, name: str, shape: tuple[int, ...], reshape_ok: bool = False) -> torch.Tensor:
+        """float32 in torch order ([..., ne1, ne0]), trailing 1s dropped; ``reshape_ok``: any
+        shape of as many elements reads as ``shape`` (llama.cpp's ``TENSOR_ALLOW_RESHAPE``)."""
+        t = dequantize(self.g, check_tensor(self.g, name, shape, reshape_ok))
+        t = t.reshape(torch_shape(shape))
         out = t.to(self.device)
         self.nbytes += out.nbytes
         return out

@@ -9,7 +9,8 @@ The exporter follows llama.cpp's converter (conversion/qwen.py ``Qwen2MoeModel``
   becomes ``ssm_dt.bias``; ``conv1d`` [C, 1, K] is squeezed to [C, K]; ``in_proj_qkvz``, laid out
   per key head as [q | k | v_group | z_group], is regrouped into ``attn_qkv`` = [all q | all k |
   all v] and ``attn_gate`` = z; ``in_proj_ba`` is stored as is (``ssm_ba``); the shared-expert gate
-  keeps its [1, d] shape (GGUF [d, 1]).
+  keeps its [1, d] shape (GGUF [d, 1]); ``attention.recurrent_layers`` lists the DeltaNet layers
+  (beside ``full_attention_interval``), as the converter writes both.
 A synthetic byte-level BPE vocabulary (mgserve.core.synth_vocab) makes the files loadable by
 llama.cpp; mgserve ignores it.
 """
@@ -176,6 +177,7 @@ def metadata(arch: str, cfg: Any) -> dict[str, Any]:
             "ssm.group_count": cfg.linear_num_key_heads,
             "ssm.time_step_rank": cfg.linear_num_value_heads,
             "ssm.inner_size": cfg.linear_value_head_dim * cfg.linear_num_value_heads,
+            "attention.recurrent_layers": [t == "linear_attention" for t in cfg.layer_types],
             "full_attention_interval": cfg.layer_types.index("full_attention") + 1,
             "rope.dimension_count": int(cfg.head_dim * factor),
         }
@@ -200,6 +202,8 @@ def export(
         w.add("general.file_type", 0, GGUFValueType.UINT32)
         for key, value in metadata(arch, model.config).items():
             vtype = GGUFValueType.FLOAT32 if isinstance(value, float) else GGUFValueType.UINT32
+            if isinstance(value, list) and isinstance(value[0], bool):
+                vtype = GGUFValueType.BOOL
             w.add(f"{arch}.{key}", value, vtype)
         for key, (value, explicit) in VOCAB.metadata().items():
             w.add(key, value, explicit)

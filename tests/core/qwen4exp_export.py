@@ -8,7 +8,9 @@ The exporter follows llama.cpp's converter (conversion/qwen4exp.py on top of qwe
   ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``/``in_proj_a`` (-> ``ssm_beta``/``ssm_alpha``),
   ``A_log`` (-> ``ssm_a = -exp``), ``dt_bias``, the conv's V channels and ``out_proj``'s columns;
 - the indexer's ``index_qk_proj`` is split into ``indexer.q_proj`` and ``indexer.k_proj``;
-- hyper-connection and PLE norms [hc * d] are stored [d, hc] (GGUF order); conv kernels squeezed;
+- hyper-connection and PLE norms keep the checkpoint's 1-D [hc * d], as the converter writes them
+  (``grouped_norms=True`` writes them [d, hc] instead: the shape llama.cpp's loader asks for, which
+  it also accepts); conv kernels squeezed;
 - ``ple_layer_ids`` (1-based) become ``ple.layers`` (0-based); the hash constants go to metadata.
 ``sparse_ple_rows`` declares a much larger PLE table whose data is a hole in a sparse file (rows
 read as zeros), to measure what loading costs in memory without writing gigabytes.
@@ -108,13 +110,13 @@ def _tile_v(x: torch.Tensor, dim: int, cfg: Any, width: int) -> torch.Tensor:
     return grouped.transpose(dim, dim + 1).reshape(shape)
 
 
-def _hc_norm(w: torch.Tensor, cfg: Any) -> torch.Tensor:
-    return (w + 1.0).view(cfg.hc_count, cfg.hidden_size)  # torch [hc, d] == GGUF [d, hc]
-
-
-def gguf_tensors(model: Any) -> dict[str, torch.Tensor]:
+def gguf_tensors(model: Any, grouped_norms: bool = False) -> dict[str, torch.Tensor]:
     """llama.cpp tensor names -> float32 tensors in torch order ([out, in])."""
     cfg = model.config
+
+    def _hc_norm(w: torch.Tensor, cfg: Any) -> torch.Tensor:  # [hc * d], or [hc, d] == GGUF [d, hc]
+        return (w + 1.0).view(cfg.hc_count, cfg.hidden_size) if grouped_norms else w + 1.0
+
     sd = {k: v.detach().float() for k, v in model.state_dict().items()}
     key_dim = cfg.linear_num_key_heads * cfg.linear_key_head_dim
     dv, n_idx_q = cfg.linear_value_head_dim, cfg.indexer_n_heads * cfg.indexer_head_dim
@@ -147,7 +149,7 @@ def gguf_tensors(model: Any) -> dict[str, torch.Tensor]:
         "self_attn.indexer.q_layernorm.weight": "indexer.q_norm.weight",
         "self_attn.indexer.k_layernorm.weight": "indexer.k_norm.weight",
     }
-    grouped_norms = {
+    hc_norms = {
         "attn_hyper_connection.hc_norm.weight": "hc_attn_norm.weight",
         "mlp_hyper_connection.hc_norm.weight": "hc_ffn_norm.weight",
         "ple.norm_key.weight": "ple_norm_key.weight",
@@ -165,8 +167,8 @@ def gguf_tensors(model: Any) -> dict[str, torch.Tensor]:
             out[p + simple[rest]] = value
         elif rest in plus_one:
             out[p + plus_one[rest]] = value + 1.0
-        elif rest in grouped_norms:
-            out[p + grouped_norms[rest]] = _hc_norm(value, cfg)
+        elif rest in hc_norms:
+            out[p + hc_norms[rest]] = _hc_norm(value, cfg)
         elif "_hyper_connection." in rest:
             part = "attn" if rest.startswith("attn_") else "ffn"
             out[p + f"hc_{part}_{hc_mats[rest.split('.')[1]]}.weight"] = value
@@ -263,6 +265,10 @@ def metadata(model: Any, sparse_ple_rows: int | None = None) -> dict[str, tuple[
         f"{a}.ssm.group_count": (cfg.linear_num_key_heads, U32),
         f"{a}.ssm.time_step_rank": (cfg.linear_num_value_heads, U32),
         f"{a}.ssm.inner_size": (cfg.linear_value_head_dim * cfg.linear_num_value_heads, U32),
+        f"{a}.attention.recurrent_layers": (
+            [t == "linear_attention" for t in cfg.layer_types],
+            GGUFValueType.BOOL,
+        ),
         f"{a}.full_attention_interval": (cfg.layer_types.index("indexed_attention") + 1, U32),
         f"{a}.hyper_connection.count": (cfg.hc_count, U32),
         f"{a}.hyper_connection.low_rank": (cfg.hc_lowrank, U32),
@@ -298,10 +304,12 @@ def export(
     path: Path,
     sparse_ple_rows: int | None = None,
     overrides: dict[str, tuple[Any, Any]] | None = None,
+    grouped_norms: bool = False,
 ) -> Path:
     """The tiny HF ``model`` as an F32 GGUF file at ``path`` (see the module docstring);
     ``overrides`` replaces metadata entries (key -> (value, GGUF type)), to make bad files."""
-    tensors = {k: v.numpy().astype(np.float32) for k, v in gguf_tensors(model).items()}
+    tensors = gguf_tensors(model, grouped_norms)
+    tensors = {k: v.numpy().astype(np.float32) for k, v in tensors.items()}
     table = "per_layer_token_embd.weight"
     shapes = {k: tuple(reversed(v.shape)) for k, v in tensors.items()}
     order = list(tensors)

@@ -13,7 +13,7 @@ from gguf.quants import dequantize
 from mgserve.core import synth
 from mgserve.core.gguf import GGUFFile
 from mgserve.core.synth_blocks import FP16_FIELDS, BlockSource, make_pool
-from mgserve.core.synth_shapes import SHAPES, ShapeSpec, ple_table
+from mgserve.core.synth_shapes import SHAPES, ShapeSpec, metadata, ple_table
 from mgserve.core.synth_tensors import tensor_plan, use_more_bits
 from mgserve.core.synth_vocab import SynthVocab
 
@@ -135,6 +135,11 @@ def test_full_size_type_policy() -> None:
         down = plan[f"blk.{il}.ffn_down_exps.weight"]
         assert down.ggml_type == (Q.Q8_0 if use_more_bits(il, 48) else Q.Q5_0)
     assert plan["blk.0.hc_attn_up.weight"] == ("blk.0.hc_attn_up.weight", (320, 10240), Q.BF16)
+    # the converter's layout: the reshape-allowed norm gammas stay 1-D [n_embd * hc]
+    reshape_ok = ["output_hc_norm.weight", "blk.47.hc_attn_norm.weight", "blk.0.hc_ffn_norm.weight"]
+    reshape_ok += [f"blk.1.ple_norm_{k}.weight" for k in ("key", "query", "conv")]
+    for name in reshape_ok:
+        assert plan[name] == (name, (10240,), Q.F32)
     for name, p in plan.items():
         if "norm" in name or len(p.shape) == 1:
             assert p.ggml_type == Q.F32, name
@@ -192,3 +197,16 @@ def test_cli_refuses_what_cannot_be_written(
     with pytest.raises(ValueError, match="needs 1000000000.0 GB but only"):
         synth.run(args)
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_qwen4exp_synth_has_the_real_tokenizer_and_template() -> None:
+    """The synthetic qwen4exp file names Qwen3.5's pre-tokenizer and carries its chat template
+    (package data copied from llama.cpp's models/templates/Qwen3.5-4B.jinja)."""
+    from importlib.resources import files
+
+    md = metadata(QWEN4EXP)
+    assert md["tokenizer.ggml.pre"][0] == "qwen35"
+    want = (files("mgserve.core") / "data" / "qwen35_template.jinja").read_text(encoding="utf-8")
+    assert md["tokenizer.chat_template"][0] == want
+    assert "<|im_start|>" in want and "tool_call" in want
+    assert metadata(QWEN3NEXT)["tokenizer.chat_template"][0] != want  # qwen3next: ChatML

@@ -328,3 +328,29 @@ def test_synth_weight_on_the_gpu_is_fast_and_valid() -> None:
         assert np.isfinite(v).all() and 0.02 < v.std() < 0.045, f"{w.type_name}: std {v.std()}"
     del made
     sd.release_pools()
+
+
+@pytest.mark.parametrize("name", [QWEN4EXP, QWEN3NEXT])
+@pytest.mark.usefixtures("stable_qsa_ties")
+def test_synth_file_in_the_converter_layout_runs_on_both_paths(name: str, tmp_path: Path) -> None:
+    """``mgserve synth`` and the device synthetic model write the converter's layout (1-D
+    hyper-connection / PLE norms); the device model (torch backend) on the written file matches
+    the reference model on it. (PLE rows of 16 heads x 16 = n_embd, as llama.cpp's ple_key asks.)"""
+    from mgserve.cuda.backend import TorchBackend
+    from tests.cuda.test_device_models import TOL_TORCH, _compare
+
+    spec = _tiny(SHAPES[name])
+    if spec.hc:
+        spec = dataclasses.replace(spec, ple_dim=16)
+    path = write_synth(spec, tmp_path / f"{name}.gguf", seed=5).path
+    synth, file = sd.SynthFile(spec, seed=5), GGUFFile(path)
+    if spec.hc:
+        width = (spec.hc * spec.n_embd,)
+        for t in (
+            "output_hc_norm.weight",
+            "blk.0.hc_attn_norm.weight",
+            "blk.1.ple_norm_key.weight",
+        ):
+            assert synth.tensors[t].shape == file.tensors[t].shape == width, t
+    torch.manual_seed(0)
+    _compare(spec.arch, path, TorchBackend(), torch.device("cpu"), TOL_TORCH)

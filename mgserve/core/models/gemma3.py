@@ -27,6 +27,7 @@ class Gemma3(Llama):
     ) -> torch.Tensor:
         eps = self.spec.rms_eps
         assert layer.post_attn_norm is not None and layer.post_ffn_norm is not None
+        assert layer.gate is not None and layer.up is not None and layer.down is not None
         a = self.attend(il, layer, ops.rms_norm(x, layer.attn_norm, eps), pos, seqs)
         x = x + ops.rms_norm(a, layer.post_attn_norm, eps)
         h = ops.rms_norm(x, layer.ffn_norm, eps)

@@ -1,8 +1,10 @@
-"""GGUF -> float32 weights of the qwen3moe / qwen3next layers (llama.cpp tensor names and shapes).
+"""GGUF -> float32 weights of the qwen3moe / qwen3next layers (llama.cpp tensor names and shapes,
+checked by ``spec_tensors``: trailing 1s ignored, as llama.cpp does).
 
-Shapes are checked in GGUF order (ne0 first), as llama.cpp's ``create_tensor`` spells them, except
-that trailing dims of 1 are ignored as llama.cpp does: real converters store the shared-expert gate
-``ffn_gate_inp_shexp`` as [n_embd, 1] while synthetic files write [n_embd].
+Forms llama.cpp loads besides the plain one: routed experts as fused ``ffn_gate_up_exps``;
+attention q/k/v fused as ``attn_qkv`` (see tensors.py); and, for qwen3next DeltaNet layers, the
+legacy fused ``ssm_in`` ([q | k | v | z] per key head) of files converted before ``attn_qkv`` /
+``attn_gate`` existed.
 """
 
 from __future__ import annotations
@@ -10,28 +12,14 @@ from __future__ import annotations
 import torch
 
 from mgserve.core.gguf import GGUFError, GGUFFile
+from mgserve.core.models.tensors import load, load_qkv
 from mgserve.core.reference.deltanet import DeltaNetWeights
-from mgserve.core.reference.dequant import dequantize
 from mgserve.core.reference.gated_attention import AttnWeights
 from mgserve.core.reference.moe import MoeWeights
 from mgserve.core.spec import ModelSpec
 from mgserve.core.spec_hybrid import HybridSpec
 
-
-def _strip(shape: tuple[int, ...]) -> tuple[int, ...]:
-    while len(shape) > 1 and shape[-1] == 1:
-        shape = shape[:-1]
-    return shape
-
-
-def load(g: GGUFFile, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """The tensor ``name`` as float32 in torch order ([..., ne1, ne0]) with trailing 1s dropped."""
-    t = g.tensor(name)
-    if _strip(t.shape) != _strip(shape):
-        raise GGUFError(
-            f"{g.path}: tensor {name!r} has shape {list(t.shape)}, expected {list(shape)}"
-        )
-    return dequantize(g, t).reshape(tuple(reversed(_strip(shape))))
+__all__ = ["load", "load_attn", "load_deltanet", "load_moe", "ssm_in_rows"]
 
 
 def load_moe(g: GGUFFile, il: int, spec: ModelSpec, hp: HybridSpec) -> MoeWeights:
@@ -62,27 +50,35 @@ def load_moe(g: GGUFFile, il: int, spec: ModelSpec, hp: HybridSpec) -> MoeWeight
 
 def load_attn(g: GGUFFile, il: int, spec: ModelSpec, hp: HybridSpec) -> AttnWeights:
     d, q, kv, p = spec.n_embd, spec.q_dim, spec.kv_dim, f"blk.{il}."
+    qkv = load_qkv(g, p, d, 2 * q if hp.attn_gated else q, kv, kv)
     return AttnWeights(
-        wq=load(g, p + "attn_q.weight", (d, 2 * q if hp.attn_gated else q)),
-        wk=load(g, p + "attn_k.weight", (d, kv)),
-        wv=load(g, p + "attn_v.weight", (d, kv)),
+        wq=qkv.wq,
+        wk=qkv.wk,
+        wv=qkv.wv,
         wo=load(g, p + "attn_output.weight", (q, d)),
         q_norm=load(g, p + "attn_q_norm.weight", (spec.head_dim,)),
         k_norm=load(g, p + "attn_k_norm.weight", (spec.head_dim,)),
         gated=hp.attn_gated,
+        bq=qkv.bq,
+        bk=qkv.bk,
+        bv=qkv.bv,
     )
 
 
 def load_deltanet(g: GGUFFile, il: int, spec: ModelSpec, hp: HybridSpec) -> DeltaNetWeights:
     d, p = spec.n_embd, f"blk.{il}."
-    if p + "attn_qkv.weight" not in g.tensors:
-        raise GGUFError(
-            f"{g.path}: layer {il} has no 'attn_qkv' (legacy fused 'ssm_in' files are not "
-            "supported; re-convert with a current convert_hf_to_gguf.py)"
-        )
+    if p + "attn_qkv.weight" in g.tensors:
+        qkv = load(g, p + "attn_qkv.weight", (d, hp.conv_dim))  # [conv_dim, d]
+        z = load(g, p + "attn_gate.weight", (d, hp.value_dim))  # [value_dim, d]
+    elif p + "ssm_in.weight" in g.tensors:
+        qkv_rows, z_rows = ssm_in_rows(hp)
+        fused = load(g, p + "ssm_in.weight", (d, hp.conv_dim + hp.value_dim))
+        qkv, z = fused[qkv_rows], fused[z_rows]
+    else:
+        raise GGUFError(f"{g.path}: layer {il} has neither 'attn_qkv' nor the legacy 'ssm_in'")
     return DeltaNetWeights(
-        qkv=load(g, p + "attn_qkv.weight", (d, hp.conv_dim)),
-        z=load(g, p + "attn_gate.weight", (d, hp.value_dim)),
+        qkv=qkv,
+        z=z,
         ba=load(g, p + "ssm_ba.weight", (d, 2 * hp.ssm_v_heads)),
         conv=load(g, p + "ssm_conv1d.weight", (hp.ssm_conv, hp.conv_dim)),
         dt_bias=load(g, p + "ssm_dt.bias", (hp.ssm_v_heads,)),
@@ -90,3 +86,17 @@ def load_deltanet(g: GGUFFile, il: int, spec: ModelSpec, hp: HybridSpec) -> Delt
         norm=load(g, p + "ssm_norm.weight", (hp.ssm_head_dim,)),
         out=load(g, p + "ssm_out.weight", (hp.value_dim, d)),
     )
+
+
+def ssm_in_rows(hp: HybridSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of a legacy ``ssm_in`` [(2 dk + 2 r dv) per key head, d] that make ``attn_qkv``
+    ([q of every key head | k | v], v grouped per key head) and ``attn_gate`` (z, grouped), as
+    llama.cpp's qwen3next ``build_qkvz`` views them: int64 [conv_dim] and [value_dim]."""
+    hk, dk = hp.ssm_k_heads, hp.ssm_head_dim
+    vw = hp.ssm_v_heads // hk * hp.ssm_head_dim  # v (and z) rows per key head
+    group = torch.arange(hk)[:, None] * (2 * dk + 2 * vw)  # [hk, 1] first row of each group
+    q = (group + torch.arange(dk)).flatten()
+    k = (group + dk + torch.arange(dk)).flatten()
+    v = (group + 2 * dk + torch.arange(vw)).flatten()
+    z = (group + 2 * dk + vw + torch.arange(vw)).flatten()
+    return torch.cat((q, k, v)), z

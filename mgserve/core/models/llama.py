@@ -16,9 +16,12 @@ import torch
 from mgserve.core.gguf import GGUFFile
 from mgserve.core.kvcache import KVCache
 from mgserve.core.models.base import SeqInput, check_inputs, flatten, logit_rows
-from mgserve.core.reference import ops
-from mgserve.core.reference.dequant import load_tensor
+from mgserve.core.models.hybrid_weights import load_moe
+from mgserve.core.models.tensors import load, load_qkv, optional
+from mgserve.core.reference import moe, ops
+from mgserve.core.reference.moe import MoeWeights
 from mgserve.core.spec import ModelSpec
+from mgserve.core.spec_hybrid import dense_moe
 
 
 @dataclass
@@ -29,41 +32,55 @@ class Layer:  # weights are [out, in] float32 (torch order of GGUF's [in, out])
     wv: torch.Tensor  # [n_head_kv * head_dim, n_embd]
     wo: torch.Tensor  # [n_embd, n_head * head_dim]
     ffn_norm: torch.Tensor  # [n_embd]
-    gate: torch.Tensor  # [n_ff, n_embd]
-    up: torch.Tensor  # [n_ff, n_embd]
-    down: torch.Tensor  # [n_embd, n_ff]
-    bq: torch.Tensor | None = None  # [n_head * head_dim] (qwen2)
+    gate: torch.Tensor | None  # [n_ff, n_embd]; None in a layer of experts
+    up: torch.Tensor | None  # [n_ff, n_embd]
+    down: torch.Tensor | None  # [n_embd, n_ff]
+    bq: torch.Tensor | None = None  # [n_head * head_dim] (qwen2; optional on every arch)
     bk: torch.Tensor | None = None  # [n_head_kv * head_dim]
     bv: torch.Tensor | None = None
     q_norm: torch.Tensor | None = None  # [head_dim] (qwen3, gemma3)
     k_norm: torch.Tensor | None = None
     post_attn_norm: torch.Tensor | None = None  # [n_embd] (gemma3)
     post_ffn_norm: torch.Tensor | None = None
+    bo: torch.Tensor | None = None  # [n_embd] optional biases (llama.cpp: TENSOR_NOT_REQUIRED)
+    gate_b: torch.Tensor | None = None  # [n_ff]
+    up_b: torch.Tensor | None = None  # [n_ff]
+    down_b: torch.Tensor | None = None  # [n_embd]
+    moe: MoeWeights | None = None  # llama with experts (Mixtral-style files)
 
 
 def load_layer(g: GGUFFile, spec: ModelSpec, il: int) -> Layer:
-    d, q, kv, ff = spec.n_embd, spec.q_dim, spec.kv_dim, spec.n_ff
+    """Layer ``il`` in any form llama.cpp loads: q/k/v fused or split, biases where present."""
+    d, q, kv, ff, p = spec.n_embd, spec.q_dim, spec.kv_dim, spec.n_ff, f"blk.{il}."
 
     def w(name: str, *shape: int) -> torch.Tensor:
-        return load_tensor(g, f"blk.{il}.{name}", shape)
+        return load(g, p + name, shape)
 
+    def opt(name: str, *shape: int) -> torch.Tensor | None:
+        return optional(g, p + name, shape)
+
+    qkv = load_qkv(g, p, d, q, kv, kv)
+    experts = dense_moe(spec)
+    dense = experts is None
     layer = Layer(
         attn_norm=w("attn_norm.weight", d),
-        wq=w("attn_q.weight", d, q),
-        wk=w("attn_k.weight", d, kv),
-        wv=w("attn_v.weight", d, kv),
+        wq=qkv.wq,
+        wk=qkv.wk,
+        wv=qkv.wv,
         wo=w("attn_output.weight", q, d),
         ffn_norm=w("ffn_norm.weight", d),
-        gate=w("ffn_gate.weight", d, ff),
-        up=w("ffn_up.weight", d, ff),
-        down=w("ffn_down.weight", ff, d),
+        gate=w("ffn_gate.weight", d, ff) if dense else None,
+        up=w("ffn_up.weight", d, ff) if dense else None,
+        down=w("ffn_down.weight", ff, d) if dense else None,
+        moe=None if experts is None else load_moe(g, il, spec, experts),
+        bq=qkv.bq,
+        bk=qkv.bk,
+        bv=qkv.bv,
+        bo=opt("attn_output.bias", d),
+        gate_b=opt("ffn_gate.bias", ff),
+        up_b=opt("ffn_up.bias", ff),
+        down_b=opt("ffn_down.bias", d),
     )
-    if spec.qkv_bias:
-        layer.bq, layer.bk, layer.bv = (
-            w("attn_q.bias", q),
-            w("attn_k.bias", kv),
-            w("attn_v.bias", kv),
-        )
     if spec.qk_norm:
         layer.q_norm = w("attn_q_norm.weight", spec.head_dim)
         layer.k_norm = w("attn_k_norm.weight", spec.head_dim)
@@ -80,16 +97,17 @@ class Llama:
 
     def __init__(self, g: GGUFFile, spec: ModelSpec) -> None:
         self.spec = spec
-        self.tok_embd = load_tensor(g, "token_embd.weight", (spec.n_embd, spec.n_vocab))
-        self.output_norm = load_tensor(g, "output_norm.weight", (spec.n_embd,))
+        self.tok_embd = load(g, "token_embd.weight", (spec.n_embd, spec.n_vocab))
+        self.output_norm = load(g, "output_norm.weight", (spec.n_embd,))
         self.output = (  # [n_vocab, n_embd]
             self.tok_embd
             if spec.tied_output
-            else load_tensor(g, "output.weight", (spec.n_embd, spec.n_vocab))
+            else load(g, "output.weight", (spec.n_embd, spec.n_vocab))
         )
+        self.output_b = optional(g, "output.bias", (spec.n_vocab,))  # [n_vocab] (qwen2)
         self.rope_freqs: torch.Tensor | None = None  # llama 3.1 style per-frequency divisors
         if "rope_freqs.weight" in g.tensors:
-            self.rope_freqs = load_tensor(g, "rope_freqs.weight", (spec.n_rot // 2,))
+            self.rope_freqs = load(g, "rope_freqs.weight", (spec.n_rot // 2,))
         self.layers = [load_layer(g, spec, il) for il in range(spec.n_layer)]
 
     def new_cache(self, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> KVCache:
@@ -106,7 +124,7 @@ class Llama:
         for il, layer in enumerate(self.layers):
             x = self.block(il, layer, x, pos, seqs)
         h = ops.rms_norm(x[logit_rows(seqs)], self.output_norm, spec.rms_eps)  # [sum(n_logits), d]
-        logits = ops.linear(h, self.output)  # [sum(n_logits), n_vocab]
+        logits = ops.linear(h, self.output, self.output_b)  # [sum(n_logits), n_vocab]
         if spec.final_softcap > 0.0:
             logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap
         return logits
@@ -120,8 +138,11 @@ class Llama:
         eps = self.spec.rms_eps
         x = x + self.attend(il, layer, ops.rms_norm(x, layer.attn_norm, eps), pos, seqs)
         h = ops.rms_norm(x, layer.ffn_norm, eps)
-        m = ops.swiglu(ops.linear(h, layer.gate), ops.linear(h, layer.up))
-        return x + ops.linear(m, layer.down)
+        if layer.moe is not None:
+            return x + moe.moe_ffn(h, layer.moe, self.spec.n_expert_used, True)
+        assert layer.gate is not None and layer.up is not None and layer.down is not None
+        m = ops.swiglu(ops.linear(h, layer.gate, layer.gate_b), ops.linear(h, layer.up, layer.up_b))
+        return x + ops.linear(m, layer.down, layer.down_b)
 
     def attend(
         self, il: int, layer: Layer, h: torch.Tensor, pos: torch.Tensor, seqs: Sequence[SeqInput]
@@ -165,4 +186,4 @@ class Llama:
                 )
             )
             off += t
-        return ops.linear(torch.cat(outs), layer.wo)
+        return ops.linear(torch.cat(outs), layer.wo, layer.bo)

@@ -2,6 +2,10 @@
 layer, and the Gated DeltaNet in its qwen4exp layout (llama.cpp names and GGUF shapes, see
 src/models/qwen4exp.cpp ``load_arch_tensors``).
 
+The hyper-connection and PLE norm gammas are created with ``TENSOR_ALLOW_RESHAPE``: the converter
+writes them 1-D [n_embd * hc] (the checkpoint's shape), the loader asks for [n_embd, hc]; both hold
+the streams one after another, so either reads as [hc, d] here.
+
 DeltaNet value heads: the converter stores them tiled ([G0_v0, G1_v0, ..., G0_v1, ...]: value head
 j reads key head j % H_k, for ggml's broadcast) and splits beta and alpha into ``ssm_beta`` /
 ``ssm_alpha``. We undo the tiling at load, back to HF's grouped order (value head j reads key head
@@ -13,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from mgserve.core.gguf import GGUFFile
-from mgserve.core.models.hybrid_weights import load
+from mgserve.core.models.tensors import load
 from mgserve.core.reference.deltanet import DeltaNetWeights
 from mgserve.core.reference.hyper_connections import HCWeights
 from mgserve.core.reference.ple import PleWeights
@@ -27,7 +31,7 @@ def load_hc(g: GGUFFile, prefix: str, d: int, qp: Qwen4ExpSpec, inject: bool) ->
     """``{prefix}_norm/_down/_up(/_inject)``, e.g. prefix ``blk.0.hc_attn`` or ``output_hc``."""
     hc_dim, lr = qp.hc * d, qp.hc_lowrank
     return HCWeights(
-        norm=load(g, f"{prefix}_norm.weight", (d, qp.hc)),  # [hc, d]
+        norm=load(g, f"{prefix}_norm.weight", (d, qp.hc), reshape_ok=True),  # [hc, d]
         down=load(g, f"{prefix}_down.weight", (hc_dim, lr)),  # [r, hc * d]
         up=load(g, f"{prefix}_up.weight", (lr, hc_dim)),  # [hc * d, r]
         inject=load(g, f"{prefix}_inject.weight", (hc_dim, qp.hc)) if inject else None,
@@ -80,8 +84,8 @@ def load_ple(g: GGUFFile, il: int, spec: ModelSpec, qp: Qwen4ExpSpec) -> PleWeig
     return PleWeights(
         key=load(g, p + "ple_key.weight", (emb, hc_dim)),
         value=load(g, p + "ple_value.weight", (emb, d)),
-        norm_key=load(g, p + "ple_norm_key.weight", (d, qp.hc)),
-        norm_query=load(g, p + "ple_norm_query.weight", (d, qp.hc)),
-        norm_conv=load(g, p + "ple_norm_conv.weight", (d, qp.hc)),
+        norm_key=load(g, p + "ple_norm_key.weight", (d, qp.hc), reshape_ok=True),
+        norm_query=load(g, p + "ple_norm_query.weight", (d, qp.hc), reshape_ok=True),
+        norm_conv=load(g, p + "ple_norm_conv.weight", (d, qp.hc), reshape_ok=True),
         conv=load(g, p + "ple_conv1d.weight", (qp.ple.conv_kernel, hc_dim)),
     )

@@ -28,6 +28,9 @@ class AttnWeights:  # [out, in] float32
     q_norm: torch.Tensor  # [head_dim]
     k_norm: torch.Tensor  # [head_dim]
     gated: bool  # wq carries the sigmoid output gate (qwen3next)
+    bq: torch.Tensor | None = None  # [rows of wq] optional biases (llama.cpp loads them if present)
+    bk: torch.Tensor | None = None
+    bv: torch.Tensor | None = None
 
 
 def project(
@@ -38,12 +41,12 @@ def project(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Token-wise: q [N, H, Dh], k and v [N, Hkv, Dh] (normed, rotated), gate [N, H * Dh]."""
     n, dh = h.shape[0], spec.head_dim
-    q = ops.linear(h, w.wq).view(n, spec.n_head, -1)  # [N, H, Dh] or [N, H, 2 Dh]
+    q = ops.linear(h, w.wq, w.bq).view(n, spec.n_head, -1)  # [N, H, Dh] or [N, H, 2 Dh]
     gate = None
     if w.gated:
         q, gate = q[..., :dh], q[..., dh:].reshape(n, spec.n_head * dh)  # gate [N, H * Dh]
-    k = ops.linear(h, w.wk).view(n, spec.n_head_kv, dh)  # [N, Hkv, Dh]
-    v = ops.linear(h, w.wv).view(n, spec.n_head_kv, dh)
+    k = ops.linear(h, w.wk, w.bk).view(n, spec.n_head_kv, dh)  # [N, Hkv, Dh]
+    v = ops.linear(h, w.wv, w.bv).view(n, spec.n_head_kv, dh)
     q = ops.rms_norm(q, w.q_norm, spec.rms_eps)
     k = ops.rms_norm(k, w.k_norm, spec.rms_eps)
     q = ops.rope(q, pos, n_rot=spec.n_rot, base=spec.rope_base, neox=True, scale=spec.rope_scale)

@@ -15,8 +15,10 @@ import torch
 
 from mgserve.core.gguf import GGUFFile
 from mgserve.core.spec import ModelSpec
+from mgserve.core.spec_hybrid import dense_moe
 from mgserve.cuda.loader import Loader
 from mgserve.cuda.models.base import DeviceOps, Step, rows
+from mgserve.cuda.models.moe import Moe, load_moe, moe_ffn
 from mgserve.cuda.pools import SlotPools
 from mgserve.cuda.weights import QuantWeight
 
@@ -29,16 +31,25 @@ class DenseLayer:
     wv: QuantWeight
     wo: QuantWeight
     ffn_norm: torch.Tensor  # [d]
-    gate: QuantWeight
-    up: QuantWeight
-    down: QuantWeight
-    bq: torch.Tensor | None = None  # qwen2
+    gate: QuantWeight | None  # None in a layer of experts (llama, Mixtral-style)
+    up: QuantWeight | None
+    down: QuantWeight | None
+    bq: torch.Tensor | None = None  # qwen2 (optional on every arch)
     bk: torch.Tensor | None = None
     bv: torch.Tensor | None = None
     q_norm: torch.Tensor | None = None  # [head_dim] qwen3, gemma3
     k_norm: torch.Tensor | None = None
     post_attn_norm: torch.Tensor | None = None  # gemma3
     post_ffn_norm: torch.Tensor | None = None
+    bo: torch.Tensor | None = None  # optional biases (llama.cpp: TENSOR_NOT_REQUIRED)
+    gate_b: torch.Tensor | None = None
+    up_b: torch.Tensor | None = None
+    down_b: torch.Tensor | None = None
+    moe: Moe | None = None  # llama with experts
+
+
+def _bias(x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return x if b is None else x + b
 
 
 def embedding_table(ops: DeviceOps, w: QuantWeight) -> torch.Tensor:
@@ -76,27 +87,35 @@ class DenseLM:
         d, q, kv, ff = spec.n_embd, spec.q_dim, spec.kv_dim, spec.n_ff
         self.tok_embd, self.output = load_embeddings(ld, spec, ops)
         self.output_norm = ld.vec("output_norm.weight", (d,))
+        self.output_b = ld.opt_vec("output.bias", (spec.n_vocab,))  # qwen2
         self.rope_freqs = (
             ld.vec("rope_freqs.weight", (spec.n_rot // 2,)) if ld.has("rope_freqs.weight") else None
         )
+        self.experts = dense_moe(spec)
+        dense = self.experts is None
         self.layers: list[DenseLayer] = []
         for il in range(spec.n_layer):
             p = f"blk.{il}."
+            wq, wk, wv, (bq, bk, bv) = ld.qkv(p, d, q, kv, kv)
             layer = DenseLayer(
                 attn_norm=ld.vec(p + "attn_norm.weight", (d,)),
-                wq=ld.mat(p + "attn_q.weight", (d, q)),
-                wk=ld.mat(p + "attn_k.weight", (d, kv)),
-                wv=ld.mat(p + "attn_v.weight", (d, kv)),
+                wq=wq,
+                wk=wk,
+                wv=wv,
                 wo=ld.mat(p + "attn_output.weight", (q, d)),
                 ffn_norm=ld.vec(p + "ffn_norm.weight", (d,)),
-                gate=ld.mat(p + "ffn_gate.weight", (d, ff)),
-                up=ld.mat(p + "ffn_up.weight", (d, ff)),
-                down=ld.mat(p + "ffn_down.weight", (ff, d)),
+                gate=ld.mat(p + "ffn_gate.weight", (d, ff)) if dense else None,
+                up=ld.mat(p + "ffn_up.weight", (d, ff)) if dense else None,
+                down=ld.mat(p + "ffn_down.weight", (ff, d)) if dense else None,
+                moe=None if self.experts is None else load_moe(ld, il, d, self.experts),
+                bq=bq,
+                bk=bk,
+                bv=bv,
+                bo=ld.opt_vec(p + "attn_output.bias", (d,)),
+                gate_b=ld.opt_vec(p + "ffn_gate.bias", (ff,)),
+                up_b=ld.opt_vec(p + "ffn_up.bias", (ff,)),
+                down_b=ld.opt_vec(p + "ffn_down.bias", (d,)),
             )
-            if spec.qkv_bias:
-                layer.bq = ld.vec(p + "attn_q.bias", (q,))
-                layer.bk = ld.vec(p + "attn_k.bias", (kv,))
-                layer.bv = ld.vec(p + "attn_v.bias", (kv,))
             if spec.qk_norm:
                 layer.q_norm = ld.vec(p + "attn_q_norm.weight", (spec.head_dim,))
                 layer.k_norm = ld.vec(p + "attn_k_norm.weight", (spec.head_dim,))
@@ -123,7 +142,7 @@ class DenseLM:
         for il, layer in enumerate(self.layers):
             x = self.block(il, layer, x, step)
         h = ops.rms_norm(rows(x, step), self.output_norm, spec.rms_eps)
-        logits = ops.linear(h, self.output)
+        logits = _bias(ops.linear(h, self.output), self.output_b)
         if spec.final_softcap > 0.0:
             logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap
         return logits  # type: ignore[no-any-return]
@@ -136,9 +155,13 @@ class DenseLM:
             a = ops.rms_norm(a, layer.post_attn_norm, eps)
         x = x + a
         h = ops.rms_norm(x, layer.ffn_norm, eps)
-        g, u = ops.linear(h, layer.gate), ops.linear(h, layer.up)
+        if layer.moe is not None and self.experts is not None:
+            return x + moe_ffn(ops, layer.moe, h, self.experts)
+        assert layer.gate is not None and layer.up is not None and layer.down is not None
+        g = _bias(ops.linear(h, layer.gate), layer.gate_b)
+        u = _bias(ops.linear(h, layer.up), layer.up_b)
         act = ops.gelu_mul(g, u) if self.spec.gemma else ops.silu_mul(g, u)
-        m = ops.linear(act, layer.down)
+        m = _bias(ops.linear(act, layer.down), layer.down_b)
         if layer.post_ffn_norm is not None:
             m = ops.rms_norm(m, layer.post_ffn_norm, eps)
         return x + m
@@ -146,9 +169,9 @@ class DenseLM:
     def attend(self, il: int, layer: DenseLayer, h: torch.Tensor, step: Step) -> torch.Tensor:
         spec, ops = self.spec, self.ops
         n, dh = h.shape[0], spec.head_dim
-        q, k, v = (ops.linear(h, w) for w in (layer.wq, layer.wk, layer.wv))
-        if layer.bq is not None and layer.bk is not None and layer.bv is not None:
-            q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
+        q = _bias(ops.linear(h, layer.wq), layer.bq)
+        k = _bias(ops.linear(h, layer.wk), layer.bk)
+        v = _bias(ops.linear(h, layer.wv), layer.bv)
         q, k, v = q.view(n, spec.n_head, dh), k.view(n, spec.n_head_kv, dh), v.view(n, -1, dh)
         if layer.q_norm is not None and layer.k_norm is not None:
             q = ops.rms_norm(q, layer.q_norm, spec.rms_eps)
@@ -180,4 +203,4 @@ class DenseLM:
                 parts.append(ops.attention_prefill(qs, kc, vc, s.slot, s.start, **kw))
                 off += s.n
             out = torch.cat(parts)
-        return ops.linear(out, layer.wo)
+        return _bias(ops.linear(out, layer.wo), layer.bo)

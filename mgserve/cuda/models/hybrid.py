@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from mgserve.core.gguf import GGUFError, GGUFFile
+from mgserve.core.models.hybrid_weights import ssm_in_rows
 from mgserve.core.reference import ple as ple_ref
 from mgserve.core.reference import rowwise
 from mgserve.core.spec import ModelSpec
@@ -36,9 +37,9 @@ from mgserve.core.spec_hybrid import HybridSpec
 from mgserve.core.spec_qwen4exp import Qwen4ExpSpec, qwen4exp_spec_from_gguf
 from mgserve.cuda.kbase import KVLayer
 from mgserve.cuda.loader import Loader, select_rows
-from mgserve.cuda.matmul import ExpertWeights
 from mgserve.cuda.models.base import DeviceOps, Step, rows
 from mgserve.cuda.models.dense import load_embeddings
+from mgserve.cuda.models.moe import Moe, load_moe, moe_ffn
 from mgserve.cuda.pools import SlotPools
 from mgserve.cuda.weights import QuantWeight
 
@@ -55,6 +56,7 @@ class Attn:
     q_norm: torch.Tensor  # [Dh]
     k_norm: torch.Tensor
     gated: bool
+    biases: list[torch.Tensor | None]  # [bq, bk, bv]: optional, None where the file has none
 
 
 @dataclass
@@ -70,16 +72,6 @@ class DeltaNet:
     out: QuantWeight  # [d, value_dim] in the file's value-head order
     out_order: torch.Tensor | None  # [H_v] int64: grouped heads -> the order ``out`` reads
     sigmoid_gate: bool
-
-
-@dataclass
-class Moe:
-    router: QuantWeight  # [E, d]
-    experts: ExpertWeights
-    shexp_gate: QuantWeight | None = None
-    shexp_up: QuantWeight | None = None
-    shexp_down: QuantWeight | None = None
-    shexp_gate_inp: QuantWeight | None = None  # [1, d]
 
 
 @dataclass
@@ -126,6 +118,10 @@ def _grouped_from_tiled(hp: HybridSpec) -> torch.Tensor:
     hk, r = hp.ssm_k_heads, hp.ssm_v_heads // hp.ssm_k_heads
     j = torch.arange(hp.ssm_v_heads)
     return (j % r) * hk + j // r
+
+
+def _bias(x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return x if b is None else x + b
 
 
 def _head_rows(heads: torch.Tensor, width: int) -> torch.Tensor:
@@ -197,7 +193,7 @@ class HybridLM:
         d = self.spec.n_embd
         hc_dim, lr = qp.hc * d, qp.hc_lowrank
         return HC(
-            norm=ld.vec(f"{prefix}_norm.weight", (d, qp.hc)),
+            norm=ld.vec(f"{prefix}_norm.weight", (d, qp.hc), reshape_ok=True),  # [hc, d]
             down=ld.mat(f"{prefix}_down.weight", (hc_dim, lr)),
             up=ld.mat(f"{prefix}_up.weight", (lr, hc_dim)),
             inject=ld.mat(f"{prefix}_inject.weight", (hc_dim, qp.hc)) if inject else None,
@@ -207,7 +203,7 @@ class HybridLM:
         hp, qp, d = self.hp, self.qp, self.spec.n_embd
         p = f"blk.{il}."
         mixer: Attn | DeltaNet = self._deltanet(ld, il) if hp.recurrent[il] else self._attn(ld, il)
-        layer = Layer(mixer=mixer, moe=self._moe(ld, il))
+        layer = Layer(mixer=mixer, moe=load_moe(ld, il, self.spec.n_embd, self.hp))
         if qp is None:
             layer.attn_norm = ld.vec(p + "attn_norm.weight", (d,))
             norm2 = "post_attention_norm" if self.arch == "qwen3next" else "ffn_norm"
@@ -228,9 +224,9 @@ class HybridLM:
             layer.ple = Ple(
                 key=ld.mat(p + "ple_key.weight", (emb, hc_dim)),
                 value=ld.mat(p + "ple_value.weight", (emb, d)),
-                norm_key=ld.vec(p + "ple_norm_key.weight", (d, qp.hc)),
-                norm_query=ld.vec(p + "ple_norm_query.weight", (d, qp.hc)),
-                norm_conv=ld.vec(p + "ple_norm_conv.weight", (d, qp.hc)),
+                norm_key=ld.vec(p + "ple_norm_key.weight", (d, qp.hc), reshape_ok=True),
+                norm_query=ld.vec(p + "ple_norm_query.weight", (d, qp.hc), reshape_ok=True),
+                norm_conv=ld.vec(p + "ple_norm_conv.weight", (d, qp.hc), reshape_ok=True),
                 conv=ld.vec(p + "ple_conv1d.weight", (qp.ple.conv_kernel, hc_dim)),
             )
         return layer
@@ -238,27 +234,31 @@ class HybridLM:
     def _attn(self, ld: Loader, il: int) -> Attn:
         spec, hp, d, p = self.spec, self.hp, self.spec.n_embd, f"blk.{il}."
         q, kv = spec.q_dim, spec.kv_dim
+        wq, wk, wv, biases = ld.qkv(p, d, 2 * q if hp.attn_gated else q, kv, kv)
         return Attn(
-            wq=ld.mat(p + "attn_q.weight", (d, 2 * q if hp.attn_gated else q)),
-            wk=ld.mat(p + "attn_k.weight", (d, kv)),
-            wv=ld.mat(p + "attn_v.weight", (d, kv)),
+            wq=wq,
+            wk=wk,
+            wv=wv,
             wo=ld.mat(p + "attn_output.weight", (q, d)),
             q_norm=ld.vec(p + "attn_q_norm.weight", (spec.head_dim,)),
             k_norm=ld.vec(p + "attn_k_norm.weight", (spec.head_dim,)),
             gated=hp.attn_gated,
+            biases=biases,
         )
 
     def _deltanet(self, ld: Loader, il: int) -> DeltaNet:
         hp, d, p = self.hp, self.spec.n_embd, f"blk.{il}."
         hv, hk, dv, kd = hp.ssm_v_heads, hp.ssm_k_heads, hp.ssm_head_dim, hp.key_dim
         r = hv // hk
-        if not ld.has(p + "attn_qkv.weight"):
-            raise GGUFError(
-                f"{ld.g.path}: layer {il} has no 'attn_qkv' (legacy 'ssm_in' files are not "
-                "supported; re-convert with a current convert_hf_to_gguf.py)"
-            )
-        qkv = ld.mat(p + "attn_qkv.weight", (d, hp.conv_dim))
-        z = ld.mat(p + "attn_gate.weight", (d, hp.value_dim))
+        if ld.has(p + "attn_qkv.weight"):
+            qkv = ld.mat(p + "attn_qkv.weight", (d, hp.conv_dim))
+            z = ld.mat(p + "attn_gate.weight", (d, hp.value_dim))
+        elif ld.has(p + "ssm_in.weight") and self.arch == "qwen3next":  # legacy fused [q|k|v|z]
+            fused = ld.mat(p + "ssm_in.weight", (d, hp.conv_dim + hp.value_dim))
+            qkv_rows, z_rows = ssm_in_rows(hp)
+            qkv, z = select_rows(fused, qkv_rows), select_rows(fused, z_rows)
+        else:
+            raise GGUFError(f"{ld.g.path}: layer {il} has neither 'attn_qkv' nor 'ssm_in'")
         conv = ld.vec(p + "ssm_conv1d.weight", (hp.ssm_conv, hp.conv_dim))  # [conv_dim, K]
         dt_bias = ld.vec(p + "ssm_dt.bias", (hv,))
         a = ld.vec(p + "ssm_a", (hv,))
@@ -285,30 +285,6 @@ class HybridLM:
             norm=ld.vec(p + "ssm_norm.weight", (dv,)), out=out, out_order=order,
             sigmoid_gate=self.arch == "qwen4exp",
         )  # fmt: skip
-
-    def _moe(self, ld: Loader, il: int) -> Moe:
-        hp, d, p = self.hp, self.spec.n_embd, f"blk.{il}."
-        ff, ne = hp.n_ff_exp, hp.n_expert
-        if ld.has(p + "ffn_gate_up_exps.weight"):
-            gate_up = ld.mat(p + "ffn_gate_up_exps.weight", (d, 2 * ff, ne))
-            gate = up = None
-        else:
-            gate_up = None
-            gate = ld.mat(p + "ffn_gate_exps.weight", (d, ff, ne))
-            up = ld.mat(p + "ffn_up_exps.weight", (d, ff, ne))
-        down = ld.mat(p + "ffn_down_exps.weight", (ff, d, ne))
-        m = Moe(
-            router=ld.mat(p + "ffn_gate_inp.weight", (d, ne)),
-            experts=ExpertWeights(gate, up, gate_up, down, ne, ff),
-        )
-        if hp.n_ff_shexp:
-            sh = hp.n_ff_shexp
-            m.shexp_gate = ld.mat(p + "ffn_gate_shexp.weight", (d, sh))
-            m.shexp_up = ld.mat(p + "ffn_up_shexp.weight", (d, sh))
-            m.shexp_down = ld.mat(p + "ffn_down_shexp.weight", (sh, d))
-            if ld.has(p + "ffn_gate_inp_shexp.weight"):
-                m.shexp_gate_inp = ld.mat(p + "ffn_gate_inp_shexp.weight", (d,))
-        return m
 
     # -- sessions ----------------------------------------------------------------------------
 
@@ -361,7 +337,7 @@ class HybridLM:
             h = ops.rms_norm(x, layer.attn_norm, eps)
             x = x + self.mixer(il, layer, h, step)
             h = ops.rms_norm(x, layer.ffn_norm, eps)
-            return x + self.moe(layer.moe, h)
+            return x + moe_ffn(self.ops, layer.moe, h, self.hp)
         assert layer.hc_ffn is not None
         if layer.ple is not None:
             x = x + self.ple(layer.ple, x, step)
@@ -370,7 +346,7 @@ class HybridLM:
         x = self.ops.hc_combine(x, self.mixer(il, layer, h, step), inject)
         h, inject = self.hc_mix(x, layer.hc_ffn)
         assert inject is not None
-        return self.ops.hc_combine(x, self.moe(layer.moe, h), inject)
+        return self.ops.hc_combine(x, moe_ffn(self.ops, layer.moe, h, self.hp), inject)
 
     def mixer(self, il: int, layer: Layer, h: torch.Tensor, step: Step) -> torch.Tensor:
         if isinstance(layer.mixer, DeltaNet):
@@ -394,30 +370,17 @@ class HybridLM:
             return mixed, None
         return mixed, 2.0 * rowwise.sigmoid(ops.linear(xn, w.inject) / hc)
 
-    def moe(self, w: Moe, h: torch.Tensor) -> torch.Tensor:
-        ops, hp = self.ops, self.hp
-        experts, weights = ops.route(ops.linear(h, w.router), hp.n_expert_used, hp.norm_topk)
-        y = ops.moe_experts(h, w.experts, experts, weights)  # [N, d]
-        if w.shexp_gate is not None and w.shexp_up is not None and w.shexp_down is not None:
-            g = ops.linear(h, w.shexp_gate)
-            u = ops.linear(h, w.shexp_up)
-            s = ops.linear(ops.silu_mul(g, u), w.shexp_down)
-            if w.shexp_gate_inp is not None:
-                s = s * rowwise.sigmoid(ops.linear(h, w.shexp_gate_inp))
-            y = y + s
-        return y  # type: ignore[no-any-return]
-
     def attention(
         self, il: int, layer: Layer, w: Attn, h: torch.Tensor, step: Step
     ) -> torch.Tensor:
         spec, ops = self.spec, self.ops
         n, dh = h.shape[0], spec.head_dim
-        q = ops.linear(h, w.wq).view(n, spec.n_head, -1)
+        q = _bias(ops.linear(h, w.wq), w.biases[0]).view(n, spec.n_head, -1)
         gate = None
         if w.gated:
             q, gate = q[..., :dh].contiguous(), q[..., dh:].reshape(n, spec.n_head * dh)
-        k = ops.linear(h, w.wk).view(n, spec.n_head_kv, dh)
-        v = ops.linear(h, w.wv).view(n, spec.n_head_kv, dh)
+        k = _bias(ops.linear(h, w.wk), w.biases[1]).view(n, spec.n_head_kv, dh)
+        v = _bias(ops.linear(h, w.wv), w.biases[2]).view(n, spec.n_head_kv, dh)
         rope = dict(n_rot=spec.n_rot, base=spec.rope_base, neox=True, scale=spec.rope_scale)
         q = ops.rope(ops.rms_norm(q, w.q_norm, spec.rms_eps), step.pos, **rope)
         k = ops.rope(ops.rms_norm(k, w.k_norm, spec.rms_eps), step.pos, **rope)

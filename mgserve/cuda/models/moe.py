@@ -1,0 +1,65 @@
+"""Routed experts (plus an optional sigmoid-gated shared expert) on the device backend, shared by
+the hybrid family (qwen3moe, qwen3next, qwen4exp: models/hybrid.py) and llama files with experts
+(Mixtral-style: models/dense.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mgserve.core.reference import rowwise
+from mgserve.core.spec_hybrid import HybridSpec
+from mgserve.cuda.loader import Loader
+from mgserve.cuda.matmul import ExpertWeights
+from mgserve.cuda.models.base import DeviceOps
+from mgserve.cuda.weights import QuantWeight
+
+
+@dataclass
+class Moe:
+    router: QuantWeight  # [E, d]
+    experts: ExpertWeights
+    shexp_gate: QuantWeight | None = None
+    shexp_up: QuantWeight | None = None
+    shexp_down: QuantWeight | None = None
+    shexp_gate_inp: QuantWeight | None = None  # [1, d]
+
+
+def load_moe(ld: Loader, il: int, d: int, hp: HybridSpec) -> Moe:
+    """Layer ``il``'s routed experts (separate or fused gate/up) and shared expert, if any."""
+    p, ff, ne = f"blk.{il}.", hp.n_ff_exp, hp.n_expert
+    if ld.has(p + "ffn_gate_up_exps.weight"):
+        gate_up = ld.mat(p + "ffn_gate_up_exps.weight", (d, 2 * ff, ne))
+        gate = up = None
+    else:
+        gate_up = None
+        gate = ld.mat(p + "ffn_gate_exps.weight", (d, ff, ne))
+        up = ld.mat(p + "ffn_up_exps.weight", (d, ff, ne))
+    down = ld.mat(p + "ffn_down_exps.weight", (ff, d, ne))
+    m = Moe(
+        router=ld.mat(p + "ffn_gate_inp.weight", (d, ne)),
+        experts=ExpertWeights(gate, up, gate_up, down, ne, ff),
+    )
+    if hp.n_ff_shexp:
+        sh = hp.n_ff_shexp
+        m.shexp_gate = ld.mat(p + "ffn_gate_shexp.weight", (d, sh))
+        m.shexp_up = ld.mat(p + "ffn_up_shexp.weight", (d, sh))
+        m.shexp_down = ld.mat(p + "ffn_down_shexp.weight", (sh, d))
+        if ld.has(p + "ffn_gate_inp_shexp.weight"):
+            m.shexp_gate_inp = ld.mat(p + "ffn_gate_inp_shexp.weight", (d,))
+    return m
+
+
+def moe_ffn(ops: DeviceOps, w: Moe, h: torch.Tensor, hp: HybridSpec) -> torch.Tensor:
+    """Routed (softmax top-k) plus, when loaded, the sigmoid-gated shared expert: [N, d]."""
+    experts, weights = ops.route(ops.linear(h, w.router), hp.n_expert_used, hp.norm_topk)
+    y = ops.moe_experts(h, w.experts, experts, weights)  # [N, d]
+    if w.shexp_gate is not None and w.shexp_up is not None and w.shexp_down is not None:
+        g = ops.linear(h, w.shexp_gate)
+        u = ops.linear(h, w.shexp_up)
+        s = ops.linear(ops.silu_mul(g, u), w.shexp_down)
+        if w.shexp_gate_inp is not None:
+            s = s * rowwise.sigmoid(ops.linear(h, w.shexp_gate_inp))
+        y = y + s
+    return y  # type: ignore[no-any-return]
