@@ -1,11 +1,12 @@
-"""Byte-level BPE encoding (``tokenizer.ggml.model == "gpt2"``), identical to llama.cpp's
-``llm_tokenizer_bpe_session``: the pre-tokenizer named by ``tokenizer.ggml.pre`` splits the text
-into words, each word's UTF-8 bytes are mapped to GPT-2's printable characters, and within a word
-the pair with the lowest merge rank (ties: leftmost) is merged until no pair has a rank.
+"""BPE encoding (``tokenizer.ggml.model`` "gpt2", and "gemma4"), identical to llama.cpp's
+``llm_tokenizer_bpe_session``: the pre-tokenizer named by ``tokenizer.ggml.pre``
+(tokenizer_pretok.py) splits the text into words, each word's UTF-8 bytes are mapped to GPT-2's
+printable characters (not for gemma4-style vocabs, whose words stay raw UTF-8), and within a
+word the pair with the lowest merge rank (ties: leftmost) is merged until no pair has a rank.
 
-Words are independent, so caching ids per word is exact. The pre-tokenizer regexes are
-llama.cpp's (llama-vocab.cpp) with ``\\s`` spelled out as llama.cpp's whitespace set
-(unicode-data.cpp), which differs from Python's: ``\\x1c``-``\\x1f`` are not whitespace there.
+Words are independent, so caching ids per word is exact. Merging keeps the symbols in a linked
+list and the candidate pairs in a heap whose stale entries are skipped when popped, so a word of
+n characters costs O(n log n), however long it is.
 """
 
 from __future__ import annotations
@@ -13,41 +14,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping, Sequence
 
-import regex
+from mgserve.core.tokenizer_pretok import PreTokenizer, PreType
 
-# llama.cpp's unicode_set_whitespace, as regex class contents
-_WS = r"\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
-_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-_GPT2 = (
-    rf"'s|'t|'re|'ve|'m|'ll|'d| ?\p{{L}}+| ?\p{{N}}+| ?[^{_WS}\p{{L}}\p{{N}}]+|[{_WS}]+(?![^{_WS}])"
-)
-
-
-def _llama3_like(digits: str) -> str:
-    return (
-        rf"{_CONTRACTIONS}|[^\r\n\p{{L}}\p{{N}}]?\p{{L}}+|\p{{N}}{digits}"
-        rf"| ?[^{_WS}\p{{L}}\p{{N}}]+[\r\n]*|[{_WS}]*[\r\n]+|[{_WS}]+(?![^{_WS}])|[{_WS}]+"
-    )
-
-
-# pre-tokenizer kind -> regexes applied one after another; text a regex does not match stays a
-# word of its own (llama.cpp's unicode_regex_split)
-_REGEXES: dict[str, tuple[str, ...]] = {
-    "default": (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"),
-    "llama3": (_llama3_like("{1,3}"),),
-    "qwen2": (_llama3_like(""),),
-    "gpt2": (_GPT2,),
-}
-# tokenizer.ggml.pre value -> (kind, ignore_merges, add_bos default, clean_spaces)
-PRE_TYPES: dict[str, tuple[str, bool, bool, bool]] = {
-    "default": ("default", False, False, True),
-    **{
-        name: ("llama3", True, True, True)
-        for name in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral")
-    },
-    **{name: ("qwen2", False, False, False) for name in ("qwen2", "deepseek-r1-qwen")},
-    **{name: ("gpt2", False, False, True) for name in ("gpt-2", "phi-2", "jina-es", "jina-de")},
-}
 _CACHE_LIMIT = 200_000
 
 
@@ -84,13 +52,16 @@ def decode_text(token_text: str) -> bytes:
 class BpeEncoder:
     def __init__(
         self,
-        kind: str,
-        ignore_merges: bool,
+        pre: PreType,
         token_to_id: Mapping[str, int],
         merges: Sequence[str],
     ) -> None:
-        self.regexes = [regex.compile(r) for r in _REGEXES[kind]]
-        self.ignore_merges = ignore_merges
+        from mgserve.core.tokenizer_pretok import REGEXES
+
+        self.pretok = PreTokenizer(REGEXES[pre.regexes])
+        self.ignore_merges = pre.ignore_merges
+        self.byte_encode = pre.byte_encode
+        self.newline_words = pre.newline_words
         self.token_to_id = token_to_id
         self.ranks: dict[tuple[str, str], int] = {}
         for rank, merge in enumerate(merges):
@@ -107,29 +78,21 @@ class BpeEncoder:
             if ids is None:
                 if len(cache) >= _CACHE_LIMIT:
                     cache.clear()
-                encoded = word.encode().decode("latin-1").translate(BYTE_TO_CHAR)
+                if self.byte_encode:
+                    encoded = word.encode().decode("latin-1").translate(BYTE_TO_CHAR)
+                else:
+                    encoded = word
                 ids = cache[word] = tuple(self._merge(encoded))
             out.extend(ids)
 
     def pre_tokenize(self, text: str) -> list[str]:
-        words = [text]
-        for rx in self.regexes:
-            split: list[str] = []
-            for word in words:
-                pos = 0
-                for m in rx.finditer(word):
-                    if m.start() > pos:
-                        split.append(word[pos : m.start()])
-                    split.append(m.group())
-                    pos = m.end()
-                if pos < len(word):
-                    split.append(word[pos:])
-            words = split
-        return words
+        return self.pretok.split(text)
 
     def _merge(self, word: str) -> list[int]:
         tid = self.token_to_id
         if self.ignore_merges and word in tid:
+            return [tid[word]]
+        if self.newline_words and word in tid and not word.strip("\n"):
             return [tid[word]]
         ranks = self.ranks
         syms = list(word)  # "" marks a symbol absorbed by its left neighbour
@@ -170,9 +133,14 @@ class BpeEncoder:
             t = tid.get(sym)
             if t is not None:
                 out.append(t)
-            else:  # llama.cpp looks up each UTF-8 byte as a one-byte token and drops misses
+            elif self.byte_encode:  # each UTF-8 byte as a one-byte token text; misses dropped
                 for byte in sym.encode():
                     t = tid.get(chr(byte)) if byte < 0x80 else None
+                    if t is not None:
+                        out.append(t)
+            else:  # raw UTF-8 vocabs fall back to <0xXX> byte tokens; misses dropped
+                for byte in sym.encode():
+                    t = tid.get(f"<0x{byte:02X}>")
                     if t is not None:
                         out.append(t)
         return out
