@@ -35,6 +35,7 @@ from mgserve.core.tokenizer_special import (
     token_attrs,
 )
 from mgserve.core.tokenizer_spm import SPACE, SpmEncoder
+from mgserve.core.tokenizer_wpm import WpmEncoder
 
 __all__ = ["IncrementalDetokenizer", "Tokenizer"]
 
@@ -42,6 +43,7 @@ _MODELS = {
     "llama": "SentencePiece",
     "gpt2": "byte-level BPE",
     "gemma4": "BPE over raw UTF-8",
+    "bert": "WordPiece",
 }
 _SPECIAL = ATTR_CONTROL | ATTR_UNKNOWN  # hidden by piece(special=False), not split without parse
 _RAW = _SPECIAL | ATTR_USER_DEFINED  # rendered as their plain text
@@ -69,7 +71,17 @@ class Tokenizer:
 
         spm = model == "llama"
         self.escape_whitespaces = False
-        if spm:
+        self.sep_id: int | None = None
+        self._encoder: SpmEncoder | BpeEncoder | WpmEncoder
+        if model == "bert":
+            self.add_bos, self.add_eos, self.clean_spaces = True, False, True
+            lowercase = bool(meta.get("tokenizer.ggml.normalizer.lowercase", True))
+            strip = bool(meta.get("tokenizer.ggml.normalizer.strip_accents", lowercase))
+            unk = self._special_id(meta, "unknown", 100)
+            self._encoder = WpmEncoder(self._to_id, unk, lowercase, strip)
+            self.sep_id = self._special_id(meta, "seperator", 102)  # sic, llama.cpp's key
+            default_bos, default_eos = 101, None
+        elif spm:
             self.add_bos, self.add_eos, self.clean_spaces = True, False, False
             scores = meta.get("tokenizer.ggml.scores")
             scores = [0.0] * self.n_vocab if scores is None else np.asarray(scores).tolist()
@@ -77,7 +89,7 @@ class Tokenizer:
                 raise ValueError(
                     f"tokenizer.ggml.scores has {len(scores)} entries, need {self.n_vocab}"
                 )
-            self._encoder: SpmEncoder | BpeEncoder = SpmEncoder(self._tokens, self._to_id, scores)
+            self._encoder = SpmEncoder(self._tokens, self._to_id, scores)
             default_bos, default_eos = 1, 2
         else:
             # gemma4 vocabs are BPE whose pre-tokenizer is always "gemma4"
@@ -99,6 +111,7 @@ class Tokenizer:
             if pre_type.no_bos:
                 default_bos = None
         self.add_space_prefix: bool = bool(meta.get("tokenizer.ggml.add_space_prefix", spm))
+        self._spm_like = spm or model == "bert"  # pieces: "▁" is a space
         self.add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", self.add_bos))
         self.add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", self.add_eos))
         if model == "gemma4":
@@ -171,6 +184,10 @@ class Tokenizer:
             if self.eos_id is None:
                 raise ValueError("the vocab asks for an EOS token but has none")
             out.append(self.eos_id)
+        if add_special and self.model == "bert":  # WordPiece always ends with the separator
+            if self.sep_id is None:
+                raise ValueError("the WordPiece vocab has no separator token")
+            out.append(self.sep_id)
         return out
 
     # ---- decoding
@@ -197,7 +214,7 @@ class Tokenizer:
         if attr & _RAW:
             return text.encode()
         if attr & ATTR_NORMAL:
-            if self.model == "llama" or self.escape_whitespaces:
+            if self._spm_like or self.escape_whitespaces:
                 return text.replace(SPACE, " ").encode()
             return decode_text(text)
         if attr & ATTR_BYTE:
