@@ -21,7 +21,7 @@ import numpy as np
 
 from mgserve.core.detokenizer import IncrementalDetokenizer, detokenize
 from mgserve.core.tokenizer_bpe import BpeEncoder, decode_text
-from mgserve.core.tokenizer_pretok import PRE_TYPES
+from mgserve.core.tokenizer_pretok import PRE_TYPES, PreType
 from mgserve.core.tokenizer_special import (
     ATTR_BYTE,
     ATTR_CONTROL,
@@ -73,6 +73,7 @@ class Tokenizer:
         self.escape_whitespaces = False
         self.sep_id: int | None = None
         self._encoder: SpmEncoder | BpeEncoder | WpmEncoder
+        pre_type: PreType | None = None
         if model == "bert":
             self.add_bos, self.add_eos, self.clean_spaces = True, False, True
             lowercase = bool(meta.get("tokenizer.ggml.normalizer.lowercase", True))
@@ -114,8 +115,8 @@ class Tokenizer:
         self._spm_like = spm or model == "bert"  # pieces: "▁" is a space
         self.add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", self.add_bos))
         self.add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", self.add_eos))
-        if model == "gemma4":
-            self.add_bos = True  # llama.cpp forces it for Gemma 4
+        if pre_type is not None and pre_type.force_bos:
+            self.add_bos = True
         self.bos_id: int | None = self._special_id(meta, "bos", default_bos)
         self.eos_id: int | None = self._special_id(meta, "eos", default_eos)
         self.eog_ids: frozenset[int] = derive_eog(meta, self._to_id, attrs, self.eos_id)

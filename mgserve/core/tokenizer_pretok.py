@@ -110,7 +110,7 @@ REGEXES: dict[str, tuple[str, ...]] = {
         + _C + r"?|\p{N}{1,3}" + _GPT4O_TAIL,
     ),
     "kimi-k2": (_KIMI,),
-    "superbpe": (r"\p{N}+", r"(?=(\d{3})+(?!\d))"),
+    "superbpe": (r"\p{N}+", r"(?=(\d{3})+(?!\d))"),  # the second: _DigitTriples
     "bailingmoe": (
         r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
         r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+",
@@ -152,6 +152,7 @@ class PreType:
     byte_encode: bool = True  # words go through GPT-2's byte -> character map
     no_bos: bool = False  # the default BOS id is none (chatglm)
     newline_words: bool = False  # a word of only "\n" that is a vocab token is taken whole
+    force_bos: bool = False  # add_bos even when the file says false (llama.cpp's Gemma 4 fix)
 
 
 def _names(regexes: str, names: str, **kw: bool) -> dict[str, PreType]:
@@ -180,7 +181,7 @@ PRE_TYPES: dict[str, PreType] = {
     **_names("gpt2", "trillion granite-docling", **_NC),
     **_names("jais2", "jais-2"),
     **_names("newlines", "gemma4 granite-embed-multi-311m", escape_whitespaces=True,
-             byte_encode=False, newline_words=True),
+             byte_encode=False, newline_words=True, force_bos=True),
     **_names("newlines", "sarvam-moe", escape_whitespaces=True, byte_encode=False, **_NC),
     **_names("whitespace", "whitespace", byte_encode=False),
     **_names("starcoder", "starcoder refact codeshell exaone minerva-7b mellum2"),
@@ -220,10 +221,6 @@ _CATEGORY = {
     **{rf"\p{{{c}}}": ("\xd2", "A-Za-z") for c in ("Lu", "Ll", "Lt", "Lm", "Lo")},
 }
 _N = "[\xd10-9]"
-_NOT_N = "[^\xd10-9]"
-# unicode_regex_split_custom_afmoe: each run of numbers is cut into a leading 1-2 and then
-# groups of 3; the text before a run stays glued to the run's first group
-_DIGITS = rf"{_NOT_N}*(?:{_N}{{1,2}}(?={_N}{{3}}*(?!{_N}))|{_N}{{3}})|{_NOT_N}+"
 # unicode_regex_split_custom_kimi_k2 on text whose Han letters are \xd6, other letters \xd2
 _L_ANY = "\xd2\xd6A-Za-z"
 _KIMI_RX = (
@@ -256,12 +253,66 @@ def _rewrite(rx: str) -> str:
     return "".join(out)
 
 
-def _end_anchor(rx: str) -> str:
-    """ECMAScript ``$`` is the end of the text; Python's also matches before a final newline.
-    (Of llama.cpp's regexes only deepseek-llm's ``\\s+$`` has one, at the end.)"""
-    if rx.endswith("$") and not rx.endswith("\\$"):
-        return rx[:-1] + r"\Z"
-    return rx
+_TRAILING_SPACE = r"\s+$"  # deepseek-llm's; searched naively it is quadratic in a space run
+_SPACES = " \t\n\v\f\r"
+_TRIPLES = r"(?=(\d{3})+(?!\d))"
+
+
+class _Trailing:
+    """Stands in for a compiled ``\\s+$``: the match is the chunk's trailing whitespace."""
+
+    def finditer(self, view: str, start: int, end: int) -> list[_Span]:
+        s = len(view[start:end].rstrip(_SPACES)) + start
+        return [_Span(s, end)] if s < end else []
+
+
+class _DigitGroups:
+    """unicode_regex_split_custom_afmoe (AFMoE, Tiny Aya) on the collapsed text: each run of
+    numbers is cut into a leading 1-2 and then groups of 3; the text before a run stays glued
+    to the run's first group, text after the last run is one piece."""
+
+    _RUN = re.compile("[\xd10-9]+")
+
+    def finditer(self, view: str, start: int, end: int) -> list[_Span]:
+        out: list[_Span] = []
+        prev = start
+        for m in self._RUN.finditer(view, start, end):
+            a, q = m.span()
+            cur = a + (q - a) % 3
+            if cur > a:
+                out.append(_Span(prev, cur))
+                prev = cur
+            while cur < q:
+                cur += 3
+                out.append(_Span(prev, cur))
+                prev = cur
+        if prev < end:
+            out.append(_Span(prev, end))
+        return out
+
+
+class _DigitTriples:
+    """Stands in for superbpe's ``(?=(\\d{3})+(?!\\d))``, which is quadratic in a digit run when
+    searched naively: an empty match (a cut) wherever a positive multiple of 3 ASCII digits
+    follows up to the end of the run."""
+
+    _RUN = re.compile("[0-9]+")
+
+    def finditer(self, view: str, start: int, end: int) -> list[_Span]:
+        cuts: list[_Span] = []
+        for m in self._RUN.finditer(view, start, end):
+            a, q = m.span()
+            cuts.extend(_Span(p, p) for p in range(q - 3 - (q - 3 - a) // 3 * 3, q, 3) if p >= a)
+        return cuts
+
+
+@dataclass(frozen=True)
+class _Span:
+    s: int
+    e: int
+
+    def span(self) -> tuple[int, int]:
+        return self.s, self.e
 
 
 class PreTokenizer:
@@ -269,18 +320,28 @@ class PreTokenizer:
 
     def __init__(self, regexes: tuple[str, ...]) -> None:
         # (view, compiled): view "c" = collapsed, "h" = collapsed with Han apart, "w" = wide
-        self.steps: list[tuple[str, re.Pattern[str]]] = []
+        self.steps: list[tuple[str, re.Pattern[str] | _Trailing | _DigitTriples | _DigitGroups]]
+        self.steps = []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # "possible nested set" notes
             for rx in regexes:
+                if rx == _TRAILING_SPACE:
+                    self.steps.append(("w", _Trailing()))
+                    continue
+                if rx == _TRIPLES:
+                    self.steps.append(("w", _DigitTriples()))
+                    continue
                 if rx in (_AFMOE_DIGITS, _AYA_DIGITS):
-                    step = ("c", _DIGITS)
-                elif rx == _KIMI:
+                    self.steps.append(("c", _DigitGroups()))
+                    continue
+                if rx == _KIMI:
                     step = ("h", _KIMI_RX)
                 elif any(cat in rx for cat in _CATEGORY):
                     step = ("c", _rewrite(rx))
                 else:
-                    step = ("w", _end_anchor(rx))
+                    if "$" in rx.replace("\\$", ""):
+                        raise ValueError(f"pre-tokenizer regex with an anchor: {rx!r}")
+                    step = ("w", rx)
                 self.steps.append((step[0], re.compile(step[1], re.ASCII)))
 
     def split(self, text: str) -> list[str]:
@@ -291,9 +352,7 @@ class PreTokenizer:
         for kind, rx in self.steps:
             view = views.get(kind)
             if view is None:
-                view = views[kind] = (
-                    wide(text) if kind == "w" else collapse(text, han=kind == "h")
-                )
+                view = views[kind] = wide(text) if kind == "w" else collapse(text, han=kind == "h")
             out: list[tuple[int, int]] = []
             add = out.append
             for start, end in spans:

@@ -85,9 +85,7 @@ FLAG_RANGES = (
     "uVzIq/ktXssbeSeX8z6u4J84OR5+7Ljv2/gDrjjufMvV33qfvg+zsIa/jwr3eT2c83q4/RvhrDfCz24Ml2wM79of"
     "rthfw+vSfD8af4yTmvH5oWlN9wfDJWeGU5JGp68ja1T9Pr09LuDq/+Hu9PtGCifpp+unKtM5gzO48el//w+kt1Hs"
 )
-WHITESPACE = (
-    "eNolzLsVQEAUQMHnbxepWEhER1qR6EOpxhFMcoObIiIzMDKxcPNwzX8oKKmoaWjp6ElkVjZ2zm90RLzvBgU5"
-)
+WHITESPACE = "eNolzLsVQEAUQMHnbxepWEhER1qR6EOpxhFMcoObIiIzMDKxcPNwzX8oKKmoaWjp6ElkVjZ2zm90RLzvBgU5"
 LOWERCASE = (
     "eNot2mOQHQkbgNHYtm3btu1sNrZt27Zt27Zt2xvtJll959Z+VXPqqe6Zurff1o/uKRokSJDGFKMJxWlKCZpRkuaU"
     "ogWlaUkZWlGW1pSjDeVpSwXaUZH2VKIDlelIFTpRlc5UowvV6UoNulGT7tSiB7XpSR16UZfe1KMPh3jEYR5zhCcc"

@@ -1,7 +1,8 @@
 """The tokenizer against llama.cpp: ids, text and pieces for every corpus entry, recorded once by
 tests/data/make_tokenizer_reference.py (llama-cpp-python 0.3.36) for the built-in Gemma 3 270M
-(SentencePiece), the same vocab with add_space_prefix on (Llama-2 style), and three tiny
-byte-level BPE files (qwen2, llama-bpe, default pre-tokenizers)."""
+(SentencePiece), the same vocab with add_space_prefix on (Llama-2 style), three tiny
+byte-level BPE files (qwen2, llama-bpe, default pre-tokenizers), Qwen's 151k vocab with the
+qwen35 pre-tokenizer (Qwen3.8-Flash-Next's) and SmolLM2's (smollm, the default chat model)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ from mgserve.core.detokenizer import _safe_cut, clean_spaces
 from mgserve.core.gguf import GGUFFile
 from mgserve.core.tokenizer import IncrementalDetokenizer, Tokenizer
 from mgserve.core.tokenizer_spm import SPACE
+from tests.core.test_tokenizer_llama_vectors import load_vocab, metadata
 
 DATA = Path(__file__).parent.parent / "data"
-MODELS = ("gemma3", "gemma3_prefix", "bpe_qwen2", "bpe_llama-bpe", "bpe_default")
+MODELS = (
+    "gemma3", "gemma3_prefix", "bpe_qwen2", "bpe_llama-bpe", "bpe_default", "qwen35", "smollm",
+)  # fmt: skip
 CORPUS: list[str] = json.loads((DATA / "tokenizer_corpus.json").read_text())
 
 
@@ -40,9 +44,11 @@ def toks(gemma_meta: dict[str, Any]) -> dict[str, Tokenizer]:
             {**gemma_meta, "tokenizer.ggml.add_space_prefix": True}
         ),
     }
-    for name in MODELS[2:]:
+    for name in MODELS[2:5]:
         pre = name.removeprefix("bpe_")
         out[name] = Tokenizer.from_metadata(GGUFFile(DATA / f"tokenizer_bpe_{pre}.gguf").metadata)
+    out["qwen35"] = Tokenizer.from_metadata(metadata("qwen35"))
+    out["smollm"] = Tokenizer.from_metadata(load_vocab(DATA / "tokenizer_vocab_smollm.meta.json"))
     return out
 
 

@@ -59,11 +59,16 @@ def _unpack(raw: bytes) -> dict[str, Any]:
     return out
 
 
+def load_vocab(meta_json: Path) -> dict[str, Any]:
+    """Tokenizer metadata kept by tests/data/make_llama_vocab_data.py (scalars + arrays file)."""
+    info = json.loads(meta_json.read_text())
+    arrays = _unpack(lzma.decompress((meta_json.parent / info["arrays"]).read_bytes()))
+    return {**info["metadata"], **arrays}
+
+
 @cache
 def metadata(name: str) -> dict[str, Any]:
-    info = json.loads((DATA / f"{name}.meta.json").read_text())
-    arrays = _unpack(lzma.decompress((DATA / info["arrays"]).read_bytes()))
-    return {**info["metadata"], **arrays}
+    return load_vocab(DATA / f"{name}.meta.json")
 
 
 def cases(name: str) -> tuple[list[str], list[list[int]]]:

@@ -94,10 +94,33 @@ def unpack_arrays(raw: bytes) -> dict[str, object]:
             lengths = np.frombuffer(blob[: 4 * count], dtype="<u4")
             ends = np.cumsum(lengths).tolist()
             text = blob[4 * count :]
-            out[key] = [text[e - n : e].decode() for e, n in zip(ends, lengths.tolist())]
+            out[key] = [
+                text[e - n : e].decode() for e, n in zip(ends, lengths.tolist(), strict=True)
+            ]
         else:
             out[key] = np.frombuffer(blob, dtype=kind)
     return out
+
+
+def keep_vocab(meta: dict, folder: Path, meta_name: str, arrays_name: str = "") -> Path:
+    """Write ``meta_name`` (scalar metadata) and the arrays file it names into ``folder``; the
+    arrays file is named by its content unless ``arrays_name`` is given."""
+    packed = pack_arrays(meta)
+    arrays_name = arrays_name or f"{hashlib.sha256(packed).hexdigest()[:12]}.arrays.xz"
+    target = folder / arrays_name
+    if not target.exists():
+        target.write_bytes(lzma.compress(packed, preset=9 | lzma.PRESET_EXTREME))
+    scalars = {
+        k: (v.item() if isinstance(v, np.generic) else v)
+        for k, v in meta.items()
+        if k.startswith(("tokenizer.ggml.", "general.name", "general.architecture"))
+        and k not in ARRAYS
+        and not isinstance(v, (list, np.ndarray))
+    }
+    (folder / meta_name).write_text(
+        json.dumps({"arrays": target.name, "metadata": scalars}, indent=1) + "\n"
+    )
+    return target
 
 
 def llama_ids(path: Path, cases: list[str]) -> dict[str, list[list[int]]] | None:
@@ -116,7 +139,9 @@ def llama_ids(path: Path, cases: list[str]) -> dict[str, list[list[int]]] | None
                 data = text.encode()
                 cap = len(data) + 16
                 buf = (llama_cpp.llama_token * cap)()
-                n = llama_cpp.llama_tokenize(llm._model.vocab, data, len(data), buf, cap, add, parse)
+                n = llama_cpp.llama_tokenize(
+                    llm._model.vocab, data, len(data), buf, cap, add, parse
+                )
                 assert n >= 0, (path.name, text, n)
                 out[key].append(list(buf[:n]))
     return out
@@ -140,22 +165,7 @@ def main() -> None:
         models = models_dir(sdist, Path(tmp))
         for name in VOCABS:
             path = models / f"ggml-vocab-{name}.gguf"
-            meta = GGUFFile(path).metadata
-            packed = pack_arrays(meta)
-            arrays = hashlib.sha256(packed).hexdigest()[:12]
-            target = OUT / f"{arrays}.arrays.xz"
-            if not target.exists():
-                target.write_bytes(lzma.compress(packed, preset=9 | lzma.PRESET_EXTREME))
-            scalars = {
-                k: (v.item() if isinstance(v, np.generic) else v)
-                for k, v in meta.items()
-                if k.startswith(("tokenizer.ggml.", "general.name", "general.architecture"))
-                and k not in ARRAYS
-                and not isinstance(v, (list, np.ndarray))
-            }
-            (OUT / f"{name}.meta.json").write_text(
-                json.dumps({"arrays": target.name, "metadata": scalars}, indent=1) + "\n"
-            )
+            target = keep_vocab(GGUFFile(path).metadata, OUT, f"{name}.meta.json")
             for ext in ("inp", "out"):
                 (OUT / f"{name}.{ext}").write_bytes(Path(f"{path}.{ext}").read_bytes())
             cases = split_cases(Path(f"{path}.inp").read_bytes().decode())
