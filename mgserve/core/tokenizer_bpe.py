@@ -63,12 +63,20 @@ class BpeEncoder:
         self.byte_encode = pre.byte_encode
         self.newline_words = pre.newline_words
         self.token_to_id = token_to_id
-        self.ranks: dict[tuple[str, str], int] = {}
+        # Symbols are interned as ints and each merge is one dict entry: (left << 32 | right)
+        # -> (rank << 32 | merged symbol). Heap entries are ints too, rank << 32 | position, so
+        # the heap orders them as llama.cpp does (lowest rank, then leftmost).
+        self.sym_id: dict[str, int] = {}
+        self.sym_text: list[str] = []
+        self.pairs: dict[int, int] = {}
+        intern = self._intern
         for rank, merge in enumerate(merges):
             # llama.cpp splits at the first space after position 0
             pos = merge.find(" ", 1)
-            pair = (merge[:pos], merge[pos + 1 :]) if pos >= 0 else ("", "")
-            self.ranks.setdefault(pair, rank)
+            left, right = (merge[:pos], merge[pos + 1 :]) if pos >= 0 else ("", "")
+            key = intern(left) << 32 | intern(right)
+            if key not in self.pairs:  # the first rank of a repeated pair counts
+                self.pairs[key] = rank << 32 | intern(left + right)
         self.cache: dict[str, tuple[int, ...]] = {}
 
     def encode(self, text: str, out: list[int]) -> None:
@@ -85,6 +93,13 @@ class BpeEncoder:
                 ids = cache[word] = tuple(self._merge(encoded))
             out.extend(ids)
 
+    def _intern(self, text: str) -> int:
+        i = self.sym_id.get(text)
+        if i is None:
+            i = self.sym_id[text] = len(self.sym_text)
+            self.sym_text.append(text)
+        return i
+
     def pre_tokenize(self, text: str) -> list[str]:
         return self.pretok.split(text)
 
@@ -94,42 +109,59 @@ class BpeEncoder:
             return [tid[word]]
         if self.newline_words and word in tid and not word.strip("\n"):
             return [tid[word]]
-        ranks = self.ranks
-        syms = list(word)  # "" marks a symbol absorbed by its left neighbour
-        n = len(syms)
+        if not word:
+            return []
+        pairs = self.pairs
+        get = self.sym_id.get
+        ids = [get(ch, -1) for ch in word]  # -1: a character no merge mentions; -2: absorbed
+        n = len(ids)
         nxt = list(range(1, n + 1))
         nxt[-1] = -1
         prev = list(range(-1, n - 1))
-        heap: list[tuple[int, int, int, int]] = []  # (rank, left, right, size)
+        mask = 0xFFFFFFFF
+        heap = []
         for i in range(n - 1):
-            r = ranks.get((syms[i], syms[i + 1]))
-            if r is not None:
-                heap.append((r, i, i + 1, 2))
+            a, b = ids[i], ids[i + 1]
+            if a >= 0 and b >= 0:
+                v = pairs.get(a << 32 | b)
+                if v is not None:
+                    heap.append((v >> 32) << 32 | i)
         heapq.heapify(heap)
+        pop, push = heapq.heappop, heapq.heappush
         while heap:
-            _, left, right, size = heapq.heappop(heap)
-            a, b = syms[left], syms[right]
-            if not a or not b or len(a) + len(b) != size:
-                continue  # stale
-            syms[left] = a + b
-            syms[right] = ""
+            e = pop(heap)
+            left = e & mask
+            a = ids[left]
+            right = nxt[left]
+            if a < 0 or right < 0:
+                continue  # stale: absorbed, or nothing to its right any more
+            b = ids[right]
+            v = pairs.get(a << 32 | b) if b >= 0 else None
+            # ranks name one pair each, so the same rank means the same two symbols: valid
+            if v is None or v >> 32 != e >> 32:
+                continue  # stale: a neighbour changed since this pair was pushed
+            m = ids[left] = v & mask
+            ids[right] = -2
             after = nxt[right]
             nxt[left] = after
             if after >= 0:
                 prev[after] = left
+                c = ids[after]
+                if c >= 0:
+                    w = pairs.get(m << 32 | c)
+                    if w is not None:
+                        push(heap, (w >> 32) << 32 | left)
             before = prev[left]
             if before >= 0:
-                r = ranks.get((syms[before], syms[left]))
-                if r is not None:
-                    heapq.heappush(heap, (r, before, left, len(syms[before]) + size))
-            if after >= 0:
-                r = ranks.get((syms[left], syms[after]))
-                if r is not None:
-                    heapq.heappush(heap, (r, left, after, size + len(syms[after])))
+                c = ids[before]
+                if c >= 0:
+                    w = pairs.get(c << 32 | m)
+                    if w is not None:
+                        push(heap, (w >> 32) << 32 | before)
+        text = self.sym_text
+        syms = [text[i] if i >= 0 else word[k] for k, i in enumerate(ids) if i != -2]
         out: list[int] = []
         for sym in syms:
-            if not sym:
-                continue
             t = tid.get(sym)
             if t is not None:
                 out.append(t)

@@ -30,7 +30,11 @@ class SpmEncoder:
         self, tokens: Sequence[str], token_to_id: Mapping[str, int], scores: Sequence[float]
     ) -> None:
         self.token_to_id = token_to_id
-        self.scores = scores
+        # dense rank of each token's score, best first: heap entries are the int
+        # rank << 32 | position, ordered as llama.cpp orders its bigrams (best score, leftmost)
+        distinct = sorted(set(scores), reverse=True)
+        order = {score: i for i, score in enumerate(distinct)}
+        self.score_rank: list[int] = [order[x] for x in scores]
         crossing = {t for t in tokens if SPACE in t[1:]}
         # at each position the longest crossing token starting there (shorter ones span less)
         self.crossing = re.compile("(?=(" + trie_regex(crossing) + "))") if crossing else None
@@ -69,7 +73,6 @@ class SpmEncoder:
 
     def _merge(self, word: str) -> list[int]:
         tid = self.token_to_id
-        scores = self.scores
         n = len(word)
         # symbol i covers word[i : i + length[i]]; a symbol only ever absorbs its right neighbour,
         # so its start never moves; length 0 marks a symbol that was absorbed
@@ -77,33 +80,43 @@ class SpmEncoder:
         nxt = list(range(1, n + 1))
         nxt[-1] = -1
         prev = list(range(-1, n - 1))
-        heap: list[tuple[float, int, int, int]] = []  # (-score, left, right, size)
+        mask = 0xFFFFFFFF
+        rank = self.score_rank
+        heap = []
         for i in range(n - 1):
             t = tid.get(word[i : i + 2])
             if t is not None:
-                heap.append((-scores[t], i, i + 1, 2))
+                heap.append(rank[t] << 32 | i)
         heapq.heapify(heap)
+        pop, push = heapq.heappop, heapq.heappush
+        # An entry is acted on when the pair now at its position still has its score: llama.cpp
+        # pushes every new adjacent pair, so it holds a live entry with this same key and would
+        # merge the same pair at this same point of its order.
         while heap:
-            _, left, right, size = heapq.heappop(heap)
-            if length[left] == 0 or length[right] == 0 or length[left] + length[right] != size:
-                continue  # stale: one side already merged with something else
+            e = pop(heap)
+            left = e & mask
+            size = length[left]
+            right = nxt[left]
+            if size == 0 or right < 0:
+                continue
+            size += length[right]
+            t = tid.get(word[left : left + size])
+            if t is None or rank[t] != e >> 32:
+                continue  # stale
             length[left] = size
             length[right] = 0
             after = nxt[right]
             nxt[left] = after
             if after >= 0:
                 prev[after] = left
+                t = tid.get(word[left : left + size + length[after]])
+                if t is not None:
+                    push(heap, rank[t] << 32 | left)
             before = prev[left]
             if before >= 0:
-                span = length[before] + size
-                t = tid.get(word[before : before + span])
+                t = tid.get(word[before : before + length[before] + size])
                 if t is not None:
-                    heapq.heappush(heap, (-scores[t], before, left, span))
-            if after >= 0:
-                span = size + length[after]
-                t = tid.get(word[left : left + span])
-                if t is not None:
-                    heapq.heappush(heap, (-scores[t], left, after, span))
+                    push(heap, rank[t] << 32 | before)
         out: list[int] = []
         i = 0
         while i >= 0:
