@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from mgserve.core import tokenizer_unicode as uni
+from mgserve.core.gguf import GGUFFile
 from mgserve.core.tokenizer import Tokenizer
 from mgserve.core.tokenizer_pretok import PRE_TYPES, REGEXES, PreTokenizer, PreType
 from tests.core.test_tokenizer_llama_vectors import metadata
@@ -34,8 +35,14 @@ def test_every_llama_cpp_name_is_known(ref: dict[str, Any]) -> None:
     assert len(ref["ids"]) >= 20  # the names really tokenize differently
 
 
-def test_every_name_matches_llama_cpp(ref: dict[str, Any]) -> None:
-    base = metadata("gpt-2")
+@pytest.mark.parametrize("vocab", ["gpt-2", "marks"])
+def test_every_name_matches_llama_cpp(ref: dict[str, Any], vocab: str) -> None:
+    """gpt-2's vocab, and a small BPE whose merges join letters to marks (so that qwen35 and
+    qwen2, which differ only there, give different ids)."""
+    if vocab == "gpt-2":
+        base = metadata("gpt-2")
+    else:
+        base = GGUFFile(DATA / "tokenizer_bpe_marks.gguf").metadata
     built: dict[PreType, Tokenizer] = {}
     bad = []
     for name, want in sorted(ref["names"].items()):
@@ -43,13 +50,20 @@ def test_every_name_matches_llama_cpp(ref: dict[str, Any]) -> None:
         tok = built.get(pre)
         if tok is None:
             tok = built[pre] = Tokenizer.from_metadata({**base, "tokenizer.ggml.pre": name})
-        assert (tok.add_bos, tok.bos_id) == (want["add_bos"], want["bos"]), name
-        assert tok.decode(ref["sample_ids"]) == want["sample_text"], name
-        for text, ids in zip(ref["texts"], ref["ids"][want["ids"]], strict=True):
+        if vocab == "gpt-2":
+            assert (tok.add_bos, tok.bos_id) == (want["add_bos"], want["bos"]), name
+            assert tok.decode(ref["sample_ids"]) == want["sample_text"], name
+        for text, ids in zip(ref["texts"], ref["ids"][want[vocab]], strict=True):
             got = tok.encode(text, add_special=False)
             if got != ids:
                 bad.append((name, text[:30], got[:8], ids[:8]))
     assert not bad, f"{len(bad)} differ; first: {bad[:3]}"
+    if vocab == "marks":
+        assert want_ids(ref, "qwen35", vocab) != want_ids(ref, "qwen2", vocab)
+
+
+def want_ids(ref: dict[str, Any], name: str, vocab: str) -> list[list[int]]:
+    return ref["ids"][ref["names"][name][vocab]]
 
 
 def test_collapsed_text_follows_llama_cpp_categories() -> None:

@@ -1,9 +1,13 @@
 """llama.cpp's answers for every ``tokenizer.ggml.pre`` name (run once; needs llama-cpp-python
 and tests/data/llama_vocab from make_llama_vocab_data.py).
 
-Only a handful of pre-tokenizers ship test vectors, so this writes the gpt-2 vocabulary once per
+Only a handful of pre-tokenizers ship test vectors, so this writes a vocabulary once per
 pre-tokenizer name llama.cpp 0.3.36 knows (a vocab-only GGUF in a temporary directory) and
-records, for the test corpus plus texts that stress the Unicode classes the regexes use:
+records, for the test corpus plus texts that stress the Unicode classes the regexes use, with
+two vocabularies: gpt-2's, and tests/data/tokenizer_bpe_marks.gguf, a small BPE trained here
+without any pre-split, so that its merges join letters to their combining marks, digits to
+letters and so on (real vocabs trained with one pre-tokenizer rarely tell it from another: the
+qwen2 vocab gives the same ids under qwen2 and qwen35):
 - the ids of each text (add_special = parse_special = false) under each name (names that give
   identical ids share one list),
 - per name: add_bos, the BOS id and the text of a fixed id sequence (clean_spaces shows there).
@@ -50,6 +54,37 @@ def corpus() -> list[str]:
     return [t for t in texts if len(t) <= 2000] + EXTRA
 
 
+MARKS_TEXT = [
+    "\u0915\u093f\u0924\u093e\u092c \u092a\u0922\u093c\u094b \u0928\u092e\u0938\u094d\u0924\u0947",
+    "\u1780\u17b6\u1793\u17cb\u178f\u17c2 \u0e01\u0e34\u0e19\u0e02\u0e49\u0e32\u0e27",
+    "e\u0301te\u0301 re\u0301sume\u0301 nai\u0308ve cafe\u0301 A\u030angstro\u0308m",
+]
+
+
+def marks_vocab() -> Path:
+    """Train the small mark-joining BPE and write it as tests/data/tokenizer_bpe_marks.gguf."""
+    from make_tokenizer_bpe_gguf import SPECIALS, write
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=1500, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    texts = corpus() + MARKS_TEXT * 20
+    for special, _ in SPECIALS:  # write() appends them; a trained duplicate breaks the vocab
+        texts = [t.replace(special, " ") for t in texts]
+    tok.train_from_iterator(texts, trainer=trainer)
+    path = HERE / "tokenizer_bpe_marks.gguf"
+    write(tok, "qwen35", path)
+    from mgserve.core.gguf import GGUFFile
+
+    tokens = GGUFFile(path).metadata["tokenizer.ggml.tokens"]
+    assert len(set(tokens)) == len(tokens), "duplicate token texts"
+    return path
+
+
 def write_vocab(meta: dict, pre: str, path: Path) -> None:
     w = gguf.GGUFWriter(str(path), "gpt2")
     w.add_tokenizer_model("gpt2")
@@ -83,11 +118,12 @@ def detokenize(vocab: object, ids: list[int]) -> str:
 
 
 def main() -> None:
+    from mgserve.core.gguf import GGUFFile
     from mgserve.core.tokenizer_pretok import PRE_TYPES  # only for the list of names
     from tests.core.test_tokenizer_llama_vectors import metadata
 
-    meta = metadata("gpt-2")
-    texts = corpus()
+    vocabs = {"gpt-2": metadata("gpt-2"), "marks": GGUFFile(marks_vocab()).metadata}
+    texts = corpus() + MARKS_TEXT
     sample_ids = None
     results: list[list[list[int]]] = []
     names: dict[str, dict[str, object]] = {}
@@ -95,22 +131,28 @@ def main() -> None:
         for name in sorted(PRE_TYPES):
             if name == "whitespace":  # llama.cpp aborts: its words keep spaces, merges forbid them
                 continue
-            path = Path(tmp) / "vocab.gguf"
-            write_vocab(meta, name, path)
-            llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-            vocab = llm._model.vocab
-            if sample_ids is None:
-                sample_ids = tokenize(vocab, SAMPLE)
-            ids = [tokenize(vocab, t) for t in texts]
-            if ids not in results:
-                results.append(ids)
-            names[name] = {
-                "ids": results.index(ids),
-                "add_bos": bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
-                "bos": llama_cpp.llama_vocab_bos(vocab),
-                "sample_text": detokenize(vocab, sample_ids),
-            }
-            del llm
+            entry: dict[str, object] = {}
+            for vocab_name, meta in vocabs.items():
+                path = Path(tmp) / "vocab.gguf"
+                write_vocab(meta, name, path)
+                llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+                vocab = llm._model.vocab
+                ids = [tokenize(vocab, t) for t in texts]
+                if ids not in results:
+                    results.append(ids)
+                entry[vocab_name] = results.index(ids)
+                if vocab_name != "gpt-2":
+                    del llm
+                    continue
+                if sample_ids is None:
+                    sample_ids = tokenize(vocab, SAMPLE)
+                entry.update(
+                    add_bos=bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
+                    bos=llama_cpp.llama_vocab_bos(vocab),
+                    sample_text=detokenize(vocab, sample_ids),
+                )
+                del llm
+            names[name] = entry
     out = {"texts": texts, "sample": SAMPLE, "sample_ids": sample_ids, "ids": results}
     out["names"] = names
     target = HERE / "tokenizer_ref_pretok.json.gz"
