@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from mgserve.core.tokenizer_pretok import PreTokenizer, PreType
 
 _CACHE_LIMIT = 200_000
+_LONG = 256  # characters; longer words are merged rank by rank (BpeEncoder._by_rank)
 
 
 def _bytes_to_unicode() -> list[str]:
@@ -93,31 +94,20 @@ class BpeEncoder:
                 ids = cache[word] = tuple(self._merge(encoded))
             out.extend(ids)
 
-    def _intern(self, text: str) -> int:
-        i = self.sym_id.get(text)
-        if i is None:
-            i = self.sym_id[text] = len(self.sym_text)
-            self.sym_text.append(text)
-        return i
-
-    def pre_tokenize(self, text: str) -> list[str]:
-        return self.pretok.split(text)
-
-    def _merge(self, word: str) -> list[int]:
-        tid = self.token_to_id
-        if self.ignore_merges and word in tid:
-            return [tid[word]]
-        if self.newline_words and word in tid and not word.strip("\n"):
-            return [tid[word]]
-        if not word:
-            return []
-        pairs = self.pairs
+    def _start(self, word: str) -> tuple[list[int], list[int], list[int]]:
         get = self.sym_id.get
         ids = [get(ch, -1) for ch in word]  # -1: a character no merge mentions; -2: absorbed
         n = len(ids)
         nxt = list(range(1, n + 1))
         nxt[-1] = -1
         prev = list(range(-1, n - 1))
+        return ids, nxt, prev
+
+    def _by_heap(self, word: str) -> list[int]:
+        """llama.cpp's order exactly: a heap of rank << 32 | position, stale entries skipped."""
+        pairs = self.pairs
+        ids, nxt, prev = self._start(word)
+        n = len(ids)
         mask = 0xFFFFFFFF
         heap = []
         for i in range(n - 1):
@@ -158,6 +148,93 @@ class BpeEncoder:
                     w = pairs.get(c << 32 | m)
                     if w is not None:
                         push(heap, (w >> 32) << 32 | before)
+        return ids
+
+    def _by_rank(self, word: str) -> list[int] | None:
+        """The same merges for long words, cheaper: when every pair a merge creates has a
+        higher rank than the merge itself (true of trained vocabs: a token is created before
+        merges use it), llama.cpp's heap pops ranks in increasing order, so each rank's
+        positions can be taken together, left to right, from a bucket. None when a created pair
+        breaks that order; the caller then uses the heap."""
+        pairs = self.pairs
+        ids, nxt, prev = self._start(word)
+        mask = 0xFFFFFFFF
+        buckets: dict[int, list[int]] = {}
+        for i in range(len(ids) - 1):
+            a, b = ids[i], ids[i + 1]
+            if a >= 0 and b >= 0:
+                v = pairs.get(a << 32 | b)
+                if v is not None:
+                    r = v >> 32
+                    bucket = buckets.get(r)
+                    if bucket is None:
+                        buckets[r] = [i]
+                    else:
+                        bucket.append(i)
+        order = list(buckets)
+        heapq.heapify(order)
+        pop, push = heapq.heappop, heapq.heappush
+        while order:
+            r = pop(order)
+            positions = buckets.pop(r)
+            positions.sort()
+            for left in positions:
+                a = ids[left]
+                right = nxt[left]
+                if a < 0 or right < 0:
+                    continue
+                b = ids[right]
+                v = pairs.get(a << 32 | b) if b >= 0 else None
+                if v is None or v >> 32 != r:
+                    continue  # stale
+                m = ids[left] = v & mask
+                ids[right] = -2
+                after = nxt[right]
+                nxt[left] = after
+                before = prev[left]
+                for pos, key in (
+                    (left, m << 32 | ids[after] if after >= 0 else -1),
+                    (before, ids[before] << 32 | m if before >= 0 else -1),
+                ):
+                    if key < 0:
+                        continue  # no neighbour, or one no merge mentions (id -1)
+                    w = pairs.get(key)
+                    if w is None:
+                        continue
+                    r2 = w >> 32
+                    if r2 <= r:
+                        return None
+                    bucket = buckets.get(r2)
+                    if bucket is None:
+                        buckets[r2] = [pos]
+                        push(order, r2)
+                    else:
+                        bucket.append(pos)
+                if after >= 0:
+                    prev[after] = left
+        return ids
+
+    def _intern(self, text: str) -> int:
+        i = self.sym_id.get(text)
+        if i is None:
+            i = self.sym_id[text] = len(self.sym_text)
+            self.sym_text.append(text)
+        return i
+
+    def pre_tokenize(self, text: str) -> list[str]:
+        return self.pretok.split(text)
+
+    def _merge(self, word: str) -> list[int]:
+        tid = self.token_to_id
+        if self.ignore_merges and word in tid:
+            return [tid[word]]
+        if self.newline_words and word in tid and not word.strip("\n"):
+            return [tid[word]]
+        if not word:
+            return []
+        ids = self._by_rank(word) if len(word) > _LONG else None
+        if ids is None:
+            ids = self._by_heap(word)
         text = self.sym_text
         syms = [text[i] if i >= 0 else word[k] for k, i in enumerate(ids) if i != -2]
         out: list[int] = []

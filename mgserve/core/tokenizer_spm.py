@@ -23,6 +23,7 @@ from mgserve.core.tokenizer_special import trie_regex
 SPACE = "\u2581"  # ▁
 _WORD_RE = re.compile(f"{SPACE}[^{SPACE}]*|[^{SPACE}]+")
 _CACHE_LIMIT = 200_000  # words; cleared when full so a long-running server stays bounded
+_LONG = 256  # characters; longer words are merged rank by rank (SpmEncoder._by_rank)
 
 
 class SpmEncoder:
@@ -73,13 +74,35 @@ class SpmEncoder:
 
     def _merge(self, word: str) -> list[int]:
         tid = self.token_to_id
-        n = len(word)
+        state = self._by_rank(word) if len(word) > _LONG else None
+        length, nxt = state if state is not None else self._by_heap(word)
+        out: list[int] = []
+        i = 0
+        while i >= 0:
+            piece = word[i : i + length[i]]
+            t = tid.get(piece)
+            if t is not None:
+                out.append(t)
+            else:
+                out.extend(self._byte_id(b) for b in piece.encode())
+            i = nxt[i]
+        return out
+
+    @staticmethod
+    def _start(n: int) -> tuple[list[int], list[int], list[int]]:
         # symbol i covers word[i : i + length[i]]; a symbol only ever absorbs its right neighbour,
         # so its start never moves; length 0 marks a symbol that was absorbed
         length = [1] * n
         nxt = list(range(1, n + 1))
         nxt[-1] = -1
         prev = list(range(-1, n - 1))
+        return length, nxt, prev
+
+    def _by_heap(self, word: str) -> tuple[list[int], list[int]]:
+        """llama.cpp's order exactly: a heap of score rank << 32 | position."""
+        tid = self.token_to_id
+        n = len(word)
+        length, nxt, prev = self._start(n)
         mask = 0xFFFFFFFF
         rank = self.score_rank
         heap = []
@@ -117,17 +140,64 @@ class SpmEncoder:
                 t = tid.get(word[before : before + length[before] + size])
                 if t is not None:
                     push(heap, rank[t] << 32 | before)
-        out: list[int] = []
-        i = 0
-        while i >= 0:
-            piece = word[i : i + length[i]]
-            t = tid.get(piece)
+        return length, nxt
+
+    def _by_rank(self, word: str) -> tuple[list[int], list[int]] | None:
+        """The same merges for long words, cheaper: while every pair a merge creates scores
+        below the merge itself (true of trained vocabs), llama.cpp's heap pops score ranks in
+        increasing order, so each rank's positions can be taken together, left to right, from a
+        bucket. None when a created pair breaks that order; the caller then uses the heap."""
+        tid = self.token_to_id
+        rank = self.score_rank
+        length, nxt, prev = self._start(len(word))
+        buckets: dict[int, list[int]] = {}
+        for i in range(len(word) - 1):
+            t = tid.get(word[i : i + 2])
             if t is not None:
-                out.append(t)
-            else:
-                out.extend(self._byte_id(b) for b in piece.encode())
-            i = nxt[i]
-        return out
+                bucket = buckets.get(rank[t])
+                if bucket is None:
+                    buckets[rank[t]] = [i]
+                else:
+                    bucket.append(i)
+        order = list(buckets)
+        heapq.heapify(order)
+        pop, push = heapq.heappop, heapq.heappush
+        while order:
+            r = pop(order)
+            positions = buckets.pop(r)
+            positions.sort()
+            for left in positions:
+                size = length[left]
+                right = nxt[left]
+                if size == 0 or right < 0:
+                    continue
+                size += length[right]
+                t = tid.get(word[left : left + size])
+                if t is None or rank[t] != r:
+                    continue  # stale
+                length[left] = size
+                length[right] = 0
+                after = nxt[right]
+                nxt[left] = after
+                before = prev[left]
+                if after >= 0:
+                    prev[after] = left
+                for pos, end in ((left, after), (before, left)):
+                    if pos < 0 or end < 0:
+                        continue
+                    t = tid.get(word[pos : pos + length[pos] + length[end]])
+                    if t is None:
+                        continue
+                    r2 = rank[t]
+                    if r2 <= r:
+                        return None
+                    bucket = buckets.get(r2)
+                    if bucket is None:
+                        buckets[r2] = [pos]
+                        push(order, r2)
+                    else:
+                        bucket.append(pos)
+        return length, nxt
 
     def _byte_id(self, b: int) -> int:
         t = self.byte_ids[b]
