@@ -17,6 +17,7 @@ import pytest
 from mgserve.core.detokenizer import _safe_cut, clean_spaces
 from mgserve.core.gguf import GGUFFile
 from mgserve.core.tokenizer import IncrementalDetokenizer, Tokenizer
+from mgserve.core.tokenizer_bpe import BYTE_TO_CHAR
 from mgserve.core.tokenizer_spm import SPACE
 from tests.core.test_tokenizer_llama_vectors import load_vocab, metadata
 
@@ -182,3 +183,52 @@ def test_streaming_clean_up_cut_is_safe() -> None:
             whole = head + tail
             assert clean_spaces(whole) == clean_spaces(head[:p]) + clean_spaces(whole[p:])
     assert cuts > 1000
+
+
+@pytest.mark.parametrize("name", ["qwen35", "smollm", "gemma3"])
+def test_long_words_merge_as_llama_cpp_orders_them(name: str, toks: dict[str, Tokenizer]) -> None:
+    """Words over 256 characters are merged rank by rank from buckets; that must equal the
+    heap order (llama.cpp's) whenever it is used, and the heap must take over when a vocab's
+    merges are not monotone."""
+    enc = toks[name]._encoder
+    rng = random.Random(0)
+    used = 0
+    for alphabet in ("abcdefghijklmnopqrstuvwxyz", "ab", "a", "xyz12", "e\u0301a", "aab"):
+        word = "".join(rng.choice(alphabet) for _ in range(rng.randint(300, 3000)))
+        if name != "gemma3":
+            word = word.encode().decode("latin-1").translate(BYTE_TO_CHAR)
+        by_rank = enc._by_rank(word)
+        if by_rank is not None:
+            used += 1
+            assert by_rank == enc._by_heap(word), alphabet
+    assert used >= 4
+
+
+def test_non_monotone_merges_fall_back_to_the_heap() -> None:
+    """A merge list where a created pair outranks its creator ("ab a" before "a b"): the
+    bucket order would merge both "a b" pairs of "abab"; llama.cpp's heap gives "aba" + "b"."""
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt-2",
+        "tokenizer.ggml.tokens": ["a", "b", "ab", "aba", "x"],
+        "tokenizer.ggml.merges": ["ab a", "a b"],
+    }
+    tok = Tokenizer.from_metadata(meta)
+    word = "ab" * 200
+    assert tok._encoder._by_rank(word) is None
+    assert tok.encode(word, add_special=False)[:2] == [3, 1]
+
+
+def test_long_word_time_is_near_linear(toks: dict[str, Tokenizer]) -> None:
+    import time
+
+    rng = random.Random(1)
+    for name in ("qwen35", "gemma3"):
+        times = []
+        for n in (50_000, 200_000):
+            word = "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=n))
+            toks[name]._encoder.cache.clear()
+            t0 = time.perf_counter()
+            toks[name].encode(word, add_special=False)
+            times.append(time.perf_counter() - t0)
+        assert times[1] < 6 * times[0] + 0.2, (name, times)
