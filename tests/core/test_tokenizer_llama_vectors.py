@@ -110,11 +110,21 @@ def test_llama_cpp_ids(vocab: tuple[str, Tokenizer]) -> None:
     name, tok = vocab
     texts, _ = cases(name)
     ref = json.loads((DATA / f"{name}.llama.json").read_text())
-    assert set(ref) == {"00", "01", "10", "11"}
+    assert set(ref) == {"00", "01", "10", "11", "text0", "text1"}
     bad = []
-    for key, per_case in ref.items():
+    for key in ("00", "01", "10", "11"):
+        per_case = ref[key]
         for text, ids in zip(texts, per_case, strict=True):
             got = tok.encode(text, add_special=key[0] == "1", parse_special=key[1] == "1")
             if got != ids:
                 bad.append((key, text[:30], got[:10], ids[:10]))
     assert not bad, f"{name}: {len(bad)} of {4 * len(texts)} differ; first: {bad[:3]}"
+
+
+def test_llama_cpp_text(vocab: tuple[str, Tokenizer]) -> None:
+    """Detokenizing llama.cpp's (add_special, parse_special) ids gives llama.cpp's text."""
+    name, tok = vocab
+    ref = json.loads((DATA / f"{name}.llama.json").read_text())
+    for ids, with_special, without in zip(ref["11"], ref["text1"], ref["text0"], strict=True):
+        assert tok.decode(ids) == with_special, (name, ids[:10])
+        assert tok.decode(ids, skip_special=True) == without, (name, ids[:10])

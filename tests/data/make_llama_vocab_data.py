@@ -14,7 +14,8 @@ tests/data/llama_vocab/:
   are 55 MB; this is about 9 MB; vocabs with identical arrays, qwen2 and qwen35, share one);
 - ``NAME.llama.json``: when llama-cpp-python is importable, llama.cpp's own ids for every case
   with each (add_special, parse_special) combination, so the test checks against the library
-  as well as against the shipped ``.out`` (which is add_special = parse_special = false).
+  as well as against the shipped ``.out`` (which is add_special = parse_special = false), and
+  the detokenized text of the (true, true) ids with special tokens rendered and not.
 
     python tests/data/make_llama_vocab_data.py [SDIST]
 """
@@ -123,14 +124,14 @@ def keep_vocab(meta: dict, folder: Path, meta_name: str, arrays_name: str = "") 
     return target
 
 
-def llama_ids(path: Path, cases: list[str]) -> dict[str, list[list[int]]] | None:
+def llama_ids(path: Path, cases: list[str]) -> dict[str, list] | None:
     try:
         import llama_cpp
     except ImportError:
         print("llama-cpp-python not importable: no NAME.llama.json written")
         return None
     llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-    out: dict[str, list[list[int]]] = {}
+    out: dict[str, list] = {}
     for add in (False, True):
         for parse in (False, True):
             key = f"{int(add)}{int(parse)}"
@@ -144,7 +145,22 @@ def llama_ids(path: Path, cases: list[str]) -> dict[str, list[list[int]]] | None
                 )
                 assert n >= 0, (path.name, text, n)
                 out[key].append(list(buf[:n]))
+    for unparse in (True, False):  # whole-sequence text of the (true, true) ids
+        out[f"text{int(unparse)}"] = [
+            detokenize(llama_cpp, llm._model.vocab, ids, unparse) for ids in out["11"]
+        ]
     return out
+
+
+def detokenize(llama_cpp: object, vocab: object, ids: list[int], unparse: bool) -> str:
+    import ctypes
+
+    arr = (llama_cpp.llama_token * max(1, len(ids)))(*ids)
+    cap = 64 * len(ids) + 16
+    buf = ctypes.create_string_buffer(cap)
+    n = llama_cpp.llama_detokenize(vocab, arr, len(ids), buf, cap, False, unparse)
+    assert n >= 0, n
+    return buf.raw[:n].decode("utf-8", "replace")
 
 
 def models_dir(sdist: Path, tmp: Path) -> Path:
