@@ -315,6 +315,33 @@ class _Span:
         return self.s, self.e
 
 
+# jais2's "\s*[\r\n]+" rescans a whitespace run from every match inside it, and its cascade
+# takes at most 512 at a time: quadratic on a long run without newlines. Its view therefore
+# marks whitespace with no newline later in its run (space -> \v, other -> \f; with one:
+# space stays, other -> \t), which the regex never needs apart otherwise, and that alternative
+# first checks the mark.
+_NO_NEWLINE_AHEAD = str.maketrans({" ": "\v", "\t": "\f", "\v": "\f", "\f": "\f"})
+_NEWLINE_AHEAD = str.maketrans({"\v": " ", "\f": "\t"})
+_REVERSED_RUN = re.compile("[\r\n][\v\f\r\n]*")
+
+
+def _jais2(collapsed_rx: str) -> str:
+    for old, new in ((r"| ?[^\s", "|[ \v]?[^\\s"), (r"|\s*[\r\n]+", r"|(?=[ \t\r\n])\s*[\r\n]+")):
+        assert collapsed_rx.count(old) == 1, old
+        collapsed_rx = collapsed_rx.replace(old, new)
+    return collapsed_rx
+
+
+def _view(text: str, kind: str) -> str:
+    if kind == "w":
+        return wide(text)
+    view = collapse(text, han=kind == "h")
+    if kind == "j":
+        rev = view.translate(_NO_NEWLINE_AHEAD)[::-1]
+        view = _REVERSED_RUN.sub(lambda m: m.group().translate(_NEWLINE_AHEAD), rev)[::-1]
+    return view
+
+
 class PreTokenizer:
     """Cuts text into the words llama.cpp's ``unicode_regex_split`` gives for a regex list."""
 
@@ -334,7 +361,9 @@ class PreTokenizer:
                 if rx in (_AFMOE_DIGITS, _AYA_DIGITS):
                     self.steps.append(("c", _DigitGroups()))
                     continue
-                if rx == _KIMI:
+                if rx == REGEXES["jais2"][0]:
+                    step = ("j", _jais2(_rewrite(rx)))
+                elif rx == _KIMI:
                     step = ("h", _KIMI_RX)
                 elif any(cat in rx for cat in _CATEGORY):
                     step = ("c", _rewrite(rx))
@@ -352,7 +381,7 @@ class PreTokenizer:
         for kind, rx in self.steps:
             view = views.get(kind)
             if view is None:
-                view = views[kind] = wide(text) if kind == "w" else collapse(text, han=kind == "h")
+                view = views[kind] = _view(text, kind)
             out: list[tuple[int, int]] = []
             add = out.append
             for start, end in spans:
