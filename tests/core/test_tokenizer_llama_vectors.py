@@ -26,6 +26,14 @@ VOCABS = (
 )  # fmt: skip
 
 
+EXTRA = [
+    "<s> hi </s>  x <unk>\n", "<|endoftext|>\n  a<|endoftext|>", "<|assistant|>  \n hi <|end|> ",
+    "[CLS] a [SEP] [MASK]  b [UNK]", "<mask>  b <pad>", "<start_of_turn>user\n hi<end_of_turn>",
+    "<|im_start|>  x<|im_end|>\n", "<bos><eos>  <|begin_of_text|> <|eot_id|>",
+    "<|START_OF_TURN_TOKEN|><|USER_TOKEN|> x", "<｜begin▁of▁sentence｜>  y", "\t<s>\t</s>\t",
+]  # fmt: skip  # the same as tests/data/make_llama_vocab_data.py's
+
+
 def split_cases(raw: str) -> list[str]:
     """test-tokenizer-0.cpp's read_tests: cases between separators, none after a final one."""
     out: list[str] = []
@@ -106,10 +114,11 @@ def test_shipped_vectors(vocab: tuple[str, Tokenizer]) -> None:
 
 
 def test_llama_cpp_ids(vocab: tuple[str, Tokenizer]) -> None:
-    """Against llama.cpp itself, with and without add_special / parse_special."""
+    """Against llama.cpp itself, with and without add_special / parse_special, on the vectors
+    and on texts full of special-token texts (make_llama_vocab_data.EXTRA)."""
     name, tok = vocab
-    texts, _ = cases(name)
     ref = json.loads((DATA / f"{name}.llama.json").read_text())
+    texts = cases(name)[0] + EXTRA
     assert set(ref) == {"00", "01", "10", "11", "text0", "text1"}
     bad = []
     for key in ("00", "01", "10", "11"):

@@ -13,6 +13,7 @@ tests/data/llama_vocab/:
 - ``ARRAYS.arrays.xz``: tokens, merges, token types and scores in a compact container (the GGUFs
   are 55 MB; this is about 9 MB; vocabs with identical arrays, qwen2 and qwen35, share one);
 - ``NAME.llama.json``: when llama-cpp-python is importable, llama.cpp's own ids for every case
+  (and for the EXTRA texts below, after the cases)
   with each (add_special, parse_special) combination, so the test checks against the library
   as well as against the shipped ``.out`` (which is add_special = parse_special = false), and
   the detokenized text of the (true, true) ids with special tokens rendered and not.
@@ -41,6 +42,21 @@ VOCABS = (
     "llama-bpe", "llama-spm", "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder",
 )  # fmt: skip
 SEPARATOR = "\n__ggml_vocab_test__\n"  # between .inp cases (test-tokenizer-0.cpp)
+# appended to every vocab's cases for the llama.cpp comparison: special-token texts of many
+# families next to whitespace (parse_special and LSTRIP / RSTRIP rules, e.g. phi-3's)
+EXTRA = [
+    "<s> hi </s>  x <unk>\n",
+    "<|endoftext|>\n  a<|endoftext|>",
+    "<|assistant|>  \n hi <|end|> ",
+    "[CLS] a [SEP] [MASK]  b [UNK]",
+    "<mask>  b <pad>",
+    "<start_of_turn>user\n hi<end_of_turn>",
+    "<|im_start|>  x<|im_end|>\n",
+    "<bos><eos>  <|begin_of_text|> <|eot_id|>",
+    "<|START_OF_TURN_TOKEN|><|USER_TOKEN|> x",
+    "<｜begin▁of▁sentence｜>  y",
+    "\t<s>\t</s>\t",
+]
 ARRAYS = (
     "tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
     "tokenizer.ggml.scores",
@@ -185,7 +201,7 @@ def main() -> None:
             for ext in ("inp", "out"):
                 (OUT / f"{name}.{ext}").write_bytes(Path(f"{path}.{ext}").read_bytes())
             cases = split_cases(Path(f"{path}.inp").read_bytes().decode())
-            ref = llama_ids(path, cases)
+            ref = llama_ids(path, cases + EXTRA)
             if ref is not None:
                 (OUT / f"{name}.llama.json").write_text(
                     json.dumps(ref, separators=(",", ":")) + "\n"
