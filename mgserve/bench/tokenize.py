@@ -1,8 +1,10 @@
-"""Tokenizer speed: encode (and decode) about N MB of mixed text with a GGUF's tokenizer.
+"""Tokenizer speed: encode (and decode) about N MB of text with a GGUF's tokenizer.
 
-The text is Python standard-library source (code, comments, docstrings: many distinct words, so
-the per-word cache does not flatter the figure) interleaved with multilingual prose and emoji.
-The tokenizer is built fresh, so the run starts with an empty cache.
+The default text is Python standard-library source (code, comments, docstrings: many distinct
+words, so the per-word cache does not flatter the figure) interleaved with multilingual prose and
+emoji; ``--word`` instead gives one long word of random lowercase letters, the worst case for
+merging (one word, no cache, every pair mergeable). The tokenizer is built fresh, so the run
+starts with an empty cache.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ def mixed_text(n_bytes: int) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="GGUF file (default: the built-in Gemma 3 270M)")
     parser.add_argument("--mb", type=float, default=1.0, help="megabytes of text (default 1)")
+    parser.add_argument(
+        "--word", action="store_true", help="one long word of random letters instead of mixed text"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,7 +65,13 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     tok = Tokenizer.from_metadata(meta)
     t_load = time.perf_counter() - t0
-    text = mixed_text(int(args.mb * 1_000_000))
+    n_bytes = int(args.mb * 1_000_000)
+    if getattr(args, "word", False):
+        import random
+
+        text = "".join(random.Random(0).choices("abcdefghijklmnopqrstuvwxyz", k=n_bytes))
+    else:
+        text = mixed_text(n_bytes)
     mb = len(text.encode()) / 1e6
 
     t0 = time.perf_counter()
@@ -72,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
     rows = [
         ("model", Path(path).name),
+        ("text", "one word" if getattr(args, "word", False) else "mixed"),
         ("from_metadata s", f"{t_load:.3f}"),
         ("MB", f"{mb:.3f}"),
         ("tokens", f"{len(ids)}"),

@@ -1,7 +1,9 @@
 """The tokenizer stored in a GGUF file's metadata, giving the same ids and text as llama.cpp.
 
-Two vocab types are supported: SentencePiece-style (``tokenizer.ggml.model == "llama"``, Gemma,
-Llama 2; see tokenizer_spm.py) and byte-level BPE (``"gpt2"``, Qwen, Llama 3; tokenizer_bpe.py).
+Supported vocab types: SentencePiece-style (``tokenizer.ggml.model == "llama"``, Gemma 3,
+Llama 2; see tokenizer_spm.py), BPE (``"gpt2"``: byte-level, Qwen, Llama 3, SmolLM, every
+``tokenizer.ggml.pre`` llama.cpp knows; ``"gemma4"``: raw UTF-8 with ``▁`` for spaces;
+tokenizer_bpe.py, tokenizer_pretok.py) and WordPiece (``"bert"``; tokenizer_wpm.py).
 Special tokens, bos/eos handling and the end-of-generation set follow llama-vocab.cpp
 (tokenizer_special.py); text comes back through detokenizer.py.
 
@@ -18,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from mgserve.core.detokenizer import IncrementalDetokenizer, detokenize
-from mgserve.core.tokenizer_bpe import PRE_TYPES, BpeEncoder, decode_text
+from mgserve.core.tokenizer_bpe import BpeEncoder, decode_text
+from mgserve.core.tokenizer_pretok import PRE_TYPES, PreType
 from mgserve.core.tokenizer_special import (
     ATTR_BYTE,
     ATTR_CONTROL,
@@ -28,12 +31,20 @@ from mgserve.core.tokenizer_special import (
     SpecialSplitter,
     derive_eog,
     mark_unused,
+    strip_rules,
     token_attrs,
 )
 from mgserve.core.tokenizer_spm import SPACE, SpmEncoder
+from mgserve.core.tokenizer_wpm import WpmEncoder
 
 __all__ = ["IncrementalDetokenizer", "Tokenizer"]
 
+_MODELS = {
+    "llama": "SentencePiece",
+    "gpt2": "byte-level BPE",
+    "gemma4": "BPE over raw UTF-8",
+    "bert": "WordPiece",
+}
 _SPECIAL = ATTR_CONTROL | ATTR_UNKNOWN  # hidden by piece(special=False), not split without parse
 _RAW = _SPECIAL | ATTR_USER_DEFINED  # rendered as their plain text
 
@@ -43,10 +54,11 @@ class Tokenizer:
 
     def __init__(self, meta: Mapping[str, Any]) -> None:
         model = meta.get("tokenizer.ggml.model")
-        if model not in ("llama", "gpt2"):
+        if model not in _MODELS:
             raise ValueError(
-                f"unsupported tokenizer: tokenizer.ggml.model = {model!r} "
-                "(supported: 'llama' (SentencePiece), 'gpt2' (byte-level BPE))"
+                f"unsupported tokenizer: tokenizer.ggml.model = {model!r} (supported: "
+                + ", ".join(f"{k!r} ({v})" for k, v in _MODELS.items())
+                + "; mgserve serves no architecture that uses the others)"
             )
         tokens = meta.get("tokenizer.ggml.tokens")
         if tokens is None or len(tokens) == 0:
@@ -58,7 +70,19 @@ class Tokenizer:
         attrs = token_attrs(meta, self.n_vocab)
 
         spm = model == "llama"
-        if spm:
+        self.escape_whitespaces = False
+        self.sep_id: int | None = None
+        self._encoder: SpmEncoder | BpeEncoder | WpmEncoder
+        pre_type: PreType | None = None
+        if model == "bert":
+            self.add_bos, self.add_eos, self.clean_spaces = True, False, True
+            lowercase = bool(meta.get("tokenizer.ggml.normalizer.lowercase", True))
+            strip = bool(meta.get("tokenizer.ggml.normalizer.strip_accents", lowercase))
+            unk = self._special_id(meta, "unknown", 100)
+            self._encoder = WpmEncoder(self._to_id, unk, lowercase, strip)
+            self.sep_id = self._special_id(meta, "seperator", 102)  # sic, llama.cpp's key
+            default_bos, default_eos = 101, None
+        elif spm:
             self.add_bos, self.add_eos, self.clean_spaces = True, False, False
             scores = meta.get("tokenizer.ggml.scores")
             scores = [0.0] * self.n_vocab if scores is None else np.asarray(scores).tolist()
@@ -66,30 +90,39 @@ class Tokenizer:
                 raise ValueError(
                     f"tokenizer.ggml.scores has {len(scores)} entries, need {self.n_vocab}"
                 )
-            self._encoder: SpmEncoder | BpeEncoder = SpmEncoder(self._tokens, self._to_id, scores)
+            self._encoder = SpmEncoder(self._tokens, self._to_id, scores)
             default_bos, default_eos = 1, 2
         else:
-            pre = meta.get("tokenizer.ggml.pre") or "default"
+            # gemma4 vocabs are BPE whose pre-tokenizer is always "gemma4"
+            pre = "gemma4" if model == "gemma4" else meta.get("tokenizer.ggml.pre") or "default"
             if pre not in PRE_TYPES:
                 raise ValueError(
                     f"unsupported pre-tokenizer: tokenizer.ggml.pre = {pre!r} "
                     f"(supported: {', '.join(sorted(PRE_TYPES))})"
                 )
-            kind, ignore_merges, self.add_bos, self.clean_spaces = PRE_TYPES[pre]
+            pre_type = PRE_TYPES[pre]
+            self.add_bos, self.clean_spaces = pre_type.add_bos, pre_type.clean_spaces
+            self.escape_whitespaces = pre_type.escape_whitespaces
             self.add_eos = False
             merges = meta.get("tokenizer.ggml.merges")
-            if merges is None:
+            if merges is None and pre != "kimi-k2":  # llama.cpp lets Kimi-K2 go without
                 raise ValueError("BPE tokenizer without tokenizer.ggml.merges")
-            self._encoder = BpeEncoder(kind, ignore_merges, self._to_id, merges)
-            default_bos, default_eos = 11, 11
+            self._encoder = BpeEncoder(pre_type, self._to_id, merges or [])
+            default_bos, default_eos = (None, None) if model == "gemma4" else (11, 11)
+            if pre_type.no_bos:
+                default_bos = None
         self.add_space_prefix: bool = bool(meta.get("tokenizer.ggml.add_space_prefix", spm))
+        self._spm_like = spm or model == "bert"  # pieces: "▁" is a space
         self.add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", self.add_bos))
         self.add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", self.add_eos))
+        if pre_type is not None and pre_type.force_bos:
+            self.add_bos = True
         self.bos_id: int | None = self._special_id(meta, "bos", default_bos)
         self.eos_id: int | None = self._special_id(meta, "eos", default_eos)
         self.eog_ids: frozenset[int] = derive_eog(meta, self._to_id, attrs, self.eos_id)
         mark_unused(self._tokens, attrs)
         self._attrs: list[int] = attrs.tolist()
+        self._lstrip, self._rstrip = strip_rules(meta, self._to_id, self._attrs)
         self._pieces: list[list[bytes | None]] = [[None] * self.n_vocab, [None] * self.n_vocab]
 
     @classmethod
@@ -109,7 +142,9 @@ class Tokenizer:
     @cached_property
     def _split_parse(self) -> SpecialSplitter:
         return SpecialSplitter(
-            [(t, i) for i, t in enumerate(self._tokens) if self._attrs[i] & _RAW]
+            [(t, i) for i, t in enumerate(self._tokens) if self._attrs[i] & _RAW],
+            self._lstrip,
+            self._rstrip,
         )
 
     @cached_property
@@ -121,7 +156,9 @@ class Tokenizer:
                 (t, i)
                 for i, t in enumerate(self._tokens)
                 if self._attrs[i] & _RAW and not self._attrs[i] & _SPECIAL
-            ]
+            ],
+            self._lstrip,
+            self._rstrip,
         )
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
@@ -140,12 +177,18 @@ class Tokenizer:
                 continue
             if self.add_space_prefix and prev_special:
                 frag = " " + frag
+            if self.escape_whitespaces:
+                frag = frag.replace(" ", SPACE)
             self._encoder.encode(frag, out)
             prev_special = False
         if add_special and self.add_eos:
             if self.eos_id is None:
                 raise ValueError("the vocab asks for an EOS token but has none")
             out.append(self.eos_id)
+        if add_special and self.model == "bert":  # WordPiece always ends with the separator
+            if self.sep_id is None:
+                raise ValueError("the WordPiece vocab has no separator token")
+            out.append(self.sep_id)
         return out
 
     # ---- decoding
@@ -172,7 +215,7 @@ class Tokenizer:
         if attr & _RAW:
             return text.encode()
         if attr & ATTR_NORMAL:
-            if self.model == "llama":
+            if self._spm_like or self.escape_whitespaces:
                 return text.replace(SPACE, " ").encode()
             return decode_text(text)
         if attr & ATTR_BYTE:

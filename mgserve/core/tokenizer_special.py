@@ -135,6 +135,35 @@ def mark_unused(tokens: Sequence[str], attrs: np.ndarray) -> None:
             attrs[tid] |= ATTR_UNUSED
 
 
+def strip_rules(
+    meta: Mapping[str, Any], token_to_id: Mapping[str, int], attrs: Sequence[int]
+) -> tuple[frozenset[int], frozenset[int]]:
+    """Ids whose neighbouring whitespace llama.cpp strips when it splits them out of the text
+    (LSTRIP: before the token, RSTRIP: after it), set by model or pre-tokenizer name."""
+    name = str(meta.get("general.name", "")).lower()
+    pre = str(meta.get("tokenizer.ggml.pre", ""))
+    arch = str(meta.get("general.architecture", ""))
+    lstrip: set[int] = set()
+    rstrip: set[int] = set()
+    if any(p in pre for p in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or any(
+        a in arch for a in ("nomic-bert-moe", "jina-bert-v3")
+    ):
+        if "<mask>" in token_to_id:
+            lstrip.add(token_to_id["<mask>"])
+    elif "phi-3" in name or "phi3" in name:
+        special = ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN
+        rstrip.update(i for i, a in enumerate(attrs) if a & special)
+        if "</s>" in token_to_id:
+            rstrip.add(token_to_id["</s>"])
+        rstrip.difference_update(token_to_id.get(t) for t in ("<unk>", "<s>", "<|endoftext|>"))
+    elif "modern-bert" in name and "[MASK]" in token_to_id:
+        lstrip.add(token_to_id["[MASK]"])
+    return frozenset(lstrip), frozenset(rstrip)
+
+
+_C_SPACE = " \t\n\v\f\r"  # isspace() in the C locale
+
+
 class SpecialSplitter:
     """Cuts text into raw-text pieces and special-token ids, exactly like llama.cpp's
     ``tokenizer_st_partition``: special tokens are taken one at a time, longest text first, and
@@ -145,7 +174,13 @@ class SpecialSplitter:
     longest special starting there, and every special that is a prefix of a found one is added.
     """
 
-    def __init__(self, specials: Sequence[tuple[str, int]]) -> None:
+    def __init__(
+        self,
+        specials: Sequence[tuple[str, int]],
+        lstrip: frozenset[int] = frozenset(),
+        rstrip: frozenset[int] = frozenset(),
+    ) -> None:
+        self.lstrip, self.rstrip = lstrip, rstrip
         # llama.cpp sorts by byte length, longest first (std::sort: ties in unspecified order;
         # we break them by id)
         self.specials = sorted(specials, key=lambda s: (-len(s[0].encode()), s[1]))
@@ -194,6 +229,22 @@ class SpecialSplitter:
             cur = end
         if cur < len(text):
             out.append(text[cur:])
+        if self.lstrip or self.rstrip:
+            out = self._strip(out)
+        return out
+
+    def _strip(self, parts: list[str | int]) -> list[str | int]:
+        """Whitespace next to LSTRIP / RSTRIP tokens goes (tokenizer_st_partition)."""
+        out: list[str | int] = []
+        for i, part in enumerate(parts):
+            if isinstance(part, str):
+                if i > 0 and parts[i - 1] in self.rstrip:
+                    part = part.lstrip(_C_SPACE)
+                if i + 1 < len(parts) and parts[i + 1] in self.lstrip:
+                    part = part.rstrip(_C_SPACE)
+                if not part:
+                    continue
+            out.append(part)
         return out
 
     def _key(self, special: tuple[str, int]) -> int:

@@ -23,6 +23,7 @@ from mgserve.core.tokenizer_special import trie_regex
 SPACE = "\u2581"  # ▁
 _WORD_RE = re.compile(f"{SPACE}[^{SPACE}]*|[^{SPACE}]+")
 _CACHE_LIMIT = 200_000  # words; cleared when full so a long-running server stays bounded
+_LONG = 256  # characters; longer words are merged rank by rank (SpmEncoder._by_rank)
 
 
 class SpmEncoder:
@@ -30,7 +31,11 @@ class SpmEncoder:
         self, tokens: Sequence[str], token_to_id: Mapping[str, int], scores: Sequence[float]
     ) -> None:
         self.token_to_id = token_to_id
-        self.scores = scores
+        # dense rank of each token's score, best first: heap entries are the int
+        # rank << 32 | position, ordered as llama.cpp orders its bigrams (best score, leftmost)
+        distinct = sorted(set(scores), reverse=True)
+        order = {score: i for i, score in enumerate(distinct)}
+        self.score_rank: list[int] = [order[x] for x in scores]
         crossing = {t for t in tokens if SPACE in t[1:]}
         # at each position the longest crossing token starting there (shorter ones span less)
         self.crossing = re.compile("(?=(" + trie_regex(crossing) + "))") if crossing else None
@@ -69,41 +74,8 @@ class SpmEncoder:
 
     def _merge(self, word: str) -> list[int]:
         tid = self.token_to_id
-        scores = self.scores
-        n = len(word)
-        # symbol i covers word[i : i + length[i]]; a symbol only ever absorbs its right neighbour,
-        # so its start never moves; length 0 marks a symbol that was absorbed
-        length = [1] * n
-        nxt = list(range(1, n + 1))
-        nxt[-1] = -1
-        prev = list(range(-1, n - 1))
-        heap: list[tuple[float, int, int, int]] = []  # (-score, left, right, size)
-        for i in range(n - 1):
-            t = tid.get(word[i : i + 2])
-            if t is not None:
-                heap.append((-scores[t], i, i + 1, 2))
-        heapq.heapify(heap)
-        while heap:
-            _, left, right, size = heapq.heappop(heap)
-            if length[left] == 0 or length[right] == 0 or length[left] + length[right] != size:
-                continue  # stale: one side already merged with something else
-            length[left] = size
-            length[right] = 0
-            after = nxt[right]
-            nxt[left] = after
-            if after >= 0:
-                prev[after] = left
-            before = prev[left]
-            if before >= 0:
-                span = length[before] + size
-                t = tid.get(word[before : before + span])
-                if t is not None:
-                    heapq.heappush(heap, (-scores[t], before, left, span))
-            if after >= 0:
-                span = size + length[after]
-                t = tid.get(word[left : left + span])
-                if t is not None:
-                    heapq.heappush(heap, (-scores[t], left, after, span))
+        state = self._by_rank(word) if len(word) > _LONG else None
+        length, nxt = state if state is not None else self._by_heap(word)
         out: list[int] = []
         i = 0
         while i >= 0:
@@ -115,6 +87,117 @@ class SpmEncoder:
                 out.extend(self._byte_id(b) for b in piece.encode())
             i = nxt[i]
         return out
+
+    @staticmethod
+    def _start(n: int) -> tuple[list[int], list[int], list[int]]:
+        # symbol i covers word[i : i + length[i]]; a symbol only ever absorbs its right neighbour,
+        # so its start never moves; length 0 marks a symbol that was absorbed
+        length = [1] * n
+        nxt = list(range(1, n + 1))
+        nxt[-1] = -1
+        prev = list(range(-1, n - 1))
+        return length, nxt, prev
+
+    def _by_heap(self, word: str) -> tuple[list[int], list[int]]:
+        """llama.cpp's order exactly: a heap of score rank << 32 | position."""
+        tid = self.token_to_id
+        n = len(word)
+        length, nxt, prev = self._start(n)
+        mask = 0xFFFFFFFF
+        rank = self.score_rank
+        heap = []
+        for i in range(n - 1):
+            t = tid.get(word[i : i + 2])
+            if t is not None:
+                heap.append(rank[t] << 32 | i)
+        heapq.heapify(heap)
+        pop, push = heapq.heappop, heapq.heappush
+        # An entry is acted on when the pair now at its position still has its score: llama.cpp
+        # pushes every new adjacent pair, so it holds a live entry with this same key and would
+        # merge the same pair at this same point of its order.
+        while heap:
+            e = pop(heap)
+            left = e & mask
+            size = length[left]
+            right = nxt[left]
+            if size == 0 or right < 0:
+                continue
+            size += length[right]
+            t = tid.get(word[left : left + size])
+            if t is None or rank[t] != e >> 32:
+                continue  # stale
+            length[left] = size
+            length[right] = 0
+            after = nxt[right]
+            nxt[left] = after
+            if after >= 0:
+                prev[after] = left
+                t = tid.get(word[left : left + size + length[after]])
+                if t is not None:
+                    push(heap, rank[t] << 32 | left)
+            before = prev[left]
+            if before >= 0:
+                t = tid.get(word[before : before + length[before] + size])
+                if t is not None:
+                    push(heap, rank[t] << 32 | before)
+        return length, nxt
+
+    def _by_rank(self, word: str) -> tuple[list[int], list[int]] | None:
+        """The same merges for long words, cheaper: while every pair a merge creates scores
+        below the merge itself (true of trained vocabs), llama.cpp's heap pops score ranks in
+        increasing order, so each rank's positions can be taken together, left to right, from a
+        bucket. None when a created pair breaks that order; the caller then uses the heap."""
+        tid = self.token_to_id
+        rank = self.score_rank
+        length, nxt, prev = self._start(len(word))
+        buckets: dict[int, list[int]] = {}
+        for i in range(len(word) - 1):
+            t = tid.get(word[i : i + 2])
+            if t is not None:
+                bucket = buckets.get(rank[t])
+                if bucket is None:
+                    buckets[rank[t]] = [i]
+                else:
+                    bucket.append(i)
+        order = list(buckets)
+        heapq.heapify(order)
+        pop, push = heapq.heappop, heapq.heappush
+        while order:
+            r = pop(order)
+            positions = buckets.pop(r)
+            positions.sort()
+            for left in positions:
+                size = length[left]
+                right = nxt[left]
+                if size == 0 or right < 0:
+                    continue
+                size += length[right]
+                t = tid.get(word[left : left + size])
+                if t is None or rank[t] != r:
+                    continue  # stale
+                length[left] = size
+                length[right] = 0
+                after = nxt[right]
+                nxt[left] = after
+                before = prev[left]
+                if after >= 0:
+                    prev[after] = left
+                for pos, end in ((left, after), (before, left)):
+                    if pos < 0 or end < 0:
+                        continue
+                    t = tid.get(word[pos : pos + length[pos] + length[end]])
+                    if t is None:
+                        continue
+                    r2 = rank[t]
+                    if r2 <= r:
+                        return None
+                    bucket = buckets.get(r2)
+                    if bucket is None:
+                        buckets[r2] = [pos]
+                        push(order, r2)
+                    else:
+                        bucket.append(pos)
+        return length, nxt
 
     def _byte_id(self, b: int) -> int:
         t = self.byte_ids[b]

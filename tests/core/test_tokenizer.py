@@ -1,7 +1,8 @@
 """The tokenizer against llama.cpp: ids, text and pieces for every corpus entry, recorded once by
 tests/data/make_tokenizer_reference.py (llama-cpp-python 0.3.36) for the built-in Gemma 3 270M
-(SentencePiece), the same vocab with add_space_prefix on (Llama-2 style), and three tiny
-byte-level BPE files (qwen2, llama-bpe, default pre-tokenizers)."""
+(SentencePiece), the same vocab with add_space_prefix on (Llama-2 style), three tiny
+byte-level BPE files (qwen2, llama-bpe, default pre-tokenizers), Qwen's 151k vocab with the
+qwen35 pre-tokenizer (Qwen3.8-Flash-Next's) and SmolLM2's (smollm, the default chat model)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,14 @@ import pytest
 from mgserve.core.detokenizer import _safe_cut, clean_spaces
 from mgserve.core.gguf import GGUFFile
 from mgserve.core.tokenizer import IncrementalDetokenizer, Tokenizer
+from mgserve.core.tokenizer_bpe import BYTE_TO_CHAR
 from mgserve.core.tokenizer_spm import SPACE
+from tests.core.test_tokenizer_llama_vectors import load_vocab, metadata
 
 DATA = Path(__file__).parent.parent / "data"
-MODELS = ("gemma3", "gemma3_prefix", "bpe_qwen2", "bpe_llama-bpe", "bpe_default")
+MODELS = (
+    "gemma3", "gemma3_prefix", "bpe_qwen2", "bpe_llama-bpe", "bpe_default", "qwen35", "smollm",
+)  # fmt: skip
 CORPUS: list[str] = json.loads((DATA / "tokenizer_corpus.json").read_text())
 
 
@@ -40,9 +45,11 @@ def toks(gemma_meta: dict[str, Any]) -> dict[str, Tokenizer]:
             {**gemma_meta, "tokenizer.ggml.add_space_prefix": True}
         ),
     }
-    for name in MODELS[2:]:
+    for name in MODELS[2:5]:
         pre = name.removeprefix("bpe_")
         out[name] = Tokenizer.from_metadata(GGUFFile(DATA / f"tokenizer_bpe_{pre}.gguf").metadata)
+    out["qwen35"] = Tokenizer.from_metadata(metadata("qwen35"))
+    out["smollm"] = Tokenizer.from_metadata(load_vocab(DATA / "tokenizer_vocab_smollm.meta.json"))
     return out
 
 
@@ -176,3 +183,52 @@ def test_streaming_clean_up_cut_is_safe() -> None:
             whole = head + tail
             assert clean_spaces(whole) == clean_spaces(head[:p]) + clean_spaces(whole[p:])
     assert cuts > 1000
+
+
+@pytest.mark.parametrize("name", ["qwen35", "smollm", "gemma3"])
+def test_long_words_merge_as_llama_cpp_orders_them(name: str, toks: dict[str, Tokenizer]) -> None:
+    """Words over 256 characters are merged rank by rank from buckets; that must equal the
+    heap order (llama.cpp's) whenever it is used, and the heap must take over when a vocab's
+    merges are not monotone."""
+    enc = toks[name]._encoder
+    rng = random.Random(0)
+    used = 0
+    for alphabet in ("abcdefghijklmnopqrstuvwxyz", "ab", "a", "xyz12", "e\u0301a", "aab"):
+        word = "".join(rng.choice(alphabet) for _ in range(rng.randint(300, 3000)))
+        if name != "gemma3":
+            word = word.encode().decode("latin-1").translate(BYTE_TO_CHAR)
+        by_rank = enc._by_rank(word)
+        if by_rank is not None:
+            used += 1
+            assert by_rank == enc._by_heap(word), alphabet
+    assert used >= 4
+
+
+def test_non_monotone_merges_fall_back_to_the_heap() -> None:
+    """A merge list where a created pair outranks its creator ("ab a" before "a b"): the
+    bucket order would merge both "a b" pairs of "abab"; llama.cpp's heap gives "aba" + "b"."""
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt-2",
+        "tokenizer.ggml.tokens": ["a", "b", "ab", "aba", "x"],
+        "tokenizer.ggml.merges": ["ab a", "a b"],
+    }
+    tok = Tokenizer.from_metadata(meta)
+    word = "ab" * 200
+    assert tok._encoder._by_rank(word) is None
+    assert tok.encode(word, add_special=False)[:2] == [3, 1]
+
+
+def test_long_word_time_is_near_linear(toks: dict[str, Tokenizer]) -> None:
+    import time
+
+    rng = random.Random(1)
+    for name in ("qwen35", "gemma3"):
+        times = []
+        for n in (50_000, 200_000):
+            word = "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=n))
+            toks[name]._encoder.cache.clear()
+            t0 = time.perf_counter()
+            toks[name].encode(word, add_special=False)
+            times.append(time.perf_counter() - t0)
+        assert times[1] < 6 * times[0] + 0.2, (name, times)

