@@ -74,6 +74,8 @@ class Tokenizer:
         self.sep_id: int | None = None
         self._encoder: SpmEncoder | BpeEncoder | WpmEncoder
         pre_type: PreType | None = None
+        default_bos: int | None
+        default_eos: int | None
         if model == "bert":
             self.add_bos, self.add_eos, self.clean_spaces = True, False, True
             lowercase = bool(meta.get("tokenizer.ggml.normalizer.lowercase", True))
