@@ -4,6 +4,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
 from mgserve.api.app import create_app
@@ -60,3 +61,12 @@ async def make_client() -> AsyncIterator[Callable[..., Any]]:
 @pytest.fixture
 async def client(make_client: Callable[..., Any]) -> TestClient[Any, Any]:
     return await make_client()  # type: ignore[no-any-return]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def module_client(service: Any) -> AsyncIterator[TestClient[Any, Any]]:
+    """A client of the module's own ``service`` fixture (a real model), for the whole module."""
+    c = TestClient(TestServer(create_app(service)))
+    await c.start_server()
+    yield c
+    await c.close()

@@ -4,15 +4,13 @@ on the CPU path: template, tokenizer, engine, model."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
-from mgserve.api.app import create_app
 from mgserve.api.service import Service, build_service
 from mgserve.config import Settings
 
@@ -25,12 +23,9 @@ def service() -> Iterator[Service]:
     yield build_service(Settings(model=str(FILE), ctx_size=256, parallel=2, device="cpu"))
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def client(service: Service) -> AsyncIterator[TestClient[Any, Any]]:
-    c = TestClient(TestServer(create_app(service)))
-    await c.start_server()
-    yield c
-    await c.close()
+@pytest.fixture(scope="module")
+def client(module_client: TestClient[Any, Any]) -> TestClient[Any, Any]:
+    return module_client
 
 
 async def test_loads_with_the_published_layout(service: Service) -> None:

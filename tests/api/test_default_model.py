@@ -3,15 +3,13 @@ install answers them sensibly, through the real tokenizer, template, engine and 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
-import pytest_asyncio
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
-from mgserve.api.app import create_app
 from mgserve.api.service import Service, build_service
 from mgserve.config import Settings
 
@@ -23,12 +21,9 @@ def service() -> Iterator[Service]:
     yield build_service(Settings(ctx_size=512, parallel=2, threads=1))  # no model: the default
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def client(service: Service) -> AsyncIterator[TestClient[Any, Any]]:
-    c = TestClient(TestServer(create_app(service)))
-    await c.start_server()
-    yield c
-    await c.close()
+@pytest.fixture(scope="module")
+def client(module_client: TestClient[Any, Any]) -> TestClient[Any, Any]:
+    return module_client
 
 
 async def _chat(client: TestClient[Any, Any], content: str, max_tokens: int) -> str:

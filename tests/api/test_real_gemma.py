@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
 import orjson
 import pytest
-import pytest_asyncio
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
-from mgserve.api.app import create_app
 from mgserve.api.service import Service, build_service
 from mgserve.config import Settings
 
@@ -26,12 +24,9 @@ def service(gemma_path: Path) -> Iterator[Service]:
     yield build_service(Settings(model=str(gemma_path), ctx_size=512, parallel=4))
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def client(service: Service) -> AsyncIterator[TestClient[Any, Any]]:
-    c = TestClient(TestServer(create_app(service)))
-    await c.start_server()
-    yield c
-    await c.close()
+@pytest.fixture(scope="module")
+def client(module_client: TestClient[Any, Any]) -> TestClient[Any, Any]:
+    return module_client
 
 
 async def test_service_reads_the_model(service: Service) -> None:
