@@ -13,64 +13,18 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from mgserve.core.tokenizer import Tokenizer
+from tests.data.make_llama_vocab_data import EXTRA, VOCABS, split_cases, unpack_arrays
 
 DATA = Path(__file__).parent.parent / "data" / "llama_vocab"
-SEPARATOR = "\n__ggml_vocab_test__\n"
-VOCABS = (
-    "bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gpt-2",
-    "llama-bpe", "llama-spm", "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder",
-)  # fmt: skip
-
-
-EXTRA = [
-    "<s> hi </s>  x <unk>\n", "<|endoftext|>\n  a<|endoftext|>", "<|assistant|>  \n hi <|end|> ",
-    "[CLS] a [SEP] [MASK]  b [UNK]", "<mask>  b <pad>", "<start_of_turn>user\n hi<end_of_turn>",
-    "<|im_start|>  x<|im_end|>\n", "<bos><eos>  <|begin_of_text|> <|eot_id|>",
-    "<|START_OF_TURN_TOKEN|><|USER_TOKEN|> x", "<｜begin▁of▁sentence｜>  y", "\t<s>\t</s>\t",
-]  # fmt: skip  # the same as tests/data/make_llama_vocab_data.py's
-
-
-def split_cases(raw: str) -> list[str]:
-    """test-tokenizer-0.cpp's read_tests: cases between separators, none after a final one."""
-    out: list[str] = []
-    pos = 0
-    while pos < len(raw):
-        nxt = raw.find(SEPARATOR, pos)
-        if nxt == -1:
-            out.append(raw[pos:])
-            break
-        out.append(raw[pos:nxt])
-        pos = nxt + len(SEPARATOR)
-    return out
-
-
-def _unpack(raw: bytes) -> dict[str, Any]:
-    """tests/data/make_llama_vocab_data.py's container: JSON header line, then the arrays."""
-    line, _, body = raw.partition(b"\n")
-    out: dict[str, Any] = {}
-    for key, (kind, offset, size, count) in json.loads(line).items():
-        blob = body[offset : offset + size]
-        if kind == "str":
-            lengths = np.frombuffer(blob[: 4 * count], dtype="<u4").tolist()
-            text = blob[4 * count :]
-            strings, pos = [], 0
-            for n in lengths:
-                strings.append(text[pos : pos + n].decode())
-                pos += n
-            out[key] = strings
-        else:
-            out[key] = np.frombuffer(blob, dtype=kind)
-    return out
 
 
 def load_vocab(meta_json: Path) -> dict[str, Any]:
     """Tokenizer metadata kept by tests/data/make_llama_vocab_data.py (scalars + arrays file)."""
     info = json.loads(meta_json.read_text())
-    arrays = _unpack(lzma.decompress((meta_json.parent / info["arrays"]).read_bytes()))
+    arrays = unpack_arrays(lzma.decompress((meta_json.parent / info["arrays"]).read_bytes()))
     return {**info["metadata"], **arrays}
 
 

@@ -102,7 +102,7 @@ def pack_arrays(meta: dict) -> bytes:
 
 
 def unpack_arrays(raw: bytes) -> dict[str, object]:
-    """The inverse of pack_arrays (the test has its own copy of these few lines)."""
+    """The inverse of pack_arrays (tests/core/test_tokenizer_llama_vectors.py reads with it)."""
     line, _, body = raw.partition(b"\n")
     out: dict[str, object] = {}
     for key, (kind, offset, size, count) in json.loads(line).items():
