@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("--cache-type-k", "-ctk", default="f16", choices=config.CACHE_TYPES)
     info.add_argument("--cache-type-v", "-ctv", default="f16", choices=config.CACHE_TYPES)
 
-    from mgserve.core import synth
+    from mgserve.core.synth import write as synth
 
     synth_p = sub.add_parser("synth", help="write a random-weight GGUF at a real model's shapes")
     synth.add_arguments(synth_p)
@@ -57,11 +57,11 @@ def main(argv: list[str] | None = None) -> int:
 
             return serve(config.settings_from(args))
         if args.command == "info":
-            from mgserve.core.info import main as info_main
+            from mgserve.core.gguf.info import main as info_main
 
             return info_main(args)
         if args.command == "synth":
-            from mgserve.core import synth
+            from mgserve.core.synth import write as synth
 
             return synth.run(args)
         mod = importlib.import_module(f"mgserve.bench.{args.bench}")

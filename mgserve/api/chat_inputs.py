@@ -1,7 +1,7 @@
 """A chat request's template inputs (messages, tools, chat_template_kwargs...), checked.
 
-The messages themselves are checked when the template renders them (core/chat_messages.py), on the
-text pool; here is what is cheap to check on the loop.
+The messages themselves are checked when the template renders them
+(core/text/chat_messages.py), on the text pool; here is what is cheap to check on the loop.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from mgserve.api.errors import ApiError
 from mgserve.api.protocol import Fields
-from mgserve.core.chat import RESERVED
+from mgserve.core.text.chat import RESERVED
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from mgserve.api.protocol import GenParams
 from mgserve.api.service import Service
-from mgserve.core.batch import Request, TokenEvent, TopLogprob
+from mgserve.core.engine.contract import Request, TokenEvent, TopLogprob
 
 
 class StopMatcher:

@@ -30,7 +30,7 @@ from mgserve.api.protocol import (
     read_json,
 )
 from mgserve.api.service import Service
-from mgserve.core.batch import SamplingParams
+from mgserve.core.engine.contract import SamplingParams
 
 STOP_TYPE = {"stop": "eos", "length": "limit"}  # a stop string gives "word"; anything else "none"
 

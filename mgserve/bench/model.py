@@ -73,7 +73,7 @@ class Bench:
         self.torch = torch
         self.device = torch.device("cuda", 0)
         if args.model:
-            from mgserve.core.gguf import GGUFFile
+            from mgserve.core.gguf.reader import GGUFFile
 
             g: Any = GGUFFile(args.model)
         else:
@@ -118,13 +118,13 @@ class Bench:
         return tuple(self.torch.randint(100, self.vocab - 100, (n,), generator=g).tolist())
 
     def _run(self, work: list[Any]) -> Any:
-        from mgserve.core.batch import ScheduledBatch
+        from mgserve.core.engine.contract import ScheduledBatch
 
         self.step += 1
         return self.runner.run(ScheduledBatch(self.step, tuple(work)))
 
     def _work(self, slot: int, tokens: tuple[int, ...], start: int, sample: bool) -> Any:
-        from mgserve.core.batch import SamplingParams, SeqWork
+        from mgserve.core.engine.contract import SamplingParams, SeqWork
 
         return SeqWork(
             slot=slot, request_id=f"bench-{slot}", tokens=tokens, start=start, sample=sample,

@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 from mgserve.bench import record
-from mgserve.core.gguf import GGUFFile
-from mgserve.core.info import describe
-from mgserve.core.synth import write_synth
-from mgserve.core.synth_shapes import SHAPES
+from mgserve.core.gguf.info import describe
+from mgserve.core.gguf.reader import GGUFFile
+from mgserve.core.synth.shapes import SHAPES
+from mgserve.core.synth.write import write_synth
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -51,8 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mgserve.core.gguf import GGUFFile
-    from mgserve.core.tokenizer import Tokenizer
+    from mgserve.core.gguf.reader import GGUFFile
+    from mgserve.core.text.tokenizer import Tokenizer
 
     path = args.model
     if path is None:

@@ -150,8 +150,9 @@ def _check_span(n_ctx: int, n_slots: int, slot: int, start: int, t: int) -> None
 
 def quantize_q8_0(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., D] float32 -> (int8 [..., D], f16 scales [..., D / 32]), bit-identical to
-    ``mgserve.core.kvcache.quantize_q8_0`` on any device: the divisor 127 is a tensor, because
-    CUDA torch turns division by a Python scalar into a multiply by its reciprocal (an ulp off)."""
+    ``mgserve.core.models.kvcache.quantize_q8_0`` on any device: the divisor 127 is a tensor,
+    because CUDA torch turns division by a Python scalar into a multiply by its reciprocal
+    (an ulp off)."""
     blocks = x.reshape(*x.shape[:-1], -1, 32)  # [..., D/32, 32]
     amax = blocks.abs().amax(dim=-1)
     d = amax / amax.new_full((1,), 127.0)  # [..., D/32]

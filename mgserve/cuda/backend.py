@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from mgserve.core.gguf import GGUFError, GGUFFile
+from mgserve.core.gguf.reader import GGUFError, GGUFFile
 from mgserve.cuda.attention import AttentionCuda, AttentionTorch
 from mgserve.cuda.hc import HCCuda, HCTorch
 from mgserve.cuda.matmul import MatmulCuda, MatmulTorch
@@ -58,8 +58,8 @@ def load_device_model(
 ) -> DeviceLM:
     """The device model of ``g`` with state for ``n_slots`` sessions of ``n_ctx`` tokens, plus one
     spare slot (index ``n_slots``) that pads CUDA-graph buckets."""
-    from mgserve.core.spec import spec_from_gguf
-    from mgserve.core.spec_hybrid import hybrid_spec_from_gguf
+    from mgserve.core.gguf.hparams import spec_from_gguf
+    from mgserve.core.gguf.hparams_hybrid import hybrid_spec_from_gguf
     from mgserve.cuda.models.dense import DenseLM
     from mgserve.cuda.models.hybrid import HybridLM
 

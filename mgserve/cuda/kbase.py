@@ -33,7 +33,8 @@ class KVLayer(NamedTuple):
 
     q8_0: ``values`` int8 [n_slots, n_ctx, n_kv, head_dim], ``scales`` float16
     [n_slots, n_ctx, n_kv, head_dim / 32] (x ~= values * scale per 32 values, rounded exactly as
-    ``mgserve.core.kvcache.quantize_q8_0``). f16 / f32: ``values`` of that dtype, ``scales`` empty.
+    ``mgserve.core.models.kvcache.quantize_q8_0``). f16 / f32: ``values`` of that dtype,
+    ``scales`` empty.
     Both are contiguous views of the pool's layer.
     """
 

@@ -2,7 +2,7 @@
 layout (``QuantWeight``, read by the matvec / matmul kernels), vectors and small elementwise weights
 (norm gammas, biases, conv taps) become float32 tensors.
 
-Shapes are checked by ``core.spec_tensors`` (llama.cpp's rule), the same check as the reference
+Shapes are checked by ``core.gguf.layout`` (llama.cpp's rule), the same check as the reference
 loaders', so both take the same files and refuse a wrong one with the same message.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from mgserve.core.gguf import GGUFError, GGUFFile
+from mgserve.core.gguf.layout import check_tensor, torch_shape
+from mgserve.core.gguf.reader import GGUFError, GGUFFile
 from mgserve.core.reference.dequant import dequantize
-from mgserve.core.spec_tensors import check_tensor, torch_shape
 from mgserve.cuda.weights import QuantWeight, upload
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mgserve.core.kvcache import CACHE_TYPES
+from mgserve.core.models.kvcache import CACHE_TYPES
 from mgserve.cuda.kbase import KVLayer
 
 _Q8_BLOCK = 32

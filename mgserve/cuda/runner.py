@@ -1,6 +1,6 @@
 """The device runner: executes a ``ScheduledBatch`` on a device model and samples on the device.
 
-The twin of ``mgserve/core/runner.py`` (same contract, ``Engine(runner=...)``). One step:
+The twin of ``mgserve/core/engine/runner.py`` (same contract, ``Engine(runner=...)``). One step:
 
 1. prompt chunks (and first tokens at position 0) run as one eager prefill step;
 2. sessions decoding one token run as one decode step, a CUDA-graph replay of their batch-size
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mgserve.core.batch import (
+from mgserve.core.engine.contract import (
     SamplingParams,
     ScheduledBatch,
     SeqResult,

@@ -1,4 +1,5 @@
-"""Sampling on the device: logits [B, V] -> one token per row, the twin of ``core/sampling.py``.
+"""Sampling on the device: logits [B, V] -> one token per row, the twin of
+``core/engine/sampling.py``.
 
 The chain is ``SeqSampler``'s (llama.cpp's default order; a neutral parameter switches a stage off):
 
@@ -39,7 +40,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from mgserve.core.batch import SamplingParams
+from mgserve.core.engine.contract import SamplingParams
 
 # ---------------------------------------------------------------------------------------------
 # seeds and the counter-based hash

@@ -1,6 +1,6 @@
 """Synthetic full-width models made in memory, for benchmarks: no GGUF file is written or read.
 
-``mgserve synth`` writes a random-weight GGUF (``mgserve.core.synth``); at full width that is
+``mgserve synth`` writes a random-weight GGUF (``mgserve.core.synth.write``); at full width that is
 ~35 GB for a 48-layer, 256-expert qwen4exp, and pushing it through the device machine's disk twice
 costs minutes of scarce device time. ``SynthFile`` is the same model without the file:
 
@@ -40,10 +40,10 @@ import numpy as np
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from mgserve.core.gguf import GGUFFile, TensorInfo
-from mgserve.core.gguf_writer import _NP_DTYPE, _infer_element, _infer_scalar, tensor_nbytes
-from mgserve.core.synth_shapes import SHAPES, ShapeSpec, metadata
-from mgserve.core.synth_tensors import tensor_plan
+from mgserve.core.gguf.reader import GGUFFile, TensorInfo
+from mgserve.core.gguf.writer import _NP_DTYPE, _infer_element, _infer_scalar, tensor_nbytes
+from mgserve.core.synth.shapes import SHAPES, ShapeSpec, metadata
+from mgserve.core.synth.tensors import tensor_plan
 from mgserve.cuda.weights import QuantWeight, row_bytes
 
 WEIGHT_STD = 0.03  # target std of every random matrix (an initialised model's magnitude)

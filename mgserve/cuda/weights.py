@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from mgserve.core.gguf import TensorInfo
+from mgserve.core.gguf.reader import TensorInfo
 
 
 class BlockFormat(NamedTuple):

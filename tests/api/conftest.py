@@ -10,7 +10,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from mgserve.api.app import create_app
 from mgserve.api.service import Service
 from mgserve.config import Settings
-from mgserve.core.chat import load_chat_template
+from mgserve.core.text.chat import load_chat_template
 from tests.api.fakes import FakeDetokenizer, FakeEngine, FakeTokenizer
 
 

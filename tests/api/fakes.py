@@ -11,7 +11,7 @@ import re
 import time
 from collections import deque
 
-from mgserve.core.batch import Request, TokenEvent, TopLogprob
+from mgserve.core.engine.contract import Request, TokenEvent, TopLogprob
 
 SPECIALS = ("<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>")
 BOS, EOS, SOT, EOT = 256, 257, 258, 259

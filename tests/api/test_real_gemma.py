@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient
 from mgserve.api.service import Service, build_service
 from mgserve.config import Settings
 
-pytest.importorskip("mgserve.core.tokenizer", reason="the tokenizer module has not landed")
+pytest.importorskip("mgserve.core.text.tokenizer", reason="the tokenizer module has not landed")
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mgserve.core.tokenizer", reason="the tokenizer module has not landed")
+pytest.importorskip("mgserve.core.text.tokenizer", reason="the tokenizer module has not landed")
 pytestmark = pytest.mark.slow
 
 

@@ -11,7 +11,7 @@ The exporter follows llama.cpp's converter (conversion/qwen.py ``Qwen2MoeModel``
   all v] and ``attn_gate`` = z; ``in_proj_ba`` is stored as is (``ssm_ba``); the shared-expert gate
   keeps its [1, d] shape (GGUF [d, 1]); ``attention.recurrent_layers`` lists the DeltaNet layers
   (beside ``full_attention_interval``), as the converter writes both.
-A synthetic byte-level BPE vocabulary (mgserve.core.synth_vocab) makes the files loadable by
+A synthetic byte-level BPE vocabulary (mgserve.core.synth.vocab) makes the files loadable by
 llama.cpp; mgserve ignores it.
 """
 
@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from mgserve.core.gguf_writer import GGUFWriter
-from mgserve.core.synth_vocab import SynthVocab
+from mgserve.core.gguf.writer import GGUFWriter
+from mgserve.core.synth.vocab import SynthVocab
 from tests.core.tiny import attention_metadata
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -295,8 +295,8 @@ def write_synth_qwen3next(path: Path) -> Path:
     norms and 1-D shared-expert gate), random weights, by ``mgserve synth``'s writer."""
     import dataclasses
 
-    from mgserve.core.synth import write_synth
-    from mgserve.core.synth_shapes import QWEN3NEXT_80B_A3B
+    from mgserve.core.synth.shapes import QWEN3NEXT_80B_A3B
+    from mgserve.core.synth.write import write_synth
 
     spec = dataclasses.replace(
         QWEN3NEXT_80B_A3B,

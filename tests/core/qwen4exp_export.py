@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from gguf.constants import GGMLQuantizationType, GGUFValueType
 
-from mgserve.core.gguf_writer import GGUFWriter, tensor_nbytes
-from mgserve.core.synth_shapes import _is_prime
-from mgserve.core.synth_vocab import SynthVocab
+from mgserve.core.gguf.writer import GGUFWriter, tensor_nbytes
+from mgserve.core.synth.shapes import _is_prime
+from mgserve.core.synth.vocab import SynthVocab
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -356,8 +356,8 @@ def write_synth_qwen4exp(path: Path) -> Path:
     ``mgserve synth``'s writer."""
     import dataclasses
 
-    from mgserve.core.synth import write_synth
-    from mgserve.core.synth_shapes import QWEN4EXP_FLASH_NEXT
+    from mgserve.core.synth.shapes import QWEN4EXP_FLASH_NEXT
+    from mgserve.core.synth.write import write_synth
 
     spec = dataclasses.replace(
         QWEN4EXP_FLASH_NEXT,

@@ -9,7 +9,7 @@ import pytest
 
 from mgserve.core import builtin_models
 from mgserve.core.builtin_models import BUILTIN, DEFAULT, resolve_model
-from mgserve.core.gguf import GGUFFile
+from mgserve.core.gguf.reader import GGUFFile
 
 
 def test_default_is_the_chat_tuned_smollm2():

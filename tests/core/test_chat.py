@@ -2,7 +2,12 @@ from __future__ import annotations
 
 import pytest
 
-from mgserve.core.chat import ChatTemplate, TemplateError, load_chat_template, normalize_messages
+from mgserve.core.text.chat import (
+    ChatTemplate,
+    TemplateError,
+    load_chat_template,
+    normalize_messages,
+)
 
 
 def gemma() -> ChatTemplate:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from mgserve.core.chat import BUILTIN, ChatTemplate, load_chat_template
+from mgserve.core.text.chat import BUILTIN, ChatTemplate, load_chat_template
 
 TEMPLATES = Path(__file__).parent.parent / "data" / "templates"
 

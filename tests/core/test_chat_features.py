@@ -7,8 +7,8 @@ from datetime import datetime
 
 import pytest
 
-from mgserve.core.chat import ChatTemplate, TemplateError
-from mgserve.core.chat_messages import normalize_messages
+from mgserve.core.text.chat import ChatTemplate, TemplateError
+from mgserve.core.text.chat_messages import normalize_messages
 
 USER = [{"role": "user", "content": "hi"}]
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from mgserve.core.chat import ChatTemplate, TemplateError
-from mgserve.core.chat_messages import normalize_messages, normalize_tools
+from mgserve.core.text.chat import ChatTemplate, TemplateError
+from mgserve.core.text.chat_messages import normalize_messages, normalize_tools
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import torch
 
-from mgserve.core.gguf import GGUFFile
+from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.models import load_model
 from mgserve.cuda.models.base import Span, Step
 from tests.core.hybrid_export import file_sha256, rel_error, run_chunks

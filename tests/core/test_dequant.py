@@ -13,8 +13,8 @@ import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
-from mgserve.core.gguf import GGUFError, GGUFFile, TensorInfo
-from mgserve.core.gguf_writer import GGUFWriter
+from mgserve.core.gguf.reader import GGUFError, GGUFFile, TensorInfo
+from mgserve.core.gguf.writer import GGUFWriter
 from mgserve.core.reference.dequant import SUPPORTED_TYPES, dequantize
 from tests.cuda.test_matvec import random_tensor
 

@@ -5,8 +5,8 @@ import asyncio
 import pytest
 
 from mgserve.config import Settings
-from mgserve.core.batch import Request, SamplingParams, TokenEvent
-from mgserve.core.engine import Engine, RequestStream
+from mgserve.core.engine.actor import Engine, RequestStream
+from mgserve.core.engine.contract import Request, SamplingParams, TokenEvent
 from tests.core.fake_model import FakeModel
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from mgserve.config import Settings
-from mgserve.core.batch import Request, SamplingParams
-from mgserve.core.engine import Engine
+from mgserve.core.engine.actor import Engine
+from mgserve.core.engine.contract import Request, SamplingParams
 from mgserve.core.models import load_model
 from tests.core import hybrid_export, qwen4exp_export
 

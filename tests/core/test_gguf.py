@@ -9,10 +9,10 @@ import gguf
 import numpy as np
 import pytest
 
-from mgserve.core.gguf import GGUFError, GGUFFile
+from mgserve.core.gguf.hparams import spec_from_gguf
+from mgserve.core.gguf.reader import GGUFError, GGUFFile
 from mgserve.core.models import load_model
 from mgserve.core.reference.dequant import dequantize
-from mgserve.core.spec import spec_from_gguf
 from tests.core.tiny import gguf_tensors, hf_model, write_gguf
 
 

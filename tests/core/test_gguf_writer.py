@@ -7,10 +7,10 @@ import pytest
 from gguf import GGUFReader
 from gguf.constants import GGMLQuantizationType, GGUFValueType
 
-from mgserve.core.gguf import GGUFFile
-from mgserve.core.gguf_writer import GGUFWriter, tensor_nbytes
-from mgserve.core.synth_blocks import make_pool
-from mgserve.core.synth_vocab import SynthVocab
+from mgserve.core.gguf.reader import GGUFFile
+from mgserve.core.gguf.writer import GGUFWriter, tensor_nbytes
+from mgserve.core.synth.blocks import make_pool
+from mgserve.core.synth.vocab import SynthVocab
 
 Q = GGMLQuantizationType
 V = GGUFValueType

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mgserve.core.gguf import GGUFError
+from mgserve.core.gguf.reader import GGUFError
 from mgserve.core.models import load_model
 from tests.core import hybrid_export
 

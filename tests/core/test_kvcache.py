@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from mgserve.core.kvcache import KVCache, dequantize_q8_0, kv_bytes_per_token, quantize_q8_0
-from mgserve.core.spec import ModelSpec
+from mgserve.core.gguf.hparams import ModelSpec
+from mgserve.core.models.kvcache import KVCache, dequantize_q8_0, kv_bytes_per_token, quantize_q8_0
 
 SPEC = ModelSpec(
     arch="llama", name="t", n_layer=3, n_embd=64, n_ff=96, n_head=4, n_head_kv=2, head_dim=32,

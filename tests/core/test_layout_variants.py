@@ -29,8 +29,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFValueType
 
-from mgserve.core.gguf import GGUFError, GGUFFile
-from mgserve.core.gguf_writer import GGUFWriter
+from mgserve.core.gguf.reader import GGUFError, GGUFFile
+from mgserve.core.gguf.writer import GGUFWriter
 from mgserve.core.models import load_model
 from mgserve.core.models.base import SeqInput
 from mgserve.core.models.hybrid_weights import ssm_in_rows

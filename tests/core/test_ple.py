@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType, quants
 
-from mgserve.core.gguf import GGUFError, GGUFFile
-from mgserve.core.gguf_writer import GGUFWriter
+from mgserve.core.gguf.hparams_qwen4exp import PleSpec
+from mgserve.core.gguf.reader import GGUFError, GGUFFile
+from mgserve.core.gguf.writer import GGUFWriter
 from mgserve.core.reference import ple
 from mgserve.core.reference.dequant import dequantize
-from mgserve.core.spec_qwen4exp import PleSpec
 from tests.core.qwen4exp_export import VOCAB, hf_config
 
 EOS = VOCAB.im_end_id

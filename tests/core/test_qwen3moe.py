@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from mgserve.core.gguf import GGUFError
-from mgserve.core.kvcache import KVCache
+from mgserve.core.gguf.reader import GGUFError
 from mgserve.core.models.base import SeqInput
+from mgserve.core.models.kvcache import KVCache
 from mgserve.core.reference import moe
 from tests.core.hybrid_export import (
     file_sha256,
@@ -78,8 +78,8 @@ def test_sessions_batched_equal_alone(lm: Any, tokens: torch.Tensor) -> None:
 
 
 def test_missing_expert_key_is_a_clear_error(gguf_path: Path) -> None:
-    from mgserve.core.gguf import GGUFFile
-    from mgserve.core.spec_hybrid import hybrid_spec_from_gguf
+    from mgserve.core.gguf.hparams_hybrid import hybrid_spec_from_gguf
+    from mgserve.core.gguf.reader import GGUFFile
 
     g = GGUFFile(gguf_path)
     del g.metadata["qwen3moe.expert_count"]

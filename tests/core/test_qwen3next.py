@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import torch
 
-from mgserve.core.kvcache import kv_bytes_per_token
 from mgserve.core.models.base import SeqInput
 from mgserve.core.models.hybrid import load_hybrid
-from mgserve.core.state import HybridState, kv_spec, recurrent_bytes
+from mgserve.core.models.kvcache import kv_bytes_per_token
+from mgserve.core.models.state import HybridState, kv_spec, recurrent_bytes
 from tests.core.hybrid_export import (
     batched_and_alone,
     export,

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 import torch
 
-from mgserve.core.gguf import GGUFError
+from mgserve.core.gguf.reader import GGUFError
 from mgserve.core.models import load_model
 from mgserve.core.models.base import SeqInput
 from mgserve.core.models.hybrid import load_hybrid
 from mgserve.core.models.qwen4exp import Qwen4Exp
-from mgserve.core.state_qwen4exp import Qwen4ExpState
+from mgserve.core.models.state_qwen4exp import Qwen4ExpState
 from tests.core.hybrid_export import (
     batched_and_alone,
     file_sha256,

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mgserve.core.batch import SamplingParams, ScheduledBatch, SeqWork
-from mgserve.core.runner import ReferenceRunner
+from mgserve.core.engine.contract import SamplingParams, ScheduledBatch, SeqWork
+from mgserve.core.engine.runner import ReferenceRunner
 from tests.core.fake_model import FakeModel
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -6,8 +6,8 @@ from collections import Counter
 import pytest
 import torch
 
-from mgserve.core.batch import SamplingParams
-from mgserve.core.sampling import (
+from mgserve.core.engine.contract import SamplingParams
+from mgserve.core.engine.sampling import (
     PenaltyWindow,
     SeqSampler,
     apply_penalties,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from mgserve.core.batch import (
+from mgserve.core.engine.contract import (
     Request,
     SamplingParams,
     ScheduledBatch,
@@ -10,7 +10,7 @@ from mgserve.core.batch import (
     StepResult,
     TokenEvent,
 )
-from mgserve.core.scheduler import Scheduler
+from mgserve.core.engine.scheduler import Scheduler
 
 GREEDY = SamplingParams(temperature=0.0)
 

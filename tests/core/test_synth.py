@@ -10,12 +10,12 @@ from gguf import GGUFReader
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from gguf.quants import dequantize
 
-from mgserve.core import synth
-from mgserve.core.gguf import GGUFFile
-from mgserve.core.synth_blocks import FP16_FIELDS, BlockSource, make_pool
-from mgserve.core.synth_shapes import SHAPES, ShapeSpec, metadata, ple_table
-from mgserve.core.synth_tensors import tensor_plan, use_more_bits
-from mgserve.core.synth_vocab import SynthVocab
+from mgserve.core.gguf.reader import GGUFFile
+from mgserve.core.synth import write as synth
+from mgserve.core.synth.blocks import FP16_FIELDS, BlockSource, make_pool
+from mgserve.core.synth.shapes import SHAPES, ShapeSpec, metadata, ple_table
+from mgserve.core.synth.tensors import tensor_plan, use_more_bits
+from mgserve.core.synth.vocab import SynthVocab
 
 Q = GGMLQuantizationType
 QWEN4EXP = SHAPES["qwen4exp-flash-next"]
@@ -206,7 +206,8 @@ def test_qwen4exp_synth_has_the_real_tokenizer_and_template() -> None:
 
     md = metadata(QWEN4EXP)
     assert md["tokenizer.ggml.pre"][0] == "qwen35"
-    want = (files("mgserve.core") / "data" / "qwen35_template.jinja").read_text(encoding="utf-8")
+    data = files("mgserve.core.text") / "data"
+    want = (data / "qwen35_template.jinja").read_text(encoding="utf-8")
     assert md["tokenizer.chat_template"][0] == want
     assert "<|im_start|>" in want and "tool_call" in want
     assert metadata(QWEN3NEXT)["tokenizer.chat_template"][0] != want  # qwen3next: ChatML

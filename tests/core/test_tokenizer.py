@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from mgserve.core.detokenizer import _safe_cut, clean_spaces
-from mgserve.core.gguf import GGUFFile
-from mgserve.core.tokenizer import IncrementalDetokenizer, Tokenizer
-from mgserve.core.tokenizer_bpe import BYTE_TO_CHAR
-from mgserve.core.tokenizer_spm import SPACE
+from mgserve.core.gguf.reader import GGUFFile
+from mgserve.core.text.bpe import BYTE_TO_CHAR
+from mgserve.core.text.detokenizer import _safe_cut, clean_spaces
+from mgserve.core.text.spm import SPACE
+from mgserve.core.text.tokenizer import IncrementalDetokenizer, Tokenizer
 from tests.core.test_tokenizer_llama_vectors import load_vocab, metadata
 
 DATA = Path(__file__).parent.parent / "data"

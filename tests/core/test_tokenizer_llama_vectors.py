@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from mgserve.core.tokenizer import Tokenizer
+from mgserve.core.text.tokenizer import Tokenizer
 from tests.data.make_llama_vocab_data import EXTRA, VOCABS, split_cases, unpack_arrays
 
 DATA = Path(__file__).parent.parent / "data" / "llama_vocab"

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from mgserve.core import tokenizer_unicode as uni
-from mgserve.core.gguf import GGUFFile
-from mgserve.core.tokenizer import Tokenizer
-from mgserve.core.tokenizer_pretok import PRE_TYPES, REGEXES, PreTokenizer, PreType
+from mgserve.core.gguf.reader import GGUFFile
+from mgserve.core.text import unicode as uni
+from mgserve.core.text.pretok import PRE_TYPES, REGEXES, PreTokenizer, PreType
+from mgserve.core.text.tokenizer import Tokenizer
 from tests.core.test_tokenizer_llama_vectors import metadata
 
 DATA = Path(__file__).parent.parent / "data"

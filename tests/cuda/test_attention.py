@@ -26,7 +26,7 @@ import math
 import pytest
 import torch
 
-from mgserve.core import kvcache
+from mgserve.core.models import kvcache
 from mgserve.cuda import attention
 from mgserve.cuda.kbase import KVLayer
 from mgserve.cuda.pools import kv_layer

@@ -20,10 +20,10 @@ import math
 import pytest
 import torch
 
-from mgserve.core import kvcache
-from mgserve.core.kvcache import KVCache
+from mgserve.core.gguf.hparams import ModelSpec
+from mgserve.core.models import kvcache
+from mgserve.core.models.kvcache import KVCache
 from mgserve.core.reference import ops, qsa
-from mgserve.core.spec import ModelSpec
 from mgserve.cuda import attention
 from mgserve.cuda.attention import AttentionTorch, rank_keys, select_blocks
 from mgserve.cuda.kbase import KVLayer

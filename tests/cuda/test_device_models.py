@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from mgserve.core.gguf import GGUFFile
+from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.models import load_model
 from mgserve.core.models.base import SeqInput
 from mgserve.cuda.models.base import Span, Step

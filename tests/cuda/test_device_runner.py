@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from mgserve.config import Settings
-from mgserve.core.batch import Request, SamplingParams
-from mgserve.core.engine import Engine
-from mgserve.core.gguf import GGUFFile
+from mgserve.core.engine.actor import Engine
+from mgserve.core.engine.contract import Request, SamplingParams
+from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.models import load_model
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -74,7 +74,7 @@ async def test_device_runner_serves_like_the_reference(arch: str, tmp_path: Path
 
 
 def test_runner_rejects_the_spare_slot(tmp_path: Path) -> None:
-    from mgserve.core.batch import ScheduledBatch, SeqWork
+    from mgserve.core.engine.contract import ScheduledBatch, SeqWork
     from mgserve.cuda.backend import TorchBackend, load_device_model
     from mgserve.cuda.runner import DeviceRunner
 

@@ -1,4 +1,5 @@
-"""The device sampler (mgserve/cuda/sampling.py) against the CPU sampler (mgserve/core/sampling.py).
+"""The device sampler (mgserve/cuda/sampling.py) against the CPU sampler
+(mgserve/core/engine/sampling.py).
 
 CPU tests (run in CI): the biased/penalized logits equal SeqSampler's bit for bit, greedy picks
 SeqSampler's token, the filters keep SeqSampler's candidate sets, the draw depends only on
@@ -13,8 +14,8 @@ import math
 import pytest
 import torch
 
-from mgserve.core.batch import SamplingParams
-from mgserve.core.sampling import (
+from mgserve.core.engine.contract import SamplingParams
+from mgserve.core.engine.sampling import (
     SeqSampler,
     apply_logit_bias,
     apply_penalties,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from mgserve.core.batch import SamplingParams, ScheduledBatch, SeqWork
+from mgserve.core.engine.contract import SamplingParams, ScheduledBatch, SeqWork
 
 pytestmark = pytest.mark.gpu
 
@@ -49,10 +49,10 @@ def _generate(runner: Any, prompts: list[list[int]], slots: list[int]) -> list[l
 
 def test_gemma_greedy_on_gpu_matches_reference(gemma_path: Path) -> None:
     pytest.importorskip("cuda.core")
-    from mgserve.core.gguf import GGUFFile
+    from mgserve.core.engine.runner import ReferenceRunner
+    from mgserve.core.gguf.reader import GGUFFile
     from mgserve.core.models import load_model
-    from mgserve.core.runner import ReferenceRunner
-    from mgserve.core.tokenizer import Tokenizer
+    from mgserve.core.text.tokenizer import Tokenizer
     from mgserve.cuda.backend import cuda_backend, load_device_model
     from mgserve.cuda.runner import DeviceRunner
 

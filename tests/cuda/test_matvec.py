@@ -15,9 +15,9 @@ import pytest
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from mgserve.core.gguf import TensorInfo
+from mgserve.core.gguf.reader import TensorInfo
 from mgserve.core.reference.dequant import dequantize
-from mgserve.core.synth_blocks import make_pool, supported
+from mgserve.core.synth.blocks import make_pool, supported
 from mgserve.cuda.weights import FORMATS, QuantWeight, upload_bytes
 
 pytestmark = pytest.mark.gpu

@@ -272,8 +272,8 @@ def test_decode_graph_capture(small, ref) -> None:
 def test_prefill_on_device_matches_reference(small) -> None:
     """delta_prefill on CUDA tensors (qwen4exp shapes, T not a multiple of the chunk) equals the
     CPU reference mix, then a decode step continues from its state."""
+    from mgserve.core.gguf.hparams_hybrid import HybridSpec
     from mgserve.core.reference.deltanet import DeltaNetWeights
-    from mgserve.core.spec_hybrid import HybridSpec
 
     hk, hv, d, k, t = 16, 48, 128, 4, 100
     heads = {"n_k_heads": hk, "n_v_heads": hv, "head_dim": d, "eps": 1e-6}

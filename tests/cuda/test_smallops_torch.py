@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mgserve.core.gguf.hparams_hybrid import HybridSpec
 from mgserve.core.reference import deltanet, ops
 from mgserve.core.reference.deltanet import DeltaNetWeights
-from mgserve.core.spec_hybrid import HybridSpec
 from mgserve.cuda import smallops
 from mgserve.cuda.smallops import SmallOpsTorch, delta_rule_chunked_device
 

@@ -16,16 +16,16 @@ import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
-from mgserve.core.gguf import GGUFError, GGUFFile, TensorInfo
-from mgserve.core.gguf_writer import GGUFWriter
+from mgserve.core.gguf.hparams_hybrid import hybrid_spec_from_gguf
+from mgserve.core.gguf.hparams_qwen4exp import qwen4exp_spec_from_gguf
+from mgserve.core.gguf.reader import GGUFError, GGUFFile, TensorInfo
+from mgserve.core.gguf.writer import GGUFWriter
 from mgserve.core.reference import ple as ple_ref
 from mgserve.core.reference.dequant import dequantize
-from mgserve.core.spec_hybrid import hybrid_spec_from_gguf
-from mgserve.core.spec_qwen4exp import qwen4exp_spec_from_gguf
-from mgserve.core.synth import write_synth
-from mgserve.core.synth_shapes import SHAPES, ShapeSpec, metadata
-from mgserve.core.synth_tensors import tensor_plan
-from mgserve.core.synth_vocab import SynthVocab
+from mgserve.core.synth.shapes import SHAPES, ShapeSpec, metadata
+from mgserve.core.synth.tensors import tensor_plan
+from mgserve.core.synth.vocab import SynthVocab
+from mgserve.core.synth.write import write_synth
 from mgserve.cuda import synth_device as sd
 from mgserve.cuda.loader import Loader
 from mgserve.cuda.weights import FORMATS, row_bytes

@@ -145,7 +145,7 @@ def _checkpoint(model: Any, arch: str) -> dict[str, torch.Tensor]:
 
 
 def _vocab(pre: str) -> dict[str, Any]:
-    from mgserve.core.synth_vocab import SynthVocab
+    from mgserve.core.synth.vocab import SynthVocab
 
     vocab = SynthVocab(VOCAB_N, pre, endoftext_id=VOCAB_N - 3, im_start_id=VOCAB_N - 2,
                        im_end_id=VOCAB_N - 1)  # fmt: skip

@@ -35,7 +35,7 @@ import numpy as np
 
 HERE = Path(__file__).parent
 OUT = HERE / "llama_vocab"
-sys.path.insert(0, str(HERE.parent.parent))  # the repository root, for mgserve.core.gguf
+sys.path.insert(0, str(HERE.parent.parent))  # the repository root, for mgserve.core.gguf.reader
 DEFAULT = Path("/tmp/sdist/llama_cpp_python-0.3.36")
 VOCABS = (
     "bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gpt-2",
@@ -189,7 +189,7 @@ def models_dir(sdist: Path, tmp: Path) -> Path:
 
 
 def main() -> None:
-    from mgserve.core.gguf import GGUFFile
+    from mgserve.core.gguf.reader import GGUFFile
 
     sdist = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT
     OUT.mkdir(exist_ok=True)

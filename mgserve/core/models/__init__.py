@@ -7,12 +7,12 @@ from pathlib import Path
 
 import torch
 
-from mgserve.core.gguf import GGUFError, GGUFFile
+from mgserve.core.gguf.hparams import spec_from_gguf
+from mgserve.core.gguf.reader import GGUFError, GGUFFile
 from mgserve.core.models.base import CausalLM, SeqInput
 from mgserve.core.models.gemma3 import Gemma3
 from mgserve.core.models.hybrid import HYBRID_MODELS, load_hybrid
 from mgserve.core.models.llama import Llama
-from mgserve.core.spec import spec_from_gguf
 
 __all__ = ["ARCHITECTURES", "CausalLM", "SeqInput", "load_model"]
 

@@ -12,8 +12,8 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-from mgserve.core.kvcache import KVCache
-from mgserve.core.spec import ModelSpec
+from mgserve.core.gguf.hparams import ModelSpec
+from mgserve.core.models.kvcache import KVCache
 
 
 class SeqInput(NamedTuple):

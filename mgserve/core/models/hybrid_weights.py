@@ -1,5 +1,5 @@
 """GGUF -> float32 weights of the qwen3moe / qwen3next layers (llama.cpp tensor names and shapes,
-checked by ``spec_tensors``: trailing 1s ignored, as llama.cpp does).
+checked by ``core.gguf.layout``: trailing 1s ignored, as llama.cpp does).
 
 Forms llama.cpp loads besides the plain one: routed experts as fused ``ffn_gate_up_exps``;
 attention q/k/v fused as ``attn_qkv`` (see tensors.py); and, for qwen3next DeltaNet layers, the
@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from mgserve.core.gguf import GGUFError, GGUFFile
+from mgserve.core.gguf.hparams import ModelSpec
+from mgserve.core.gguf.hparams_hybrid import HybridSpec
+from mgserve.core.gguf.reader import GGUFError, GGUFFile
 from mgserve.core.models.tensors import load, load_qkv
 from mgserve.core.reference.deltanet import DeltaNetWeights
 from mgserve.core.reference.gated_attention import AttnWeights
 from mgserve.core.reference.moe import MoeWeights
-from mgserve.core.spec import ModelSpec
-from mgserve.core.spec_hybrid import HybridSpec
 
 __all__ = ["load", "load_attn", "load_deltanet", "load_moe", "ssm_in_rows"]
 

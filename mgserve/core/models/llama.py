@@ -13,15 +13,15 @@ from functools import partial
 
 import torch
 
-from mgserve.core.gguf import GGUFFile
-from mgserve.core.kvcache import KVCache
+from mgserve.core.gguf.hparams import ModelSpec
+from mgserve.core.gguf.hparams_hybrid import dense_moe
+from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.models.base import SeqInput, check_inputs, flatten, logit_rows
 from mgserve.core.models.hybrid_weights import load_moe
+from mgserve.core.models.kvcache import KVCache
 from mgserve.core.models.tensors import load, load_qkv, optional
 from mgserve.core.reference import moe, ops
 from mgserve.core.reference.moe import MoeWeights
-from mgserve.core.spec import ModelSpec
-from mgserve.core.spec_hybrid import dense_moe
 
 
 @dataclass

@@ -9,13 +9,13 @@ from typing import Any
 
 import torch
 
-from mgserve.core.gguf import GGUFFile
-from mgserve.core.kvcache import KVCache
+from mgserve.core.gguf.hparams import ModelSpec
+from mgserve.core.gguf.hparams_hybrid import HybridSpec
+from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.models.base import SeqInput, check_inputs, flatten, logit_rows
 from mgserve.core.models.hybrid_weights import load
+from mgserve.core.models.kvcache import KVCache
 from mgserve.core.reference import ops
-from mgserve.core.spec import ModelSpec
-from mgserve.core.spec_hybrid import HybridSpec
 
 
 class MoeLM:

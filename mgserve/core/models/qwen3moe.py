@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
-from mgserve.core.gguf import GGUFFile
-from mgserve.core.kvcache import KVCache
+from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.models.base import SeqInput
 from mgserve.core.models.hybrid_weights import load, load_attn, load_moe
+from mgserve.core.models.kvcache import KVCache
 from mgserve.core.models.moe_base import MoeLM
 from mgserve.core.reference import gated_attention, moe, ops
 from mgserve.core.reference.gated_attention import AttnWeights

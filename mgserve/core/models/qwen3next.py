@@ -19,16 +19,16 @@ from typing import cast
 
 import torch
 
-from mgserve.core.gguf import GGUFFile
-from mgserve.core.kvcache import KVCache
+from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.models.base import SeqInput
 from mgserve.core.models.hybrid_weights import load, load_attn, load_deltanet, load_moe
+from mgserve.core.models.kvcache import KVCache
 from mgserve.core.models.moe_base import MoeLM
+from mgserve.core.models.state import HybridState
 from mgserve.core.reference import deltanet, gated_attention, moe, ops
 from mgserve.core.reference.deltanet import DeltaNetWeights
 from mgserve.core.reference.gated_attention import AttnWeights
 from mgserve.core.reference.moe import MoeWeights
-from mgserve.core.state import HybridState
 
 DELTA_CHUNK = 64  # tokens per step of the chunked delta rule (results do not depend on it)
 

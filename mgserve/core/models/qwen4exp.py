@@ -23,12 +23,16 @@ from typing import cast
 import numpy as np
 import torch
 
-from mgserve.core.gguf import GGUFFile
-from mgserve.core.kvcache import KVCache
+from mgserve.core.gguf.hparams import ModelSpec
+from mgserve.core.gguf.hparams_hybrid import HybridSpec
+from mgserve.core.gguf.hparams_qwen4exp import qwen4exp_spec_from_gguf
+from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.models.base import SeqInput
 from mgserve.core.models.hybrid_weights import load_attn, load_moe
+from mgserve.core.models.kvcache import KVCache
 from mgserve.core.models.qwen3next import Qwen3Next
 from mgserve.core.models.qwen4exp_weights import load_deltanet, load_hc, load_indexer, load_ple
+from mgserve.core.models.state_qwen4exp import Qwen4ExpState
 from mgserve.core.reference import gated_attention, moe, ops, ple, qsa
 from mgserve.core.reference import hyper_connections as hc
 from mgserve.core.reference.deltanet import DeltaNetWeights
@@ -37,10 +41,6 @@ from mgserve.core.reference.hyper_connections import HCWeights
 from mgserve.core.reference.moe import MoeWeights
 from mgserve.core.reference.ple import PleWeights
 from mgserve.core.reference.qsa import IndexerWeights
-from mgserve.core.spec import ModelSpec
-from mgserve.core.spec_hybrid import HybridSpec
-from mgserve.core.spec_qwen4exp import qwen4exp_spec_from_gguf
-from mgserve.core.state_qwen4exp import Qwen4ExpState
 
 PLE_TABLE = "per_layer_token_embd.weight"
 

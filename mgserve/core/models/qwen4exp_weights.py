@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import torch
 
-from mgserve.core.gguf import GGUFFile
+from mgserve.core.gguf.hparams import ModelSpec
+from mgserve.core.gguf.hparams_hybrid import HybridSpec
+from mgserve.core.gguf.hparams_qwen4exp import Qwen4ExpSpec
+from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.models.tensors import load
 from mgserve.core.reference.deltanet import DeltaNetWeights
 from mgserve.core.reference.hyper_connections import HCWeights
 from mgserve.core.reference.ple import PleWeights
 from mgserve.core.reference.qsa import IndexerWeights
-from mgserve.core.spec import ModelSpec
-from mgserve.core.spec_hybrid import HybridSpec
-from mgserve.core.spec_qwen4exp import Qwen4ExpSpec
 
 
 def load_hc(g: GGUFFile, prefix: str, d: int, qp: Qwen4ExpSpec, inject: bool) -> HCWeights:

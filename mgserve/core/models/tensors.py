@@ -1,6 +1,6 @@
 """GGUF tensors -> float32 torch weights for the reference models, in every form llama.cpp loads.
 
-Shapes are checked by ``spec_tensors.check_tensor`` (llama.cpp's rule). What a loader may find:
+Shapes are checked by ``core.gguf.layout.check_tensor`` (llama.cpp's rule). What a loader may find:
 
 - attention q/k/v as three tensors or fused ``attn_qkv`` ([q | k | v] rows; llama.cpp's
   ``create_tensor_qkv``, written by ``convert_hf_to_gguf.py --fuse-qkv``), biases fused
@@ -14,9 +14,9 @@ from typing import NamedTuple
 
 import torch
 
-from mgserve.core.gguf import GGUFFile
+from mgserve.core.gguf.layout import check_tensor, torch_shape
+from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.reference.dequant import dequantize
-from mgserve.core.spec_tensors import check_tensor, torch_shape
 
 
 def load(g: GGUFFile, name: str, shape: tuple[int, ...], reshape_ok: bool = False) -> torch.Tensor:

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mgserve.core.gguf.hparams_hybrid import HybridSpec
 from mgserve.core.reference import ops, rowwise
-from mgserve.core.spec_hybrid import HybridSpec
 
 
 @dataclass

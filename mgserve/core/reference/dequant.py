@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from mgserve.core.gguf import GGUFError, GGUFFile, TensorInfo
+from mgserve.core.gguf.reader import GGUFError, GGUFFile, TensorInfo
 
 # Types the reference path reads. F32/F16 are stored as plain elements; the rest are block formats
 # that gguf-py decodes in numpy (the last line: the low-bit types dynamic quants use; gguf-py

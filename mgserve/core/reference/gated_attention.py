@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mgserve.core.kvcache import KVCache
+from mgserve.core.gguf.hparams import ModelSpec
+from mgserve.core.models.kvcache import KVCache
 from mgserve.core.reference import ops, rowwise
-from mgserve.core.spec import ModelSpec
 
 
 @dataclass

@@ -31,10 +31,10 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from mgserve.core.gguf import GGUFError, TensorInfo
+from mgserve.core.gguf.hparams_qwen4exp import PleSpec
+from mgserve.core.gguf.reader import GGUFError, TensorInfo
 from mgserve.core.reference import ops, rowwise
 from mgserve.core.reference.dequant import SUPPORTED_TYPES
-from mgserve.core.spec_qwen4exp import PleSpec
 
 
 def ngram_rows(tokens: np.ndarray, history: np.ndarray, ple: PleSpec) -> np.ndarray:

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mgserve.core.gguf.hparams import ModelSpec
 from mgserve.core.reference import ops
-from mgserve.core.spec import ModelSpec
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from mgserve.core.spec import ModelSpec
+from mgserve.core.gguf.hparams import ModelSpec
 from mgserve.cuda.kbase import KVLayer
 from mgserve.cuda.pools import SlotPools
 from mgserve.cuda.weights import QuantWeight

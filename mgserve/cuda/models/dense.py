@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mgserve.core.gguf import GGUFFile
-from mgserve.core.spec import ModelSpec
-from mgserve.core.spec_hybrid import dense_moe
+from mgserve.core.gguf.hparams import ModelSpec
+from mgserve.core.gguf.hparams_hybrid import dense_moe
+from mgserve.core.gguf.reader import GGUFFile
 from mgserve.cuda.loader import Loader
 from mgserve.cuda.models.base import DeviceOps, Step, rows
 from mgserve.cuda.models.moe import Moe, load_moe, moe_ffn

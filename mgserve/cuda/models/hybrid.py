@@ -28,13 +28,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mgserve.core.gguf import GGUFError, GGUFFile
+from mgserve.core.gguf.hparams import ModelSpec
+from mgserve.core.gguf.hparams_hybrid import HybridSpec
+from mgserve.core.gguf.hparams_qwen4exp import Qwen4ExpSpec, qwen4exp_spec_from_gguf
+from mgserve.core.gguf.reader import GGUFError, GGUFFile
 from mgserve.core.models.hybrid_weights import ssm_in_rows
 from mgserve.core.reference import ple as ple_ref
 from mgserve.core.reference import rowwise
-from mgserve.core.spec import ModelSpec
-from mgserve.core.spec_hybrid import HybridSpec
-from mgserve.core.spec_qwen4exp import Qwen4ExpSpec, qwen4exp_spec_from_gguf
 from mgserve.cuda.kbase import KVLayer
 from mgserve.cuda.loader import Loader, select_rows
 from mgserve.cuda.models.base import DeviceOps, Step, rows

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mgserve.core.gguf.hparams_hybrid import HybridSpec
 from mgserve.core.reference import rowwise
-from mgserve.core.spec_hybrid import HybridSpec
 from mgserve.cuda.loader import Loader
 from mgserve.cuda.matmul import ExpertWeights
 from mgserve.cuda.models.base import DeviceOps

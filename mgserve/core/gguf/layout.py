@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from math import prod
 
-from mgserve.core.gguf import GGUFError, GGUFFile, TensorInfo
+from mgserve.core.gguf.reader import GGUFError, GGUFFile, TensorInfo
 
 
 def strip_ones(shape: tuple[int, ...]) -> tuple[int, ...]:

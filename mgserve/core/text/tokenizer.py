@@ -1,9 +1,9 @@
 """The tokenizer stored in a GGUF file's metadata, giving the same ids and text as llama.cpp.
 
 Supported vocab types: SentencePiece-style (``tokenizer.ggml.model == "llama"``, Gemma 3,
-Llama 2; see tokenizer_spm.py), BPE (``"gpt2"``: byte-level, Qwen, Llama 3, SmolLM, every
+Llama 2; see spm.py), BPE (``"gpt2"``: byte-level, Qwen, Llama 3, SmolLM, every
 ``tokenizer.ggml.pre`` llama.cpp knows; ``"gemma4"``: raw UTF-8 with ``▁`` for spaces;
-tokenizer_bpe.py, tokenizer_pretok.py) and WordPiece (``"bert"``; tokenizer_wpm.py).
+bpe.py, pretok.py) and WordPiece (``"bert"``; wpm.py).
 Special tokens, bos/eos handling and the end-of-generation set follow llama-vocab.cpp
 (tokenizer_special.py); text comes back through detokenizer.py.
 
@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from mgserve.core.detokenizer import IncrementalDetokenizer, detokenize
-from mgserve.core.tokenizer_bpe import BpeEncoder, decode_text
-from mgserve.core.tokenizer_pretok import PRE_TYPES, PreType
-from mgserve.core.tokenizer_special import (
+from mgserve.core.text.bpe import BpeEncoder, decode_text
+from mgserve.core.text.detokenizer import IncrementalDetokenizer, detokenize
+from mgserve.core.text.pretok import PRE_TYPES, PreType
+from mgserve.core.text.special import (
     ATTR_BYTE,
     ATTR_CONTROL,
     ATTR_NORMAL,
@@ -34,8 +34,8 @@ from mgserve.core.tokenizer_special import (
     strip_rules,
     token_attrs,
 )
-from mgserve.core.tokenizer_spm import SPACE, SpmEncoder
-from mgserve.core.tokenizer_wpm import WpmEncoder
+from mgserve.core.text.spm import SPACE, SpmEncoder
+from mgserve.core.text.wpm import WpmEncoder
 
 __all__ = ["IncrementalDetokenizer", "Tokenizer"]
 

@@ -1,4 +1,4 @@
-"""``Qwen4ExpSpec``: what ``qwen4exp`` adds to the qwen3next hyperparameters (spec_hybrid.py).
+"""``Qwen4ExpSpec``: what ``qwen4exp`` adds to the qwen3next hyperparameters (hparams_hybrid.py).
 
 Read from the keys llama.cpp's loader reads (src/models/qwen4exp.cpp ``load_arch_hparams``):
 - hyper-connections: ``hyper_connection.count`` residual streams mixed through ``low_rank``;
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mgserve.core.gguf import GGUFError, GGUFFile
+from mgserve.core.gguf.reader import GGUFError, GGUFFile
 
 
 @dataclass(frozen=True)

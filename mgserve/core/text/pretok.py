@@ -17,7 +17,7 @@ import re
 import warnings
 from dataclasses import dataclass
 
-from mgserve.core.tokenizer_unicode import collapse, wide
+from mgserve.core.text.unicode import collapse, wide
 
 _C = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"  # contractions
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"

@@ -18,7 +18,7 @@ from functools import cache
 
 import numpy as np
 
-from mgserve.core import tokenizer_unicode_data as _data
+from mgserve.core.text import unicode_data as _data
 
 UNDEFINED = 0x0001
 NUMBER = 0x0002

@@ -2,7 +2,7 @@
 
 Every error names the file and the key or tensor at fault, so a user with a broken download or an
 unsupported model knows what to do. ``ModelSpec`` (per architecture hyperparameters) lives in
-``mgserve/core/spec.py`` and is built from ``GGUFFile.metadata``.
+``mgserve/core/gguf/hparams.py`` and is built from ``GGUFFile.metadata``.
 
 Metadata values: scalars are plain Python values, string arrays are ``list[str]`` and numeric arrays
 are read-only numpy arrays (they index, ``len()`` and iterate like lists). gguf-py's reader walks

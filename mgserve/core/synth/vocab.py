@@ -29,13 +29,13 @@ CHATML_TEMPLATE = (
 
 @cache
 def chat_template(name: str) -> str:
-    """``chatml`` (a minimal ChatML template), or a template shipped in mgserve/core/data
+    """``chatml`` (a minimal ChatML template), or a template shipped in mgserve/core/text/data
     (``qwen35``: Qwen3.5's own, see data/README.md)."""
     if name == "chatml":
         return CHATML_TEMPLATE
-    path = files("mgserve.core") / "data" / f"{name}_template.jinja"
+    path = files("mgserve.core.text") / "data" / f"{name}_template.jinja"
     if not path.is_file():
-        raise ValueError(f"no chat template {name!r} in mgserve/core/data")
+        raise ValueError(f"no chat template {name!r} in mgserve/core/text/data")
     return path.read_text(encoding="utf-8")
 
 

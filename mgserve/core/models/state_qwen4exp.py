@@ -18,10 +18,10 @@ from typing import NamedTuple
 
 import torch
 
-from mgserve.core.spec import ModelSpec
-from mgserve.core.spec_hybrid import HybridSpec
-from mgserve.core.spec_qwen4exp import Qwen4ExpSpec
-from mgserve.core.state import HybridState, Snapshot
+from mgserve.core.gguf.hparams import ModelSpec
+from mgserve.core.gguf.hparams_hybrid import HybridSpec
+from mgserve.core.gguf.hparams_qwen4exp import Qwen4ExpSpec
+from mgserve.core.models.state import HybridState, Snapshot
 
 
 class Qwen4ExpSnapshot(NamedTuple):

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mgserve.core.batch import (
+from mgserve.core.engine.contract import (
     Request,
     ScheduledBatch,
     SeqResult,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Mapping
 
-from mgserve.core import tokenizer_unicode as uni
+from mgserve.core.text import unicode as uni
 
 _CJK = (
     (0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),

@@ -1,7 +1,7 @@
 """``mgserve synth``: a random-weight GGUF at a real model's shapes, streamed to disk.
 
 The file has the exact tensor names, shapes, quant-type mix and metadata llama.cpp expects for the
-architecture (see ``synth_shapes``/``synth_tensors``), plus a synthetic BPE vocabulary, so both
+architecture (see ``shapes``/``tensors``), plus a synthetic BPE vocabulary, so both
 llama.cpp and mgserve load it. Weights are random but finite; the text it generates is noise.
 It exists to measure speed and memory at full width without downloading 100+ GB.
 
@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from mgserve.core.gguf_writer import GGUFWriter, tensor_nbytes
-from mgserve.core.synth_blocks import BlockSource
-from mgserve.core.synth_shapes import SHAPES, ShapeSpec, metadata
-from mgserve.core.synth_tensors import tensor_plan
+from mgserve.core.gguf.writer import GGUFWriter, tensor_nbytes
+from mgserve.core.synth.blocks import BlockSource
+from mgserve.core.synth.shapes import SHAPES, ShapeSpec, metadata
+from mgserve.core.synth.tensors import tensor_plan
 
 
 class SynthResult(NamedTuple):

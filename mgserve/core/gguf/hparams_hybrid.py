@@ -8,7 +8,7 @@ two MoE architectures need, read from ``{arch}.*`` keys the way llama.cpp reads 
   renormalised to sum 1: llama.cpp passes ``norm_w = true`` for both archs and reads neither
   ``{arch}.expert_weights_norm`` nor ``expert_weights_scale`` for them (HF's ``norm_topk_prob`` is
   true in the released Qwen3-MoE and Qwen3-Next configs).
-- qwen3next (and qwen4exp, whose extras are in spec_qwen4exp.py): layer ``il`` is a Gated
+- qwen3next (and qwen4exp, whose extras are in hparams_qwen4exp.py): layer ``il`` is a Gated
   DeltaNet layer iff ``(il + 1) % full_attention_interval``
   is not 0, unless ``{arch}.attention.recurrent_layers`` lists them; DeltaNet key heads are
   ``ssm.group_count``, value heads ``ssm.time_step_rank``, both head dims ``ssm.state_size``; full
@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mgserve.core.gguf import GGUFError, GGUFFile
-from mgserve.core.spec import ModelSpec, common_fields, layer_int
+from mgserve.core.gguf.hparams import ModelSpec, common_fields, layer_int
+from mgserve.core.gguf.reader import GGUFError, GGUFFile
 
 HYBRID_ARCHS = ("qwen3moe", "qwen3next", "qwen4exp")
 _RECURRENT_ARCHS = ("qwen3next", "qwen4exp")  # Gated DeltaNet + gated full attention

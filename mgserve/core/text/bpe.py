@@ -1,6 +1,6 @@
 """BPE encoding (``tokenizer.ggml.model`` "gpt2", and "gemma4"), identical to llama.cpp's
 ``llm_tokenizer_bpe_session``: the pre-tokenizer named by ``tokenizer.ggml.pre``
-(tokenizer_pretok.py) splits the text into words, each word's UTF-8 bytes are mapped to GPT-2's
+(pretok.py) splits the text into words, each word's UTF-8 bytes are mapped to GPT-2's
 printable characters (not for gemma4-style vocabs, whose words stay raw UTF-8), and within a
 word the pair with the lowest merge rank (ties: leftmost) is merged until no pair has a rank.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping, Sequence
 
-from mgserve.core.tokenizer_pretok import PreTokenizer, PreType
+from mgserve.core.text.pretok import PreTokenizer, PreType
 
 _CACHE_LIMIT = 200_000
 _LONG = 256  # characters; longer words are merged rank by rank (BpeEncoder._by_rank)
@@ -57,7 +57,7 @@ class BpeEncoder:
         token_to_id: Mapping[str, int],
         merges: Sequence[str],
     ) -> None:
-        from mgserve.core.tokenizer_pretok import REGEXES
+        from mgserve.core.text.pretok import REGEXES
 
         self.pretok = PreTokenizer(REGEXES[pre.regexes])
         self.ignore_merges = pre.ignore_merges

@@ -19,9 +19,9 @@ from typing import Any
 
 import jinja2
 
-from mgserve.core.chat_builtin import BUILTIN, builtin_for
-from mgserve.core.chat_env import TemplateError, chat_environment
-from mgserve.core.chat_messages import normalize_messages, normalize_tools, plain
+from mgserve.core.text.chat_builtin import BUILTIN, builtin_for
+from mgserve.core.text.chat_env import TemplateError, chat_environment
+from mgserve.core.text.chat_messages import normalize_messages, normalize_tools, plain
 
 __all__ = [
     "BUILTIN",

@@ -16,7 +16,7 @@ from typing import Any
 
 from gguf.constants import GGUFValueType
 
-from mgserve.core.synth_vocab import SynthVocab
+from mgserve.core.synth.vocab import SynthVocab
 
 U32, U64, I32 = GGUFValueType.UINT32, GGUFValueType.UINT64, GGUFValueType.INT32
 Metadata = dict[str, tuple[Any, GGUFValueType | None]]  # key -> (value, explicit type or None)

@@ -17,7 +17,7 @@ Type policy (``ud_q4_k_xl_type``), first rule that matches:
 
 Shapes are the ones llama.cpp's converter writes (conversion/qwen4exp.py, qwen.py): the
 hyper-connection and PLE norm gammas keep the checkpoint's 1-D [n_embd * hc] (llama.cpp creates
-them with ``TENSOR_ALLOW_RESHAPE`` and reads them as [n_embd, hc]; see core/spec_tensors.py).
+them with ``TENSOR_ALLOW_RESHAPE`` and reads them as [n_embd, hc]; see core/gguf/layout.py).
 
 Then the row-width fallback ``llama-quantize`` applies: a K-quant needs ``ne0 % 256 == 0``, so a
 640- or 320-wide row takes Q5_0 in place of Q4_K and Q8_0 in place of Q6_K.
@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from mgserve.core.synth_shapes import ShapeSpec, ple_table
+from mgserve.core.synth.shapes import ShapeSpec, ple_table
 
 Q = GGMLQuantizationType
 

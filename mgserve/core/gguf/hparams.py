@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from numbers import Number
 from typing import Any
 
-from mgserve.core.gguf import GGUFError, GGUFFile
+from mgserve.core.gguf.reader import GGUFError, GGUFFile
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
-_NEOX_ARCHS = ("qwen2", "qwen3", "gemma3", "qwen3moe", "qwen3next")  # MoE: spec_hybrid.py
+_NEOX_ARCHS = ("qwen2", "qwen3", "gemma3", "qwen3moe", "qwen3next")  # MoE: hparams_hybrid.py
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from mgserve.core.spec import ModelSpec
+from mgserve.core.gguf.hparams import ModelSpec
 
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0")
 _Q8_BLOCK = 32

@@ -18,9 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple, Protocol
 
 from mgserve.config import Settings
-from mgserve.core.batch import Request, ScheduledBatch, StepResult, TokenEvent
-from mgserve.core.metrics import Counter, Gauge, Histogram, Registry
-from mgserve.core.scheduler import Scheduler, validate
+from mgserve.core.engine.contract import Request, ScheduledBatch, StepResult, TokenEvent
+from mgserve.core.engine.metrics import Counter, Gauge, Histogram, Registry
+from mgserve.core.engine.scheduler import Scheduler, validate
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class Engine:
         self.n_ctx = settings.ctx_size or model.spec.n_ctx_train
         self.model = model
         if runner is None:
-            from mgserve.core.runner import ReferenceRunner
+            from mgserve.core.engine.runner import ReferenceRunner
 
             runner = ReferenceRunner(
                 model, self.n_slots, self.n_ctx, settings.cache_type_k, settings.cache_type_v

@@ -15,10 +15,10 @@ import time
 
 import torch
 
-from mgserve.core.batch import ScheduledBatch, SeqResult, StepResult
-from mgserve.core.kvcache import KVCache
+from mgserve.core.engine.contract import ScheduledBatch, SeqResult, StepResult
+from mgserve.core.engine.sampling import SeqSampler, logprobs_for
 from mgserve.core.models.base import CausalLM, SeqInput
-from mgserve.core.sampling import SeqSampler, logprobs_for
+from mgserve.core.models.kvcache import KVCache
 
 
 class ReferenceRunner:

@@ -14,7 +14,7 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mgserve.core.tokenizer import Tokenizer
+    from mgserve.core.text.tokenizer import Tokenizer
 
 _SPACE, _APOS = 0x20, 0x27
 # llama.cpp runs three passes over the buffer, in place. Each pass reads only bytes it has not

@@ -16,9 +16,9 @@ from typing import NamedTuple
 
 import torch
 
-from mgserve.core.kvcache import KVCache
-from mgserve.core.spec import ModelSpec
-from mgserve.core.spec_hybrid import HybridSpec
+from mgserve.core.gguf.hparams import ModelSpec
+from mgserve.core.gguf.hparams_hybrid import HybridSpec
+from mgserve.core.models.kvcache import KVCache
 
 
 def kv_spec(spec: ModelSpec, hp: HybridSpec) -> ModelSpec:

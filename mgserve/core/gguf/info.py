@@ -7,13 +7,13 @@ import dataclasses
 from collections import defaultdict
 from typing import Any, NamedTuple
 
-from mgserve.core.gguf import GGUFFile
-from mgserve.core.kvcache import kv_bytes_per_token
-from mgserve.core.spec import ModelSpec, spec_from_gguf
-from mgserve.core.spec_hybrid import HYBRID_ARCHS, hybrid_spec_from_gguf
-from mgserve.core.spec_qwen4exp import qwen4exp_spec_from_gguf
-from mgserve.core.state import HybridState
-from mgserve.core.state_qwen4exp import Qwen4ExpState
+from mgserve.core.gguf.hparams import ModelSpec, spec_from_gguf
+from mgserve.core.gguf.hparams_hybrid import HYBRID_ARCHS, hybrid_spec_from_gguf
+from mgserve.core.gguf.hparams_qwen4exp import qwen4exp_spec_from_gguf
+from mgserve.core.gguf.reader import GGUFFile
+from mgserve.core.models.kvcache import kv_bytes_per_token
+from mgserve.core.models.state import HybridState
+from mgserve.core.models.state_qwen4exp import Qwen4ExpState
 
 _MIB = 1024 * 1024
 

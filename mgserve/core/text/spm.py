@@ -18,7 +18,7 @@ import heapq
 import re
 from collections.abc import Mapping, Sequence
 
-from mgserve.core.tokenizer_special import trie_regex
+from mgserve.core.text.special import trie_regex
 
 SPACE = "\u2581"  # ▁
 _WORD_RE = re.compile(f"{SPACE}[^{SPACE}]*|[^{SPACE}]+")

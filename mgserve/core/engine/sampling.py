@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from mgserve.core.batch import SamplingParams, TopLogprob
+from mgserve.core.engine.contract import SamplingParams, TopLogprob
 
 
 class PenaltyWindow:

@@ -1,0 +1,1 @@
+"""GGUF files: reading, writing, hyperparameters, tensor layouts, ``mgserve info``."""

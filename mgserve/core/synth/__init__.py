@@ -1,0 +1,1 @@
+"""``mgserve synth``: random-weight GGUF files at real models' shapes."""

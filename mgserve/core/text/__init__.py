@@ -1,0 +1,1 @@
+"""Text: tokenizers (as llama.cpp's), detokenizer, chat templates."""
