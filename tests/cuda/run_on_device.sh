@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The exact sequence run on the GPU machine (the `run` device tool, nvidia-h200), from the repo root.
-# Before it, here: `bash /work/shared/tools/device-wheels.sh openai==3.57.0 httpx2 httpcore2 ...`
-# (fetches the wheels the machine lacks into .whl/; see the README's "GPU" section), and, for the
+# Before it, put the wheels the GPU machine lacks (gguf, orjson, pytest, pytest-asyncio, openai and
+# its dependencies, for CPython 3.12) into .whl/, e.g. `pip download --only-binary :all: --python-version
+# 3.12 -d .whl gguf orjson pytest pytest-asyncio openai` on a machine with a package index, and, for the
 # real-Gemma tests, the built-in GGUF split into .gemma/part* (50 MB pieces: one call carries at most
 # 64 MiB, so the pieces travel in consecutive calls while the machine is warm, and stay there).
 # Then: the tool with carry [".whl"] (plus ".gemma/partN") and one of
