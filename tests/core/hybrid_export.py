@@ -28,6 +28,7 @@ import torch
 from mgserve.core.gguf.writer import GGUFWriter
 from mgserve.core.synth.vocab import SynthVocab
 from tests.core.tiny import attention_metadata
+from tests.hf_version import pinned_transformers
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -37,7 +38,7 @@ ARCHS = ("qwen3moe", "qwen3next")
 
 def hf_model(arch: str, seed: int = 0) -> Any:
     """A small random causal LM of ``arch`` (8 experts, top-2), eval mode, eager, float32."""
-    import transformers as tf
+    tf = pinned_transformers()
 
     common: dict[str, Any] = dict(
         vocab_size=VOCAB.n_vocab,

@@ -29,6 +29,7 @@ from gguf.constants import GGMLQuantizationType, GGUFValueType
 from mgserve.core.gguf.writer import GGUFWriter, tensor_nbytes
 from mgserve.core.synth.shapes import _is_prime
 from mgserve.core.synth.vocab import SynthVocab
+from tests.hf_version import pinned_transformers
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -44,7 +45,7 @@ U32, U64, I32, F32 = (
 
 def hf_config(**changes: Any) -> Any:
     """The issue's tiny config: hidden 256, 8 layers (3, 7 indexed attention), QSA budget 64."""
-    import transformers as tf
+    tf = pinned_transformers()
 
     kw: dict[str, Any] = dict(
         vocab_size=VOCAB.n_vocab,
@@ -91,7 +92,7 @@ def hf_config(**changes: Any) -> Any:
 
 def hf_model(seed: int = 0, **changes: Any) -> Any:
     """The tiny model with every parameter shaken off its init value, eval mode, float32."""
-    import transformers as tf
+    tf = pinned_transformers()
 
     torch.manual_seed(seed)
     model = tf.Qwen4ExpForCausalLM(hf_config(**changes)).eval()

@@ -14,6 +14,7 @@ from mgserve.core.reference.deltanet import (
     delta_rule_recurrent,
     l2_norm,
 )
+from tests.hf_version import pinned_transformers
 
 B, T, H, DK, DV = 2, 50, 3, 16, 8
 
@@ -75,6 +76,7 @@ def test_state_matters() -> None:
 def test_matches_transformers_kernels() -> None:
     """HF's torch_chunk / torch_recurrent_gated_delta_rule take un-normalised q, k and H_k < H_v
     key heads (each serving consecutive value heads); we expand heads and normalise first."""
+    pinned_transformers()
     from transformers.models.qwen3_next import modeling_qwen3_next as hf
 
     gen = torch.Generator().manual_seed(3)

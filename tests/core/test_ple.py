@@ -19,6 +19,7 @@ from mgserve.core.gguf.writer import GGUFWriter
 from mgserve.core.reference import ple
 from mgserve.core.reference.dequant import dequantize
 from tests.core.qwen4exp_export import VOCAB, hf_config
+from tests.hf_version import pinned_transformers
 
 EOS = VOCAB.im_end_id
 
@@ -27,6 +28,7 @@ EOS = VOCAB.im_end_id
 def hf_ngram() -> Any:
     """HF's n-gram embedding whose table row r holds the number r in its first column, so the
     embedding of a token tells which rows it hashed to."""
+    pinned_transformers()
     from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpTextNGramEmbedding
 
     cfg = hf_config()

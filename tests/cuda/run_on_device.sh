@@ -4,8 +4,10 @@
 # its dependencies, for CPython 3.12) into .whl/, e.g. `pip download --only-binary :all: --python-version
 # 3.12 -d .whl gguf orjson pytest pytest-asyncio openai` on a machine with a package index, and, for the
 # real-Gemma tests, the built-in GGUF split into .gemma/part* (50 MB pieces: one call carries at most
-# 64 MiB, so the pieces travel in consecutive calls while the machine is warm, and stay there).
-# Then: the tool with carry [".whl"] (plus ".gemma/partN") and one of
+# 64 MiB, so the pieces travel in consecutive calls while the machine is warm, and stay there);
+# for the device-model tests, the tiny GGUF files exported here with the pinned transformers
+# (`python3 -m tests.cuda.export_tiny .tiny`, ~50 MB: the machine's own transformers differs).
+# Then: the tool with carry [".whl"] (plus ".gemma/partN" or ".tiny") and one of
 #   bash tests/cuda/run_on_device.sh tests [PYTEST ARGS]   GPU tests + the API tests on the GPU
 #   bash tests/cuda/run_on_device.sh bench ARGS            mgserve bench ARGS (e.g. model ...)
 #   bash tests/cuda/run_on_device.sh both "PYTEST ARGS" BENCH ARGS
@@ -23,6 +25,9 @@ if ls .gemma/part* >/dev/null 2>&1; then
   else
     echo "gemma pieces incomplete ($(ls .gemma))" | tee -a "$OUT/gpu.txt"
   fi
+fi
+if ls .tiny/*.gguf >/dev/null 2>&1; then
+  export MGSERVE_TEST_TINY=$PWD/.tiny
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee -a "$OUT/gpu.txt"
 python3 -c "import cuda.core, cuda.bindings, torch; print('cuda.core', cuda.core.__version__, \

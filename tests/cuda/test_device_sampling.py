@@ -1,4 +1,4 @@
-"""The device sampler (mgserve/cuda/sampling.py) against the CPU sampler
+"""The device sampler (mgserve/cuda/sampling/) against the CPU sampler
 (mgserve/core/engine/sampling.py).
 
 CPU tests (run in CI): the biased/penalized logits equal SeqSampler's bit for bit, greedy picks
@@ -30,14 +30,10 @@ from mgserve.cuda.sampling import (
     SamplingBatch,
     SamplingPlan,
     SamplingRow,
-    filter_candidates_batch,
-    modified_logits,
-    row_keys,
     seeded,
-    splitmix64,
-    splitmix64_int,
-    uniforms,
 )
+from mgserve.cuda.sampling.chain import filter_candidates_batch, modified_logits
+from mgserve.cuda.sampling.rng import row_keys, splitmix64, splitmix64_int, uniforms
 
 CPU = torch.device("cpu")
 SAMPLER = DeviceSampler()

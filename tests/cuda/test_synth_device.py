@@ -1,4 +1,4 @@
-"""SynthFile / synth_weight (mgserve.cuda.synth_device) on the CPU: torch stands in for the GPU.
+"""SynthFile / synth_weight (mgserve/cuda/synth_device/) on the CPU: torch stands in for the GPU.
 
 A SynthFile must be indistinguishable from the GGUFFile of the file ``write_synth`` writes for the
 same ShapeSpec (metadata values and types, tensor table, data layouts, parsed specs), and the
@@ -28,6 +28,10 @@ from mgserve.core.synth.vocab import SynthVocab
 from mgserve.core.synth.write import write_synth
 from mgserve.cuda import synth_device as sd
 from mgserve.cuda.loader import Loader
+from mgserve.cuda.synth_device import device as sd_device
+from mgserve.cuda.synth_device import file as sd_file
+from mgserve.cuda.synth_device import ple as sd_ple
+from mgserve.cuda.synth_device.values import tensor_kind
 from mgserve.cuda.weights import FORMATS, row_bytes
 
 Q = GGMLQuantizationType
@@ -110,7 +114,7 @@ def test_host_values_are_sane(tiny_pair) -> None:
     for t in synth:
         v = dequantize(synth, t)  # the reference path: as Loader.vec reads them
         assert torch.isfinite(v).all(), t.name
-        kind = sd._kind(t.name)
+        kind = tensor_kind(t.name)
         if "norm" in kind.replace(".", "_").split("_"):
             assert (v - 1).abs().max() < 0.25, f"{t.name}: gammas {v.min()}..{v.max()}"
         elif kind == "ssm_a":
@@ -129,7 +133,7 @@ def test_matrices_made_on_the_device_match_the_file_layout(
 ) -> None:
     """With no host data, Loader.mat goes through synth_weight and gives the upload's layout."""
     spec, _, file = tiny_pair
-    monkeypatch.setattr(sd, "HOST_MAX_ELEMENTS", 0)
+    monkeypatch.setattr(sd_file, "HOST_MAX_ELEMENTS", 0)
     synth = sd.SynthFile(spec)
     cpu = torch.device("cpu")
     ld_s, ld_f = Loader(synth, cpu), Loader(file, cpu)
@@ -168,7 +172,7 @@ def test_full_width_metadata_and_plan(name: str, tmp_path: Path) -> None:
         (p.name, p.shape, p.ggml_type.name) for p in plan
     ]
     for t in synth:
-        big = t.n_elements > sd.HOST_MAX_ELEMENTS and t.name != "per_layer_token_embd.weight"
+        big = t.n_elements > sd_file.HOST_MAX_ELEMENTS and t.name != "per_layer_token_embd.weight"
         assert (t.data is None) == big, t.name
         if big:
             assert t.type_name in FORMATS, t.name  # the device must be able to make it
@@ -215,12 +219,12 @@ def test_synth_weight_blocks_are_valid(type_name: str) -> None:
 
 def test_synth_weight_tiles_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     """A tensor larger than the pool wraps around it, block-aligned, and stays valid."""
-    monkeypatch.setitem(sd.DEVICE_POOL_BYTES, "cpu", 34 * 100)
+    monkeypatch.setitem(sd_device.DEVICE_POOL_BYTES, "cpu", 34 * 100)
     sd.release_pools()
     try:
         t = _info("big", "Q8_0", (256, 50))
         w = sd.synth_weight(t, "cpu", seed=0)
-        pool = sd._device_pools[("cpu", "Q8_0")].view(100, 34)
+        pool = sd_device._device_pools[("cpu", "Q8_0")].view(100, 34)
         blocks = w.data.reshape(-1, 34)  # [400, 34]: 4 times the pool
         start = int(torch.nonzero((pool == blocks[0]).all(dim=1))[0])
         order = (torch.arange(blocks.shape[0]) + start) % 100
@@ -268,14 +272,14 @@ def test_ple_table_small_is_materialized() -> None:
 def test_ple_table_mapped_equals_materialized(monkeypatch: pytest.MonkeyPatch) -> None:
     """Above the materialise limit the table is one memfd pool mapped back to back: same bytes
     as the materialised table for the same seed."""
-    monkeypatch.setattr(sd, "PLE_TILE_BYTES", 1 << 20)
+    monkeypatch.setattr(sd_ple, "PLE_TILE_BYTES", 1 << 20)
     kw = dict(layers=2, experts=1, ple_rows=30_000, seed=7)
     dense = sd.SynthFile.from_shape(QWEN4EXP, **kw)
-    monkeypatch.setattr(sd, "PLE_MATERIALIZE_BYTES", 0)
+    monkeypatch.setattr(sd_ple, "PLE_MATERIALIZE_BYTES", 0)
     mapped = sd.SynthFile.from_shape(QWEN4EXP, **kw)
     a = dense.tensor("per_layer_token_embd.weight").data
     b = mapped.tensor("per_layer_token_embd.weight").data
-    assert isinstance(b.base, sd._TiledMapping)
+    assert isinstance(b.base, sd_ple.TiledMapping)
     np.testing.assert_array_equal(a, b)
     _ple_check(mapped)
 
@@ -286,7 +290,7 @@ def test_full_size_ple_table_costs_one_tile() -> None:
     g = sd.SynthFile.from_shape(QWEN4EXP, layers=2, experts=1)
     t = g.tensor("per_layer_token_embd.weight")
     assert t.shape[1] > 320_000_000 and t.data.shape == (t.shape[1], 170)
-    assert isinstance(t.data.base, sd._TiledMapping)
+    assert isinstance(t.data.base, sd_ple.TiledMapping)
     _ple_check(g)
 
 

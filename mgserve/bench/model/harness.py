@@ -1,0 +1,103 @@
+"""``ModelBench``: a model loaded on the GPU with its ``DeviceRunner``, driven step by step with
+batches shaped as the scheduler shapes them, and the depth fill that puts a slot at D tokens."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+
+class ModelBench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        import torch
+
+        from mgserve.cuda.backend import cuda_backend, load_device_model
+        from mgserve.cuda.runner import DeviceRunner
+
+        self.torch = torch
+        self.device = torch.device("cuda", 0)
+        if args.model:
+            from mgserve.core.gguf.reader import GGUFFile
+
+            g: Any = GGUFFile(args.model)
+        else:
+            from mgserve.cuda.synth_device import SynthFile
+
+            g = SynthFile.from_shape(
+                args.shape, layers=args.layers, experts=args.experts, ple_rows=args.ple_rows
+            )
+        self.source = str(g.path)
+        t0 = time.perf_counter()
+        self.ops = cuda_backend(0, int8=args.int8)
+        self.model = load_device_model(
+            g, self.ops, self.device, args.slots, args.ctx, args.cache_type, args.cache_type
+        )
+        if not args.model:
+            from mgserve.cuda.synth_device import release_pools
+
+            release_pools()
+        torch.cuda.synchronize()
+        self.load_s = time.perf_counter() - t0
+        self.runner = DeviceRunner(self.model, self.device, graphs=not args.no_graphs)
+        self.args = args
+        self.step = 0
+        self.vocab = self.model.spec.n_vocab
+        self.warm_up()
+
+    def warm_up(self) -> None:
+        """Compile every kernel (or read it from the cubin cache) and size the workspaces once, so
+        no timed workload pays for it: a short prefill, then a few decode steps."""
+        ub = min(self.args.ubatch, self.args.ctx // 2)
+        toks = self.tokens(ub + 43, 99)
+        self.run_step([self.work(0, toks[:ub], 0, True)])  # a whole ubatch: GEMM shapes, scratch
+        self.run_step([self.work(0, toks[ub:], ub, True)])
+        for i in range(3):
+            self.run_step([self.work(0, (500 + i,), ub + 43 + i, True)])
+        self.torch.cuda.synchronize()
+
+    # -- building batches --------------------------------------------------------------------
+
+    def tokens(self, n: int, seed: int) -> tuple[int, ...]:
+        """``n`` random token ids (away from the vocabulary's ends), the same for the same seed."""
+        g = self.torch.Generator().manual_seed(seed)
+        return tuple(self.torch.randint(100, self.vocab - 100, (n,), generator=g).tolist())
+
+    def run_step(self, work: list[Any]) -> Any:
+        """One runner step of ``work`` (SeqWork items), as the scheduler would hand it over."""
+        from mgserve.core.engine.contract import ScheduledBatch
+
+        self.step += 1
+        return self.runner.run(ScheduledBatch(self.step, tuple(work)))
+
+    def work(self, slot: int, tokens: tuple[int, ...], start: int, sample: bool) -> Any:
+        """One greedy session's share of a step: ``tokens`` at positions from ``start``."""
+        from mgserve.core.engine.contract import SamplingParams, SeqWork
+
+        return SeqWork(
+            slot=slot, request_id=f"bench-{slot}", tokens=tokens, start=start, sample=sample,
+            sampling=SamplingParams(temperature=0.0), new_sequence=start == 0,
+        )  # fmt: skip
+
+    # -- depth -------------------------------------------------------------------------------
+
+    def fill(self, slot: int, depth: int) -> None:
+        """Bring ``slot`` to ``depth`` tokens (a new sequence)."""
+        if depth == 0:
+            self.model.begin_sequence(slot)
+            return
+        if self.args.fill == "prefill":
+            self.prefill(slot, 0, depth)
+            return
+        from mgserve.cuda.fill import fill_synthetic
+
+        self.run_step([self.work(slot, self.tokens(1, slot), 0, False)])  # new sequence at 0
+        fill_synthetic(self.model, slot, depth)
+
+    def prefill(self, slot: int, start: int, n: int) -> None:
+        """A prompt of ``n`` tokens into ``slot`` from position ``start``, a ubatch per step."""
+        ub = self.args.ubatch
+        toks = self.tokens(n, 7 + slot)
+        for c in range(0, n, ub):
+            part = toks[c : c + ub]
+            self.run_step([self.work(slot, part, start + c, c + ub >= n)])

@@ -1,0 +1,72 @@
+"""What one decode step costs the GPU: the weight bytes it reads (for the achieved bandwidth) and
+the per-kernel time of one eager step (torch.profiler)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mgserve.bench.model.harness import ModelBench
+
+
+def bytes_per_token(model: Any) -> float:
+    """Weight bytes one decode token reads: everything but the routed experts, plus the chosen
+    share of those (n_expert_used / n_expert), plus the output head."""
+    from mgserve.cuda.matmul import ExpertWeights
+    from mgserve.cuda.weights import QuantWeight
+
+    seen: set[int] = set()
+    total = 0.0
+
+    def walk(obj: Any, share: float) -> None:
+        nonlocal total
+        if isinstance(obj, QuantWeight):
+            if obj.data.data_ptr() not in seen:
+                seen.add(obj.data.data_ptr())
+                total += obj.nbytes * share
+        elif isinstance(obj, ExpertWeights):
+            hp = model.hp
+            for w in (obj.gate, obj.up, obj.gate_up, obj.down):
+                if w is not None:
+                    walk(w, hp.n_expert_used / hp.n_expert)
+        elif isinstance(obj, (list, tuple)):
+            for o in obj:
+                walk(o, share)
+        elif hasattr(obj, "__dataclass_fields__"):
+            for f in obj.__dataclass_fields__:
+                walk(getattr(obj, f), share)
+
+    walk(model.layers, 1.0)
+    walk(model.output, 1.0)
+    return total
+
+
+def profile_decode(b: ModelBench, depth: int) -> list[str]:
+    """Per-kernel GPU time of one eager decode step at ``depth`` (torch.profiler): table lines."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from mgserve.cuda.graphs import DecodeInputs, EagerDecode
+
+    b.fill(0, depth)
+    eager = EagerDecode(b.model, b.device)
+    inp = DecodeInputs([1000], [max(depth, 1)], [0], None)
+    if getattr(b.model, "decode_extra_shape", None) is not None:
+        inp.extra = b.model.step_extra([[1000]], [0])
+    eager(inp)
+    b.torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        eager(inp)
+        b.torch.cuda.synchronize()
+    rows: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type.name == "CUDA":
+            rows.setdefault(ev.name[:60], []).append(ev.device_time_total / 1e3)
+    total = sum(sum(v) for v in rows.values())
+    lines = [
+        f"per-kernel GPU time of one eager decode step at depth {depth}: {total:.2f} ms",
+        "",
+        "| kernel | launches | ms | share |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, ts in sorted(rows.items(), key=lambda kv: -sum(kv[1]))[:25]:
+        lines.append(f"| `{name}` | {len(ts)} | {sum(ts):.3f} | {100 * sum(ts) / total:.1f}% |")
+    return lines

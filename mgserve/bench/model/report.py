@@ -1,0 +1,78 @@
+"""``mgserve bench model``'s run: the header, one table row per workload (printed as soon as it
+is measured, so a long run shows progress), the optional profile, and ``--record``."""
+
+from __future__ import annotations
+
+import argparse
+
+from mgserve.bench.model import workloads
+from mgserve.bench.model.args import depths, pairs
+from mgserve.bench.model.harness import ModelBench
+from mgserve.bench.model.profile import bytes_per_token, profile_decode
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from mgserve.bench.matvec import _copy_rate
+    from mgserve.cuda import runtime
+
+    b = ModelBench(args)
+    m = b.model
+    gpu = runtime.gpu_info().name
+    copy = _copy_rate(torch)
+    per_tok = bytes_per_token(m)
+    head = [
+        f"GPU: {gpu}; device-to-device copy {copy:.0f} GB/s (read+write)",
+        f"model: {b.source}, {m.spec.arch}, {m.spec.n_layer} layers, "
+        f"{m.weight_bytes / 1e9:.1f} GB of weights on the GPU, loaded in {b.load_s:.1f} s; "
+        f"{per_tok / 1e9:.2f} GB of weights read per decode token",
+        f"slots {args.slots} x ctx {args.ctx}, cache {args.cache_type}, ubatch {args.ubatch}, "
+        f"int8 {args.int8}, graphs {not args.no_graphs}, depth fill {args.fill}",
+        "",
+        "| workload | tokens/s | notes |",
+        "| --- | --- | --- |",
+    ]
+    lines = list(head)
+
+    def row(name: str, tps: float, note: str = "") -> None:
+        lines.append(f"| {name} | {tps:.1f} | {note} |")
+        print(lines[-1], flush=True)
+
+    print("\n".join(head), flush=True)
+    for n, depth in pairs(args.prefill):
+        row(f"prefill {n} tokens at depth {depth}", workloads.time_prefill(b, n, depth))
+    if args.long_prefill:
+        row(
+            f"prefill of a {args.long_prefill}-token prompt (average)",
+            workloads.time_prefill(b, args.long_prefill, 0),
+        )
+    for sessions, n in pairs(args.multi_prefill):
+        row(
+            f"prefill, {sessions} sessions of {n} tokens, aggregate",
+            workloads.time_multi_prefill(b, sessions, n),
+        )
+    for sessions, n in pairs(args.sampled_prefill):
+        tps, note = workloads.time_sampled_prefill(b, sessions, n)
+        what = "a prompt" if sessions == 1 else f"{sessions} sessions' prompts"
+        row(f"prefill of {what} of {n} tokens (estimate)", tps, note)
+    for depth in depths(args.decode):
+        tps, ms = workloads.time_decode(b, 1, depth)
+        row(
+            f"decode, 1 session at depth {depth}",
+            tps,
+            f"{ms:.2f} ms/step, weights {per_tok / ms / 1e6:.0f} GB/s",
+        )
+    for sessions, depth in pairs(args.multi_decode):
+        tps, ms = workloads.time_decode(b, sessions, depth)
+        row(f"decode, {sessions} sessions at depth {depth}, aggregate", tps, f"{ms:.2f} ms/step")
+    if args.profile:
+        depth = max(depths(args.decode) or [0])
+        lines += [""] + profile_decode(b, depth)
+    body = "\n".join(lines)
+    print(body)
+    if args.record:
+        from mgserve.bench import record
+
+        record(f"model on the GPU ({m.spec.arch})", body)
+    return 0

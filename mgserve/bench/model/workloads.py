@@ -1,0 +1,72 @@
+"""The timed workloads of ``mgserve bench model``: prefill (one prompt, interleaved prompts, an
+estimate for prompts too long to run) and decode of B sessions at a depth."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from mgserve.bench.model.harness import ModelBench
+
+
+def time_prefill(b: ModelBench, n: int, depth: int) -> float:
+    """Tokens/s of one prompt of ``n`` tokens at ``depth``."""
+    b.fill(0, depth)
+    b.torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    b.prefill(0, depth, n)
+    b.torch.cuda.synchronize()
+    return n / (time.perf_counter() - t0)
+
+
+def time_multi_prefill(b: ModelBench, sessions: int, n: int) -> float:
+    """``sessions`` prompts of ``n`` tokens, one chunk of each per step (as the scheduler
+    interleaves them)."""
+    ub = b.args.ubatch
+    prompts = [b.tokens(n, 11 + s) for s in range(sessions)]
+    b.torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for c in range(0, n, ub):
+        b.run_step([b.work(s, p[c : c + ub], c, c + ub >= n) for s, p in enumerate(prompts)])
+    b.torch.cuda.synchronize()
+    return sessions * n / (time.perf_counter() - t0)
+
+
+def time_sampled_prefill(
+    b: ModelBench, sessions: int, n: int, samples: int = 5
+) -> tuple[float, str]:
+    """Aggregate tokens/s of ``sessions`` prompts of ``n`` tokens, estimated: at the midpoints
+    of ``samples`` equal parts of the prompt, each session is filled to that depth and one step
+    with an ubatch chunk of every session is timed; the estimate is the mean step time."""
+    ub = b.args.ubatch
+    depths = [int((i + 0.5) * n / samples) // ub * ub for i in range(samples)]
+    times = []
+    for d in depths:
+        for s in range(sessions):
+            b.fill(s, d)
+        work = [b.work(s, b.tokens(ub, 31 + s), d, True) for s in range(sessions)]
+        b.torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        b.run_step(work)
+        b.torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    note = "sampled at depths " + "/".join(f"{d // 1024}k" for d in depths)
+    return sessions * ub / statistics.mean(times), note
+
+
+def time_decode(b: ModelBench, sessions: int, depth: int) -> tuple[float, float]:
+    """(aggregate tokens/s, median step ms) of ``sessions`` sessions decoding at ``depth``."""
+    for s in range(sessions):
+        b.fill(s, depth)
+    pos = [max(depth, 1)] * sessions
+    if depth == 0:  # a one-token prompt first, so decode starts at position 1
+        b.run_step([b.work(s, b.tokens(1, s), 0, True) for s in range(sessions)])
+    times = []
+    for i in range(b.args.decode_steps + 3):
+        t0 = time.perf_counter()
+        b.run_step([b.work(s, (1000 + i,), pos[s], True) for s in range(sessions)])
+        if i >= 3:  # warm-up steps capture the graph
+            times.append(time.perf_counter() - t0)
+        pos = [p + 1 for p in pos]
+    step = statistics.median(times)
+    return sessions / step, step * 1e3
