@@ -98,6 +98,7 @@ struct Q8_0 {
     }
 };
 
+// Q4_0's layout and decoder, with IQ4_NL's 16 levels in place of q - 8.
 struct IQ4_NL {
     static constexpr int BLOCK = 32, BYTES = 18;
     __device__ static void load(const u8* b, int j, float* w) {
@@ -205,11 +206,17 @@ struct F32 {
 
 struct F16 {
     static constexpr int BLOCK = 8, BYTES = 16;
-    __device__ static void load(const u8* b, int, float* w) { f16x8_to_f32(*(const uint4*)b, w); }
+    __device__ static void load(const u8* b, int, float* w) {
+        const uint4 a = *(const uint4*)b;
+        f16x8_to_f32(a, w);
+    }
 };
 
 struct BF16 {
     static constexpr int BLOCK = 8, BYTES = 16;
-    __device__ static void load(const u8* b, int, float* w) { bf16x8_to_f32(*(const uint4*)b, w); }
+    __device__ static void load(const u8* b, int, float* w) {
+        const uint4 a = *(const uint4*)b;
+        bf16x8_to_f32(a, w);
+    }
 };
 

@@ -49,11 +49,7 @@ __device__ void matvec(const u8* __restrict__ w, const float* __restrict__ x, fl
         const int row = row0 + rr < n_rows ? row0 + rr : n_rows - 1;
         wrow[rr] = w + (size_t)row * row_bytes;
     }
-    float acc[R][NT];
-#pragma unroll
-    for (int rr = 0; rr < R; rr++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[rr][t] = 0.f;
+    float acc[R][NT] = {};
     const int n_runs = k / 8;
 #pragma unroll RUN_UNROLL
     for (int r = lane; r < n_runs; r += 32) {

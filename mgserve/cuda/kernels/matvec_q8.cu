@@ -66,11 +66,7 @@ __device__ void matvec_q8(const u8* __restrict__ w, const i8* __restrict__ xq,
         const int row = min(row0 + rr, n_rows - 1);
         wrow[rr] = w + (size_t)row * row_bytes;
     }
-    float acc[R][NT];
-#pragma unroll
-    for (int rr = 0; rr < R; rr++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[rr][t] = 0.f;
+    float acc[R][NT] = {};
     const int n_chunks = (int)n_blocks * T::CHUNKS;
 #pragma unroll 2
     for (int c = tid; c < n_chunks; c += G) {

@@ -68,9 +68,7 @@ __device__ __forceinline__ void moe_gate_up_warp(const u8* __restrict__ gate,
         grow[rr] = gate + row * row_bytes;
         urow[rr] = up + row * row_bytes;
     }
-    float ag[R], au[R];
-#pragma unroll
-    for (int rr = 0; rr < R; rr++) ag[rr] = au[rr] = 0.f;
+    float ag[R] = {}, au[R] = {};
     sum(lane, n, grow, urow, ag, au);
 #pragma unroll
     for (int rr = 0; rr < R; rr++) {
@@ -105,9 +103,7 @@ __device__ __forceinline__ void moe_down_warp(const int* __restrict__ experts,
     int rows[R];
 #pragma unroll
     for (int rr = 0; rr < R; rr++) rows[rr] = min(r0 + rr, d - 1);
-    float acc[R];
-#pragma unroll
-    for (int rr = 0; rr < R; rr++) acc[rr] = 0.f;
+    float acc[R] = {};
     sum(lane, n, s_e, s_w, row_bytes, rows, acc);
 #pragma unroll
     for (int rr = 0; rr < R; rr++) {

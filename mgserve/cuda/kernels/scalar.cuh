@@ -31,7 +31,7 @@ __device__ __forceinline__ u32 f16x2_rn(float lo, float hi) {
 }
 
 // The 8 f16 values packed in a (value 2i in the low half of word i) as f32.
-__device__ __forceinline__ void f16x8_to_f32(uint4 a, float* w) {
+__device__ __forceinline__ void f16x8_to_f32(const uint4& a, float* w) {
     const u32 v[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -42,7 +42,7 @@ __device__ __forceinline__ void f16x8_to_f32(uint4 a, float* w) {
 
 // The 8 bf16 values packed in a (value 2i in the low half of word i) as f32: a bf16 is the top
 // half of an f32.
-__device__ __forceinline__ void bf16x8_to_f32(uint4 a, float* w) {
+__device__ __forceinline__ void bf16x8_to_f32(const uint4& a, float* w) {
     const u32 v[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
