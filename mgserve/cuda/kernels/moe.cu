@@ -25,8 +25,8 @@ __device__ void moe_gate_up(const u8* __restrict__ gate, const u8* __restrict__ 
                             int ff, int k, int n_expert) {
     constexpr int R = GU_ROWS, RUNS = T::BLOCK / 8;
     moe_gate_up_warp<T>(gate, up, expert_rows, experts, h, kk, ff, k, n_expert,
-                        [&](int lane, int n, const u8* const (&grow)[R], const u8* const (&urow)[R],
-                         float (&ag)[R], float (&au)[R]) {
+                        [&](int lane, int n, const u8* const (&grow)[R],
+                            const u8* const (&urow)[R], float (&ag)[R], float (&au)[R]) {
         const float* xn = x + (size_t)n * k;
         const int n_runs = k / 8;
 #pragma unroll GU_UNROLL

@@ -24,8 +24,8 @@ __device__ void moe_q8_gate_up(const u8* __restrict__ gate, const u8* __restrict
                                float* __restrict__ h, int kk, int ff, int k, int n_expert) {
     constexpr int R = GU_ROWS;
     moe_gate_up_warp<T>(gate, up, expert_rows, experts, h, kk, ff, k, n_expert,
-                        [&](int lane, int n, const u8* const (&grow)[R], const u8* const (&urow)[R],
-                            float (&ag)[R], float (&au)[R]) {
+                        [&](int lane, int n, const u8* const (&grow)[R],
+                            const u8* const (&urow)[R], float (&ag)[R], float (&au)[R]) {
         const i8* xn = xq + (size_t)n * k;
         const float* dn = xd + (size_t)n * (k / 32);
         const int n_chunks = k / T::BLOCK * T::CHUNKS;
