@@ -6,7 +6,7 @@
 // one row. Rows of gate and up start at r * g_stride / r * u_stride (so both may be column
 // slices of one fused [rows, 2F] projection); out is contiguous [rows, F].
 
-__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+#include "math.cuh"
 
 __device__ __forceinline__ float gelu_tanh_f(float x) {
     // ATen's tanh GELU: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
@@ -18,7 +18,7 @@ __device__ __forceinline__ float gelu_tanh_f(float x) {
 
 template <int ACT>
 __device__ __forceinline__ float act_mul(float g, float u) {
-    return (ACT == 0 ? silu_f(g) : gelu_tanh_f(g)) * u;
+    return (ACT == 0 ? silu(g) : gelu_tanh_f(g)) * u;
 }
 
 template <int ACT, bool VEC>

@@ -38,6 +38,9 @@
 // attn_combine, grid (H, B), 128 threads: out[b, h] = sum_s O_s w_s / sum_s l_s w_s with
 // w_s = exp(m_s - max m), splits in order; sessions with no visible key give zeros.
 
+#include "math.cuh"
+#include "scalar.cuh"
+
 #ifndef HEAD_DIM
 #define HEAD_DIM 256
 #endif
@@ -57,14 +60,9 @@
 #define ATT_MAX_SPLITS 128         // chunks per session at most (attention.py: MAX_SPLITS)
 #define COMBINE_THREADS 128
 #define P_SCALE 256.f
-#define FULL 0xffffffffu
-#define NEG_INF __int_as_float(0xff800000)
 
 static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "HEAD_DIM: 64, 128 or 256");
 static_assert(ATT_STAGES >= 2 && ATT_STAGES <= 4, "ATT_STAGES: 2..4");
-
-typedef unsigned char u8;
-typedef unsigned short u16;
 
 constexpr int D = HEAD_DIM;
 constexpr int NBLK = D / 32;  // 32-dim blocks (q8_0 blocks)
@@ -147,30 +145,17 @@ __device__ __forceinline__ unsigned i8x2_to_h2(unsigned r) {
     return out;
 }
 
-__device__ __forceinline__ float h2f(u16 h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-
-// (lo, hi) -> f16x2, round to nearest even; lo goes to the low half (the lower k / n index).
-__device__ __forceinline__ unsigned pack_h2(float lo, float hi) {
-    unsigned r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
 __device__ __forceinline__ float2 unpack_h2(unsigned r) {
     u16 a, b;
     asm("mov.b32 {%0, %1}, %2;" : "=h"(a), "=h"(b) : "r"(r));
-    return make_float2(h2f(a), h2f(b));
+    return make_float2(f16_bits(a), f16_bits(b));
 }
 
 // (x0, x1) -> f16x2 hi = round(x) and lo = round(x - hi), so hi + lo carries ~22 bits.
 __device__ __forceinline__ void split2(float x0, float x1, unsigned& hi, unsigned& lo) {
-    hi = pack_h2(x0, x1);
+    hi = f16x2_rn(x0, x1);
     const float2 f = unpack_h2(hi);
-    lo = pack_h2(x0 - f.x, x1 - f.y);
+    lo = f16x2_rn(x0 - f.x, x1 - f.y);
 }
 
 // ---- which positions a session sees ------------------------------------------------------------
@@ -287,6 +272,8 @@ attn_decode(const float* __restrict__ q,      // [B, H, D]
         u8* sV = sK + K_TILE_B;
         u8* sKs = sV + V_TILE_B;
         u8* sVs = sKs + KS_TILE_B;
+        // K and V rows by two loops of one shape, not a shared helper: folding them (or their
+        // position lookup) into a lambda made this loop's position arithmetic 64-bit.
         constexpr int KC = K_GBYTES / 16, VC = V_GBYTES / 16;
         for (int c = tid; c < ATT_TILE * KC; c += ATT_THREADS) {
             const int row = c / KC, col = c % KC, v = v0 + row;
@@ -393,8 +380,8 @@ attn_decode(const float* __restrict__ q,      // [B, H, D]
                 float d0 = 1.f, d1 = 1.f;
                 if (K_Q8) {
                     const int row = r0 + 8 * t + 2 * tig;
-                    d0 = h2f(sKs[row * NBLK + blk]);
-                    d1 = h2f(sKs[(row + 1) * NBLK + blk]);
+                    d0 = f16_bits(sKs[row * NBLK + blk]);
+                    d1 = f16_bits(sKs[(row + 1) * NBLK + blk]);
                 }
                 s[t][0] += acc[t][0] * d0;
                 s[t][1] += acc[t][1] * d1;
@@ -461,10 +448,10 @@ attn_decode(const float* __restrict__ q,      // [B, H, D]
 #pragma unroll
         for (int blk = 0; blk < NBLK; ++blk) {
             if (V_Q8) {
-                const float d0 = h2f(sVs[R0 * NBLK + blk]) * P_SCALE;
-                const float d1 = h2f(sVs[(R0 + 1) * NBLK + blk]) * P_SCALE;
-                const float d2 = h2f(sVs[(R0 + 8) * NBLK + blk]) * P_SCALE;
-                const float d3 = h2f(sVs[(R0 + 9) * NBLK + blk]) * P_SCALE;
+                const float d0 = f16_bits(sVs[R0 * NBLK + blk]) * P_SCALE;
+                const float d1 = f16_bits(sVs[(R0 + 1) * NBLK + blk]) * P_SCALE;
+                const float d2 = f16_bits(sVs[(R0 + 8) * NBLK + blk]) * P_SCALE;
+                const float d3 = f16_bits(sVs[(R0 + 9) * NBLK + blk]) * P_SCALE;
                 split2(s[0][0] * d0, s[0][1] * d1, ahi.x, alo.x);
                 split2(s[0][2] * d0, s[0][3] * d1, ahi.y, alo.y);
                 split2(s[1][0] * d2, s[1][1] * d3, ahi.z, alo.z);

@@ -18,23 +18,15 @@
 //   number c * 8 + sub (c < Di / 32), so 8 lanes read 128 contiguous bytes. The indexer queries
 //   live in shared memory. The block pool is read once per step (the bandwidth of this kernel).
 
-typedef unsigned char u8;
-typedef unsigned short u16;
+#include "math.cuh"
+#include "scalar.cuh"
 
-#define FULL 0xffffffffu
-#define NEG_INF __int_as_float(0xff800000)
 #define QS_WARPS 8
 #define QS_THREADS (32 * QS_WARPS)
 #define QS_KEYS_PER_WARP 32
 #define QS_KEYS (QS_WARPS * QS_KEYS_PER_WARP)  // block keys per CTA (attention.py: QS_KEYS)
 #define QS_MAX_HI 8                            // indexer heads at most
 #define QS_MAX_DI 256                          // indexer head dim at most (multiple of 32)
-
-__device__ __forceinline__ u16 f2h_rn(float f) {
-    u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
 
 // kind: 0 = f32 pool, 1 = f16 pool, 2 = q8_0 pool.
 extern "C" __global__ void kv_write(const float* __restrict__ x,  // [N, n_kv, D]
@@ -49,19 +41,15 @@ extern "C" __global__ void kv_write(const float* __restrict__ x,  // [N, n_kv, D
     if (kind == 0) {
         reinterpret_cast<float*>(values)[row * D + d] = v;
     } else if (kind == 1) {
-        reinterpret_cast<u16*>(values)[row * D + d] = f2h_rn(v);
+        reinterpret_cast<u16*>(values)[row * D + d] = f16_rn(v);
     } else {
-        float amax = fabsf(v);
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1)
-            amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, off));
-        const float dq = __fdiv_rn(amax, 127.f);
+        const float dq = __fdiv_rn(warp_max(fabsf(v)), 127.f);
         const float inv = dq > 0.f ? __fdiv_rn(1.f, dq) : 0.f;
         const float s = __fmul_rn(v, inv);
         const float r = floorf(__fadd_rn(fabsf(s), 0.5f));
         const float qv = s > 0.f ? r : (s < 0.f ? -r : 0.f);
         reinterpret_cast<signed char*>(values)[row * D + d] = (signed char)(int)qv;
-        if ((d & 31) == 0) scales[row * (D / 32) + d / 32] = f2h_rn(dq);
+        if ((d & 31) == 0) scales[row * (D / 32) + d / 32] = f16_rn(dq);
     }
 }
 

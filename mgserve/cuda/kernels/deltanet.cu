@@ -36,6 +36,8 @@
 #ifndef DELTA_SPLIT
 #define DELTA_SPLIT 4  // warps per CTA, each owning HEAD_DIM / DELTA_SPLIT rows of the state
 #endif
+#include "math.cuh"
+
 #define DELTA_COLS 32
 #define DELTA_ROWS ((HEAD_DIM + DELTA_SPLIT - 1) / DELTA_SPLIT)
 
@@ -66,13 +68,7 @@ extern "C" __global__ void __launch_bounds__(128)
     for (int j = 0; j < CONV_K; ++j) acc = __fadd_rn(acc, __fmul_rn(wc[j], xp[j]));
 #pragma unroll
     for (int j = 0; j < CONV_K - 1; ++j) st[(long long)j * C] = xp[j + 1];
-    out[(long long)b * C + c] = acc / (1.0f + expf(-acc));
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
+    out[(long long)b * C + c] = silu(acc);
 }
 
 extern "C" __global__ void __launch_bounds__(DELTA_COLS * DELTA_SPLIT)

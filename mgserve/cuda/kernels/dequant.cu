@@ -10,26 +10,12 @@
 //       dst row = g * out_group_rows + r (so two launches can fill the two halves of a group).
 //
 // Thread mapping: one thread per 8-value run (every format splits evenly into 8-value runs that
-// share one scale, see the layouts below); threadIdx.x + blockIdx.x * blockDim.x indexes the
-// runs of the [n_rows, k / 8] tile row-major, blockIdx.y is the group. Consecutive threads take
-// consecutive runs of a row, so a warp reads 256 contiguous values' blocks (through L1) and
-// writes 32 x 16 contiguous bytes (f16) or 32 x 32 bytes (fp32): both fully coalesced.
+// share one scale); threadIdx.x + blockIdx.x * blockDim.x indexes the runs of the [n_rows, k / 8]
+// tile row-major, blockIdx.y is the group. Consecutive threads take consecutive runs of a row, so
+// a warp reads 256 contiguous values' blocks (through L1) and writes 32 x 16 contiguous bytes
+// (f16) or 32 x 32 bytes (fp32): both fully coalesced.
 //
-// Block layouts (bytes; ggml's, as gguf-py decodes them; the decoders are matvec.cu's):
-//
-//   Q4_0  18 / 32:  f16 d | 16 nibbles (low: values 0..15, high: 16..31), v = d * (q - 8)
-//   Q4_1  20 / 32:  f16 d, f16 m | 16 nibbles, v = d * q + m
-//   Q5_0  22 / 32:  f16 d | u32 qh (5th bits) | 16 nibbles, v = d * (q - 16)
-//   Q5_1  24 / 32:  f16 d, f16 m | u32 qh | 16 nibbles, v = d * q + m
-//   Q8_0  34 / 32:  f16 d | 32 x i8, v = d * q
-//   IQ4_NL 18 / 32: f16 d | 16 nibbles, v = d * kvalue_iq4(q)
-//   Q4_K 144 / 256: f16 d, f16 dmin | 12 bytes of 6-bit scales/mins | 128 nibbles
-//   Q5_K 176 / 256: f16 d, f16 dmin | 12 scales | 32 qh | 128 nibbles
-//   Q6_K 210 / 256: 128 ql | 64 qh | 16 x i8 scales | f16 d
-//   IQ4_XS 136 / 256: f16 d | u16 scales_h | 4 scales_l | 128 nibbles
-//   F32, F16, BF16: plain elements (k must be a multiple of 8)
-//   Q2_K, Q3_K, MXFP4: gguf_blocks_lowbit.cuh; IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S,
-//   IQ1_S, IQ1_M: gguf_blocks_iq.cuh (lookup grids generated from gguf-py: gguf_grids.cuh)
+// Block layouts and their decoders: gguf_blocks.cuh and the headers it names.
 
 #include "gguf_blocks.cuh"
 #include "gguf_blocks_lowbit.cuh"
@@ -37,12 +23,6 @@
 // ---- the kernel --------------------------------------------------------------------------------
 
 #define DEQUANT_THREADS 256
-
-__device__ __forceinline__ u32 f32_to_f16_bits(float f) {
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
 
 __device__ __forceinline__ void store8(float* out, const float* v) {
     float4* p = (float4*)out;
@@ -53,10 +33,10 @@ __device__ __forceinline__ void store8(float* out, const float* v) {
 // 8 f16 values as one 16-byte store (out is 16-byte aligned: k is a multiple of 8)
 __device__ __forceinline__ void store8(unsigned short* out, const float* v) {
     uint4 packed;
-    packed.x = f32_to_f16_bits(v[0]) | (f32_to_f16_bits(v[1]) << 16);
-    packed.y = f32_to_f16_bits(v[2]) | (f32_to_f16_bits(v[3]) << 16);
-    packed.z = f32_to_f16_bits(v[4]) | (f32_to_f16_bits(v[5]) << 16);
-    packed.w = f32_to_f16_bits(v[6]) | (f32_to_f16_bits(v[7]) << 16);
+    packed.x = (u32)f16_rn(v[0]) | ((u32)f16_rn(v[1]) << 16);
+    packed.y = (u32)f16_rn(v[2]) | ((u32)f16_rn(v[3]) << 16);
+    packed.z = (u32)f16_rn(v[4]) | ((u32)f16_rn(v[5]) << 16);
+    packed.w = (u32)f16_rn(v[6]) | ((u32)f16_rn(v[7]) << 16);
     *(uint4*)out = packed;
 }
 

@@ -1,47 +1,31 @@
 // GGUF block layouts and their decoders, shared by the quantized-weight kernels (matvec.cu,
-// dequant.cu, moe.cu). The compiler (compiler.py) inlines `#include "name.cuh"` lines from this
-// folder before NVRTC sees the source, so the cubin cache key covers this file too.
+// dequant.cu, moe.cu): the formats below, then the 2- and 3-bit ones (gguf_blocks_lowbit.cuh)
+// and the i-quants with lookup grids (gguf_blocks_iq.cuh). Layouts (bytes; ggml's, as gguf-py
+// decodes them):
+//
+//   Q4_0  18 / 32:  f16 d | 16 nibbles (low: values 0..15, high: 16..31), v = d * (q - 8)
+//   Q4_1  20 / 32:  f16 d, f16 m | 16 nibbles, v = d * q + m
+//   Q5_0  22 / 32:  f16 d | u32 qh (5th bits) | 16 nibbles, v = d * (q - 16)
+//   Q5_1  24 / 32:  f16 d, f16 m | u32 qh | 16 nibbles, v = d * q + m
+//   Q8_0  34 / 32:  f16 d | 32 x i8, v = d * q
+//   IQ4_NL 18 / 32: f16 d | 16 nibbles, v = d * kvalue_iq4(q)
+//   Q4_K 144 / 256: f16 d, f16 dmin | 12 bytes of 6-bit scales/mins | 128 nibbles
+//   Q5_K 176 / 256: f16 d, f16 dmin | 12 scales | 32 qh | 128 nibbles
+//   Q6_K 210 / 256: 128 ql | 64 qh | 16 x i8 scales | f16 d
+//   IQ4_XS 136 / 256: f16 d | u16 scales_h | 4 scales_l | 128 nibbles
+//   F32, F16, BF16: plain elements (k must be a multiple of 8)
+//   Q2_K, Q3_K, MXFP4: gguf_blocks_lowbit.cuh; IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S,
+//   IQ1_S, IQ1_M: gguf_blocks_iq.cuh (lookup grids generated from gguf-py: gguf_grids.cuh)
 #pragma once
 
-typedef unsigned char u8;
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef signed char i8;
-
-__device__ __forceinline__ float f16_bits(u16 h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-
-// Every block size and every field offset below is even, and tensors start 16-byte aligned, so
-// 2-byte loads are always aligned (most rows are not 4-byte aligned: 34, 22, 210-byte blocks).
-__device__ __forceinline__ u32 ld_u16(const u8* p) { return *(const u16*)p; }
-__device__ __forceinline__ float ld_f16(const u8* p) { return f16_bits((u16)ld_u16(p)); }
-__device__ __forceinline__ u32 ld_u32(const u8* p) { return ld_u16(p) | (ld_u16(p + 2) << 16); }
-
-// The 8 bytes at p (2-byte aligned), one per word.
-__device__ __forceinline__ void ld_bytes8(const u8* p, u32* v) {
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const u32 h = ld_u16(p + 2 * i);
-        v[2 * i] = h & 0xFF;
-        v[2 * i + 1] = h >> 8;
-    }
-}
-
-// Exactly (float)v - bias for 0 <= v < 2^23: v becomes the mantissa of 2^23 + v, then one FADD.
-// Replaces the quarter-rate integer-to-float conversion, which bounded the quantized kernels.
-__device__ __forceinline__ float u2f(u32 v, float bias) {
-    return __int_as_float(0x4B000000u | v) - (8388608.f + bias);
-}
+#include "gguf_loads.cuh"
 
 // IQ4_NL's 16 levels {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
 // as int8 packed in two words: a register lookup. A __constant__ table serialises a warp whose
 // lanes read different entries (up to 16-way), which made IQ4_XS 6x slower than Q4_K.
 __device__ __forceinline__ float kvalue_iq4(u32 q) {
     const unsigned long long t = q < 8 ? 0xf6eaddcfbfad9881ull : 0x7159453526190d01ull;
-    return u2f((u32)((t >> (8 * (q & 7))) & 0xFF) ^ 0x80u, 128.f);  // int8 via its offset-128 form
+    return s8_to_f((u32)((t >> (8 * (q & 7))) & 0xFF));
 }
 
 // Each format: BLOCK values per block, BYTES bytes per block, and load(blk, j, w) that writes the
@@ -110,11 +94,11 @@ struct Q8_0 {
         u32 q[8];
         ld_bytes8(b + 2 + j * 8, q);
 #pragma unroll
-        // int8 = (byte ^ 0x80) - 128
-        for (int i = 0; i < 8; i++) w[i] = d * u2f(q[i] ^ 0x80u, 128.f);
+        for (int i = 0; i < 8; i++) w[i] = d * s8_to_f(q[i]);
     }
 };
 
+// Q4_0's layout and decoder, with IQ4_NL's 16 levels in place of q - 8.
 struct IQ4_NL {
     static constexpr int BLOCK = 32, BYTES = 18;
     __device__ static void load(const u8* b, int j, float* w) {
@@ -224,12 +208,7 @@ struct F16 {
     static constexpr int BLOCK = 8, BYTES = 16;
     __device__ static void load(const u8* b, int, float* w) {
         const uint4 a = *(const uint4*)b;
-        const u32 v[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            w[2 * i] = f16_bits((u16)(v[i] & 0xFFFF));
-            w[2 * i + 1] = f16_bits((u16)(v[i] >> 16));
-        }
+        f16x8_to_f32(a, w);
     }
 };
 
@@ -237,12 +216,7 @@ struct BF16 {
     static constexpr int BLOCK = 8, BYTES = 16;
     __device__ static void load(const u8* b, int, float* w) {
         const uint4 a = *(const uint4*)b;
-        const u32 v[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            w[2 * i] = __int_as_float((int)(v[i] << 16));
-            w[2 * i + 1] = __int_as_float((int)(v[i] & 0xFFFF0000u));
-        }
+        bf16x8_to_f32(a, w);
     }
 };
 

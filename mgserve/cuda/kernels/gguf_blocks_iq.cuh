@@ -1,8 +1,8 @@
 // The i-quants with lookup grids (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M), decoded
 // like gguf_blocks.cuh's formats (load(blk, j, w): the 8 values j*8 .. j*8+7 of the block at blk).
-// Needs gguf_blocks.cuh first. The grids are gguf-py's (gguf_grids.cuh, generated): one entry
-// gives the magnitudes of 8 (IQ2, IQ1) or 4 (IQ3) values. Layouts (bytes; ggml's, as gguf-py
-// decodes them), per 256-value block, "group" = 8 values = one run j:
+// The grids are gguf-py's (gguf_grids.cuh, generated): one entry gives the magnitudes of 8 (IQ2,
+// IQ1) or 4 (IQ3) values. Layouts (bytes; ggml's, as gguf-py decodes them), per 256-value block,
+// "group" = 8 values = one run j:
 //
 //   IQ2_XXS  66: f16 d | 8 x (4 grid bytes, u32 aux) per 32 values. aux: 4 x 7-bit sign indices
 //                (bits 7g..7g+6 for group g), scale ls in bits 28..31. v = d (0.5 + ls) / 4 *
@@ -28,6 +28,7 @@
 // Sign indices: ksigns[i] = i with bit 7 the parity of i (8 signs with an even count of minus),
 // computed here with __popc instead of read from a table.
 #pragma once
+#include "gguf_blocks.cuh"
 #include "gguf_grids.cuh"
 
 // The 8 sign bits of a 7-bit ksigns index.
@@ -104,8 +105,7 @@ __device__ __forceinline__ void iq1_levels8(u32 idx, float delta, float scale, f
     const unsigned long long g = iq1s_grid[idx];
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        const u32 level = ((u32)(g >> (8 * i)) & 0xFF) ^ 0x80u;  // int8 via its offset form
-        w[i] = scale * (u2f(level, 128.f) + delta);
+        w[i] = scale * (s8_to_f((u32)(g >> (8 * i)) & 0xFF) + delta);
     }
 }
 

@@ -1,6 +1,6 @@
 // The 2- and 3-bit k-quants and MXFP4, decoded like gguf_blocks.cuh's formats (same load(blk, j,
-// w) contract: the 8 values j*8 .. j*8+7 of the block at blk). Needs gguf_blocks.cuh (included
-// first by every kernel that includes this). Layouts (bytes; ggml's, as gguf-py decodes them):
+// w) contract: the 8 values j*8 .. j*8+7 of the block at blk). Layouts (bytes; ggml's, as gguf-py
+// decodes them):
 //
 //   Q2_K  84 / 256: 16 scale bytes (low nibble sc, high nibble m; one per 16 values) |
 //                   64 bytes of 2-bit q | f16 d | f16 dmin.  v = d sc q - dmin m.
@@ -13,6 +13,7 @@
 //                   v = 2^(e - 128) kvalues[q], kvalues the e2m1 levels doubled (gguf_grids.cuh).
 //                   17-byte blocks start at any address: every field is read bytewise.
 #pragma once
+#include "gguf_blocks.cuh"
 #include "gguf_grids.cuh"
 
 // The 8 bytes at p (any alignment), one per word.
@@ -57,7 +58,7 @@ struct Q3_K {
 // MXFP4 level q (0..15) as a float, through the packed int8 table (a register lookup)
 __device__ __forceinline__ float kvalue_mxfp4(u32 q) {
     const unsigned long long t = q < 8 ? MXFP4_KVALUES_LO : MXFP4_KVALUES_HI;
-    return u2f((u32)((t >> (8 * (q & 7))) & 0xFF) ^ 0x80u, 128.f);
+    return s8_to_f((u32)((t >> (8 * (q & 7))) & 0xFF));
 }
 
 // ggml's E8M0 "half" scale: 2^(e - 128) as float bits (e < 2: the subnormals 2^-127, 2^-126... )

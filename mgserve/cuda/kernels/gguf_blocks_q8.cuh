@@ -1,7 +1,9 @@
 // GGUF block formats as the int8-activation (dp4a) kernels read them, shared by matvec_q8.cu and
-// moe_q8.cu (inlined by compiler.py, see gguf_blocks.cuh). Needs the u8/u16/u32/i8 typedefs and
-// the ld_* helpers of the including file.
+// moe_q8.cu. Block layouts: gguf_blocks.cuh.
 #pragma once
+#include "gguf_loads.cuh"
+
+__device__ __forceinline__ int dot4(u32 a, u32 b, int acc) { return __dp4a((int)a, (int)b, acc); }
 
 // ---- formats -----------------------------------------------------------------------------------
 // Each format: BLOCK values and BYTES bytes per block, CHUNKS work items per block; a Frag holds
@@ -17,7 +19,7 @@ struct Q8_0 {
         Frag f;
         const u8* p = b + 2 + 16 * j;
 #pragma unroll
-        for (int i = 0; i < 4; i++) f.q[i] = ld_u32_a2(p + 4 * i);
+        for (int i = 0; i < 4; i++) f.q[i] = ld_u32(p + 4 * i);
         f.d = f16_bits((u16)ld_u16(b));
         return f;
     }
@@ -39,9 +41,9 @@ struct Q5_0 {
     struct Frag { u32 q[2]; u32 qh; float d; };
     __device__ static Frag load(const u8* b, int j) {
         Frag f;
-        f.q[0] = ld_u32_a2(b + 6 + 8 * j);
-        f.q[1] = ld_u32_a2(b + 10 + 8 * j);
-        f.qh = ld_u32_a2(b + 2);
+        f.q[0] = ld_u32(b + 6 + 8 * j);
+        f.q[1] = ld_u32(b + 10 + 8 * j);
+        f.qh = ld_u32(b + 2);
         f.d = f16_bits((u16)ld_u16(b));
         return f;
     }
@@ -127,12 +129,12 @@ struct Q6_K {
         Frag f;
         const int h = j >> 2, l0 = 8 * (j & 3);
         const u8* ql = b + 64 * h + l0;
-        f.ql[0] = ld_u32_a2(ql);
-        f.ql[1] = ld_u32_a2(ql + 4);
-        f.ql[2] = ld_u32_a2(ql + 32);
-        f.ql[3] = ld_u32_a2(ql + 36);
-        f.qh[0] = ld_u32_a2(b + 128 + 32 * h + l0);
-        f.qh[1] = ld_u32_a2(b + 132 + 32 * h + l0);
+        f.ql[0] = ld_u32(ql);
+        f.ql[1] = ld_u32(ql + 4);
+        f.ql[2] = ld_u32(ql + 32);
+        f.ql[3] = ld_u32(ql + 36);
+        f.qh[0] = ld_u32(b + 128 + 32 * h + l0);
+        f.qh[1] = ld_u32(b + 132 + 32 * h + l0);
         // scales 8h + (l0 / 16) + {0, 2, 4, 6}: the bytes at 192 + 8h + l0/16 + 2q
         const u8* scp = b + 192 + 8 * h + (l0 >> 4);
         f.sc = scp[0] | (scp[2] << 8) | (scp[4] << 16) | ((u32)scp[6] << 24);

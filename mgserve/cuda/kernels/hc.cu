@@ -45,9 +45,8 @@
 // hc_combine: y[t, s, c] = x[t, s, c] + inj[t, s] * out[t, c] (float4; explicitly rounded mul
 //   then add, exactly as torch's two elementwise ops), one thread per float4.
 
-typedef unsigned char u8;
-typedef unsigned short u16;
-typedef unsigned int u32;
+#include "math.cuh"
+#include "scalar.cuh"
 
 // Tuning (mgserve/cuda/hc.py HCTuning sets them through -D; defaults match its defaults). The
 // per-token-group knobs pack one hex digit per group size: 0xABCD = A for 1 token, B for 2, C for
@@ -86,22 +85,11 @@ struct Tune {
                   "every tuning digit must be 1..15");
 };
 
-// ---- weight formats (as kernels/matvec.cu reads them) ------------------------------------------
-
-__device__ __forceinline__ float f16_bits(u16 h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
+// ---- weight formats (layouts: gguf_blocks.cuh) --------------------------------------------------
 
 // Weights are read through the read-only path (__ldg: the row pointers come from shared memory,
 // so the compiler cannot tell they are global). Q8_0 blocks are 34 bytes: 2-byte loads.
-__device__ __forceinline__ u32 ld_u16(const u8* p) { return __ldg((const unsigned short*)p); }
-
-// Exactly (float)v - bias for 0 <= v < 2^23.
-__device__ __forceinline__ float u2f(u32 v, float bias) {
-    return __int_as_float(0x4B000000u | v) - (8388608.f + bias);
-}
+__device__ __forceinline__ u32 ldg_u16(const u8* p) { return __ldg((const unsigned short*)p); }
 
 // Each format: BLOCK values per block, BYTES bytes per block; fetch(blk, j) loads the raw bits of
 // the 8 values j*8 .. j*8+7 of the block starting at blk, decode(raw, w) turns them into floats.
@@ -115,16 +103,15 @@ struct Q8_0 {
     __device__ static Raw fetch(const u8* b, int j) {
         const u8* q = b + 2 + j * 8;
         Raw r;
-        r.d = ld_u16(b);
-        r.q[0] = ld_u16(q) | (ld_u16(q + 2) << 16);
-        r.q[1] = ld_u16(q + 4) | (ld_u16(q + 6) << 16);
+        r.d = ldg_u16(b);
+        r.q[0] = ldg_u16(q) | (ldg_u16(q + 2) << 16);
+        r.q[1] = ldg_u16(q + 4) | (ldg_u16(q + 6) << 16);
         return r;
     }
     __device__ static void decode(const Raw& r, float* w) {
         const float d = f16_bits((u16)r.d);
 #pragma unroll
-        for (int i = 0; i < 8; i++)  // int8 = (byte ^ 0x80) - 128
-            w[i] = d * u2f(((r.q[i >> 2] >> (8 * (i & 3))) & 0xFF) ^ 0x80u, 128.f);
+        for (int i = 0; i < 8; i++) w[i] = d * s8_to_f((r.q[i >> 2] >> (8 * (i & 3))) & 0xFF);
     }
 };
 
@@ -146,28 +133,14 @@ struct F16 {
     static constexpr int BLOCK = 8, BYTES = 16;
     typedef uint4 Raw;
     __device__ static Raw fetch(const u8* b, int) { return __ldg((const uint4*)b); }
-    __device__ static void decode(const Raw& a, float* w) {
-        const u32 v[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            w[2 * i] = f16_bits((u16)(v[i] & 0xFFFF));
-            w[2 * i + 1] = f16_bits((u16)(v[i] >> 16));
-        }
-    }
+    __device__ static void decode(const Raw& a, float* w) { f16x8_to_f32(a, w); }
 };
 
 struct BF16 {
     static constexpr int BLOCK = 8, BYTES = 16;
     typedef uint4 Raw;
     __device__ static Raw fetch(const u8* b, int) { return __ldg((const uint4*)b); }
-    __device__ static void decode(const Raw& a, float* w) {
-        const u32 v[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            w[2 * i] = __int_as_float((int)(v[i] << 16));
-            w[2 * i + 1] = __int_as_float((int)(v[i] & 0xFFFF0000u));
-        }
-    }
+    __device__ static void decode(const Raw& a, float* w) { bf16x8_to_f32(a, w); }
 };
 
 // The raw bits of run `run` (8 values) of a row starting at `row`.
@@ -175,6 +148,43 @@ template <typename T>
 __device__ __forceinline__ typename T::Raw fetch_run(const u8* row, size_t run) {
     constexpr int RUNS = T::BLOCK / 8;
     return T::fetch(row + run / RUNS * T::BYTES, (int)(run % RUNS));
+}
+
+// acc[i][t] += sum over this lane's runs r = start, start + STEP, ... < runs of
+// (run first + r of row wrow[i]) . (token t's 8 staged values of run r), for tokens t < nt;
+// xs: [NT][2][runs] float4 in the run-half layout. The runs go in order, U at a time: the loads of
+// U runs of every row are issued before any is used.
+template <typename T, int NT, int ROWS, int U, int STEP>
+__device__ __forceinline__ void dot_runs(const u8* const (&wrow)[ROWS], size_t first, int start,
+                                         int runs, const float4* xs, int nt,
+                                         float (&acc)[ROWS][NT]) {
+    for (int r0 = start; r0 < runs; r0 += STEP * U) {
+        typename T::Raw raw[U][ROWS];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int r = min(r0 + STEP * u, runs - 1);  // past the end: a valid run, unused
+#pragma unroll
+            for (int i = 0; i < ROWS; i++) raw[u][i] = fetch_run<T>(wrow[i], first + r);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int r = r0 + STEP * u;
+            if (r < runs) {
+                float w[ROWS][8];
+#pragma unroll
+                for (int i = 0; i < ROWS; i++) T::decode(raw[u][i], w[i]);
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t < nt) {
+                        const float4 a = xs[(t * 2) * runs + r];
+                        const float4 b = xs[(t * 2 + 1) * runs + r];
+#pragma unroll
+                        for (int i = 0; i < ROWS; i++) acc[i][t] += dot8(w[i], a, b);
+                    }
+                }
+            }
+        }
+    }
 }
 
 // Row `row` of [wa (rows_a rows) | wb]: both have rows of row_bytes bytes.
@@ -198,15 +208,6 @@ __device__ __forceinline__ void prefetch_rows(const u8* wa, int rows_a, const u8
     }
 #endif
 }
-
-__device__ __forceinline__ float dot8(const float* w, float4 a, float4 b) {
-    return w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y +
-           w[6] * b.z + w[7] * b.w;
-}
-
-// silu(z) = z / (1 + exp(-z)), sigmoid(z) = 1 / (1 + exp(-z)) as ATen writes them.
-__device__ __forceinline__ float silu(float z) { return z / (1.0f + expf(-z)); }
-__device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
 
 // x + a * o rounded as two separate ops (no FMA contraction): torch's x + inject * out.
 __device__ __forceinline__ float4 combine4(float4 x, float a, float4 o) {
@@ -255,13 +256,7 @@ __device__ void hc_down(const float* __restrict__ x, const float* __restrict__ g
 #pragma unroll
     for (int rr = 0; rr < R; rr++)
         wrow[rr] = row_ptr(wa, rows_a, wb, row_bytes, min(row0 + rr, n_rows - 1));
-    float acc[R][NT], ss[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        ss[t] = 0.f;
-#pragma unroll
-        for (int rr = 0; rr < R; rr++) acc[rr][t] = 0.f;
-    }
+    float acc[R][NT] = {}, ss[NT] = {};
 
     const int runs = part / 8;  // runs per part
     for (int p0 = 0; p0 < d; p0 += part) {
@@ -292,41 +287,13 @@ __device__ void hc_down(const float* __restrict__ x, const float* __restrict__ g
         }
         __syncthreads();
         if (row0 >= n_rows) continue;  // warp-uniform: an idle warp still meets the barriers
-        // Lane runs lane, lane + 32, ... in order, U at a time: all U loads, then their sums.
-        for (int r0 = lane; r0 < runs; r0 += 32 * U) {
-            typename T::Raw raw[U][R];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int r = min(r0 + 32 * u, runs - 1);  // past the end: a valid run, unused
-#pragma unroll
-                for (int rr = 0; rr < R; rr++) raw[u][rr] = fetch_run<T>(wrow[rr], first / 8 + r);
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int r = r0 + 32 * u;
-                if (r < runs) {
-                    float w[R][8];
-#pragma unroll
-                    for (int rr = 0; rr < R; rr++) T::decode(raw[u][rr], w[rr]);
-#pragma unroll
-                    for (int t = 0; t < NT; t++) {
-                        if (t < nt) {
-                            const float4 a = xs4[(t * 2) * runs + r];
-                            const float4 b = xs4[(t * 2 + 1) * runs + r];
-#pragma unroll
-                            for (int rr = 0; rr < R; rr++) acc[rr][t] += dot8(w[rr], a, b);
-                        }
-                    }
-                }
-            }
-        }
+        dot_runs<T, NT, R, U, 32>(wrow, first / 8, lane, runs, xs4, nt, acc);  // lane, lane + 32..
     }
 
     if (aux0) {  // the stream's sums of squares: lanes, then warps in order
 #pragma unroll
         for (int t = 0; t < NT; t++) {
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) ss[t] += __shfl_xor_sync(0xffffffffu, ss[t], o);
+            ss[t] = warp_sum(ss[t]);
             if (lane == 0) red[warp][t] = ss[t];
         }
         __syncthreads();
@@ -338,13 +305,11 @@ __device__ void hc_down(const float* __restrict__ x, const float* __restrict__ g
     }
 
     if (row0 >= n_rows) return;
+    // matvec.cu's epilogue (the warp's rows and tokens, lane 0 writes), into P's layout
 #pragma unroll
     for (int rr = 0; rr < R; rr++)
 #pragma unroll
-        for (int t = 0; t < NT; t++)
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                acc[rr][t] += __shfl_xor_sync(0xffffffffu, acc[rr][t], o);
+        for (int t = 0; t < NT; t++) acc[rr][t] = warp_sum(acc[rr][t]);
     if (lane == 0) {
 #pragma unroll
         for (int rr = 0; rr < R; rr++)
@@ -415,9 +380,7 @@ __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
     __syncthreads();
     if (c0 >= d) return;  // warp-uniform; no barrier below
 
-    float total[C];
-#pragma unroll
-    for (int cc = 0; cc < C; cc++) total[cc] = 0.f;
+    float total[C] = {};
     for (int s0 = 0; s0 < hc; s0 += 4) {
         const int s = s0 + g;
         const bool live = s < hc;  // group g's stream exists (hc not a multiple of 4)
@@ -433,39 +396,8 @@ __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
                 xn[cc] = x[((size_t)(tok0 + j) * hc + s) * d + c] * inv(j, s) *
                          gamma[(size_t)s * d + c];
         }
-        float acc[C][NT];
-#pragma unroll
-        for (int cc = 0; cc < C; cc++)
-#pragma unroll
-            for (int t = 0; t < NT; t++) acc[cc][t] = 0.f;
-        // Lane j of the group: runs j, j + 8, ... in order, U at a time.
-        for (int run0 = j; run0 < runs; run0 += 8 * U) {
-            typename T::Raw raw[U][C];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int run = min(run0 + 8 * u, runs - 1);  // past the end: valid, unused
-#pragma unroll
-                for (int cc = 0; cc < C; cc++) raw[u][cc] = fetch_run<T>(wrow[cc], run);
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int run = run0 + 8 * u;
-                if (run < runs) {
-                    float w[C][8];
-#pragma unroll
-                    for (int cc = 0; cc < C; cc++) T::decode(raw[u][cc], w[cc]);
-#pragma unroll
-                    for (int t = 0; t < NT; t++) {
-                        if (t < nt) {
-                            const float4 a = low4[(t * 2) * runs + run];
-                            const float4 b = low4[(t * 2 + 1) * runs + run];
-#pragma unroll
-                            for (int cc = 0; cc < C; cc++) acc[cc][t] += dot8(w[cc], a, b);
-                        }
-                    }
-                }
-            }
-        }
+        float acc[C][NT] = {};
+        dot_runs<T, NT, C, U, 8>(wrow, 0, j, runs, low4, nt, acc);  // lane j: runs j, j + 8, ...
 #pragma unroll
         for (int cc = 0; cc < C; cc++) {
 #pragma unroll

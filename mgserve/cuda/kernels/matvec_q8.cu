@@ -15,10 +15,8 @@
 // sums meet through warp shuffles (and a small shared array when the group is the CTA).
 // The weights' exact value is kept: only the activations are rounded.
 
-typedef unsigned char u8;
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef signed char i8;
+#include "gguf_blocks_q8.cuh"
+#include "math.cuh"
 
 #define Q8_THREADS 128
 #ifndef Q8_ROWS_1
@@ -31,18 +29,6 @@ typedef signed char i8;
 #define Q8_ROWS_N 2  // rows per CTA for 2..8 tokens (1 and 4 each won some shapes, lost more)
 #endif
 
-__device__ __forceinline__ float f16_bits(u16 h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-
-// Blocks of 22, 34 and 210 bytes leave most fields only 2-byte aligned: read them as u16 pairs.
-__device__ __forceinline__ u32 ld_u16(const u8* p) { return *(const u16*)p; }
-__device__ __forceinline__ u32 ld_u32_a2(const u8* p) { return ld_u16(p) | (ld_u16(p + 2) << 16); }
-
-__device__ __forceinline__ int dot4(u32 a, u32 b, int acc) { return __dp4a((int)a, (int)b, acc); }
-
 // ---- activation quantization -------------------------------------------------------------------
 
 // One warp per 32 values of one token. x: fp32 [n_tok, k]; xq: int8 [n_tok, k]; xd: [n_tok, k/32].
@@ -52,17 +38,11 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restri
     if (g >= n_groups) return;
     const int lane = threadIdx.x & 31;
     const float v = x[(size_t)g * 32 + lane];
-    float amax = fabsf(v);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1)
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    const float d = amax / 127.f;
+    const float d = warp_max(fabsf(v)) / 127.f;
     const float q = d == 0.f ? 0.f : roundf(__fdiv_rn(v, d));
     xq[(size_t)g * 32 + lane] = (i8)(int)q;
     if (lane == 0) xd[g] = d;
 }
-
-#include "gguf_blocks_q8.cuh"
 
 // ---- the kernel --------------------------------------------------------------------------------
 
@@ -86,11 +66,7 @@ __device__ void matvec_q8(const u8* __restrict__ w, const i8* __restrict__ xq,
         const int row = min(row0 + rr, n_rows - 1);
         wrow[rr] = w + (size_t)row * row_bytes;
     }
-    float acc[R][NT];
-#pragma unroll
-    for (int rr = 0; rr < R; rr++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[rr][t] = 0.f;
+    float acc[R][NT] = {};
     const int n_chunks = (int)n_blocks * T::CHUNKS;
 #pragma unroll 2
     for (int c = tid; c < n_chunks; c += G) {
@@ -114,9 +90,7 @@ __device__ void matvec_q8(const u8* __restrict__ w, const i8* __restrict__ xq,
     for (int rr = 0; rr < R; rr++)
 #pragma unroll
         for (int t = 0; t < NT; t++) {
-            float v = acc[rr][t];
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+            const float v = warp_sum(acc[rr][t]);
             if (WARPS == 1) {  // the warp is the group: lane 0 holds the sum
                 if (lane == 0 && t < n_tok && row0 + rr < n_rows)
                     y[(size_t)t * n_rows + row0 + rr] = v;

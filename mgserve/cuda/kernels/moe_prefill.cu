@@ -18,24 +18,8 @@
 //                    out[t, c] = sum_j w[t, j] y[pair_row[t kk + j], c] in the order j = 0, 1, ..
 //                    (fixed: deterministic, no atomics).
 
-typedef unsigned short u16;
-typedef unsigned int u32;
-
-__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
-
-// f16 bits of f, rounded to nearest even (as torch's .to(torch.float16))
-__device__ __forceinline__ u16 f16_rn(float f) {
-    u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
-
-// two f16 values packed in a word, lo in the low half (the lower address)
-__device__ __forceinline__ u32 f16x2_rn(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
+#include "math.cuh"
+#include "scalar.cuh"
 
 extern "C" __global__ void __launch_bounds__(256)
     moe_pair_rows(const int* __restrict__ sorted_e, const long long* __restrict__ order,
@@ -71,7 +55,7 @@ extern "C" __global__ void __launch_bounds__(256)
     const float* g = gu + r * 2 * ff;
     u16* out = h + r * ff;
     for (int i = threadIdx.x; i < ff; i += blockDim.x) {
-        out[i] = f16_rn(silu_f(g[i]) * g[ff + i]);
+        out[i] = f16_rn(silu(g[i]) * g[ff + i]);
     }
 }
 

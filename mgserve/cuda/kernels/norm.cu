@@ -22,18 +22,13 @@
 //   The rotation uses explicitly rounded products (no FMA contraction) so it rounds exactly as
 //   the reference's x1 * cos - x2 * sin does.
 
+#include "math.cuh"
+
 #define MAX_ROW_WARPS 8  // 256 threads per row at most
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
+// The gate of mode 1 (silu) or 2 (sigmoid).
 __device__ __forceinline__ float gate_act(float z, int gate) {
-    // silu(z) = z / (1 + exp(-z)), sigmoid(z) = 1 / (1 + exp(-z)) as ATen writes them
-    float e = 1.0f + expf(-z);
-    return gate == 1 ? z / e : 1.0f / e;
+    return gate == 1 ? silu(z) : sigmoid(z);
 }
 
 template <bool VEC>

@@ -21,7 +21,8 @@
 //   The row is read from L2 (the scoring kernel wrote it just before), at most four times.
 // Scores must not be NaN. Rows are `stride` floats apart, stride % 4 == 0 and 16-byte aligned.
 
-#define FULL 0xffffffffu
+#include "math.cuh"
+
 #define SEL_THREADS 1024
 #define SEL_WARPS (SEL_THREADS / 32)
 #define SEL_VEC 8                           // keys per thread per tile
@@ -60,10 +61,22 @@ __device__ __forceinline__ void keys_of(const float4& a, const float4& b, unsign
     k[7] = order_key(b.w);
 }
 
-__device__ __forceinline__ unsigned warp_sum(unsigned v) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL, v, off);
-    return v;
+// body(i0, k) for each tile of the row's first n scores, in order: k holds the order keys of
+// scores i0 .. i0 + 7 (this thread's; those at or past n are not loaded). Every thread walks the
+// same tiles, so body may hold barriers.
+template <typename Body>
+__device__ __forceinline__ void for_each_tile(const float* __restrict__ row, int n, Body body) {
+    float4 a, b, na, nb;
+    load_tile(row, threadIdx.x * SEL_VEC, n, a, b);
+    for (int base = 0; base < n; base += SEL_TILE) {
+        const int i0 = base + threadIdx.x * SEL_VEC;
+        load_tile(row, i0 + SEL_TILE, n, na, nb);
+        unsigned k[SEL_VEC];
+        keys_of(a, b, k);
+        a = na;
+        b = nb;
+        body(i0, k);
+    }
 }
 
 // Exclusive prefix sum of v over the CTA in thread order; `total` gets the CTA's sum. Callers
@@ -122,15 +135,7 @@ qsa_select(const float* __restrict__ scores,  // [N, stride] block scores
         for (int i = tid; i < SEL_BINS; i += SEL_THREADS) s_hist[i] = 0u;
         __syncthreads();
         unsigned cz = 0u, c0 = 0u;
-        float4 a, b, na, nb;
-        load_tile(row, tid * SEL_VEC, complete, a, b);
-        for (int base = 0; base < complete; base += SEL_TILE) {
-            const int i0 = base + tid * SEL_VEC;
-            load_tile(row, i0 + SEL_TILE, complete, na, nb);
-            unsigned k[SEL_VEC];
-            keys_of(a, b, k);
-            a = na;
-            b = nb;
+        for_each_tile(row, complete, [&](int i0, const unsigned (&k)[SEL_VEC]) {
 #pragma unroll
             for (int e = 0; e < SEL_VEC; ++e) {
                 if (i0 + e >= complete) break;
@@ -142,7 +147,7 @@ qsa_select(const float* __restrict__ scores,  // [N, stride] block scores
                     atomicAdd(&s_hist[(k[e] >> nshift) & dmask], 1u);
                 }
             }
-        }
+        });
         cz = warp_sum(cz);
         c0 = warp_sum(c0);
         if (lane == 0) {
@@ -179,15 +184,7 @@ qsa_select(const float* __restrict__ scores,  // [N, stride] block scores
 
     // Compaction in block order.
     unsigned above_run = 0u, equal_run = 0u;  // keys above / equal to the threshold before the tile
-    float4 a, b, na, nb;
-    load_tile(row, tid * SEL_VEC, complete, a, b);
-    for (int base = 0; base < complete; base += SEL_TILE) {
-        const int i0 = base + tid * SEL_VEC;
-        load_tile(row, i0 + SEL_TILE, complete, na, nb);
-        unsigned k[SEL_VEC];
-        keys_of(a, b, k);
-        a = na;
-        b = nb;
+    for_each_tile(row, complete, [&](int i0, const unsigned (&k)[SEL_VEC]) {
         unsigned is_above = 0u, is_equal = 0u;  // bit e: key i0 + e
 #pragma unroll
         for (int e = 0; e < SEL_VEC; ++e) {
@@ -214,5 +211,5 @@ qsa_select(const float* __restrict__ scores,  // [N, stride] block scores
         }
         above_run += total & 0xFFFFu;
         equal_run += total >> 16;
-    }
+    });
 }

@@ -12,10 +12,10 @@
 //   - weights: the chosen probabilities, divided by max(sum, min_sum) when `norm` (the sum in rank
 //     order, like llama.cpp's clamp at the smallest normal f16); lanes r < k write.
 
-#define FULL 0xffffffffu
+#include "math.cuh"
+
 #define ROUTE_WARPS 4
 #define ROUTE_PER_LANE 16  // logits per lane at most: E <= 512
-#define NEG_INF __int_as_float(0xff800000)
 
 extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32)
 moe_route(const float* __restrict__ logits,  // [N, E]
@@ -35,8 +35,7 @@ moe_route(const float* __restrict__ logits,  // [N, E]
         p[j] = e < n_exp ? x[e] : NEG_INF;
         mx = fmaxf(mx, p[j]);
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, off));
+    mx = warp_max(mx);
     float sum = 0.f;
     unsigned absent = 0u;  // bit j: expert lane + 32 j does not exist
 #pragma unroll
@@ -48,8 +47,7 @@ moe_route(const float* __restrict__ logits,  // [N, E]
             absent |= 1u << j;
         }
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(FULL, sum, off);
+    sum = warp_sum(sum);
 #pragma unroll
     for (int j = 0; j < ROUTE_PER_LANE; ++j) p[j] = p[j] / sum;
 
