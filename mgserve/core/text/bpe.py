@@ -1,9 +1,9 @@
 """BPE encoding (``tokenizer.ggml.model`` "gpt2", and "gemma4"), identical to llama.cpp's
-``llm_tokenizer_bpe_session``: the pre-tokenizer named by ``tokenizer.ggml.pre``
-(pretok.py) splits the text into words, each word's UTF-8 bytes are mapped to GPT-2's
-printable characters (not for gemma4-style vocabs, whose words stay raw UTF-8), and within a
-word the pair with the lowest merge rank (the line of ``tokenizer.ggml.merges``) is merged until
-no pair has a rank (merge.py).
+``llm_tokenizer_bpe_session``: the pre-tokenizer named by ``tokenizer.ggml.pre`` (pretok_types.py,
+pretok.py) splits the text into words, each word's UTF-8 bytes are mapped to GPT-2's printable
+characters (not for gemma4-style vocabs, whose words stay raw UTF-8), and within a word the pair
+with the lowest merge rank (the line of ``tokenizer.ggml.merges``) is merged until no pair has a
+rank (merge.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from mgserve.core.text.merge import ABSORBED, encode_words, merge
-from mgserve.core.text.pretok import PreTokenizer, PreType
+from mgserve.core.text.pretok import PreTokenizer
+from mgserve.core.text.pretok_types import REGEXES, PreType
 
 
 def _bytes_to_unicode() -> list[str]:
@@ -51,8 +52,6 @@ class BpeEncoder:
         token_to_id: Mapping[str, int],
         merges: Sequence[str],
     ) -> None:
-        from mgserve.core.text.pretok import REGEXES
-
         self.pretok = PreTokenizer(REGEXES[pre.regexes])
         self.ignore_merges = pre.ignore_merges
         self.byte_encode = pre.byte_encode
