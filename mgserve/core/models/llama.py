@@ -138,15 +138,7 @@ class Llama(DecoderLM):
             q = ops.rms_norm(q, layer.q_norm, spec.rms_eps)
             k = ops.rms_norm(k, layer.k_norm, spec.rms_eps)
         swa = spec.swa_layers[il]
-        rope = partial(
-            ops.rope,
-            pos=pos,
-            n_rot=spec.n_rot,
-            base=spec.rope_base_swa if swa else spec.rope_base,
-            neox=spec.rope_neox,
-            scale=spec.rope_scale,
-            freq_factors=self.rope_freqs,
-        )
+        rope = partial(ops.model_rope, pos=pos, spec=spec, swa=swa, freq_factors=self.rope_freqs)
         q, k = rope(q), rope(k)
         outs, off = [], 0
         for s in seqs:
