@@ -17,7 +17,7 @@ import torch
 from mgserve.core.models.base import SeqInput
 from mgserve.core.models.hybrid import load_hybrid
 from mgserve.core.models.kvcache import kv_bytes_per_token
-from mgserve.core.models.state import HybridState, kv_spec, recurrent_bytes
+from mgserve.core.models.state import HybridState, kv_spec
 from tests.core.hybrid_export import (
     batched_and_alone,
     export,
@@ -47,7 +47,7 @@ def test_layout_and_state_size(lm: Any) -> None:
     assert lm.spec.n_rot == 16 and lm.hybrid.n_ff_shexp == 96
     state = new_state(lm)
     assert state.ssm.shape == (6, 4, 32, 32) and state.conv.shape == (6, 3, 256)
-    assert state.recurrent_nbytes == recurrent_bytes(lm.hybrid)
+    assert state.recurrent_nbytes == 4 * (6 * 4 * 32 * 32 + 6 * 3 * 256)  # float32 ssm + conv
     per_token = kv_bytes_per_token(kv_spec(lm.spec, lm.hybrid), "f32", "f32")
     assert state.kv.nbytes == 256 * per_token == 256 * 2 * 2 * (2 * 64 * 4)  # 2 attention layers
 

@@ -17,7 +17,8 @@ import pytest
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.text.bpe import BYTE_TO_CHAR
 from mgserve.core.text.detokenizer import _safe_cut, clean_spaces
-from mgserve.core.text.spm import SPACE
+from mgserve.core.text.merge import _by_heap, _by_rank
+from mgserve.core.text.spm import SPACE, SpmEncoder
 from mgserve.core.text.tokenizer import IncrementalDetokenizer, Tokenizer
 from tests.core.test_tokenizer_llama_vectors import load_vocab, metadata
 
@@ -185,6 +186,14 @@ def test_streaming_clean_up_cut_is_safe() -> None:
     assert cuts > 1000
 
 
+def _both_orders(enc: Any, word: str) -> tuple[Any, Any]:
+    """A long word merged rank by rank from buckets (None when refused) and from the heap."""
+    if isinstance(enc, SpmEncoder):
+        return enc._by_rank(word), enc._by_heap(word)
+    ids = enc.symbol_ids(word)
+    return _by_rank(list(ids), enc.pair), _by_heap(ids, enc.pair)
+
+
 @pytest.mark.parametrize("name", ["qwen35", "smollm", "gemma3"])
 def test_long_words_merge_as_llama_cpp_orders_them(name: str, toks: dict[str, Tokenizer]) -> None:
     """Words over 256 characters are merged rank by rank from buckets; that must equal the
@@ -197,10 +206,10 @@ def test_long_words_merge_as_llama_cpp_orders_them(name: str, toks: dict[str, To
         word = "".join(rng.choice(alphabet) for _ in range(rng.randint(300, 3000)))
         if name != "gemma3":
             word = word.encode().decode("latin-1").translate(BYTE_TO_CHAR)
-        by_rank = enc._by_rank(word)
+        by_rank, by_heap = _both_orders(enc, word)
         if by_rank is not None:
             used += 1
-            assert by_rank == enc._by_heap(word), alphabet
+            assert by_rank == by_heap, alphabet
     assert used >= 4
 
 
@@ -215,7 +224,8 @@ def test_non_monotone_merges_fall_back_to_the_heap() -> None:
     }
     tok = Tokenizer.from_metadata(meta)
     word = "ab" * 200
-    assert tok._encoder._by_rank(word) is None
+    enc = tok._encoder
+    assert _by_rank(enc.symbol_ids(word), enc.pair) is None
     assert tok.encode(word, add_special=False)[:2] == [3, 1]
 
 

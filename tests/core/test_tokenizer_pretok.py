@@ -15,7 +15,8 @@ import pytest
 
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.text import unicode as uni
-from mgserve.core.text.pretok import PRE_TYPES, REGEXES, PreTokenizer, PreType
+from mgserve.core.text.pretok import PreTokenizer
+from mgserve.core.text.pretok_types import PRE_TYPES, REGEXES, PreType
 from mgserve.core.text.tokenizer import Tokenizer
 from tests.core.test_tokenizer_llama_vectors import metadata
 

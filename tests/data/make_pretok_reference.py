@@ -119,7 +119,7 @@ def detokenize(vocab: object, ids: list[int]) -> str:
 
 def main() -> None:
     from mgserve.core.gguf.reader import GGUFFile
-    from mgserve.core.text.pretok import PRE_TYPES  # only for the list of names
+    from mgserve.core.text.pretok_types import PRE_TYPES  # only for the list of names
     from tests.core.test_tokenizer_llama_vectors import metadata
 
     vocabs = {"gpt-2": metadata("gpt-2"), "marks": GGUFFile(marks_vocab()).metadata}

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 DEFAULT = "/tmp/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/src/unicode-data.cpp"
-OUT = Path(__file__).parent.parent.parent / "mgserve" / "core" / "tokenizer_unicode_data.py"
+OUT = Path(__file__).parent.parent.parent / "mgserve" / "core" / "text" / "unicode_data.py"
 
 
 def _block(src: str, name: str) -> str:

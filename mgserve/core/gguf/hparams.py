@@ -2,7 +2,7 @@
 
 Facts taken from llama.cpp (src/llama-model.cpp, src/models/*.cpp, src/llama-hparams.cpp):
 - RoPE: ``llama`` rotates consecutive pairs (``norm``; the converter permutes Q/K rows so that this
-  equals Hugging Face's rotate-half); ``qwen2``, ``qwen3`` and ``gemma3`` rotate (i, i + d/2) pairs
+  equals Hugging Face's rotate-half); every other architecture rotates (i, i + d/2) pairs
   (``neox``).
 - Gemma 3 sliding window: layer ``il`` is local iff ``il % pattern < pattern - 1`` with pattern 6
   (``{arch}.attention.sliding_window_pattern`` may override it), so layers 5, 11, 17 are global.
@@ -32,7 +32,8 @@ from typing import Any
 from mgserve.core.gguf.reader import GGUFError, GGUFFile
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
-_NEOX_ARCHS = ("qwen2", "qwen3", "gemma3", "qwen3moe", "qwen3next")  # MoE: hparams_hybrid.py
+# qwen4exp's M-RoPE is NeoX RoPE for text (hparams_qwen4exp.py); MoE archs: hparams_hybrid.py
+_NEOX_ARCHS = ("qwen2", "qwen3", "gemma3", "qwen3moe", "qwen3next", "qwen4exp")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """``HybridSpec``: the MoE and Gated DeltaNet hyperparameters of ``qwen3moe`` and ``qwen3next``.
 
-``ModelSpec`` (spec.py) keeps the dense part (widths, heads, RoPE, norms); this record adds what the
-two MoE architectures need, read from ``{arch}.*`` keys the way llama.cpp reads them
+``ModelSpec`` (hparams.py) keeps the dense part (widths, heads, RoPE, norms); this record adds what
+the two MoE architectures need, read from ``{arch}.*`` keys the way llama.cpp reads them
 (src/models/qwen3moe.cpp, src/models/qwen3next.cpp, src/llama-graph.cpp ``build_moe_ffn``):
 
 - Routing is softmax over all experts, top ``expert_used_count``, and the chosen weights are always

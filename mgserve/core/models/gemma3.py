@@ -3,7 +3,8 @@
 Differences from llama (llama.cpp src/models/gemma3.cpp): the embedding is scaled by sqrt(n_embd);
 q and k are RMS-normalized per head; attention and MLP outputs are RMS-normalized again before the
 residual add (post-norms); the MLP is GeGLU with tanh GELU; 5 of every 6 layers use a sliding window
-and RoPE base 10000 (see spec.py). The "1 + w" of Gemma's norms is folded into the GGUF weights.
+and RoPE base 10000 (see gguf/hparams.py). The "1 + w" of Gemma's norms is folded into the GGUF
+weights.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ class Gemma3(Llama):
         return self.tok_embd[tokens] * math.sqrt(self.spec.n_embd)
 
     def block(
-        self, il: int, layer: Layer, x: torch.Tensor, pos: torch.Tensor, seqs: Sequence[SeqInput]
+        self, il: int, x: torch.Tensor, pos: torch.Tensor, seqs: Sequence[SeqInput]
     ) -> torch.Tensor:
+        layer: Layer = self.layers[il]
         eps = self.spec.rms_eps
         assert layer.post_attn_norm is not None and layer.post_ffn_norm is not None
         assert layer.gate is not None and layer.up is not None and layer.down is not None

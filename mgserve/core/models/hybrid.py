@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mgserve.core.gguf.hparams_hybrid import hybrid_spec_from_gguf
 from mgserve.core.gguf.reader import GGUFFile
-from mgserve.core.models.moe_base import MoeLM
+from mgserve.core.models.decoder import MoeLM
 from mgserve.core.models.qwen3moe import Qwen3Moe
 from mgserve.core.models.qwen3next import Qwen3Next
 from mgserve.core.models.qwen4exp import Qwen4Exp

@@ -1,8 +1,8 @@
 """llama / qwen2 / qwen3 on the reference ops: pre-norm blocks, GQA attention, SwiGLU MLP.
 
 The three differ only in switches on ``ModelSpec``: qwen2 adds q/k/v biases, qwen3 RMS-normalizes q
-and k per head, and llama rotates consecutive pairs (see spec.py). ``Gemma3`` (gemma3.py) reuses
-everything here but the block.
+and k per head, and llama rotates consecutive pairs (see gguf/hparams.py). ``Gemma3`` (gemma3.py)
+reuses everything here but the block.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import torch
 from mgserve.core.gguf.hparams import ModelSpec
 from mgserve.core.gguf.hparams_hybrid import dense_moe
 from mgserve.core.gguf.reader import GGUFFile
-from mgserve.core.models.base import SeqInput, check_inputs, flatten, logit_rows
+from mgserve.core.models.base import SeqInput
+from mgserve.core.models.decoder import DecoderLM
 from mgserve.core.models.hybrid_weights import load_moe
-from mgserve.core.models.kvcache import KVCache
 from mgserve.core.models.tensors import load, load_qkv, optional
 from mgserve.core.reference import moe, ops
 from mgserve.core.reference.moe import MoeWeights
@@ -90,51 +90,32 @@ def load_layer(g: GGUFFile, spec: ModelSpec, il: int) -> Layer:
     return layer
 
 
-class Llama:
-    """A dense decoder whose weights were dequantized to float32 at load (see dequant.py)."""
+class Llama(DecoderLM):
+    """A dense decoder: pre-norm blocks of attention and a SwiGLU MLP (or experts)."""
 
-    rewindable = True  # attention only: a KV cache is rewritten from any position
-
-    def __init__(self, g: GGUFFile, spec: ModelSpec) -> None:
-        self.spec = spec
-        self.tok_embd = load(g, "token_embd.weight", (spec.n_embd, spec.n_vocab))
-        self.output_norm = load(g, "output_norm.weight", (spec.n_embd,))
-        self.output = (  # [n_vocab, n_embd]
-            self.tok_embd
-            if spec.tied_output
-            else load(g, "output.weight", (spec.n_embd, spec.n_vocab))
-        )
+    def load_head(self, g: GGUFFile) -> None:
+        spec = self.spec
+        super().load_head(g)
         self.output_b = optional(g, "output.bias", (spec.n_vocab,))  # [n_vocab] (qwen2)
         self.rope_freqs: torch.Tensor | None = None  # llama 3.1 style per-frequency divisors
         if "rope_freqs.weight" in g.tensors:
             self.rope_freqs = load(g, "rope_freqs.weight", (spec.n_rot // 2,))
-        self.layers = [load_layer(g, spec, il) for il in range(spec.n_layer)]
 
-    def new_cache(self, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> KVCache:
-        return KVCache(self.spec, n_ctx, type_k, type_v)
+    def load_layer(self, g: GGUFFile, il: int) -> Layer:
+        return load_layer(g, self.spec, il)
 
-    @torch.inference_mode()
-    def forward(self, seqs: Sequence[SeqInput]) -> torch.Tensor:
+    def head(self, x: torch.Tensor) -> torch.Tensor:
         spec = self.spec
-        check_inputs(seqs, spec.n_vocab)
-        if not seqs:
-            return torch.zeros(0, spec.n_vocab)
-        tokens, pos = flatten(seqs)  # [N], [N]
-        x = self.embed(tokens)  # [N, n_embd]
-        for il, layer in enumerate(self.layers):
-            x = self.block(il, layer, x, pos, seqs)
-        h = ops.rms_norm(x[logit_rows(seqs)], self.output_norm, spec.rms_eps)  # [sum(n_logits), d]
-        logits = ops.linear(h, self.output, self.output_b)  # [sum(n_logits), n_vocab]
+        h = ops.rms_norm(x, self.output_norm, spec.rms_eps)  # [R, d]
+        logits = ops.linear(h, self.output, self.output_b)  # [R, n_vocab]
         if spec.final_softcap > 0.0:
             logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap
         return logits
 
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.tok_embd[tokens]
-
     def block(
-        self, il: int, layer: Layer, x: torch.Tensor, pos: torch.Tensor, seqs: Sequence[SeqInput]
+        self, il: int, x: torch.Tensor, pos: torch.Tensor, seqs: Sequence[SeqInput]
     ) -> torch.Tensor:
+        layer: Layer = self.layers[il]
         eps = self.spec.rms_eps
         x = x + self.attend(il, layer, ops.rms_norm(x, layer.attn_norm, eps), pos, seqs)
         h = ops.rms_norm(x, layer.ffn_norm, eps)
@@ -157,15 +138,7 @@ class Llama:
             q = ops.rms_norm(q, layer.q_norm, spec.rms_eps)
             k = ops.rms_norm(k, layer.k_norm, spec.rms_eps)
         swa = spec.swa_layers[il]
-        rope = partial(
-            ops.rope,
-            pos=pos,
-            n_rot=spec.n_rot,
-            base=spec.rope_base_swa if swa else spec.rope_base,
-            neox=spec.rope_neox,
-            scale=spec.rope_scale,
-            freq_factors=self.rope_freqs,
-        )
+        rope = partial(ops.model_rope, pos=pos, spec=spec, swa=swa, freq_factors=self.rope_freqs)
         q, k = rope(q), rope(k)
         outs, off = [], 0
         for s in seqs:

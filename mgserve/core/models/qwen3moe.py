@@ -10,9 +10,8 @@ import torch
 
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.models.base import SeqInput
+from mgserve.core.models.decoder import MoeLM
 from mgserve.core.models.hybrid_weights import load, load_attn, load_moe
-from mgserve.core.models.kvcache import KVCache
-from mgserve.core.models.moe_base import MoeLM
 from mgserve.core.reference import gated_attention, moe, ops
 from mgserve.core.reference.gated_attention import AttnWeights
 from mgserve.core.reference.moe import MoeWeights
@@ -35,9 +34,6 @@ class Qwen3Moe(MoeLM):
             ffn_norm=load(g, f"blk.{il}.ffn_norm.weight", (d,)),
             moe=load_moe(g, il, self.spec, self.hybrid),
         )
-
-    def new_cache(self, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> KVCache:
-        return KVCache(self.spec, n_ctx, type_k, type_v)
 
     def block(
         self, il: int, x: torch.Tensor, pos: torch.Tensor, seqs: Sequence[SeqInput]

@@ -21,9 +21,9 @@ import torch
 
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.models.base import SeqInput
+from mgserve.core.models.decoder import MoeLM
 from mgserve.core.models.hybrid_weights import load, load_attn, load_deltanet, load_moe
 from mgserve.core.models.kvcache import KVCache
-from mgserve.core.models.moe_base import MoeLM
 from mgserve.core.models.state import HybridState
 from mgserve.core.reference import deltanet, gated_attention, moe, ops
 from mgserve.core.reference.deltanet import DeltaNetWeights

@@ -26,13 +26,6 @@ def kv_spec(spec: ModelSpec, hp: HybridSpec) -> ModelSpec:
     return dataclasses.replace(spec, n_layer=len(hp.attn_layers), swa_layers=())
 
 
-def recurrent_bytes(hp: HybridSpec) -> int:
-    """Bytes of one session's DeltaNet + conv states (float32), whatever the context length."""
-    d = hp.ssm_head_dim
-    per_layer = hp.ssm_v_heads * d * d + max(hp.ssm_conv - 1, 0) * hp.conv_dim
-    return 4 * per_layer * len(hp.recurrent_layers)
-
-
 class Snapshot(NamedTuple):
     pos: int  # tokens consumed when taken
     conv: torch.Tensor  # [n_recurrent, K - 1, conv_dim]
@@ -43,12 +36,7 @@ class HybridState:
     """The state of one slot. ``forward`` must continue at ``pos`` (or restore a snapshot first)."""
 
     def __init__(
-        self,
-        spec: ModelSpec,
-        hp: HybridSpec,
-        n_ctx: int,
-        type_k: str = "f16",
-        type_v: str = "f16",
+        self, spec: ModelSpec, hp: HybridSpec, n_ctx: int, type_k: str, type_v: str
     ) -> None:
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")

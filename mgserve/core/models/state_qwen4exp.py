@@ -38,8 +38,8 @@ class Qwen4ExpState(HybridState):
         hp: HybridSpec,
         qp: Qwen4ExpSpec,
         n_ctx: int,
-        type_k: str = "f16",
-        type_v: str = "f16",
+        type_k: str,
+        type_v: str,
     ) -> None:
         super().__init__(spec, hp, n_ctx, type_k, type_v)
         ple = qp.ple

@@ -137,7 +137,10 @@ def delta_rule(
     state: torch.Tensor,
     chunk: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Recurrent for a single token (decode), chunked otherwise."""
+    """Recurrent for a single token (decode), chunked otherwise.
+
+    The arguments are ``delta_rule_chunked``'s, repeated on purpose: both forms stay callable on
+    their own (tests and the device path compare against each), and this one only dispatches."""
     if q.shape[1] == 1:
         return delta_rule_recurrent(q, k, v, g, beta, state)
     return delta_rule_chunked(q, k, v, g, beta, state, chunk)

@@ -49,8 +49,7 @@ def project(
     v = ops.linear(h, w.wv, w.bv).view(n, spec.n_head_kv, dh)
     q = ops.rms_norm(q, w.q_norm, spec.rms_eps)
     k = ops.rms_norm(k, w.k_norm, spec.rms_eps)
-    q = ops.rope(q, pos, n_rot=spec.n_rot, base=spec.rope_base, neox=True, scale=spec.rope_scale)
-    k = ops.rope(k, pos, n_rot=spec.n_rot, base=spec.rope_base, neox=True, scale=spec.rope_scale)
+    q, k = ops.model_rope(q, pos, spec), ops.model_rope(k, pos, spec)
     return q, k, v, gate
 
 

@@ -12,6 +12,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from mgserve.core.gguf.hparams import ModelSpec
+
 _QUERY_CHUNK = 512  # bounds the [H, T, S] score matrix of a long prompt chunk
 _ROW_BLOCK = 2  # every token-wise product runs on blocks of exactly this many rows (see linear)
 
@@ -108,6 +110,27 @@ def rope(
         x1, x2 = rot[..., 0::2], rot[..., 1::2]
         out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
     return torch.cat((out, rest), dim=-1)
+
+
+def model_rope(
+    x: torch.Tensor,  # [N, H, D]
+    pos: torch.Tensor,  # [N] int64 absolute positions
+    spec: ModelSpec,
+    *,
+    swa: bool = False,  # a sliding-window layer (its own base)
+    freq_factors: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``rope`` as ``spec``'s architecture applies it: its rotated dims, base, pairs and scale."""
+    base = spec.rope_base_swa if swa else spec.rope_base
+    return rope(
+        x,
+        pos,
+        n_rot=spec.n_rot,
+        base=base,
+        neox=spec.rope_neox,
+        scale=spec.rope_scale,
+        freq_factors=freq_factors,
+    )
 
 
 def attention(

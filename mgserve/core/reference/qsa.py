@@ -41,7 +41,7 @@ def index_queries(
     """Token-wise: normalised, rotated indexer queries and the raw (unpooled) keys."""
     n, dim = h.shape[0], w.k_norm.shape[0]
     q = ops.rms_norm(ops.linear(h, w.q_proj).view(n, -1, dim), w.q_norm, spec.rms_eps)
-    q = ops.rope(q, pos, n_rot=spec.n_rot, base=spec.rope_base, neox=True, scale=spec.rope_scale)
+    q = ops.model_rope(q, pos, spec)
     return q, ops.linear(h, w.k_proj)
 
 
@@ -53,10 +53,7 @@ def pool_blocks(
     b, r, dim = raw.shape
     pooled = ops.rms_norm(raw.mean(dim=1), w.k_norm, spec.rms_eps)  # [B, D]
     starts = (first + torch.arange(b)) * r  # [B]
-    return ops.rope(
-        pooled[:, None], starts, n_rot=spec.n_rot, base=spec.rope_base, neox=True,
-        scale=spec.rope_scale,
-    )[:, 0]  # fmt: skip
+    return ops.model_rope(pooled[:, None], starts, spec)[:, 0]
 
 
 def select(

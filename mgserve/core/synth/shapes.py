@@ -143,6 +143,7 @@ def ple_layer_multipliers(n_vocab: int, ngram: int, seed: int = 1234) -> list[in
 def metadata(spec: ShapeSpec) -> Metadata:
     """Every GGUF key the llama.cpp loader reads for ``spec.arch``, with llama.cpp's types."""
     a = spec.arch
+    # one row per key: a table of the file's metadata, its rows alike by nature
     md: Metadata = {
         "general.name": (spec.name, None),
         "general.file_type": (15, U32),  # LLAMA_FTYPE_MOSTLY_Q4_K_M: the mix the policy imitates

@@ -21,6 +21,7 @@ template that changes what it is given changes only its own copy.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -43,18 +44,28 @@ def plain(value: Any, where: str) -> Any:
     raise ValueError(f"{where}: {type(value).__name__} is not a JSON value")
 
 
+def _objects(
+    value: Any, where: str, not_list: str, item: str = "an object"
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The items of the list ``value`` with their indices; ValueError ``not_list`` when it is no
+    list, or naming the first item that is not a JSON object (``item`` says what it must be)."""
+    if not isinstance(value, list):
+        raise ValueError(not_list)
+    for i, obj in enumerate(value):
+        if not isinstance(obj, dict):
+            raise ValueError(f"{where}[{i}] must be {item}")
+        yield i, obj
+
+
 def content_text(content: Any, where: str) -> str:
     """A message's content as one string: None -> "", text parts joined, anything else refused."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    if not isinstance(content, list):
-        raise ValueError(f"{where} must be a string or a list of content parts")
     texts = []
-    for i, part in enumerate(content):
-        if not isinstance(part, dict):
-            raise ValueError(f"{where}[{i}] must be a content part object")
+    not_list = f"{where} must be a string or a list of content parts"
+    for i, part in _objects(content, where, not_list, "a content part object"):
         kind = part.get("type")
         if kind != "text":
             raise ValueError(
@@ -79,12 +90,8 @@ def _arguments(args: Any) -> Any:
 
 
 def _tool_calls(calls: Any, where: str, parse: bool) -> list[Any]:
-    if not isinstance(calls, list):
-        raise ValueError(f"{where} must be a list")
     out = []
-    for i, call in enumerate(calls):
-        if not isinstance(call, dict):
-            raise ValueError(f"{where}[{i}] must be an object")
+    for i, call in _objects(calls, where, f"{where} must be a list"):
         fn = call.get("function")
         if fn is not None:
             if not isinstance(fn, dict):
@@ -99,13 +106,12 @@ def normalize_messages(messages: Any, object_arguments: bool = True) -> list[dic
     """Checked, plain copies of ``messages`` as templates expect them; ValueError says what is
     wrong and where (``messages[2].content[0]: ...``). ``object_arguments=False`` keeps tool-call
     arguments as the client sent them, for the rare template written for JSON strings."""
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("'messages' must be a non-empty list")
+    empty = "'messages' must be a non-empty list"
+    if not messages:
+        raise ValueError(empty)
     out = []
-    for i, m in enumerate(messages):
+    for i, m in _objects(messages, "messages", empty):
         where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise ValueError(f"{where} must be an object")
         role = ALIASES.get(m.get("role"), m.get("role"))  # type: ignore[arg-type]
         if role not in ROLES:
             raise ValueError(

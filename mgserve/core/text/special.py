@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from mgserve.core.text.unicode import C_SPACE
+
 # llama_token_attr bits (llama.h)
 ATTR_UNKNOWN = 1 << 0
 ATTR_UNUSED = 1 << 1
@@ -161,9 +163,6 @@ def strip_rules(
     return frozenset(lstrip), frozenset(rstrip)
 
 
-_C_SPACE = " \t\n\v\f\r"  # isspace() in the C locale
-
-
 class SpecialSplitter:
     """Cuts text into raw-text pieces and special-token ids, exactly like llama.cpp's
     ``tokenizer_st_partition``: special tokens are taken one at a time, longest text first, and
@@ -239,9 +238,9 @@ class SpecialSplitter:
         for i, part in enumerate(parts):
             if isinstance(part, str):
                 if i > 0 and parts[i - 1] in self.rstrip:
-                    part = part.lstrip(_C_SPACE)
+                    part = part.lstrip(C_SPACE)
                 if i + 1 < len(parts) and parts[i + 1] in self.lstrip:
-                    part = part.rstrip(_C_SPACE)
+                    part = part.rstrip(C_SPACE)
                 if not part:
                     continue
             out.append(part)

@@ -18,12 +18,11 @@ import heapq
 import re
 from collections.abc import Mapping, Sequence
 
+from mgserve.core.text.merge import LONG, encode_words, links
 from mgserve.core.text.special import trie_regex
 
 SPACE = "\u2581"  # ▁
 _WORD_RE = re.compile(f"{SPACE}[^{SPACE}]*|[^{SPACE}]+")
-_CACHE_LIMIT = 200_000  # words; cleared when full so a long-running server stays bounded
-_LONG = 256  # characters; longer words are merged rank by rank (SpmEncoder._by_rank)
 
 
 class SpmEncoder:
@@ -44,14 +43,7 @@ class SpmEncoder:
 
     def encode(self, text: str, out: list[int]) -> None:
         """Append the ids of one raw-text fragment (space prefix already applied) to ``out``."""
-        cache = self.cache
-        for word in self._words(text.replace(" ", SPACE)):
-            ids = cache.get(word)
-            if ids is None:
-                if len(cache) >= _CACHE_LIMIT:
-                    cache.clear()
-                ids = cache[word] = tuple(self._merge(word))
-            out.extend(ids)
+        encode_words(self._words(text.replace(" ", SPACE)), self.cache, self._merge, out)
 
     def _words(self, s: str) -> list[str]:
         if self.crossing is None:
@@ -74,7 +66,7 @@ class SpmEncoder:
 
     def _merge(self, word: str) -> list[int]:
         tid = self.token_to_id
-        state = self._by_rank(word) if len(word) > _LONG else None
+        state = self._by_rank(word) if len(word) > LONG else None
         length, nxt = state if state is not None else self._by_heap(word)
         out: list[int] = []
         i = 0
@@ -88,21 +80,17 @@ class SpmEncoder:
             i = nxt[i]
         return out
 
-    @staticmethod
-    def _start(n: int) -> tuple[list[int], list[int], list[int]]:
-        # symbol i covers word[i : i + length[i]]; a symbol only ever absorbs its right neighbour,
-        # so its start never moves; length 0 marks a symbol that was absorbed
-        length = [1] * n
-        nxt = list(range(1, n + 1))
-        nxt[-1] = -1
-        prev = list(range(-1, n - 1))
-        return length, nxt, prev
-
+    # _by_heap and _by_rank are merge.py's loops with the pair lookup written inline: symbol i
+    # covers word[i : i + length[i]] (a symbol only ever absorbs its right neighbour, so its start
+    # never moves; length 0 marks one absorbed), and a pair merges when its text is a token, at
+    # the rank of that token's score. Slicing the word in place is what makes SentencePiece fast
+    # here: merge.merge over interned symbols and a pair table cost 25% more on long words.
     def _by_heap(self, word: str) -> tuple[list[int], list[int]]:
         """llama.cpp's order exactly: a heap of score rank << 32 | position."""
         tid = self.token_to_id
         n = len(word)
-        length, nxt, prev = self._start(n)
+        length = [1] * n
+        nxt, prev = links(n)
         mask = 0xFFFFFFFF
         rank = self.score_rank
         heap = []
@@ -149,7 +137,8 @@ class SpmEncoder:
         bucket. None when a created pair breaks that order; the caller then uses the heap."""
         tid = self.token_to_id
         rank = self.score_rank
-        length, nxt, prev = self._start(len(word))
+        length = [1] * len(word)
+        nxt, prev = links(len(word))
         buckets: dict[int, list[int]] = {}
         for i in range(len(word) - 1):
             t = tid.get(word[i : i + 2])

@@ -3,9 +3,9 @@
 Supported vocab types: SentencePiece-style (``tokenizer.ggml.model == "llama"``, Gemma 3,
 Llama 2; see spm.py), BPE (``"gpt2"``: byte-level, Qwen, Llama 3, SmolLM, every
 ``tokenizer.ggml.pre`` llama.cpp knows; ``"gemma4"``: raw UTF-8 with ``▁`` for spaces;
-bpe.py, pretok.py) and WordPiece (``"bert"``; wpm.py).
+bpe.py, pretok.py, pretok_types.py) and WordPiece (``"bert"``; wpm.py).
 Special tokens, bos/eos handling and the end-of-generation set follow llama-vocab.cpp
-(tokenizer_special.py); text comes back through detokenizer.py.
+(special.py); text comes back through detokenizer.py.
 
     tok = Tokenizer.from_metadata(GGUFFile(path).metadata)
     ids = tok.encode("<start_of_turn>user\\nHi", parse_special=True)
@@ -21,7 +21,7 @@ import numpy as np
 
 from mgserve.core.text.bpe import BpeEncoder, decode_text
 from mgserve.core.text.detokenizer import IncrementalDetokenizer, detokenize
-from mgserve.core.text.pretok import PRE_TYPES, PreType
+from mgserve.core.text.pretok_types import PRE_TYPES, PreType
 from mgserve.core.text.special import (
     ATTR_BYTE,
     ATTR_CONTROL,

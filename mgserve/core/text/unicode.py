@@ -30,6 +30,7 @@ SYMBOL = 0x0040
 CONTROL = 0x0080
 WHITESPACE = 0x0100
 N_CODEPOINTS = 0x110000
+C_SPACE = " \t\n\v\f\r"  # isspace() in the C locale, which llama.cpp's C++ code calls
 
 # category bit -> marker byte in the collapsed text (unicode.cpp's k_ucat_cpt)
 MARKERS = {NUMBER: 0xD1, LETTER: 0xD2, PUNCTUATION: 0xD3, MARK: 0xD4, SYMBOL: 0xD5}

@@ -1,6 +1,8 @@
-"""What qwen3moe, qwen3next and qwen4exp share: embedding, the output head, and the batched
-``forward`` skeleton over several sessions (token-wise work on all tokens at once, per-session work
-inside each architecture's ``block``)."""
+"""What every reference model shares: the embedding, the output head, and the batched ``forward``
+skeleton over several sessions (token-wise work on all tokens at once, per-session work inside
+each architecture's ``block``). ``MoeLM`` adds the MoE / DeltaNet hyperparameters that
+qwen3moe, qwen3next and qwen4exp read.
+"""
 
 from __future__ import annotations
 
@@ -13,19 +15,19 @@ from mgserve.core.gguf.hparams import ModelSpec
 from mgserve.core.gguf.hparams_hybrid import HybridSpec
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.models.base import SeqInput, check_inputs, flatten, logit_rows
-from mgserve.core.models.hybrid_weights import load
 from mgserve.core.models.kvcache import KVCache
+from mgserve.core.models.tensors import load
 from mgserve.core.reference import ops
 
 
-class MoeLM:
-    """A decoder whose weights were dequantized to float32 at load; subclasses define ``block``."""
+class DecoderLM:
+    """A decoder whose weights were dequantized to float32 at load (see dequant.py); subclasses
+    define ``load_layer`` and ``block``."""
 
-    rewindable = True  # qwen3moe: attention only (Qwen3Next, recurrent, sets False)
+    rewindable = True  # attention only: a KV cache is rewritten from any position
 
-    def __init__(self, g: GGUFFile, spec: ModelSpec, hybrid: HybridSpec) -> None:
+    def __init__(self, g: GGUFFile, spec: ModelSpec) -> None:
         self.spec = spec
-        self.hybrid = hybrid
         self.tok_embd = load(g, "token_embd.weight", (spec.n_embd, spec.n_vocab))  # [V, d]
         self.output = (  # [V, d]
             self.tok_embd
@@ -39,6 +41,12 @@ class MoeLM:
         """What ``head`` needs besides ``output``: here the final norm."""
         self.output_norm = load(g, "output_norm.weight", (self.spec.n_embd,))
 
+    def load_layer(self, g: GGUFFile, il: int) -> Any:
+        raise NotImplementedError
+
+    def new_cache(self, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> KVCache:
+        return KVCache(self.spec, n_ctx, type_k, type_v)
+
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """The residual stream the first block reads: [N, d] (qwen4exp: [N, hc, d])."""
         return self.tok_embd[tokens]
@@ -46,12 +54,6 @@ class MoeLM:
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits [R, V] of the residual rows x that want them."""
         return ops.linear(ops.rms_norm(x, self.output_norm, self.spec.rms_eps), self.output)
-
-    def load_layer(self, g: GGUFFile, il: int) -> Any:
-        raise NotImplementedError
-
-    def new_cache(self, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> KVCache:
-        raise NotImplementedError
 
     def block(
         self, il: int, x: torch.Tensor, pos: torch.Tensor, seqs: Sequence[SeqInput]
@@ -78,3 +80,12 @@ class MoeLM:
             x = self.block(il, x, pos, seqs)
         self.end(seqs)
         return self.head(x[logit_rows(seqs)])  # [sum(n_logits), V]
+
+
+class MoeLM(DecoderLM):
+    """qwen3moe, qwen3next, qwen4exp: a decoder with the ``HybridSpec`` of its experts (and
+    DeltaNet layers), which ``load_layer`` and ``block`` read."""
+
+    def __init__(self, g: GGUFFile, spec: ModelSpec, hybrid: HybridSpec) -> None:
+        self.hybrid = hybrid
+        super().__init__(g, spec)
