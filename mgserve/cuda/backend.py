@@ -37,6 +37,7 @@ from mgserve.cuda.ops.qsa_cuda import QsaCuda
 from mgserve.cuda.ops.qsa_keys import BlockKeys
 from mgserve.cuda.ops.rope import RopeCuda, RopeTorch
 from mgserve.cuda.ops.route import RouteCuda, RouteTorch
+from mgserve.cuda.pools import PoolSize
 
 DENSE_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 HYBRID_ARCHS = ("qwen3moe", "qwen3next", "qwen4exp")
@@ -146,13 +147,13 @@ def load_device_model(
     from mgserve.cuda.models.qwen4exp import Qwen4ExpLM
 
     arch = g.architecture
-    pools = (n_slots + 1, n_ctx, type_k, type_v)
+    size = PoolSize(n_slots + 1, n_ctx, type_k, type_v)
     if arch in DENSE_ARCHS:
-        return DenseLM(g, spec_from_gguf(g), backend, device, *pools)
+        return DenseLM(g, spec_from_gguf(g), backend, device, size)
     if arch in HYBRID_ARCHS:
         spec, hp = hybrid_spec_from_gguf(g)
         lm = Qwen4ExpLM if arch == "qwen4exp" else HybridLM
-        return lm(g, spec, hp, backend, device, *pools)
+        return lm(g, spec, hp, backend, device, size)
     raise GGUFError(
         f"{g.path}: architecture {arch!r} is not supported on the device backend "
         f"(supported: {', '.join(DENSE_ARCHS + HYBRID_ARCHS)})"

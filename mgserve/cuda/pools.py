@@ -28,6 +28,16 @@ _Q8_BLOCK = 32
 _DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
+class PoolSize(NamedTuple):
+    """The session state a device model allocates: slots (a spare padding slot included),
+    positions per slot, and the K / V cache types."""
+
+    n_slots: int
+    n_ctx: int
+    type_k: str = "f16"
+    type_v: str = "f16"
+
+
 class KVLayer(NamedTuple):
     """One attention layer's K (or V) for every slot of a device pool.
 

@@ -37,9 +37,10 @@ def cuda_ops(kernels):
     return cuda_backend(kernels=kernels)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def torch_ops():
-    """The torch backend (the GPU tests' oracle on the same device's tensors)."""
+    """The torch backend (the GPU tests' oracle on the same device's tensors); one per test, as
+    its dense-weight cache is keyed by storage address, which a later test's weights may reuse."""
     from mgserve.cuda.backend import torch_backend
 
     return torch_backend()

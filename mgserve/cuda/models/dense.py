@@ -20,7 +20,7 @@ from mgserve.core.gguf.reader import GGUFFile
 from mgserve.cuda.loader import Loader
 from mgserve.cuda.models.base import Step, bias, load_embeddings, rows
 from mgserve.cuda.models.moe import Moe, load_moe, moe_ffn
-from mgserve.cuda.pools import SlotPools
+from mgserve.cuda.pools import PoolSize, SlotPools
 from mgserve.cuda.weights import QuantWeight
 
 if TYPE_CHECKING:
@@ -61,10 +61,7 @@ class DenseLM:
         spec: ModelSpec,
         backend: Backend,
         device: torch.device,
-        n_slots: int,
-        n_ctx: int,
-        type_k: str = "f16",
-        type_v: str = "f16",
+        size: PoolSize,
     ) -> None:
         self.spec, self.backend, self.device = spec, backend, device
         ld = Loader(g, device)
@@ -108,9 +105,11 @@ class DenseLM:
                 layer.post_ffn_norm = ld.vec(p + "post_ffw_norm.weight", (d,))
             self.layers.append(layer)
         self.weight_bytes = ld.nbytes
-        self.pools = SlotPools(n_slots, n_ctx)
+        self.pools = SlotPools(size.n_slots, size.n_ctx)
         for il in range(spec.n_layer):
-            self.pools.add_attention(il, type_k, type_v, spec.n_head_kv, spec.head_dim, device)
+            self.pools.add_attention(
+                il, size.type_k, size.type_v, spec.n_head_kv, spec.head_dim, device
+            )
 
     def begin_sequence(self, slot: int) -> None:
         """Nothing only goes forward in a KV cache: positions are rewritten before they are read."""

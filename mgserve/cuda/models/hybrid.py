@@ -25,7 +25,7 @@ from mgserve.cuda.models.base import Step, bias, load_embeddings, rows
 from mgserve.cuda.models.deltanet import DeltaNet, deltanet_forward, load_deltanet
 from mgserve.cuda.models.moe import Moe, load_moe, moe_ffn
 from mgserve.cuda.models.qwen4exp_weights import HC, Indexer, Ple
-from mgserve.cuda.pools import KVLayer, SlotPools
+from mgserve.cuda.pools import KVLayer, PoolSize, SlotPools
 from mgserve.cuda.weights import QuantWeight
 
 if TYPE_CHECKING:
@@ -81,29 +81,36 @@ class HybridLM:
         hp: HybridSpec,
         backend: Backend,
         device: torch.device,
-        n_slots: int,
-        n_ctx: int,
-        type_k: str = "f16",
-        type_v: str = "f16",
+        size: PoolSize,
     ) -> None:
         self.spec, self.hp, self.backend, self.device = spec, hp, backend, device
         self.arch = spec.arch
         self.rewindable = not any(hp.recurrent)
+        self.read_extras(g)
         ld = Loader(g, device)
         self.tok_embd, self.output = load_embeddings(ld, spec, backend)
         self.load_head(ld)
         self.layers = [self.load_layer(ld, il) for il in range(spec.n_layer)]
         self.weight_bytes = ld.nbytes
-        self.pools = SlotPools(n_slots, n_ctx)
+        self.pools = SlotPools(size.n_slots, size.n_ctx)
         for il in range(spec.n_layer):
             if hp.recurrent[il]:
                 self.pools.add_recurrent(
                     il, hp.ssm_conv, hp.conv_dim, hp.ssm_v_heads, hp.ssm_head_dim, device
                 )
             else:
-                self.pools.add_attention(il, type_k, type_v, spec.n_head_kv, spec.head_dim, device)
+                self.pools.add_attention(
+                    il, size.type_k, size.type_v, spec.n_head_kv, spec.head_dim, device
+                )
+        self.add_pools()
 
-    # -- loading -----------------------------------------------------------------------------
+    # -- loading (qwen4exp.py extends each step) ---------------------------------------------
+
+    def read_extras(self, g: GGUFFile) -> None:
+        """What the architecture reads from the file besides the layers' tensors (first)."""
+
+    def add_pools(self) -> None:
+        """Per-slot state of the architecture's own besides K/V and DeltaNet states (last)."""
 
     def load_head(self, ld: Loader) -> None:
         self.output_norm = ld.vec("output_norm.weight", (self.spec.n_embd,))

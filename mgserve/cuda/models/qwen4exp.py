@@ -10,13 +10,9 @@ complete (``backend.qsa_keys``); PLE rows are hashed and gathered on the host an
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 
-from mgserve.core.gguf.hparams import ModelSpec
-from mgserve.core.gguf.hparams_hybrid import HybridSpec
 from mgserve.core.gguf.hparams_qwen4exp import qwen4exp_spec_from_gguf
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.reference import ple as ple_ref
@@ -27,24 +23,10 @@ from mgserve.cuda.models.moe import load_moe, moe_ffn
 from mgserve.cuda.models.qwen4exp_weights import HC, Indexer, Ple, load_hc, load_indexer, load_ple
 from mgserve.cuda.pools import KVLayer
 
-if TYPE_CHECKING:
-    from mgserve.cuda.backend import Backend
-
 
 class Qwen4ExpLM(HybridLM):
-    def __init__(
-        self,
-        g: GGUFFile,
-        spec: ModelSpec,
-        hp: HybridSpec,
-        backend: Backend,
-        device: torch.device,
-        n_slots: int,
-        n_ctx: int,
-        type_k: str = "f16",
-        type_v: str = "f16",
-    ) -> None:
-        self.qp = qp = qwen4exp_spec_from_gguf(g, hp.recurrent, spec.n_rot)
+    def read_extras(self, g: GGUFFile) -> None:
+        self.qp = qp = qwen4exp_spec_from_gguf(g, self.hp.recurrent, self.spec.n_rot)
         self.ple_table = None
         if qp.ple is not None:
             self.ple_table = g.tensor("per_layer_token_embd.weight")  # stays memory-mapped
@@ -53,13 +35,15 @@ class Qwen4ExpLM(HybridLM):
             self.decode_extra_shape = (qp.ple.n_heads * qp.ple.head_dim,)
         # the last ngram - 1 tokens of each slot, for the host-side n-gram hash
         self._ple_tokens: dict[int, np.ndarray] = {}
-        super().__init__(g, spec, hp, backend, device, n_slots, n_ctx, type_k, type_v)
+
+    def add_pools(self) -> None:
+        qp, pools = self.qp, self.pools
         for il, layer in enumerate(self.layers):
             if layer.indexer is not None:
-                self.pools.add_qsa(il, qp.ratio, qp.idx_dim, device)
+                pools.add_qsa(il, qp.ratio, qp.idx_dim, self.device)
         if qp.ple is not None:
-            hist = qp.ple.history
-            self.pools.ple_conv = torch.zeros(n_slots, hist, qp.hc * spec.n_embd, device=device)
+            hc_dim = qp.hc * self.spec.n_embd
+            pools.ple_conv = torch.zeros(pools.n_slots, qp.ple.history, hc_dim, device=self.device)
 
     # -- loading -----------------------------------------------------------------------------
 

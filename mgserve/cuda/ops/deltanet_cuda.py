@@ -31,6 +31,7 @@ class DeltaNetCuda:
     def __init__(self, kernels: Kernels, fallback: DeltaNetTorch) -> None:
         self.kernels, self.fallback = kernels, fallback
         self.device = kernels.device
+        self.prefill = fallback.prefill  # no prefill kernel: the chunked torch rule on the GPU
 
     def conv_step(
         self, x: torch.Tensor, conv: torch.Tensor, slots: torch.Tensor, weight: torch.Tensor
@@ -88,7 +89,9 @@ class DeltaNetCuda:
         check_index("slots", slots, b)
         check_cuda("slots", slots, self.device, torch.int32)
         if head_dim > 256:
-            raise ValueError(f"delta_step: head_dim {head_dim} > 256 (state column in registers)")
+            raise ValueError(
+                f"deltanet.step: head_dim {head_dim} > 256 (a state column sits in registers)"
+            )
         o = torch.empty((b, n_v_heads, head_dim), dtype=torch.float32, device=self.device)
         if b == 0:
             return o
@@ -108,24 +111,3 @@ class DeltaNetCuda:
             np.float32(head_dim**-0.5),
         )
         return o
-
-    def prefill(
-        self,
-        qkv: torch.Tensor,
-        g: torch.Tensor,
-        beta: torch.Tensor,
-        conv: torch.Tensor,
-        ssm: torch.Tensor,
-        slot: int,
-        weight: torch.Tensor,
-        *,
-        n_k_heads: int,
-        n_v_heads: int,
-        head_dim: int,
-        eps: float,
-        chunk: int = 64,
-    ) -> torch.Tensor:
-        return self.fallback.prefill(
-            qkv, g, beta, conv, ssm, slot, weight, n_k_heads=n_k_heads, n_v_heads=n_v_heads,
-            head_dim=head_dim, eps=eps, chunk=chunk,
-        )  # fmt: skip

@@ -127,12 +127,12 @@ def check_mix(
 ) -> tuple[int, int, int, int]:
     """(N, hc, d, r) of a mix; ValueError on any shape or dtype that does not fit."""
     if x.dim() != 3:
-        raise ValueError(f"hc_mix: x has shape {list(x.shape)}, expected [N, hc, d]")
+        raise ValueError(f"hc.mix: x has shape {list(x.shape)}, expected [N, hc, d]")
     if x.dtype != torch.float32 or norm.dtype != torch.float32:
-        raise ValueError(f"hc_mix: x and norm must be float32, got {x.dtype} and {norm.dtype}")
+        raise ValueError(f"hc.mix: x and norm must be float32, got {x.dtype} and {norm.dtype}")
     n, hc, d = x.shape
     if tuple(norm.shape) != (hc, d):
-        raise ValueError(f"hc_mix: norm has shape {list(norm.shape)}, expected [{hc}, {d}]")
+        raise ValueError(f"hc.mix: norm has shape {list(norm.shape)}, expected [{hc}, {d}]")
     r = down.rows
     if down.k != hc * d:
         raise ValueError(f"{down.name}: rows of {down.k} values, expected hc * d = {hc * d}")
@@ -147,15 +147,15 @@ def check_mix(
 
 def check_combine(x: torch.Tensor, out: torch.Tensor, inject: torch.Tensor) -> None:
     if x.dim() != 3:
-        raise ValueError(f"hc_combine: x has shape {list(x.shape)}, expected [N, hc, d]")
+        raise ValueError(f"hc.combine: x has shape {list(x.shape)}, expected [N, hc, d]")
     n, hc, d = x.shape
     if tuple(out.shape) != (n, d):
-        raise ValueError(f"hc_combine: out has shape {list(out.shape)}, expected [{n}, {d}]")
+        raise ValueError(f"hc.combine: out has shape {list(out.shape)}, expected [{n}, {d}]")
     if tuple(inject.shape) != (n, hc):
-        raise ValueError(f"hc_combine: inject has shape {list(inject.shape)}, expected [{n}, {hc}]")
+        raise ValueError(f"hc.combine: inject has shape {list(inject.shape)}, expected [{n}, {hc}]")
     for name, t in (("x", x), ("out", out), ("inject", inject)):
         if t.dtype != torch.float32:
-            raise ValueError(f"hc_combine: {name} must be float32, got {t.dtype}")
+            raise ValueError(f"hc.combine: {name} must be float32, got {t.dtype}")
 
 
 class HCTorch:

@@ -112,6 +112,7 @@ class KVCuda:
     def __init__(self, kernels: Kernels, fallback: KVTorch) -> None:
         self.kernels, self.fallback = kernels, fallback
         self.device = kernels.device
+        self.read = fallback.read  # reads are torch indexing on any device
 
     def write(
         self, cache: KVLayer, x: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor
@@ -144,6 +145,3 @@ class KVCuda:
             np.int32(n_kv),
             np.int32(kind),
         )
-
-    def read(self, cache: KVLayer, slot: int, end: int) -> torch.Tensor:
-        return self.fallback.read(cache, slot, end)

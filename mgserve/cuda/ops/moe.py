@@ -87,19 +87,19 @@ def check_moe(
     check_experts(w)
     d = w.n_embd
     if x.dim() != 2 or x.shape[1] != d:
-        raise ValueError(f"moe_experts: x has shape {list(x.shape)}, expected [N, {d}]")
+        raise ValueError(f"moe.experts: x has shape {list(x.shape)}, expected [N, {d}]")
     if x.dtype != torch.float32:
-        raise ValueError(f"moe_experts: x must be float32, got {x.dtype}")
+        raise ValueError(f"moe.experts: x must be float32, got {x.dtype}")
     n = x.shape[0]
     if experts.dim() != 2 or experts.shape[0] != n or not 1 <= experts.shape[1] <= MOE_MAX_KK:
         raise ValueError(
-            f"moe_experts: experts has shape {list(experts.shape)}, expected [{n}, 1..{MOE_MAX_KK}]"
+            f"moe.experts: experts has shape {list(experts.shape)}, expected [{n}, 1..{MOE_MAX_KK}]"
         )
     if experts.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"moe_experts: experts must be int32 (or int64), got {experts.dtype}")
+        raise ValueError(f"moe.experts: experts must be int32 (or int64), got {experts.dtype}")
     if tuple(weights.shape) != tuple(experts.shape) or weights.dtype != torch.float32:
         raise ValueError(
-            f"moe_experts: weights must be float32 {list(experts.shape)}, got "
+            f"moe.experts: weights must be float32 {list(experts.shape)}, got "
             f"{weights.dtype} {list(weights.shape)}"
         )
 

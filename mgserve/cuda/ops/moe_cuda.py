@@ -74,7 +74,7 @@ class MoeCuda:
             if m is not None:
                 check_weight(m, self.device)
         if -(-max(w.n_ff, w.n_embd) // MOE_WARPS) > 65535:
-            raise ValueError(f"moe_experts: {max(w.n_ff, w.n_embd)} rows exceed the kernels' grid")
+            raise ValueError(f"moe.experts: {max(w.n_ff, w.n_embd)} rows exceed the kernels' grid")
         x = vec4_input("x", x, self.device)
         if experts.dtype != torch.int32:
             experts = experts.to(torch.int32)

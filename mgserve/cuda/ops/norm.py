@@ -29,7 +29,7 @@ def check_norm(x: torch.Tensor, w: torch.Tensor) -> None:
         ok = w.dim() == 2 and x.dim() >= 2 and tuple(x.shape[-2:]) == tuple(w.shape)
     if not ok:
         raise ValueError(
-            f"rms_norm: weight {list(w.shape)} does not match x {list(x.shape)} "
+            f"norm.rms: weight {list(w.shape)} does not match x {list(x.shape)} "
             "(expected w [D] with x [..., D], or w [G, D] with x [..., G, D])"
         )
 

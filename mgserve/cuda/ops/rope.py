@@ -126,7 +126,7 @@ class RopeCuda:
         check_cuda("pos", pos, self.device, torch.int32)
         n, h, d = x.shape
         if d > ROPE_MAX_DIM:
-            raise ValueError(f"rope: head dim {d} > {ROPE_MAX_DIM}")
+            raise ValueError(f"rope.apply: head dim {d} > {ROPE_MAX_DIM}")
         if w is not None:
             check_cuda("w", w, self.device, torch.float32)
             if w.shape != (d,):
