@@ -115,7 +115,11 @@ def run(args: argparse.Namespace) -> int:
 
     from mgserve.cuda import runtime
     from mgserve.cuda.compiler import KernelCompiler
-    from mgserve.cuda.ops import INT8_TYPES, CudaOps, MatvecTuning
+    from mgserve.cuda.dequantized import DenseWeights
+    from mgserve.cuda.launch import Kernels
+    from mgserve.cuda.ops.linear import LinearTorch
+    from mgserve.cuda.ops.linear_cuda import LinearCuda
+    from mgserve.cuda.ops.linear_tuning import INT8_TYPES, MatvecTuning
     from mgserve.cuda.weights import FORMATS, upload_bytes
 
     types = [t.strip() for t in args.types.split(",") if t.strip()]
@@ -129,14 +133,15 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--types: unknown or unsupported type {t!r}")
     compiler = KernelCompiler(0)
     tunings = [MatvecTuning.parse(t) for t in args.tunings.split()] or [MatvecTuning()]
-    all_ops = [CudaOps(compiler, t) for t in tunings]
+    kernels, dense = Kernels(compiler), DenseWeights()
+    all_ops = [LinearCuda(kernels, LinearTorch(dense), t) for t in tunings]
     q8_ops = []
     for text in args.q8_rows.split():
         try:
             r1, rn, g = (int(v) for v in text.split(","))
         except ValueError:
             raise ValueError(f"--q8-rows {text!r}: expected R1,RN,G") from None
-        q8_ops.append(CudaOps(compiler, q8_rows=(r1, rn), q8_group=g))
+        q8_ops.append(LinearCuda(kernels, LinearTorch(dense), q8_rows=(r1, rn), q8_group=g))
     stream = runtime.new_stream()
     ts = runtime.torch_stream(stream)
     copy_gbs = _copy_rate(torch)

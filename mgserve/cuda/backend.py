@@ -1,55 +1,137 @@
-"""The device backend: every op family composed into one object, and the model factory.
+"""The device backend: one object per family of ops (ops/), composed into a ``Backend``, and the
+model factory.
 
-``TorchBackend`` runs the device models with plain PyTorch on any device (the CPU in CI, where it
-is checked against the reference models; a GPU as a fallback). ``CudaBackend`` overrides each op
-with its NVRTC kernels. The device models only ever call the backend, so the two are
-interchangeable op by op (see kbase.py).
+``torch_backend()`` runs the device models with plain PyTorch on any device (the CPU in CI, where
+it is checked against the reference models; a GPU as a fallback). ``cuda_backend(i)`` runs them on
+the NVRTC kernels of GPU i, each CUDA family holding its torch twin as the explicit fallback for
+inputs no kernel covers. The device models call only ``backend.<family>.<op>``, so the two are
+interchangeable op by op.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from dataclasses import dataclass
 
 import torch
 
 from mgserve.core.gguf.reader import GGUFError, GGUFFile
-from mgserve.cuda.attention import AttentionCuda, AttentionTorch
-from mgserve.cuda.hc import HCCuda, HCTorch
-from mgserve.cuda.matmul import MatmulCuda, MatmulTorch
-from mgserve.cuda.models.base import DeviceLM, DeviceOps
-from mgserve.cuda.route import RouteCuda, RouteTorch
-from mgserve.cuda.smallops import SmallOpsCuda, SmallOpsTorch
-
-if TYPE_CHECKING:
-    from mgserve.cuda.compiler import KernelCompiler
+from mgserve.cuda.dequantized import DenseWeights
+from mgserve.cuda.launch import Kernels
+from mgserve.cuda.models.base import DeviceLM
+from mgserve.cuda.ops.act import ActCuda, ActTorch
+from mgserve.cuda.ops.attention import AttentionTorch
+from mgserve.cuda.ops.attention_cuda import AttentionCuda
+from mgserve.cuda.ops.deltanet import DeltaNetTorch
+from mgserve.cuda.ops.deltanet_cuda import DeltaNetCuda
+from mgserve.cuda.ops.hc import HCTorch
+from mgserve.cuda.ops.hc_cuda import HCCuda
+from mgserve.cuda.ops.kv import KVCuda, KVTorch
+from mgserve.cuda.ops.linear import LinearTorch
+from mgserve.cuda.ops.linear_cuda import LinearCuda
+from mgserve.cuda.ops.moe import MoeTorch
+from mgserve.cuda.ops.moe_cuda import MoeCuda
+from mgserve.cuda.ops.norm import NormCuda, NormTorch
+from mgserve.cuda.ops.ple import Ple
+from mgserve.cuda.ops.qsa import QsaTorch
+from mgserve.cuda.ops.qsa_cuda import QsaCuda
+from mgserve.cuda.ops.qsa_keys import BlockKeys
+from mgserve.cuda.ops.rope import RopeCuda, RopeTorch
+from mgserve.cuda.ops.route import RouteCuda, RouteTorch
+from mgserve.cuda.pools import PoolSize
 
 DENSE_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 HYBRID_ARCHS = ("qwen3moe", "qwen3next", "qwen4exp")
 
 
-class TorchBackend(AttentionTorch, MatmulTorch, SmallOpsTorch, HCTorch, RouteTorch):
+@dataclass
+class Backend:
+    """Every op family of one backend; the families that need another hold it themselves."""
+
+    dense: DenseWeights  # dequantized weights of the torch families (fallbacks included)
+    kernels: Kernels | None  # the GPU's compiled kernels and stream; None for the torch backend
+    kv: KVTorch | KVCuda
+    attention: AttentionTorch | AttentionCuda
+    qsa: QsaTorch | QsaCuda
+    qsa_keys: BlockKeys
+    linear: LinearTorch | LinearCuda
+    moe: MoeTorch | MoeCuda
+    route: RouteTorch | RouteCuda
+    norm: NormTorch | NormCuda
+    rope: RopeTorch | RopeCuda
+    act: ActTorch | ActCuda
+    deltanet: DeltaNetTorch | DeltaNetCuda
+    hc: HCTorch | HCCuda
+    ple: Ple
+
+
+def torch_backend() -> Backend:
     """All ops in PyTorch on the tensors' device."""
+    dense = DenseWeights()
+    linear, norm, rope = LinearTorch(dense), NormTorch(), RopeTorch()
+    return Backend(
+        dense=dense,
+        kernels=None,
+        kv=KVTorch(),
+        attention=AttentionTorch(),
+        qsa=QsaTorch(),
+        qsa_keys=BlockKeys(norm, rope),
+        linear=linear,
+        moe=MoeTorch(dense),
+        route=RouteTorch(),
+        norm=norm,
+        rope=rope,
+        act=ActTorch(),
+        deltanet=DeltaNetTorch(),
+        hc=HCTorch(dense),
+        ple=Ple(linear, norm),
+    )
 
 
-class CudaBackend(AttentionCuda, MatmulCuda, SmallOpsCuda, HCCuda, RouteCuda):
-    """All ops as NVRTC kernels on torch's current stream (torch versions where none exists)."""
-
-
-def cuda_backend(device_index: int = 0, *, int8: bool = False) -> CudaBackend:
+def cuda_backend(
+    device_index: int = 0,
+    *,
+    int8: bool = False,
+    prefill_exact: bool = False,
+    kernels: Kernels | None = None,
+) -> Backend:
     """The kernels of GPU ``device_index`` (compiled once; the cubin cache makes restarts fast).
-    ``int8``: round activations to int8 groups in the matvecs that have a dp4a kernel (faster,
-    not exact; see ops.py)."""
+    ``int8``: round activations to int8 groups in the decode products that have a dp4a kernel
+    (faster, not exact; ops/linear_cuda.py). ``prefill_exact``: prompt chunks multiply fp32
+    dequantized weights instead of f16 tiles (comparing whole models with the reference).
+    ``kernels``: an existing ``Kernels`` to share (its GPU, not ``device_index``, is used)."""
     from mgserve.cuda.compiler import KernelCompiler
 
-    compiler: KernelCompiler = KernelCompiler(device_index)
-    backend = CudaBackend(compiler)
-    backend.int8 = int8
-    return backend
+    if kernels is None:
+        kernels = Kernels(KernelCompiler(device_index))
+    dense = DenseWeights()
+    linear = LinearCuda(kernels, LinearTorch(dense))
+    moe = MoeCuda(kernels, MoeTorch(dense), linear)
+    linear.int8 = moe.int8 = int8
+    linear.prefill_exact = moe.prefill_exact = prefill_exact
+    norm, rope = NormCuda(kernels), RopeCuda(kernels, RopeTorch())
+    attention = AttentionCuda(kernels, AttentionTorch())
+    return Backend(
+        dense=dense,
+        kernels=kernels,
+        kv=KVCuda(kernels, KVTorch()),
+        attention=attention,
+        qsa=QsaCuda(kernels, QsaTorch(), attention),
+        qsa_keys=BlockKeys(norm, rope),
+        linear=linear,
+        moe=moe,
+        route=RouteCuda(kernels, RouteTorch()),
+        norm=norm,
+        rope=rope,
+        act=ActCuda(kernels),
+        deltanet=DeltaNetCuda(kernels, DeltaNetTorch()),
+        hc=HCCuda(kernels, HCTorch(dense), linear, norm),
+        ple=Ple(linear, norm),
+    )
 
 
 def load_device_model(
     g: GGUFFile,
-    ops: TorchBackend | CudaBackend,
+    backend: Backend,
     device: torch.device,
     n_slots: int,
     n_ctx: int,
@@ -62,16 +144,16 @@ def load_device_model(
     from mgserve.core.gguf.hparams_hybrid import hybrid_spec_from_gguf
     from mgserve.cuda.models.dense import DenseLM
     from mgserve.cuda.models.hybrid import HybridLM
+    from mgserve.cuda.models.qwen4exp import Qwen4ExpLM
 
     arch = g.architecture
-    pools = (n_slots + 1, n_ctx, type_k, type_v)
-    # the op families spell their keyword arguments out; DeviceOps lists them as **kw
-    dev_ops = cast(DeviceOps, ops)
+    size = PoolSize(n_slots + 1, n_ctx, type_k, type_v)
     if arch in DENSE_ARCHS:
-        return DenseLM(g, spec_from_gguf(g), dev_ops, device, *pools)
+        return DenseLM(g, spec_from_gguf(g), backend, device, size)
     if arch in HYBRID_ARCHS:
         spec, hp = hybrid_spec_from_gguf(g)
-        return HybridLM(g, spec, hp, dev_ops, device, *pools)
+        lm = Qwen4ExpLM if arch == "qwen4exp" else HybridLM
+        return lm(g, spec, hp, backend, device, size)
     raise GGUFError(
         f"{g.path}: architecture {arch!r} is not supported on the device backend "
         f"(supported: {', '.join(DENSE_ARCHS + HYBRID_ARCHS)})"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from mgserve.cuda.kbase import KVLayer
 from mgserve.cuda.models.base import DeviceLM
+from mgserve.cuda.pools import KVLayer
 
 _CHUNK = 8192  # positions written per call, to bound temporary memory
 

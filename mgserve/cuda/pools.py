@@ -18,14 +18,42 @@ The layout is what the reference keeps per session (mgserve/core/state*.py), wit
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from mgserve.core.models.kvcache import CACHE_TYPES
-from mgserve.cuda.kbase import KVLayer
 
 _Q8_BLOCK = 32
 _DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+class PoolSize(NamedTuple):
+    """The session state a device model allocates: slots (a spare padding slot included),
+    positions per slot, and the K / V cache types."""
+
+    n_slots: int
+    n_ctx: int
+    type_k: str = "f16"
+    type_v: str = "f16"
+
+
+class KVLayer(NamedTuple):
+    """One attention layer's K (or V) for every slot of a device pool.
+
+    q8_0: ``values`` int8 [n_slots, n_ctx, n_kv, head_dim], ``scales`` float16
+    [n_slots, n_ctx, n_kv, head_dim / 32] (x ~= values * scale per 32 values, rounded exactly as
+    ``mgserve.core.models.kvcache.quantize_q8_0``). f16 / f32: ``values`` of that dtype,
+    ``scales`` empty.
+    Both are contiguous views of the pool's layer.
+    """
+
+    values: torch.Tensor
+    scales: torch.Tensor
+
+    @property
+    def quantized(self) -> bool:
+        return self.values.dtype == torch.int8
 
 
 def kv_layer(

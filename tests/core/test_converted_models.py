@@ -99,11 +99,11 @@ def test_reference_path_matches_llama_cpp(arch: str, refs: dict[str, Any]) -> No
 def test_device_backend_matches_llama_cpp(arch: str, refs: dict[str, Any]) -> None:
     """The device model with the torch backend on the CPU: the prompt in one prefill step, then
     one decode step per token."""
-    from mgserve.cuda.backend import TorchBackend, load_device_model
+    from mgserve.cuda.backend import load_device_model, torch_backend
 
     ref, cpu = refs[arch], torch.device("cpu")
     model = load_device_model(
-        GGUFFile(_file(arch, refs)), TorchBackend(), cpu, 1, 256, "f32", "f32"
+        GGUFFile(_file(arch, refs)), torch_backend(), cpu, 1, 256, "f32", "f32"
     )
     toks, n = ref["tokens"], ref["n_prompt"]
     model.begin_sequence(0)

@@ -16,7 +16,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 from mgserve.core.gguf.reader import GGUFError, GGUFFile, TensorInfo
 from mgserve.core.gguf.writer import GGUFWriter
 from mgserve.core.reference.dequant import SUPPORTED_TYPES, dequantize
-from tests.cuda.test_matvec import random_tensor
+from tests.cuda.test_linear_matvec import random_tensor
 
 NEW_TYPES = ["Q2_K", "Q3_K", "MXFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S",
              "IQ1_M"]  # fmt: skip

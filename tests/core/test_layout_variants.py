@@ -83,12 +83,12 @@ def device_matches_reference(arch: str, path: Path) -> None:
     """tests/cuda/test_device_models.py's comparison; the reference breaks QSA score ties like the
     device (tests/cuda/conftest.py ``stable_qsa_ties``)."""
     from mgserve.core.reference import qsa
-    from mgserve.cuda.backend import TorchBackend
+    from mgserve.cuda.backend import torch_backend
     from tests.cuda.test_device_models import TOL_TORCH, _compare
 
     torch.manual_seed(0)
     with mock.patch.object(qsa, "select", functools.partial(qsa.select, stable=True)):
-        _compare(arch, path, TorchBackend(), torch.device("cpu"), TOL_TORCH)
+        _compare(arch, path, torch_backend(), torch.device("cpu"), TOL_TORCH)
 
 
 def _layers(tensors: Tensors) -> list[int]:
@@ -246,10 +246,10 @@ def test_qwen4exp_norm_of_wrong_size_is_refused(
     msg = rf"short\.gguf: tensor '{name}' has shape \[1020\], expected \[256, 4\] or any shape"
     with pytest.raises(GGUFError, match=msg):
         load_model(path)
-    from mgserve.cuda.backend import TorchBackend, load_device_model
+    from mgserve.cuda.backend import load_device_model, torch_backend
 
     with pytest.raises(GGUFError, match=msg):
-        load_device_model(GGUFFile(path), TorchBackend(), torch.device("cpu"), 1, 64)
+        load_device_model(GGUFFile(path), torch_backend(), torch.device("cpu"), 1, 64)
 
 
 def test_qwen4exp_without_output_ties_it_to_the_embedding(

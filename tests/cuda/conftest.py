@@ -23,10 +23,46 @@ def compiler(kernel_cache: Path):
 
 
 @pytest.fixture(scope="session")
-def ops(compiler):
-    from mgserve.cuda.ops import CudaOps
+def kernels(compiler):
+    from mgserve.cuda.launch import Kernels
 
-    return CudaOps(compiler)
+    return Kernels(compiler)
+
+
+@pytest.fixture(scope="session")
+def cuda_ops(kernels):
+    """The CUDA backend on the test's kernel cache."""
+    from mgserve.cuda.backend import cuda_backend
+
+    return cuda_backend(kernels=kernels)
+
+
+@pytest.fixture
+def torch_ops():
+    """The torch backend (the GPU tests' oracle on the same device's tensors); one per test, as
+    its dense-weight cache is keyed by storage address, which a later test's weights may reuse."""
+    from mgserve.cuda.backend import torch_backend
+
+    return torch_backend()
+
+
+@pytest.fixture(scope="session")
+def ops(cuda_ops):
+    """The CUDA linear family (matvec, int8 activations, dequantization)."""
+    return cuda_ops.linear
+
+
+@pytest.fixture(scope="session")
+def spin(kernels):
+    """spin(stream, ns): keep a cuda.core stream busy for ns of GPU time (util.cu)."""
+    import numpy as np
+
+    def run(stream, nanoseconds: int) -> None:
+        kernels.launch(
+            kernels.kernel("util.cu", "spin_ns"), 1, 1, np.uint64(nanoseconds), stream=stream
+        )
+
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -27,9 +27,9 @@ import pytest
 import torch
 
 from mgserve.core.models import kvcache
-from mgserve.cuda import attention
-from mgserve.cuda.kbase import KVLayer
-from mgserve.cuda.pools import kv_layer
+from mgserve.cuda.ops import qsa as qsa_ops
+from mgserve.cuda.ops import qsa_cuda
+from mgserve.cuda.pools import KVLayer, kv_layer
 
 pytestmark = pytest.mark.gpu
 
@@ -39,15 +39,13 @@ RTOL_F16 = 5e-3  # flash SDPA (f16) prefill
 
 
 @pytest.fixture(scope="module")
-def att(compiler):
-    from mgserve.cuda.attention import AttentionCuda
-
-    return AttentionCuda(compiler)
+def att(cuda_ops):
+    return cuda_ops
 
 
 @pytest.fixture(scope="module")
-def ref():
-    return attention.AttentionTorch()
+def ref(torch_ops):
+    return torch_ops
 
 
 def gen(seed: int) -> torch.Generator:
@@ -102,8 +100,8 @@ def test_kv_write_is_bit_identical(att, ref, kind: str) -> None:
     slots, pos = (perm // n_ctx).to(torch.int32), (perm % n_ctx).to(torch.int32)
     got = kv_layer(kind, n_slots, n_ctx, n_kv, d, torch.device(DEV))
     want = kv_layer(kind, n_slots, n_ctx, n_kv, d, torch.device(DEV))
-    att.kv_write(got, x, slots, pos)
-    ref.kv_write(want, x, slots, pos)
+    att.kv.write(got, x, slots, pos)
+    ref.kv.write(want, x, slots, pos)
     torch.cuda.synchronize()
     bad = (got.values != want.values).sum().item()
     assert bad == 0, f"{kind}: {bad} values differ from the torch write"
@@ -115,7 +113,7 @@ def test_kv_write_is_bit_identical(att, ref, kind: str) -> None:
             got.scales[slots.long(), pos.long()].cpu().view(torch.int16), sc.view(torch.int16)
         )
     before = got.values.clone()
-    att.kv_write(got, x[:2], i32([0, 1]), i32([n_ctx, -1]))  # outside the pool: skipped
+    att.kv.write(got, x[:2], i32([0, 1]), i32([n_ctx, -1]))  # outside the pool: skipped
     torch.cuda.synchronize()
     assert torch.equal(got.values, before), "out-of-range positions must not be written"
 
@@ -154,8 +152,8 @@ def test_decode_small(
     q = randn(len(SMALL_ROWS), n_head, d, seed=5)
     slots, lengths = i32([s for s, _ in SMALL_ROWS]), i32([n for _, n in SMALL_ROWS])
     kw = {"scale": 1 / math.sqrt(d), "window": window, "softcap": softcap}
-    got = att.attention_decode(q, k, v, slots, lengths, **kw)
-    want = ref.attention_decode(q, k, v, slots, lengths, **kw)
+    got = att.attention.decode(q, k, v, slots, lengths, **kw)
+    want = ref.attention.decode(q, k, v, slots, lengths, **kw)
     close(f"decode {kt}/{vt} D={d} {n_head}/{n_kv} w={window} cap={softcap}", got, want)
     assert not got[0].any(), "a zero-length row must give zeros"
 
@@ -167,14 +165,14 @@ def test_decode_target_shapes_and_batch_invariance(att, ref) -> None:
     k, v = pool("q8_0", 6, 70016, 2, 256, seed=6), pool("q8_0", 6, 70016, 2, 256, seed=7)
     q = randn(6, 24, 256, seed=8)
     slots, lengths = i32([5, 0, 1, 2, 3, 4]), i32(lengths_l)
-    got = att.attention_decode(q, k, v, slots, lengths, scale=1 / 16)
+    got = att.attention.decode(q, k, v, slots, lengths, scale=1 / 16)
     close(
         "decode D=256 24/2 q8_0 1..70000",
         got,
-        ref.attention_decode(q, k, v, slots, lengths, scale=1 / 16),
+        ref.attention.decode(q, k, v, slots, lengths, scale=1 / 16),
     )
     for i in range(6):
-        alone = att.attention_decode(
+        alone = att.attention.decode(
             q[i : i + 1], k, v, slots[i : i + 1], lengths[i : i + 1], scale=1 / 16
         )
         assert torch.equal(alone[0], got[i]), (
@@ -190,11 +188,11 @@ def test_decode_gemma_shapes(att, ref, kind: str) -> None:
     slots, lengths = i32([0, 1, 2, 3, 4, 5]), i32([1, 300, 512, 513, 2000, 4096])
     for window in (0, 512):
         kw = {"scale": 1 / 16, "window": window}
-        got = att.attention_decode(q, k, v, slots, lengths, **kw)
+        got = att.attention.decode(q, k, v, slots, lengths, **kw)
         close(
             f"gemma decode {kind} window {window}",
             got,
-            ref.attention_decode(q, k, v, slots, lengths, **kw),
+            ref.attention.decode(q, k, v, slots, lengths, **kw),
         )
 
 
@@ -228,11 +226,11 @@ def test_prefill(
     k, v = pool(kind, 2, 2048, n_kv, 256, seed=12), pool(kind, 2, 2048, n_kv, 256, seed=13)
     q = randn(t, n_head, 256, seed=14)
     kw = {"scale": 1 / 16, "window": window, "softcap": softcap}
-    got = att.attention_prefill(q, k, v, 1, start, **kw)
+    got = att.attention.prefill(q, k, v, 1, start, **kw)
     close(
         f"prefill {kind} {n_head}/{n_kv} start {start} T {t} w={window}",
         got,
-        ref.attention_prefill(q, k, v, 1, start, **kw),
+        ref.attention.prefill(q, k, v, 1, start, **kw),
         tol,
     )
 
@@ -268,13 +266,13 @@ def test_qsa_scores_kernel(att) -> None:
     blocks = randn(3, n_blk, DI, seed=15)
     iq = randn(5, HI, DI, seed=16)
     slots, lengths = i32([0, 1, 2, 0, 1]), i32([20000, 20003, 2051, 2052, 1])
-    got = att._qsa_scores(iq, blocks, slots, lengths, n_blk - 3, ratio, top)  # padded rows
+    got = att.qsa.scores(iq, blocks, slots, lengths, n_blk - 3, ratio, top)  # padded rows
     assert got.shape == (5, n_blk), f"scores shape {list(got.shape)}"
     got = got[:, : n_blk - 3]
-    want = attention._mask_incomplete(
+    want = qsa_ops.mask_incomplete(
         torch.cat(
             [
-                attention._block_scores(iq[i : i + 1], blocks[int(s)])
+                qsa_ops.block_scores(iq[i : i + 1], blocks[int(s)])
                 for i, s in enumerate(slots.tolist())
             ]
         ),
@@ -328,8 +326,8 @@ SEL_LENGTHS = [0, 1, 4 * 511 + 3, 2048, 2051, 2052, 2053, 100003, 262143, 262144
 
 def check_selection(att, ref, scores: torch.Tensor, lengths: torch.Tensor, name: str,
                     ratio: int = SEL_RATIO, top: int = SEL_TOP) -> None:  # fmt: skip
-    got = att.qsa_select_blocks(scores, lengths, ratio=ratio, top=top)
-    want = ref.qsa_select_blocks(scores, lengths, ratio=ratio, top=top)
+    got = att.qsa.select_blocks(scores, lengths, ratio=ratio, top=top)
+    want = ref.qsa.select_blocks(scores, lengths, ratio=ratio, top=top)
     assert got.shape == want.shape and got.dtype == torch.int32, f"{name}: {got.shape} {got.dtype}"
     bad = (got != want).any(dim=1).nonzero().flatten().tolist()
     if bad:
@@ -348,9 +346,9 @@ def test_qsa_select_kernel(att, ref, kind: str) -> None:
     scores = score_rows(kind, len(SEL_LENGTHS), SEL_COLS, seed=40)
     lengths = i32(SEL_LENGTHS)
     check_selection(att, ref, scores, lengths, f"select {kind}")
-    both = att.qsa_select_blocks(scores, lengths, ratio=SEL_RATIO, top=SEL_TOP)
+    both = att.qsa.select_blocks(scores, lengths, ratio=SEL_RATIO, top=SEL_TOP)
     for i in (2, 6, 9):
-        alone = att.qsa_select_blocks(
+        alone = att.qsa.select_blocks(
             scores[i : i + 1], lengths[i : i + 1], ratio=SEL_RATIO, top=SEL_TOP
         )
         assert torch.equal(alone[0], both[i]), f"{kind}: row {i} depends on the batch"
@@ -379,21 +377,21 @@ def test_qsa_select_capture_and_timing(att, ref) -> None:
     scores = score_rows("relu", 8, SEL_COLS, seed=43)
     lengths = i32([262144, 200001, 150000, 100000, 65536, 30000, 5000, 2100])
     kw = {"ratio": SEL_RATIO, "top": SEL_TOP}
-    att.qsa_select_blocks(scores, lengths, **kw)  # compile outside the capture
+    att.qsa.select_blocks(scores, lengths, **kw)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        sel = att.qsa_select_blocks(scores, lengths, **kw)
+        sel = att.qsa.select_blocks(scores, lengths, **kw)
     scores.copy_(score_rows("few", 8, SEL_COLS, seed=44))
     lengths.copy_(i32([2052, 262144, 9, 262000, 70001, 2048, 131072, 4]))
     graph.replay()
     torch.cuda.synchronize()
     check_selection(att, ref, scores, lengths, "select replay")
-    assert torch.equal(sel, ref.qsa_select_blocks(scores, lengths, **kw)), "replay differs"
+    assert torch.equal(sel, ref.qsa.select_blocks(scores, lengths, **kw)), "replay differs"
 
     scores.copy_(score_rows("relu", 8, SEL_COLS, seed=45))
     full = i32([SEL_COLS * SEL_RATIO] * 8)
-    keys = attention.rank_keys(scores)
+    keys = qsa_ops.rank_keys(scores)
     blocks, iq = randn(8, SEL_COLS, DI, seed=46), randn(8, HI, DI, seed=47)
     slots = i32(list(range(8)))
 
@@ -402,11 +400,11 @@ def test_qsa_select_capture_and_timing(att, ref) -> None:
 
     for b in (1, 8):
         for name, fn in (
-            ("qsa_select", lambda b=b: att._select(scores[:b], full[:b], SEL_COLS, 4, SEL_TOP)),
+            ("qsa_select", lambda b=b: att.qsa.select(scores[:b], full[:b], SEL_COLS, 4, SEL_TOP)),
             ("torch topk + sort", lambda b=b: topk_sort(b)),
             (
                 "(qsa_scores)",
-                lambda b=b: att._qsa_scores(
+                lambda b=b: att.qsa.scores(
                     iq[:b], blocks, slots[:b], full[:b], SEL_COLS, SEL_RATIO, SEL_TOP
                 ),
             ),
@@ -442,24 +440,24 @@ def test_qsa_decode(att, ref, cfg: dict[str, int], rows: list[tuple[int, int]], 
 
     # separated block scores: end to end against the torch version
     blocks, iq = separated(3, n_ctx // ratio, len(rows), seed=20)
-    got = att.qsa_decode(q, iq, k, v, blocks, slots, lengths, **kw)
-    close(name, got, ref.qsa_decode(q, iq, k, v, blocks, slots, lengths, **kw))
+    got = att.qsa.decode(q, iq, k, v, blocks, slots, lengths, **kw)
+    close(name, got, ref.qsa.decode(q, iq, k, v, blocks, slots, lengths, **kw))
     assert not got[-1].any(), "a zero-length row must give zeros"
 
     # random block keys: the attention given the kernel's own selection
     blocks, iq = randn(3, n_ctx // ratio, DI, seed=21), randn(len(rows), HI, DI, seed=22)
     top = budget // ratio
-    sel = att._qsa_select(iq, blocks, slots, lengths, n_ctx // ratio, ratio, top)
-    got = att.qsa_decode(q, iq, k, v, blocks, slots, lengths, **kw)
-    want_sel = attention.select_blocks(
-        att._qsa_scores(iq, blocks, slots, lengths, n_ctx // ratio, ratio, top),
+    sel = att.qsa.score_and_select(iq, blocks, slots, lengths, n_ctx // ratio, ratio, top)
+    got = att.qsa.decode(q, iq, k, v, blocks, slots, lengths, **kw)
+    want_sel = qsa_ops.select_blocks(
+        att.qsa.scores(iq, blocks, slots, lengths, n_ctx // ratio, ratio, top),
         lengths,
         ratio,
         top,
     )
     assert torch.equal(sel, want_sel), "the kernel's selection differs from select_blocks"
-    pos, valid = attention._qsa_positions(sel, lengths.long(), ratio, top, n_ctx)
-    want = attention._attend_cells(q, k, v, slots.long(), pos, valid, kw["scale"])
+    pos, valid = qsa_ops.positions(sel, lengths.long(), ratio, top, n_ctx)
+    want = qsa_ops.attend_cells(q, k, v, slots.long(), pos, valid, kw["scale"])
     close(name + " (random blocks, same selection)", got, want)
 
 
@@ -478,17 +476,17 @@ def test_qsa_prefill(
     q = randn(t, n_head, d, seed=25)
     blocks, iq = separated(2, n_ctx // ratio, t, seed=26)
     kw = {"ratio": ratio, "budget": budget, "scale": 1 / math.sqrt(d)}
-    want = ref.qsa_prefill(q, iq, k, v, blocks, 1, start, **kw)
+    want = ref.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw)
     close(
         f"qsa prefill start {start} T {t}",
-        att.qsa_prefill(q, iq, k, v, blocks, 1, start, **kw),
+        att.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw),
         want,
     )
-    monkeypatch.setattr(attention, "_PREFILL_SCORE_ELEMS", 7 * HI * (start + t) // 4)
-    monkeypatch.setattr(attention, "_PREFILL_PART_ELEMS", 11 * n_head * 2 * d)
+    monkeypatch.setattr(qsa_cuda, "_PREFILL_SCORE_ELEMS", 7 * HI * (start + t) // 4)
+    monkeypatch.setattr(qsa_cuda, "_PREFILL_PART_ELEMS", 11 * n_head * 2 * d)
     close(
         "qsa prefill in groups of 7 / 11 queries",
-        att.qsa_prefill(q, iq, k, v, blocks, 1, start, **kw),
+        att.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw),
         want,
     )
 
@@ -507,8 +505,8 @@ def test_decode_ops_capture_and_replay(att) -> None:
     kw = {"ratio": ratio, "budget": budget, "scale": 1 / 16}
 
     def step() -> tuple[torch.Tensor, torch.Tensor]:
-        dense = att.attention_decode(q, k, v, slots, lengths, scale=1 / 16, window=512)
-        return dense, att.qsa_decode(q, iq, k, v, blocks, slots, lengths, **kw)
+        dense = att.attention.decode(q, k, v, slots, lengths, scale=1 / 16, window=512)
+        return dense, att.qsa.decode(q, iq, k, v, blocks, slots, lengths, **kw)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

@@ -24,10 +24,11 @@ from mgserve.core.gguf.hparams import ModelSpec
 from mgserve.core.models import kvcache
 from mgserve.core.models.kvcache import KVCache
 from mgserve.core.reference import ops, qsa
-from mgserve.cuda import attention
-from mgserve.cuda.attention import AttentionTorch, rank_keys, select_blocks
-from mgserve.cuda.kbase import KVLayer
-from mgserve.cuda.pools import kv_layer
+from mgserve.cuda.backend import torch_backend
+from mgserve.cuda.ops import attention as attention_ops
+from mgserve.cuda.ops import qsa as qsa_ops
+from mgserve.cuda.ops.qsa import rank_keys, select_blocks
+from mgserve.cuda.pools import KVLayer, kv_layer
 
 N_SLOTS = 3
 RTOL = 1e-5
@@ -57,7 +58,7 @@ class World:
     def __init__(
         self, cache_type: str, n_ctx: int, n_kv: int, d: int, lengths: list[int], seed: int = 0
     ) -> None:
-        self.ops = AttentionTorch()
+        self.ops = torch_backend()
         self.n_ctx, self.n_kv, self.d, self.lengths = n_ctx, n_kv, d, lengths
         cpu = torch.device("cpu")
         self.k = kv_layer(cache_type, N_SLOTS, n_ctx, n_kv, d, cpu)
@@ -76,8 +77,8 @@ class World:
             batch = [pairs[i] for i in order[c : c + 7]]
             slots = torch.tensor([s for s, _ in batch], dtype=torch.int32)
             pos = torch.tensor([p for _, p in batch], dtype=torch.int32)
-            self.ops.kv_write(self.k, torch.stack([ks[s][p] for s, p in batch]), slots, pos)
-            self.ops.kv_write(self.v, torch.stack([vs[s][p] for s, p in batch]), slots, pos)
+            self.ops.kv.write(self.k, torch.stack([ks[s][p] for s, p in batch]), slots, pos)
+            self.ops.kv.write(self.v, torch.stack([vs[s][p] for s, p in batch]), slots, pos)
 
     def keys(self, slot: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.ref[slot].read(0, end)
@@ -97,13 +98,17 @@ def rand(*shape: int, seed: int) -> torch.Tensor:
 # ---- kv_write / kv_read -------------------------------------------------------------------------
 
 
-def test_quantize_mirror_is_bit_identical() -> None:
+def test_kv_write_quantizes_with_the_reference_quantizer() -> None:
+    """q8_0 pools hold exactly what ``kvcache.quantize_q8_0`` makes (one quantizer for both)."""
     x = rand(64, 4, 128, seed=1) * torch.logspace(-3, 3, 64)[:, None, None]
     x[0, 0, :32] = 0.0
     x[1, 0, :32] = torch.arange(32) * 0.5  # many exact halves after scaling
-    q, d = attention.quantize_q8_0(x)
+    pool = kv_layer("q8_0", 1, 64, 4, 128, torch.device("cpu"))
+    pos = torch.arange(64, dtype=torch.int32)
+    torch_backend().kv.write(pool, x, torch.zeros(64, dtype=torch.int32), pos)
     rq, rd = kvcache.quantize_q8_0(x)
-    assert torch.equal(q, rq) and torch.equal(d.view(torch.int16), rd.view(torch.int16))
+    assert torch.equal(pool.values[0], rq)
+    assert torch.equal(pool.scales[0].view(torch.int16), rd.view(torch.int16))
 
 
 @pytest.mark.parametrize("cache_type", ["q8_0", "f16", "f32", "bf16"])
@@ -117,31 +122,31 @@ def test_kv_write_matches_reference_cache(cache_type: str) -> None:
             assert torch.equal(w.k.scales[s, :n], ref.k.scales[0, :n]), f"slot {s} K scales"
         assert not w.k.values[s, n:].float().abs().any(), f"slot {s}: unwritten rows touched"
         if n == 0:  # (the reference cache cannot read 0 rows of q8_0)
-            assert w.ops.kv_read(w.k, s, 0).shape == (0, w.n_kv, w.d)
+            assert w.ops.kv.read(w.k, s, 0).shape == (0, w.n_kv, w.d)
             continue
         rk, rv = w.keys(s, n)
-        assert torch.equal(w.ops.kv_read(w.k, s, n), rk)
-        assert torch.equal(w.ops.kv_read(w.v, s, n), rv)
+        assert torch.equal(w.ops.kv.read(w.k, s, n), rk)
+        assert torch.equal(w.ops.kv.read(w.v, s, n), rv)
 
 
 def test_checks_reject_bad_shapes() -> None:
     w = World("q8_0", 16, 2, 32, [4, 4, 4])
     with pytest.raises(ValueError, match="x has shape"):
-        w.ops.kv_write(
+        w.ops.kv.write(
             w.k,
             torch.zeros(2, 3, 32),
             torch.zeros(2, dtype=torch.int32),
             torch.zeros(2, dtype=torch.int32),
         )
     with pytest.raises(ValueError, match="slots"):
-        w.ops.kv_write(
+        w.ops.kv.write(
             w.k,
             torch.zeros(2, 2, 32),
             torch.zeros(3, dtype=torch.int32),
             torch.zeros(2, dtype=torch.int32),
         )
     with pytest.raises(ValueError, match="not a multiple"):
-        w.ops.attention_decode(
+        w.ops.attention.decode(
             torch.zeros(1, 3, 32),
             w.k,
             w.v,
@@ -150,10 +155,10 @@ def test_checks_reject_bad_shapes() -> None:
             scale=1.0,
         )
     with pytest.raises(ValueError, match="do not fit"):
-        w.ops.attention_prefill(torch.zeros(4, 4, 32), w.k, w.v, 0, 14, scale=1.0)
+        w.ops.attention.prefill(torch.zeros(4, 4, 32), w.k, w.v, 0, 14, scale=1.0)
     bad = KVLayer(w.k.values, w.k.scales[..., :0])
     with pytest.raises(ValueError, match="scales"):
-        w.ops.kv_read(bad, 0, 4)
+        w.ops.kv.read(bad, 0, 4)
 
 
 # ---- dense attention --------------------------------------------------------------------------
@@ -179,7 +184,7 @@ def test_attention_decode_matches_reference(
     lengths = torch.tensor([n for _, n in rows], dtype=torch.int32)
     scale = 1 / math.sqrt(d)
     kw = {"scale": scale, "window": window, "softcap": softcap}
-    got = w.ops.attention_decode(q, w.k, w.v, slots, lengths, **kw)
+    got = w.ops.attention.decode(q, w.k, w.v, slots, lengths, **kw)
     assert got.shape == (len(rows), n_head * d)
     for i, (s, n) in enumerate(rows):
         if n == 0:
@@ -217,17 +222,17 @@ def test_attention_prefill_matches_reference(
     kw = {"scale": 0.125, "window": window, "softcap": softcap}
     keys, values = w.keys(0, end)
     want = ops.attention(q, keys, values, torch.arange(start, end), **kw)
-    close("prefill", w.ops.attention_prefill(q, w.k, w.v, 0, start, **kw), want)
-    monkeypatch.setattr(attention, "_SCORE_ELEMS", 7 * n_head * end)  # force query chunks
-    close("prefill in chunks", w.ops.attention_prefill(q, w.k, w.v, 0, start, **kw), want)
+    close("prefill", w.ops.attention.prefill(q, w.k, w.v, 0, start, **kw), want)
+    monkeypatch.setattr(attention_ops, "_SCORE_ELEMS", 7 * n_head * end)  # force query chunks
+    close("prefill in chunks", w.ops.attention.prefill(q, w.k, w.v, 0, start, **kw), want)
 
 
 def test_prefill_rows_equal_decode() -> None:
     """A prefill chunk's query j equals a decode step of the same session at that position."""
     w = World("q8_0", 64, 2, 32, [64, 1, 1], seed=7)
     q = rand(20, 4, 32, seed=8)
-    pre = w.ops.attention_prefill(q, w.k, w.v, 0, 30, scale=0.2, window=9)
-    dec = w.ops.attention_decode(
+    pre = w.ops.attention.prefill(q, w.k, w.v, 0, 30, scale=0.2, window=9)
+    dec = w.ops.attention.decode(
         q,
         w.k,
         w.v,
@@ -278,7 +283,7 @@ def test_qsa_decode_matches_reference(cache_type: str) -> None:
     q, iq = rand(b, 8, 64, seed=10), rand(b, HI, DI, seed=11)
     slots = torch.tensor([s for s, _ in rows], dtype=torch.int32)
     lengths = torch.tensor([n for _, n in rows], dtype=torch.int32)
-    got = w.ops.qsa_decode(
+    got = w.ops.qsa.decode(
         q, iq, w.k, w.v, blocks, slots, lengths, ratio=RATIO, budget=BUDGET, scale=0.125
     )
     for i, (s, n) in enumerate(rows):
@@ -304,18 +309,18 @@ def test_qsa_prefill_matches_reference(
     q, iq = rand(t, 8, 64, seed=13), rand(t, HI, DI, seed=14)
     want = torch.stack([qsa_reference(w, blocks, 0, start + j, q[j], iq[j], 0.1) for j in range(t)])
     kw = {"ratio": RATIO, "budget": BUDGET, "scale": 0.1}
-    close("qsa prefill", w.ops.qsa_prefill(q, iq, w.k, w.v, blocks, 0, start, **kw), want)
-    monkeypatch.setattr(attention, "_GATHER_ELEMS", 1)  # one query per group
+    close("qsa prefill", w.ops.qsa.prefill(q, iq, w.k, w.v, blocks, 0, start, **kw), want)
+    monkeypatch.setattr(qsa_ops, "_GATHER_ELEMS", 1)  # one query per group
     close(
         "qsa prefill, one query per group",
-        w.ops.qsa_prefill(q, iq, w.k, w.v, blocks, 0, start, **kw),
+        w.ops.qsa.prefill(q, iq, w.k, w.v, blocks, 0, start, **kw),
         want,
     )
 
 
 def select_lower_first(iq: torch.Tensor, p: int, blocks: torch.Tensor) -> torch.Tensor:
     """qsa.select with ties between equal scores broken toward the lower block (a stable sort),
-    the rule AttentionTorch / AttentionCuda implement (attention.rank_keys)."""
+    the rule QsaTorch / QsaCuda implement (ops/qsa.rank_keys)."""
     complete = (p + 1) // RATIO
     if complete <= TOP:
         return torch.arange(p + 1)
@@ -342,14 +347,14 @@ def test_qsa_ties_prefer_lower_blocks() -> None:
     slots = torch.tensor([s for s, _ in rows], dtype=torch.int32)
     lengths = torch.tensor([n for _, n in rows], dtype=torch.int32)
     kw = {"ratio": RATIO, "budget": BUDGET, "scale": 0.125}
-    got = w.ops.qsa_decode(q, iq, w.k, w.v, blocks, slots, lengths, **kw)
+    got = w.ops.qsa.decode(q, iq, w.k, w.v, blocks, slots, lengths, **kw)
     for i, (s, n) in enumerate(rows):
         keys, values = w.keys(s, n)
         sel = select_lower_first(iq[i], n - 1, blocks[s])
         want = qsa.attend_selected(q[i], keys[sel], values[sel], 0.125)
         close(f"ties, row {i} (length {n})", got[i], want)
     t, start = 30, 50  # prefill: queries from 12 to 20 complete blocks
-    pre = w.ops.qsa_prefill(
+    pre = w.ops.qsa.prefill(
         q[:1].expand(t, -1, -1).contiguous(),
         iq[:1].expand(t, -1, -1),
         w.k,
@@ -372,13 +377,13 @@ def test_qsa_short_pool_is_dense() -> None:
     q, iq = rand(3, 8, 64, seed=16), rand(3, HI, DI, seed=17)
     slots = torch.tensor([0, 1, 2], dtype=torch.int32)
     lengths = torch.tensor([32, 20, 1], dtype=torch.int32)
-    got = w.ops.qsa_decode(
+    got = w.ops.qsa.decode(
         q, iq, w.k, w.v, blocks, slots, lengths, ratio=RATIO, budget=BUDGET, scale=0.125
     )
-    dense = w.ops.attention_decode(q, w.k, w.v, slots, lengths, scale=0.125)
+    dense = w.ops.attention.decode(q, w.k, w.v, slots, lengths, scale=0.125)
     close("short-pool QSA vs dense", got, dense)
-    pre = w.ops.qsa_prefill(q, iq, w.k, w.v, blocks, 1, 17, ratio=RATIO, budget=BUDGET, scale=0.125)
-    close("short-pool QSA prefill", pre, w.ops.attention_prefill(q, w.k, w.v, 1, 17, scale=0.125))
+    pre = w.ops.qsa.prefill(q, iq, w.k, w.v, blocks, 1, 17, ratio=RATIO, budget=BUDGET, scale=0.125)
+    close("short-pool QSA prefill", pre, w.ops.attention.prefill(q, w.k, w.v, 1, 17, scale=0.125))
 
 
 # ---- QSA selection ----------------------------------------------------------------------------
@@ -431,13 +436,13 @@ def test_select_blocks_edges() -> None:
     keys = rank_keys(s)[0]
     order = torch.sort(keys, descending=True).indices.tolist()
     assert order == [5, 3, 4, 0, 6, 1, 2], order
-    ops_ = AttentionTorch()
+    ops_ = torch_backend()
     ones = torch.ones(3, dtype=torch.int32)
     with pytest.raises(ValueError, match="scores has shape"):
-        ops_.qsa_select_blocks(torch.ones(3), ones, ratio=4, top=2)
+        ops_.qsa.select_blocks(torch.ones(3), ones, ratio=4, top=2)
     with pytest.raises(ValueError, match="lengths has shape"):
-        ops_.qsa_select_blocks(torch.ones(3, 9), ones[:2], ratio=4, top=2)
+        ops_.qsa.select_blocks(torch.ones(3, 9), ones[:2], ratio=4, top=2)
     with pytest.raises(ValueError, match="lengths must be int32"):
-        ops_.qsa_select_blocks(torch.ones(3, 9), ones.float(), ratio=4, top=2)
+        ops_.qsa.select_blocks(torch.ones(3, 9), ones.float(), ratio=4, top=2)
     with pytest.raises(ValueError, match="ratio >= 1"):
-        ops_.qsa_select_blocks(torch.ones(3, 9), ones, ratio=0, top=2)
+        ops_.qsa.select_blocks(torch.ones(3, 9), ones, ratio=0, top=2)

@@ -57,14 +57,14 @@ async def _serve(engine: Engine, reqs: list[Request]) -> dict[str, list[int]]:
 @pytest.mark.parametrize("arch", ["qwen3", "qwen4exp"])
 @pytest.mark.usefixtures("stable_qsa_ties")
 async def test_device_runner_serves_like_the_reference(arch: str, tmp_path: Path) -> None:
-    from mgserve.cuda.backend import TorchBackend, load_device_model
+    from mgserve.cuda.backend import load_device_model, torch_backend
     from mgserve.cuda.runner import DeviceRunner
 
     path = _export(arch, tmp_path / f"{arch}.gguf")
     ref = await _serve(Engine(load_model(path, threads=1), SETTINGS), _requests())
     cpu = torch.device("cpu")
     model = load_device_model(
-        GGUFFile(path), TorchBackend(), cpu, SETTINGS.parallel, SETTINGS.ctx_size
+        GGUFFile(path), torch_backend(), cpu, SETTINGS.parallel, SETTINGS.ctx_size
     )
     runner = DeviceRunner(model, cpu, graphs=False)
     got = await _serve(Engine(model, SETTINGS, runner=runner), _requests())
@@ -75,12 +75,12 @@ async def test_device_runner_serves_like_the_reference(arch: str, tmp_path: Path
 
 def test_runner_rejects_the_spare_slot(tmp_path: Path) -> None:
     from mgserve.core.engine.contract import ScheduledBatch, SeqWork
-    from mgserve.cuda.backend import TorchBackend, load_device_model
+    from mgserve.cuda.backend import load_device_model, torch_backend
     from mgserve.cuda.runner import DeviceRunner
 
     path = _export("qwen3", tmp_path / "m.gguf")
     cpu = torch.device("cpu")
-    model = load_device_model(GGUFFile(path), TorchBackend(), cpu, 2, 32)
+    model = load_device_model(GGUFFile(path), torch_backend(), cpu, 2, 32)
     runner = DeviceRunner(model, cpu, graphs=False)
     work = SeqWork(2, "x", (5, 6), 0, True, GREEDY, new_sequence=True)  # slot 2 is the spare
     with pytest.raises(ValueError, match="slot 2 out of range"):

@@ -18,17 +18,11 @@ import torch
 from gguf import GGMLQuantizationType, quants
 
 from mgserve.core.reference import hyper_connections as hcref
-from mgserve.cuda.hc import (
-    DYNAMIC_SMEM,
-    PART_ALIGN,
-    HCCuda,
-    HCTorch,
-    HCTuning,
-    down_part,
-    token_group,
-)
+from mgserve.cuda.dequantized import DenseWeights
+from mgserve.cuda.ops.hc import DYNAMIC_SMEM, PART_ALIGN, HCTorch, HCTuning, down_part, token_group
+from mgserve.cuda.ops.hc_cuda import HCCuda
 from mgserve.cuda.weights import QuantWeight, upload_bytes
-from tests.cuda.test_matvec import reference_weight
+from tests.cuda.test_linear_matvec import reference_weight
 
 EPS = 1e-6
 
@@ -104,7 +98,7 @@ def make_streams(n: int, hc: int, d: int, seed: int) -> torch.Tensor:
 def hct() -> HCTorch:
     """A fresh one per test: ``TorchBase.dense`` caches by storage address, which a later test's
     weights may reuse once an earlier test's are freed."""
-    return HCTorch()
+    return HCTorch(DenseWeights())
 
 
 def equal(name: str, got: torch.Tensor | None, want: torch.Tensor | None) -> None:
@@ -133,7 +127,7 @@ def test_mix_is_reference(hct: HCTorch, type_name: str, shape: tuple[int, int, i
         pytest.skip("Q8_0 rows are whole 32-value blocks")
     case = make_case(hc, d, r, type_name, seed=n * 31 + d)
     x = make_streams(n, hc, d, seed=d)
-    mixed, inj = hct.hc_mix(x, case.norm, case.down, case.up, case.inject, EPS)
+    mixed, inj = hct.mix(x, case.norm, case.down, case.up, case.inject, EPS)
     want_mixed, want_inj = hcref.mix(x, case.ref, EPS)
     equal("mixed", mixed, want_mixed)
     equal("inject", inj, want_inj)
@@ -142,7 +136,7 @@ def test_mix_is_reference(hct: HCTorch, type_name: str, shape: tuple[int, int, i
 def test_head_mix_is_reference(hct: HCTorch) -> None:
     case = make_case(4, 64, 32, ("Q8_0", "BF16", "F32"), seed=3, head=True)
     x = make_streams(3, 4, 64, seed=4)
-    mixed, inj = hct.hc_mix(x, case.norm, case.down, case.up, None, EPS)
+    mixed, inj = hct.mix(x, case.norm, case.down, case.up, None, EPS)
     want_mixed, want_inj = hcref.mix(x, case.ref, EPS)
     assert inj is None and want_inj is None
     equal("mixed", mixed, want_mixed)
@@ -153,7 +147,7 @@ def test_combine_is_reference(hct: HCTorch) -> None:
     x = torch.randn(3, 4, 40, generator=g)
     out = torch.randn(3, 40, generator=g)
     inj = torch.rand(3, 4, generator=g) * 2
-    equal("combine", hct.hc_combine(x, out, inj), hcref.combine(x, out, inj))
+    equal("combine", hct.combine(x, out, inj), hcref.combine(x, out, inj))
 
 
 def test_combine_mix_is_combine_then_mix(hct: HCTorch) -> None:
@@ -162,7 +156,7 @@ def test_combine_mix_is_combine_then_mix(hct: HCTorch) -> None:
     x = make_streams(3, 4, 64, seed=6)
     out = torch.randn(3, 64, generator=g)
     inj_prev = torch.rand(3, 4, generator=g) * 2
-    x_new, mixed, inj = hct.hc_combine_mix(
+    x_new, mixed, inj = hct.combine_mix(
         x, out, inj_prev, case.norm, case.down, case.up, case.inject, EPS
     )
     want_x = hcref.combine(x, out, inj_prev)
@@ -176,10 +170,10 @@ def test_batch_invariant(hct: HCTorch) -> None:
     """Each token's results are the same alone as in a batch of 7."""
     case = make_case(4, 64, 32, "Q8_0", seed=7)
     x = make_streams(7, 4, 64, seed=7)
-    mixed, inj = hct.hc_mix(x, case.norm, case.down, case.up, case.inject, EPS)
+    mixed, inj = hct.mix(x, case.norm, case.down, case.up, case.inject, EPS)
     assert inj is not None
     for t in (0, 3, 6):
-        m1, i1 = hct.hc_mix(x[t : t + 1], case.norm, case.down, case.up, case.inject, EPS)
+        m1, i1 = hct.mix(x[t : t + 1], case.norm, case.down, case.up, case.inject, EPS)
         equal(f"mixed of token {t}", m1, mixed[t : t + 1])
         equal(f"inject of token {t}", i1, inj[t : t + 1])
 
@@ -188,21 +182,21 @@ def test_rejects_bad_shapes(hct: HCTorch) -> None:
     case = make_case(4, 64, 32, "F32", seed=8)
     x = make_streams(2, 4, 64, seed=8)
     with pytest.raises(ValueError, match="expected \\[N, hc, d\\]"):
-        hct.hc_mix(x[0], case.norm, case.down, case.up, case.inject, EPS)
+        hct.mix(x[0], case.norm, case.down, case.up, case.inject, EPS)
     with pytest.raises(ValueError, match="norm has shape"):
-        hct.hc_mix(x, case.norm[:3], case.down, case.up, case.inject, EPS)
+        hct.mix(x, case.norm[:3], case.down, case.up, case.inject, EPS)
     with pytest.raises(ValueError, match="hc \\* d"):
-        hct.hc_mix(x[:, :3], case.norm[:3], case.down, case.up, case.inject, EPS)
+        hct.mix(x[:, :3], case.norm[:3], case.down, case.up, case.inject, EPS)
     with pytest.raises(ValueError, match="expected \\[hc \\* d, r\\]"):
-        hct.hc_mix(x, case.norm, case.down, case.down, case.inject, EPS)
+        hct.mix(x, case.norm, case.down, case.down, case.inject, EPS)
     with pytest.raises(ValueError, match="expected \\[hc, hc \\* d\\]"):
-        hct.hc_mix(x, case.norm, case.down, case.up, case.down, EPS)
+        hct.mix(x, case.norm, case.down, case.up, case.down, EPS)
     with pytest.raises(ValueError, match="float32"):
-        hct.hc_mix(x.double(), case.norm, case.down, case.up, case.inject, EPS)
+        hct.mix(x.double(), case.norm, case.down, case.up, case.inject, EPS)
     with pytest.raises(ValueError, match="out has shape"):
-        hct.hc_combine(x, torch.zeros(2, 63), torch.zeros(2, 4))
+        hct.combine(x, torch.zeros(2, 63), torch.zeros(2, 4))
     with pytest.raises(ValueError, match="inject has shape"):
-        hct.hc_combine(x, torch.zeros(2, 64), torch.zeros(2, 3))
+        hct.combine(x, torch.zeros(2, 64), torch.zeros(2, 3))
 
 
 # -- the kernels' planning (pure Python: checked here, used by HCCuda) ---------------------------
@@ -243,7 +237,7 @@ def test_tuning_defines() -> None:
 def test_kernels_apply_depends_on_shapes_and_formats_only() -> None:
     case = make_case(4, 64, 32, "BF16", seed=9)
     q4 = make_case(4, 64, 32, "Q4_0", seed=9)
-    apply = HCCuda.hc_kernels_apply
+    apply = HCCuda.kernels_apply
     assert apply(4, 2560, 320, (case.down, case.up, case.inject))
     assert apply(4, 2560, 320, (case.down, case.up, None))
     assert not apply(4, 64, 32, (q4.down, case.up, None))  # Q4_0: no kernel

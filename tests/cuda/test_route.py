@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mgserve.core.reference.moe import _MIN_WEIGHT_SUM
+from mgserve.core.reference.moe import MIN_WEIGHT_SUM
 
 pytestmark = pytest.mark.gpu
 
@@ -23,15 +23,13 @@ ATOL = 1e-6  # weights are <= 1
 
 
 @pytest.fixture(scope="module")
-def rt(compiler):
-    from mgserve.cuda.route import RouteCuda
-
-    return RouteCuda(compiler)
+def rt(cuda_ops):
+    return cuda_ops.route
 
 
 @pytest.fixture(scope="module")
 def ref():
-    from mgserve.cuda.route import RouteTorch
+    from mgserve.cuda.ops.route import RouteTorch
 
     return RouteTorch()
 
@@ -49,7 +47,7 @@ def oracle(logits: torch.Tensor, k: int, norm: bool) -> tuple[torch.Tensor, torc
     order = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]
     w = probs.gather(1, order)
     if norm:
-        w = w / w.sum(dim=-1, keepdim=True).clamp_min(_MIN_WEIGHT_SUM)
+        w = w / w.sum(dim=-1, keepdim=True).clamp_min(MIN_WEIGHT_SUM)
     return order.to(torch.int32), w
 
 
@@ -73,11 +71,11 @@ def check(name: str, got, experts: torch.Tensor, weights: torch.Tensor) -> None:
 @pytest.mark.parametrize("norm", [True, False])
 def test_route_matches_torch(rt, ref, n: int, e: int, k: int, norm: bool) -> None:
     logits = spaced_logits(n, e, seed=n * 1000 + e + k)
-    want = ref.route(logits, k, norm)
-    check(f"route N={n} E={e} k={k} norm={norm}", rt.route(logits, k, norm), *want)
+    want = ref.top_k(logits, k, norm)
+    check(f"route N={n} E={e} k={k} norm={norm}", rt.top_k(logits, k, norm), *want)
     if n > 1:  # each token alone: no dependence on the batch
-        alone = rt.route(logits[n - 1 :], k, norm)
-        full = rt.route(logits, k, norm)
+        alone = rt.top_k(logits[n - 1 :], k, norm)
+        full = rt.top_k(logits, k, norm)
         assert torch.equal(alone.weights[0], full.weights[-1]), "a token depends on the batch"
 
 
@@ -93,7 +91,7 @@ def test_route_ties_go_to_the_lower_expert(rt, kind: str) -> None:
         logits = torch.full((n, e), float("-inf"), device=DEV)
         logits[:, 200:205] = torch.randn(n, 5, generator=g, device=DEV)
     for norm in (True, False):
-        check(f"ties {kind} norm={norm}", rt.route(logits, k, norm), *oracle(logits, k, norm))
+        check(f"ties {kind} norm={norm}", rt.top_k(logits, k, norm), *oracle(logits, k, norm))
 
 
 def test_route_random_logits(rt, ref) -> None:
@@ -101,7 +99,7 @@ def test_route_random_logits(rt, ref) -> None:
     probabilities leave a clear gap around each chosen rank."""
     g = torch.Generator(device=DEV).manual_seed(8)
     logits = torch.randn(4096, 256, generator=g, device=DEV) * 2
-    got, want = rt.route(logits, 10, True), ref.route(logits, 10, True)
+    got, want = rt.top_k(logits, 10, True), ref.top_k(logits, 10, True)
     err = (got.weights - want.weights).abs().max().item()
     assert err <= ATOL, f"random logits: weights differ by {err:.2e}"
     top = torch.softmax(logits, -1).topk(11, dim=-1).values
@@ -114,15 +112,15 @@ def test_route_random_logits(rt, ref) -> None:
 def test_route_capture_and_timing(rt, ref) -> None:
     """The routing captures into a CUDA graph; then (pytest -s) one decode step's routing."""
     logits = spaced_logits(8, 256, seed=9)
-    rt.route(logits, 10, True)  # compile outside the capture
+    rt.top_k(logits, 10, True)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = rt.route(logits, 10, True)
+        out = rt.top_k(logits, 10, True)
     logits.copy_(spaced_logits(8, 256, seed=10))
     graph.replay()
     torch.cuda.synchronize()
-    check("route replay", out, *ref.route(logits, 10, True))
+    check("route replay", out, *ref.top_k(logits, 10, True))
 
     for name, fn in (("kernel", rt.route), ("torch", ref.route)):
         for b in (1, 8, 4096):

@@ -1,4 +1,4 @@
-"""The torch MoE routing (``RouteTorch.route``) against the reference ``moe.route`` on the CPU
+"""The torch MoE routing (``RouteTorch.top_k``) against the reference ``moe.route`` on the CPU
 (runs in CI): bit-identical experts and weights given the reference's own router logits, with
 and without renormalisation, at qwen4exp's shape (256 experts, top 10) and small ones."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mgserve.core.reference import moe, ops
-from mgserve.cuda.route import RouteTorch
+from mgserve.cuda.ops.route import RouteTorch
 
 
 def rand(*shape: int, seed: int) -> torch.Tensor:
@@ -25,7 +25,7 @@ def test_route_is_bit_identical_to_reference(
 ) -> None:
     x, router = rand(n, n_embd, seed=1), rand(n_expert, n_embd, seed=2) * 0.3
     want = moe.route(x, router, k, norm)
-    got = RouteTorch().route(ops.linear(x, router), k, norm)
+    got = RouteTorch().top_k(ops.linear(x, router), k, norm)
     assert got.experts.dtype == torch.int32 and got.weights.dtype == torch.float32
     assert got.experts.shape == (n, k) and got.weights.shape == (n, k)
     assert torch.equal(got.experts.long(), want.experts), "experts differ from moe.route"
@@ -39,7 +39,7 @@ def test_route_is_bit_identical_to_reference(
 
 def test_route_unnormalised_weights_are_probabilities() -> None:
     logits = rand(4, 40, seed=3)
-    got = RouteTorch().route(logits, 5, False)
+    got = RouteTorch().top_k(logits, 5, False)
     probs = torch.softmax(logits, dim=-1)
     assert torch.equal(got.weights, probs.gather(1, got.experts.long()))
     assert (got.weights[:, :-1] >= got.weights[:, 1:]).all(), "weights must come best first"
@@ -48,10 +48,10 @@ def test_route_unnormalised_weights_are_probabilities() -> None:
 def test_route_rejects_bad_arguments() -> None:
     r = RouteTorch()
     with pytest.raises(ValueError, match="float32"):
-        r.route(torch.zeros(2, 8, dtype=torch.float16), 2, True)
+        r.top_k(torch.zeros(2, 8, dtype=torch.float16), 2, True)
     with pytest.raises(ValueError, match="shape"):
-        r.route(torch.zeros(8), 2, True)
+        r.top_k(torch.zeros(8), 2, True)
     with pytest.raises(ValueError, match="k must be"):
-        r.route(torch.zeros(2, 8), 9, True)
+        r.top_k(torch.zeros(2, 8), 9, True)
     with pytest.raises(ValueError, match="k must be"):
-        r.route(torch.zeros(2, 8), 0, True)
+        r.top_k(torch.zeros(2, 8), 0, True)

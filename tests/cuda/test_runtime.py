@@ -12,7 +12,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 
-def test_awaiting_an_event_keeps_the_loop_running(ops, stream) -> None:
+def test_awaiting_an_event_keeps_the_loop_running(spin, stream) -> None:
     from mgserve.cuda import runtime
 
     spin_s = 0.2
@@ -30,7 +30,7 @@ def test_awaiting_an_event_keeps_the_loop_running(ops, stream) -> None:
         task = asyncio.create_task(ticker())
         await asyncio.sleep(0)
         t0 = time.perf_counter()
-        ops.spin(stream, int(spin_s * 1e9))
+        spin(stream, int(spin_s * 1e9))
         await runtime.wait_stream(stream)
         elapsed = time.perf_counter() - t0
         done.set()
@@ -44,10 +44,10 @@ def test_awaiting_an_event_keeps_the_loop_running(ops, stream) -> None:
     assert ticks >= 50
 
 
-def test_event_is_not_done_while_the_gpu_works(ops, stream) -> None:
+def test_event_is_not_done_while_the_gpu_works(spin, stream) -> None:
     from mgserve.cuda import runtime
 
-    ops.spin(stream, 50_000_000)
+    spin(stream, 50_000_000)
     event = stream.record()
     assert not event.is_done
     asyncio.run(runtime.wait_event(event))

@@ -340,7 +340,7 @@ def test_synth_file_in_the_converter_layout_runs_on_both_paths(name: str, tmp_pa
     """``mgserve synth`` and the device synthetic model write the converter's layout (1-D
     hyper-connection / PLE norms); the device model (torch backend) on the written file matches
     the reference model on it. (PLE rows of 16 heads x 16 = n_embd, as llama.cpp's ple_key asks.)"""
-    from mgserve.cuda.backend import TorchBackend
+    from mgserve.cuda.backend import torch_backend
     from tests.cuda.test_device_models import TOL_TORCH, _compare
 
     spec = _tiny(SHAPES[name])
@@ -357,4 +357,4 @@ def test_synth_file_in_the_converter_layout_runs_on_both_paths(name: str, tmp_pa
         ):
             assert synth.tensors[t].shape == file.tensors[t].shape == width, t
     torch.manual_seed(0)
-    _compare(spec.arch, path, TorchBackend(), torch.device("cpu"), TOL_TORCH)
+    _compare(spec.arch, path, torch_backend(), torch.device("cpu"), TOL_TORCH)

@@ -11,7 +11,7 @@ from mgserve.bench.model.harness import ModelBench
 def bytes_per_token(model: Any) -> float:
     """Weight bytes one decode token reads: everything but the routed experts, plus the chosen
     share of those (n_expert_used / n_expert), plus the output head."""
-    from mgserve.cuda.matmul import ExpertWeights
+    from mgserve.cuda.ops.moe import ExpertWeights
     from mgserve.cuda.weights import QuantWeight
 
     seen: set[int] = set()

@@ -32,10 +32,14 @@ def kv_bytes_per_token(spec: ModelSpec, type_k: str = "f16", type_v: str = "f16"
 
 
 def quantize_q8_0(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., D] float32 -> (int8 [..., D], f16 scales [..., D / 32])."""
+    """x [..., D] float32 -> (int8 [..., D], f16 scales [..., D / 32]), on any device (the device
+    backend's KV writes use it too). The divisor 127 is a tensor: CUDA torch turns a division by
+    a Python scalar into a multiply by its reciprocal (an ulp off ggml); the CPU divides either
+    way, so the bits are ggml's on both."""
     blocks = x.reshape(*x.shape[:-1], -1, _Q8_BLOCK)  # [..., D/32, 32]
-    d = blocks.abs().amax(dim=-1) / 127.0  # [..., D/32] float32, as ggml computes it
-    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    amax = blocks.abs().amax(dim=-1)
+    d = amax / amax.new_full((1,), 127.0)  # [..., D/32] float32, as ggml computes it
+    inv = torch.where(d > 0, torch.ones_like(d) / d, torch.zeros_like(d))
     scaled = blocks * inv[..., None]
     q = torch.sign(scaled) * torch.floor(scaled.abs() + 0.5)  # roundf: half away from zero
     return q.to(torch.int8).reshape(x.shape), d.to(torch.float16)

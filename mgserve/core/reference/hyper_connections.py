@@ -15,7 +15,9 @@ The head has the same mix without the inject, in place of the output norm.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -35,19 +37,38 @@ def grouped_norm(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tens
     return ops.rms_norm(x, gamma, eps)
 
 
+Project = Callable[[torch.Tensor], torch.Tensor]  # x [N, in] -> x @ W^T [N, out]
+
+
 def mix(
     x: torch.Tensor, w: HCWeights, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # input [N, d], inject [N, hc] or None
     """What a block reads from the streams x [N, hc, d], and how strongly it writes back."""
+    inject = None if w.inject is None else partial(ops.linear, w=w.inject)
+    return mix_with(
+        x, w.norm, eps, partial(ops.linear, w=w.down), partial(ops.linear, w=w.up), inject
+    )
+
+
+def mix_with(
+    x: torch.Tensor,  # [N, hc, d]
+    gamma: torch.Tensor,  # [hc, d]
+    eps: float,
+    down: Project,  # [N, hc * d] -> [N, r]
+    up: Project,  # [N, r] -> [N, hc * d]
+    inject: Project | None,  # [N, hc * d] -> [N, hc]; None for the head's mix
+    norm: ops.NormFn = grouped_norm,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # input [N, d], inject [N, hc] or None
+    """``mix`` with the projections (and the norm) given as functions: the device backend runs
+    this same arithmetic with its own products and norm kernel."""
     n, hc, d = x.shape
-    xn = grouped_norm(x, w.norm, eps).reshape(n, hc * d)  # [N, hc * d]
-    low = rowwise.silu(ops.linear(xn, w.down) / hc)  # [N, r]
-    gate = rowwise.sigmoid(ops.linear(low, w.up))  # [N, hc * d]
+    xn = norm(x, gamma, eps).reshape(n, hc * d)  # [N, hc * d]
+    low = rowwise.silu(down(xn) / hc)  # [N, r]
+    gate = rowwise.sigmoid(up(low))  # [N, hc * d]
     mixed = (gate * xn).view(n, hc, d).mean(dim=1)  # [N, d]
-    if w.inject is None:
+    if inject is None:
         return mixed, None
-    inject = 2.0 * rowwise.sigmoid(ops.linear(xn, w.inject) / hc)  # [N, hc]
-    return mixed, inject
+    return mixed, 2.0 * rowwise.sigmoid(inject(xn) / hc)  # [N, hc]
 
 
 def combine(x: torch.Tensor, out: torch.Tensor, inject: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 
 from mgserve.core.reference import ops, rowwise
 
-_MIN_WEIGHT_SUM = 6.103515625e-5  # llama.cpp clamps the top-k sum at the smallest normal f16
+MIN_WEIGHT_SUM = 6.103515625e-5  # llama.cpp clamps the top-k sum at the smallest normal f16
 
 
 @dataclass
@@ -38,10 +38,16 @@ class Routing(NamedTuple):
 
 def route(x: torch.Tensor, router: torch.Tensor, k: int, norm: bool) -> Routing:
     """Top-k experts of each token x [N, n_embd] and their weights."""
-    probs = torch.softmax(ops.linear(x, router), dim=-1)  # [N, n_expert]
+    return top_k(ops.linear(x, router), k, norm)
+
+
+def top_k(logits: torch.Tensor, k: int, norm: bool) -> Routing:
+    """The k most probable experts of softmax(logits [N, n_expert]) per token, best first, and
+    their probabilities (renormalised when ``norm``)."""
+    probs = torch.softmax(logits, dim=-1)  # [N, n_expert]
     weights, experts = torch.topk(probs, k, dim=-1)  # [N, k]
     if norm:
-        weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(_MIN_WEIGHT_SUM)
+        weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(MIN_WEIGHT_SUM)
     return Routing(experts, weights)
 
 

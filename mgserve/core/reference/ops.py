@@ -8,6 +8,7 @@ converter, so one ``rms_norm`` serves every architecture).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +47,44 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
 
 
+# rms_norm's signature: the functions that the device backend also runs with its own norm kernel
+# (the hyper-connection mix, the PLE gate) take the norm as an argument of this type
+NormFn = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+
+
 _ROPE_BLOCK = 4096  # positions per block of the cached cos/sin tables
+
+
+def rope_inv_freq(n_rot: int, base: float) -> torch.Tensor:
+    """float64 [n_rot / 2] rotary frequencies base^(-2i / n_rot)."""
+    return float(base) ** (-torch.arange(n_rot // 2, dtype=torch.float64) * 2.0 / n_rot)
+
+
+def rope_angles(
+    pos: torch.Tensor, inv_freq: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:  # cos, sin [N, half] float32
+    """cos and sin of the angles (pos * scale) * inv_freq, computed in float64 and rounded once
+    (pos [N] of any dtype, inv_freq [half] float64 on pos's device)."""
+    theta = (pos.to(torch.float64) * float(scale))[:, None] * inv_freq[None, :]  # [N, half]
+    return theta.cos().float(), theta.sin().float()
+
+
+def rope_rotate(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_rot: int, neox: bool
+) -> torch.Tensor:
+    """Rotate the first ``n_rot`` dims of each head of x [N, H, D] by the angles of cos / sin
+    [N, n_rot / 2]: neox pairs dim i with i + n_rot/2 (Hugging Face's rotate_half), otherwise
+    ("norm") dims 2i and 2i + 1 pair. Dims >= n_rot pass through."""
+    half = n_rot // 2
+    cos, sin = cos.to(x.dtype)[:, None, :], sin.to(x.dtype)[:, None, :]  # [N, 1, half]
+    rot, rest = x[..., :n_rot], x[..., n_rot:]
+    if neox:
+        x1, x2 = rot[..., :half], rot[..., half:]
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    return torch.cat((out, rest), dim=-1)
 
 
 class _RopeTable:
@@ -67,17 +105,16 @@ class _RopeTable:
         need = int(pos.max()) + 1 if pos.numel() else 0
         while self.cos.shape[0] < need:
             p0 = self.cos.shape[0]
-            p = torch.arange(p0, p0 + _ROPE_BLOCK, dtype=torch.float64) * self.scale
-            theta = p[:, None] * self.inv_freq[None, :]  # [block, half]
-            self.cos = torch.cat((self.cos, theta.cos().float()))
-            self.sin = torch.cat((self.sin, theta.sin().float()))
+            p = torch.arange(p0, p0 + _ROPE_BLOCK, dtype=torch.float64)
+            cos, sin = rope_angles(p, self.inv_freq, self.scale)  # [block, half]
+            self.cos = torch.cat((self.cos, cos))
+            self.sin = torch.cat((self.sin, sin))
         return self.cos[pos], self.sin[pos]  # [N, half] each
 
 
 @functools.lru_cache(maxsize=16)
 def _rope_table(n_rot: int, base: float, scale: float) -> _RopeTable:
-    half = n_rot // 2
-    return _RopeTable(base ** (-torch.arange(half, dtype=torch.float64) * 2.0 / n_rot), scale)
+    return _RopeTable(rope_inv_freq(n_rot, base), scale)
 
 
 def rope(
@@ -90,26 +127,15 @@ def rope(
     scale: float = 1.0,
     freq_factors: torch.Tensor | None = None,  # [n_rot / 2] llama 3 style divisors, or None
 ) -> torch.Tensor:
-    """Rotary embedding of the first ``n_rot`` dims of each head.
-
-    neox: dim i pairs with i + n_rot/2 (Hugging Face's rotate_half); otherwise ("norm") dims 2i and
-    2i + 1 pair. Angles are computed in float64 and rounded once, to stay close to both references.
-    """
-    half = n_rot // 2
+    """Rotary embedding of the first ``n_rot`` dims of each head (``rope_rotate``), with the
+    angles of a table cached per (n_rot, base, scale), computed in float64 and rounded once, to
+    stay close to both references."""
     if freq_factors is None:
         cos, sin = _rope_table(n_rot, float(base), float(scale)).lookup(pos)
     else:
-        inv_freq = _rope_table(n_rot, float(base), 1.0).inv_freq / freq_factors.to(torch.float64)
+        inv_freq = rope_inv_freq(n_rot, base) / freq_factors.to(torch.float64)
         cos, sin = _RopeTable(inv_freq, scale).lookup(pos)
-    cos, sin = cos.to(x.dtype)[:, None, :], sin.to(x.dtype)[:, None, :]  # [N, 1, half]
-    rot, rest = x[..., :n_rot], x[..., n_rot:]
-    if neox:
-        x1, x2 = rot[..., :half], rot[..., half:]
-        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    else:
-        x1, x2 = rot[..., 0::2], rot[..., 1::2]
-        out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-    return torch.cat((out, rest), dim=-1)
+    return rope_rotate(x, cos, sin, n_rot, neox)
 
 
 def model_rope(

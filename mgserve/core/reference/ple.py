@@ -118,27 +118,42 @@ def gated_values(
     x: torch.Tensor, emb: torch.Tensor, w: PleWeights, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:  # gated [N, hc, d], conv input [N, hc * d]
     """Token-wise part: each stream's gate on the shared value, and the conv's normalised input."""
+    key, value = ops.linear(emb, w.key), ops.linear(emb, w.value)  # [N, hc * d], [N, d]
+    return gate_values(x, key, value, w.norm_key, w.norm_query, w.norm_conv, eps)
+
+
+def gate_values(
+    x: torch.Tensor,  # [N, hc, d] streams
+    key: torch.Tensor,  # [N, hc * d] W_key e
+    value: torch.Tensor,  # [N, d] W_value e
+    norm_key: torch.Tensor,  # [hc, d]
+    norm_query: torch.Tensor,
+    norm_conv: torch.Tensor,
+    eps: float,
+    norm: ops.NormFn = ops.rms_norm,
+) -> tuple[torch.Tensor, torch.Tensor]:  # gated [N, hc, d], conv input [N, hc * d]
+    """``gated_values`` from the projected key and value, with the norm given as a function: the
+    device backend runs this same arithmetic on its own products and norm kernel."""
     n, hc, d = x.shape
-    key = ops.rms_norm(ops.linear(emb, w.key).view(n, hc, d), w.norm_key, eps)
-    value = ops.linear(emb, w.value)  # [N, d]
-    query = ops.rms_norm(x, w.norm_query, eps)
+    key = norm(key.view(n, hc, d), norm_key, eps)
+    query = norm(x, norm_query, eps)
     s = (key * query).sum(dim=-1) / math.sqrt(d)  # [N, hc]
     gate = rowwise.sigmoid(torch.sign(s) * s.abs().clamp_min(1e-6).sqrt())
     gated = gate[:, :, None] * value[:, None, :]  # [N, hc, d]
-    return gated, ops.rms_norm(gated, w.norm_conv, eps).reshape(n, hc * d)
+    return gated, norm(gated, norm_conv, eps).reshape(n, hc * d)
 
 
 def dilated_conv(
-    x: torch.Tensor,  # [T, C] one session's new conv inputs
-    state: torch.Tensor,  # [(K - 1) * dil, C] its previous inputs, oldest first (zeros at start)
+    x: torch.Tensor,  # [..., T, C] new conv inputs (of one session, or a batch of sessions)
+    state: torch.Tensor,  # [..., (K - 1) * dil, C] previous inputs, oldest first (zeros at start)
     weight: torch.Tensor,  # [C, K]
     dilation: int,
-) -> tuple[torch.Tensor, torch.Tensor]:  # silu(y) [T, C], new state
+) -> tuple[torch.Tensor, torch.Tensor]:  # silu(y) [..., T, C], new state
     """y_t = sum_k w[:, k] x_{t - (K - 1 - k) * dilation}, then silu."""
-    hist, t, k = state.shape[0], x.shape[0], weight.shape[1]
-    xp = torch.cat((state, x))  # [hist + T, C]
+    hist, t, k = state.shape[-2], x.shape[-2], weight.shape[1]
+    xp = torch.cat((state, x), dim=-2)  # [..., hist + T, C]
     y = torch.zeros_like(x)
     for j in range(k):
         start = hist - (k - 1 - j) * dilation
-        y = y + xp[start : start + t] * weight[:, j]
-    return rowwise.silu(y), xp[xp.shape[0] - hist :].clone()
+        y = y + xp[..., start : start + t, :] * weight[:, j]
+    return rowwise.silu(y), xp[..., xp.shape[-2] - hist :, :].clone()

@@ -69,7 +69,7 @@ def select(
     relu makes every block whose heads all score negative score exactly 0, so ties at the cut
     happen. ``stable=False`` leaves them to ``torch.topk`` as HF does (on the CPU it matches HF's
     choice); ``stable=True`` gives them to the earlier block, the rule the device path uses on
-    every device (mgserve/cuda/attention.py)."""
+    every device (mgserve/cuda/ops/qsa.py)."""
     complete = (p + 1) // r
     top = budget // r
     if complete <= top:

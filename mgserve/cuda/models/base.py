@@ -10,19 +10,24 @@ A step is either
   runs eagerly and may read host-side span data.
 
 Both write the state of the slots they touch (``SlotPools``) and return logits for the rows asked.
+Models run every op through their ``Backend`` (``backend.<family>.<op>``); the helpers here load
+and run what every architecture shares: the token embedding and output projection, and biases.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 
 from mgserve.core.gguf.hparams import ModelSpec
-from mgserve.cuda.kbase import KVLayer
+from mgserve.cuda.loader import Loader
 from mgserve.cuda.pools import SlotPools
 from mgserve.cuda.weights import QuantWeight
+
+if TYPE_CHECKING:
+    from mgserve.cuda.backend import Backend
 
 
 class Span(NamedTuple):
@@ -40,99 +45,6 @@ class Step:
     spans: tuple[Span, ...] = ()  # prefill: the chunks, in token order; decode: unused
     logit_rows: torch.Tensor | None = None  # [R] int64 rows wanting logits; None: every row
     extra: Any = None  # model-specific host-made inputs (qwen4exp: PLE rows [N, n_heads * dim])
-
-
-class DeviceOps(Protocol):
-    """What the device models call: ``backend.TorchBackend`` / ``CudaBackend`` (the methods are
-    documented where each op family is defined: matmul.py, smallops.py, attention.py)."""
-
-    def linear(self, x: torch.Tensor, w: QuantWeight) -> torch.Tensor: ...
-    def dequantize(
-        self, w: QuantWeight, row0: int, n_rows: int, out: torch.Tensor
-    ) -> torch.Tensor: ...
-    def moe_experts(
-        self, x: torch.Tensor, w: Any, experts: torch.Tensor, weights: torch.Tensor
-    ) -> torch.Tensor: ...
-    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor: ...
-    def rope(self, x: torch.Tensor, pos: torch.Tensor, **kw: Any) -> torch.Tensor: ...
-    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor: ...
-    def gelu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor: ...
-    def gated_norm(
-        self, o: torch.Tensor, z: torch.Tensor, w: torch.Tensor, eps: float, sigmoid: bool
-    ) -> torch.Tensor: ...
-    def conv_step(
-        self, x: torch.Tensor, conv: torch.Tensor, slots: torch.Tensor, weight: torch.Tensor
-    ) -> torch.Tensor: ...
-    def delta_step(
-        self,
-        y: torch.Tensor,
-        g: torch.Tensor,
-        beta: torch.Tensor,
-        ssm: torch.Tensor,
-        slots: torch.Tensor,
-        **kw: Any,
-    ) -> torch.Tensor: ...
-    def delta_prefill(
-        self,
-        qkv: torch.Tensor,
-        g: torch.Tensor,
-        beta: torch.Tensor,
-        conv: torch.Tensor,
-        ssm: torch.Tensor,
-        slot: int,
-        weight: torch.Tensor,
-        **kw: Any,
-    ) -> torch.Tensor: ...
-    def route(self, logits: torch.Tensor, k: int, norm: bool) -> Any: ...
-    def hc_mix(
-        self,
-        x: torch.Tensor,
-        norm: torch.Tensor,
-        down: QuantWeight,
-        up: QuantWeight,
-        inject: QuantWeight | None,
-        eps: float,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
-    def hc_combine(
-        self, x: torch.Tensor, out: torch.Tensor, inject: torch.Tensor
-    ) -> torch.Tensor: ...
-    def kv_write(
-        self, cache: KVLayer, x: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor
-    ) -> None: ...
-    def attention_decode(
-        self,
-        q: torch.Tensor,
-        k: KVLayer,
-        v: KVLayer,
-        slots: torch.Tensor,
-        lengths: torch.Tensor,
-        **kw: Any,
-    ) -> torch.Tensor: ...
-    def attention_prefill(
-        self, q: torch.Tensor, k: KVLayer, v: KVLayer, slot: int, start: int, **kw: Any
-    ) -> torch.Tensor: ...
-    def qsa_decode(
-        self,
-        q: torch.Tensor,
-        iq: torch.Tensor,
-        k: KVLayer,
-        v: KVLayer,
-        blocks: torch.Tensor,
-        slots: torch.Tensor,
-        lengths: torch.Tensor,
-        **kw: Any,
-    ) -> torch.Tensor: ...
-    def qsa_prefill(
-        self,
-        q: torch.Tensor,
-        iq: torch.Tensor,
-        k: KVLayer,
-        v: KVLayer,
-        blocks: torch.Tensor,
-        slot: int,
-        start: int,
-        **kw: Any,
-    ) -> torch.Tensor: ...
 
 
 class DeviceLM(Protocol):
@@ -158,3 +70,19 @@ class DeviceLM(Protocol):
 def rows(x: torch.Tensor, step: Step) -> torch.Tensor:
     """The rows of ``x`` whose logits the step wants."""
     return x if step.logit_rows is None else x.index_select(0, step.logit_rows)
+
+
+def bias(x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return x if b is None else x + b
+
+
+def load_embeddings(
+    ld: Loader, spec: ModelSpec, backend: Backend
+) -> tuple[torch.Tensor, QuantWeight]:
+    """The token embedding as a float32 table [V, d] (dequantized once on the device, so decode
+    gathers rows by token id without the host) and the output projection (the embedding's
+    quantized weight itself when the model ties them)."""
+    tok = ld.mat("token_embd.weight", (spec.n_embd, spec.n_vocab))
+    out = tok if spec.tied_output else ld.mat("output.weight", (spec.n_embd, spec.n_vocab))
+    table = torch.empty(tok.rows, tok.k, dtype=torch.float32, device=tok.data.device)
+    return backend.linear.dequantize(tok, 0, tok.rows, table), out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,10 +18,13 @@ from mgserve.core.gguf.hparams import ModelSpec
 from mgserve.core.gguf.hparams_hybrid import dense_moe
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.cuda.loader import Loader
-from mgserve.cuda.models.base import DeviceOps, Step, rows
+from mgserve.cuda.models.base import Step, bias, load_embeddings, rows
 from mgserve.cuda.models.moe import Moe, load_moe, moe_ffn
-from mgserve.cuda.pools import SlotPools
+from mgserve.cuda.pools import PoolSize, SlotPools
 from mgserve.cuda.weights import QuantWeight
+
+if TYPE_CHECKING:
+    from mgserve.cuda.backend import Backend
 
 
 @dataclass
@@ -48,26 +52,6 @@ class DenseLayer:
     moe: Moe | None = None  # llama with experts
 
 
-def _bias(x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return x if b is None else x + b
-
-
-def embedding_table(ops: DeviceOps, w: QuantWeight) -> torch.Tensor:
-    """float32 [rows, k] of a token embedding, dequantized on the device when the backend can."""
-    out = torch.empty(w.rows, w.k, dtype=torch.float32, device=w.data.device)
-    return ops.dequantize(w, 0, w.rows, out)
-
-
-def load_embeddings(
-    ld: Loader, spec: ModelSpec, ops: DeviceOps
-) -> tuple[torch.Tensor, QuantWeight]:
-    """The token embedding as a float32 table [V, d] and the output projection (the embedding's
-    quantized weight itself when the model ties them)."""
-    tok = ld.mat("token_embd.weight", (spec.n_embd, spec.n_vocab))
-    out = tok if spec.tied_output else ld.mat("output.weight", (spec.n_embd, spec.n_vocab))
-    return embedding_table(ops, tok), out
-
-
 class DenseLM:
     rewindable = True
 
@@ -75,17 +59,14 @@ class DenseLM:
         self,
         g: GGUFFile,
         spec: ModelSpec,
-        ops: DeviceOps,
+        backend: Backend,
         device: torch.device,
-        n_slots: int,
-        n_ctx: int,
-        type_k: str = "f16",
-        type_v: str = "f16",
+        size: PoolSize,
     ) -> None:
-        self.spec, self.ops, self.device = spec, ops, device
+        self.spec, self.backend, self.device = spec, backend, device
         ld = Loader(g, device)
         d, q, kv, ff = spec.n_embd, spec.q_dim, spec.kv_dim, spec.n_ff
-        self.tok_embd, self.output = load_embeddings(ld, spec, ops)
+        self.tok_embd, self.output = load_embeddings(ld, spec, backend)
         self.output_norm = ld.vec("output_norm.weight", (d,))
         self.output_b = ld.opt_vec("output.bias", (spec.n_vocab,))  # qwen2
         self.rope_freqs = (
@@ -124,9 +105,11 @@ class DenseLM:
                 layer.post_ffn_norm = ld.vec(p + "post_ffw_norm.weight", (d,))
             self.layers.append(layer)
         self.weight_bytes = ld.nbytes
-        self.pools = SlotPools(n_slots, n_ctx)
+        self.pools = SlotPools(size.n_slots, size.n_ctx)
         for il in range(spec.n_layer):
-            self.pools.add_attention(il, type_k, type_v, spec.n_head_kv, spec.head_dim, device)
+            self.pools.add_attention(
+                il, size.type_k, size.type_v, spec.n_head_kv, spec.head_dim, device
+            )
 
     def begin_sequence(self, slot: int) -> None:
         """Nothing only goes forward in a KV cache: positions are rewritten before they are read."""
@@ -135,72 +118,73 @@ class DenseLM:
         return None
 
     def forward(self, step: Step) -> torch.Tensor:
-        spec, ops = self.spec, self.ops
+        spec, b = self.spec, self.backend
         x = self.tok_embd.index_select(0, step.tokens)  # [N, d]
         if spec.gemma:
             x = x * math.sqrt(spec.n_embd)
         for il, layer in enumerate(self.layers):
             x = self.block(il, layer, x, step)
-        h = ops.rms_norm(rows(x, step), self.output_norm, spec.rms_eps)
-        logits = _bias(ops.linear(h, self.output), self.output_b)
+        h = b.norm.rms(rows(x, step), self.output_norm, spec.rms_eps)
+        logits = bias(b.linear.matmul(h, self.output), self.output_b)
         if spec.final_softcap > 0.0:
             logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap
-        return logits  # type: ignore[no-any-return]
+        return logits
 
     def block(self, il: int, layer: DenseLayer, x: torch.Tensor, step: Step) -> torch.Tensor:
-        ops = self.ops
+        b = self.backend
         eps = self.spec.rms_eps
-        a = self.attend(il, layer, ops.rms_norm(x, layer.attn_norm, eps), step)
+        a = self.attend(il, layer, b.norm.rms(x, layer.attn_norm, eps), step)
         if layer.post_attn_norm is not None:
-            a = ops.rms_norm(a, layer.post_attn_norm, eps)
+            a = b.norm.rms(a, layer.post_attn_norm, eps)
         x = x + a
-        h = ops.rms_norm(x, layer.ffn_norm, eps)
+        h = b.norm.rms(x, layer.ffn_norm, eps)
         if layer.moe is not None and self.experts is not None:
-            return x + moe_ffn(ops, layer.moe, h, self.experts)
+            return x + moe_ffn(b, layer.moe, h, self.experts)
         assert layer.gate is not None and layer.up is not None and layer.down is not None
-        g = _bias(ops.linear(h, layer.gate), layer.gate_b)
-        u = _bias(ops.linear(h, layer.up), layer.up_b)
-        act = ops.gelu_mul(g, u) if self.spec.gemma else ops.silu_mul(g, u)
-        m = _bias(ops.linear(act, layer.down), layer.down_b)
+        g = bias(b.linear.matmul(h, layer.gate), layer.gate_b)
+        u = bias(b.linear.matmul(h, layer.up), layer.up_b)
+        act = b.act.gelu_mul(g, u) if self.spec.gemma else b.act.silu_mul(g, u)
+        m = bias(b.linear.matmul(act, layer.down), layer.down_b)
         if layer.post_ffn_norm is not None:
-            m = ops.rms_norm(m, layer.post_ffn_norm, eps)
+            m = b.norm.rms(m, layer.post_ffn_norm, eps)
         return x + m
 
     def attend(self, il: int, layer: DenseLayer, h: torch.Tensor, step: Step) -> torch.Tensor:
-        spec, ops = self.spec, self.ops
+        spec, b = self.spec, self.backend
         n, dh = h.shape[0], spec.head_dim
-        q = _bias(ops.linear(h, layer.wq), layer.bq)
-        k = _bias(ops.linear(h, layer.wk), layer.bk)
-        v = _bias(ops.linear(h, layer.wv), layer.bv)
+        q = bias(b.linear.matmul(h, layer.wq), layer.bq)
+        k = bias(b.linear.matmul(h, layer.wk), layer.bk)
+        v = bias(b.linear.matmul(h, layer.wv), layer.bv)
         q, k, v = q.view(n, spec.n_head, dh), k.view(n, spec.n_head_kv, dh), v.view(n, -1, dh)
         if layer.q_norm is not None and layer.k_norm is not None:
-            q = ops.rms_norm(q, layer.q_norm, spec.rms_eps)
-            k = ops.rms_norm(k, layer.k_norm, spec.rms_eps)
+            q = b.norm.rms(q, layer.q_norm, spec.rms_eps)
+            k = b.norm.rms(k, layer.k_norm, spec.rms_eps)
         swa = bool(spec.swa_layers and spec.swa_layers[il])
-        rope = dict(
-            n_rot=spec.n_rot,
-            base=spec.rope_base_swa if swa else spec.rope_base,
-            neox=spec.rope_neox,
-            scale=spec.rope_scale,
-            freq_factors=self.rope_freqs,
-        )
-        q = ops.rope(q, step.pos, **rope)
-        k = ops.rope(k, step.pos, **rope)
+        base = spec.rope_base_swa if swa else spec.rope_base
+        q, k = (
+            b.rope.apply(t, step.pos, n_rot=spec.n_rot, base=base, neox=spec.rope_neox,
+                         scale=spec.rope_scale, freq_factors=self.rope_freqs)
+            for t in (q, k)
+        )  # fmt: skip
         kc, vc = self.pools.k[il], self.pools.v[il]
-        ops.kv_write(kc, k, step.slots, step.pos)
-        ops.kv_write(vc, v, step.slots, step.pos)
-        kw = dict(
-            scale=spec.attn_scale,
-            window=spec.sliding_window if swa else 0,
-            softcap=spec.attn_softcap,
-        )
+        b.kv.write(kc, k, step.slots, step.pos)
+        b.kv.write(vc, v, step.slots, step.pos)
+        scale, softcap = spec.attn_scale, spec.attn_softcap
+        window = spec.sliding_window if swa else 0
         if step.decode:
-            out = ops.attention_decode(q, kc, vc, step.slots, step.pos + 1, **kw)
+            lengths = step.pos + 1
+            out = b.attention.decode(
+                q, kc, vc, step.slots, lengths, scale=scale, window=window, softcap=softcap
+            )
         else:
             parts, off = [], 0
             for s in step.spans:
                 qs = q[off : off + s.n]
-                parts.append(ops.attention_prefill(qs, kc, vc, s.slot, s.start, **kw))
+                parts.append(
+                    b.attention.prefill(
+                        qs, kc, vc, s.slot, s.start, scale=scale, window=window, softcap=softcap
+                    )
+                )
                 off += s.n
             out = torch.cat(parts)
-        return _bias(ops.linear(out, layer.wo), layer.bo)
+        return bias(b.linear.matmul(out, layer.wo), layer.bo)

@@ -1,19 +1,23 @@
 """Routed experts (plus an optional sigmoid-gated shared expert) on the device backend, shared by
 the hybrid family (qwen3moe, qwen3next, qwen4exp: models/hybrid.py) and llama files with experts
-(Mixtral-style: models/dense.py)."""
+(Mixtral-style: models/dense.py): the router's logits, the route family's top k, the moe family's
+experts."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from mgserve.core.gguf.hparams_hybrid import HybridSpec
 from mgserve.core.reference import rowwise
 from mgserve.cuda.loader import Loader
-from mgserve.cuda.matmul import ExpertWeights
-from mgserve.cuda.models.base import DeviceOps
+from mgserve.cuda.ops.moe import ExpertWeights
 from mgserve.cuda.weights import QuantWeight
+
+if TYPE_CHECKING:
+    from mgserve.cuda.backend import Backend
 
 
 @dataclass
@@ -51,15 +55,15 @@ def load_moe(ld: Loader, il: int, d: int, hp: HybridSpec) -> Moe:
     return m
 
 
-def moe_ffn(ops: DeviceOps, w: Moe, h: torch.Tensor, hp: HybridSpec) -> torch.Tensor:
+def moe_ffn(b: Backend, w: Moe, h: torch.Tensor, hp: HybridSpec) -> torch.Tensor:
     """Routed (softmax top-k) plus, when loaded, the sigmoid-gated shared expert: [N, d]."""
-    experts, weights = ops.route(ops.linear(h, w.router), hp.n_expert_used, hp.norm_topk)
-    y = ops.moe_experts(h, w.experts, experts, weights)  # [N, d]
+    experts, weights = b.route.top_k(b.linear.matmul(h, w.router), hp.n_expert_used, hp.norm_topk)
+    y = b.moe.experts(h, w.experts, experts, weights)  # [N, d]
     if w.shexp_gate is not None and w.shexp_up is not None and w.shexp_down is not None:
-        g = ops.linear(h, w.shexp_gate)
-        u = ops.linear(h, w.shexp_up)
-        s = ops.linear(ops.silu_mul(g, u), w.shexp_down)
+        g = b.linear.matmul(h, w.shexp_gate)
+        u = b.linear.matmul(h, w.shexp_up)
+        s = b.linear.matmul(b.act.silu_mul(g, u), w.shexp_down)
         if w.shexp_gate_inp is not None:
-            s = s * rowwise.sigmoid(ops.linear(h, w.shexp_gate_inp))
+            s = s * rowwise.sigmoid(b.linear.matmul(h, w.shexp_gate_inp))
         y = y + s
-    return y  # type: ignore[no-any-return]
+    return y

@@ -1,11 +1,11 @@
-"""The CUDA small ops (``SmallOpsCuda``) against the torch ones (``SmallOpsTorch``, which
-tests/cuda/test_smallops_torch.py checks against the reference) and, for rope and prefill, the CPU
+"""The CUDA deltanet family (``DeltaNetCuda``) against the torch one (``DeltaNetTorch``, which
+tests/cuda/test_deltanet_torch.py checks against the reference) and, for prefill, the CPU
 reference itself. Shapes of the target models (qwen4exp: H_k 16, H_v 48, d 128, conv K 4,
-C = 10240) and tiny odd ones (head dims not a multiple of 32, widths not a multiple of 4).
+C = 10240) and tiny odd ones (head dims not a multiple of 32). The helpers here (random tensors,
+``close``, ``gpu_us``) serve the other GPU family tests too.
 
 Tolerances: the kernels sum in another order than torch (and rsqrtf / expf differ from ATen's by
-an ulp or two), so norms and DeltaNet outputs agree to ~1e-6 relative; rope rounds cos/sin and
-its products exactly as the reference, so it agrees to float rounding of the angles (~1e-7).
+an ulp or two), so outputs agree to ~1e-6 relative.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mgserve.core.reference import deltanet, ops
+from mgserve.core.reference import deltanet
 
 pytestmark = pytest.mark.gpu
 
@@ -27,20 +27,6 @@ ODD = [  # (H_k, H_v, d, K): tiny, a head dim that is not a multiple of 32, a no
     (2, 4, 48, 3),
     (3, 3, 5, 4),
 ]
-
-
-@pytest.fixture(scope="module")
-def small(compiler):
-    from mgserve.cuda.smallops import SmallOpsCuda
-
-    return SmallOpsCuda(compiler)
-
-
-@pytest.fixture(scope="module")
-def ref():
-    from mgserve.cuda.smallops import SmallOpsTorch
-
-    return SmallOpsTorch()
 
 
 def dev() -> torch.device:
@@ -67,110 +53,6 @@ def close(name: str, got: torch.Tensor, want: torch.Tensor, atol: float, rtol: f
     )
 
 
-# -- norms ---------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("n", [1, 7, 300])
-@pytest.mark.parametrize("d", [2560, 256, 640, 130, 7])
-def test_rms_norm(small, ref, n: int, d: int) -> None:
-    x = rand(n, d, seed=1, scale=3.0)
-    w = rand(d, seed=2)
-    close("rms_norm", small.rms_norm(x, w, 1e-6), ref.rms_norm(x, w, 1e-6), 1e-5, 1e-5)
-
-
-@pytest.mark.parametrize("d", [2560, 640, 6])
-def test_rms_norm_group_weights(small, ref, d: int) -> None:
-    x = rand(5, 4, d, seed=3)  # [N, G, D]
-    w = rand(4, d, seed=4)
-    close("rms_norm [G, D]", small.rms_norm(x, w, 1e-5), ref.rms_norm(x, w, 1e-5), 1e-5, 1e-5)
-
-
-def test_rms_norm_strided_rows(small, ref) -> None:
-    """A column slice of a wider activation (row stride != D) is read in place."""
-    full = rand(9, 3 * 256, seed=5)
-    x = full[:, 256:512]
-    w = rand(256, seed=6)
-    close("rms_norm view", small.rms_norm(x, w, 1e-6), ref.rms_norm(x, w, 1e-6), 1e-5, 1e-5)
-
-
-@pytest.mark.parametrize("n", [1, 8, 33])
-@pytest.mark.parametrize(("hv", "dv"), [(48, 128), (3, 8), (2, 6)])
-@pytest.mark.parametrize("sigmoid", [False, True])
-def test_gated_norm(small, ref, n: int, hv: int, dv: int, sigmoid: bool) -> None:
-    o = rand(n, hv, dv, seed=7)
-    z = rand(n, hv * dv, seed=8, scale=3.0)
-    w = rand(dv, seed=9)
-    got = small.gated_norm(o, z, w, 1e-6, sigmoid)
-    close("gated_norm", got, ref.gated_norm(o, z, w, 1e-6, sigmoid), 1e-5, 1e-5)
-
-
-# -- rope --------------------------------------------------------------------------------------
-
-ROPE_CASES = [  # (H, D, n_rot, neox, base, scale, freq factors)
-    (16, 256, 64, True, 1e7, 1.0, False),  # qwen4exp / qwen3next attention: partial NeoX
-    (8, 128, 128, False, 10000.0, 1.0, False),  # llama "norm" pairs over the whole head
-    (4, 64, 64, True, 500000.0, 0.25, True),  # llama 3 freq factors, linear scaling
-    (3, 96, 32, False, 10000.0, 1.0, True),
-    (5, 40, 6, True, 10000.0, 1.0, False),  # odd: D not a multiple of 32
-]
-POSITIONS = [0, 1, 2, 4095, 4096, 70000, 131071, 262143]
-
-
-@pytest.mark.parametrize(("h", "d", "n_rot", "neox", "base", "scale", "ff"), ROPE_CASES)
-def test_rope_matches_reference(
-    small, h: int, d: int, n_rot: int, neox: bool, base: float, scale: float, ff: bool
-) -> None:
-    x = rand(len(POSITIONS), h, d, seed=10)
-    pos = torch.tensor(POSITIONS, dtype=torch.int32, device=dev())
-    factors = (torch.rand(n_rot // 2, device=dev()) * 8 + 1) if ff else None
-    kw = {"n_rot": n_rot, "base": base, "neox": neox, "scale": scale, "freq_factors": factors}
-    got = small.rope(x, pos, **kw)
-    cpu_kw = dict(kw, freq_factors=factors.cpu() if factors is not None else None)
-    want = ops.rope(x.cpu(), pos.cpu().long(), **cpu_kw)
-    close("rope vs reference", got, want, 2e-6, 0)
-    assert torch.equal(got[..., n_rot:], x[..., n_rot:]), "dims >= n_rot must pass through"
-
-
-@pytest.mark.parametrize("n", [1, 5, 200])
-@pytest.mark.parametrize(("h", "d", "n_rot", "neox"), [(16, 256, 64, True), (2, 128, 128, False)])
-def test_rms_norm_rope(small, ref, n: int, h: int, d: int, n_rot: int, neox: bool) -> None:
-    x = rand(n, h, d, seed=11, scale=2.0)
-    w = rand(d, seed=12)
-    pos = torch.randint(0, 262144, (n,), dtype=torch.int32, device=dev())
-    kw = {"n_rot": n_rot, "base": 1e7, "neox": neox}
-    got = small.rms_norm_rope(x, w, 1e-6, pos, **kw)
-    close("rms_norm_rope", got, ref.rms_norm_rope(x, w, 1e-6, pos, **kw), 2e-5, 1e-5)
-
-
-def test_rope_strided_heads(small, ref) -> None:
-    """qwen3next's q heads are the first halves of [N, H, 2D] rows: rotated in place of a copy."""
-    qg = rand(3, 4, 2 * 128, seed=13)
-    q = qg[..., :128]
-    pos = torch.tensor([5, 6, 7], dtype=torch.int32, device=dev())
-    w = rand(128, seed=14)
-    kw = {"n_rot": 64, "base": 1e7, "neox": True}
-    close("rope view", small.rope(q, pos, **kw), ref.rope(q, pos, **kw), 2e-6, 0)
-    got = small.rms_norm_rope(q, w, 1e-6, pos, **kw)
-    close("norm+rope view", got, ref.rms_norm_rope(q, w, 1e-6, pos, **kw), 2e-5, 1e-5)
-
-
-# -- activations ------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("n", "f"), [(1, 9728), (8, 9728), (300, 1024), (3, 77)])
-def test_activations(small, ref, n: int, f: int) -> None:
-    gate, up = rand(n, f, seed=15, scale=4.0), rand(n, f, seed=16)
-    close("silu_mul", small.silu_mul(gate, up), ref.silu_mul(gate, up), 1e-5, 1e-5)
-    close("gelu_mul", small.gelu_mul(gate, up), ref.gelu_mul(gate, up), 1e-5, 1e-5)
-
-
-def test_activations_fused_halves(small, ref) -> None:
-    """gate and up as the two column halves of one [N, 2F] projection."""
-    gu = rand(4, 2 * 512, seed=17, scale=3.0)
-    gate, up = gu[:, :512], gu[:, 512:]
-    close("silu_mul halves", small.silu_mul(gate, up), ref.silu_mul(gate, up), 1e-5, 1e-5)
-
-
 # -- Gated DeltaNet decode ---------------------------------------------------------------------
 
 
@@ -186,17 +68,19 @@ def deltanet_inputs(b: int, hk: int, hv: int, d: int, k: int, n_slots: int, seed
     return x, conv, weight, ssm, g, beta, slots
 
 
-def check_decode(small, ref, b: int, hk: int, hv: int, d: int, k: int, n_slots: int) -> None:
+def check_decode(
+    cuda_ops, torch_ops, b: int, hk: int, hv: int, d: int, k: int, n_slots: int
+) -> None:
     heads = {"n_k_heads": hk, "n_v_heads": hv, "head_dim": d, "eps": 1e-6}
     x, conv, weight, ssm, g, beta, slots = deltanet_inputs(b, hk, hv, d, k, n_slots, 20)
     conv_t, ssm_t = conv.clone(), ssm.clone()
     for step in range(3):  # chained steps: a wrong state write shows up in the next step
-        y = small.conv_step(x, conv, slots, weight)
-        y_t = ref.conv_step(x, conv_t, slots, weight)
+        y = cuda_ops.deltanet.conv_step(x, conv, slots, weight)
+        y_t = torch_ops.deltanet.conv_step(x, conv_t, slots, weight)
         close(f"conv_step y (step {step})", y, y_t, 1e-5, 1e-5)
         close(f"conv state (step {step})", conv, conv_t, 1e-6, 0)
-        o = small.delta_step(y_t, g, beta, ssm, slots, **heads)
-        o_t = ref.delta_step(y_t, g, beta, ssm_t, slots, **heads)
+        o = cuda_ops.deltanet.step(y_t, g, beta, ssm, slots, **heads)
+        o_t = torch_ops.deltanet.step(y_t, g, beta, ssm_t, slots, **heads)
         close(f"delta_step o (step {step})", o, o_t, 2e-5, 1e-4)
         close(f"ssm state (step {step})", ssm, ssm_t, 2e-5, 1e-4)
         x = x.roll(1, 1) * 0.9
@@ -209,31 +93,33 @@ def check_decode(small, ref, b: int, hk: int, hv: int, d: int, k: int, n_slots: 
 
 
 @pytest.mark.parametrize(("b", "n_slots"), [(1, 5), (3, 5), (5, 5), (8, 10)])
-def test_decode_qwen4exp(small, ref, b: int, n_slots: int) -> None:
-    check_decode(small, ref, b, 16, 48, 128, 4, n_slots)
+def test_decode_qwen4exp(cuda_ops, torch_ops, b: int, n_slots: int) -> None:
+    check_decode(cuda_ops, torch_ops, b, 16, 48, 128, 4, n_slots)
 
 
 @pytest.mark.parametrize(("hk", "hv", "d", "k"), ODD)
-def test_decode_odd(small, ref, hk: int, hv: int, d: int, k: int) -> None:
-    check_decode(small, ref, 2, hk, hv, d, k, 3)
+def test_decode_odd(cuda_ops, torch_ops, hk: int, hv: int, d: int, k: int) -> None:
+    check_decode(cuda_ops, torch_ops, 2, hk, hv, d, k, 3)
 
 
-def test_decode_batch_invariant(small) -> None:
+def test_decode_batch_invariant(cuda_ops) -> None:
     """A session's outputs and state are the same bits alone as beside seven others."""
     heads = dict(QWEN4EXP, eps=1e-6)
     x, conv, weight, ssm, g, beta, slots = deltanet_inputs(8, 16, 48, 128, 4, 10, 30)
     c1, s1 = conv.clone(), ssm.clone()
-    o_all = small.delta_step(small.conv_step(x, c1, slots, weight), g, beta, s1, slots, **heads)
+    o_all = cuda_ops.deltanet.step(
+        cuda_ops.deltanet.conv_step(x, c1, slots, weight), g, beta, s1, slots, **heads
+    )
     c2, s2 = conv.clone(), ssm.clone()
     one = slots[5:6]
-    y1 = small.conv_step(x[5:6], c2, one, weight)
-    o_one = small.delta_step(y1, g[5:6], beta[5:6], s2, one, **heads)
+    y1 = cuda_ops.deltanet.conv_step(x[5:6], c2, one, weight)
+    o_one = cuda_ops.deltanet.step(y1, g[5:6], beta[5:6], s2, one, **heads)
     s = int(one.item())
     assert torch.equal(o_one[0], o_all[5]), "o differs alone vs batched"
     assert torch.equal(s2[s], s1[s]) and torch.equal(c2[s], c1[s]), "state differs"
 
 
-def test_decode_graph_capture(small, ref) -> None:
+def test_decode_graph_capture(cuda_ops, torch_ops) -> None:
     """conv_step, delta_step, gated_norm and rms_norm_rope captured into one CUDA graph replay
     to the same results as eager launches."""
     heads = dict(QWEN4EXP, eps=1e-6)
@@ -244,9 +130,11 @@ def test_decode_graph_capture(small, ref) -> None:
     rope = {"n_rot": 64, "base": 1e7, "neox": True}
 
     def step(conv: torch.Tensor, ssm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        y = small.conv_step(x, conv, slots, weight)
-        o = small.delta_step(y, g, beta, ssm, slots, **heads)
-        return small.gated_norm(o, z, w, 1e-6, True), small.rms_norm_rope(q, qw, 1e-6, pos, **rope)
+        y = cuda_ops.deltanet.conv_step(x, conv, slots, weight)
+        o = cuda_ops.deltanet.step(y, g, beta, ssm, slots, **heads)
+        return cuda_ops.norm.gated(o, z, w, 1e-6, True), cuda_ops.rope.norm_apply(
+            q, qw, 1e-6, pos, **rope
+        )
 
     c_eager, s_eager = conv.clone(), ssm.clone()
     want = step(c_eager, s_eager)  # also compiles the kernels and caches inv_freq
@@ -269,7 +157,7 @@ def test_decode_graph_capture(small, ref) -> None:
 # -- Gated DeltaNet prefill (torch on the device) ----------------------------------------------
 
 
-def test_prefill_on_device_matches_reference(small) -> None:
+def test_prefill_on_device_matches_reference(cuda_ops) -> None:
     """delta_prefill on CUDA tensors (qwen4exp shapes, T not a multiple of the chunk) equals the
     CPU reference mix, then a decode step continues from its state."""
     from mgserve.core.gguf.hparams_hybrid import HybridSpec
@@ -281,7 +169,7 @@ def test_prefill_on_device_matches_reference(small) -> None:
     g = -F.softplus(rand(t, hv, seed=55))
     beta = torch.sigmoid(rand(t, hv, seed=56))
     conv0, ssm0 = conv.cpu(), ssm.cpu()
-    o = small.delta_prefill(qkv, g, beta, conv, ssm, 1, weight, chunk=64, **heads)
+    o = cuda_ops.deltanet.prefill(qkv, g, beta, conv, ssm, 1, weight, chunk=64, **heads)
     hp = HybridSpec(1, 1, 1, 0, True, (True,), True, k, d, hk, hv)
     zz = torch.zeros(1, 1)
     w = DeltaNetWeights(zz, zz, zz, weight.cpu(), zz, zz, zz, zz)
@@ -318,15 +206,15 @@ def gpu_us(fn: Callable[[], object], reps: int = 50) -> float:
     return start.elapsed_time(end) * 1e3 / (4 * reps)
 
 
-def test_decode_speed(small) -> None:
+def test_decode_speed(cuda_ops) -> None:
     """conv_step + delta_step at qwen4exp shapes: prints microseconds and state bandwidth. Only a
     very loose bound is asserted (a regression by 10x), so the test never flakes."""
     heads = dict(QWEN4EXP, eps=1e-6)
     for b in (1, 4, 8):
         x, conv, weight, ssm, g, beta, slots = deltanet_inputs(b, 16, 48, 128, 4, 8, 60)
-        y = small.conv_step(x, conv, slots, weight)
-        conv_us = gpu_us(partial(small.conv_step, x, conv, slots, weight))
-        delta_us = gpu_us(partial(small.delta_step, y, g, beta, ssm, slots, **heads))
+        y = cuda_ops.deltanet.conv_step(x, conv, slots, weight)
+        conv_us = gpu_us(partial(cuda_ops.conv_step, x, conv, slots, weight))
+        delta_us = gpu_us(partial(cuda_ops.delta_step, y, g, beta, ssm, slots, **heads))
         state_bytes = 2 * b * 48 * 128 * 128 * 4
         print(
             f"\nB={b}: conv_step {conv_us:.2f} us, delta_step {delta_us:.2f} us "

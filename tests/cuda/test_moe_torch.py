@@ -1,7 +1,8 @@
-"""MatmulTorch (the PyTorch twin of the quantized matmul / MoE kernels) against the reference path:
-gguf-py's dequantization and ``mgserve.core.reference.moe.experts_ffn``, in float64. Runs on the
-CPU (CI). The helpers here (random quantized weights and experts, the float64 MoE reference with
-an error scale) are shared with the GPU tests in test_matmul.py.
+"""The torch MoE family (``MoeTorch``, and the linear family where a test needs both) against the
+reference path: gguf-py's dequantization and ``mgserve.core.reference.moe.experts_ffn``, in
+float64. Runs on the CPU (CI). The helpers here (random quantized weights and experts, the float64
+MoE reference with an error scale) are shared with test_linear_torch.py and the GPU tests
+(test_linear.py, test_moe.py, test_moe_prefill.py).
 
 Error scale: a product's rounding error is bounded by a multiple of sum |w_i x_i|, so linear
 errors are measured relative to ``|W| @ |x|``, and MoE errors relative to
@@ -21,9 +22,10 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from mgserve.core.reference.moe import MoeWeights, Routing, experts_ffn
-from mgserve.cuda.matmul import ExpertWeights, MatmulTorch
+from mgserve.cuda.backend import torch_backend
+from mgserve.cuda.ops.moe import ExpertWeights
 from mgserve.cuda.weights import FORMATS, QuantWeight, upload_bytes
-from tests.cuda.test_matvec import random_tensor, reference_weight
+from tests.cuda.test_linear_matvec import random_tensor, reference_weight
 
 TYPES = sorted(FORMATS)
 RTOL_FP32 = 2e-5  # fp32 kernels: linear (vs |W| @ |x|) and MoE (vs S)
@@ -162,29 +164,6 @@ def reference_moe(
 # ---- tests -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("type_name", TYPES)
-def test_linear_torch_matches_reference(type_name: str) -> None:
-    rng = np.random.default_rng(TYPES.index(type_name))
-    k = 2 * max(32, FORMATS[type_name].block)
-    w, raw = make_weight(type_name, 7, k, rng)
-    x = torch.from_numpy(rng.standard_normal((5, k), dtype=np.float32))  # [5, k]
-    y = MatmulTorch().linear(x, w)
-    assert y.shape == (5, 7) and y.dtype == torch.float32
-    wref = reference_weight(type_name, 7, k, raw).double()
-    err = bound_error(y, x.double() @ wref.T, x.double().abs() @ wref.abs().T)
-    assert err <= RTOL_FP32, f"{type_name}: relative error {err:.2e}"
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_dequantize_torch_rows(dtype: torch.dtype) -> None:
-    rng = np.random.default_rng(3)
-    w, raw = make_weight("Q4_K", 9, 512, rng)
-    out = torch.empty(4, 512, dtype=dtype)
-    MatmulTorch().dequantize(w, 3, 4, out)
-    ref = reference_weight("Q4_K", 9, 512, raw)[3:7]
-    assert torch.equal(out, ref.to(dtype))
-
-
 @pytest.mark.parametrize(
     ("gate_type", "down_type", "fused"),
     [("Q4_K", "Q5_0", False), ("Q8_0", "Q6_K", True), ("F16", "Q4_0", False)],
@@ -197,7 +176,7 @@ def test_moe_torch_matches_reference(gate_type: str, down_type: str, fused: bool
     experts, weights = routing(5, 3, 6, rng)
     experts[:, 0] = 2  # one expert shared by every token
     experts[0, 1] = 0
-    y = MatmulTorch().moe_experts(x, case.w, experts, weights)
+    y = torch_backend().moe.experts(x, case.w, experts, weights)
     assert y.shape == (5, d) and y.dtype == torch.float32
     ref, scale = reference_moe(case, x, experts, weights)
     err = bound_error(y, ref, scale)
@@ -207,13 +186,13 @@ def test_moe_torch_matches_reference(gate_type: str, down_type: str, fused: bool
 def test_torch_batch_invariant() -> None:
     """On the CPU a token's linear and MoE results are bitwise the same alone or in a batch."""
     rng = np.random.default_rng(4)
-    mt = MatmulTorch()
+    mt = torch_backend()
     w, _ = make_weight("Q4_K", 40, 256, rng)
     case = make_case("Q4_K", "Q8_0", 8, 256, 64, True, seed=4)
     x = torch.from_numpy(rng.standard_normal((7, 256), dtype=np.float32))
     experts, weights = routing(7, 3, 8, rng)
-    lin = [mt.linear(x[:n], w)[0] for n in (1, 4, 7)]
-    moe = [mt.moe_experts(x[:n], case.w, experts[:n], weights[:n])[0] for n in (1, 4, 7)]
+    lin = [mt.linear.matmul(x[:n], w)[0] for n in (1, 4, 7)]
+    moe = [mt.moe.experts(x[:n], case.w, experts[:n], weights[:n])[0] for n in (1, 4, 7)]
     for ys in (lin, moe):
         assert torch.equal(ys[0], ys[1]) and torch.equal(ys[0], ys[2])
 
@@ -223,43 +202,43 @@ def test_moe_torch_int64_ids_and_empty_batch() -> None:
     case = make_case("Q8_0", "Q8_0", 4, 64, 32, False, seed=1)
     x = torch.from_numpy(rng.standard_normal((3, 64), dtype=np.float32))
     experts, weights = routing(3, 2, 4, rng)
-    mt = MatmulTorch()
-    a = mt.moe_experts(x, case.w, experts, weights)
-    b = mt.moe_experts(x, case.w, experts.long(), weights)
+    mt = torch_backend()
+    a = mt.moe.experts(x, case.w, experts, weights)
+    b = mt.moe.experts(x, case.w, experts.long(), weights)
     assert torch.equal(a, b)
-    empty = mt.moe_experts(x[:0], case.w, experts[:0], weights[:0])
+    empty = mt.moe.experts(x[:0], case.w, experts[:0], weights[:0])
     assert empty.shape == (0, 64)
 
 
 def test_rejects_bad_input() -> None:
     rng = np.random.default_rng(0)
-    mt = MatmulTorch()
+    mt = torch_backend()
     w, _ = make_weight("Q8_0", 4, 64, rng)
     with pytest.raises(ValueError, match=r"expected \[N, 64\]"):
-        mt.linear(torch.zeros(2, 32), w)
+        mt.linear.matmul(torch.zeros(2, 32), w)
     with pytest.raises(ValueError, match="float32"):
-        mt.linear(torch.zeros(2, 64, dtype=torch.float64), w)
+        mt.linear.matmul(torch.zeros(2, 64, dtype=torch.float64), w)
     with pytest.raises(ValueError, match="outside"):
-        mt.dequantize(w, 2, 3, torch.empty(3, 64))
+        mt.linear.dequantize(w, 2, 3, torch.empty(3, 64))
     with pytest.raises(ValueError, match="out has shape"):
-        mt.dequantize(w, 0, 2, torch.empty(3, 64))
+        mt.linear.dequantize(w, 0, 2, torch.empty(3, 64))
     with pytest.raises(ValueError, match="float16 or float32"):
-        mt.dequantize(w, 0, 2, torch.empty(2, 64, dtype=torch.float64))
+        mt.linear.dequantize(w, 0, 2, torch.empty(2, 64, dtype=torch.float64))
     case = make_case("Q8_0", "Q8_0", 4, 64, 32, False, seed=1)
     x = torch.zeros(2, 64)
     experts, weights = routing(2, 2, 4, rng)
     with pytest.raises(ValueError, match=r"expected \[N, 64\]"):
-        mt.moe_experts(torch.zeros(2, 32), case.w, experts, weights)
+        mt.moe.experts(torch.zeros(2, 32), case.w, experts, weights)
     with pytest.raises(ValueError, match="experts has shape"):
-        mt.moe_experts(x, case.w, experts[:1], weights)
+        mt.moe.experts(x, case.w, experts[:1], weights)
     with pytest.raises(ValueError, match="int32"):
-        mt.moe_experts(x, case.w, experts.float(), weights)
+        mt.moe.experts(x, case.w, experts.float(), weights)
     with pytest.raises(ValueError, match="weights must be float32"):
-        mt.moe_experts(x, case.w, experts, weights.double())
+        mt.moe.experts(x, case.w, experts, weights.double())
     with pytest.raises(ValueError, match="not both"):
-        mt.moe_experts(x, case.w._replace(gate_up=case.w.gate), experts, weights)
+        mt.moe.experts(x, case.w._replace(gate_up=case.w.gate), experts, weights)
     with pytest.raises(ValueError, match="is not 4 experts"):
-        mt.moe_experts(x, case.w._replace(n_ff=16), experts, weights)
+        mt.moe.experts(x, case.w._replace(n_ff=16), experts, weights)
     mixed = case.w._replace(up=make_case("Q4_0", "Q8_0", 4, 64, 32, False, seed=2).w.up)
     with pytest.raises(ValueError, match="share a format"):
-        mt.moe_experts(x, mixed, experts, weights)
+        mt.moe.experts(x, mixed, experts, weights)

@@ -131,16 +131,25 @@ def test_matvec_rejects_bad_input(ops, stream) -> None:
         ops.matvec(bad, good, stream)
 
 
+def linear_cuda(kernels, **kw):
+    """A LinearCuda of its own (tunings, q8 shapes) on the session's kernels."""
+    from mgserve.cuda.dequantized import DenseWeights
+    from mgserve.cuda.ops.linear import LinearTorch
+    from mgserve.cuda.ops.linear_cuda import LinearCuda
+
+    return LinearCuda(kernels, LinearTorch(DenseWeights()), **kw)
+
+
 # every tuning the bench compares must compute the same function (rows per warp clamps the last
 # warp's extra rows; the unroll has a remainder loop)
 TUNINGS = ["1,1,1", "1,2,4", "2,4,8"]
 
 
 @pytest.mark.parametrize("tuning", TUNINGS)
-def test_matvec_tunings_match_reference(compiler, stream, tuning: str) -> None:
-    from mgserve.cuda.ops import CudaOps, MatvecTuning
+def test_matvec_tunings_match_reference(kernels, stream, tuning: str) -> None:
+    from mgserve.cuda.ops.linear_tuning import MatvecTuning
 
-    ops = CudaOps(compiler, MatvecTuning.parse(tuning))
+    ops = linear_cuda(kernels, tuning=MatvecTuning.parse(tuning))
     for i, type_name in enumerate(TYPES):
         block = max(32, FORMATS[type_name].block)
         for rows, k, n_tok in [
@@ -153,7 +162,7 @@ def test_matvec_tunings_match_reference(compiler, stream, tuning: str) -> None:
 
 
 def test_tuning_is_validated() -> None:
-    from mgserve.cuda.ops import MatvecTuning
+    from mgserve.cuda.ops.linear_tuning import MatvecTuning
 
     with pytest.raises(ValueError, match="three integers"):
         MatvecTuning.parse("1,2")

@@ -1,7 +1,5 @@
-"""The torch small ops (``SmallOpsTorch``) against the reference path on the CPU (runs in CI).
-
-Norms, rope and activations must equal ``reference.ops`` (rope to ~1e-6: the angles are computed
-per call instead of from the reference's cached table). The DeltaNet ops must reproduce
+"""The torch deltanet family (``DeltaNetTorch``, and the gated norm of the norm family) against
+the reference path on the CPU (runs in CI). The DeltaNet ops must reproduce
 ``reference.deltanet.mix`` / ``output``: decode steps (conv_step + delta_step) for a batch of slots,
 one-session prefill for any T and chunk size, prompts split across calls, decode after prefill,
 and untouched slots left alone.
@@ -14,10 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from mgserve.core.gguf.hparams_hybrid import HybridSpec
-from mgserve.core.reference import deltanet, ops
+from mgserve.core.reference import deltanet
 from mgserve.core.reference.deltanet import DeltaNetWeights
-from mgserve.cuda import smallops
-from mgserve.cuda.smallops import SmallOpsTorch, delta_rule_chunked_device
+from mgserve.cuda.backend import Backend, torch_backend
+from mgserve.cuda.ops import deltanet_chunked
+from mgserve.cuda.ops.deltanet_chunked import delta_rule_chunked_device
 
 HK, HV, D, K, EPS = 2, 6, 16, 4, 1e-6
 C = (2 * HK + HV) * D
@@ -26,8 +25,8 @@ HEADS = {"n_k_heads": HK, "n_v_heads": HV, "head_dim": D, "eps": EPS}
 
 
 @pytest.fixture(scope="module")
-def so() -> SmallOpsTorch:
-    return SmallOpsTorch()
+def so() -> Backend:
+    return torch_backend()
 
 
 def gen(seed: int) -> torch.Generator:
@@ -40,87 +39,6 @@ def close(name: str, got: torch.Tensor, want: torch.Tensor, atol: float, rtol: f
     torch.testing.assert_close(
         got, want, atol=atol, rtol=rtol, msg=lambda m: f"{name}: max abs err {err:.3g}\n{m}"
     )
-
-
-# -- norms, rope, activations -----------------------------------------------------------------
-
-
-@pytest.mark.parametrize("shape", [(3, 2560), (5, 256), (2, 640), (4, 7)])
-def test_rms_norm(so: SmallOpsTorch, shape: tuple[int, int]) -> None:
-    g = gen(0)
-    x = torch.randn(*shape, generator=g) * 3
-    w = torch.randn(shape[-1], generator=g)
-    close("rms_norm", so.rms_norm(x, w, 1e-6), ops.rms_norm(x, w, 1e-6), atol=0)
-
-
-def test_rms_norm_group_weights(so: SmallOpsTorch) -> None:
-    g = gen(1)
-    x = torch.randn(3, 4, 640, generator=g)  # [N, G, D]: hyper-connection streams
-    w = torch.randn(4, 640, generator=g)
-    y = so.rms_norm(x, w, 1e-5)
-    for i in range(4):
-        close(f"stream {i}", y[:, i], ops.rms_norm(x[:, i], w[i], 1e-5), atol=0)
-
-
-def test_rms_norm_bad_weight(so: SmallOpsTorch) -> None:
-    with pytest.raises(ValueError, match="does not match"):
-        so.rms_norm(torch.zeros(3, 4, 8), torch.zeros(3, 8), 1e-6)
-    with pytest.raises(ValueError, match="float32"):
-        so.rms_norm(torch.zeros(3, 8, dtype=torch.float64), torch.zeros(8), 1e-6)
-
-
-ROPE_CASES = [  # (D, n_rot, neox, base, scale, freq factors)
-    (256, 64, True, 1e7, 1.0, False),
-    (128, 128, False, 10000.0, 1.0, False),
-    (64, 64, True, 500000.0, 0.25, True),
-    (96, 32, False, 10000.0, 1.0, True),
-]
-
-
-@pytest.mark.parametrize(("d", "n_rot", "neox", "base", "scale", "ff"), ROPE_CASES)
-def test_rope(
-    so: SmallOpsTorch, d: int, n_rot: int, neox: bool, base: float, scale: float, ff: bool
-) -> None:
-    g = gen(2)
-    x = torch.randn(6, 3, d, generator=g)
-    pos = torch.tensor([0, 1, 4095, 4096, 70000, 131071], dtype=torch.int32)
-    factors = torch.rand(n_rot // 2, generator=g) * 8 + 1 if ff else None
-    kw = {"n_rot": n_rot, "base": base, "neox": neox, "scale": scale, "freq_factors": factors}
-    got = so.rope(x, pos, **kw)  # type: ignore[arg-type]
-    want = ops.rope(x, pos.long(), **kw)  # type: ignore[arg-type]
-    close("rope", got, want, atol=2e-6)
-    close("pass-through dims", got[..., n_rot:], x[..., n_rot:], atol=0)
-    fused = so.rms_norm_rope(x, torch.randn(d, generator=g), 1e-6, pos, **kw)  # type: ignore[arg-type]
-    assert fused.shape == x.shape
-
-
-def test_rms_norm_rope_is_norm_then_rope(so: SmallOpsTorch) -> None:
-    g = gen(3)
-    x = torch.randn(4, 16, 256, generator=g)
-    w = torch.randn(256, generator=g)
-    pos = torch.tensor([3, 9, 100, 5000], dtype=torch.int32)
-    kw = {"n_rot": 64, "base": 1e7, "neox": True}
-    want = ops.rope(ops.rms_norm(x, w, 1e-6), pos.long(), **kw)  # type: ignore[arg-type]
-    close("rms_norm_rope", so.rms_norm_rope(x, w, 1e-6, pos, **kw), want, atol=2e-6)  # type: ignore[arg-type]
-
-
-def test_rope_bad_args(so: SmallOpsTorch) -> None:
-    x, pos = torch.zeros(2, 3, 8), torch.zeros(2, dtype=torch.int32)
-    with pytest.raises(ValueError, match="n_rot"):
-        so.rope(x, pos, n_rot=10, base=1e4, neox=True)
-    with pytest.raises(ValueError, match="pos"):
-        so.rope(x, pos[:1], n_rot=8, base=1e4, neox=True)
-    with pytest.raises(ValueError, match=r"\[N, H, D\]"):
-        so.rope(x[0], pos, n_rot=8, base=1e4, neox=True)
-
-
-def test_activations(so: SmallOpsTorch) -> None:
-    g = gen(4)
-    gate, up = torch.randn(3, 100, generator=g) * 4, torch.randn(3, 100, generator=g)
-    close("silu_mul", so.silu_mul(gate, up), F.silu(gate) * up, atol=0)
-    close("gelu_mul", so.gelu_mul(gate, up), F.gelu(gate, approximate="tanh") * up, atol=0)
-    with pytest.raises(ValueError, match="differ in shape"):
-        so.silu_mul(gate, up[:, :99])
 
 
 # -- Gated DeltaNet -----------------------------------------------------------------------------
@@ -177,14 +95,14 @@ def states(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     )
 
 
-def test_decode_step_matches_mix(so: SmallOpsTorch) -> None:
+def test_decode_step_matches_mix(so: Backend) -> None:
     """conv_step + delta_step for 3 of 5 slots == mix(T = 1) per session; others untouched."""
     conv, ssm, cw = states(10)
     conv0, ssm0 = conv.clone(), ssm.clone()
     slots = torch.tensor([3, 0, 4], dtype=torch.int32)
     qkv, g, beta = seq(3, 11)  # one token of each of 3 sessions
-    y = so.conv_step(qkv, conv, slots, cw)
-    o = so.delta_step(y, g, beta, ssm, slots, **HEADS)  # type: ignore[arg-type]
+    y = so.deltanet.conv_step(qkv, conv, slots, cw)
+    o = so.deltanet.step(y, g, beta, ssm, slots, **HEADS)  # type: ignore[arg-type]
     assert o.shape == (3, HV, D)
     for b, s in enumerate(slots.tolist()):
         want_o, want_conv, want_ssm = deltanet.mix(
@@ -198,40 +116,40 @@ def test_decode_step_matches_mix(so: SmallOpsTorch) -> None:
         assert torch.equal(conv[s], conv0[s]) and torch.equal(ssm[s], ssm0[s]), f"slot {s} changed"
 
 
-def test_decode_batch_invariant(so: SmallOpsTorch) -> None:
+def test_decode_batch_invariant(so: Backend) -> None:
     """A session's decode step gives the same bits alone as beside two others."""
     conv, ssm, cw = states(12)
     qkv, g, beta = seq(3, 13)
     slots = torch.tensor([2, 1, 4], dtype=torch.int32)
     c1, s1 = conv.clone(), ssm.clone()
-    y = so.conv_step(qkv, c1, slots, cw)
-    o_all = so.delta_step(y, g, beta, s1, slots, **HEADS)  # type: ignore[arg-type]
+    y = so.deltanet.conv_step(qkv, c1, slots, cw)
+    o_all = so.deltanet.step(y, g, beta, s1, slots, **HEADS)  # type: ignore[arg-type]
     c2, s2 = conv.clone(), ssm.clone()
     one = slots[1:2]
-    y1 = so.conv_step(qkv[1:2], c2, one, cw)
-    o_one = so.delta_step(y1, g[1:2], beta[1:2], s2, one, **HEADS)  # type: ignore[arg-type]
+    y1 = so.deltanet.conv_step(qkv[1:2], c2, one, cw)
+    o_one = so.deltanet.step(y1, g[1:2], beta[1:2], s2, one, **HEADS)  # type: ignore[arg-type]
     close("o alone vs batched", o_one[0], o_all[1], atol=1e-6)
     close("ssm alone vs batched", s2[1], s1[1], atol=1e-6)
 
 
 @pytest.mark.parametrize("sigmoid", [False, True])
-def test_gated_norm(so: SmallOpsTorch, sigmoid: bool) -> None:
+def test_gated_norm(so: Backend, sigmoid: bool) -> None:
     g = gen(14)
     o = torch.randn(5, HV, D, generator=g)
     z = torch.randn(5, HV * D, generator=g) * 3
     w = torch.randn(D, generator=g)
     want = deltanet.output(o, z.view(5, HV, D), weights(torch.zeros(C, K), w, sigmoid), EPS)
-    close("gated_norm", so.gated_norm(o, z, w, EPS, sigmoid), want, atol=1e-6)
+    close("gated_norm", so.norm.gated(o, z, w, EPS, sigmoid), want, atol=1e-6)
 
 
 @pytest.mark.parametrize(
     ("t", "chunk"), [(1, 64), (5, 64), (64, 64), (100, 64), (130, 16), (37, 7)]
 )
-def test_prefill_matches_mix(so: SmallOpsTorch, t: int, chunk: int) -> None:
+def test_prefill_matches_mix(so: Backend, t: int, chunk: int) -> None:
     conv, ssm, cw = states(20)
     conv0, ssm0 = conv.clone(), ssm.clone()
     qkv, g, beta = seq(t, 21)
-    o = so.delta_prefill(qkv, g, beta, conv, ssm, 2, cw, chunk=chunk, **HEADS)  # type: ignore[arg-type]
+    o = so.deltanet.prefill(qkv, g, beta, conv, ssm, 2, cw, chunk=chunk, **HEADS)  # type: ignore[arg-type]
     want_o, want_conv, want_ssm = deltanet.mix(
         qkv[None], g[None], beta[None], conv0[2:3], ssm0[2:3], weights(cw), spec(), EPS, chunk
     )
@@ -242,13 +160,13 @@ def test_prefill_matches_mix(so: SmallOpsTorch, t: int, chunk: int) -> None:
     assert torch.equal(conv[others], conv0[others]) and torch.equal(ssm[others], ssm0[others])
 
 
-def test_prefill_chunk_size_does_not_matter(so: SmallOpsTorch) -> None:
+def test_prefill_chunk_size_does_not_matter(so: Backend) -> None:
     conv, ssm, cw = states(22)
     qkv, g, beta = seq(90, 23)
     outs = []
     for chunk in (1, 8, 64, 200):
         c, s = conv.clone(), ssm.clone()
-        o = so.delta_prefill(qkv, g, beta, c, s, 0, cw, chunk=chunk, **HEADS)  # type: ignore[arg-type]
+        o = so.deltanet.prefill(qkv, g, beta, c, s, 0, cw, chunk=chunk, **HEADS)  # type: ignore[arg-type]
         outs.append((chunk, o, s[0]))
     for chunk, o, s in outs[1:]:
         close(f"o chunk {chunk}", o, outs[0][1], atol=5e-5, rtol=1e-4)
@@ -256,30 +174,31 @@ def test_prefill_chunk_size_does_not_matter(so: SmallOpsTorch) -> None:
 
 
 @pytest.mark.parametrize("split", [1, 2, 40, 99])
-def test_prefill_split_carries_state(so: SmallOpsTorch, split: int) -> None:
+def test_prefill_split_carries_state(so: Backend, split: int) -> None:
     conv, ssm, cw = states(24)
     qkv, g, beta = seq(100, 25)
     c1, s1 = conv.clone(), ssm.clone()
-    o_all = so.delta_prefill(qkv, g, beta, c1, s1, 4, cw, chunk=16, **HEADS)  # type: ignore[arg-type]
+    o_all = so.deltanet.prefill(qkv, g, beta, c1, s1, 4, cw, chunk=16, **HEADS)  # type: ignore[arg-type]
     c2, s2 = conv.clone(), ssm.clone()
-    o_a = so.delta_prefill(qkv[:split], g[:split], beta[:split], c2, s2, 4, cw, chunk=16, **HEADS)  # type: ignore[arg-type]
-    o_b = so.delta_prefill(qkv[split:], g[split:], beta[split:], c2, s2, 4, cw, chunk=16, **HEADS)  # type: ignore[arg-type]
+    a, b = slice(0, split), slice(split, None)
+    o_a = so.deltanet.prefill(qkv[a], g[a], beta[a], c2, s2, 4, cw, chunk=16, **HEADS)  # type: ignore[arg-type]
+    o_b = so.deltanet.prefill(qkv[b], g[b], beta[b], c2, s2, 4, cw, chunk=16, **HEADS)  # type: ignore[arg-type]
     close("o", torch.cat((o_a, o_b)), o_all, atol=5e-5, rtol=1e-4)
     close("conv", c2[4], c1[4], atol=0)
     close("ssm", s2[4], s1[4], atol=5e-5, rtol=1e-4)
 
 
-def test_decode_after_prefill_equals_longer_prefill(so: SmallOpsTorch) -> None:
+def test_decode_after_prefill_equals_longer_prefill(so: Backend) -> None:
     conv, ssm, cw = states(26)
     qkv, g, beta = seq(45, 27)
     c1, s1 = conv.clone(), ssm.clone()
-    o_all = so.delta_prefill(qkv, g, beta, c1, s1, 1, cw, **HEADS)  # type: ignore[arg-type]
+    o_all = so.deltanet.prefill(qkv, g, beta, c1, s1, 1, cw, **HEADS)  # type: ignore[arg-type]
     c2, s2 = conv.clone(), ssm.clone()
-    outs = [so.delta_prefill(qkv[:40], g[:40], beta[:40], c2, s2, 1, cw, **HEADS)]  # type: ignore[arg-type]
+    outs = [so.deltanet.prefill(qkv[:40], g[:40], beta[:40], c2, s2, 1, cw, **HEADS)]  # type: ignore[arg-type]
     slot = torch.tensor([1], dtype=torch.int32)
     for i in range(40, 45):
-        y = so.conv_step(qkv[i : i + 1], c2, slot, cw)
-        outs.append(so.delta_step(y, g[i : i + 1], beta[i : i + 1], s2, slot, **HEADS))  # type: ignore[arg-type]
+        y = so.deltanet.conv_step(qkv[i : i + 1], c2, slot, cw)
+        outs.append(so.deltanet.step(y, g[i : i + 1], beta[i : i + 1], s2, slot, **HEADS))  # type: ignore[arg-type]
     close("o", torch.cat(outs), o_all, atol=5e-5, rtol=1e-4)
     close("conv", c2[1], c1[1], atol=0)
     close("ssm", s2[1], s1[1], atol=5e-5, rtol=1e-4)
@@ -295,7 +214,7 @@ def test_chunked_device_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     lg = -F.softplus(torch.randn(t, h, generator=g)) * 4
     beta = torch.sigmoid(torch.randn(t, h, generator=g))
     state = torch.randn(h, d, d, generator=g)
-    monkeypatch.setattr(smallops, "_PREFILL_ELEMS", h * 8 * 8 * 3)  # 3 chunks per block
+    monkeypatch.setattr(deltanet_chunked, "_PREFILL_ELEMS", h * 8 * 8 * 3)  # 3 chunks per block
     o, s = delta_rule_chunked_device(q, k, v, lg, beta, state, chunk=8)
     want_o, want_s = deltanet.delta_rule_chunked(
         q[None], k[None], v[None], lg[None], beta[None], state[None], chunk=8
@@ -304,22 +223,22 @@ def test_chunked_device_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     close("state", s, want_s[0], atol=2e-5, rtol=1e-4)
 
 
-def test_deltanet_bad_shapes(so: SmallOpsTorch) -> None:
+def test_deltanet_bad_shapes(so: Backend) -> None:
     conv, ssm, cw = states(29)
     slots = torch.tensor([0], dtype=torch.int32)
     with pytest.raises(ValueError, match="conv"):
-        so.conv_step(torch.zeros(1, C), conv[:, :2], slots, cw)
+        so.deltanet.conv_step(torch.zeros(1, C), conv[:, :2], slots, cw)
     with pytest.raises(ValueError, match="slots"):
-        so.conv_step(torch.zeros(2, C), conv, slots, cw)
+        so.deltanet.conv_step(torch.zeros(2, C), conv, slots, cw)
     with pytest.raises(ValueError, match="y"):
-        so.delta_step(
+        so.deltanet.step(
             torch.zeros(1, C + 1), torch.zeros(1, HV), torch.zeros(1, HV), ssm, slots, **HEADS
         )  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="multiple"):
-        so.delta_step(torch.zeros(1, C), torch.zeros(1, HV), torch.zeros(1, HV), ssm, slots,
+        so.deltanet.step(torch.zeros(1, C), torch.zeros(1, HV), torch.zeros(1, HV), ssm, slots,
                       n_k_heads=4, n_v_heads=HV, head_dim=D, eps=EPS)  # fmt: skip
     with pytest.raises(ValueError, match="slot 5"):
-        so.delta_prefill(torch.zeros(3, C), torch.zeros(3, HV), torch.zeros(3, HV), conv, ssm,
+        so.deltanet.prefill(torch.zeros(3, C), torch.zeros(3, HV), torch.zeros(3, HV), conv, ssm,
                          5, cw, **HEADS)  # type: ignore[arg-type]  # fmt: skip
     with pytest.raises(ValueError, match="z"):
-        so.gated_norm(torch.zeros(2, HV, D), torch.zeros(2, HV * D + 1), torch.zeros(D), EPS, True)
+        so.norm.gated(torch.zeros(2, HV, D), torch.zeros(2, HV * D + 1), torch.zeros(D), EPS, True)

@@ -23,7 +23,7 @@ from gguf.quants import dequantize
 
 from mgserve.cuda import compiler
 from mgserve.cuda.weights import FORMATS
-from tests.cuda.test_matvec import random_tensor
+from tests.cuda.test_linear_matvec import random_tensor
 
 CXX = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
 pytestmark = pytest.mark.skipif(CXX is None, reason="no host C++ compiler")

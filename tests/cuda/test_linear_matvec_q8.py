@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from mgserve.cuda.weights import FORMATS, upload_bytes
-from tests.cuda.test_matvec import random_tensor, reference_weight
+from tests.cuda.test_linear_matvec import linear_cuda, random_tensor, reference_weight
 
 pytestmark = pytest.mark.gpu
 
@@ -106,20 +106,16 @@ def test_int8_rejects_other_types(ops, stream) -> None:
 # every kernel shape the bench compares must compute the same function (rows past the end are
 # clamped reads, never written)
 @pytest.mark.parametrize("rows_group", [(1, 1, 128), (4, 4, 128), (2, 2, 32), (1, 4, 32)])
-def test_matvec_q8_kernel_shapes(compiler, stream, rows_group: tuple[int, int, int]) -> None:
-    from mgserve.cuda.ops import CudaOps
-
-    ops = CudaOps(compiler, q8_rows=rows_group[:2], q8_group=rows_group[2])
+def test_matvec_q8_kernel_shapes(kernels, stream, rows_group: tuple[int, int, int]) -> None:
+    ops = linear_cuda(kernels, q8_rows=rows_group[:2], q8_group=rows_group[2])
     for i, type_name in enumerate(INT8):
         block = FORMATS[type_name].block
         for rows, n_blocks, n_tok in [(13, 5, 1), (13, 5, 8), (3, 1, 5), (6, 80 * 32 // block, 2)]:
             check(ops, stream, type_name, rows, n_blocks * block, n_tok, seed=7 * i + rows)
 
 
-def test_q8_shape_is_validated(compiler) -> None:
-    from mgserve.cuda.ops import CudaOps
-
+def test_q8_shape_is_validated(kernels) -> None:
     with pytest.raises(ValueError, match="q8_group must be 32 or 128"):
-        CudaOps(compiler, q8_group=64)
+        linear_cuda(kernels, q8_group=64)
     with pytest.raises(ValueError, match="two row counts"):
-        CudaOps(compiler, q8_rows=(0, 2))
+        linear_cuda(kernels, q8_rows=(0, 2))

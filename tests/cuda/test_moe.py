@@ -1,7 +1,8 @@
-"""MatmulCuda (dequant.cu, moe.cu, moe_q8.cu, and the matvec / cuBLAS paths of ``linear``) against
-gguf-py's dequantization, the torch version's weights and the reference MoE, in float64 on the CPU.
+"""The CUDA linear and MoE families (dequant.cu, moe.cu, moe_q8.cu, and the matvec / cuBLAS paths
+of ``linear.matmul``) against gguf-py's dequantization, the torch version's weights and the
+reference MoE, in float64 on the CPU. This file: the experts; test_linear.py: dequantize and linear.
 
-Tolerances (see test_matmul_torch.py for the error scales and how they were measured):
+Tolerances (see test_moe_torch.py for the error scales and how they were measured):
 - dequantize: fp32 output within 1e-6 of each row's max |value| (the kernel and gguf-py may
   round d * sc * q - m in another order); f16 output additionally within f16 rounding,
   2^-11 |v| + 2^-24 (a wrong nibble is off by >= 1/16 of the row's range).
@@ -20,9 +21,8 @@ import numpy as np
 import pytest
 import torch
 
-from mgserve.cuda.matmul import MatmulTorch
 from mgserve.cuda.weights import FORMATS
-from tests.cuda.test_matmul_torch import (
+from tests.cuda.test_moe_torch import (
     RTOL_F16,
     RTOL_FP32,
     RTOL_INT8,
@@ -33,7 +33,6 @@ from tests.cuda.test_matmul_torch import (
     reference_moe,
     routing,
 )
-from tests.cuda.test_matvec import reference_weight
 
 pytestmark = pytest.mark.gpu
 
@@ -43,17 +42,15 @@ LINEAR_N = [1, 3, 8, 9, 100, 600]
 
 
 @pytest.fixture(scope="module")
-def mm(compiler, ops):
-    from mgserve.cuda.matmul import MatmulCuda
-
-    return MatmulCuda(compiler, ops=ops)
+def mm(cuda_ops):
+    return cuda_ops
 
 
 @pytest.fixture(scope="module")
-def mm8(compiler, ops):
-    from mgserve.cuda.matmul import MatmulCuda
+def mm8(kernels):
+    from mgserve.cuda.backend import cuda_backend
 
-    return MatmulCuda(compiler, int8=True, ops=ops)
+    return cuda_backend(kernels=kernels, int8=True)
 
 
 @functools.cache
@@ -65,7 +62,7 @@ def target_case(down_type: str) -> ExpertCase:
 def run_moe(
     m, case: ExpertCase, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
 ) -> torch.Tensor:
-    y = m.moe_experts(x.cuda(), case.w, experts.cuda(), weights.cuda())
+    y = m.moe.experts(x.cuda(), case.w, experts.cuda(), weights.cuda())
     torch.cuda.synchronize()
     return y.cpu()
 
@@ -80,84 +77,6 @@ def check_moe(
     label = f"{case.gate_type}/{case.down_type} E={case.w.n_expert} d={case.d} ff={case.w.n_ff}"
     assert err <= tol, f"{label} N={x.shape[0]} kk={experts.shape[1]}: error {err:.2e} > {tol}"
     return err
-
-
-# ---- dequantize ----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("type_name", TYPES)
-def test_dequantize_matches_gguf(mm, type_name: str) -> None:
-    block = max(32, FORMATS[type_name].block)
-    rng = np.random.default_rng(TYPES.index(type_name))
-    worst = 0.0
-    for rows, k, row0, n in [(37, 3 * block, 5, 29), (1, block, 0, 1), (130, 2560, 0, 130)]:
-        w, raw = make_weight(type_name, rows, k, rng, "cuda")
-        ref = reference_weight(type_name, rows, k, raw)[row0 : row0 + n].double()  # [n, k]
-        row_max = ref.abs().amax(dim=1, keepdim=True)
-        for dtype in (torch.float32, torch.float16):
-            guard = torch.full((n + 2, k), float("nan"), dtype=dtype, device="cuda")
-            mm.dequantize(w, row0, n, guard[1 : n + 1])
-            got = guard.cpu().double()
-            assert got[0].isnan().all() and got[-1].isnan().all(), "wrote outside out"
-            out = got[1 : n + 1]
-            assert torch.isfinite(out).all(), f"{type_name} {dtype}: unwritten values"
-            tol = 1e-6 * row_max
-            if dtype == torch.float16:
-                tol = tol + ref.abs() * 2.0**-11 + 2.0**-24
-            excess = ((out - ref).abs() - tol).max().item()
-            worst = max(worst, ((out - ref).abs() / row_max.clamp_min(1e-30)).max().item())
-            assert excess <= 0, (
-                f"{type_name} -> {dtype} rows [{row0}, {row0 + n}) of {rows}x{k}: "
-                f"max error {(out - ref).abs().max().item():.3e} over tolerance by {excess:.3e}"
-            )
-    print(f"dequantize {type_name}: max error / row max {worst:.2e} (fp32 and f16 out)")
-
-
-# ---- linear --------------------------------------------------------------------------------------
-
-
-def check_linear(m, w, dense: torch.Tensor, n: int, rng: np.random.Generator) -> float:
-    x = torch.from_numpy(rng.standard_normal((n, w.k), dtype=np.float32))  # [n, k]
-    y = m.linear(x.cuda(), w)
-    torch.cuda.synchronize()
-    assert y.shape == (n, w.rows) and y.dtype == torch.float32
-    ref = x.double() @ dense.T
-    err = bound_error(y, ref, x.double().abs() @ dense.abs().T)
-    tol = RTOL_FP32 if n <= 8 else RTOL_F16
-    assert err <= tol, f"{w.type_name} {w.rows}x{w.k} N={n}: error {err:.2e} > {tol}"
-    return err
-
-
-@pytest.mark.parametrize("type_name", TYPES)
-def test_linear_matches_torch(mm, type_name: str) -> None:
-    """Every N regime against the torch version's weights (gguf-py, float64 product)."""
-    rng = np.random.default_rng(100 + TYPES.index(type_name))
-    w, _ = make_weight(type_name, 96, 512, rng, "cuda")
-    dense = MatmulTorch().dense(w).double().cpu()  # [96, 512]
-    errors = [check_linear(mm, w, dense, n, rng) for n in LINEAR_N]
-    print(f"linear {type_name}: errors {' '.join(f'{e:.1e}' for e in errors)} for N {LINEAR_N}")
-
-
-def test_linear_row_tiles(mm, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A scratch budget of 40 rows: tiles of 40, 40 and 16 rows must give the same result."""
-    from mgserve.cuda import matmul
-
-    rng = np.random.default_rng(7)
-    w, _ = make_weight("Q6_K", 96, 512, rng, "cuda")
-    dense = MatmulTorch().dense(w).double().cpu()
-    monkeypatch.setattr(matmul, "SCRATCH_BYTES", 2 * 512 * 40)
-    check_linear(mm, w, dense, 100, rng)
-
-
-def test_linear_int8_uses_int8_matvec(mm8, ops, stream) -> None:
-    rng = np.random.default_rng(8)
-    w, _ = make_weight("Q4_K", 64, 512, rng, "cuda")
-    x = torch.from_numpy(rng.standard_normal((3, 512), dtype=np.float32)).cuda()
-    y = mm8.linear(x, w)
-    torch.cuda.synchronize()
-    want = ops.matvec(w, x, stream, int8=True)
-    stream.sync()
-    assert torch.equal(y, want)
 
 
 # ---- MoE decode ----------------------------------------------------------------------------------
@@ -238,11 +157,11 @@ def test_moe_decode_graph_capture(mm, mm8, int8: bool) -> None:
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        m.moe_experts(sx, case.w, se, sw)  # warm-up: compile, cache the stream's view
+        m.moe.experts(sx, case.w, se, sw)  # warm-up: compile, cache the stream's view
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=s):
-        sy = m.moe_experts(sx, case.w, se, sw)
+        sy = m.moe.experts(sx, case.w, se, sw)
     for x, experts, weights in reversed(inputs):
         sx.copy_(x)
         se.copy_(experts)
@@ -271,12 +190,12 @@ def test_moe_decode_timing(mm, mm8) -> None:
             for label, m in (("fp32", mm), ("int8", mm8)):
                 s.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(s):
-                    m.moe_experts(x, case.w, experts, weights)  # warm-up
+                    m.moe.experts(x, case.w, experts, weights)  # warm-up
                 torch.cuda.current_stream().wait_stream(s)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, stream=s):
                     for _ in range(10):
-                        m.moe_experts(x, case.w, experts, weights)
+                        m.moe.experts(x, case.w, experts, weights)
                 graph.replay()
                 start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(True)
                 start.record()
@@ -306,7 +225,7 @@ def test_moe_prefill_matches_reference(
     12..15 by none, the rest by ~80 tokens each. Three scratch budgets split the 12 used experts
     into chunks of 12, 6 and 1 (padded batched products, and none), all must agree with the
     reference; and 9 tokens (the smallest prefill)."""
-    from mgserve.cuda import matmul
+    from mgserve.cuda.ops import linear_cuda
 
     d = ff = 256
     case = make_case(gate_type, down_type, 16, d, ff, fused=fused, seed=12, device="cuda")
@@ -318,8 +237,8 @@ def test_moe_prefill_matches_reference(
     weights = torch.from_numpy(rng.uniform(0.05, 1.0, size=(n, kk)).astype(np.float32))
     ref, scale = reference_moe(case, x, experts, weights)
     errors = []
-    for budget in (matmul.SCRATCH_BYTES, 8 << 20, 2 << 20):
-        monkeypatch.setattr(matmul, "SCRATCH_BYTES", budget)
+    for budget in (linear_cuda.SCRATCH_BYTES, 8 << 20, 2 << 20):
+        monkeypatch.setattr(linear_cuda, "SCRATCH_BYTES", budget)
         y = run_moe(mm, case, x, experts, weights)
         errors.append(bound_error(y, ref, scale))
         assert errors[-1] <= RTOL_F16, (
@@ -358,26 +277,26 @@ def test_views_are_accepted(mm) -> None:
     rng = np.random.default_rng(1)
     w, _ = make_weight("Q8_0", 8, 64, rng, "cuda")
     x = torch.from_numpy(rng.standard_normal((3, 64), dtype=np.float32)).cuda()
-    want = mm.linear(x, w)
+    want = mm.linear.matmul(x, w)
     strided = torch.zeros(64, 3, device="cuda")
     strided.copy_(x.T)
     shifted = torch.zeros(3 * 64 + 1, device="cuda")
     shifted[1:].copy_(x.flatten())
     for view in (strided.T, shifted[1:].view(3, 64)):
-        assert torch.equal(mm.linear(view, w), want)
+        assert torch.equal(mm.linear.matmul(view, w), want)
 
 
 def test_rejects_bad_input(mm) -> None:
     rng = np.random.default_rng(0)
     w, _ = make_weight("Q8_0", 4, 64, rng, "cuda")
     with pytest.raises(ValueError, match="cuda"):
-        mm.linear(torch.zeros(2, 64), w)
+        mm.linear.matmul(torch.zeros(2, 64), w)
     with pytest.raises(ValueError, match="out has shape"):
-        mm.dequantize(w, 0, 2, torch.empty(2, 32, device="cuda"))
+        mm.linear.dequantize(w, 0, 2, torch.empty(2, 32, device="cuda"))
     case = make_case("Q8_0", "Q8_0", 4, 64, 32, False, seed=1, device="cuda")
     experts, weights = routing(2, 2, 4, rng)
     with pytest.raises(ValueError, match="weights"):
-        mm.moe_experts(torch.zeros(2, 64, device="cuda"), case.w, experts.cuda(), weights)
+        mm.moe.experts(torch.zeros(2, 64, device="cuda"), case.w, experts.cuda(), weights)
     cpu_case = make_case("Q8_0", "Q8_0", 4, 64, 32, False, seed=1)
     with pytest.raises(ValueError, match="uint8 on cuda"):
-        mm.moe_experts(torch.zeros(2, 64, device="cuda"), cpu_case.w, experts, weights)
+        mm.moe.experts(torch.zeros(2, 64, device="cuda"), cpu_case.w, experts, weights)

@@ -1,0 +1,137 @@
+"""Gated DeltaNet layers of the hybrid family (qwen3next, qwen4exp) on the device backend: their
+weights, how they load, and the layer's forward (the twin of
+``mgserve.core.reference.deltanet.mix`` / ``output``).
+
+qwen4exp files store DeltaNet value heads tiled (value head j reads key head j % H_k). The rows of
+the projections that produce value heads (qkv's v part, z, beta, alpha) are reordered at load
+into the grouped order the kernels use (j reads j // r); ``ssm_out`` reads value heads along its
+input, which block quantization cannot reorder, so its input is put back into the file's order
+instead (one gather per layer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from mgserve.core.gguf.hparams_hybrid import HybridSpec
+from mgserve.core.gguf.reader import GGUFError
+from mgserve.core.models.hybrid_weights import ssm_in_rows
+from mgserve.core.reference import rowwise
+from mgserve.cuda.loader import Loader, select_rows
+from mgserve.cuda.models.base import Step
+from mgserve.cuda.pools import SlotPools
+from mgserve.cuda.weights import QuantWeight
+
+if TYPE_CHECKING:
+    from mgserve.cuda.backend import Backend
+
+DELTA_CHUNK = 128  # tokens per step of the chunked delta rule in prefill (same results as 64)
+
+
+@dataclass
+class DeltaNet:
+    qkv: QuantWeight  # [conv_dim, d] rows [q | k | v (grouped value heads)]
+    z: QuantWeight  # [value_dim, d] (grouped)
+    beta: QuantWeight  # [H_v, d] (grouped)
+    alpha: QuantWeight  # [H_v, d]
+    conv: torch.Tensor  # [conv_dim, K]
+    dt_bias: torch.Tensor  # [H_v]
+    a: torch.Tensor  # [H_v]
+    norm: torch.Tensor  # [d_v]
+    out: QuantWeight  # [d, value_dim] in the file's value-head order
+    out_order: torch.Tensor | None  # [H_v] int64: grouped heads -> the order ``out`` reads
+    sigmoid_gate: bool
+
+
+def _grouped_from_tiled(hp: HybridSpec) -> torch.Tensor:
+    """[H_v] int64: for each grouped value head j (reads key head j // r), its index in the tiled
+    order qwen4exp files use (reads key head t % H_k)."""
+    hk, r = hp.ssm_k_heads, hp.ssm_v_heads // hp.ssm_k_heads
+    j = torch.arange(hp.ssm_v_heads)
+    return (j % r) * hk + j // r
+
+
+def _head_rows(heads: torch.Tensor, width: int) -> torch.Tensor:
+    """Row indices of whole heads of ``width`` rows each, in the order ``heads`` lists them."""
+    return (heads[:, None] * width + torch.arange(width)).flatten()
+
+
+def load_deltanet(ld: Loader, il: int, d: int, hp: HybridSpec, arch: str) -> DeltaNet:
+    """Layer ``il``'s DeltaNet weights (``attn_qkv`` / ``attn_gate``, or qwen3next's legacy fused
+    ``ssm_in``), value heads in grouped order."""
+    hv, hk, dv, kd = hp.ssm_v_heads, hp.ssm_k_heads, hp.ssm_head_dim, hp.key_dim
+    r, p = hv // hk, f"blk.{il}."
+    if ld.has(p + "attn_qkv.weight"):
+        qkv = ld.mat(p + "attn_qkv.weight", (d, hp.conv_dim))
+        z = ld.mat(p + "attn_gate.weight", (d, hp.value_dim))
+    elif ld.has(p + "ssm_in.weight") and arch == "qwen3next":  # legacy fused [q|k|v|z]
+        fused = ld.mat(p + "ssm_in.weight", (d, hp.conv_dim + hp.value_dim))
+        qkv_rows, z_rows = ssm_in_rows(hp)
+        qkv, z = select_rows(fused, qkv_rows), select_rows(fused, z_rows)
+    else:
+        raise GGUFError(f"{ld.g.path}: layer {il} has neither 'attn_qkv' nor 'ssm_in'")
+    conv = ld.vec(p + "ssm_conv1d.weight", (hp.ssm_conv, hp.conv_dim))  # [conv_dim, K]
+    dt_bias = ld.vec(p + "ssm_dt.bias", (hv,))
+    a = ld.vec(p + "ssm_a", (hv,))
+    out = ld.mat(p + "ssm_out.weight", (hp.value_dim, d))
+    if arch == "qwen4exp":
+        heads = _grouped_from_tiled(hp)  # grouped head j <- tiled head heads[j]
+        v_rows = 2 * kd + _head_rows(heads, dv)
+        qkv = select_rows(qkv, torch.cat((torch.arange(2 * kd), v_rows)))
+        z = select_rows(z, _head_rows(heads, dv))
+        v_taps = conv[2 * kd :].view(hv, dv, -1)[heads.to(conv.device)]  # [H_v, d_v, K]
+        conv = torch.cat((conv[: 2 * kd], v_taps.reshape(-1, conv.shape[1])))
+        dt_bias, a = dt_bias[heads.to(dt_bias.device)], a[heads.to(a.device)]
+        beta = select_rows(ld.mat(p + "ssm_beta.weight", (d, hv)), heads)
+        alpha = select_rows(ld.mat(p + "ssm_alpha.weight", (d, hv)), heads)
+        order = torch.argsort(heads).to(ld.device)  # tiled head t <- grouped head order[t]
+    else:
+        ba = ld.mat(p + "ssm_ba.weight", (d, 2 * hv))  # per key head: [beta (r) | alpha (r)]
+        j = torch.arange(hv)
+        beta = select_rows(ba, (j // r) * 2 * r + j % r)
+        alpha = select_rows(ba, (j // r) * 2 * r + r + j % r)
+        order = None
+    return DeltaNet(
+        qkv=qkv, z=z, beta=beta, alpha=alpha, conv=conv.contiguous(), dt_bias=dt_bias, a=a,
+        norm=ld.vec(p + "ssm_norm.weight", (dv,)), out=out, out_order=order,
+        sigmoid_gate=arch == "qwen4exp",
+    )  # fmt: skip
+
+
+def deltanet_forward(
+    b: Backend, pools: SlotPools, il: int, w: DeltaNet, h: torch.Tensor, step: Step,
+    hp: HybridSpec, eps: float,
+) -> torch.Tensor:  # fmt: skip
+    """The layer's output [N, d] for the normed input h [N, d]; the slots' conv and recurrent
+    states advance (decode: one kernel step for all sessions; prefill: span by span)."""
+    n = h.shape[0]
+    qkv = b.linear.matmul(h, w.qkv)  # [N, conv_dim]
+    z = b.linear.matmul(h, w.z)  # [N, value_dim]
+    beta = rowwise.sigmoid(b.linear.matmul(h, w.beta))  # [N, H_v]
+    g = rowwise.softplus(b.linear.matmul(h, w.alpha) + w.dt_bias) * w.a
+    hk, hv, dh = hp.ssm_k_heads, hp.ssm_v_heads, hp.ssm_head_dim
+    conv, ssm = pools.conv[il], pools.ssm[il]
+    if step.decode:
+        y = b.deltanet.conv_step(qkv, conv, step.slots, w.conv)
+        o = b.deltanet.step(
+            y, g, beta, ssm, step.slots, n_k_heads=hk, n_v_heads=hv, head_dim=dh, eps=eps
+        )
+    else:
+        parts, off = [], 0
+        for s in step.spans:
+            sl = slice(off, off + s.n)
+            parts.append(
+                b.deltanet.prefill(
+                    qkv[sl], g[sl], beta[sl], conv, ssm, s.slot, w.conv, n_k_heads=hk,
+                    n_v_heads=hv, head_dim=dh, eps=eps, chunk=DELTA_CHUNK,
+                )
+            )  # fmt: skip
+            off += s.n
+        o = torch.cat(parts)
+    out = b.norm.gated(o, z, w.norm, eps, w.sigmoid_gate)
+    if w.out_order is not None:  # back to the file's value-head order for ssm_out
+        out = out.view(n, hv, -1).index_select(1, w.out_order).reshape(n, -1)
+    return b.linear.matmul(out, w.out)

@@ -1,0 +1,177 @@
+"""qwen4exp on the device backend: qwen3next's layers (hybrid.py) on hyper-connection streams
+[N, hc, d] (mix / combine in place of the norms), QSA block-sparse attention on the full-attention
+layers with an indexer, and the PLE n-gram embedding on one layer (the twin of
+core/models/qwen4exp.py).
+
+Decode reads only [B]-shaped device inputs: QSA's block keys are pooled on the device as blocks
+complete (``backend.qsa_keys``); PLE rows are hashed and gathered on the host and handed over as
+``Step.extra`` (``step_extra``, which advances each slot's token history).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from mgserve.core.gguf.hparams_qwen4exp import qwen4exp_spec_from_gguf
+from mgserve.core.gguf.reader import GGUFFile
+from mgserve.core.reference import ple as ple_ref
+from mgserve.cuda.loader import Loader
+from mgserve.cuda.models.base import Step
+from mgserve.cuda.models.hybrid import HybridLM, Layer
+from mgserve.cuda.models.moe import load_moe, moe_ffn
+from mgserve.cuda.models.qwen4exp_weights import HC, Indexer, Ple, load_hc, load_indexer, load_ple
+from mgserve.cuda.pools import KVLayer
+
+
+class Qwen4ExpLM(HybridLM):
+    def read_extras(self, g: GGUFFile) -> None:
+        self.qp = qp = qwen4exp_spec_from_gguf(g, self.hp.recurrent, self.spec.n_rot)
+        self.ple_table = None
+        if qp.ple is not None:
+            self.ple_table = g.tensor("per_layer_token_embd.weight")  # stays memory-mapped
+            ple_ref.check_table(self.ple_table, qp.ple, g.path)
+            ple_ref.advise_random(self.ple_table)
+            self.decode_extra_shape = (qp.ple.n_heads * qp.ple.head_dim,)
+        # the last ngram - 1 tokens of each slot, for the host-side n-gram hash
+        self._ple_tokens: dict[int, np.ndarray] = {}
+
+    def add_pools(self) -> None:
+        qp, pools = self.qp, self.pools
+        for il, layer in enumerate(self.layers):
+            if layer.indexer is not None:
+                pools.add_qsa(il, qp.ratio, qp.idx_dim, self.device)
+        if qp.ple is not None:
+            hc_dim = qp.hc * self.spec.n_embd
+            pools.ple_conv = torch.zeros(pools.n_slots, qp.ple.history, hc_dim, device=self.device)
+
+    # -- loading -----------------------------------------------------------------------------
+
+    def load_head(self, ld: Loader) -> None:
+        self.output_hc = load_hc(ld, "output_hc", self.spec.n_embd, self.qp, inject=False)
+
+    def load_layer(self, ld: Loader, il: int) -> Layer:
+        qp, d, p = self.qp, self.spec.n_embd, f"blk.{il}."
+        return Layer(
+            mixer=self.load_mixer(ld, il),
+            moe=load_moe(ld, il, d, self.hp),
+            hc_attn=load_hc(ld, p + "hc_attn", d, qp, inject=True),
+            hc_ffn=load_hc(ld, p + "hc_ffn", d, qp, inject=True),
+            indexer=load_indexer(ld, il, d, qp) if qp.compress[il] else None,
+            ple=load_ple(ld, il, d, qp) if qp.ple is not None and qp.ple.layer == il else None,
+        )
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    def begin_sequence(self, slot: int) -> None:
+        super().begin_sequence(slot)
+        if self.qp.ple is not None:
+            p = self.qp.ple
+            self._ple_tokens[slot] = np.full(p.ngram - 1, p.eos, dtype=np.int64)
+
+    def step_extra(self, step_tokens: list[list[int]], slots: list[int]) -> torch.Tensor | None:
+        """The PLE rows of the step's tokens [N, n_heads * head_dim] (host float32), hashed with
+        each slot's token history, which this advances."""
+        if self.ple_table is None:
+            return None
+        assert self.qp.ple is not None
+        p = self.qp.ple
+        found = []
+        for toks, slot in zip(step_tokens, slots, strict=True):
+            hist = self._ple_tokens.get(slot)
+            if hist is None:
+                hist = self._ple_tokens[slot] = np.full(p.ngram - 1, p.eos, dtype=np.int64)
+            t = np.asarray(toks, dtype=np.int64)
+            found.append(ple_ref.ngram_rows(t, hist, p))
+            seq = np.concatenate((hist, t))
+            self._ple_tokens[slot] = seq[seq.size - hist.size :]
+        emb = ple_ref.gather_rows(self.ple_table, np.concatenate(found))  # [N, heads, dim]
+        return emb.flatten(1)
+
+    # -- the forward -------------------------------------------------------------------------
+
+    def embed(self, step: Step) -> torch.Tensor:
+        return super().embed(step)[:, None, :].repeat(1, self.qp.hc, 1)  # [N, hc, d] streams
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mix(x, self.output_hc)[0]
+
+    def mix(self, x: torch.Tensor, w: HC) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What a block reads from the streams [N, d], and its inject weights [N, hc]."""
+        return self.backend.hc.mix(x, w.norm, w.down, w.up, w.inject, self.spec.rms_eps)
+
+    def block(self, il: int, x: torch.Tensor, step: Step) -> torch.Tensor:
+        layer, hc = self.layers[il], self.backend.hc
+        assert layer.hc_attn is not None and layer.hc_ffn is not None
+        if layer.ple is not None:
+            x = x + self.ple(layer.ple, x, step)
+        h, inject = self.mix(x, layer.hc_attn)
+        assert inject is not None
+        x = hc.combine(x, self.mixer(il, layer, h, step), inject)
+        h, inject = self.mix(x, layer.hc_ffn)
+        assert inject is not None
+        return hc.combine(x, moe_ffn(self.backend, layer.moe, h, self.hp), inject)
+
+    def attend(self, il: int, layer: Layer, q: torch.Tensor, kc: KVLayer, vc: KVLayer,
+               h: torch.Tensor, step: Step) -> torch.Tensor:  # fmt: skip
+        if layer.indexer is None:
+            return super().attend(il, layer, q, kc, vc, h, step)
+        return self.sparse(il, layer.indexer, q, kc, vc, h, step)
+
+    def sparse(self, il: int, w: Indexer, q: torch.Tensor, kc: KVLayer, vc: KVLayer,
+               h: torch.Tensor, step: Step) -> torch.Tensor:  # fmt: skip
+        """Pool the blocks this step completes, then QSA attention over the selected cells."""
+        spec, b, qp = self.spec, self.backend, self.qp
+        n, eps = h.shape[0], spec.rms_eps
+        iq = b.linear.matmul(h, w.q_proj).view(n, qp.idx_heads, qp.idx_dim)
+        iq = self.rotate(b.norm.rms(iq, w.q_norm, eps), step.pos)
+        raw = b.linear.matmul(h, w.k_proj)  # [N, D]
+        blocks, pending = self.pools.blocks[il], self.pools.pending[il]
+        n_rot, base, rope_scale = spec.n_rot, spec.rope_base, spec.rope_scale
+        ratio, budget, scale = qp.ratio, qp.idx_budget, spec.attn_scale
+        if step.decode:
+            b.qsa_keys.write_decode(
+                raw, pending, blocks, step.slots, step.pos, w.k_norm, eps, n_rot=n_rot,
+                base=base, scale=rope_scale,
+            )  # fmt: skip
+            return b.qsa.decode(
+                q, iq, kc, vc, blocks, step.slots, step.pos + 1, ratio=ratio, budget=budget,
+                scale=scale,
+            )  # fmt: skip
+        parts, off = [], 0
+        for s in step.spans:
+            sl = slice(off, off + s.n)
+            b.qsa_keys.write_span(
+                raw[sl], pending, blocks, s.slot, s.start, w.k_norm, eps, n_rot=n_rot, base=base,
+                scale=rope_scale,
+            )  # fmt: skip
+            parts.append(
+                b.qsa.prefill(
+                    q[sl], iq[sl], kc, vc, blocks, s.slot, s.start, ratio=ratio, budget=budget,
+                    scale=scale,
+                )
+            )  # fmt: skip
+            off += s.n
+        return torch.cat(parts)
+
+    def ple(self, w: Ple, x: torch.Tensor, step: Step) -> torch.Tensor:
+        """What the PLE layer adds to the streams x [N, hc, d]; each slot's conv history
+        advances."""
+        assert self.qp.ple is not None and step.extra is not None
+        b, dilation, hist = self.backend, self.qp.ple.ngram, self.pools.ple_conv
+        assert hist is not None
+        n, hc, d = x.shape
+        gated, conv_in = b.ple.gated(
+            x, step.extra, w.key, w.value, w.norm_key, w.norm_query, w.norm_conv,
+            self.spec.rms_eps,
+        )  # fmt: skip
+        if step.decode:
+            conv_out = b.ple.conv_decode(conv_in, hist, step.slots, w.conv, dilation)
+        else:
+            parts, off = [], 0
+            for s in step.spans:
+                x_s = conv_in[off : off + s.n]
+                parts.append(b.ple.conv_prefill(x_s, hist, s.slot, w.conv, dilation))
+                off += s.n
+            conv_out = torch.cat(parts)
+        return gated + conv_out.view(n, hc, d)

@@ -1,0 +1,281 @@
+"""``AttentionCuda``: the attention family on ``kernels/attention.cu``.
+
+Decode is flash-decoding with tensor cores: one CTA per (chunk of positions, KV head, session)
+holding all query heads of the group, so K/V are read once; a combine kernel merges the chunks in
+a fixed order, so results never depend on the batch. The same kernel runs QSA attention over
+selected blocks (``run_decode`` with ``sel``; ops/qsa_cuda.py). Prefill: short chunks
+(<= PREFILL_DECODE_MAX_T tokens, e.g. speculative verification) run the decode kernel once per
+token ("virtual sessions", exactly a decode step's numerics); longer chunks use torch's flash
+SDPA on f16 copies of K/V (about 1e-3 relative, like llama.cpp). Pools, head dims or groups the
+kernel does not cover (bf16 / f32 pools, head_dim not in HEAD_DIMS, > 16 query heads per KV head)
+go to the torch version.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from mgserve.cuda.checks import as_i32, check_index, on_device
+from mgserve.cuda.launch import Kernels
+from mgserve.cuda.ops.attention import AttentionTorch, check_q
+from mgserve.cuda.ops.kv import check_kv, check_span, dequant
+from mgserve.cuda.pools import KVLayer
+
+if TYPE_CHECKING:
+    from cuda.core import Kernel
+
+ATTN_SOURCE = "attention.cu"
+ATT_THREADS = 128  # ATT_THREADS in attention.cu: 4 warps
+ATT_WARPS = 4
+ATT_TILE = 16 * ATT_WARPS  # positions per pipeline stage
+ATT_STAGES = 2  # ATT_STAGES in attention.cu (default)
+MAX_SPLITS = 128  # ATT_MAX_SPLITS in attention.cu: chunks per session at most
+COMBINE_THREADS = 128
+MAX_GROUP = 16  # query heads per KV head the kernel holds (one m16 tensor-core tile)
+HEAD_DIMS = (64, 128, 256)  # head dims attention.cu is instantiated for
+DENSE_MIN_CHUNK = 256  # positions per CTA at least, dense / windowed decode
+PREFILL_DECODE_MAX_T = 8  # prefill chunks up to this long run the decode kernel per token
+_F16_COPY_POS = 16384  # positions dequantized per step when making f16 K/V for SDPA
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def decode_smem_bytes(head_dim: int, k_q8: bool, v_q8: bool) -> int:
+    """Dynamic shared memory of attn_decode (SMEM_B in attention.cu, same formula): Q fragments,
+    then ATT_STAGES stages of padded K/V rows (+ q8 scales), overlaid by the final warp merge."""
+
+    def pad(row_w: int, targets: tuple[int, ...], m: int) -> int:
+        return min((t - row_w) % m for t in targets)
+
+    k_row_w = head_dim * (1 if k_q8 else 2) // 4
+    v_row_w = head_dim * (1 if v_q8 else 2) // 4
+    k_row = (k_row_w + (pad(k_row_w, (8, 24), 32) if k_q8 else pad(k_row_w, (16,), 32))) * 4
+    v_row = (v_row_w + pad(v_row_w, (4, 12), 16)) * 4
+    sc_row = head_dim // 32 * 2
+    stage = ATT_TILE * (k_row + v_row) + ATT_TILE * sc_row * (int(k_q8) + int(v_q8))
+    q_frag = head_dim // 16 * 2 * 32 * 16
+    merge = ATT_WARPS * 16 * head_dim * 4
+    return q_frag + max(ATT_STAGES * stage, merge)
+
+
+def _allow_smem(kernel: Kernel, nbytes: int, device_index: int) -> None:
+    """Let ``kernel`` use ``nbytes`` of dynamic shared memory (above the 48 KB default)."""
+    from cuda.bindings import driver
+
+    handle = kernel.handle  # a CUkernel (cuda.core loads cubins as libraries)
+    if not isinstance(handle, driver.CUkernel):
+        handle = driver.CUkernel(int(handle))
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    (err,) = driver.cuKernelSetAttribute(attr, nbytes, handle, driver.CUdevice(device_index))
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuKernelSetAttribute(max dynamic smem {nbytes}) failed: {err}")
+
+
+class AttentionCuda:
+    """The attention ops on attention.cu (see the module docstring)."""
+
+    def __init__(self, kernels: Kernels, fallback: AttentionTorch) -> None:
+        self.kernels, self.fallback = kernels, fallback
+        self.device = kernels.device
+        self._smem_ready: set[int] = set()  # kernels allowed their dynamic shared memory
+
+    def covers(self, q: torch.Tensor, k: KVLayer, v: KVLayer) -> bool:
+        """Whether attn_decode covers these pools and heads."""
+        kinds = (torch.int8, torch.float16)
+        d, n_kv = k.values.shape[3], k.values.shape[2]
+        return (
+            k.values.dtype in kinds
+            and v.values.dtype in kinds
+            and d in HEAD_DIMS
+            and q.shape[1] // n_kv <= MAX_GROUP
+            and on_device(self.device, q, k.values, v.values)
+            and all(t.is_contiguous() for t in (k.values, k.scales, v.values, v.scales))
+        )
+
+    def _decode_kernels(self, d: int, k_q8: bool, v_q8: bool) -> tuple[Kernel, Kernel, int]:
+        smem = decode_smem_bytes(d, k_q8, v_q8)
+        defines = (
+            ("HEAD_DIM", str(d)),
+            ("K_Q8", str(int(k_q8))),
+            ("V_Q8", str(int(v_q8))),
+            ("EXPECT_SMEM", str(smem)),  # the kernel static_asserts the same count
+        )
+        kern = self.kernels.kernel(ATTN_SOURCE, "attn_decode", defines)
+        if id(kern) not in self._smem_ready:
+            _allow_smem(kern, smem, self.kernels.compiler.device_index)
+            self._smem_ready.add(id(kern))
+        return kern, self.kernels.kernel(ATTN_SOURCE, "attn_combine", defines), smem
+
+    def run_decode(
+        self,
+        q: torch.Tensor,  # [B, H, D] contiguous float32
+        k: KVLayer,
+        v: KVLayer,
+        slots: torch.Tensor,  # [B] int32
+        lengths: torch.Tensor,  # [B] int32
+        sel: torch.Tensor | None,  # [B, top] int32 selected blocks (QSA) or None (dense)
+        *,
+        scale: float,
+        bound: int,  # most visible (virtual) positions of any session: sizes the grid
+        softcap: float = 0.0,
+        window: int = 0,
+        min_chunk: int = DENSE_MIN_CHUNK,
+        top: int = 0,  # QSA: blocks selected per query
+        ratio: int = 1,  # QSA: positions per block
+    ) -> torch.Tensor:  # [B, H * D]
+        """attn_decode + attn_combine on checked, kernel-ready arguments (``covers``)."""
+        b, h, d = q.shape
+        n_ctx, n_kv = k.values.shape[1], k.values.shape[2]
+        out = torch.empty((b, h * d), dtype=torch.float32, device=self.device)
+        if b == 0:
+            return out
+        n_splits = max(1, min(MAX_SPLITS, cdiv(bound, min_chunk)))
+        part_o = torch.empty((b, h, n_splits, d), dtype=torch.float32, device=self.device)
+        part_ml = torch.empty((b, h, n_splits, 2), dtype=torch.float32, device=self.device)
+        kern, comb, smem = self._decode_kernels(d, k.quantized, v.quantized)
+        qsa = sel is not None
+        self.kernels.launch(
+            kern,
+            (n_splits, n_kv, b),
+            ATT_THREADS,
+            q.data_ptr(),
+            k.values.data_ptr(),
+            k.scales.data_ptr() if k.quantized else 0,
+            v.values.data_ptr(),
+            v.scales.data_ptr() if v.quantized else 0,
+            slots.data_ptr(),
+            lengths.data_ptr(),
+            sel.data_ptr() if sel is not None else 0,
+            part_o.data_ptr(),
+            part_ml.data_ptr(),
+            np.int32(n_ctx),
+            np.int32(n_kv),
+            np.int32(h // n_kv),
+            np.float32(scale),
+            np.float32(softcap),
+            np.int32(window),
+            np.int32(min_chunk),
+            np.int32(top),
+            np.int32(ratio),
+            shmem=smem,
+        )
+        self.kernels.launch(
+            comb,
+            (h, b),
+            COMBINE_THREADS,
+            part_o.data_ptr(),
+            part_ml.data_ptr(),
+            lengths.data_ptr(),
+            out.data_ptr(),
+            np.int32(n_ctx),
+            np.int32(h),
+            np.int32(n_splits),
+            np.int32(window),
+            np.int32(min_chunk),
+            np.int32(1 if qsa else 0),
+            np.int32(top),
+            np.int32(ratio),
+        )
+        return out
+
+    def decode(
+        self,
+        q: torch.Tensor,
+        k: KVLayer,
+        v: KVLayer,
+        slots: torch.Tensor,
+        lengths: torch.Tensor,
+        *,
+        scale: float,
+        window: int = 0,
+        softcap: float = 0.0,
+    ) -> torch.Tensor:
+        n_slots, n_ctx, n_kv, d = check_kv(k, v)
+        b, _ = check_q(q, n_kv, d, "B")
+        if not self.covers(q, k, v):
+            return self.fallback.decode(
+                q, k, v, slots, lengths, scale=scale, window=window, softcap=softcap
+            )
+        check_index("slots", slots, b)
+        check_index("lengths", lengths, b)
+        slots = as_i32("slots", slots, self.device)
+        lengths = as_i32("lengths", lengths, self.device)
+        bound = min(n_ctx, window) if window > 0 else n_ctx
+        return self.run_decode(
+            q.contiguous(), k, v, slots, lengths, None, scale=scale, bound=bound, softcap=softcap,
+            window=window,
+        )  # fmt: skip
+
+    def prefill(
+        self,
+        q: torch.Tensor,
+        k: KVLayer,
+        v: KVLayer,
+        slot: int,
+        start: int,
+        *,
+        scale: float,
+        window: int = 0,
+        softcap: float = 0.0,
+    ) -> torch.Tensor:
+        n_slots, n_ctx, n_kv, d = check_kv(k, v)
+        t, h = check_q(q, n_kv, d, "T")
+        check_span(n_ctx, n_slots, slot, start, t)
+        if not self.covers(q, k, v) or (softcap > 0.0 and t > PREFILL_DECODE_MAX_T):
+            return self.fallback.prefill(
+                q, k, v, slot, start, scale=scale, window=window, softcap=softcap
+            )
+        end = start + t
+        if t <= PREFILL_DECODE_MAX_T:  # one virtual session per token: decode numerics
+            slots = torch.full((t,), slot, dtype=torch.int32, device=self.device)
+            lengths = torch.arange(start + 1, end + 1, dtype=torch.int32, device=self.device)
+            bound = min(end, window) if window > 0 else end
+            return self.run_decode(
+                q.contiguous(), k, v, slots, lengths, None, scale=scale, bound=bound,
+                softcap=softcap, window=window,
+            )  # fmt: skip
+        k0 = max(0, start - window + 1) if window > 0 else 0
+        kh = self._f16_heads(k, slot, k0, end)  # [Hkv, S, D]
+        vh = self._f16_heads(v, slot, k0, end)
+        qh = q.permute(1, 0, 2).to(torch.float16)[None]  # [1, H, T, D]
+        if window > 0:  # few keys: an explicit mask, K/V repeated per query head
+            key_pos = torch.arange(k0, end, device=self.device)
+            q_pos = torch.arange(start, end, device=self.device)
+            mask = (key_pos[None, :] <= q_pos[:, None]) & (
+                q_pos[:, None] - key_pos[None, :] < window
+            )
+            g = h // n_kv
+            y = F.scaled_dot_product_attention(
+                qh,
+                kh.repeat_interleave(g, 0)[None],
+                vh.repeat_interleave(g, 0)[None],
+                attn_mask=mask,
+                scale=scale,
+            )
+        else:
+            from torch.nn.attention.bias import causal_lower_right
+
+            y = F.scaled_dot_product_attention(
+                qh,
+                kh[None],
+                vh[None],
+                attn_mask=causal_lower_right(t, end - k0),
+                scale=scale,
+                enable_gqa=True,
+            )
+        return y[0].permute(1, 0, 2).reshape(t, h * d).float()
+
+    def _f16_heads(self, c: KVLayer, slot: int, k0: int, end: int) -> torch.Tensor:
+        """float16 [n_kv, end - k0, D]: positions k0..end-1 of ``slot``, dequantized in pieces."""
+        n_kv, d = c.values.shape[2], c.values.shape[3]
+        out = torch.empty((n_kv, end - k0, d), dtype=torch.float16, device=self.device)
+        for p0 in range(k0, end, _F16_COPY_POS):
+            p1 = min(end, p0 + _F16_COPY_POS)
+            out[:, p0 - k0 : p1 - k0] = dequant(c, slot, slice(p0, p1)).transpose(0, 1)
+        return out

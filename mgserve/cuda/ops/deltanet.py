@@ -1,0 +1,172 @@
+"""The deltanet family: the Gated DeltaNet steps of qwen3next / qwen4exp (causal conv, the gated
+delta rule) for decode (B sessions, one token each) and prefill (one session's chunk).
+
+State lives in per-layer pools indexed by slot: ``conv`` [n_slots, K - 1, C] and ``ssm``
+[n_slots, H_v, d_k, d_v]; the decode ops take ``slots`` [B] int32 (distinct) and update only those
+slots, in place, static-shape and sync-free (CUDA-graph capturable); ``prefill`` may synchronise.
+Channel layout of the conv input / output (llama.cpp's ``attn_qkv``): [q (all key heads) | k (all
+key heads) | v (all value heads)], C = (2 H_k + H_v) d; value head j reads key head
+j // (H_v / H_k).
+
+``DeltaNetTorch`` is ``mgserve.core.reference.deltanet`` op for op, but for the chunked delta rule
+of prefill, which is reorganised into few large ops (deltanet_chunked.py); ``DeltaNetCuda``
+(deltanet_cuda.py) runs the decode steps on kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mgserve.core.reference import deltanet, rowwise
+from mgserve.cuda.checks import check_f32, check_index, shape_error
+from mgserve.cuda.ops.deltanet_chunked import delta_rule_chunked_device
+
+
+def deltanet_dims(n_k_heads: int, n_v_heads: int, head_dim: int) -> int:
+    """C, the conv channel count; ValueError on impossible head counts."""
+    if min(n_k_heads, n_v_heads, head_dim) < 1 or n_v_heads % n_k_heads:
+        raise ValueError(
+            f"DeltaNet heads: n_v_heads {n_v_heads} must be a positive multiple of n_k_heads "
+            f"{n_k_heads}, head_dim {head_dim} positive"
+        )
+    return (2 * n_k_heads + n_v_heads) * head_dim
+
+
+def check_conv(x: torch.Tensor, conv: torch.Tensor, weight: torch.Tensor) -> int:
+    """x [B or T, C], conv [n_slots, K - 1, C], weight [C, K]; returns K."""
+    for name, t in (("x", x), ("conv", conv), ("weight", weight)):
+        check_f32(name, t)
+    if x.dim() != 2:
+        raise shape_error("x", x, "[B, C]")
+    c = x.shape[1]
+    if weight.dim() != 2 or weight.shape[0] != c or weight.shape[1] < 1:
+        raise shape_error("weight", weight, f"[{c}, K]")
+    k = weight.shape[1]
+    if conv.dim() != 3 or conv.shape[1:] != (k - 1, c):
+        raise shape_error("conv", conv, f"[n_slots, {k - 1}, {c}]")
+    return k
+
+
+def check_ssm(ssm: torch.Tensor, n_v_heads: int, head_dim: int) -> None:
+    check_f32("ssm", ssm)
+    if ssm.dim() != 4 or ssm.shape[1:] != (n_v_heads, head_dim, head_dim):
+        raise shape_error("ssm", ssm, f"[n_slots, {n_v_heads}, {head_dim}, {head_dim}]")
+
+
+def check_gb(g: torch.Tensor, beta: torch.Tensor, n: int, n_v_heads: int) -> None:
+    for name, t in (("g", g), ("beta", beta)):
+        check_f32(name, t)
+        if t.shape != (n, n_v_heads):
+            raise shape_error(name, t, f"[{n}, {n_v_heads}]")
+
+
+def split_qkv(
+    y: torch.Tensor, n_k_heads: int, n_v_heads: int, head_dim: int, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Conv output y [..., C] -> q, k [..., H_v, d] (L2-normed, q scaled, key heads repeated for
+    their value heads) and v [..., H_v, d], exactly as ``deltanet.mix``."""
+    d, kd, r = head_dim, n_k_heads * head_dim, n_v_heads // n_k_heads
+    lead = y.shape[:-1]
+    q = y[..., :kd].reshape(*lead, n_k_heads, d)
+    k = y[..., kd : 2 * kd].reshape(*lead, n_k_heads, d)
+    v = y[..., 2 * kd :].reshape(*lead, n_v_heads, d)
+    q = deltanet.l2_norm(q, eps).repeat_interleave(r, dim=-2) * d**-0.5
+    k = deltanet.l2_norm(k, eps).repeat_interleave(r, dim=-2)
+    return q, k, v
+
+
+class DeltaNetTorch:
+    """The DeltaNet steps in PyTorch on the tensors' device (the reference arithmetic)."""
+
+    def conv_step(
+        self,
+        x: torch.Tensor,  # [B, C] this token's raw qkv of each session
+        conv: torch.Tensor,  # [n_slots, K - 1, C] previous inputs, oldest first (updated)
+        slots: torch.Tensor,  # [B] int32, distinct
+        weight: torch.Tensor,  # [C, K] depthwise conv weight
+    ) -> torch.Tensor:  # [B, C] silu(causal conv)
+        """One decode token of the depthwise causal conv + silu; shifts conv[slots[b]] (drops the
+        oldest input, appends x[b]). Sync-free."""
+        check_conv(x, conv, weight)
+        check_index("slots", slots, x.shape[0])
+        idx = slots.long()
+        y, new = deltanet.causal_conv(x[:, None], conv.index_select(0, idx), weight)
+        conv.index_copy_(0, idx, new)
+        return rowwise.silu(y[:, 0]).contiguous()
+
+    def step(
+        self,
+        y: torch.Tensor,  # [B, C] conv_step's output
+        g: torch.Tensor,  # [B, H_v] log decay
+        beta: torch.Tensor,  # [B, H_v] write strength
+        ssm: torch.Tensor,  # [n_slots, H_v, d_k, d_v] (updated)
+        slots: torch.Tensor,  # [B] int32, distinct
+        *,
+        n_k_heads: int,
+        n_v_heads: int,
+        head_dim: int,
+        eps: float,
+    ) -> torch.Tensor:  # o [B, H_v, d_v]
+        """One decode token of the gated delta rule for B sessions: q, k L2-normed per key head
+        (q scaled by head_dim^-0.5), then S <- exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q
+        on ssm[slots[b]] in place. Sync-free."""
+        c = deltanet_dims(n_k_heads, n_v_heads, head_dim)
+        check_f32("y", y)
+        if y.dim() != 2 or y.shape[1] != c:
+            raise shape_error("y", y, f"[B, {c}]")
+        b = y.shape[0]
+        check_gb(g, beta, b, n_v_heads)
+        check_ssm(ssm, n_v_heads, head_dim)
+        check_index("slots", slots, b)
+        idx = slots.long()
+        q, k, v = split_qkv(y[:, None], n_k_heads, n_v_heads, head_dim, eps)  # [B, 1, H_v, d]
+        o, new = deltanet.delta_rule_recurrent(
+            q, k, v, g[:, None], beta[:, None], ssm.index_select(0, idx)
+        )
+        ssm.index_copy_(0, idx, new)
+        return o[:, 0]
+
+    def prefill(
+        self,
+        qkv: torch.Tensor,  # [T, C] raw (pre-conv) projections of one session's tokens
+        g: torch.Tensor,  # [T, H_v]
+        beta: torch.Tensor,  # [T, H_v]
+        conv: torch.Tensor,  # [n_slots, K - 1, C] (conv[slot] updated)
+        ssm: torch.Tensor,  # [n_slots, H_v, d_k, d_v] (ssm[slot] updated)
+        slot: int,
+        weight: torch.Tensor,  # [C, K]
+        *,
+        n_k_heads: int,
+        n_v_heads: int,
+        head_dim: int,
+        eps: float,
+        chunk: int = 64,
+    ) -> torch.Tensor:  # o [T, H_v, d_v]
+        """``deltanet.mix`` for one session (B = 1) of T >= 1 tokens, on the tensors' device:
+        conv + silu, L2 norms, then the chunked delta rule (the recurrent one for T = 1, as the
+        reference does). Continues from and updates the slot's conv and ssm states, so a prompt
+        split across calls gives the result of one call. May synchronise (prefill only)."""
+        c = deltanet_dims(n_k_heads, n_v_heads, head_dim)
+        check_conv(qkv, conv, weight)
+        if qkv.shape[1] != c or qkv.shape[0] < 1:
+            raise shape_error("qkv", qkv, f"[T >= 1, {c}]")
+        t = qkv.shape[0]
+        check_gb(g, beta, t, n_v_heads)
+        check_ssm(ssm, n_v_heads, head_dim)
+        if not 0 <= slot < conv.shape[0] or conv.shape[0] != ssm.shape[0]:
+            raise ValueError(
+                f"slot {slot} out of range (conv has {conv.shape[0]} slots, ssm {ssm.shape[0]})"
+            )
+        y, new_conv = deltanet.causal_conv(qkv[None], conv[slot : slot + 1], weight)
+        y = rowwise.silu(y[0])  # [T, C]
+        q, k, v = split_qkv(y, n_k_heads, n_v_heads, head_dim, eps)  # [T, H_v, d]
+        if t == 1:
+            o, state = deltanet.delta_rule_recurrent(
+                q[None], k[None], v[None], g[None], beta[None], ssm[slot : slot + 1]
+            )
+            o, state = o[0], state[0]
+        else:
+            o, state = delta_rule_chunked_device(q, k, v, g, beta, ssm[slot], chunk)
+        conv[slot] = new_conv[0]
+        ssm[slot] = state
+        return o

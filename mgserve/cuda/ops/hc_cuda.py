@@ -1,0 +1,231 @@
+"""``HCCuda``: the hc family on kernels/hc.cu (see ops/hc.py for the math and the kernels'
+layout), and on the linear family's GEMMs for prompt chunks."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import torch
+
+from mgserve.core.reference import hyper_connections
+from mgserve.cuda.checks import check_weight, vec4_input
+from mgserve.cuda.launch import Kernels
+from mgserve.cuda.ops.hc import (
+    COMBINE_THREADS,
+    DYNAMIC_SMEM,
+    HC_KERNEL_TYPES,
+    HC_SOURCE,
+    MAX_TOKEN_GROUP,
+    HCTorch,
+    HCTuning,
+    check_combine,
+    check_mix,
+    down_part,
+    token_group,
+    up_smem,
+)
+from mgserve.cuda.ops.linear_cuda import LinearCuda
+from mgserve.cuda.ops.norm import NormCuda
+from mgserve.cuda.weights import QuantWeight
+
+HC_FUSED_MAX_TOKENS = 16  # larger batches (prompt chunks) mix the streams with GEMMs
+
+
+class HCCuda:
+    """The mix and combine on kernels/hc.cu (see the module docstring). Activations must be
+    float32 on this device; weights in a format of HC_KERNEL_TYPES run on the kernels, others on
+    the torch version. ``tuning`` sets the kernels' compile-time shape."""
+
+    def __init__(
+        self,
+        kernels: Kernels,
+        fallback: HCTorch,
+        linear: LinearCuda,
+        norm: NormCuda,
+        tuning: HCTuning | None = None,
+    ) -> None:
+        self.kernels, self.fallback, self.linear, self.norm = kernels, fallback, linear, norm
+        self.device = kernels.device
+        self.tuning = tuning or HCTuning()
+
+    # -- helpers --
+
+    @staticmethod
+    def kernels_apply(hc: int, d: int, r: int, weights: tuple[QuantWeight | None, ...]) -> bool:
+        """Whether the kernels run a mix of these shapes and weights. Depends on shapes and
+        formats only, never on N, so a token's results never depend on the batch."""
+        if any(w is not None and w.type_name not in HC_KERNEL_TYPES for w in weights):
+            return False
+        if d % 8 or r % 8 or d <= 0 or r <= 0:
+            return False
+        return (
+            down_part(d, MAX_TOKEN_GROUP) is not None
+            and up_smem(MAX_TOKEN_GROUP, r) <= DYNAMIC_SMEM
+        )
+
+    # -- ops --
+
+    def mix(
+        self,
+        x: torch.Tensor,
+        norm: torch.Tensor,
+        down: QuantWeight,
+        up: QuantWeight,
+        inject: QuantWeight | None,
+        eps: float,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Decode-sized batches take the fused kernels (weights read once per group of 8
+        tokens); a prompt chunk takes three GEMMs, which read each weight once for the chunk."""
+        if x.dim() == 3 and x.shape[0] > HC_FUSED_MAX_TOKENS:
+            check_mix(x, norm, down, up, inject)
+            down_p = partial(self.linear.matmul, w=down)
+            up_p = partial(self.linear.matmul, w=up)
+            inj_p = None if inject is None else partial(self.linear.matmul, w=inject)
+            return hyper_connections.mix_with(x, norm, eps, down_p, up_p, inj_p, self.norm.rms)
+        _, mixed, inj = self._run(x, None, None, norm, down, up, inject, eps)
+        return mixed, inj
+
+    def combine_mix(
+        self,
+        x: torch.Tensor,
+        out: torch.Tensor,
+        inject_prev: torch.Tensor,
+        norm: torch.Tensor,
+        down: QuantWeight,
+        up: QuantWeight,
+        inject: QuantWeight | None,
+        eps: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        check_combine(x, out, inject_prev)
+        x_new, mixed, inj = self._run(x, out, inject_prev, norm, down, up, inject, eps)
+        assert x_new is not None  # given out, _run always combines
+        return x_new, mixed, inj
+
+    def combine(self, x: torch.Tensor, out: torch.Tensor, inject: torch.Tensor) -> torch.Tensor:
+        check_combine(x, out, inject)
+        n, hc, d = x.shape
+        if d % 4 or n == 0:  # the kernel reads float4 runs of each stream
+            return self.fallback.combine(x, out, inject)
+        x, out, inject = (
+            vec4_input(k, t, self.device) for k, t in (("x", x), ("out", out), ("inject", inject))
+        )
+        y = torch.empty_like(x)
+        n4 = n * hc * d // 4
+        self.kernels.launch(
+            self.kernels.kernel(HC_SOURCE, "hc_combine", self.tuning.defines("BF16")),
+            (n4 + COMBINE_THREADS - 1) // COMBINE_THREADS,
+            COMBINE_THREADS,
+            x.data_ptr(),
+            out.data_ptr(),
+            inject.data_ptr(),
+            y.data_ptr(),
+            np.int32(hc),
+            np.int32(d // 4),
+            np.int64(n4),
+        )
+        return y
+
+    def _run(
+        self,
+        x: torch.Tensor,
+        out_prev: torch.Tensor | None,
+        inj_prev: torch.Tensor | None,
+        norm: torch.Tensor,
+        down: QuantWeight,
+        up: QuantWeight,
+        inject: QuantWeight | None,
+        eps: float,
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        """(new x when fused else None, mixed, inject): hc_down (once, or twice when down and
+        inject differ in format), then hc_up."""
+        n, hc, d, r = check_mix(x, norm, down, up, inject)
+        if not self.kernels_apply(hc, d, r, (down, up, inject)) or n == 0:
+            if out_prev is None:
+                return (None, *self.fallback.mix(x, norm, down, up, inject, eps))
+            assert inj_prev is not None
+            return self.fallback.combine_mix(x, out_prev, inj_prev, norm, down, up, inject, eps)
+        for w in (down, up, inject):
+            if w is not None:
+                check_weight(w, self.device)
+        x = vec4_input("x", x, self.device)
+        norm = vec4_input("norm", norm, self.device)
+        x_new = None
+        if out_prev is not None:
+            assert inj_prev is not None
+            out_prev = vec4_input("out", out_prev, self.device)
+            inj_prev = vec4_input("inject", inj_prev, self.device)
+            x_new = torch.empty_like(x)
+        tune = self.tuning
+        nt = token_group(n)
+        groups = (n + nt - 1) // nt
+        part = down_part(d, nt)
+        assert part is not None  # hc_kernels_apply checked the largest group
+        n_inj = hc if inject is not None else 0
+        p_stride = r + n_inj
+        dev = self.device
+        partial = torch.empty(hc, n, p_stride, dtype=torch.float32, device=dev)  # P
+        sumsq = torch.empty(hc, n, dtype=torch.float32, device=dev)  # SS
+        mixed = torch.empty(n, d, dtype=torch.float32, device=dev)
+        inj = torch.empty(n, hc, dtype=torch.float32, device=dev) if inject is not None else None
+
+        # [down | inject] in one launch when they share a format, else one launch each
+        if inject is None or inject.type_name == down.type_name:
+            launches: list[tuple[QuantWeight, QuantWeight | None]] = [(down, inject)]
+        else:
+            launches = [(down, None), (inject, None)]
+        col0, aux = 0, 1
+        per_cta = tune.down_rows_per_cta(nt)
+        for wa, wb in launches:
+            rows = wa.rows + (wb.rows if wb is not None else 0)
+            self.kernels.launch(
+                self.kernels.kernel(
+                    HC_SOURCE, f"hc_down_{wa.type_name}_t{nt}", tune.defines(wa.type_name)
+                ),
+                (((rows + per_cta - 1) // per_cta) * hc, groups),
+                32 * tune.down_warps,
+                x.data_ptr(),
+                norm.data_ptr(),
+                out_prev.data_ptr() if out_prev is not None else 0,
+                inj_prev.data_ptr() if inj_prev is not None else 0,
+                x_new.data_ptr() if x_new is not None else 0,
+                wa.data.data_ptr(),
+                np.int32(wa.rows),
+                wb.data.data_ptr() if wb is not None else 0,
+                np.int32(wb.rows if wb is not None else 0),
+                partial.data_ptr(),
+                sumsq.data_ptr(),
+                np.int32(n),
+                np.int32(hc),
+                np.int32(d),
+                np.int32(part),
+                np.int32(p_stride),
+                np.int32(col0),
+                np.int32(aux),
+                shmem=nt * part * 4,
+            )
+            col0, aux = col0 + rows, 0
+
+        per_cta = tune.up_cols_per_cta(nt)
+        self.kernels.launch(
+            self.kernels.kernel(
+                HC_SOURCE, f"hc_up_{up.type_name}_t{nt}", tune.defines(up.type_name)
+            ),
+            ((d + per_cta - 1) // per_cta, groups),
+            32 * tune.up_warps,
+            up.data.data_ptr(),
+            partial.data_ptr(),
+            sumsq.data_ptr(),
+            (x_new if x_new is not None else x).data_ptr(),
+            norm.data_ptr(),
+            mixed.data_ptr(),
+            inj.data_ptr() if inj is not None else 0,
+            np.int32(n),
+            np.int32(hc),
+            np.int32(d),
+            np.int32(r),
+            np.int32(p_stride),
+            np.float32(eps),
+            shmem=up_smem(nt, r),
+        )
+        return x_new, mixed, inj

@@ -1,0 +1,281 @@
+"""``LinearCuda``: the linear family on kernels, in two regimes chosen by the number of tokens N.
+
+- decode (N <= 8): W is read once, in its GGUF block layout, by the matvec kernels (matvec.cu),
+  or, with ``int8``, by the int8-activation kernels (matvec_q8.cu: x rounded to int8 per 32
+  values first; several times faster, relative error ~1e-3 of |W| @ |x|);
+- prefill (N > 8): W is dequantized to f16 in row tiles (dequant.cu) into a per-stream scratch
+  buffer and multiplied by cuBLAS with fp32 accumulation and fp32 output.
+
+Nothing here waits for the GPU: kernels go on the current stream (or the one given) and torch
+allocates every buffer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from mgserve.cuda.checks import check_vec4, check_weight, vec4_input
+from mgserve.cuda.launch import Kernels
+from mgserve.cuda.ops.f16_products import f16_mm
+from mgserve.cuda.ops.linear import LinearTorch, check_linear, check_rows
+from mgserve.cuda.ops.linear_tuning import (
+    INT8_TYPES,
+    MATVEC_SOURCE,
+    MATVEC_TOKEN_BUCKETS,
+    MATVEC_WARPS_PER_CTA,
+    MAX_MATVEC_TOKENS,
+    Q8_GROUP,
+    Q8_SOURCE,
+    Q8_THREADS,
+    MatvecTuning,
+    Q8Activations,
+)
+from mgserve.cuda.weights import QuantWeight
+
+if TYPE_CHECKING:
+    from cuda.core import Stream
+
+DEQUANT_SOURCE = "dequant.cu"
+DEQUANT_THREADS = 256  # DEQUANT_THREADS in dequant.cu: one thread per 8-value run
+SCRATCH_BYTES = 256 << 20  # f16 dequantization scratch per stream (tiles are sized to fit)
+
+
+class LinearCuda:
+    """Linear layers on the matvec / int8 / dequant kernels and cuBLAS (module docstring).
+
+    ``int8``: decode products of INT8_TYPES weights use int8 activations. ``prefill_exact``:
+    prompt chunks multiply the dequantized fp32 weights of the torch version instead of f16 tiles
+    (comparing whole models with the reference without the f16 rounding; slow). ``q8_rows``:
+    output rows per thread group of the int8 kernels for one token and for 2..8; ``q8_group``:
+    threads sharing those rows, 32 (a warp) or 128 (the CTA): the Q8_ROWS_1 / Q8_ROWS_N /
+    Q8_GROUP_THREADS macros of matvec_q8.cu, measured by ``bench matvec --q8-rows``."""
+
+    def __init__(
+        self,
+        kernels: Kernels,
+        fallback: LinearTorch,
+        tuning: MatvecTuning | None = None,
+        q8_rows: tuple[int, int] = (2, 2),
+        q8_group: int = 128,
+    ) -> None:
+        if len(q8_rows) != 2 or not all(1 <= r <= 8 for r in q8_rows):
+            raise ValueError(f"q8_rows must be two row counts in 1..8, got {q8_rows}")
+        if q8_group not in (32, Q8_THREADS):
+            raise ValueError(f"q8_group must be 32 or {Q8_THREADS}, got {q8_group}")
+        self.kernels, self.fallback = kernels, fallback
+        self.device = kernels.device
+        self.tuning = tuning or MatvecTuning()
+        self.q8_rows = q8_rows
+        self.q8_group = q8_group
+        self._q8_defines = (
+            ("Q8_ROWS_1", str(q8_rows[0])),
+            ("Q8_ROWS_N", str(q8_rows[1])),
+            ("Q8_GROUP_THREADS", str(q8_group)),
+        )
+        self.int8 = False
+        self.prefill_exact = False
+        self._scratch: dict[int, torch.Tensor] = {}  # f16, per torch stream handle
+
+    # -- decode kernels ------------------------------------------------------------------------
+
+    def matvec(
+        self,
+        w: QuantWeight,
+        x: torch.Tensor,
+        stream: Stream | None = None,
+        out: torch.Tensor | None = None,
+        int8: bool = False,
+    ) -> torch.Tensor:
+        """y = x @ W^T for a quantized W [rows, k] and fp32 x [k] or [n_tok, k], n_tok <= 8.
+
+        With ``int8`` (types in INT8_TYPES only) x is first rounded to int8 groups
+        (``quantize_q8``) and multiplied with integer dot products: exact for the rounded x
+        rather than x itself.
+
+        Returns fp32 y [rows] or [n_tok, rows] (written into ``out`` when given). The kernel is
+        queued on ``stream`` (default: torch's current one); buffers must be ready on it.
+        Torch allocates ``out`` on torch's current stream, so give another ``stream`` only under
+        ``torch.cuda.stream(runtime.torch_stream(stream))``: the caching allocator then reuses
+        the memory only after that stream's work, not another's.
+        """
+        check_weight(w, self.device)
+        rows, k = w.rows, w.k
+        if x.dim() not in (1, 2) or x.shape[-1] != k:
+            raise ValueError(f"{w.name}: x has shape {list(x.shape)}, expected [{k}] or [n, {k}]")
+        n_tok = 1 if x.dim() == 1 else x.shape[0]
+        if not 1 <= n_tok <= MAX_MATVEC_TOKENS:
+            raise ValueError(f"{w.name}: matvec takes 1..{MAX_MATVEC_TOKENS} tokens, got {n_tok}")
+        check_vec4("x", x, self.device, torch.float32)
+        out_shape = (rows,) if x.dim() == 1 else (n_tok, rows)
+        if out is None:
+            out = torch.empty(out_shape, dtype=torch.float32, device=self.device)
+        elif tuple(out.shape) != out_shape:
+            raise ValueError(
+                f"{w.name}: out has shape {list(out.shape)}, expected {list(out_shape)}"
+            )
+        check_vec4("out", out, self.device, torch.float32)
+        if int8:
+            if w.type_name not in INT8_TYPES:
+                raise ValueError(
+                    f"{w.name}: no int8 matvec for type {w.type_name} "
+                    f"(int8 types: {', '.join(sorted(INT8_TYPES))}); use int8=False"
+                )
+            xq = self.quantize_q8(x.reshape(n_tok, k), stream)
+            self.matvec_q8(w, xq, stream, out.view(n_tok, rows))
+            return out
+
+        bucket = next(b for b in MATVEC_TOKEN_BUCKETS if b >= n_tok)
+        kernel = self.kernels.kernel(
+            MATVEC_SOURCE, f"matvec_{w.type_name}_t{bucket}", self.tuning.defines()
+        )
+        per_cta = self.tuning.rows_per_cta(bucket)
+        self.kernels.launch(
+            kernel,
+            (rows + per_cta - 1) // per_cta,
+            32 * MATVEC_WARPS_PER_CTA,
+            w.data.data_ptr(),
+            x.data_ptr(),
+            out.data_ptr(),
+            np.int32(rows),
+            np.int32(k),
+            np.int32(n_tok),
+            stream=stream,
+        )
+        return out
+
+    def quantize_q8(self, x: torch.Tensor, stream: Stream | None = None) -> Q8Activations:
+        """Round fp32 x [n_tok, k] (k a multiple of 32) to int8 groups on ``stream``:
+        d = max|x| / 127 per 32 values, q = roundf(x / d) (ties away from zero)."""
+        if x.dim() != 2 or x.shape[1] % Q8_GROUP:
+            raise ValueError(f"x has shape {list(x.shape)}, expected [n_tok, k], k % 32 == 0")
+        check_vec4("x", x, self.device, torch.float32)
+        n_tok, k = x.shape
+        q = torch.empty(n_tok, k, dtype=torch.int8, device=self.device)  # [n_tok, k]
+        d = torch.empty(n_tok, k // Q8_GROUP, dtype=torch.float32, device=self.device)
+        n_groups = n_tok * k // Q8_GROUP
+        groups_per_cta = Q8_THREADS // 32
+        grid = (n_groups + groups_per_cta - 1) // groups_per_cta
+        kernel = self.kernels.kernel(Q8_SOURCE, "quantize_q8", self._q8_defines)
+        args = (x.data_ptr(), q.data_ptr(), d.data_ptr(), np.int32(n_groups))
+        self.kernels.launch(kernel, grid, Q8_THREADS, *args, stream=stream)
+        return Q8Activations(q, d)
+
+    def matvec_q8(
+        self, w: QuantWeight, xq: Q8Activations, stream: Stream | None, out: torch.Tensor
+    ) -> torch.Tensor:
+        """out [n_tok, rows] = xq @ W^T, W of a type in INT8_TYPES (validated by ``matvec``'s
+        checks on the weight; call it through ``matvec(..., int8=True)`` unless x is shared)."""
+        if w.type_name not in INT8_TYPES:
+            raise ValueError(f"{w.name}: no int8 matvec for type {w.type_name}")
+        if xq.k != w.k or not 1 <= xq.n_tok <= MAX_MATVEC_TOKENS:
+            raise ValueError(f"{w.name}: xq is [{xq.n_tok}, {xq.k}], expected [1..8, {w.k}]")
+        if tuple(out.shape) != (xq.n_tok, w.rows):
+            raise ValueError(f"{w.name}: out has shape {list(out.shape)}")
+        check_vec4("out", out, self.device, torch.float32)
+        bucket = next(b for b in MATVEC_TOKEN_BUCKETS if b >= xq.n_tok)
+        kernel = self.kernels.kernel(
+            Q8_SOURCE, f"matvec_q8_{w.type_name}_t{bucket}", self._q8_defines
+        )
+        per_group = self.q8_rows[0] if bucket == 1 else self.q8_rows[1]
+        per_cta = per_group * (Q8_THREADS // self.q8_group)
+        args = (w.data.data_ptr(), xq.q.data_ptr(), xq.d.data_ptr(), out.data_ptr())
+        self.kernels.launch(
+            kernel, (w.rows + per_cta - 1) // per_cta, Q8_THREADS,
+            *args, np.int32(w.rows), np.int32(w.k), np.int32(xq.n_tok), stream=stream,
+        )  # fmt: skip
+        return out
+
+    # -- prefill: dequantized tiles --------------------------------------------------------------
+
+    def scratch(self, n_elems: int) -> torch.Tensor:
+        """An f16 buffer of at least ``n_elems`` values for the current stream, reused by later
+        calls on that stream (stream order makes reuse safe). Call it before a CUDA graph
+        capture with the largest size the graph needs, so capture never allocates it."""
+        key = torch.cuda.current_stream(self.device).cuda_stream
+        buf = self._scratch.get(key)
+        if buf is None or buf.numel() < n_elems:
+            buf = self._scratch[key] = torch.empty(n_elems, dtype=torch.float16, device=self.device)
+        return buf
+
+    def dequant_rows(
+        self,
+        w: QuantWeight,
+        out_ptr: int,
+        dtype: torch.dtype,
+        row0: int,
+        n_rows: int,
+        ids: torch.Tensor | None = None,
+        group_stride: int = 0,
+        out_group_rows: int = 0,
+    ) -> None:
+        """Launch dequant.cu on checked arguments: out row (g, r) = W row (ids[g] * group_stride
+        + row0 + r), g over ids (one group, ids[0] = 0, without them), written at
+        out_ptr + (g * out_group_rows + r) rows."""
+        n_groups = 1 if ids is None else ids.numel()
+        if n_rows == 0 or n_groups == 0:
+            return
+        suffix = "f16" if dtype == torch.float16 else "f32"
+        kernel = self.kernels.kernel(DEQUANT_SOURCE, f"dequant_{w.type_name}_{suffix}")
+        runs = n_rows * (w.k // 8)
+        grid = ((runs + DEQUANT_THREADS - 1) // DEQUANT_THREADS, n_groups)
+        self.kernels.launch(
+            kernel,
+            grid,
+            DEQUANT_THREADS,
+            w.data.data_ptr(),
+            out_ptr,
+            0 if ids is None else ids.data_ptr(),
+            np.int64(group_stride),
+            np.int64(row0),
+            np.int32(n_rows),
+            np.int32(out_group_rows or n_rows),
+            np.int32(w.k),
+        )
+
+    # -- ops -------------------------------------------------------------------------------------
+
+    def dequantize(self, w: QuantWeight, row0: int, n_rows: int, out: torch.Tensor) -> torch.Tensor:
+        """Rows [row0, row0 + n_rows) of W into ``out`` [n_rows, k] f16 (or fp32), on the
+        current stream. f16 rounds each value to nearest (|W| > 65504 would overflow)."""
+        check_weight(w, self.device)
+        check_rows(w, row0, n_rows, out)
+        check_vec4("out", out, self.device, out.dtype)
+        self.dequant_rows(w, out.data_ptr(), out.dtype, row0, n_rows)
+        return out
+
+    def matmul(self, x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
+        """x [N, k] fp32 -> x @ W^T [N, w.rows] fp32.
+
+        N <= 8: the matvec kernels (int8 activations when ``self.int8`` and the type has them).
+        N > 8: W dequantized to f16 in row tiles of at most SCRATCH_BYTES and multiplied by cuBLAS
+        (x rounded to f16, fp32 accumulation and output): relative error ~1e-3 of |x| @ |W|^T.
+        """
+        check_weight(w, self.device)
+        check_linear(x, w)
+        x = vec4_input("x", x, self.device)
+        n, k, rows = x.shape[0], w.k, w.rows
+        if n <= MAX_MATVEC_TOKENS:
+            out = torch.empty(n, rows, dtype=torch.float32, device=self.device)  # [N, rows]
+            if n == 0:
+                return out
+            int8 = self.int8 and w.type_name in INT8_TYPES
+            self.matvec(w, x, self.kernels.stream(), out=out, int8=int8)
+            return out
+        if self.prefill_exact:  # fp32 weights and product (tests, debugging: slow, memory-hungry)
+            return self.fallback.matmul(x, w)
+        x16 = x.to(torch.float16)  # [N, k]
+        tile = max(1, min(rows, SCRATCH_BYTES // (2 * k)))  # rows per f16 tile
+        buf = self.scratch(tile * k)
+        if tile == rows:  # the usual case: one tile, cuBLAS writes the result directly
+            self.dequant_rows(w, buf.data_ptr(), torch.float16, 0, rows)
+            return f16_mm(x16, buf[: rows * k].view(rows, k))
+        out = torch.empty(n, rows, dtype=torch.float32, device=self.device)  # [N, rows]
+        for r0 in range(0, rows, tile):
+            m = min(tile, rows - r0)
+            wt = buf[: m * k].view(m, k)  # [m, k] f16
+            self.dequant_rows(w, wt.data_ptr(), torch.float16, r0, m)
+            out[:, r0 : r0 + m] = f16_mm(x16, wt)
+        return out

@@ -1,0 +1,139 @@
+"""``MoeCuda``: the MoE family on kernels, in two regimes chosen by the number of tokens N.
+
+- decode (N <= 8): two kernels (moe.cu, or moe_q8.cu with ``int8``) read only the selected
+  experts' rows, with expert ids read on the device: no host sync, so a step captures into a
+  CUDA graph, and each token's result is bitwise independent of the rest of the batch;
+- prefill (N > 8): ``moe_prefill`` (moe_prefill.py) with the kernel glue of moe_prefill_cuda.py:
+  pairs sorted by expert (one host sync for the counts), the used experts dequantized to f16,
+  batched cuBLAS products over buckets of experts with similar counts, per-pair results summed
+  over j in a fixed order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from mgserve.cuda.checks import check_cuda, check_weight, vec4_input
+from mgserve.cuda.launch import Kernels
+from mgserve.cuda.ops.linear_cuda import LinearCuda
+from mgserve.cuda.ops.linear_tuning import MAX_MATVEC_TOKENS
+from mgserve.cuda.ops.moe import ExpertWeights, MoeTorch, check_moe
+from mgserve.cuda.ops.moe_prefill import moe_prefill
+from mgserve.cuda.ops.moe_prefill_cuda import MoePrefillCuda
+
+MOE_SOURCE = "moe.cu"
+MOE_Q8_SOURCE = "moe_q8.cu"
+MOE_WARPS = 4  # MOE_WARPS in moe.cu / moe_q8.cu
+MOE_Q8_TYPES = frozenset({"Q4_K", "Q6_K", "Q5_0", "Q8_0"})  # expert formats of moe_q8.cu
+
+
+class MoeCuda:
+    """MoE experts on kernels (see the module docstring). ``int8``: decode products of
+    MOE_Q8_TYPES experts round the activations to int8 per 32 values (relative error ~1e-3).
+    ``prefill_exact``: prompt chunks run the torch version (fp32, every expert; tests).
+    ``moe_rows``: rows per warp of the gate/up and down kernels (GU_ROWS / DOWN_ROWS of moe.cu),
+    for tuning."""
+
+    def __init__(
+        self,
+        kernels: Kernels,
+        fallback: MoeTorch,
+        linear: LinearCuda,
+        moe_rows: tuple[int, int] = (1, 1),
+    ) -> None:
+        if len(moe_rows) != 2 or not all(1 <= r <= 8 for r in moe_rows):
+            raise ValueError(f"moe_rows must be two row counts in 1..8, got {moe_rows}")
+        self.kernels, self.fallback, self.linear = kernels, fallback, linear
+        self.device = kernels.device
+        self.prefill = MoePrefillCuda(kernels, linear)
+        self.int8 = False
+        self.prefill_exact = False
+        self.moe_rows = moe_rows
+        self._defines = (("GU_ROWS", str(moe_rows[0])), ("DOWN_ROWS", str(moe_rows[1])))
+
+    def _gate_up_ptrs(self, w: ExpertWeights) -> tuple[int, int, int]:
+        """Pointers to expert 0's gate and up row 0, and rows per expert of that storage."""
+        ff = w.n_ff
+        if w.gate_up is not None:
+            base = w.gate_up.data.data_ptr()
+            return base, base + ff * w.gate_up.data.shape[1], 2 * ff
+        assert w.gate is not None and w.up is not None
+        return w.gate.data.data_ptr(), w.up.data.data_ptr(), ff
+
+    def experts(
+        self, x: torch.Tensor, w: ExpertWeights, experts: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        """sum_j weights[:, j] * down_e(silu(gate_e x) * up_e x), e = experts[:, j].
+
+        x [N, d] fp32, experts [N, kk] int32 (int64 is converted on the device; ids outside
+        [0, E) are clamped), weights [N, kk] fp32 -> [N, d] fp32.
+        """
+        check_moe(x, w, experts, weights)
+        for m in (w.gate, w.up, w.gate_up, w.down):
+            if m is not None:
+                check_weight(m, self.device)
+        if -(-max(w.n_ff, w.n_embd) // MOE_WARPS) > 65535:
+            raise ValueError(f"moe.experts: {max(w.n_ff, w.n_embd)} rows exceed the kernels' grid")
+        x = vec4_input("x", x, self.device)
+        if experts.dtype != torch.int32:
+            experts = experts.to(torch.int32)
+        experts, weights = experts.contiguous(), weights.contiguous()
+        check_cuda("experts", experts, self.device, torch.int32)
+        check_cuda("weights", weights, self.device, torch.float32)
+        n = x.shape[0]
+        if n > MAX_MATVEC_TOKENS and self.prefill_exact:
+            return self.fallback.experts(x, w, experts, weights)
+        if n == 0:
+            return torch.zeros_like(x)
+        if n <= MAX_MATVEC_TOKENS:
+            return self._decode(x, w, experts, weights)
+        return moe_prefill(self.prefill, x, w, experts, weights)
+
+    def _decode(
+        self, x: torch.Tensor, w: ExpertWeights, experts: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        gate, up, expert_rows = self._gate_up_ptrs(w)
+        n, kk = experts.shape
+        d, e, ff = w.n_embd, w.n_expert, w.n_ff
+        stream = self.kernels.stream()
+        h = torch.empty(n, kk, ff, dtype=torch.float32, device=self.device)  # [N, kk, ff]
+        out = torch.empty(n, d, dtype=torch.float32, device=self.device)  # [N, d]
+        gt, dt = w.gate_type, w.down.type_name
+        # pairs / tokens on the fast grid axis, row tiles on y (see moe.cu)
+        grid = (n * kk, -(-ff // (MOE_WARPS * self.moe_rows[0])))
+        tail = (experts.data_ptr(), h.data_ptr(), np.int32(kk), np.int32(ff), np.int32(d))
+        if self.int8 and gt in MOE_Q8_TYPES:
+            xq = self.linear.quantize_q8(x, stream)
+            kernel = self.kernels.kernel(MOE_Q8_SOURCE, f"moe_q8_gate_up_{gt}", self._defines)
+            act: tuple[int, ...] = (xq.q.data_ptr(), xq.d.data_ptr())
+        else:
+            kernel = self.kernels.kernel(MOE_SOURCE, f"moe_gate_up_{gt}", self._defines)
+            act = (x.data_ptr(),)
+        self.kernels.launch(
+            kernel, grid, 32 * MOE_WARPS, gate, up, np.int64(expert_rows), *act, *tail, np.int32(e)
+        )
+        grid = (n, -(-d // (MOE_WARPS * self.moe_rows[1])))
+        if self.int8 and dt in MOE_Q8_TYPES:
+            hq = self.linear.quantize_q8(h.view(n * kk, ff), stream)
+            kernel = self.kernels.kernel(MOE_Q8_SOURCE, f"moe_q8_down_{dt}", self._defines)
+            act = (hq.q.data_ptr(), hq.d.data_ptr())
+        else:
+            kernel = self.kernels.kernel(MOE_SOURCE, f"moe_down_{dt}", self._defines)
+            act = (h.data_ptr(),)
+        self.kernels.launch(
+            kernel,
+            grid,
+            32 * MOE_WARPS,
+            w.down.data.data_ptr(),
+            np.int64(d),
+            *act,
+            experts.data_ptr(),
+            weights.data_ptr(),
+            out.data_ptr(),
+            np.int32(kk),
+            np.int32(d),
+            np.int32(ff),
+            np.int32(e),
+        )
+        return out

@@ -1,0 +1,290 @@
+"""``QsaCuda``: the QSA family on ``kernels/attention_util.cu`` (block scores),
+``kernels/qsa_select.cu`` (each query's top blocks, ascending: a radix select in one CTA per query)
+and the attention family's decode kernel (``AttentionCuda.run_decode`` over the selected blocks'
+cells and the tail).
+
+Decode: score the complete blocks (kernel), select (kernel), attend (kernel): no host sync, so it
+captures into a CUDA graph. Prefill scores all the chunk's queries against the complete blocks
+with one fp32 matmul (cuBLAS; in query groups bounding the score matrix), selects with the
+kernel, and runs the decode attention kernel once over all the chunk's queries ("virtual
+sessions"). Pools or indexer shapes the kernels do not cover go to the torch version.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from mgserve.cuda.checks import as_i32, check_index, on_device
+from mgserve.cuda.launch import Kernels
+from mgserve.cuda.ops.attention import check_q
+from mgserve.cuda.ops.attention_cuda import MAX_SPLITS, AttentionCuda, cdiv
+from mgserve.cuda.ops.kv import check_kv, check_span
+from mgserve.cuda.ops.qsa import QsaTorch, check_qsa, check_select
+from mgserve.cuda.pools import KVLayer
+
+UTIL_SOURCE = "attention_util.cu"
+SELECT_SOURCE = "qsa_select.cu"
+SEL_THREADS = 1024  # SEL_THREADS in qsa_select.cu: one CTA per query row
+QS_THREADS = 256  # QS_THREADS in attention_util.cu
+QS_KEYS = 256  # QS_KEYS in attention_util.cu: block keys scored per CTA
+QS_MAX_HI, QS_MAX_DI = 8, 256  # indexer heads / head dim the scoring kernel supports
+QSA_MIN_CHUNK = 64  # QSA decode: ~2k selected cells per query, so smaller chunks for more CTAs
+QSA_PREFILL_MIN_CHUNK = 1088  # QSA prefill: a selection's ~2k cells in two chunks per query
+_PREFILL_SCORE_ELEMS = 1 << 26  # bound on the [T * H_idx, n_blk] fp32 scores of QSA prefill
+_PREFILL_PART_ELEMS = 1 << 26  # bound on the [T, H, splits, D] fp32 partials of one prefill launch
+
+
+class QsaCuda:
+    """QSA on the scoring, selection and attention kernels (see the module docstring)."""
+
+    def __init__(self, kernels: Kernels, fallback: QsaTorch, attention: AttentionCuda) -> None:
+        self.kernels, self.fallback, self.attention = kernels, fallback, attention
+        self.device = kernels.device
+
+    # -- kernels ---------------------------------------------------------------------------------
+
+    def scores(
+        self,
+        iq: torch.Tensor,  # [N, H_idx, D_idx] contiguous
+        blocks: torch.Tensor,  # [n_slots, n_blk, D_idx] contiguous
+        slots: torch.Tensor,  # [N] int32
+        lengths: torch.Tensor,  # [N] int32
+        n_cols: int,  # blocks scored per row (complete blocks of any query fit)
+        ratio: int,
+        top: int,
+    ) -> torch.Tensor:  # [N, stride] float32 (-inf past complete and on dense rows)
+        """Block scores of the complete blocks of sparse queries (kernel); rows padded to a
+        multiple of 4 floats for qsa_select's 16-byte loads (the padding is not written)."""
+        n, n_hi, di = iq.shape
+        stride = cdiv(n_cols, 4) * 4
+        scores = torch.empty((n, stride), dtype=torch.float32, device=self.device)
+        self.kernels.launch(
+            self.kernels.kernel(UTIL_SOURCE, "qsa_scores"),
+            (cdiv(n_cols, QS_KEYS), n),
+            QS_THREADS,
+            iq.data_ptr(),
+            blocks.data_ptr(),
+            slots.data_ptr(),
+            lengths.data_ptr(),
+            scores.data_ptr(),
+            np.int32(n_cols),
+            np.int32(stride),
+            np.int32(blocks.shape[1]),
+            np.int32(n_hi),
+            np.int32(di),
+            np.int32(ratio),
+            np.int32(top),
+            np.float32(math.sqrt(di)),
+        )
+        return scores
+
+    def select(
+        self,
+        scores: torch.Tensor,  # [N, stride] float32, stride % 4 == 0, contiguous
+        lengths: torch.Tensor,  # [N] int32
+        n_cols: int,  # columns that may hold complete blocks (<= stride)
+        ratio: int,
+        top: int,
+        out: torch.Tensor | None = None,  # [N, top] int32 contiguous
+    ) -> torch.Tensor:  # [N, top] int32: select_blocks of each row (kernel)
+        n, stride = scores.shape
+        assert stride % 4 == 0 and n_cols <= stride and scores.is_contiguous()
+        sel = torch.empty((n, top), dtype=torch.int32, device=self.device) if out is None else out
+        if n:
+            self.kernels.launch(
+                self.kernels.kernel(SELECT_SOURCE, "qsa_select"),
+                n,
+                SEL_THREADS,
+                scores.data_ptr(),
+                lengths.data_ptr(),
+                sel.data_ptr(),
+                np.int32(stride),
+                np.int32(n_cols),
+                np.int32(ratio),
+                np.int32(top),
+            )
+        return sel
+
+    def score_and_select(
+        self,
+        iq: torch.Tensor,
+        blocks: torch.Tensor,
+        slots: torch.Tensor,
+        lengths: torch.Tensor,
+        n_cols: int,
+        ratio: int,
+        top: int,
+    ) -> torch.Tensor:  # [N, top] int32 ascending selected blocks (dense rows: 0.. then -1)
+        """Block scores, then each row's top blocks in ascending order (two kernels: no host
+        sync, graph-capturable)."""
+        scores = self.scores(iq, blocks, slots, lengths, n_cols, ratio, top)
+        return self.select(scores, lengths, n_cols, ratio, top)
+
+    def _prefill_select(
+        self,
+        iq: torch.Tensor,  # [T, H_idx, D_idx]
+        blocks: torch.Tensor,  # [n_slots, n_ctx / ratio, D_idx]
+        slot: int,
+        lengths: torch.Tensor,  # [T] int32: query j at lengths[j] - 1
+        n_blk: int,  # blocks complete by the last query
+        ratio: int,
+        top: int,
+    ) -> torch.Tensor:  # [T, top] int32
+        """QSA prefill selection: every query of the chunk scored against the complete blocks by
+        one fp32 matmul per group of queries (cuBLAS reuses each block key across queries; the
+        groups bound the [queries * H_idx, blocks] score matrix by _PREFILL_SCORE_ELEMS), then
+        qsa_select per group. Scores of blocks a query cannot see yet are computed but never
+        read (the kernel reads blocks < lengths / ratio only)."""
+        t, n_hi, di = iq.shape
+        stride = cdiv(n_blk, 4) * 4
+        bl = blocks[slot, : min(stride, blocks.shape[1])]  # [<= stride, D_idx]
+        if bl.shape[0] < stride:
+            bl = F.pad(bl, (0, 0, 0, stride - bl.shape[0]))
+        blt = bl.t()  # [D_idx, stride]
+        sel = torch.empty((t, top), dtype=torch.int32, device=self.device)
+        group = max(1, _PREFILL_SCORE_ELEMS // (n_hi * stride))
+        for c0 in range(0, t, group):
+            c1 = min(t, c0 + group)
+            s = torch.matmul(iq[c0:c1].reshape(-1, di), blt)  # [(c1 - c0) * H_idx, stride]
+            scores = s.view(c1 - c0, n_hi, stride).relu_().sum(dim=1)  # [c1 - c0, stride]
+            scores.div_(math.sqrt(di))
+            self.select(scores, lengths[c0:c1], n_blk, ratio, top, out=sel[c0:c1])
+        return sel
+
+    def _run_prefill(
+        self,
+        q: torch.Tensor,  # [T, H, D] contiguous
+        k: KVLayer,
+        v: KVLayer,
+        slot: int,
+        start: int,
+        sel: torch.Tensor | None,  # [T, top] int32 (QSA) or None (dense causal)
+        *,
+        scale: float,
+        bound: int,
+        top: int = 0,
+        ratio: int = 1,
+    ) -> torch.Tensor:  # [T, H * D]
+        """The decode kernel over every query of one session's chunk (query j a virtual session
+        at position start + j), in as few launches as _PREFILL_PART_ELEMS allows (one for a
+        4096-token chunk of qwen4exp)."""
+        t, h, d = q.shape
+        slots = torch.full((t,), slot, dtype=torch.int32, device=self.device)
+        lengths = torch.arange(start + 1, start + t + 1, dtype=torch.int32, device=self.device)
+        n_splits = max(1, min(MAX_SPLITS, cdiv(bound, QSA_PREFILL_MIN_CHUNK)))
+        group = max(1, _PREFILL_PART_ELEMS // (h * n_splits * d))
+        outs = []
+        for c0 in range(0, t, group):
+            c1 = min(t, c0 + group)
+            outs.append(self.attention.run_decode(
+                q[c0:c1], k, v, slots[c0:c1], lengths[c0:c1],
+                None if sel is None else sel[c0:c1], scale=scale, bound=bound,
+                min_chunk=QSA_PREFILL_MIN_CHUNK, top=top, ratio=ratio,
+            ))  # fmt: skip
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def _covers(
+        self, q: torch.Tensor, iq: torch.Tensor, k: KVLayer, v: KVLayer, blocks: torch.Tensor
+    ) -> bool:
+        n_hi, di = iq.shape[1], iq.shape[2]
+        return (
+            self.attention.covers(q, k, v)
+            and n_hi <= QS_MAX_HI
+            and di <= QS_MAX_DI
+            and di % 32 == 0
+            and blocks.is_contiguous()
+            and on_device(self.device, iq, blocks)
+        )
+
+    # -- ops -------------------------------------------------------------------------------------
+
+    def select_blocks(
+        self, scores: torch.Tensor, lengths: torch.Tensor, *, ratio: int, top: int
+    ) -> torch.Tensor:
+        check_select(scores, lengths, ratio, top)
+        if not on_device(self.device, scores, lengths):
+            return self.fallback.select_blocks(scores, lengths, ratio=ratio, top=top)
+        n, n_cols = scores.shape
+        stride = cdiv(n_cols, 4) * 4
+        if stride != n_cols or not scores.is_contiguous() or scores.data_ptr() % 16:
+            padded = torch.empty((n, stride), dtype=torch.float32, device=self.device)
+            padded[:, :n_cols] = scores
+            scores = padded
+        return self.select(scores, as_i32("lengths", lengths, self.device), n_cols, ratio, top)
+
+    def decode(
+        self,
+        q: torch.Tensor,
+        iq: torch.Tensor,
+        k: KVLayer,
+        v: KVLayer,
+        blocks: torch.Tensor,
+        slots: torch.Tensor,
+        lengths: torch.Tensor,
+        *,
+        ratio: int,
+        budget: int,
+        scale: float,
+    ) -> torch.Tensor:
+        n_slots, n_ctx, n_kv, d = check_kv(k, v)
+        b, _ = check_q(q, n_kv, d, "B")
+        check_qsa(iq, blocks, b, n_ctx, ratio, budget)
+        if not self._covers(q, iq, k, v, blocks):
+            return self.fallback.decode(
+                q, iq, k, v, blocks, slots, lengths, ratio=ratio, budget=budget, scale=scale
+            )
+        check_index("slots", slots, b)
+        check_index("lengths", lengths, b)
+        slots = as_i32("slots", slots, self.device)
+        lengths = as_i32("lengths", lengths, self.device)
+        top, n_blk, qc = budget // ratio, blocks.shape[1], q.contiguous()
+        if n_blk <= top:  # no session can have more than `top` complete blocks: dense
+            return self.attention.run_decode(
+                qc, k, v, slots, lengths, None, scale=scale, bound=n_ctx
+            )
+        sel = self.score_and_select(iq.contiguous(), blocks, slots, lengths, n_blk, ratio, top)
+        bound = min(n_ctx, top * ratio + ratio - 1)
+        return self.attention.run_decode(
+            qc, k, v, slots, lengths, sel, scale=scale, bound=bound, min_chunk=QSA_MIN_CHUNK,
+            top=top, ratio=ratio,
+        )  # fmt: skip
+
+    def prefill(
+        self,
+        q: torch.Tensor,
+        iq: torch.Tensor,
+        k: KVLayer,
+        v: KVLayer,
+        blocks: torch.Tensor,
+        slot: int,
+        start: int,
+        *,
+        ratio: int,
+        budget: int,
+        scale: float,
+    ) -> torch.Tensor:
+        n_slots, n_ctx, n_kv, d = check_kv(k, v)
+        t, h = check_q(q, n_kv, d, "T")
+        check_qsa(iq, blocks, t, n_ctx, ratio, budget)
+        check_span(n_ctx, n_slots, slot, start, t)
+        if not self._covers(q, iq, k, v, blocks):
+            return self.fallback.prefill(
+                q, iq, k, v, blocks, slot, start, ratio=ratio, budget=budget, scale=scale
+            )
+        top, end = budget // ratio, start + t
+        n_blk = end // ratio  # blocks complete by the chunk's last query
+        if t == 0:
+            return q.new_zeros((0, h * d))
+        qc = q.contiguous()
+        if n_blk <= top:  # every query of the chunk is dense
+            return self._run_prefill(qc, k, v, slot, start, None, scale=scale, bound=end)
+        lengths = torch.arange(start + 1, end + 1, dtype=torch.int32, device=self.device)
+        sel = self._prefill_select(iq, blocks, slot, lengths, n_blk, ratio, top)
+        bound = min(end, top * ratio + ratio - 1)
+        return self._run_prefill(
+            qc, k, v, slot, start, sel, scale=scale, bound=bound, top=top, ratio=ratio
+        )
