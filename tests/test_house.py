@@ -72,45 +72,41 @@ def test_the_core_reaches_the_gpu_only_through_the_engine_factory() -> None:
     assert not {k: v for k, v in bad.items() if v}
 
 
-def _map_block(text: str) -> str:
-    section = text.split("## Module map", 1)[1]
-    return section.split("```", 2)[1]
+def _map_words() -> set[str]:
+    """The names the README's module map mentions (file names, folder names, ``prefix*``)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("## Module map", 1)[1].split("```", 2)[1]
+    return set(re.findall(r"[\w.*]+/?", block))
 
 
-def test_the_readme_module_map_matches_the_tree() -> None:
-    """Every file and folder the map names exists, and every package folder and module of
-    mgserve/ is named in it (by name, by a ``prefix*`` pattern, or in a brace group)."""
-    block = _map_block((ROOT / "README.md").read_text(encoding="utf-8"))
-    names: set[str] = set()
-    dirs: list[str] = []
-    for line in block.splitlines():
-        entry = line.split("  ")[0] if not line.startswith(" ") else line.strip().split("  ")[0]
-        entry = entry.strip()
-        if not entry:
-            continue
-        if entry.endswith("/") and " " not in entry:
-            dirs.append(entry)
-        for tok in re.split(r"[,\s]+", entry):
-            if tok:
-                names.add(tok.rstrip("/"))
-    tree_dirs = {
-        _rel(d) for d in PKG.rglob("*") if d.is_dir() and (d / "__init__.py").exists()
-    }
-    missing_dirs = sorted(
-        d for d in tree_dirs if d.split("/")[-1] not in names and d not in names
-    )
-    assert not missing_dirs, f"package folders the README's module map does not name: {missing_dirs}"
+def test_the_readme_module_map_names_every_module_and_folder() -> None:
+    words = _map_words()
+    patterns = [re.compile(w.replace(".", r"\.").replace("*", r"\w*")) for w in words if "*" in w]
 
-    def covered(mod: str) -> bool:
-        stem = mod.rsplit("/", 1)[-1]
-        if stem in ("__init__.py", "__main__.py"):
-            return True
-        for n in names:
-            if n == stem or n == stem[:-3] or n.endswith("/" + stem):
-                return True
-            if "*" in n and re.fullmatch(n.replace(".", r"\.").replace("*", ".*"), stem):
-                return True
-        return False
+    def named(stem: str) -> bool:
+        return (
+            stem in words
+            or f"{stem}.py" in words
+            or f"{stem}/" in words
+            or any(pat.fullmatch(stem) or pat.fullmatch(f"{stem}.py") for pat in patterns)
+        )
 
-    missing = sorted(_rel(p) for p in _modules() if not covered(_rel(p)))
-    assert not missing, f"modules the README's module map does not name: {missing}"
+    missing = [
+        _rel(p) for p in _modules() if p.stem not in ("__init__", "__main__") and not named(p.stem)
+    ]
+    missing += [
+        _rel(d) + "/"
+        for d in PKG.rglob("*")
+        if d.is_dir() and d.name != "__pycache__" and not named(d.name)
+    ]
+    assert not missing, f"the README's module map does not name: {sorted(missing)}"
+
+
+def test_every_file_the_readme_module_map_names_exists() -> None:
+    files = {p.name for p in ROOT.rglob("*") if ".git" not in p.parts}
+    block = (ROOT / "README.md").read_text(encoding="utf-8").split("## Module map", 1)[1]
+    folders = re.findall(r"^\s*((?:[\w.]+/)+)", block.split("```", 2)[1], re.M)
+    named = [w for w in _map_words() if w.endswith((".py", ".cu", ".cuh", ".md"))]
+    named += [f.rstrip("/") for f in folders]
+    gone = sorted(w for w in named if "*" not in w and w.rsplit("/", 1)[-1] not in files)
+    assert not gone, f"the README's module map names what the tree does not have: {gone}"
