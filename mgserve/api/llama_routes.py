@@ -18,7 +18,7 @@ from mgserve.api.http import SERVICE, json_response
 from mgserve.api.prompts import check_ids, llama_prompt, mixed_prompt, render_chat
 from mgserve.api.protocol import GenParams, body_size, engine_request, llama_params, read_body
 from mgserve.api.service import Service
-from mgserve.core.engine.contract import Request, SamplingParams
+from mgserve.core.engine.contract import Request
 
 STOP_TYPE = {"stop": "eos", "length": "limit"}  # a stop string gives "word"; anything else "none"
 
@@ -55,18 +55,16 @@ def _probs(service: Service, tokens: list[TokenOut]) -> list[dict[str, Any]]:
     return out
 
 
-def _settings(service: Service, params: GenParams | None) -> dict[str, Any]:
-    sampling = params.sampling if params else SamplingParams()
+def _settings(service: Service, params: GenParams) -> dict[str, Any]:
+    sampling = params.sampling
     d = dataclasses.asdict(sampling)
     d["logit_bias"] = [[t, b] for t, b in sampling.logit_bias]
     d["seed"] = -1 if sampling.seed is None else sampling.seed
     d.update(
-        n_predict=(
-            params.max_tokens if params and params.max_tokens else service.settings.n_predict
-        ),
-        stop=list(params.stop) if params else [],
-        ignore_eos=params.ignore_eos if params else False,
-        stream=params.stream if params else False,
+        n_predict=params.max_tokens or service.settings.n_predict,
+        stop=list(params.stop),
+        ignore_eos=params.ignore_eos,
+        stream=params.stream,
     )
     return {"n_ctx": service.engine.n_ctx, "params": d}
 
@@ -188,7 +186,8 @@ async def props(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     return json_response(
         {
-            "default_generation_settings": _settings(service, None),
+            # what a request that sets nothing gets
+            "default_generation_settings": _settings(service, llama_params({}, service)),
             "total_slots": service.engine.n_slots,
             "model_alias": service.model_id,
             "model_path": service.model_path,
