@@ -103,7 +103,8 @@ class Settings:
                 )
 
     def for_model(self, n_ctx_train: int) -> Settings:
-        """These settings for a model trained on ``n_ctx_train`` tokens: ctx_size 0 made that."""
+        """These settings for a model trained on ``n_ctx_train`` tokens: a ctx_size of 0 (the
+        model's context) becomes that number. The engine factory calls it, once per engine."""
         return self if self.ctx_size else dataclasses.replace(self, ctx_size=n_ctx_train)
 
 
