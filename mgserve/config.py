@@ -14,6 +14,7 @@ from typing import Any
 
 from mgserve import env
 
+# KV cache types, as llama.cpp names them (their storage: core/models/kvcache.py)
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -100,6 +101,11 @@ class Settings:
                 raise ValueError(
                     f"{f.name} must be one of {choices}, got {getattr(self, f.name)!r}"
                 )
+
+    def for_model(self, n_ctx_train: int) -> Settings:
+        """These settings for a model trained on ``n_ctx_train`` tokens: a ctx_size of 0 (the
+        model's context) becomes that number. The engine factory calls it, once per engine."""
+        return self if self.ctx_size else dataclasses.replace(self, ctx_size=n_ctx_train)
 
 
 def _field_type(f: dataclasses.Field[Any]) -> type:

@@ -56,6 +56,6 @@ def create_app(service: Service) -> web.Application:
     app[SERVICE] = service
     app.cleanup_ctx.append(_engine_ctx)
     app.cleanup_ctx.append(_text_pool_ctx)
-    openai_routes.add_routes(app)
-    llama_routes.add_routes(app)
+    app.add_routes(openai_routes.ROUTES)
+    app.add_routes(llama_routes.ROUTES)
     return app

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mgserve.api.errors import ApiError
-from mgserve.api.protocol import Fields
+from mgserve.api.fields import Fields
 from mgserve.core.text.chat import RESERVED
 
 

@@ -76,7 +76,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     except ApiError as e:
         return error_response(e.message, e.status, e.param, e.code)
-    except ValueError as e:  # user input the core rejected (template, tokenizer, engine.submit)
+    except ValueError as e:  # user input the core rejected (template, tokenizer)
         return error_response(str(e), 400)
     except web.HTTPRequestEntityTooLarge as e:
         return error_response(f"request body too large ({e.text})", 413)

@@ -1,4 +1,4 @@
-"""Which request fields each route implements; any other field is refused, by name.
+"""Which request fields each route implements (any other is refused, by name), and typed access.
 
 A client that sends a field we would silently ignore (``reasoning_effort``, ``suffix``,
 ``grammar``...) would get an answer that does not do what it asked, so such a request gets a 400
@@ -9,11 +9,13 @@ Fields accepted below but only in some values (``tool_choice``, ``parallel_tool_
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 from mgserve.api.errors import ApiError
 
-# sampling and stopping, read by protocol.sampling_from / _stop in both dialects
+# sampling and stopping, read by protocol._sampling / _stop in both dialects
 SAMPLING = frozenset(
     {
         "temperature",
@@ -73,3 +75,57 @@ def check_fields(body: dict[str, Any], allowed: frozenset[str]) -> None:
             f"this route takes {', '.join(sorted(allowed))}",
             param=unknown[0],
         )
+
+
+def _is_int(v: Any) -> bool:
+    # 5.0 is an integer too: JSON has one number type, and some clients write every number so
+    return (isinstance(v, int) and not isinstance(v, bool)) or (
+        isinstance(v, float) and v.is_integer()
+    )
+
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+class Fields:
+    """Typed, range-checked access to a JSON object's fields; missing or null -> the default."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = body
+
+    def has(self, name: str) -> bool:
+        return self.body.get(name) is not None
+
+    def get_bool(self, name: str, default: bool) -> bool:
+        v = self._get(name, lambda v: isinstance(v, bool), "a boolean")
+        return default if v is None else bool(v)
+
+    def get_int(self, name: str, default: int, lo: int | None = None, hi: int | None = None) -> int:
+        v = self._get(name, _is_int, "an integer")
+        return default if v is None else int(self._range(name, int(v), lo, hi))
+
+    def get_float(
+        self, name: str, default: float, lo: float | None = None, hi: float | None = None
+    ) -> float:
+        v = self._get(name, is_number, "a finite number")
+        return default if v is None else float(self._range(name, v, lo, hi))
+
+    def get_str(self, name: str, default: str) -> str:
+        v = self._get(name, lambda v: isinstance(v, str), "a string")
+        return default if v is None else str(v)
+
+    def _get(self, name: str, ok: Callable[[Any], bool], kind: str) -> Any:
+        """The field's value, None when missing or null; 400 naming the field if not ``ok``."""
+        v = self.body.get(name)
+        if v is not None and not ok(v):
+            raise ApiError(f"'{name}' must be {kind}", param=name)
+        return v
+
+    @staticmethod
+    def _range(name: str, v: float, lo: float | None, hi: float | None) -> float:
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            lo_s = "-inf" if lo is None else lo
+            hi_s = "inf" if hi is None else hi
+            raise ApiError(f"'{name}' must be in [{lo_s}, {hi_s}], got {v}", param=name)
+        return v

@@ -9,13 +9,13 @@ slot is freed within a step.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
+from mgserve.api.errors import ApiError
 from mgserve.api.protocol import GenParams
 from mgserve.api.service import Service
 from mgserve.core.engine.contract import Request, TokenEvent, TopLogprob
@@ -71,32 +71,22 @@ class Chunk:
 
 
 class Generation:
-    """A submitted request. Iterate ``chunks()``; always ``close()`` (aborts if not finished)."""
+    """A submitted request. Use it in a ``with`` block (leaving it aborts the request if it has not
+    finished, whatever ends the handler) and iterate ``chunks()`` or ``collect()`` inside."""
 
     def __init__(
         self,
         service: Service,
-        prompt: list[int],
+        request: Request,  # from protocol.engine_request
         params: GenParams,
         http_request: web.Request | None = None,
     ) -> None:
         self.service = service
+        self.request = request
         self.params = params
         self.http_request = http_request
-        s = service.settings
-        max_tokens = params.max_tokens
-        if max_tokens is None:
-            room = s.ctx_size - len(prompt)
-            max_tokens = min(s.n_predict, room) if s.n_predict > 0 else room
-        self.request = Request(
-            id=uuid.uuid4().hex,
-            prompt=prompt,
-            sampling=params.sampling,
-            max_tokens=max_tokens,
-            stop_token_ids=frozenset(service.tokenizer.eog_ids),
-            ignore_eos=params.ignore_eos,
-        )
-        self.n_prompt = len(prompt)
+        self.slot = -1  # the slot serving the request, once an event names it
+        self.n_prompt = len(request.prompt)
         self.n_cached = 0
         self.n_generated = 0
         self.finish_reason: str | None = None
@@ -107,7 +97,7 @@ class Generation:
         self.t_submit = time.perf_counter()
         self.t_prompt_done: float | None = None  # seconds after submit
         self.t_end: float | None = None
-        self.stream = service.engine.submit(self.request)  # ValueError -> 400
+        self.stream = service.engine.submit(request)
 
     def _client_gone(self) -> bool:
         if self.http_request is None:
@@ -116,6 +106,8 @@ class Generation:
         return transport is None or transport.is_closing()
 
     def _note(self, ev: TokenEvent) -> None:
+        if ev.slot is not None:
+            self.slot = ev.slot
         self.n_prompt = ev.n_prompt or self.n_prompt
         self.n_cached = max(self.n_cached, ev.n_cached)  # a bare abort event carries zeros
         self.n_generated = max(self.n_generated, ev.n_generated)
@@ -128,11 +120,8 @@ class Generation:
 
     def _token_out(self, ev: TokenEvent) -> TokenOut:
         assert ev.token is not None
-        piece = (
-            self.service.tokenizer.piece(ev.token)
-            if self.params.n_probs or self.params.logprobs
-            else b""
-        )
+        sp = self.request.sampling
+        piece = self.service.tokenizer.piece(ev.token) if sp.n_probs or sp.want_logprob else b""
         return TokenOut(ev.token, piece, ev.logprob, ev.top)
 
     async def chunks(self) -> AsyncIterator[Chunk]:
@@ -176,13 +165,26 @@ class Generation:
             self._finish("abort")
             self.stream.abort()
 
+    def __enter__(self) -> Generation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def failure(self) -> str:
+        """What a client is told when generation failed (finish_reason "error")."""
+        return f"generation failed: {self.error}"
+
     async def collect(self) -> tuple[str, list[TokenOut]]:
-        """Run to the end; the whole text and every token."""
+        """Run to the end; the whole text and every token. A failed generation is a 500."""
         parts: list[str] = []
         tokens: list[TokenOut] = []
         async for c in self.chunks():
             parts.append(c.text)
             tokens.extend(c.tokens)
+        if self.finish_reason == "error":
+            raise ApiError(self.failure, status=500)
         return "".join(parts), tokens
 
     def usage(self) -> dict[str, Any]:

@@ -12,25 +12,13 @@ from mgserve import __version__ as VERSION
 from mgserve.api import fields, sse
 from mgserve.api.chat_inputs import chat_inputs
 from mgserve.api.errors import ApiError
+from mgserve.api.fields import Fields
 from mgserve.api.generate import Generation, TokenOut
 from mgserve.api.http import SERVICE, json_response
-from mgserve.api.prompts import (
-    check_ids,
-    check_prompt_length,
-    key_tokenizer,
-    llama_prompt,
-    mixed_prompt,
-    render_chat,
-)
-from mgserve.api.protocol import (
-    Fields,
-    GenParams,
-    body_size,
-    llama_params,
-    read_json,
-)
+from mgserve.api.prompts import check_ids, llama_prompt, mixed_prompt, render_chat
+from mgserve.api.protocol import GenParams, body_size, engine_request, llama_params, read_body
 from mgserve.api.service import Service
-from mgserve.core.engine.contract import SamplingParams
+from mgserve.core.engine.contract import Request
 
 STOP_TYPE = {"stop": "eos", "length": "limit"}  # a stop string gives "word"; anything else "none"
 
@@ -67,48 +55,36 @@ def _probs(service: Service, tokens: list[TokenOut]) -> list[dict[str, Any]]:
     return out
 
 
-def _slot_of(service: Service, request_id: str) -> int:
-    for s in service.engine.slots():
-        if s.get("id_task") == request_id:
-            return int(s["id"])
-    return -1
-
-
-def _settings(service: Service, params: GenParams | None) -> dict[str, Any]:
-    sampling = params.sampling if params else SamplingParams()
+def _settings(service: Service, params: GenParams) -> dict[str, Any]:
+    sampling = params.sampling
     d = dataclasses.asdict(sampling)
     d["logit_bias"] = [[t, b] for t, b in sampling.logit_bias]
     d["seed"] = -1 if sampling.seed is None else sampling.seed
     d.update(
-        n_predict=(
-            params.max_tokens if params and params.max_tokens else service.settings.n_predict
-        ),
-        stop=list(params.stop) if params else [],
-        ignore_eos=params.ignore_eos if params else False,
-        stream=params.stream if params else False,
+        n_predict=params.max_tokens or service.settings.n_predict,
+        stop=list(params.stop),
+        ignore_eos=params.ignore_eos,
+        stream=params.stream,
     )
     return {"n_ctx": service.engine.n_ctx, "params": d}
 
 
 async def completion(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
-    body = await read_json(request)
-    fields.check_fields(body, fields.LLAMA_COMPLETION)
+    body = await read_body(request, fields.LLAMA_COMPLETION)
     if "prompt" not in body:
         raise ApiError("'prompt' is required", param="prompt")
     Fields(body).get_bool("cache_prompt", True)  # a prompt's cached prefix is always reused
     return_tokens = Fields(body).get_bool("return_tokens", False)
 
-    def work() -> tuple[GenParams, list[int], str]:  # on the text pool
-        s = service
-        params = llama_params(body, s.engine.n_ctx, s.n_vocab, s.settings.seed, key_tokenizer(s))
-        prompt = llama_prompt(s, body["prompt"])
-        check_prompt_length(prompt, s.engine.n_ctx)
-        return params, prompt, s.tokenizer.decode(prompt)  # the text the response echoes
+    def work() -> tuple[GenParams, Request, str]:  # on the text pool
+        params = llama_params(body, service)
+        prompt = llama_prompt(service, body["prompt"])
+        req = engine_request(service, params, prompt)
+        return params, req, service.tokenizer.decode(prompt)  # the text the response echoes
 
-    params, prompt, prompt_text = await service.text.run(await body_size(request), work)
-    gen = Generation(service, prompt, params, request)
-    slot = -1
+    params, req, prompt_text = await service.text.run(await body_size(request), work)
+    gen = Generation(service, req, params, request)
 
     def partial(text: str, tokens: list[TokenOut]) -> dict[str, Any]:
         obj: dict[str, Any] = {
@@ -116,11 +92,11 @@ async def completion(request: web.Request) -> web.StreamResponse:
             "content": text,
             "tokens": [t.id for t in tokens] if return_tokens else [],
             "stop": False,
-            "id_slot": slot,
+            "id_slot": gen.slot,
             "tokens_predicted": gen.n_generated,
             "tokens_evaluated": gen.n_prompt,
         }
-        if params.n_probs and tokens:
+        if req.sampling.n_probs and tokens:
             obj["completion_probabilities"] = _probs(service, tokens)
         return obj
 
@@ -139,40 +115,17 @@ async def completion(request: web.Request) -> web.StreamResponse:
             "timings": gen.timings(),
         }
 
-    try:
+    with gen:
         if not params.stream:
-            parts, tokens = [], []
-            async for c in gen.chunks():
-                if slot < 0:
-                    slot = _slot_of(service, gen.request.id)
-                parts.append(c.text)
-                tokens.extend(c.tokens)
-            if gen.finish_reason == "error":
-                raise ApiError(f"generation failed: {gen.error}", status=500)
-            return json_response(final("".join(parts), tokens))
-        resp = await sse.open_stream(request)
-        try:
-            async for c in gen.chunks():
-                if slot < 0:
-                    slot = _slot_of(service, gen.request.id)
-                if c.finish_reason == "error":
-                    await sse.send_error(resp, f"generation failed: {gen.error}")
-                    return resp
-                if c.text or c.tokens:
-                    await sse.send(resp, partial(c.text, c.tokens))
-                if c.finish_reason is not None:
-                    await sse.send(resp, final("", []))
-        except sse.DISCONNECTED:
-            pass
-        return resp
-    finally:
-        gen.close()
+            return json_response(final(*await gen.collect()))
+        return await sse.stream(
+            request, gen, lambda c: partial(c.text, c.tokens), lambda c: [final("", [])]
+        )
 
 
 async def tokenize(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    body = await read_json(request)
-    fields.check_fields(body, fields.TOKENIZE)
+    body = await read_body(request, fields.TOKENIZE)
     f = Fields(body)
     add_special = f.get_bool("add_special", False)
     parse_special = f.get_bool("parse_special", True)
@@ -206,8 +159,7 @@ def _with_piece(service: Service, token: int) -> dict[str, Any]:
 
 async def detokenize(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    body = await read_json(request)
-    fields.check_fields(body, fields.DETOKENIZE)
+    body = await read_body(request, fields.DETOKENIZE)
     tokens = body.get("tokens", [])
     if not isinstance(tokens, list) or not all(
         isinstance(t, int) and not isinstance(t, bool) for t in tokens
@@ -220,8 +172,7 @@ async def detokenize(request: web.Request) -> web.Response:
 
 async def apply_template(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    body = await read_json(request)
-    fields.check_fields(body, fields.APPLY_TEMPLATE)
+    body = await read_body(request, fields.APPLY_TEMPLATE)
     inputs = chat_inputs(body)
     prompt = await service.text.run(await body_size(request), render_chat, service, inputs)
     return json_response({"prompt": prompt})
@@ -235,7 +186,8 @@ async def props(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     return json_response(
         {
-            "default_generation_settings": _settings(service, None),
+            # what a request that sets nothing gets
+            "default_generation_settings": _settings(service, llama_params({}, service)),
             "total_slots": service.engine.n_slots,
             "model_alias": service.model_id,
             "model_path": service.model_path,
@@ -265,14 +217,17 @@ async def metrics(request: web.Request) -> web.Response:
     )
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_post("/completion", completion)
-    app.router.add_post("/completions", completion)
-    app.router.add_post("/tokenize", tokenize)
-    app.router.add_post("/detokenize", detokenize)
-    app.router.add_post("/apply-template", apply_template)
-    app.router.add_get("/health", health)
-    app.router.add_get("/v1/health", health)
-    app.router.add_get("/props", props)
-    app.router.add_get("/slots", slots)
-    app.router.add_get("/metrics", metrics)
+# the route table (openai_routes.ROUTES has the same form); llama-server also answers
+# /completions and /v1/health
+ROUTES = [
+    web.post("/completion", completion),
+    web.post("/completions", completion),
+    web.post("/tokenize", tokenize),
+    web.post("/detokenize", detokenize),
+    web.post("/apply-template", apply_template),
+    web.get("/health", health),
+    web.get("/v1/health", health),
+    web.get("/props", props),
+    web.get("/slots", slots),
+    web.get("/metrics", metrics),
+]

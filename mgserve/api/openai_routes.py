@@ -11,11 +11,12 @@ from aiohttp import web
 from mgserve.api import fields, sse
 from mgserve.api.chat_inputs import chat_inputs
 from mgserve.api.errors import ApiError
-from mgserve.api.generate import Generation, TokenOut
+from mgserve.api.generate import Chunk, Generation, TokenOut
 from mgserve.api.http import SERVICE, json_response
-from mgserve.api.prompts import chat_prompt, check_prompt_length, key_tokenizer, openai_prompt
-from mgserve.api.protocol import GenParams, body_size, openai_params, read_json
+from mgserve.api.prompts import chat_prompt, openai_prompt
+from mgserve.api.protocol import GenParams, body_size, engine_request, openai_params, read_body
 from mgserve.api.service import Service
+from mgserve.core.engine.contract import Request
 
 FINGERPRINT = "mgserve-0.1.0"
 
@@ -91,7 +92,7 @@ class _Shape:
         first: bool = False,
     ) -> dict[str, Any]:
         logprobs = None
-        if self.params.logprobs and tokens:
+        if self.params.sampling.want_logprob and tokens:
             logprobs = (
                 chat_logprobs(self.service, tokens)
                 if self.chat
@@ -111,87 +112,60 @@ class _Shape:
 
 
 async def _respond(
-    request: web.Request, service: Service, prompt: list[int], params: GenParams, chat: bool
+    request: web.Request, service: Service, req: Request, params: GenParams, chat: bool
 ) -> web.StreamResponse:
-    check_prompt_length(prompt, service.engine.n_ctx, "messages" if chat else "prompt")
-    gen = Generation(service, prompt, params, request)
     shape = _Shape(service, chat, params)
-    try:
+    with Generation(service, req, params, request) as gen:
         if not params.stream:
             text, tokens = await gen.collect()
-            if gen.finish_reason == "error":
-                raise ApiError(f"generation failed: {gen.error}", status=500)
             body = shape.envelope([shape.choice(text, tokens, gen.finish_reason, False)], False)
             body["usage"] = gen.usage()
             body["timings"] = gen.timings()  # a llama-server extension; clients ignore it
             return json_response(body)
-        resp = await sse.open_stream(request)
-        try:
-            usage_null = {"usage": None} if params.include_usage else {}
-            if chat:  # the role comes first, alone, as OpenAI sends it
-                await sse.send(
-                    resp,
-                    shape.envelope([shape.choice("", [], None, True, first=True)], True)
-                    | usage_null,
-                )
-            async for c in gen.chunks():
-                if c.finish_reason == "error":
-                    await sse.send_error(resp, f"generation failed: {gen.error}")
-                    return resp
-                if c.text or c.tokens:
-                    await sse.send(
-                        resp,
-                        shape.envelope([shape.choice(c.text, c.tokens, None, True)], True)
-                        | usage_null,
-                    )
-                if c.finish_reason is not None:
-                    await sse.send(
-                        resp,
-                        shape.envelope([shape.choice("", [], c.finish_reason, True)], True)
-                        | usage_null
-                        | {"timings": gen.timings()},
-                    )
-            if params.include_usage:
-                await sse.send(resp, shape.envelope([], True) | {"usage": gen.usage()})
-            await sse.send_done(resp)
-        except sse.DISCONNECTED:
-            pass
-        return resp
-    finally:
-        gen.close()
+        usage_null = {"usage": None} if params.include_usage else {}
 
+        def chunk(c: Chunk) -> dict[str, Any]:
+            return shape.envelope([shape.choice(c.text, c.tokens, None, True)], True) | usage_null
 
-def _params(service: Service, body: dict[str, Any], chat: bool) -> GenParams:
-    s = service
-    tokenize = key_tokenizer(s)
-    return openai_params(body, chat, s.engine.n_ctx, s.n_vocab, s.settings.seed, tokenize)
+        def closing(c: Chunk) -> list[dict[str, Any]]:
+            last = shape.envelope([shape.choice("", [], c.finish_reason, True)], True)
+            out = [last | usage_null | {"timings": gen.timings()}]
+            if params.include_usage:  # the usage in a chunk of its own, before [DONE]
+                out.append(shape.envelope([], True) | {"usage": gen.usage()})
+            return out
+
+        opening = []
+        if chat:  # a chat stream opens with the role, alone, as OpenAI sends it
+            role = shape.choice("", [], None, True, first=True)
+            opening.append(shape.envelope([role], True) | usage_null)
+        return await sse.stream(request, gen, chunk, closing, opening=opening, done=True)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
-    body = await read_json(request)
-    fields.check_fields(body, fields.CHAT)
+    body = await read_body(request, fields.CHAT)
     inputs = chat_inputs(body)
 
-    def work() -> tuple[GenParams, list[int]]:  # render and tokenize: on the text pool
-        return _params(service, body, True), chat_prompt(service, inputs)
+    def work() -> tuple[GenParams, Request]:  # render and tokenize: on the text pool
+        params = openai_params(body, True, service)
+        return params, engine_request(service, params, chat_prompt(service, inputs), "messages")
 
-    params, prompt = await service.text.run(await body_size(request), work)
-    return await _respond(request, service, prompt, params, chat=True)
+    params, req = await service.text.run(await body_size(request), work)
+    return await _respond(request, service, req, params, chat=True)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
-    body = await read_json(request)
-    fields.check_fields(body, fields.COMPLETIONS)
+    body = await read_body(request, fields.COMPLETIONS)
     if "prompt" not in body:
         raise ApiError("'prompt' is required", param="prompt")
 
-    def work() -> tuple[GenParams, list[int]]:
-        return _params(service, body, False), openai_prompt(service, body["prompt"])
+    def work() -> tuple[GenParams, Request]:
+        params = openai_params(body, False, service)
+        return params, engine_request(service, params, openai_prompt(service, body["prompt"]))
 
-    params, prompt = await service.text.run(await body_size(request), work)
-    return await _respond(request, service, prompt, params, chat=False)
+    params, req = await service.text.run(await body_size(request), work)
+    return await _respond(request, service, req, params, chat=False)
 
 
 async def models(request: web.Request) -> web.Response:
@@ -216,9 +190,12 @@ async def models(request: web.Request) -> web.Response:
     )
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/models", models)
+# the route table (llama_routes.ROUTES has the same form); the paths without /v1 are served
+# too, as llama-server does
+ROUTES = [
+    web.post("/v1/chat/completions", chat_completions),
+    web.post("/chat/completions", chat_completions),
+    web.post("/v1/completions", completions),
+    web.get("/v1/models", models),
+    web.get("/models", models),
+]

@@ -93,18 +93,6 @@ def llama_prompt(service: Service, raw: Any) -> list[int]:
     raise ApiError("'prompt' must be a string or a list of token ids and strings", param="prompt")
 
 
-def check_prompt_length(prompt: list[int], n_ctx: int, param: str = "prompt") -> None:
-    if not prompt:
-        raise ApiError("the prompt is empty", param=param)
-    if len(prompt) >= n_ctx:
-        raise ApiError(
-            f"the prompt has {len(prompt)} tokens; the context holds {n_ctx} per request, "
-            "and at least one token must be left to generate",
-            param=param,
-            code="context_length_exceeded",
-        )
-
-
 def render_chat(service: Service, inputs: ChatInputs) -> str:
     """The chat template applied; its refusals (and bad messages) are 400s."""
     try:
@@ -122,8 +110,3 @@ def render_chat(service: Service, inputs: ChatInputs) -> str:
 
 def chat_prompt(service: Service, inputs: ChatInputs) -> list[int]:
     return encode_text(service, render_chat(service, inputs), param="messages")
-
-
-def key_tokenizer(service: Service) -> Any:
-    """llama-server's logit_bias text keys: each key's tokens, without BOS."""
-    return lambda text: encode_text(service, text, add_special=False, param="logit_bias")

@@ -1,13 +1,16 @@
-"""Request bodies -> typed generation parameters. Every field is type- and range-checked here.
+"""Request bodies -> typed generation parameters -> the ``Request`` the engine runs.
 
-Anything wrong raises ``ApiError`` (HTTP 400, OpenAI's error shape, ``param`` naming the field), so
-handlers never see an unchecked value. Both dialects land on one ``GenParams``: OpenAI's names
-(``max_tokens``, ``logprobs``/``top_logprobs``) and llama-server's (``n_predict``, ``n_probs``).
+Every field is type- and range-checked here, once, and every default resolved here (the seed,
+``max_tokens``, the sampling stages): anything wrong raises ``ApiError`` (HTTP 400, OpenAI's error
+shape, ``param`` naming the field), so handlers never see an unchecked value and the engine checks
+nothing again. Both dialects land on one ``GenParams``: OpenAI's names (``max_tokens``,
+``logprobs``/``top_logprobs``) and llama-server's (``n_predict``, ``n_probs``).
 """
 
 from __future__ import annotations
 
 import math
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,29 +18,30 @@ import orjson
 from aiohttp import web
 
 from mgserve.api.errors import ApiError
-from mgserve.core.engine.contract import SamplingParams
+from mgserve.api.fields import Fields, check_fields, is_number
+from mgserve.api.prompts import encode_text
+from mgserve.api.service import Service
+from mgserve.core.engine.contract import MAX_N_PROBS, Request, SamplingParams
 
 MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat top_logprobs
-MAX_N_PROBS = 100  # llama-server's n_probs has none; this keeps a response bounded
 
 
 @dataclass(frozen=True)
 class GenParams:
     """One validated generation request, before the prompt is attached."""
 
-    sampling: SamplingParams
+    sampling: SamplingParams  # n_probs and want_logprob say what the response reports
     max_tokens: int | None  # None: the server's default (--n-predict, else to the context end)
     stop: tuple[str, ...]  # stop strings, matched on detokenized text by the API
     ignore_eos: bool
     stream: bool
     include_usage: bool  # OpenAI stream_options.include_usage: a usage chunk before [DONE]
-    n_probs: int  # top candidates reported per token (0: none)
-    logprobs: bool  # report each sampled token's logprob
 
 
-async def read_json(request: web.Request) -> dict[str, Any]:
-    """The body as a JSON object; 400 for anything else (413 comes from aiohttp's size limit)."""
+async def read_body(request: web.Request, allowed: frozenset[str]) -> dict[str, Any]:
+    """The body as a JSON object of fields the route implements (``fields.py``); 400 for anything
+    else (413 comes from aiohttp's size limit)."""
     raw = await request.read()
     try:
         body = orjson.loads(raw) if raw else None
@@ -45,72 +49,19 @@ async def read_json(request: web.Request) -> dict[str, Any]:
         raise ApiError(f"malformed JSON body: {e}") from None
     if not isinstance(body, dict):
         raise ApiError("the request body must be a JSON object")
+    check_fields(body, allowed)
     return body
 
 
 async def body_size(request: web.Request) -> int:
     """The body's length in bytes: how much text work the request can ask for (textwork.py).
-    aiohttp keeps the body read_json read, so this reads nothing again."""
+    aiohttp keeps the body read_body read, so this reads nothing again."""
     return len(await request.read())
 
 
-class Fields:
-    """Typed, range-checked access to a JSON object's fields; missing or null -> the default."""
-
-    def __init__(self, body: dict[str, Any]) -> None:
-        self.body = body
-
-    def has(self, name: str) -> bool:
-        return self.body.get(name) is not None
-
-    def get_bool(self, name: str, default: bool) -> bool:
-        v = self.body.get(name)
-        if v is None:
-            return default
-        if not isinstance(v, bool):
-            raise ApiError(f"'{name}' must be a boolean", param=name)
-        return v
-
-    def get_int(self, name: str, default: int, lo: int | None = None, hi: int | None = None) -> int:
-        v = self.body.get(name)
-        if v is None:
-            return default
-        if isinstance(v, float) and v.is_integer():
-            v = int(v)
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise ApiError(f"'{name}' must be an integer", param=name)
-        self._range(name, v, lo, hi)
-        return v
-
-    def get_float(
-        self, name: str, default: float, lo: float | None = None, hi: float | None = None
-    ) -> float:
-        v = self.body.get(name)
-        if v is None:
-            return default
-        if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
-            raise ApiError(f"'{name}' must be a finite number", param=name)
-        self._range(name, v, lo, hi)
-        return float(v)
-
-    def get_str(self, name: str, default: str) -> str:
-        v = self.body.get(name)
-        if v is None:
-            return default
-        if not isinstance(v, str):
-            raise ApiError(f"'{name}' must be a string", param=name)
-        return v
-
-    @staticmethod
-    def _range(name: str, v: float, lo: float | None, hi: float | None) -> None:
-        if (lo is not None and v < lo) or (hi is not None and v > hi):
-            lo_s = "-inf" if lo is None else lo
-            hi_s = "inf" if hi is None else hi
-            raise ApiError(f"'{name}' must be in [{lo_s}, {hi_s}], got {v}", param=name)
-
-
-def _logit_bias(f: Fields, n_vocab: int, tokenize: Any) -> tuple[tuple[int, float], ...]:
+def _logit_bias(f: Fields, service: Service) -> tuple[tuple[int, float], ...]:
     """OpenAI's {"id": bias} or llama-server's [[id_or_text, bias_or_false], ...]."""
+    n_vocab = service.n_vocab
     raw = f.body.get("logit_bias")
     if raw is None:
         return ()
@@ -127,7 +78,7 @@ def _logit_bias(f: Fields, n_vocab: int, tokenize: Any) -> tuple[tuple[int, floa
     for key, bias in items:
         if bias is False:
             value = -math.inf
-        elif isinstance(bias, int | float) and not isinstance(bias, bool) and math.isfinite(bias):
+        elif is_number(bias):
             value = float(bias)
         else:
             raise ApiError(f"logit_bias for {key!r} must be a number or false", param="logit_bias")
@@ -136,7 +87,8 @@ def _logit_bias(f: Fields, n_vocab: int, tokenize: Any) -> tuple[tuple[int, floa
         elif isinstance(key, str) and key.lstrip("-").isdigit():
             ids = [int(key)]
         elif isinstance(key, str) and isinstance(raw, list):
-            ids = tokenize(key)  # llama-server biases every token of a text key
+            # llama-server biases every token of a text key (tokenized without BOS)
+            ids = encode_text(service, key, add_special=False, param="logit_bias")
         else:
             raise ApiError(f"logit_bias key {key!r} is not a token id", param="logit_bias")
         for t in ids:
@@ -179,11 +131,11 @@ def _max_tokens(f: Fields, names: tuple[str, ...], n_ctx: int) -> int | None:
     return None
 
 
-def sampling_from(
-    f: Fields, default_seed: int, n_vocab: int, tokenize: Any, n_probs: int, logprobs: bool
-) -> SamplingParams:
+def _sampling(f: Fields, service: Service, n_probs: int, logprobs: bool) -> SamplingParams:
     d = SamplingParams()
-    seed = f.get_int("seed", default_seed)
+    seed = f.get_int("seed", -1)
+    if seed < 0:
+        seed = service.settings.seed  # --seed, the server's default (-1: random per request)
     top_p = f.get_float("top_p", d.top_p)
     if not 0.0 < top_p <= 1.0:
         raise ApiError(f"'top_p' must be in (0, 1], got {top_p}", param="top_p")
@@ -197,7 +149,7 @@ def sampling_from(
         presence_penalty=f.get_float("presence_penalty", d.presence_penalty, lo=-2.0, hi=2.0),
         frequency_penalty=f.get_float("frequency_penalty", d.frequency_penalty, lo=-2.0, hi=2.0),
         seed=None if seed < 0 else seed,
-        logit_bias=_logit_bias(f, n_vocab, tokenize),
+        logit_bias=_logit_bias(f, service),
         n_probs=n_probs,
         want_logprob=logprobs,
     )
@@ -208,9 +160,7 @@ def _check_n(f: Fields) -> None:
         raise ApiError("only n=1 is supported (one choice per request)", param="n")
 
 
-def openai_params(
-    body: dict[str, Any], chat: bool, n_ctx: int, n_vocab: int, default_seed: int, tokenize: Any
-) -> GenParams:
+def openai_params(body: dict[str, Any], chat: bool, service: Service) -> GenParams:
     """/v1/chat/completions (chat=True) or /v1/completions."""
     f = Fields(body)
     _check_n(f)
@@ -232,31 +182,52 @@ def openai_params(
         raise ApiError("'stream_options' must be an object", param="stream_options")
     include_usage = Fields(opts or {}).get_bool("include_usage", False)
     return GenParams(
-        sampling=sampling_from(f, default_seed, n_vocab, tokenize, top, logprobs),
-        max_tokens=_max_tokens(f, names, n_ctx),
+        sampling=_sampling(f, service, top, logprobs),
+        max_tokens=_max_tokens(f, names, service.engine.n_ctx),
         stop=_stop(f),
         ignore_eos=f.get_bool("ignore_eos", False),
         stream=stream,
         include_usage=include_usage,
-        n_probs=top,
-        logprobs=logprobs,
     )
 
 
-def llama_params(
-    body: dict[str, Any], n_ctx: int, n_vocab: int, default_seed: int, tokenize: Any
-) -> GenParams:
+def llama_params(body: dict[str, Any], service: Service) -> GenParams:
     """llama-server's /completion."""
     f = Fields(body)
     _check_n(f)
     n_probs = f.get_int("n_probs", 0, lo=0, hi=MAX_N_PROBS)
     return GenParams(
-        sampling=sampling_from(f, default_seed, n_vocab, tokenize, n_probs, n_probs > 0),
-        max_tokens=_max_tokens(f, ("n_predict", "max_tokens"), n_ctx),
+        sampling=_sampling(f, service, n_probs, n_probs > 0),
+        max_tokens=_max_tokens(f, ("n_predict", "max_tokens"), service.engine.n_ctx),
         stop=_stop(f),
         ignore_eos=f.get_bool("ignore_eos", False),
         stream=f.get_bool("stream", False),
         include_usage=False,
-        n_probs=n_probs,
-        logprobs=n_probs > 0,
+    )
+
+
+def engine_request(
+    service: Service, params: GenParams, prompt: list[int], param: str = "prompt"
+) -> Request:
+    """The ``Request`` the engine runs, trusted there: the prompt checked against the context,
+    ``max_tokens`` resolved (the request's, else --n-predict, else up to the context end)."""
+    n_ctx = service.engine.n_ctx
+    if not prompt:
+        raise ApiError("the prompt is empty", param=param)
+    if len(prompt) >= n_ctx:
+        raise ApiError(
+            f"the prompt has {len(prompt)} tokens; the context holds {n_ctx} per request, "
+            "and at least one token must be left to generate",
+            param=param,
+            code="context_length_exceeded",
+        )
+    room = n_ctx - len(prompt)
+    n_predict = service.settings.n_predict
+    return Request(
+        id=uuid.uuid4().hex,
+        prompt=prompt,
+        sampling=params.sampling,
+        max_tokens=params.max_tokens or (min(n_predict, room) if n_predict > 0 else room),
+        stop_token_ids=frozenset(service.tokenizer.eog_ids),
+        ignore_eos=params.ignore_eos,
     )

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mgserve.api.textwork import TextPool
 from mgserve.config import Settings
-from mgserve.core.builtin_models import resolve_model
 from mgserve.core.text.chat import ChatTemplate, load_chat_template
-from mgserve.cuda import resolve_device
 
 if TYPE_CHECKING:
     from mgserve.core.engine.actor import Engine
@@ -31,7 +27,7 @@ class Detokenizer(Protocol):
 
 @dataclass
 class Service:
-    settings: Settings  # ctx_size already resolved (0 -> the model's trained context)
+    settings: Settings  # resolved for the model (Settings.for_model): ctx_size is the engine's
     model_id: str  # alias or GGUF file name: what /v1/models and responses report
     tokenizer: Tokenizer
     chat: ChatTemplate
@@ -66,51 +62,14 @@ def _special_text(tok: Any, token: int | None) -> str:
     return str(tok.token_text(token))
 
 
-def _device_model(g: Any, settings: Settings) -> tuple[Any, Any, Settings]:
-    """The device model of ``g`` on GPU 0 with its runner, and the settings with ctx_size set
-    (the pools are sized from it at load)."""
-    import torch
-
-    from mgserve.core.gguf.hparams import spec_from_gguf
-    from mgserve.core.gguf.hparams_hybrid import hybrid_spec_from_gguf
-    from mgserve.cuda.backend import HYBRID_ARCHS, cuda_backend, load_device_model
-    from mgserve.cuda.runner import DeviceRunner
-
-    if settings.ctx_size == 0:
-        arch = g.architecture
-        spec = hybrid_spec_from_gguf(g)[0] if arch in HYBRID_ARCHS else spec_from_gguf(g)
-        settings = dataclasses.replace(settings, ctx_size=int(spec.n_ctx_train))
-    device = torch.device("cuda", 0)
-    model = load_device_model(
-        g,
-        cuda_backend(0),
-        device,
-        settings.parallel,
-        settings.ctx_size,
-        settings.cache_type_k,
-        settings.cache_type_v,
-    )
-    return model, DeviceRunner(model, device), settings
-
-
 def build_service(settings: Settings) -> Service:
-    """Load the GGUF (a built-in model when none is given), model, tokenizer, template, engine."""
-    from mgserve.core.engine.actor import Engine
-    from mgserve.core.gguf.reader import GGUFFile
-    from mgserve.core.models import load_model
+    """The engine from the factory (model, runner, resolved settings), then the tokenizer and the
+    chat template from the same GGUF."""
+    from mgserve.core.engine.factory import load_engine
     from mgserve.core.text.tokenizer import Tokenizer
 
-    device = resolve_device(settings.device)  # "cpu" or "cuda"; ValueError says why not cuda
-    path = str(resolve_model(settings.model, settings.cache_dir))
-    gguf_file = GGUFFile(path)
-    runner = None
-    if device == "cuda":
-        model, runner, settings = _device_model(gguf_file, settings)
-    else:
-        model = load_model(gguf_file, threads=settings.threads)
-    spec = model.spec
-    if settings.ctx_size == 0:
-        settings = dataclasses.replace(settings, ctx_size=int(spec.n_ctx_train))
+    engine, gguf_file, device = load_engine(settings)
+    settings, spec = engine.settings, engine.model.spec
     tokenizer = Tokenizer.from_metadata(gguf_file.metadata)
     chat = load_chat_template(
         settings.chat_template,
@@ -120,10 +79,9 @@ def build_service(settings: Settings) -> Service:
         eos_token=_special_text(tokenizer, tokenizer.eos_id),
         has_token=lambda text: tokenizer.token_id(text) is not None,
     )
-    engine = Engine(model, settings, runner=runner)
     log.info(
         "model %s (%s) on %s, chat template %s, %d slots x %d tokens",
-        path,
+        gguf_file.path,
         spec.arch,
         device,
         chat.name,
@@ -132,12 +90,12 @@ def build_service(settings: Settings) -> Service:
     )
     return Service(
         settings=settings,
-        model_id=settings.model_alias or Path(path).name,
+        model_id=settings.model_alias or gguf_file.path.name,
         tokenizer=tokenizer,
         chat=chat,
         engine=engine,
         n_ctx_train=int(spec.n_ctx_train),
         n_vocab=int(spec.n_vocab),
         architecture=str(spec.arch),
-        model_path=str(path),
+        model_path=str(gguf_file.path),
     )

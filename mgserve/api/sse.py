@@ -1,19 +1,24 @@
-"""Server-sent events: one ``data: {json}\\n\\n`` per message, written as generation proceeds."""
+"""Server-sent events: one ``data: {json}\\n\\n`` per message, written as generation proceeds.
+
+``stream`` is the one loop both dialects run: each says only what its events look like.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from mgserve.api.errors import error_body
+from mgserve.api.generate import Chunk, Generation
 
 # a client that went away shows up as one of these on write (aiohttp wraps the reset in its own)
 DISCONNECTED = (ConnectionResetError, ConnectionError)
 
 
-async def open_stream(request: web.Request) -> web.StreamResponse:
+async def _open(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(
         status=200,
         headers={
@@ -26,14 +31,36 @@ async def open_stream(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-async def send(resp: web.StreamResponse, obj: Any) -> None:
+async def _send(resp: web.StreamResponse, obj: Any) -> None:
     await resp.write(b"data: " + orjson.dumps(obj) + b"\n\n")
 
 
-async def send_error(resp: web.StreamResponse, message: str) -> None:
-    """A failure after the 200 went out: the error travels as the stream's last event."""
-    await send(resp, error_body(message, 500))
-
-
-async def send_done(resp: web.StreamResponse) -> None:
-    await resp.write(b"data: [DONE]\n\n")
+async def stream(
+    request: web.Request,
+    gen: Generation,
+    chunk: Callable[[Chunk], Any],  # the event of a chunk that carries text or tokens
+    closing: Callable[[Chunk], Sequence[Any]],  # the events after the last chunk's own
+    *,
+    opening: Sequence[Any] = (),  # events before any token (OpenAI chat: the role)
+    done: bool = False,  # end with ``data: [DONE]`` (OpenAI)
+) -> web.StreamResponse:
+    """Stream ``gen`` to the client. A failure after the 200 went out travels as the stream's last
+    event; a client that goes away ends the loop (the caller's ``with gen`` aborts the request)."""
+    resp = await _open(request)
+    try:
+        for obj in opening:
+            await _send(resp, obj)
+        async for c in gen.chunks():
+            if c.finish_reason == "error":
+                await _send(resp, error_body(gen.failure, 500))
+                return resp
+            if c.text or c.tokens:
+                await _send(resp, chunk(c))
+            if c.finish_reason is not None:
+                for obj in closing(c):
+                    await _send(resp, obj)
+        if done:
+            await resp.write(b"data: [DONE]\n\n")
+    except DISCONNECTED:
+        pass
+    return resp

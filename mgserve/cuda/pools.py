@@ -22,10 +22,7 @@ from typing import NamedTuple
 
 import torch
 
-from mgserve.core.models.kvcache import CACHE_TYPES
-
-_Q8_BLOCK = 32
-_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+from mgserve.core.models.kvcache import kv_storage
 
 
 class PoolSize(NamedTuple):
@@ -59,19 +56,7 @@ class KVLayer(NamedTuple):
 def kv_layer(
     cache_type: str, n_slots: int, n_ctx: int, n_kv: int, head_dim: int, device: torch.device
 ) -> KVLayer:
-    if cache_type not in CACHE_TYPES:
-        raise ValueError(f"cache type must be one of {CACHE_TYPES}, got {cache_type!r}")
-    shape = (n_slots, n_ctx, n_kv, head_dim)
-    if cache_type == "q8_0":
-        if head_dim % _Q8_BLOCK:
-            raise ValueError(f"q8_0 cache needs head_dim divisible by 32, got {head_dim}")
-        values = torch.zeros(shape, dtype=torch.int8, device=device)
-        scales = torch.zeros(
-            (*shape[:3], head_dim // _Q8_BLOCK), dtype=torch.float16, device=device
-        )
-        return KVLayer(values, scales)
-    empty = torch.zeros(0, dtype=torch.float16, device=device)
-    return KVLayer(torch.zeros(shape, dtype=_DTYPES[cache_type], device=device), empty)
+    return KVLayer(*kv_storage(cache_type, (n_slots, n_ctx, n_kv, head_dim), device))
 
 
 @dataclass

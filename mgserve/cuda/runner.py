@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mgserve.core.engine.contract import (
+    MAX_N_PROBS,
     SamplingParams,
     ScheduledBatch,
     SeqResult,
@@ -31,8 +32,6 @@ from mgserve.core.engine.contract import (
 from mgserve.cuda.graphs import DecodeInputs, EagerDecode, GraphDecode
 from mgserve.cuda.models.base import DeviceLM, Span, Step
 from mgserve.cuda.sampling import DeviceSampler, HostBuffers, SamplingBatch, SamplingRow, seeded
-
-MAX_N_PROBS = 100  # top candidates a request may ask for (api.protocol.MAX_N_PROBS)
 
 
 @dataclass

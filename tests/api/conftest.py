@@ -20,11 +20,20 @@ def fake_service(
     max_body_mb: int = 1,
     chat_template: str | None = None,
     tokenizer: Any = None,
+    seed: int = -1,
+    n_predict: int = -1,
     **engine_kw: Any,
 ) -> Service:
     """The fake engine behind the real API; ``chat_template`` a built-in name or a file,
-    ``tokenizer`` a real one instead of the byte-level fake."""
-    settings = Settings(ctx_size=n_ctx, parallel=2, api_key=api_key, max_body_mb=max_body_mb)
+    ``tokenizer`` a real one instead of the byte-level fake; ``seed``, ``n_predict``: --seed, -n."""
+    settings = Settings(
+        ctx_size=n_ctx,
+        parallel=2,
+        api_key=api_key,
+        max_body_mb=max_body_mb,
+        seed=seed,
+        n_predict=n_predict,
+    )
     tok = tokenizer or FakeTokenizer()
     return Service(
         settings=settings,

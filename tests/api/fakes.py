@@ -1,7 +1,8 @@
 """Fakes for the API tests: a byte-level tokenizer and an engine that follows the Engine API.
 
 The engine "generates" a fixed reply, one token per step per slot, with the contract's TokenEvents
-(eog token on "stop" carried but not text, "length" at max_tokens or the context end, "abort").
+(each naming its slot; eog token on "stop" carried but not text, "length" at max_tokens or the
+context end, "abort").
 """
 
 from __future__ import annotations
@@ -134,12 +135,8 @@ class FakeEngine:
         self._task: asyncio.Task[None] | None = None
 
     def submit(self, req: Request) -> FakeStream:
-        if not req.prompt:
-            raise ValueError("empty prompt")
-        if len(req.prompt) >= self.n_ctx:
-            raise ValueError("prompt too long")
-        if req.max_tokens < 1:
-            raise ValueError("max_tokens < 1")
+        # as the real engine, it trusts the API's checks; these say what they promise
+        assert 0 < len(req.prompt) < self.n_ctx and req.max_tokens >= 1
         self.submitted.append(req)
         s = FakeStream(self, req)
         self.waiting.append(s)
@@ -193,9 +190,10 @@ class FakeEngine:
             await asyncio.sleep(self.step_s)
 
     def _step(self, s: FakeStream) -> None:
-        req, i = s.req, len(s.out)
+        req, i, slot = s.req, len(s.out), self.slot.index(s)
         if i == self.fail_at:
-            self._end(s, TokenEvent(req.id, None, finish_reason="error", error="device lost"))
+            ev = TokenEvent(req.id, None, slot, finish_reason="error", error="device lost")
+            self._end(s, ev)
             return
         token = self.reply[i] if i < len(self.reply) else (ord(".") if req.ignore_eos else EOS)
         s.out.append(token)
@@ -210,6 +208,7 @@ class FakeEngine:
         ev = TokenEvent(
             req.id,
             token,
+            slot,
             logprob=-0.25 if sp.want_logprob or sp.n_probs else None,
             top=top,
             finish_reason=fin,

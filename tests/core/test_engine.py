@@ -6,7 +6,13 @@ import pytest
 
 from mgserve.config import Settings
 from mgserve.core.engine.actor import Engine, RequestStream
-from mgserve.core.engine.contract import Request, SamplingParams, TokenEvent
+from mgserve.core.engine.contract import (
+    Request,
+    SamplingParams,
+    ScheduledBatch,
+    StepResult,
+    TokenEvent,
+)
 from tests.core.fake_model import FakeModel
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -53,6 +59,9 @@ async def test_concurrent_requests_give_the_same_tokens_as_alone(sampling: Sampl
     for evs in together:
         assert [e.n_generated for e in evs] == list(range(1, 13))
         assert evs[-1].finish_reason == "length"
+    # each request's events name its one slot; four requests in four slots, one each
+    slots = [{e.slot for e in evs} for evs in together]
+    assert all(len(s) == 1 for s in slots) and set().union(*slots) == {0, 1, 2, 3}
     # the engine really batched: some forward carried several sessions
     assert max(len(c) for c in model.calls) == 4
     if sampling.greedy:
@@ -90,18 +99,32 @@ async def test_abort_frees_the_slot_for_a_queued_request() -> None:
     await engine.stop()
 
 
-async def test_bad_requests_raise_at_submit() -> None:
+async def test_a_request_id_in_use_is_refused_at_submit() -> None:
     engine = Engine(FakeModel(), settings(ctx_size=16))
-    with pytest.raises(ValueError, match="context"):
-        engine.submit(Request("a", list(range(16)), GREEDY, 4))
-    with pytest.raises(ValueError, match="empty"):
-        engine.submit(Request("a", [], GREEDY, 4))
-    with pytest.raises(ValueError, match="max_tokens"):
-        engine.submit(Request("a", [1], GREEDY, 0))
     engine.submit(Request("a", [1], GREEDY, 1))
     with pytest.raises(ValueError, match="in use"):
         engine.submit(Request("a", [1], GREEDY, 1))
     await engine.stop()
+
+
+async def test_the_engine_leaves_defaults_to_the_api() -> None:
+    """A request comes resolved from the API (protocol.engine_request): the engine does not fill
+    in --seed, so a request without a seed reaches the runner without one (random per session)."""
+    model = FakeModel()
+    engine = Engine(model, Settings(parallel=1, ctx_size=64, batch_size=8, seed=5))
+    seen: list[int | None] = []
+    runner = engine._runner
+    run = runner.run
+
+    def spy(batch: ScheduledBatch) -> StepResult:
+        seen.extend(w.sampling.seed for w in batch.work)
+        return run(batch)
+
+    runner.run = spy  # type: ignore[method-assign]
+    await engine.start()
+    await collect(engine.submit(Request("a", [1, 2], GREEDY, 2)))
+    await engine.stop()
+    assert seen and set(seen) == {None}
 
 
 async def test_a_failing_step_errors_its_requests_and_the_engine_keeps_serving() -> None:

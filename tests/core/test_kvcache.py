@@ -5,8 +5,15 @@ import numpy as np
 import pytest
 import torch
 
+from mgserve.config import CACHE_TYPES
 from mgserve.core.gguf.hparams import ModelSpec
-from mgserve.core.models.kvcache import KVCache, dequantize_q8_0, kv_bytes_per_token, quantize_q8_0
+from mgserve.core.models.kvcache import (
+    KVCache,
+    dequantize_q8_0,
+    kv_bytes_per_token,
+    kv_storage,
+    quantize_q8_0,
+)
 
 SPEC = ModelSpec(
     arch="llama", name="t", n_layer=3, n_embd=64, n_ff=96, n_head=4, n_head_kv=2, head_dim=32,
@@ -38,6 +45,27 @@ def test_write_read_and_size(kind: str) -> None:
     assert rk[:3].abs().max() == 0  # untouched positions
     assert cache.read(0, 7)[0].abs().max() == 0  # other layers untouched
     assert cache.nbytes == 16 * kv_bytes_per_token(SPEC, kind, kind)
+
+
+@pytest.mark.parametrize("kind", CACHE_TYPES)
+def test_kv_storage_is_one_table_for_every_cache_type(kind: str) -> None:
+    """The reference cache and the device pools (cuda/pools.py) both allocate through it."""
+    values, scales = kv_storage(kind, (2, 5, 3, 64))
+    if kind == "q8_0":
+        assert values.dtype == torch.int8 and scales.shape == (2, 5, 3, 2)
+        assert scales.dtype == torch.float16
+    else:
+        dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+        assert values.dtype == dtypes[kind]
+        assert scales.numel() == 0
+    assert values.shape == (2, 5, 3, 64) and values.abs().max() == 0
+
+
+def test_kv_storage_refuses_what_it_cannot_hold() -> None:
+    with pytest.raises(ValueError, match="cache type"):
+        kv_storage("q4_0", (1, 64))
+    with pytest.raises(ValueError, match="divisible by 32"):
+        kv_storage("q8_0", (1, 48))
 
 
 def test_kv_bytes_per_token() -> None:

@@ -216,15 +216,29 @@ def test_max_tokens_and_context_end_give_length() -> None:
     assert max(len(sl.cached) for sl in s.slots) == 8
 
 
-def test_bad_requests_are_refused() -> None:
-    s = Scheduler(n_slots=1, n_ctx=4, batch_size=4)
-    with pytest.raises(ValueError, match="empty"):
-        s.add(req("a", []))
-    with pytest.raises(ValueError, match="context"):
-        s.add(req("a", [1, 2, 3, 4]))
-    with pytest.raises(ValueError, match="max_tokens"):
-        s.add(req("a", [1], max_tokens=0))
-    assert not s.queue
+def test_events_name_the_slot_that_serves_the_request() -> None:
+    s = Scheduler(n_slots=2, n_ctx=64, batch_size=64)
+    s.add(req("a", [1, 2, 3], max_tokens=2))
+    s.add(req("b", [4, 5], max_tokens=2))
+    s.add(req("c", [6]))  # waits: both slots are busy
+    _, evs = step(s, s0=11, s1=12)
+    slot_of = {sl.session.req.id: sl.id for sl in s.slots if sl.session}
+    assert sorted(slot_of) == ["a", "b"]
+    assert [(e.request_id, e.slot, e.token) for e in evs] == [
+        (rid, slot_of[rid], 11 + slot_of[rid]) for rid in ("a", "b")
+    ]
+    _, evs = step(s)  # a and b end; their slots go back
+    assert {(e.request_id, e.slot, e.finish_reason) for e in evs} == {
+        ("a", slot_of["a"], "length"),
+        ("b", slot_of["b"], "length"),
+    }
+    _, evs = step(s)  # c takes a freed slot
+    (c,) = [sl for sl in s.slots if sl.session]
+    assert [(e.request_id, e.slot) for e in evs] == [("c", c.id)]
+    abort_c = s.abort("c")
+    assert abort_c is not None and abort_c.slot == c.id
+    s.add(req("d", [7]))
+    assert s.abort("d") == TokenEvent("d", None, finish_reason="abort", n_prompt=1)  # no slot yet
 
 
 def test_failed_step_errors_its_requests_and_forgets_their_caches() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +19,7 @@ from typing import Any, NamedTuple, Protocol
 from mgserve.config import Settings
 from mgserve.core.engine.contract import Request, ScheduledBatch, StepResult, TokenEvent
 from mgserve.core.engine.metrics import Counter, Gauge, Histogram, Registry
-from mgserve.core.engine.scheduler import Scheduler, validate
+from mgserve.core.engine.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -69,15 +68,16 @@ class RequestStream:
 
 
 class Engine:
-    """Serves ``settings.parallel`` slots of ``n_ctx`` tokens each over one model.
+    """Serves ``settings.parallel`` slots of ``settings.ctx_size`` tokens each over one model.
 
-    ``runner`` defaults to the CPU ``ReferenceRunner``; a CUDA runner plugs in the same way.
+    ``settings`` come resolved for the model (``Settings.for_model``). ``runner`` defaults to the
+    CPU ``ReferenceRunner``; the device runner plugs in the same way (``factory.py`` picks).
     """
 
     def __init__(self, model: Any, settings: Settings, *, runner: Runner | None = None) -> None:
         self.settings = settings
         self.n_slots = settings.parallel
-        self.n_ctx = settings.ctx_size or model.spec.n_ctx_train
+        self.n_ctx = settings.ctx_size
         self.model = model
         if runner is None:
             from mgserve.core.engine.runner import ReferenceRunner
@@ -124,16 +124,11 @@ class Engine:
     # -- the API side ----------------------------------------------------------------------------
 
     def submit(self, req: Request) -> RequestStream:
-        """Queue a request; raises ValueError for a request that can never run."""
+        """Queue a request checked at the API boundary (``contract.Request``); its events follow."""
         if self._stopped:
             raise RuntimeError("the engine is stopped")
-        validate(req, self.n_ctx)
         if req.id in self._streams:
             raise ValueError(f"request id {req.id!r} is already in use")
-        if req.sampling.seed is None and self.settings.seed >= 0:
-            req = dataclasses.replace(
-                req, sampling=dataclasses.replace(req.sampling, seed=self.settings.seed)
-            )
         stream = RequestStream(req.id, self)
         self._streams[req.id] = stream
         self._inbox.put_nowait(_Submit(req, stream.t_submit))

@@ -11,6 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+# the most top candidates a request may ask for per token: the API refuses more, and the device
+# runner sizes its host buffers for this many
+MAX_N_PROBS = 100
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -24,9 +28,9 @@ class SamplingParams:
     repeat_last_n: int = 64  # window for all three penalties (-1: whole context, 0: off)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    seed: int | None = None  # None: random; the same seed gives the same tokens
+    seed: int | None = None  # None: a fresh random one per session; the same seed, the same tokens
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); -inf bans a token
-    n_probs: int = 0  # also report the top n_probs candidates (id, logprob) per sampled token
+    n_probs: int = 0  # also report the top n_probs (<= MAX_N_PROBS) candidates per sampled token
     want_logprob: bool = False  # report the sampled token's own logprob
 
     @property
@@ -36,12 +40,14 @@ class SamplingParams:
 
 @dataclass
 class Request:
-    """One generation request, already tokenized. Mutable only by the scheduler once submitted."""
+    """One generation request, tokenized and checked at the API boundary (``api/protocol.py``):
+    the engine and the scheduler trust it and do not check it again. Mutable only by the scheduler
+    once submitted."""
 
-    id: str
-    prompt: list[int]  # token ids, BOS included where the model wants one
+    id: str  # unique among the engine's open requests
+    prompt: list[int]  # token ids, BOS included where the model wants one; 1 <= len < n_ctx
     sampling: SamplingParams
-    max_tokens: int  # > 0; the scheduler also stops at the slot's context end
+    max_tokens: int  # >= 1; the scheduler also stops at the slot's context end
     stop_token_ids: frozenset[int] = frozenset()  # end-of-generation ids (EOS, EOT, ...)
     ignore_eos: bool = False
 
@@ -57,6 +63,7 @@ class TokenEvent:
 
     request_id: str
     token: int | None  # None only on a final event that carries no token (error, abort)
+    slot: int | None = None  # the slot serving the request (None: it never left the queue)
     logprob: float | None = None
     top: tuple[TopLogprob, ...] = ()
     finish_reason: str | None = None  # None while running; "stop", "length", "abort", "error"

@@ -22,6 +22,7 @@ from mgserve.core.models.kvcache import KVCache
 
 
 class ReferenceRunner:
+    # n_ctx and the cache types are the slot caches' own (CausalLM.new_cache), passed through
     def __init__(
         self,
         model: CausalLM,

@@ -68,19 +68,6 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
-def validate(req: Request, n_ctx: int) -> None:
-    """Reject what can never run; a ValueError's message is meant for the client."""
-    if not req.prompt:
-        raise ValueError("the prompt is empty")
-    if len(req.prompt) >= n_ctx:
-        raise ValueError(
-            f"the prompt has {len(req.prompt)} tokens; the context holds {n_ctx} "
-            "(prompt plus at least one generated token)"
-        )
-    if req.max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {req.max_tokens}")
-
-
 class Scheduler:
     def __init__(
         self,
@@ -106,7 +93,9 @@ class Scheduler:
     # -- requests in and out ---------------------------------------------------------------------
 
     def add(self, req: Request, t_submit: float | None = None) -> None:
-        validate(req, self.n_ctx)
+        """Queue ``req``, checked at the API boundary (contract.Request says what holds)."""
+        # what the slot arithmetic relies on: a prompt chunk to compute and room to sample after it
+        assert 0 < len(req.prompt) < self.n_ctx and req.max_tokens >= 1, "unchecked request"
         self.queue.append((req, self._clock() if t_submit is None else t_submit))
 
     def abort(self, request_id: str) -> TokenEvent | None:
@@ -119,7 +108,7 @@ class Scheduler:
             s = slot.session
             if s is not None and s.req.id == request_id:
                 self._release(slot)
-                return self._event(s, None, finish_reason="abort")
+                return self._event(slot, s, None, finish_reason="abort")
         return None
 
     def fail(self, step: int, error: str) -> list[TokenEvent]:
@@ -132,7 +121,7 @@ class Scheduler:
             slot.cached.clear()  # what the cache holds is unknown now
             if s is not None and s.req.id == w.request_id:
                 self._release(slot)
-                events.append(self._event(s, None, finish_reason="error", error=error))
+                events.append(self._event(slot, s, None, finish_reason="error", error=error))
         return events
 
     # -- one step --------------------------------------------------------------------------------
@@ -240,7 +229,7 @@ class Scheduler:
             reason = "stop"
         elif len(s.generated) >= s.req.max_tokens or len(slot.cached) >= self.n_ctx:
             reason = "length"  # max_tokens, or no room left to feed this token back
-        ev = self._event(s, r.token, finish_reason=reason, logprob=r.logprob, top=r.top)
+        ev = self._event(slot, s, r.token, finish_reason=reason, logprob=r.logprob, top=r.top)
         if reason is not None:
             self._release(slot)
         return ev
@@ -249,10 +238,11 @@ class Scheduler:
         slot.session = None
         self._freed.append(slot.id)
 
-    def _event(self, s: Session, token: int | None, **kw: object) -> TokenEvent:
+    def _event(self, slot: Slot, s: Session, token: int | None, **kw: object) -> TokenEvent:
         return TokenEvent(
             request_id=s.req.id,
             token=token,
+            slot=slot.id,
             n_prompt=len(s.req.prompt),
             n_cached=s.n_cached,
             n_generated=len(s.generated),

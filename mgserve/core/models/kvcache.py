@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import torch
 
+from mgserve.config import CACHE_TYPES
 from mgserve.core.gguf.hparams import ModelSpec
 
-CACHE_TYPES = ("f32", "f16", "bf16", "q8_0")
-_Q8_BLOCK = 32
-_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32}
+Q8_0_BLOCK = 32  # q8_0: values per block along head_dim, sharing one f16 scale
+_FLOAT_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": (Q8_0_BLOCK + 2) / Q8_0_BLOCK}
 
 
 def _check_type(cache_type: str) -> None:
@@ -31,12 +31,30 @@ def kv_bytes_per_token(spec: ModelSpec, type_k: str = "f16", type_v: str = "f16"
     return int(round(spec.n_layer * per_layer))
 
 
+def kv_storage(
+    cache_type: str, shape: tuple[int, ...], device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zeroed (values, scales) holding K or V of ``shape`` [..., head_dim] in ``cache_type``: q8_0
+    as int8 values and f16 scales [..., head_dim / Q8_0_BLOCK], a float type as values of its
+    dtype and no scales. The reference cache and the device pools both store this way."""
+    _check_type(cache_type)
+    if cache_type != "q8_0":
+        values = torch.zeros(shape, dtype=_FLOAT_DTYPES[cache_type], device=device)
+        return values, torch.zeros(0, dtype=torch.float16, device=device)
+    head_dim = shape[-1]
+    if head_dim % Q8_0_BLOCK:
+        raise ValueError(f"q8_0 cache needs head_dim divisible by {Q8_0_BLOCK}, got {head_dim}")
+    values = torch.zeros(shape, dtype=torch.int8, device=device)
+    scales = torch.zeros((*shape[:-1], head_dim // Q8_0_BLOCK), dtype=torch.float16, device=device)
+    return values, scales
+
+
 def quantize_q8_0(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., D] float32 -> (int8 [..., D], f16 scales [..., D / 32]), on any device (the device
     backend's KV writes use it too). The divisor 127 is a tensor: CUDA torch turns a division by
     a Python scalar into a multiply by its reciprocal (an ulp off ggml); the CPU divides either
     way, so the bits are ggml's on both."""
-    blocks = x.reshape(*x.shape[:-1], -1, _Q8_BLOCK)  # [..., D/32, 32]
+    blocks = x.reshape(*x.shape[:-1], -1, Q8_0_BLOCK)  # [..., D/32, 32]
     amax = blocks.abs().amax(dim=-1)
     d = amax / amax.new_full((1,), 127.0)  # [..., D/32] float32, as ggml computes it
     inv = torch.where(d > 0, torch.ones_like(d) / d, torch.zeros_like(d))
@@ -46,7 +64,7 @@ def quantize_q8_0(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def dequantize_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    blocks = q.reshape(*q.shape[:-1], -1, _Q8_BLOCK).to(torch.float32)
+    blocks = q.reshape(*q.shape[:-1], -1, Q8_0_BLOCK).to(torch.float32)
     return (blocks * d.to(torch.float32)[..., None]).reshape(q.shape)
 
 
@@ -54,17 +72,8 @@ class _Store:
     """One of K or V: [n_layer, n_ctx, n_head_kv, head_dim] values of one cache type."""
 
     def __init__(self, cache_type: str, n_layer: int, n_ctx: int, n_kv: int, head_dim: int):
-        _check_type(cache_type)
         self.type = cache_type
-        shape = (n_layer, n_ctx, n_kv, head_dim)
-        if cache_type == "q8_0":
-            if head_dim % _Q8_BLOCK:
-                raise ValueError(f"q8_0 cache needs head_dim divisible by 32, got {head_dim}")
-            self.values = torch.zeros(shape, dtype=torch.int8)
-            self.scales = torch.zeros((*shape[:3], head_dim // _Q8_BLOCK), dtype=torch.float16)
-        else:
-            self.values = torch.zeros(shape, dtype=_DTYPES[cache_type])
-            self.scales = torch.zeros(0, dtype=torch.float16)
+        self.values, self.scales = kv_storage(cache_type, (n_layer, n_ctx, n_kv, head_dim))
 
     def write(self, layer: int, start: int, x: torch.Tensor) -> None:
         end = start + x.shape[0]

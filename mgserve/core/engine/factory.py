@@ -1,0 +1,61 @@
+"""The one way to an engine: settings -> GGUF file, model, runner and ``Engine``.
+
+The API asks here and never imports ``mgserve.cuda``; this module does, lazily, and loads the device
+model and runner only when ``--device`` resolves to a GPU. What the settings leave to the model
+(``ctx_size`` 0: its trained context) is made concrete before anything is sized from it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from mgserve.config import Settings
+from mgserve.core.builtin_models import resolve_model
+from mgserve.core.engine.actor import Engine
+from mgserve.core.gguf.reader import GGUFFile
+
+
+class LoadedEngine(NamedTuple):
+    engine: Engine  # its settings are resolved for the model; its model has the spec
+    gguf: GGUFFile  # the model's file: tokenizer, chat template and path come from it
+    device: str  # "cpu" or "cuda"
+
+
+def load_engine(settings: Settings) -> LoadedEngine:
+    """Load the GGUF (a built-in model when none is given) and build its engine on the device the
+    settings ask for; ValueError when that cannot be (no GPU, a missing built-in, a bad file)."""
+    from mgserve.core.models import load_model
+    from mgserve.cuda import resolve_device
+
+    device = resolve_device(settings.device)  # "cpu" or "cuda"; ValueError says why not cuda
+    g = GGUFFile(resolve_model(settings.model, settings.cache_dir))
+    if device == "cuda":
+        return _on_gpu(g, settings)
+    model = load_model(g, threads=settings.threads)
+    return LoadedEngine(Engine(model, settings.for_model(model.spec.n_ctx_train)), g, device)
+
+
+def _on_gpu(g: GGUFFile, settings: Settings) -> LoadedEngine:
+    """The device model on GPU 0 behind a ``DeviceRunner``. Its pools are sized at load, so the
+    context comes from the file's hyperparameters first."""
+    import torch
+
+    from mgserve.core.gguf.hparams import spec_from_gguf
+    from mgserve.core.gguf.hparams_hybrid import HYBRID_ARCHS, hybrid_spec_from_gguf
+    from mgserve.cuda.backend import cuda_backend, load_device_model
+    from mgserve.cuda.runner import DeviceRunner
+
+    spec = hybrid_spec_from_gguf(g)[0] if g.architecture in HYBRID_ARCHS else spec_from_gguf(g)
+    settings = settings.for_model(spec.n_ctx_train)
+    device = torch.device("cuda", 0)
+    model = load_device_model(
+        g,
+        cuda_backend(0),
+        device,
+        settings.parallel,
+        settings.ctx_size,
+        settings.cache_type_k,
+        settings.cache_type_v,
+    )
+    engine = Engine(model, settings, runner=DeviceRunner(model, device))
+    return LoadedEngine(engine, g, "cuda")
