@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mgserve.core.models.kvcache import quantize_q8_0
+from mgserve.core.models.kvcache import Q8_0_BLOCK, quantize_q8_0
 from mgserve.cuda.checks import as_i32, check_f32, check_index, on_device, shape_error
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.pools import KVLayer
@@ -29,9 +29,11 @@ def check_layer(name: str, c: KVLayer) -> None:
     if vals.dtype not in _KV_DTYPES:
         raise ValueError(f"{name}.values must be one of {_KV_DTYPES}, got {vals.dtype}")
     if c.quantized:
-        if vals.shape[3] % 32:
-            raise ValueError(f"{name}: q8_0 needs head_dim divisible by 32, got {vals.shape[3]}")
-        want = (*vals.shape[:3], vals.shape[3] // 32)
+        if vals.shape[3] % Q8_0_BLOCK:
+            raise ValueError(
+                f"{name}: q8_0 needs head_dim divisible by {Q8_0_BLOCK}, got {vals.shape[3]}"
+            )
+        want = (*vals.shape[:3], vals.shape[3] // Q8_0_BLOCK)
         if c.scales.dtype != torch.float16 or tuple(c.scales.shape) != want:
             raise ValueError(
                 f"{name}.scales must be float16 {list(want)}, got {c.scales.dtype} "
@@ -64,7 +66,7 @@ def dequant(c: KVLayer, *index: Any) -> torch.Tensor:
     if not c.quantized:
         return vals.float()
     scales = c.scales[index].float()
-    return (vals.float().unflatten(-1, (-1, 32)) * scales[..., None]).flatten(-2)
+    return (vals.float().unflatten(-1, (-1, Q8_0_BLOCK)) * scales[..., None]).flatten(-2)
 
 
 def _check_write(cache: KVLayer, x: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor) -> None:
