@@ -43,7 +43,7 @@ def att(cuda_ops):
     return cuda_ops
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def ref(torch_ops):
     return torch_ops
 

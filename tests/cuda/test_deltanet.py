@@ -213,8 +213,8 @@ def test_decode_speed(cuda_ops) -> None:
     for b in (1, 4, 8):
         x, conv, weight, ssm, g, beta, slots = deltanet_inputs(b, 16, 48, 128, 4, 8, 60)
         y = cuda_ops.deltanet.conv_step(x, conv, slots, weight)
-        conv_us = gpu_us(partial(cuda_ops.conv_step, x, conv, slots, weight))
-        delta_us = gpu_us(partial(cuda_ops.delta_step, y, g, beta, ssm, slots, **heads))
+        conv_us = gpu_us(partial(cuda_ops.deltanet.conv_step, x, conv, slots, weight))
+        delta_us = gpu_us(partial(cuda_ops.deltanet.step, y, g, beta, ssm, slots, **heads))
         state_bytes = 2 * b * 48 * 128 * 128 * 4
         print(
             f"\nB={b}: conv_step {conv_us:.2f} us, delta_step {delta_us:.2f} us "
