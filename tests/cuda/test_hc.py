@@ -334,7 +334,7 @@ def test_timing(hcc, kernels) -> None:
     torch_ops = HCTorch(DenseWeights())
     for _, down, up, inject in sets:  # dense f32 copies without the host round trip
         for w in (down, up, inject):
-            torch_ops._dense[w.data.data_ptr()] = w.data.view(torch.bfloat16).float()
+            torch_ops.dense._dense[w.data.data_ptr()] = w.data.view(torch.bfloat16).float()
     prev = {n: (torch.randn(n, d, device="cuda"), torch.ones(n, hc, device="cuda")) for n in (1, 8)}
     for n in (1, 2, 4, 8, 16):
         x = torch.randn(n, hc, d, device="cuda")
