@@ -23,8 +23,8 @@ class BlockFormat(NamedTuple):
     nbytes: int  # bytes per block
 
 
-# The formats the matvec, dequant and MoE kernels read (layouts: kernels/matvec.cu and the headers
-# it names).
+# The formats the matvec, dequant and MoE kernels read (layouts: the table in
+# kernels/gguf_blocks.cuh).
 FORMATS: dict[str, BlockFormat] = {
     "Q4_0": BlockFormat(32, 18),
     "Q4_1": BlockFormat(32, 20),

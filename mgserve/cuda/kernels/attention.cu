@@ -1,5 +1,5 @@
 // Flash-decoding attention over the slot pools of the KV cache (dense, sliding-window, and QSA
-// block-sparse), one query token per session (or per virtual session: see attention.py).
+// block-sparse), one query token per session (or per virtual session: see ops/qsa_cuda.py).
 //
 // Compile-time: HEAD_DIM (64, 128 or 256), K_Q8 / V_Q8 (1: q8_0 pool, int8 values + one f16
 // scale per 32 values; 0: f16 pool). Pools: values [n_slots, n_ctx, n_kv, D], scales
@@ -57,7 +57,7 @@
 #define ATT_WARPS 4
 #define ATT_THREADS (32 * ATT_WARPS)
 #define ATT_TILE (16 * ATT_WARPS)  // positions per pipeline stage: 16 rows per warp
-#define ATT_MAX_SPLITS 128         // chunks per session at most (attention.py: MAX_SPLITS)
+#define ATT_MAX_SPLITS 128         // chunks per session at most (ops/attention_cuda.py: MAX_SPLITS)
 #define COMBINE_THREADS 128
 #define P_SCALE 256.f
 
@@ -95,8 +95,8 @@ constexpr int STAGE_B = K_TILE_B + V_TILE_B + KS_TILE_B + VS_TILE_B;
 constexpr int Q_B = NKT * 2 * 32 * 16;   // Q fragments: [k16 tile][hi, lo][lane] uint4
 constexpr int RED_B = ATT_WARPS * 16 * D * 4;  // per-warp O [16, D] for the final merge
 constexpr int SMEM_B = Q_B + cmax(ATT_STAGES * STAGE_B, RED_B);
-#ifdef EXPECT_SMEM  // attention.py passes its own count (decode_smem_bytes): they must agree
-static_assert(SMEM_B == EXPECT_SMEM, "attention.py decode_smem_bytes disagrees with SMEM_B");
+#ifdef EXPECT_SMEM  // ops/attention_cuda.py passes its own count (decode_smem_bytes): they must agree
+static_assert(SMEM_B == EXPECT_SMEM, "ops/attention_cuda.py decode_smem_bytes disagrees with SMEM_B");
 #endif
 
 // ---- small helpers ---------------------------------------------------------------------------
@@ -231,7 +231,7 @@ attn_decode(const float* __restrict__ q,      // [B, H, D]
     if (v_begin >= rg.n) return;  // past this session's last chunk (or nothing visible)
     const int v_end = min(rg.n, v_begin + chunk);
 
-    {  // the host sized the dynamic shared memory from the same formula (attention.py)
+    {  // the host sized the dynamic shared memory from the same formula (ops/attention_cuda.py)
         unsigned dyn;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
         if (dyn < (unsigned)SMEM_B) __trap();

@@ -12,7 +12,7 @@
 //   scores[b, n] = sum_h relu(iq[b, h] . blocks[slots[b], n]) / norm (+0, never -0) for the
 //   complete blocks n < lengths[b] / ratio of sessions whose selection is sparse (complete > top);
 //   every other entry of the row (n < n_cols) is -inf: dense sessions select without scores.
-//   Rows are `stride` floats apart (attention.py pads them to a multiple of 4 for qsa_select's
+//   Rows are `stride` floats apart (ops/qsa_cuda.py pads them to a multiple of 4 for qsa_select's
 //   16-byte loads); the padding is not written.
 //   Each warp scores 4 block keys at a time, 8 lanes per key; lane `sub` of a key reads float4
 //   number c * 8 + sub (c < Di / 32), so 8 lanes read 128 contiguous bytes. The indexer queries
@@ -24,7 +24,7 @@
 #define QS_WARPS 8
 #define QS_THREADS (32 * QS_WARPS)
 #define QS_KEYS_PER_WARP 32
-#define QS_KEYS (QS_WARPS * QS_KEYS_PER_WARP)  // block keys per CTA (attention.py: QS_KEYS)
+#define QS_KEYS (QS_WARPS * QS_KEYS_PER_WARP)  // block keys per CTA (ops/qsa_cuda.py: QS_KEYS)
 #define QS_MAX_HI 8                            // indexer heads at most
 #define QS_MAX_DI 256                          // indexer head dim at most (multiple of 32)
 

@@ -48,7 +48,7 @@
 #include "math.cuh"
 #include "scalar.cuh"
 
-// Tuning (mgserve/cuda/hc.py HCTuning sets them through -D; defaults match its defaults). The
+// Tuning (mgserve/cuda/ops/hc.py HCTuning sets them through -D; defaults match its defaults). The
 // per-token-group knobs pack one hex digit per group size: 0xABCD = A for 1 token, B for 2, C for
 // 4, D for 8 (each 1..15).
 #ifndef DOWN_WARPS

@@ -1,4 +1,4 @@
-// The glue of the MoE prefill path (mgserve/cuda/moe_prefill.py): everything between the expert
+// The glue of the MoE prefill path (mgserve/cuda/ops/moe_prefill.py): everything between the expert
 // sort and the batched cuBLAS products, one launch each per layer instead of a handful of torch
 // ops per expert chunk.
 //

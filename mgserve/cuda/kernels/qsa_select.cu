@@ -1,6 +1,6 @@
 // QSA block selection: for each query row of block scores, the `top` highest-scoring complete
 // blocks (ties: the lower block first), written in ascending block order, which is the order
-// attn_decode reads the selected cells in (attention.py: select_blocks is the torch version).
+// attn_decode reads the selected cells in (ops/qsa.py: select_blocks is the torch version).
 //
 // qsa_select, grid (N), SEL_THREADS = 1024 threads (32 warps), one CTA per query row:
 //   complete = min(lengths[n] / ratio, n_cols) blocks are eligible: only scores[n, 0:complete)

@@ -24,7 +24,7 @@ from mgserve.cuda.ops.moe_prefill_cuda import MoePrefillCuda
 
 MOE_SOURCE = "moe.cu"
 MOE_Q8_SOURCE = "moe_q8.cu"
-MOE_WARPS = 4  # MOE_WARPS in moe.cu / moe_q8.cu
+MOE_WARPS = 4  # MOE_WARPS in kernels/moe_decode.cuh
 MOE_Q8_TYPES = frozenset({"Q4_K", "Q6_K", "Q5_0", "Q8_0"})  # expert formats of moe_q8.cu
 
 
@@ -32,8 +32,8 @@ class MoeCuda:
     """MoE experts on kernels (see the module docstring). ``int8``: decode products of
     MOE_Q8_TYPES experts round the activations to int8 per 32 values (relative error ~1e-3).
     ``prefill_exact``: prompt chunks run the torch version (fp32, every expert; tests).
-    ``moe_rows``: rows per warp of the gate/up and down kernels (GU_ROWS / DOWN_ROWS of moe.cu),
-    for tuning."""
+    ``moe_rows``: rows per warp of the gate/up and down kernels (GU_ROWS / DOWN_ROWS of
+    moe_decode.cuh), for tuning."""
 
     def __init__(
         self,
