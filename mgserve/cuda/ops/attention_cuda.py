@@ -78,7 +78,9 @@ def _allow_smem(kernel: Kernel, nbytes: int, device_index: int) -> None:
 
 
 class AttentionCuda:
-    """The attention ops on attention.cu (see the module docstring)."""
+    """The attention ops on attention.cu (see the module docstring). ``decode`` and ``prefill``
+    repeat AttentionTorch's signatures and argument checks on purpose: the twins are
+    interchangeable op by op, and each checks its inputs before choosing kernel or fallback."""
 
     def __init__(self, kernels: Kernels, fallback: AttentionTorch) -> None:
         self.kernels, self.fallback = kernels, fallback

@@ -75,6 +75,27 @@ def split_qkv(
     return q, k, v
 
 
+def check_step(
+    y: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    ssm: torch.Tensor,
+    slots: torch.Tensor,
+    n_k_heads: int,
+    n_v_heads: int,
+    head_dim: int,
+) -> int:
+    """The shapes of a decode step's inputs (both twins); the number of sessions B."""
+    c = deltanet_dims(n_k_heads, n_v_heads, head_dim)
+    if y.dim() != 2 or y.shape[1] != c:
+        raise shape_error("y", y, f"[B, {c}]")
+    b = y.shape[0]
+    check_gb(g, beta, b, n_v_heads)
+    check_ssm(ssm, n_v_heads, head_dim)
+    check_index("slots", slots, b)
+    return b
+
+
 class DeltaNetTorch:
     """The DeltaNet steps in PyTorch on the tensors' device (the reference arithmetic)."""
 
@@ -110,14 +131,8 @@ class DeltaNetTorch:
         """One decode token of the gated delta rule for B sessions: q, k L2-normed per key head
         (q scaled by head_dim^-0.5), then S <- exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q
         on ssm[slots[b]] in place. Sync-free."""
-        c = deltanet_dims(n_k_heads, n_v_heads, head_dim)
         check_f32("y", y)
-        if y.dim() != 2 or y.shape[1] != c:
-            raise shape_error("y", y, f"[B, {c}]")
-        b = y.shape[0]
-        check_gb(g, beta, b, n_v_heads)
-        check_ssm(ssm, n_v_heads, head_dim)
-        check_index("slots", slots, b)
+        check_step(y, g, beta, ssm, slots, n_k_heads, n_v_heads, head_dim)
         idx = slots.long()
         q, k, v = split_qkv(y[:, None], n_k_heads, n_v_heads, head_dim, eps)  # [B, 1, H_v, d]
         o, new = deltanet.delta_rule_recurrent(

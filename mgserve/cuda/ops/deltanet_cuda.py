@@ -8,14 +8,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mgserve.cuda.checks import check_cuda, check_index, shape_error
+from mgserve.cuda.checks import check_cuda, check_index
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.deltanet import (
     DeltaNetTorch,
     check_conv,
-    check_gb,
-    check_ssm,
-    deltanet_dims,
+    check_step,
 )
 
 DELTANET_SOURCE = "deltanet.cu"
@@ -26,7 +24,8 @@ MAX_CONV_K = 8  # conv kernel widths the kernel is instantiated for: 1..MAX_CONV
 
 
 class DeltaNetCuda:
-    """The decode steps on deltanet.cu; ``prefill`` is the torch version's."""
+    """The decode steps on deltanet.cu; ``prefill`` is the torch version's. The signatures are
+    DeltaNetTorch's (the family's interface); the shape checks are shared (``check_step``)."""
 
     def __init__(self, kernels: Kernels, fallback: DeltaNetTorch) -> None:
         self.kernels, self.fallback = kernels, fallback
@@ -76,17 +75,11 @@ class DeltaNetCuda:
         head_dim: int,
         eps: float,
     ) -> torch.Tensor:
-        c = deltanet_dims(n_k_heads, n_v_heads, head_dim)
         # per-token rows read in place; views (rowwise's padded outputs, slices) are copied
         y, g, beta = (t if t.is_contiguous() else t.contiguous() for t in (y, g, beta))
         for name, t in (("y", y), ("g", g), ("beta", beta), ("ssm", ssm)):
             check_cuda(name, t, self.device, torch.float32)
-        if y.dim() != 2 or y.shape[1] != c:
-            raise shape_error("y", y, f"[B, {c}]")
-        b = y.shape[0]
-        check_gb(g, beta, b, n_v_heads)
-        check_ssm(ssm, n_v_heads, head_dim)
-        check_index("slots", slots, b)
+        b = check_step(y, g, beta, ssm, slots, n_k_heads, n_v_heads, head_dim)
         check_cuda("slots", slots, self.device, torch.int32)
         if head_dim > 256:
             raise ValueError(

@@ -39,7 +39,9 @@ _PREFILL_PART_ELEMS = 1 << 26  # bound on the [T, H, splits, D] fp32 partials of
 
 
 class QsaCuda:
-    """QSA on the scoring, selection and attention kernels (see the module docstring)."""
+    """QSA on the scoring, selection and attention kernels (see the module docstring).
+    ``decode`` and ``prefill`` share their keyword arguments and first checks with QsaTorch's
+    (the family's interface); what follows differs (per-session rows vs one span)."""
 
     def __init__(self, kernels: Kernels, fallback: QsaTorch, attention: AttentionCuda) -> None:
         self.kernels, self.fallback, self.attention = kernels, fallback, attention

@@ -17,7 +17,9 @@ from mgserve.cuda.ops.rope import RopeCuda, RopeTorch
 
 
 class BlockKeys:
-    """Pooling of QSA block keys on the backend's norm and rope families."""
+    """Pooling of QSA block keys on the backend's norm and rope families. ``write_decode``
+    (decode: one token per session) and ``write_span`` (prefill: one session's chunk) take the
+    same pooling arguments, passed through to ``pool``."""
 
     def __init__(self, norm: NormTorch | NormCuda, rope: RopeTorch | RopeCuda) -> None:
         self.norm, self.rope = norm, rope

@@ -100,7 +100,8 @@ class RopeTorch:
 
 
 class RopeCuda:
-    """RoPE (and RMSNorm + RoPE) on rms_norm_rope_f32; positions int32 on this device."""
+    """RoPE (and RMSNorm + RoPE) on rms_norm_rope_f32; positions int32 on this device. The
+    signatures are RopeTorch's (the family's interface): both methods forward to one launch."""
 
     def __init__(self, kernels: Kernels, fallback: RopeTorch) -> None:
         self.kernels, self.fallback = kernels, fallback
