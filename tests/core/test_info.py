@@ -59,3 +59,20 @@ def test_info_of_hybrid_models_counts_their_session_state(
     session = load_model(path).new_cache(256, "f16", "f16").nbytes
     assert f"256 tokens x 2 slot(s) = {2 * session:,} bytes" in out
     assert re.search(r"recurrent state [\d,]+ bytes per slot", out)
+
+
+def test_info_context_zero_is_the_models_and_bad_settings_are_the_servers_errors(
+    tiny_gemma: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """-c 0 (and no -c) mean the model's trained context, as for `mgserve serve`; out-of-range
+    settings get the server's messages."""
+    from mgserve.core.gguf.reader import GGUFFile
+
+    n_train = GGUFFile(tiny_gemma).metadata["gemma3.context_length"]
+    for argv in (["-c", "0"], []):
+        assert main(["info", str(tiny_gemma), *argv]) == 0
+        assert f"{n_train:,} tokens x 1 slot(s)" in capsys.readouterr().out
+    assert main(["info", str(tiny_gemma), "-c", "-5"]) == 2
+    assert "ctx-size must be >= 0" in capsys.readouterr().err
+    assert main(["info", str(tiny_gemma), "-np", "0"]) == 2
+    assert "parallel must be >= 1" in capsys.readouterr().err

@@ -7,6 +7,7 @@ import dataclasses
 from collections import defaultdict
 from typing import Any, NamedTuple
 
+from mgserve.config import Settings
 from mgserve.core.gguf.hparams import ModelSpec, spec_from_gguf
 from mgserve.core.gguf.hparams_hybrid import HYBRID_ARCHS, hybrid_spec_from_gguf
 from mgserve.core.gguf.hparams_qwen4exp import qwen4exp_spec_from_gguf
@@ -73,9 +74,11 @@ def _hyperparameters(g: GGUFFile, type_k: str, type_v: str) -> tuple[ModelSpec, 
     return spec, lines, Memory(per_token, small - 64 * per_token)
 
 
-def describe(g: GGUFFile, n_ctx: int | None, n_slots: int, type_k: str, type_v: str) -> str:
+def describe(g: GGUFFile, n_ctx: int, n_slots: int, type_k: str, type_v: str) -> str:
+    """What ``g`` holds and what ``n_slots`` sessions of ``n_ctx`` tokens need (0: the model's
+    context, resolved as the server resolves it: ``Settings.for_model``)."""
     spec, hyper, mem = _hyperparameters(g, type_k, type_v)
-    n_ctx = n_ctx or spec.n_ctx_train
+    n_ctx = Settings(ctx_size=n_ctx).for_model(spec.n_ctx_train).ctx_size
     lines = [
         f"file:          {g.path} ({_mib(g.path.stat().st_size)})",
         f"architecture:  {spec.arch}",
@@ -107,10 +110,12 @@ def describe(g: GGUFFile, n_ctx: int | None, n_slots: int, type_k: str, type_v: 
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.ctx_size is not None and args.ctx_size < 0:
-        raise ValueError(f"ctx-size must be >= 0, got {args.ctx_size}")
-    if args.parallel < 1:
-        raise ValueError(f"parallel must be >= 1, got {args.parallel}")
+    s = Settings(  # the server's checks of these settings, and its defaults
+        ctx_size=args.ctx_size or 0,
+        parallel=args.parallel,
+        cache_type_k=args.cache_type_k,
+        cache_type_v=args.cache_type_v,
+    )
     g = GGUFFile(args.file)
-    print(describe(g, args.ctx_size, args.parallel, args.cache_type_k, args.cache_type_v))
+    print(describe(g, s.ctx_size, s.parallel, s.cache_type_k, s.cache_type_v))
     return 0
