@@ -1,5 +1,5 @@
 """qwen3moe and qwen3next on the device backend, and the skeleton qwen4exp (qwen4exp.py) builds on:
-the twin of core/models/moe_base.py, qwen3moe.py and qwen3next.py (the oracle;
+the twin of core/models/decoder.py, hybrid.py, qwen3moe.py and qwen3next.py (the oracle;
 tests/cuda/test_device_models.py compares them).
 
 - qwen3moe: x += attn(norm(x)); x += moe(norm(x)). Attention is qwen3's (q/k norms, NeoX RoPE).
