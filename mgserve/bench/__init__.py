@@ -10,7 +10,7 @@ import platform
 import sys
 from pathlib import Path
 
-BENCHMARKS = ("tokenize", "decode", "synth", "matvec", "model")
+BENCHMARKS = ("tokenize", "decode", "synth", "matvec", "model", "plot")
 
 
 def machine() -> str:

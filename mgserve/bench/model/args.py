@@ -34,6 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--int8", action="store_true", help="int8-activation matvecs")
     parser.add_argument("--no-graphs", action="store_true", help="decode without CUDA graphs")
     parser.add_argument("--profile", action="store_true", help="per-kernel decode breakdown")
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write the rows as JSON (what `mgserve bench plot` draws)",
+    )
 
 
 def pairs(text: str) -> list[tuple[int, int]]:

@@ -34,43 +34,73 @@ def run(args: argparse.Namespace) -> int:
         "| --- | --- | --- |",
     ]
     lines = list(head)
+    rows: list[dict[str, object]] = []
 
-    def row(name: str, tps: float, note: str = "") -> None:
+    def row(name: str, tps: float, note: str = "", **what: object) -> None:
+        """One workload: a table line now, and ``what`` it was (kind, sessions, depth, tokens,
+        ms) for ``--json``."""
         lines.append(f"| {name} | {tps:.1f} | {note} |")
+        rows.append({"workload": name, "tokens_per_s": tps, **what})
         print(lines[-1], flush=True)
 
     print("\n".join(head), flush=True)
     for n, depth in pairs(args.prefill):
-        row(f"prefill {n} tokens at depth {depth}", workloads.time_prefill(b, n, depth))
+        tps = workloads.time_prefill(b, n, depth)
+        row(f"prefill {n} tokens at depth {depth}", tps, kind="prefill", sessions=1, depth=depth)
     if args.long_prefill:
         row(
             f"prefill of a {args.long_prefill}-token prompt (average)",
             workloads.time_prefill(b, args.long_prefill, 0),
+            kind="prompt",
+            sessions=1,
+            tokens=args.long_prefill,
         )
     for sessions, n in pairs(args.multi_prefill):
         row(
             f"prefill, {sessions} sessions of {n} tokens, aggregate",
             workloads.time_multi_prefill(b, sessions, n),
+            kind="prompt",
+            sessions=sessions,
+            tokens=n,
         )
     for sessions, n in pairs(args.sampled_prefill):
         tps, note = workloads.time_sampled_prefill(b, sessions, n)
         what = "a prompt" if sessions == 1 else f"{sessions} sessions' prompts"
-        row(f"prefill of {what} of {n} tokens (estimate)", tps, note)
+        row(f"prefill of {what} of {n} tokens (estimate)", tps, note, kind="prompt",
+            sessions=sessions, tokens=n, estimate=True)  # fmt: skip
     for depth in depths(args.decode):
         tps, ms = workloads.time_decode(b, 1, depth)
         row(
             f"decode, 1 session at depth {depth}",
             tps,
             f"{ms:.2f} ms/step, weights {per_tok / ms / 1e6:.0f} GB/s",
+            kind="decode",
+            sessions=1,
+            depth=depth,
+            ms=ms,
         )
     for sessions, depth in pairs(args.multi_decode):
         tps, ms = workloads.time_decode(b, sessions, depth)
-        row(f"decode, {sessions} sessions at depth {depth}, aggregate", tps, f"{ms:.2f} ms/step")
+        row(
+            f"decode, {sessions} sessions at depth {depth}, aggregate",
+            tps,
+            f"{ms:.2f} ms/step",
+            kind="decode",
+            sessions=sessions,
+            depth=depth,
+            ms=ms,
+        )
     if args.profile:
         depth = max(depths(args.decode) or [0])
         lines += [""] + profile_decode(b, depth)
     body = "\n".join(lines)
     print(body)
+    if args.json:
+        import json
+        from pathlib import Path
+
+        meta = {"gpu": gpu, "model": b.source, "arch": m.spec.arch, "int8": args.int8}
+        Path(args.json).write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
     if args.record:
         from mgserve.bench import record
 
