@@ -318,4 +318,4 @@ def write_synth_qwen3next(path: Path) -> Path:
         n_ff_exp=256,
         n_ff_shexp=256,
     )
-    return write_synth(spec, path, seed=1).path
+    return write_synth(spec, path, seed=1, mix="ud-q4_k_xl").path

@@ -387,4 +387,4 @@ def write_synth_qwen4exp(path: Path) -> Path:
         ple_rows=20000,
         image_token_id=0,
     )
-    return write_synth(spec, path, seed=1).path
+    return write_synth(spec, path, seed=1, mix="ud-q4_k_xl").path
