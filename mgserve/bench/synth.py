@@ -17,6 +17,7 @@ from pathlib import Path
 from mgserve.bench import record
 from mgserve.core.gguf.info import describe
 from mgserve.core.gguf.reader import GGUFFile
+from mgserve.core.synth.mixes import DEFAULT_MIX, MIXES
 from mgserve.core.synth.shapes import SHAPES
 from mgserve.core.synth.write import write_synth
 
@@ -26,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=8, help="layers (default 8)")
     parser.add_argument("--experts", type=int, default=64, help="routed experts (default 64)")
     parser.add_argument("--ple-rows", type=int, default=4_000_000, help="PLE rows (qwen4exp)")
+    parser.add_argument("--mix", default=DEFAULT_MIX, choices=sorted(MIXES), help="quant type mix")
     parser.add_argument("--out-dir", default="/tmp", help="where the file is written")
     parser.add_argument("--keep", action="store_true", help="keep the file")
     parser.add_argument("--llama-cpp", action="store_true", help="also load it in llama.cpp")
@@ -55,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         ple_rows=args.ple_rows if base.ple_layer is not None else None,
     )
     path = Path(args.out_dir) / f"synth-{args.shape}.gguf"
-    res = write_synth(spec, path, seed=1)
+    res = write_synth(spec, path, seed=1, mix=args.mix)
     try:
         t0 = time.perf_counter()
         info = describe(GGUFFile(path), 4096, 1, "q8_0", "q8_0")
@@ -66,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
             path.unlink()
     tensors = info[info.index("tensors:") :].split("\nKV cache")[0]
     body = (
-        f"shape `{args.shape}` at full width: {spec.n_layer} layers, {spec.n_expert} experts"
+        f"shape `{args.shape}` ({args.mix}) at full width: {spec.n_layer} layers, "
+        f"{spec.n_expert} experts"
         + (f", {args.ple_rows:,} PLE rows" if base.ple_layer is not None else "")
         + "\n\n| what | value |\n|---|---|\n"
         f"| file | {res.n_bytes / 1e9:.2f} GB, {res.n_tensors} tensors |\n"

@@ -318,4 +318,5 @@ def write_synth_qwen3next(path: Path) -> Path:
         n_ff_exp=256,
         n_ff_shexp=256,
     )
-    return write_synth(spec, path, seed=1).path
+    # the mix the recorded llama.cpp reference (and its gguf_sha256) was made with
+    return write_synth(spec, path, seed=1, mix="ud-q4_k_xl").path

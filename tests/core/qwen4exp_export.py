@@ -387,4 +387,5 @@ def write_synth_qwen4exp(path: Path) -> Path:
         ple_rows=20000,
         image_token_id=0,
     )
-    return write_synth(spec, path, seed=1).path
+    # the mix the recorded llama.cpp reference (and its gguf_sha256) was made with
+    return write_synth(spec, path, seed=1, mix="ud-q4_k_xl").path

@@ -13,8 +13,9 @@ from gguf.quants import dequantize
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.synth import write as synth
 from mgserve.core.synth.blocks import FP16_FIELDS, BlockSource, make_pool
+from mgserve.core.synth.mixes import mix_of, use_more_bits
 from mgserve.core.synth.shapes import SHAPES, ShapeSpec, metadata, ple_table
-from mgserve.core.synth.tensors import tensor_plan, use_more_bits
+from mgserve.core.synth.tensors import tensor_plan
 from mgserve.core.synth.vocab import SynthVocab
 
 Q = GGMLQuantizationType
@@ -115,8 +116,8 @@ def test_block_source_streams_exact_sizes() -> None:
         list(src.chunks(Q.IQ2_XXS, 66))
 
 
-def test_full_size_type_policy() -> None:
-    plan = {p.name: p for p in tensor_plan(QWEN4EXP)}
+def test_full_size_ud_type_policy() -> None:
+    plan = {p.name: p for p in tensor_plan(QWEN4EXP, "ud-q4_k_xl")}
     assert len([n for n in plan if n.endswith("ffn_up_exps.weight")]) == 48
     assert plan["per_layer_token_embd.weight"].ggml_type == Q.Q8_0
     assert plan["per_layer_token_embd.weight"].shape[0] == 160
@@ -144,11 +145,11 @@ def test_full_size_type_policy() -> None:
         if "norm" in name or len(p.shape) == 1:
             assert p.ggml_type == Q.F32, name
         assert p.shape[0] % GGML_QUANT_SIZES[p.ggml_type][0] == 0, name
-    q3n = {p.name: p for p in tensor_plan(QWEN3NEXT)}
+    q3n = {p.name: p for p in tensor_plan(QWEN3NEXT, "ud-q4_k_xl")}
     assert q3n["blk.0.ssm_ba.weight"].shape == (2048, 64)
     assert "output_norm.weight" in q3n and "output_norm.weight" not in plan
     assert q3n["blk.1.ffn_down_exps.weight"].ggml_type == Q.Q6_K  # 512 wide: K-quants fit
-    assert 40e9 < synth.planned_bytes(QWEN3NEXT) < 55e9
+    assert 40e9 < synth.planned_bytes(QWEN3NEXT, "ud-q4_k_xl") < 55e9
 
 
 def test_shrink_validates() -> None:
@@ -192,7 +193,7 @@ def test_cli_refuses_what_cannot_be_written(
     args = p.parse_args(["--shape", "qwen3next-80b-a3b", "--out", str(tmp_path / "no/x.gguf")])
     with pytest.raises(ValueError, match="does not exist"):
         synth.run(args)
-    monkeypatch.setattr(synth, "planned_bytes", lambda spec: 10**18)
+    monkeypatch.setattr(synth, "planned_bytes", lambda spec, mix: 10**18)
     args = p.parse_args(["--shape", "qwen3next-80b-a3b", "--out", str(tmp_path / "x.gguf")])
     with pytest.raises(ValueError, match="needs 1000000000.0 GB but only"):
         synth.run(args)
@@ -204,10 +205,11 @@ def test_qwen4exp_synth_has_the_real_tokenizer_and_template() -> None:
     (package data copied from llama.cpp's models/templates/Qwen3.5-4B.jinja)."""
     from importlib.resources import files
 
-    md = metadata(QWEN4EXP)
+    md = metadata(QWEN4EXP, mix_of("q4_k_m").file_type)
     assert md["tokenizer.ggml.pre"][0] == "qwen35"
     data = files("mgserve.core.text") / "data"
     want = (data / "qwen35_template.jinja").read_text(encoding="utf-8")
     assert md["tokenizer.chat_template"][0] == want
     assert "<|im_start|>" in want and "tool_call" in want
-    assert metadata(QWEN3NEXT)["tokenizer.chat_template"][0] != want  # qwen3next: ChatML
+    md = metadata(QWEN3NEXT, mix_of("q4_k_m").file_type)
+    assert md["tokenizer.chat_template"][0] != want  # qwen3next: ChatML

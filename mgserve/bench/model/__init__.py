@@ -1,9 +1,9 @@
 """Whole-model prefill and decode throughput on the device backend (the issue-4 table).
 
 The model is a GGUF file (``--model``, any tool's layout) or a synthetic model of a named shape
-made directly in GPU memory (``--shape``; random valid blocks, no file). Every workload goes
-through the ``DeviceRunner`` exactly as serving does (scheduler-shaped batches, graphs, device
-sampling, one event per step):
+made directly in GPU memory (``--shape``; random valid blocks, no file; ``--mix`` picks its quant
+types, by default llama-quantize Q4_K_M's). Every workload goes through the ``DeviceRunner``
+exactly as serving does (scheduler-shaped batches, graphs, device sampling, one event per step):
 
 - prefill: a prompt of P tokens in chunks of ``--ubatch``, at depth D (the session first holds D
   tokens); tokens/s over the timed prompt;

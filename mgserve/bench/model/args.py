@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from mgserve.core.synth.mixes import DEFAULT_MIX, MIXES
+
 DEFAULT_DEPTHS = "0,32768,131072,250000"
 
 
@@ -14,6 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=None, help="synthetic: layers")
     parser.add_argument("--experts", type=int, default=None, help="synthetic: routed experts")
     parser.add_argument("--ple-rows", type=int, default=None, help="synthetic: PLE table rows")
+    parser.add_argument(
+        "--mix", default=DEFAULT_MIX, choices=sorted(MIXES), help="synthetic: quant type mix"
+    )
     parser.add_argument("--ctx", type=int, default=262144, help="context per slot")
     parser.add_argument("--slots", type=int, default=5, help="slots (sessions) in the pools")
     parser.add_argument("--cache-type", default="q8_0", help="K and V cache type")

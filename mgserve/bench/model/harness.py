@@ -25,7 +25,11 @@ class ModelBench:
             from mgserve.cuda.synth_device import SynthFile
 
             g = SynthFile.from_shape(
-                args.shape, layers=args.layers, experts=args.experts, ple_rows=args.ple_rows
+                args.shape,
+                layers=args.layers,
+                experts=args.experts,
+                ple_rows=args.ple_rows,
+                mix=args.mix,
             )
         self.source = str(g.path)
         t0 = time.perf_counter()

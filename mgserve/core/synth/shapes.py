@@ -140,13 +140,14 @@ def ple_layer_multipliers(n_vocab: int, ngram: int, seed: int = 1234) -> list[in
     return out
 
 
-def metadata(spec: ShapeSpec) -> Metadata:
-    """Every GGUF key the llama.cpp loader reads for ``spec.arch``, with llama.cpp's types."""
+def metadata(spec: ShapeSpec, file_type: int) -> Metadata:
+    """Every GGUF key the llama.cpp loader reads for ``spec.arch``, with llama.cpp's types;
+    ``file_type`` is the quant mix's ``general.file_type`` (a ``LlamaFileType``)."""
     a = spec.arch
     # one row per key: a table of the file's metadata, its rows alike by nature
     md: Metadata = {
         "general.name": (spec.name, None),
-        "general.file_type": (15, U32),  # LLAMA_FTYPE_MOSTLY_Q4_K_M: the mix the policy imitates
+        "general.file_type": (int(file_type), U32),
         "general.quantization_version": (2, U32),
         f"{a}.context_length": (spec.n_ctx, U32),
         f"{a}.embedding_length": (spec.n_embd, U32),

@@ -18,6 +18,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from mgserve.core.gguf.reader import GGUFFile, TensorInfo
 from mgserve.core.gguf.writer import _NP_DTYPE, _infer_element, _infer_scalar, tensor_nbytes
+from mgserve.core.synth.mixes import DEFAULT_MIX, mix_of
 from mgserve.core.synth.shapes import SHAPES, ShapeSpec, metadata
 from mgserve.core.synth.tensors import tensor_plan
 from mgserve.cuda.synth_device.blocks import block_bytes, make_blocks
@@ -61,15 +62,23 @@ def _gguf_layout(type_name: str, shape: tuple[int, ...], raw: np.ndarray) -> np.
 
 
 class SynthFile(GGUFFile):
-    """A synthetic model of ``spec`` in memory: ``GGUFFile``'s interface, no file.
+    """A synthetic model of ``spec`` in quant mix ``mix`` in memory: ``GGUFFile``'s interface, no
+    file.
 
     ``metadata`` and the tensor table are what ``GGUFFile`` reads from the file ``write_synth``
-    writes for ``spec``; ``TensorInfo.offset`` is the data-section-relative offset that file would
-    have. ``data`` is host numpy data for small tensors and the PLE table, ``None`` for the
-    matrices that ``synth_weight`` makes on the device.
+    writes for ``spec`` and ``mix``; ``TensorInfo.offset`` is the data-section-relative offset
+    that file would have. ``data`` is host numpy data for small tensors and the PLE table,
+    ``None`` for the matrices that ``synth_weight`` makes on the device.
     """
 
-    def __init__(self, spec: ShapeSpec, *, seed: int = 0, label: str | None = None) -> None:
+    def __init__(
+        self,
+        spec: ShapeSpec,
+        *,
+        seed: int = 0,
+        label: str | None = None,
+        mix: str = DEFAULT_MIX,
+    ) -> None:
         self.spec = spec
         self.path = Path(
             label
@@ -77,9 +86,9 @@ class SynthFile(GGUFFile):
             f"{spec.n_expert} experts>"
         )
         self.metadata = {"general.architecture": spec.arch}
-        for key, (value, vtype) in metadata(spec).items():
+        for key, (value, vtype) in metadata(spec, mix_of(mix).file_type).items():
             self.metadata[key] = reader_value(value, vtype)
-        plan = tensor_plan(spec)
+        plan = tensor_plan(spec, mix)
         rng = np.random.default_rng(seed)
         gen = torch.Generator().manual_seed(seed)
         pools = self._host_pools(plan, gen)
@@ -145,10 +154,12 @@ class SynthFile(GGUFFile):
         experts: int | None = None,
         ple_rows: int | None = None,
         seed: int = 0,
+        mix: str = DEFAULT_MIX,
     ) -> SynthFile:
-        """The named shape of ``SHAPES`` (``mgserve synth --shape``), optionally shrunk."""
+        """The named shape of ``SHAPES`` (``mgserve synth --shape``) in quant mix ``mix``,
+        optionally shrunk."""
         if name not in SHAPES:
             raise ValueError(f"unknown synthetic shape {name!r} (known: {', '.join(SHAPES)})")
         spec = SHAPES[name].shrink(experts=experts, ple_rows=ple_rows, layers=layers)
-        label = f"<synthetic {name}, {spec.n_layer} layers, {spec.n_expert} experts>"
-        return cls(spec, seed=seed, label=label)
+        label = f"<synthetic {name} {mix}, {spec.n_layer} layers, {spec.n_expert} experts>"
+        return cls(spec, seed=seed, label=label, mix=mix)
