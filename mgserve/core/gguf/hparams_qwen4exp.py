@@ -19,6 +19,11 @@ from dataclasses import dataclass
 from mgserve.core.gguf.reader import GGUFError, GGUFFile
 
 
+def ple_head_count(ngram: int, heads_per_ngram: int) -> int:
+    """Table lookups per token: ``heads_per_ngram`` for each n-gram 2..``ngram``."""
+    return (ngram - 1) * heads_per_ngram
+
+
 @dataclass(frozen=True)
 class PleSpec:
     layer: int  # 0-based layer that adds the n-gram embedding
@@ -33,7 +38,7 @@ class PleSpec:
 
     @property
     def n_heads(self) -> int:
-        return (self.ngram - 1) * self.heads_per_ngram
+        return ple_head_count(self.ngram, self.heads_per_ngram)
 
     @property
     def history(self) -> int:  # conv inputs a session keeps: (kernel - 1) * dilation
@@ -84,7 +89,7 @@ def _ple(g: GGUFFile, a: str, recurrent: tuple[bool, ...]) -> PleSpec | None:
     if not 0 <= layer < len(recurrent) or not recurrent[layer]:
         raise GGUFError(f"{g.path}: PLE layer {layer} is not a linear attention layer")
     per = int(g.require(f"{a}.ple.heads_per_ngram"))
-    n_heads = (ngram - 1) * per
+    n_heads = ple_head_count(ngram, per)
     if ngram < 2 or per < 1:
         raise GGUFError(f"{g.path}: PLE n-gram size {ngram} x {per} heads is out of range")
     return PleSpec(

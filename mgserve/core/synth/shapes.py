@@ -16,6 +16,7 @@ from typing import Any
 
 from gguf.constants import GGUFValueType
 
+from mgserve.core.gguf.hparams_qwen4exp import ple_head_count
 from mgserve.core.synth.vocab import SynthVocab
 
 U32, U64, I32 = GGUFValueType.UINT32, GGUFValueType.UINT64, GGUFValueType.INT32
@@ -62,7 +63,7 @@ class ShapeSpec:
 
     @property
     def ple_heads(self) -> int:
-        return (self.ple_ngram - 1) * self.ple_heads_per_ngram
+        return ple_head_count(self.ple_ngram, self.ple_heads_per_ngram)
 
     def is_recurrent(self, il: int) -> bool:
         return (il + 1) % self.full_attn_interval != 0
