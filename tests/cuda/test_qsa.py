@@ -1,0 +1,181 @@
+"""The CUDA QSA ops (``QsaCuda``: block scores, sparse decode and prefill) against the torch ones
+(``QsaTorch``, which tests/cuda/test_qsa_torch.py checks against the reference) on the same GPU
+pools; test_qsa_select.py checks the selection kernel alone.
+
+Block selection is a top-k of float scores, so end-to-end comparisons use block keys whose scores
+are well separated, and the random case compares the attention given the kernel's own selection.
+Cases: small pools and QSA at 20000 positions with budget 2048 (sparse rows with and without a
+tail, dense rows, zero-length rows), prefill chunks crossing from dense to sparse (whole and over
+several launches), and a CUDA-graph capture + replay of QSA decode beside dense decode.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mgserve.cuda.ops import qsa as qsa_ops
+from mgserve.cuda.ops import qsa_cuda
+from tests.cuda.attention_inputs import DEV, DI, HI, close, gen, i32, pool, randn
+
+pytestmark = pytest.mark.gpu
+
+
+def separated(
+    n_slots: int, n_blk: int, n_query: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block keys +-c_n * u and indexer queries ~u: score(n) = c_n * sum_h (iq_h . u) for the
+    positive blocks (one in four), with the c_n a permutation of evenly spaced values, so the
+    top-k never hinges on float rounding; the negative blocks score exactly 0 in both versions,
+    so selections that reach into them test the tie rule (lower block first)."""
+    g = gen(seed)
+    u = torch.randn(DI, generator=g, device=DEV)
+    u = u / u.norm()
+    spaced = torch.linspace(0.5, 1.5, n_blk, device=DEV)
+    c = torch.stack(
+        [spaced[torch.randperm(n_blk, generator=g, device=DEV)] for _ in range(n_slots)]
+    )
+    sign = torch.where(torch.arange(n_blk, device=DEV) % 4 == 0, 1.0, -1.0)
+    blocks = (c[..., None] * sign[:, None] * u).contiguous()  # [n_slots, n_blk, DI]
+    iq = u + 0.05 * torch.randn(n_query, HI, DI, generator=g, device=DEV)
+    return blocks, iq
+
+
+def test_qsa_scores_kernel(cuda_ops) -> None:
+    n_ctx, ratio, top = 20480, 4, 512
+    n_blk = n_ctx // ratio
+    blocks = randn(3, n_blk, DI, seed=15)
+    iq = randn(5, HI, DI, seed=16)
+    slots, lengths = i32([0, 1, 2, 0, 1]), i32([20000, 20003, 2051, 2052, 1])
+    got = cuda_ops.qsa.scores(iq, blocks, slots, lengths, n_blk - 3, ratio, top)  # padded rows
+    assert got.shape == (5, n_blk), f"scores shape {list(got.shape)}"
+    got = got[:, : n_blk - 3]
+    want = qsa_ops.mask_incomplete(
+        torch.cat(
+            [
+                qsa_ops.block_scores(iq[i : i + 1], blocks[int(s)])
+                for i, s in enumerate(slots.tolist())
+            ]
+        ),
+        lengths.long(),
+        ratio,
+    )[:, : n_blk - 3]
+    dense = (lengths.long() // ratio) <= top
+    assert torch.isneginf(got[dense]).all(), "dense rows must be all -inf"
+    sparse = ~dense
+    fin = torch.isfinite(want[sparse])
+    assert torch.equal(torch.isfinite(got[sparse]), fin), "-inf pattern differs"
+    assert not torch.signbit(got[sparse][fin]).any(), "scores must be +0, never -0"
+    err = (got[sparse][fin] - want[sparse][fin]).abs().max() / want[sparse][fin].abs().max()
+    assert err.item() <= 1e-5, f"block scores: max relative error {err.item():.2e}"
+
+
+# ---- decode and prefill -----------------------------------------------------------------------
+
+QSA_BIG = {"n_ctx": 20480, "ratio": 4, "budget": 2048, "n_kv": 2, "n_head": 24, "d": 256}
+QSA_SMALL = {"n_ctx": 256, "ratio": 4, "budget": 32, "n_kv": 2, "n_head": 8, "d": 64}
+# sparse with an empty tail, a 3-cell tail, exactly top complete blocks (dense), top + 1, short
+QSA_BIG_ROWS = [(0, 20000), (1, 20003), (2, 2051), (0, 2052), (1, 100), (2, 1), (0, 8195), (1, 0)]
+QSA_SMALL_ROWS = [(0, 83), (1, 100), (2, 30), (2, 35), (0, 256), (1, 1), (0, 0)]
+
+
+@pytest.mark.parametrize(("cfg", "rows"), [(QSA_SMALL, QSA_SMALL_ROWS), (QSA_BIG, QSA_BIG_ROWS)])
+@pytest.mark.parametrize("kind", ["q8_0", "f16"])
+def test_qsa_decode(
+    cuda_ops, torch_ops, cfg: dict[str, int], rows: list[tuple[int, int]], kind: str
+) -> None:
+    n_ctx, ratio, budget = cfg["n_ctx"], cfg["ratio"], cfg["budget"]
+    n_kv, n_head, d = cfg["n_kv"], cfg["n_head"], cfg["d"]
+    k, v = pool(kind, 3, n_ctx, n_kv, d, seed=17), pool(kind, 3, n_ctx, n_kv, d, seed=18)
+    q = randn(len(rows), n_head, d, seed=19)
+    slots, lengths = i32([s for s, _ in rows]), i32([n for _, n in rows])
+    kw = {"ratio": ratio, "budget": budget, "scale": 1 / math.sqrt(d)}
+    name = f"qsa decode {kind} n_ctx {n_ctx}"
+
+    # separated block scores: end to end against the torch version
+    blocks, iq = separated(3, n_ctx // ratio, len(rows), seed=20)
+    got = cuda_ops.qsa.decode(q, iq, k, v, blocks, slots, lengths, **kw)
+    close(name, got, torch_ops.qsa.decode(q, iq, k, v, blocks, slots, lengths, **kw))
+    assert not got[-1].any(), "a zero-length row must give zeros"
+
+    # random block keys: the attention given the kernel's own selection
+    blocks, iq = randn(3, n_ctx // ratio, DI, seed=21), randn(len(rows), HI, DI, seed=22)
+    top = budget // ratio
+    sel = cuda_ops.qsa.score_and_select(iq, blocks, slots, lengths, n_ctx // ratio, ratio, top)
+    got = cuda_ops.qsa.decode(q, iq, k, v, blocks, slots, lengths, **kw)
+    want_sel = qsa_ops.select_blocks(
+        cuda_ops.qsa.scores(iq, blocks, slots, lengths, n_ctx // ratio, ratio, top),
+        lengths,
+        ratio,
+        top,
+    )
+    assert torch.equal(sel, want_sel), "the kernel's selection differs from select_blocks"
+    pos, valid = qsa_ops.positions(sel, lengths.long(), ratio, top, n_ctx)
+    want = qsa_ops.attend_cells(q, k, v, slots.long(), pos, valid, kw["scale"])
+    close(name + " (random blocks, same selection)", got, want)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "start", "t"),
+    [(QSA_SMALL, 18, 60), (QSA_BIG, 19990, 40), (QSA_BIG, 2040, 24), (QSA_BIG, 1901, 300)],
+)
+def test_qsa_prefill(
+    cuda_ops, torch_ops, cfg: dict[str, int], start: int, t: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks starting mid-block; the small one and those at 2040 and 1901 cross from dense to
+    sparse. Then again with the scores and the attention split over several launches."""
+    n_ctx, ratio, budget = cfg["n_ctx"], cfg["ratio"], cfg["budget"]
+    n_kv, n_head, d = cfg["n_kv"], cfg["n_head"], cfg["d"]
+    k, v = pool("q8_0", 2, n_ctx, n_kv, d, seed=23), pool("q8_0", 2, n_ctx, n_kv, d, seed=24)
+    q = randn(t, n_head, d, seed=25)
+    blocks, iq = separated(2, n_ctx // ratio, t, seed=26)
+    kw = {"ratio": ratio, "budget": budget, "scale": 1 / math.sqrt(d)}
+    want = torch_ops.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw)
+    close(
+        f"qsa prefill start {start} T {t}",
+        cuda_ops.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw),
+        want,
+    )
+    monkeypatch.setattr(qsa_cuda, "_PREFILL_SCORE_ELEMS", 7 * HI * (start + t) // 4)
+    monkeypatch.setattr(qsa_cuda, "_PREFILL_PART_ELEMS", 11 * n_head * 2 * d)
+    close(
+        "qsa prefill in groups of 7 / 11 queries",
+        cuda_ops.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw),
+        want,
+    )
+
+
+# ---- CUDA graphs ------------------------------------------------------------------------------
+
+
+def test_decode_ops_capture_and_replay(cuda_ops) -> None:
+    """Both decode ops capture into one CUDA graph (no host sync, no data-dependent shapes) and
+    replay with new lengths and queries written into the same input tensors."""
+    n_ctx, ratio, budget = 8192, 4, 2048
+    k, v = pool("q8_0", 3, n_ctx, 2, 256, seed=27), pool("q8_0", 3, n_ctx, 2, 256, seed=28)
+    blocks, iq = separated(3, n_ctx // ratio, 3, seed=29)
+    q = randn(3, 24, 256, seed=30)
+    slots, lengths = i32([2, 0, 1]), i32([5000, 17, 8192])
+    kw = {"ratio": ratio, "budget": budget, "scale": 1 / 16}
+
+    def step() -> tuple[torch.Tensor, torch.Tensor]:
+        dense = cuda_ops.attention.decode(q, k, v, slots, lengths, scale=1 / 16, window=512)
+        return dense, cuda_ops.qsa.decode(q, iq, k, v, blocks, slots, lengths, **kw)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # compile, set kernel attributes, warm the allocator outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step()
+    lengths.copy_(i32([6001, 3000, 2052]))
+    q.copy_(randn(3, 24, 256, seed=31))
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = step()
+    assert torch.equal(outs[0], eager[0]), "replayed dense decode differs from eager"
+    assert torch.equal(outs[1], eager[1]), "replayed QSA decode differs from eager"
