@@ -47,6 +47,14 @@ def torch_ops():
 
 
 @pytest.fixture(scope="session")
+def cuda_ops_int8(kernels):
+    """The CUDA backend with int8-rounded activations in the matvecs that have an int8 kernel."""
+    from mgserve.cuda.backend import cuda_backend
+
+    return cuda_backend(kernels=kernels, int8=True)
+
+
+@pytest.fixture(scope="session")
 def ops(cuda_ops):
     """The CUDA linear family (matvec, int8 activations, dequantization)."""
     return cuda_ops.linear

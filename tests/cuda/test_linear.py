@@ -1,6 +1,6 @@
-"""The CUDA linear and MoE families (dequant.cu, moe.cu, moe_q8.cu, and the matvec / cuBLAS paths
-of ``linear.matmul``) against gguf-py's dequantization, the torch version's weights and the
-reference MoE, in float64 on the CPU. This file: dequantize and linear; test_moe.py: the experts.
+"""The CUDA linear family (dequant.cu, and the matvec / cuBLAS paths of ``linear.matmul``) against
+gguf-py's dequantization and the torch version's weights, in float64 on the CPU (test_moe.py: the
+experts).
 
 Tolerances (see test_moe_torch.py for the error scales and how they were measured):
 - dequantize: fp32 output within 1e-6 of each row's max |value| (the kernel and gguf-py may
@@ -9,13 +9,9 @@ Tolerances (see test_moe_torch.py for the error scales and how they were measure
 - linear, N <= 8 (fp32 matvec): 2e-5 of |W| @ |x|. N > 8: x and W are rounded to f16 and
   cuBLAS accumulates in fp32, so 2e-3 of |W| @ |x| (f16 rounding alone is <= 2 * 2^-11 ~ 1e-3 of
   it in the worst case, ~1e-5 typically).
-- moe_experts: fp32 decode 2e-5, f16 prefill 2e-3, int8 decode 2e-2 of S = sum_j w_j |down| @ |h|.
-- batch invariance and graph replay: bitwise.
 """
 
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 import pytest
@@ -27,63 +23,21 @@ from tests.cuda.test_linear_matvec import reference_weight
 from tests.cuda.test_moe_torch import (
     RTOL_F16,
     RTOL_FP32,
-    ExpertCase,
     bound_error,
-    make_case,
     make_weight,
-    reference_moe,
 )
 
 pytestmark = pytest.mark.gpu
 
 TYPES = sorted(FORMATS)
-Q8_TYPES = ["Q4_K", "Q6_K", "Q5_0", "Q8_0"]
 LINEAR_N = [1, 3, 8, 9, 100, 600]
-
-
-@pytest.fixture(scope="module")
-def mm(cuda_ops):
-    return cuda_ops
-
-
-@pytest.fixture(scope="module")
-def mm8(kernels):
-    from mgserve.cuda.backend import cuda_backend
-
-    return cuda_backend(kernels=kernels, int8=True)
-
-
-@functools.cache
-def target_case(down_type: str) -> ExpertCase:
-    """qwen4exp's MoE layer: d 2560, ff 640, 256 experts, gate/up Q4_K (built once: ~0.8 GB)."""
-    return make_case("Q4_K", down_type, 256, 2560, 640, fused=False, seed=9, device="cuda")
-
-
-def run_moe(
-    m, case: ExpertCase, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
-) -> torch.Tensor:
-    y = m.moe.experts(x.cuda(), case.w, experts.cuda(), weights.cuda())
-    torch.cuda.synchronize()
-    return y.cpu()
-
-
-def check_moe(
-    m, case: ExpertCase, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, tol: float
-) -> float:
-    y = run_moe(m, case, x, experts, weights)
-    assert y.shape == x.shape and torch.isfinite(y).all(), "unwritten or non-finite outputs"
-    ref, scale = reference_moe(case, x, experts, weights)
-    err = bound_error(y, ref, scale)
-    label = f"{case.gate_type}/{case.down_type} E={case.w.n_expert} d={case.d} ff={case.w.n_ff}"
-    assert err <= tol, f"{label} N={x.shape[0]} kk={experts.shape[1]}: error {err:.2e} > {tol}"
-    return err
 
 
 # ---- dequantize ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("type_name", TYPES)
-def test_dequantize_matches_gguf(mm, type_name: str) -> None:
+def test_dequantize_matches_gguf(cuda_ops, type_name: str) -> None:
     block = max(32, FORMATS[type_name].block)
     rng = np.random.default_rng(TYPES.index(type_name))
     worst = 0.0
@@ -93,7 +47,7 @@ def test_dequantize_matches_gguf(mm, type_name: str) -> None:
         row_max = ref.abs().amax(dim=1, keepdim=True)
         for dtype in (torch.float32, torch.float16):
             guard = torch.full((n + 2, k), float("nan"), dtype=dtype, device="cuda")
-            mm.linear.dequantize(w, row0, n, guard[1 : n + 1])
+            cuda_ops.linear.dequantize(w, row0, n, guard[1 : n + 1])
             got = guard.cpu().double()
             assert got[0].isnan().all() and got[-1].isnan().all(), "wrote outside out"
             out = got[1 : n + 1]
@@ -126,16 +80,16 @@ def check_linear(m, w, dense: torch.Tensor, n: int, rng: np.random.Generator) ->
 
 
 @pytest.mark.parametrize("type_name", TYPES)
-def test_linear_matches_torch(mm, type_name: str) -> None:
+def test_linear_matches_torch(cuda_ops, type_name: str) -> None:
     """Every N regime against the torch version's weights (gguf-py, float64 product)."""
     rng = np.random.default_rng(100 + TYPES.index(type_name))
     w, _ = make_weight(type_name, 96, 512, rng, "cuda")
     dense = DenseWeights()(w).double().cpu()  # [96, 512]
-    errors = [check_linear(mm, w, dense, n, rng) for n in LINEAR_N]
+    errors = [check_linear(cuda_ops, w, dense, n, rng) for n in LINEAR_N]
     print(f"linear {type_name}: errors {' '.join(f'{e:.1e}' for e in errors)} for N {LINEAR_N}")
 
 
-def test_linear_row_tiles(mm, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_linear_row_tiles(cuda_ops, monkeypatch: pytest.MonkeyPatch) -> None:
     """A scratch budget of 40 rows: tiles of 40, 40 and 16 rows must give the same result."""
     from mgserve.cuda.ops import linear_cuda
 
@@ -143,14 +97,14 @@ def test_linear_row_tiles(mm, monkeypatch: pytest.MonkeyPatch) -> None:
     w, _ = make_weight("Q6_K", 96, 512, rng, "cuda")
     dense = DenseWeights()(w).double().cpu()
     monkeypatch.setattr(linear_cuda, "SCRATCH_BYTES", 2 * 512 * 40)
-    check_linear(mm, w, dense, 100, rng)
+    check_linear(cuda_ops, w, dense, 100, rng)
 
 
-def test_linear_int8_uses_int8_matvec(mm8, ops, stream) -> None:
+def test_linear_int8_uses_int8_matvec(cuda_ops_int8, ops, stream) -> None:
     rng = np.random.default_rng(8)
     w, _ = make_weight("Q4_K", 64, 512, rng, "cuda")
     x = torch.from_numpy(rng.standard_normal((3, 512), dtype=np.float32)).cuda()
-    y = mm8.linear.matmul(x, w)
+    y = cuda_ops_int8.linear.matmul(x, w)
     torch.cuda.synchronize()
     want = ops.matvec(w, x, stream, int8=True)
     stream.sync()

@@ -1,16 +1,9 @@
-"""The CUDA linear and MoE families (dequant.cu, moe.cu, moe_q8.cu, and the matvec / cuBLAS paths
-of ``linear.matmul``) against gguf-py's dequantization, the torch version's weights and the
-reference MoE, in float64 on the CPU. This file: the experts; test_linear.py: dequantize and linear.
+"""The CUDA MoE family (moe.cu, moe_q8.cu, the bucketed prefill) against the reference MoE, in
+float64 on the CPU (test_linear.py: dequantize and linear).
 
-Tolerances (see test_moe_torch.py for the error scales and how they were measured):
-- dequantize: fp32 output within 1e-6 of each row's max |value| (the kernel and gguf-py may
-  round d * sc * q - m in another order); f16 output additionally within f16 rounding,
-  2^-11 |v| + 2^-24 (a wrong nibble is off by >= 1/16 of the row's range).
-- linear, N <= 8 (fp32 matvec): 2e-5 of |W| @ |x|. N > 8: x and W are rounded to f16 and
-  cuBLAS accumulates in fp32, so 2e-3 of |W| @ |x| (f16 rounding alone is <= 2 * 2^-11 ~ 1e-3 of
-  it in the worst case, ~1e-5 typically).
-- moe_experts: fp32 decode 2e-5, f16 prefill 2e-3, int8 decode 2e-2 of S = sum_j w_j |down| @ |h|.
-- batch invariance and graph replay: bitwise.
+Tolerances (see test_moe_torch.py for the error scales and how they were measured), of
+S = sum_j w_j |down| @ |h|: fp32 decode 2e-5, f16 prefill 2e-3, int8 decode 2e-2. Batch
+invariance and graph replay: bitwise.
 """
 
 from __future__ import annotations
@@ -38,19 +31,6 @@ pytestmark = pytest.mark.gpu
 
 TYPES = sorted(FORMATS)
 Q8_TYPES = ["Q4_K", "Q6_K", "Q5_0", "Q8_0"]
-LINEAR_N = [1, 3, 8, 9, 100, 600]
-
-
-@pytest.fixture(scope="module")
-def mm(cuda_ops):
-    return cuda_ops
-
-
-@pytest.fixture(scope="module")
-def mm8(kernels):
-    from mgserve.cuda.backend import cuda_backend
-
-    return cuda_backend(kernels=kernels, int8=True)
 
 
 @functools.cache
@@ -83,7 +63,7 @@ def check_moe(
 
 
 @pytest.mark.parametrize("type_name", TYPES)
-def test_moe_decode_matches_reference(mm, type_name: str) -> None:
+def test_moe_decode_matches_reference(cuda_ops, type_name: str) -> None:
     """All formats, separate and fused gate/up, N = 1, 3, 8 tokens x 10 of 16 experts."""
     i = TYPES.index(type_name)
     case = make_case(type_name, type_name, 16, 256, 256, fused=i % 2 == 1, seed=i, device="cuda")
@@ -92,12 +72,12 @@ def test_moe_decode_matches_reference(mm, type_name: str) -> None:
     for n in (1, 3, 8):
         x = torch.from_numpy(rng.standard_normal((n, 256), dtype=np.float32))
         experts, weights = routing(n, 10, 16, rng)
-        errors.append(check_moe(mm, case, x, experts, weights, RTOL_FP32))
+        errors.append(check_moe(cuda_ops, case, x, experts, weights, RTOL_FP32))
     print(f"moe decode {type_name}: max error {max(errors):.2e} (N = 1, 3, 8)")
 
 
 @pytest.mark.parametrize("down_type", ["Q5_0", "Q8_0"])
-def test_moe_decode_target_shape(mm, mm8, down_type: str) -> None:
+def test_moe_decode_target_shape(cuda_ops, cuda_ops_int8, down_type: str) -> None:
     """The target layer, 10 experts per token; the first and last experts are selected (row
     offsets near the end of the 256-expert tensors)."""
     case = target_case(down_type)
@@ -105,13 +85,13 @@ def test_moe_decode_target_shape(mm, mm8, down_type: str) -> None:
     x = torch.from_numpy(rng.standard_normal((2, 2560), dtype=np.float32))
     experts, weights = routing(2, 10, 256, rng)
     experts[0, 0], experts[1, 9] = 255, 0  # (a repeated id is fine: its slots just add up)
-    e32 = check_moe(mm, case, x, experts, weights, RTOL_FP32)
-    e8 = check_moe(mm8, case, x, experts, weights, RTOL_INT8)
+    e32 = check_moe(cuda_ops, case, x, experts, weights, RTOL_FP32)
+    e8 = check_moe(cuda_ops_int8, case, x, experts, weights, RTOL_INT8)
     print(f"moe Q4_K/{down_type} target shape: error fp32 {e32:.1e}, int8 {e8:.1e}")
 
 
 @pytest.mark.parametrize("gate_type", Q8_TYPES)
-def test_moe_decode_int8_matches_reference(mm8, gate_type: str) -> None:
+def test_moe_decode_int8_matches_reference(cuda_ops_int8, gate_type: str) -> None:
     """int8 kernels for each int8 format as gate/up and as down, and an int8 gate/up with a
     down format that has no int8 kernel (Q4_1: the fp32 down kernel reads h)."""
     i = Q8_TYPES.index(gate_type)
@@ -122,14 +102,14 @@ def test_moe_decode_int8_matches_reference(mm8, gate_type: str) -> None:
             x = torch.from_numpy(rng.standard_normal((n, 256), dtype=np.float32))
             x[0, :32] = 0.0  # an all-zero group: scale 0 must give 0, not NaN
             experts, weights = routing(n, 10, 16, rng)
-            check_moe(mm8, case, x, experts, weights, RTOL_INT8)
+            check_moe(cuda_ops_int8, case, x, experts, weights, RTOL_INT8)
 
 
 @pytest.mark.parametrize("int8", [False, True])
-def test_moe_decode_batch_invariant(mm, mm8, int8: bool) -> None:
+def test_moe_decode_batch_invariant(cuda_ops, cuda_ops_int8, int8: bool) -> None:
     """Token 0's output is bitwise the same alone, beside 3 others and beside 7 others (some of
     which share its experts)."""
-    m = mm8 if int8 else mm
+    m = cuda_ops_int8 if int8 else cuda_ops
     case = target_case("Q5_0")
     rng = np.random.default_rng(4)
     x = torch.from_numpy(rng.standard_normal((8, 2560), dtype=np.float32))
@@ -144,9 +124,9 @@ def test_moe_decode_batch_invariant(mm, mm8, int8: bool) -> None:
 
 
 @pytest.mark.parametrize("int8", [False, True])
-def test_moe_decode_graph_capture(mm, mm8, int8: bool) -> None:
+def test_moe_decode_graph_capture(cuda_ops, cuda_ops_int8, int8: bool) -> None:
     """A captured decode step replays with new routing written into its static inputs."""
-    m = mm8 if int8 else mm
+    m = cuda_ops_int8 if int8 else cuda_ops
     case = make_case("Q8_0", "Q6_K", 16, 256, 256, fused=True, seed=6, device="cuda")
     rng = np.random.default_rng(6)
     inputs = []
@@ -172,7 +152,7 @@ def test_moe_decode_graph_capture(mm, mm8, int8: bool) -> None:
         assert torch.equal(sy.cpu(), eager), "graph replay differs from an eager call"
 
 
-def test_moe_decode_timing(mm, mm8) -> None:
+def test_moe_decode_timing(cuda_ops, cuda_ops_int8) -> None:
     """Prints the decode kernels' GPU time and bandwidth at the target shape, replaying a CUDA
     graph of 10 calls (so Python's launch cost is not measured). For tuning: ``pytest -s -k
     timing``; nothing is asserted beyond sanity."""
@@ -187,7 +167,7 @@ def test_moe_decode_timing(mm, mm8) -> None:
             experts, weights = (t.cuda() for t in routing(n, 10, 256, rng))
             n_used = len(set(experts.flatten().tolist()))
             nbytes = n_used * (2 * 640 * gate_row + 2560 * down_row)
-            for label, m in (("fp32", mm), ("int8", mm8)):
+            for label, m in (("fp32", cuda_ops), ("int8", cuda_ops_int8)):
                 s.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(s):
                     m.moe.experts(x, case.w, experts, weights)  # warm-up
@@ -219,7 +199,7 @@ def test_moe_decode_timing(mm, mm8) -> None:
     [("Q4_K", "Q8_0", False), ("Q6_K", "Q5_0", True), ("Q5_0", "Q4_K", False)],
 )
 def test_moe_prefill_matches_reference(
-    mm, monkeypatch: pytest.MonkeyPatch, gate_type: str, down_type: str, fused: bool
+    cuda_ops, monkeypatch: pytest.MonkeyPatch, gate_type: str, down_type: str, fused: bool
 ) -> None:
     """300 tokens x 4 of 16 experts: expert 11 chosen by every token (at a random slot), experts
     12..15 by none, the rest by ~80 tokens each. Three scratch budgets split the 12 used experts
@@ -239,12 +219,12 @@ def test_moe_prefill_matches_reference(
     errors = []
     for budget in (linear_cuda.SCRATCH_BYTES, 8 << 20, 2 << 20):
         monkeypatch.setattr(linear_cuda, "SCRATCH_BYTES", budget)
-        y = run_moe(mm, case, x, experts, weights)
+        y = run_moe(cuda_ops, case, x, experts, weights)
         errors.append(bound_error(y, ref, scale))
         assert errors[-1] <= RTOL_F16, (
             f"{gate_type}/{down_type} fused={fused} scratch {budget} B: error {errors[-1]:.2e}"
         )
-    check_moe(mm, case, x[:9], experts[:9], weights[:9], RTOL_F16)
+    check_moe(cuda_ops, case, x[:9], experts[:9], weights[:9], RTOL_F16)
     print(f"moe prefill {gate_type}/{down_type} fused={fused}: errors {errors}")
 
 
@@ -253,7 +233,7 @@ LOWBIT_TYPES = ["Q2_K", "Q3_K", "MXFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS"
 
 
 @pytest.mark.parametrize("gate_type", LOWBIT_TYPES)
-def test_moe_prefill_lowbit_types(mm, gate_type: str) -> None:
+def test_moe_prefill_lowbit_types(cuda_ops, gate_type: str) -> None:
     """The low-bit formats of dynamic quants through MoE prefill (dequant.cu to f16 + batched
     products): 120 tokens x 4 of 16 experts, gate/up of one format and down of the next, fused
     and separate gate/up alternating."""
@@ -265,38 +245,38 @@ def test_moe_prefill_lowbit_types(mm, gate_type: str) -> None:
     rng = np.random.default_rng(300 + i)
     x = torch.from_numpy(rng.standard_normal((120, 256), dtype=np.float32))
     experts, weights = routing(120, 4, 16, rng)
-    err = check_moe(mm, case, x, experts, weights, RTOL_F16)
+    err = check_moe(cuda_ops, case, x, experts, weights, RTOL_F16)
     print(f"moe prefill {gate_type}/{down_type}: error {err:.2e}")
 
 
 # ---- validation ----------------------------------------------------------------------------------
 
 
-def test_views_are_accepted(mm) -> None:
+def test_views_are_accepted(cuda_ops) -> None:
     """Non-contiguous or misaligned x (model code passes views) is copied, not rejected."""
     rng = np.random.default_rng(1)
     w, _ = make_weight("Q8_0", 8, 64, rng, "cuda")
     x = torch.from_numpy(rng.standard_normal((3, 64), dtype=np.float32)).cuda()
-    want = mm.linear.matmul(x, w)
+    want = cuda_ops.linear.matmul(x, w)
     strided = torch.zeros(64, 3, device="cuda")
     strided.copy_(x.T)
     shifted = torch.zeros(3 * 64 + 1, device="cuda")
     shifted[1:].copy_(x.flatten())
     for view in (strided.T, shifted[1:].view(3, 64)):
-        assert torch.equal(mm.linear.matmul(view, w), want)
+        assert torch.equal(cuda_ops.linear.matmul(view, w), want)
 
 
-def test_rejects_bad_input(mm) -> None:
+def test_rejects_bad_input(cuda_ops) -> None:
     rng = np.random.default_rng(0)
     w, _ = make_weight("Q8_0", 4, 64, rng, "cuda")
     with pytest.raises(ValueError, match="cuda"):
-        mm.linear.matmul(torch.zeros(2, 64), w)
+        cuda_ops.linear.matmul(torch.zeros(2, 64), w)
     with pytest.raises(ValueError, match="out has shape"):
-        mm.linear.dequantize(w, 0, 2, torch.empty(2, 32, device="cuda"))
+        cuda_ops.linear.dequantize(w, 0, 2, torch.empty(2, 32, device="cuda"))
     case = make_case("Q8_0", "Q8_0", 4, 64, 32, False, seed=1, device="cuda")
     experts, weights = routing(2, 2, 4, rng)
     with pytest.raises(ValueError, match="weights"):
-        mm.moe.experts(torch.zeros(2, 64, device="cuda"), case.w, experts.cuda(), weights)
+        cuda_ops.moe.experts(torch.zeros(2, 64, device="cuda"), case.w, experts.cuda(), weights)
     cpu_case = make_case("Q8_0", "Q8_0", 4, 64, 32, False, seed=1)
     with pytest.raises(ValueError, match="uint8 on cuda"):
-        mm.moe.experts(torch.zeros(2, 64, device="cuda"), cpu_case.w, experts, weights)
+        cuda_ops.moe.experts(torch.zeros(2, 64, device="cuda"), cpu_case.w, experts, weights)

@@ -224,11 +224,6 @@ def test_moe_prefill_launch_count(fused: bool, monkeypatch: pytest.MonkeyPatch) 
 # ---- GPU ---------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def mm(cuda_ops):
-    return cuda_ops
-
-
 def gpu_ms(fn: Callable[[], object], reps: int = 5) -> float:
     fn()
     torch.cuda.synchronize()
@@ -240,7 +235,7 @@ def gpu_ms(fn: Callable[[], object], reps: int = 5) -> float:
 
 
 @pytest.mark.gpu
-def test_moe_kernels_match_torch(mm) -> None:
+def test_moe_kernels_match_torch(cuda_ops) -> None:
     """Each glue kernel == its torch twin: row maps and gathers exactly, silu * up within one f16
     rounding, the combine within fp32 rounding; d = 2560 (float4 paths), d = 30 (scalar), one
     expert and kk = 1, and a misaligned x (scalar gather)."""
@@ -253,23 +248,23 @@ def test_moe_kernels_match_torch(mm) -> None:
         counts = torch.bincount(flat, minlength=e).cpu().numpy()
         plan = plan_moe(counts, 10**6)
         shift = torch.from_numpy(plan.shift).cuda()
-        got = mm.moe.prefill.rows(sorted_e, order, shift, kk, plan.n_rows)
+        got = cuda_ops.moe.prefill.rows(sorted_e, order, shift, kk, plan.n_rows)
         want = steps.rows(sorted_e, order, shift, kk, plan.n_rows)
         for name, a, b in zip(("pair_row", "row_token"), got, want, strict=True):
             assert torch.equal(a, b), f"{name} (n {n}, kk {kk}): {(a != b).sum()} entries differ"
         pair_row, row_token = got
         x = torch.randn(n, d, device="cuda") * 3
-        xs = mm.moe.prefill.gather(x, row_token)
+        xs = cuda_ops.moe.prefill.gather(x, row_token)
         assert torch.equal(xs, steps.gather(x, row_token)), f"gather d {d}"
         shifted = torch.empty(n * d + 1, device="cuda")[1:].view(n, d)  # misaligned: scalar path
         shifted.copy_(x)
-        assert torch.equal(mm.moe.prefill.gather(shifted, row_token), xs), (
+        assert torch.equal(cuda_ops.moe.prefill.gather(shifted, row_token), xs), (
             f"misaligned gather d {d}"
         )
         gu = torch.randn(plan.n_rows, 2 * ff, device="cuda") * 4
         h = torch.empty(plan.n_rows, ff, dtype=torch.float16, device="cuda")
         h_ref = torch.empty_like(h)
-        mm.moe.prefill.silu_mul(gu, h)
+        cuda_ops.moe.prefill.silu_mul(gu, h)
         steps.silu_mul(gu, h_ref)
         torch.testing.assert_close(  # one f16 rounding apart at most
             h.float(),
@@ -280,14 +275,14 @@ def test_moe_kernels_match_torch(mm) -> None:
         )
         y = torch.randn(plan.n_rows, d, device="cuda")
         w = torch.rand(n, kk, device="cuda")
-        out = mm.moe.prefill.combine(y, pair_row.view(n, kk), w)
+        out = cuda_ops.moe.prefill.combine(y, pair_row.view(n, kk), w)
         ref = steps.combine(y, pair_row.view(n, kk), w)
         err = (out - ref).abs().max().item()
         assert err <= 1e-5, f"combine d {d}: max error {err:.2e}"
 
 
 @pytest.mark.gpu
-def test_moe_prefill_cuda_matches_reference(mm, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_moe_prefill_cuda_matches_reference(cuda_ops, monkeypatch: pytest.MonkeyPatch) -> None:
     """moe_experts N > 8 (the new path) against the float64 reference: skewed routing over 16
     experts with one and several scratch passes, and 9 tokens."""
     d = ff = 256
@@ -299,16 +294,16 @@ def test_moe_prefill_cuda_matches_reference(mm, monkeypatch: pytest.MonkeyPatch)
     per_expert = 2 * 3 * ff * d
     for budget in (moe_prefill.MOE_SCRATCH_BYTES, 5 * per_expert, per_expert):
         monkeypatch.setattr(moe_prefill, "MOE_SCRATCH_BYTES", budget)
-        y = mm.moe.experts(x.cuda(), case.w, experts.cuda(), weights.cuda()).cpu()
+        y = cuda_ops.moe.experts(x.cuda(), case.w, experts.cuda(), weights.cuda()).cpu()
         err = bound_error(y, ref, scale)
         assert err <= RTOL_F16, f"scratch {budget} B: error {err:.2e}"
-    y9 = mm.moe.experts(x[:9].cuda(), case.w, experts[:9].cuda(), weights[:9].cuda()).cpu()
+    y9 = cuda_ops.moe.experts(x[:9].cuda(), case.w, experts[:9].cuda(), weights[:9].cuda()).cpu()
     err = bound_error(y9, ref[:9], scale[:9])
     assert err <= RTOL_F16, f"9 tokens: error {err:.2e}"
 
 
 @pytest.mark.gpu
-def test_moe_prefill_target_shape(mm) -> None:
+def test_moe_prefill_target_shape(cuda_ops) -> None:
     """qwen4exp's layer (d 2560, ff 640, 256 experts, top-10), 4096 tokens with skewed routing:
     checked on 64 tokens against the fp32 decode path, timed (printed) over all 4096."""
     from tests.cuda.test_moe import target_case
@@ -323,14 +318,16 @@ def test_moe_prefill_target_shape(mm) -> None:
     experts = torch.from_numpy(ex)
     weights = torch.from_numpy(rng.uniform(0.05, 1.0, size=(n, kk)).astype(np.float32))
     xc, ec, wc = x.cuda(), experts.cuda(), weights.cuda()
-    y = mm.moe.experts(xc, case.w, ec, wc)  # [N, d] the prefill path
+    y = cuda_ops.moe.experts(xc, case.w, ec, wc)  # [N, d] the prefill path
     # the fp32 decode kernels (checked against the reference in test_moe.py) on 64 tokens,
     # 8 at a time; f16 rounding stays ~1e-3 of |y|, a wrong expert or row is off by O(|y|)
     sub = torch.from_numpy(rng.choice(n, 64, replace=False)).cuda()
-    want = torch.cat([mm.moe.experts(xc[i], case.w, ec[i], wc[i]) for i in sub.split(8)])  # [64, d]
+    want = torch.cat(
+        [cuda_ops.moe.experts(xc[i], case.w, ec[i], wc[i]) for i in sub.split(8)]
+    )  # [64, d]
     err = ((y[sub] - want).abs().max() / want.abs().max()).item()
     assert err <= 1e-2, f"target shape: max error {err:.2e} of max |y|"
-    ms = gpu_ms(lambda: mm.moe.experts(xc, case.w, ec, wc))
+    ms = gpu_ms(lambda: cuda_ops.moe.experts(xc, case.w, ec, wc))
     counts = np.bincount(ex.flatten(), minlength=e)
     plan = plan_moe(counts, 10**6)
     n_b = sum(len(b) for _, _, b in plan.passes)
