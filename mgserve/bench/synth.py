@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from mgserve.bench import record
+from mgserve.config import Settings
 from mgserve.core.gguf.info import describe
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.synth.mixes import DEFAULT_MIX, MIXES
@@ -60,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     res = write_synth(spec, path, seed=1, mix=args.mix)
     try:
         t0 = time.perf_counter()
-        info = describe(GGUFFile(path), 4096, 1, "q8_0", "q8_0")
+        settings = Settings(ctx_size=4096, parallel=1, cache_type_k="q8_0", cache_type_v="q8_0")
+        info = describe(GGUFFile(path), settings)
         t_info = time.perf_counter() - t0
         llama = _llama_cpp_check(path) if args.llama_cpp else "not run (--llama-cpp)"
     finally:

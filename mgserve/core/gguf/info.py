@@ -74,11 +74,12 @@ def _hyperparameters(g: GGUFFile, type_k: str, type_v: str) -> tuple[ModelSpec, 
     return spec, lines, Memory(per_token, small - 64 * per_token)
 
 
-def describe(g: GGUFFile, n_ctx: int, n_slots: int, type_k: str, type_v: str) -> str:
-    """What ``g`` holds and what ``n_slots`` sessions of ``n_ctx`` tokens need (0: the model's
-    context, resolved as the server resolves it: ``Settings.for_model``)."""
+def describe(g: GGUFFile, settings: Settings) -> str:
+    """What ``g`` holds and what ``settings.parallel`` sessions of its context need (ctx_size 0:
+    the model's, resolved as the server resolves it: ``Settings.for_model``)."""
+    type_k, type_v = settings.cache_type_k, settings.cache_type_v
     spec, hyper, mem = _hyperparameters(g, type_k, type_v)
-    n_ctx = Settings(ctx_size=n_ctx).for_model(spec.n_ctx_train).ctx_size
+    n_ctx, n_slots = settings.for_model(spec.n_ctx_train).ctx_size, settings.parallel
     lines = [
         f"file:          {g.path} ({_mib(g.path.stat().st_size)})",
         f"architecture:  {spec.arch}",
@@ -117,5 +118,5 @@ def main(args: argparse.Namespace) -> int:
         cache_type_v=args.cache_type_v,
     )
     g = GGUFFile(args.file)
-    print(describe(g, s.ctx_size, s.parallel, s.cache_type_k, s.cache_type_v))
+    print(describe(g, s))
     return 0
