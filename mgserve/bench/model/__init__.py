@@ -12,13 +12,14 @@ exactly as serving does (scheduler-shaped batches, graphs, device sampling, one 
 Depth is reached either by really prefilling (``--fill prefill``) or by writing random state into
 the pools (``--fill synthetic``: random q8_0/f16 K/V, block keys and recurrent states for positions
 < D), which costs seconds instead of minutes; attention's cost depends on the depth, not on the
-values. ``--profile`` adds a per-kernel breakdown of one eager decode step (torch.profiler) and the
-achieved bandwidth against the card's copy rate.
+values. ``--profile`` adds per-kernel breakdowns of one eager decode step and one prefill ubatch
+(torch.profiler, with wall time and launch counts) and the achieved bandwidth against the card's
+copy rate.
 
     args.py       the command line and its workload lists (``P@D``, ``B@D``, depths)
     harness.py    ModelBench: the loaded model and its runner, scheduler-shaped steps, depth fill
     workloads.py  the timed workloads: prefill, interleaved and sampled prefill, decode
-    profile.py    weight bytes read per decode token; per-kernel time of one eager decode step
+    profile.py    weight bytes read per decode token; kernel times of a step
     report.py     ``run``: the table, printed row by row as it is measured, and ``--record``
 """
 

@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fill", choices=("synthetic", "prefill"), default="synthetic")
     parser.add_argument("--int8", action="store_true", help="int8-activation matvecs")
     parser.add_argument("--no-graphs", action="store_true", help="decode without CUDA graphs")
-    parser.add_argument("--profile", action="store_true", help="per-kernel decode breakdown")
+    parser.add_argument("--profile", action="store_true", help="per-kernel breakdowns")
     parser.add_argument(
         "--json",
         metavar="PATH",

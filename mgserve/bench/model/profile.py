@@ -42,8 +42,6 @@ def bytes_per_token(model: Any) -> float:
 
 def profile_decode(b: ModelBench, depth: int) -> list[str]:
     """Per-kernel GPU time of one eager decode step at ``depth`` (torch.profiler): table lines."""
-    from torch.profiler import ProfilerActivity, profile
-
     from mgserve.cuda.graphs import DecodeInputs, EagerDecode
 
     b.fill(0, depth)
@@ -53,16 +51,39 @@ def profile_decode(b: ModelBench, depth: int) -> list[str]:
         inp.extra = b.model.step_extra([[1000]], [0])
     eager(inp)
     b.torch.cuda.synchronize()
+    return _kernel_table(b, lambda: eager(inp), f"one eager decode step at depth {depth}")
+
+
+def profile_prefill(b: ModelBench, n: int, depth: int) -> list[str]:
+    """Per-kernel GPU time of one prefill step of ``n`` tokens at ``depth``: table lines."""
+    b.fill(0, depth)
+    b.prefill(0, depth, n)  # warm: the same shapes compiled and cached
+    b.fill(0, depth)
+    return _kernel_table(b, lambda: b.prefill(0, depth, n), f"a {n}-token prefill at depth {depth}")
+
+
+def _kernel_table(b: ModelBench, work: Any, what: str) -> list[str]:
+    """Runs ``work`` once under torch.profiler: the kernels' summed GPU time against the wall
+    time (their difference is host time the GPU waited for), the top kernels by time."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    b.torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        eager(inp)
+        t0 = time.perf_counter()
+        work()
         b.torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1e3
     rows: dict[str, list[float]] = {}
     for ev in prof.events():
         if ev.device_type.name == "CUDA":
             rows.setdefault(ev.name[:60], []).append(ev.device_time_total / 1e3)
     total = sum(sum(v) for v in rows.values())
+    launches = sum(len(v) for v in rows.values())
     lines = [
-        f"per-kernel GPU time of one eager decode step at depth {depth}: {total:.2f} ms",
+        f"per-kernel GPU time of {what}: {total:.2f} ms in {launches} launches "
+        f"({wall:.2f} ms wall, profiled)",
         "",
         "| kernel | launches | ms | share |",
         "| --- | --- | --- | --- |",

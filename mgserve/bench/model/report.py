@@ -8,7 +8,7 @@ import argparse
 from mgserve.bench.model import workloads
 from mgserve.bench.model.args import depths, pairs
 from mgserve.bench.model.harness import ModelBench
-from mgserve.bench.model.profile import bytes_per_token, profile_decode
+from mgserve.bench.model.profile import bytes_per_token, profile_decode, profile_prefill
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if args.profile:
         depth = max(depths(args.decode) or [0])
         lines += [""] + profile_decode(b, depth)
+        lines += [""] + profile_prefill(b, args.ubatch, 0)
     body = "\n".join(lines)
     print(body)
     if args.json:
