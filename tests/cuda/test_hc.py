@@ -1,8 +1,9 @@
 """HCCuda (kernels/hc.cu) against the reference hyper-connection mix in float64 on the CPU, on the
-weights' stored values: the qwen4exp shape (hc 4, d 2560, r 320) and small odd ones, BF16 / F16 /
-F32 / Q8_0 (and mixed) weights, 1..20 tokens (several token groups), the head's mix; the combine
-and the fused combine + mix bitwise against the unfused ops; batch invariance and CUDA-graph
-replay bitwise; the torch fallback for other formats; and a timing print (``pytest -s -k timing``).
+weights' stored values: the qwen4exp shape (hc 4, d 2560, r 320) and small odd ones, plain, Q8_0,
+K-quant and other block formats (and mixed, as a Q4_K_M file has them), 1..20 tokens (several token
+groups), the head's mix; the combine and the fused combine + mix bitwise against the unfused ops;
+batch invariance and CUDA-graph replay bitwise; the torch fallback for shapes the kernels cannot
+stage; and a timing print (``pytest -s -k timing``).
 
 Tolerances. mixed = mean_s sigmoid(g_s) * xn_s, so its error is measured per element relative to
 S = mean_s |xn_s|: xn carries ~2 ulp of rsqrtf, and the gate's pre-activation an fp32 sum of
@@ -88,8 +89,14 @@ def check_mix(hcc, case: HCCase, x: torch.Tensor, label: str) -> tuple[float, fl
 
 
 @pytest.mark.parametrize(
-    "types", ["BF16", "F16", "F32", "Q8_0", ("Q8_0", "BF16", "F32"), ("BF16", "F32", "F16")]
-)
+    "types",
+    [
+        "BF16", "F16", "F32", "Q8_0", ("Q8_0", "BF16", "F32"), ("BF16", "F32", "F16"),
+        ("Q4_K", "Q5_0", "Q4_K"),  # what llama-quantize Q4_K_M writes (320-wide up rows: Q5_0)
+        ("Q6_K", "Q8_0", "Q6_K"),  # its "more bits" layers
+        ("Q5_K", "Q4_0", "IQ4_XS"),
+    ],
+)  # fmt: skip
 def test_mix_real_shape(hcc, types: str | tuple[str, str, str]) -> None:
     """qwen4exp's shape, 1..16 tokens (groups of 1, 2, 4, 8; several groups from 9 on). Mixed
     formats: down and inject differ, so hc_down runs twice."""
@@ -124,6 +131,9 @@ ODD = [  # (N, hc, d, r, formats): idle lanes, partial CTAs, hc not 4, hc > 4
     (2, 2, 272, 32, "Q8_0"),
     (13, 4, 1536, 96, "BF16"),  # N=13: groups of 8 + 5, each stream staged in 2 parts of 768
     (8, 4, 4096, 128, "BF16"),  # 8 tokens: the stream staged in 4 parts of 1024
+    (3, 4, 64, 32, ("Q4_K", "Q5_0", "Q4_K")),  # a 256-value block spans all four streams
+    (9, 2, 384, 64, ("Q6_K", "Q5_1", "IQ4_NL")),  # a block spans streams; 9 tokens: 2 groups
+    (5, 4, 1536, 96, ("Q4_K", "Q4_1", "Q6_K")),  # staged parts of 768 inside 256-value blocks
 ]
 
 
@@ -178,8 +188,8 @@ def test_combine_mix_is_combine_then_mix(hcc, types: str | tuple[str, str, str])
         assert inj is not None and want_inj is not None and torch.equal(inj, want_inj)
 
 
-@pytest.mark.parametrize("types", ["BF16", "Q8_0"])
-def test_batch_invariant(hcc, types: str) -> None:
+@pytest.mark.parametrize("types", ["BF16", "Q8_0", ("Q4_K", "Q5_0", "Q4_K")])
+def test_batch_invariant(hcc, types: str | tuple[str, str, str]) -> None:
     """Tokens 0 and 9 give bitwise the same results alone as in batches of 3, 8, 13 and 16
     (token groups 4 and 8, one part or two, token 9 in the second group)."""
     hc, d, r = REAL
@@ -244,16 +254,19 @@ def test_graph_capture(hcc, n: int) -> None:
             assert torch.equal(a, b), f"N={n}: graph replay's {name} differs from an eager call"
 
 
-def test_other_formats_fall_back_to_torch(kernels) -> None:
-    """Q4_0 weights (no hc.cu kernel): the torch version, bitwise, and still correct."""
+def test_unstageable_shapes_fall_back_to_torch(kernels) -> None:
+    """A stream too wide for shared memory with no 256-aligned split (d = 1480 for 8 tokens):
+    the torch version, bitwise, and still correct."""
     hcc = hc_cuda(kernels)  # fresh: the dense cache is keyed by address
-    case = make_case(4, 256, 64, ("Q4_0", "BF16", "BF16"), seed=7, device="cuda")
-    x = make_streams(3, 4, 256, seed=7).cuda()
+    hc, d, r = 2, 1480, 16
+    assert not hcc.kernels_apply(hc, d, r, ())
+    case = make_case(hc, d, r, "F32", seed=7, device="cuda")
+    x = make_streams(3, hc, d, seed=7).cuda()
     mixed, inj = hcc.mix(x, case.norm, case.down, case.up, case.inject, EPS)
     want_mixed, want_inj = hcc.fallback.mix(x, case.norm, case.down, case.up, case.inject, EPS)
     assert torch.equal(mixed, want_mixed) and inj is not None and want_inj is not None
     assert torch.equal(inj, want_inj)
-    check_mix(hcc, case, x.cpu(), "Q4_0 fallback")
+    check_mix(hcc, case, x.cpu(), "unstageable fallback")
 
 
 def test_rejects_bad_input(hcc) -> None:

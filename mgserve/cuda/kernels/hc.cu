@@ -1,7 +1,8 @@
 // Hyper-connection mix and combine (qwen4exp; reference: mgserve/core/reference/hyper_connections.py).
 //
 // For streams x [N, hc, d] (f32), gamma [hc, d], down [r, hc*d], up [hc*d, r], inject [hc, hc*d]
-// (GGUF rows of BF16 / F16 / F32 / Q8_0):
+// (GGUF rows of any format gguf_blocks*.cuh decodes; a Q4_K file has Q4_K / Q6_K down and inject
+// and Q5_0 up, since 320-value rows cannot hold 256-value blocks):
 //
 //   inv[t, s]  = rsqrt(mean_c x[t, s, c]^2 + eps)                   (per token and stream)
 //   xn[t, s, c] = x[t, s, c] * inv[t, s] * gamma[s, c]
@@ -45,8 +46,10 @@
 // hc_combine: y[t, s, c] = x[t, s, c] + inj[t, s] * out[t, c] (float4; explicitly rounded mul
 //   then add, exactly as torch's two elementwise ops), one thread per float4.
 
+#include "gguf_blocks.cuh"
+#include "gguf_blocks_lowbit.cuh"
+#include "gguf_blocks_iq.cuh"
 #include "math.cuh"
-#include "scalar.cuh"
 
 // Tuning (mgserve/cuda/ops/hc.py HCTuning sets them through -D; defaults match its defaults). The
 // per-token-group knobs pack one hex digit per group size: 0xABCD = A for 1 token, B for 2, C for
@@ -87,15 +90,17 @@ struct Tune {
 
 // ---- weight formats (layouts: gguf_blocks.cuh) --------------------------------------------------
 
-// Weights are read through the read-only path (__ldg: the row pointers come from shared memory,
-// so the compiler cannot tell they are global). Q8_0 blocks are 34 bytes: 2-byte loads.
-__device__ __forceinline__ u32 ldg_u16(const u8* p) { return __ldg((const unsigned short*)p); }
-
 // Each format: BLOCK values per block, BYTES bytes per block; fetch(blk, j) loads the raw bits of
 // the 8 values j*8 .. j*8+7 of the block starting at blk, decode(raw, w) turns them into floats.
 // Split so a batch of loads is issued before any is used (and raw bits take fewer registers).
-// Plain types use BLOCK 8: one block = one run.
-struct Q8_0 {
+// The split formats below read through the read-only path (__ldg: the row pointers come from
+// shared memory, so the compiler cannot tell they are global); every other GGUF format is
+// `Whole<B>` over its gguf_blocks*.cuh decoder (its fetch decodes at once; HcFormat picks).
+namespace split {
+
+__device__ __forceinline__ u32 ldg_u16(const u8* p) { return __ldg((const unsigned short*)p); }
+
+struct Q8_0 {  // 34-byte blocks: 2-byte loads
     static constexpr int BLOCK = 32, BYTES = 34;
     struct Raw {
         u32 d, q[2];  // f16 scale bits, 8 int8 values
@@ -115,6 +120,7 @@ struct Q8_0 {
     }
 };
 
+// Plain types use BLOCK 8: one block = one run.
 struct F32 {
     static constexpr int BLOCK = 8, BYTES = 32;
     struct Raw {
@@ -141,6 +147,48 @@ struct BF16 {
     typedef uint4 Raw;
     __device__ static Raw fetch(const u8* b, int) { return __ldg((const uint4*)b); }
     __device__ static void decode(const Raw& a, float* w) { bf16x8_to_f32(a, w); }
+};
+
+}  // namespace split
+
+// Any gguf_blocks*.cuh format: the fetch decodes the run's 8 values (the compiler still issues a
+// batch's loads ahead of their arithmetic: the runs are independent).
+template <typename B>
+struct Whole {
+    static constexpr int BLOCK = B::BLOCK, BYTES = B::BYTES;
+    struct Raw {
+        float w[8];
+    };
+    __device__ static Raw fetch(const u8* b, int j) {
+        Raw r;
+        B::load(b, j, r.w);
+        return r;
+    }
+    __device__ static void decode(const Raw& r, float* w) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[i] = r.w[i];
+    }
+};
+
+template <typename B>
+struct HcFormat {
+    typedef Whole<B> T;
+};
+template <>
+struct HcFormat<Q8_0> {
+    typedef split::Q8_0 T;
+};
+template <>
+struct HcFormat<F32> {
+    typedef split::F32 T;
+};
+template <>
+struct HcFormat<F16> {
+    typedef split::F16 T;
+};
+template <>
+struct HcFormat<BF16> {
+    typedef split::BF16 T;
 };
 
 // The raw bits of run `run` (8 values) of a row starting at `row`.
@@ -431,14 +479,14 @@ __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
         float* __restrict__ x_new, const u8* __restrict__ wa, int rows_a,                         \
         const u8* __restrict__ wb, int rows_b, float* __restrict__ P, float* __restrict__ SS,     \
         int n_tok, int hc, int d, int part, int p_stride, int col0, int aux) {                    \
-        hc_down<TYPE, NT>(x, gamma, out_prev, inj_prev, x_new, wa, rows_a, wb, rows_b, P, SS,    \
+        hc_down<HcFormat<TYPE>::T, NT>(x, gamma, out_prev, inj_prev, x_new, wa, rows_a, wb, rows_b, P, SS,    \
                           n_tok, hc, d, part, p_stride, col0, aux);                               \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(32 * UP_WARPS) hc_up_##TYPE##_t##NT(              \
         const u8* __restrict__ up, const float* __restrict__ P, const float* __restrict__ SS,     \
         const float* __restrict__ x, const float* __restrict__ gamma, float* __restrict__ mixed,  \
         float* __restrict__ inj, int n_tok, int hc, int d, int r, int p_stride, float eps) {      \
-        hc_up<TYPE, NT>(up, P, SS, x, gamma, mixed, inj, n_tok, hc, d, r, p_stride, eps);         \
+        hc_up<HcFormat<TYPE>::T, NT>(up, P, SS, x, gamma, mixed, inj, n_tok, hc, d, r, p_stride, eps);         \
     }
 
 #define HC_TYPE_ENTRIES(TYPE) \

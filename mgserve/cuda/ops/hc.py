@@ -11,18 +11,18 @@ inject [hc, hc*d] as QuantWeight)::
     inject = 2 * sigmoid(inject . flat(xn) / hc)                   # [N, hc] (None for the head)
     x      = x + inject[:, :, None] * out[:, None, :]              # combine
 
-``HCTorch`` is the reference's ``hyper_connections.mix_with`` / ``combine`` on dequantized
-weights: bitwise the reference on the CPU. ``HCCuda`` (hc_cuda.py) runs kernels/hc.cu: two
-kernels per mix (``hc_down``: the down and inject products by stream, with the norm's sums of
-squares; ``hc_up``: the up product fused with its sigmoid, the product with xn and the mean over
-streams), and one per combine. ``combine_mix`` also folds
-the combine into the next mix's first kernel (one kernel and one pass over x fewer). Every shape
-is static and nothing waits for the host, so decode captures into a CUDA graph; a token's results
-do not depend on the other tokens of the batch (bitwise), for any N. BF16, F16, F32 and Q8_0
-weights run on the kernels; other formats (or shapes the kernels cannot stage) fall back to the
-torch version on dequantized weights. Prompt chunks (more than HC_FUSED_MAX_TOKENS tokens) take
-``mix_with`` on the backend's own GEMMs and norm kernel instead, which read each weight once for
-the whole chunk.
+``HCTorch`` is the reference's ``hyper_connections.mix_with`` / ``combine`` on dequantized weights:
+bitwise the reference on the CPU. ``HCCuda`` (hc_cuda.py) runs kernels/hc.cu: two kernels per mix
+(``hc_down``: the down and inject products by stream, with the norm's sums of squares; ``hc_up``:
+the up product fused with its sigmoid, the product with xn and the mean over streams), and one per
+combine. ``combine_mix`` also folds the combine into the next mix's first kernel (one kernel and
+one pass over x fewer). Every shape is static and nothing waits for the host, so decode captures
+into a CUDA graph; a token's results do not depend on the other tokens of the batch (bitwise), for
+any N. Weights of every format the matvecs read run on the kernels (BF16 / F16 / F32 / Q8_0 through
+split load-then-decode readers, the rest, e.g. a Q4_K file's Q4_K / Q6_K down and Q5_0 up, through
+their gguf_blocks decoders); shapes the kernels cannot stage fall back to the torch version on
+dequantized weights. Prompt chunks (more than HC_FUSED_MAX_TOKENS tokens) take ``mix_with`` on the
+backend's own GEMMs and norm kernel instead, which read each weight once for the whole chunk.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ import torch
 from mgserve.core.reference import hyper_connections
 from mgserve.cuda.dequantized import DenseWeights
 from mgserve.cuda.ops.linear import rows_linear
-from mgserve.cuda.weights import QuantWeight
+from mgserve.cuda.weights import FORMATS, QuantWeight
 
 HC_SOURCE = "hc.cu"
-HC_KERNEL_TYPES = ("BF16", "F16", "F32", "Q8_0")  # weight formats hc.cu reads
+HC_KERNEL_TYPES = frozenset(FORMATS)  # hc.cu reads every GGUF format the matvecs read
 TOKEN_GROUPS = (1, 2, 4, 8)  # NT instances of the kernels: tokens sharing one pass over weights
 MAX_TOKEN_GROUP = TOKEN_GROUPS[-1]  # more tokens: several groups (grid y), same per-token math
 DYNAMIC_SMEM = 46 * 1024  # shared memory a kernel may stage (48 KB without an opt-in, less static)
