@@ -9,6 +9,7 @@
 # (`python3 -m tests.cuda.export_tiny .tiny`, ~50 MB: the machine's own transformers differs).
 # Then: the tool with carry [".whl"] (plus ".gemma/partN" or ".tiny") and one of
 #   bash tests/cuda/run_on_device.sh tests [PYTEST ARGS]   GPU tests + the API tests on the GPU
+#     (TEST_PATHS="tests/cuda/test_x.py ..." narrows the default tests/cuda)
 #   bash tests/cuda/run_on_device.sh bench ARGS            mgserve bench ARGS (e.g. model ...)
 #   bash tests/cuda/run_on_device.sh both "PYTEST ARGS" BENCH ARGS
 # Logs land in $OUT: gpu.txt, pytest.log, bench.log, BENCHMARKS.md.
@@ -38,7 +39,7 @@ run_tests() {
   local extra=()
   [ -n "${MGSERVE_TEST_GEMMA:-}" ] && extra=(tests/api/test_real_gemma.py)
   timeout "${PYTEST_TIMEOUT:-420}" python3 -m pytest -q -rfEs -p no:cacheprovider --maxfail=40 --durations=15 \
-    tests/cuda "${extra[@]}" "$@" 2>&1 | tee "$OUT/pytest.log"
+    ${TEST_PATHS:-tests/cuda} "${extra[@]}" "$@" 2>&1 | tee "$OUT/pytest.log"
   rc=$?
 }
 case "$mode" in
