@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
 from mgserve.core.reference import hyper_connections as hcref
 from mgserve.cuda.dequantized import DenseWeights
-from mgserve.cuda.weights import QuantWeight
+from mgserve.cuda.weights import QuantWeight, upload_bytes
 from tests.cuda.test_hc_torch import EPS, HCCase, make_case, make_streams
+from tests.cuda.test_linear_matvec import random_tensor
 
 pytestmark = pytest.mark.gpu
 
@@ -287,30 +289,36 @@ def test_rejects_bad_input(hcc) -> None:
 # ---- timing --------------------------------------------------------------------------------------
 
 
-def _bf16_weight(name: str, rows: int, k: int, std: float) -> QuantWeight:
-    """A random BF16 weight made on the GPU (bf16 elements are GGUF BF16 rows as they are)."""
+def _timing_weight(type_name: str, name: str, rows: int, k: int, std: float) -> QuantWeight:
+    """A random weight on the GPU: BF16 made there (bf16 elements are GGUF BF16 rows as they
+    are), other formats valid random blocks made on the host."""
+    if type_name != "BF16":
+        raw = random_tensor(type_name, rows, k, np.random.default_rng(rows + k))
+        return upload_bytes(name, type_name, (k, rows), raw, "cuda")
     v = (torch.randn(rows, k, device="cuda") * std).to(torch.bfloat16)
     return QuantWeight(name, "BF16", (k, rows), v.view(torch.uint8).reshape(rows, k * 2))
 
 
-def test_timing(hcc, kernels) -> None:
-    """Prints GPU time per mix at qwen4exp's shape (BF16), replaying a CUDA graph of 16 mixes
-    that cycle through 8 weight sets (105 MB: more than L2, as a model's 97 mixes are). For
-    tuning: ``pytest -s -k timing``; MGSERVE_HC_SWEEP=1 also times a few other HCTunings (each
-    compiles hc.cu once more). Nothing is asserted beyond sanity."""
+@pytest.mark.parametrize("types", ["BF16", ("Q4_K", "Q5_0", "Q4_K")])
+def test_timing(hcc, kernels, types: str | tuple[str, str, str]) -> None:
+    """Prints GPU time per mix at qwen4exp's shape (BF16, and the Q4_K_M file's formats),
+    replaying a CUDA graph of 16 mixes that cycle through 8 weight sets (more than L2, as a
+    model's 97 mixes are). For tuning: ``pytest -s -k timing``; MGSERVE_HC_SWEEP=1 also times a
+    few other HCTunings (each compiles hc.cu once more). Nothing is asserted beyond sanity."""
     from mgserve.cuda.ops.hc import HCTorch, HCTuning
 
     hc, d, r = REAL
     k = hc * d
+    down_t, up_t, inj_t = (types, types, types) if isinstance(types, str) else types
     sets = []
     for i in range(8):
         norm = 1 + 0.1 * torch.randn(hc, d, device="cuda")
         sets.append(
             (
                 norm,
-                _bf16_weight(f"down{i}", r, k, k**-0.5),
-                _bf16_weight(f"up{i}", k, r, r**-0.5),
-                _bf16_weight(f"inject{i}", hc, k, k**-0.5),
+                _timing_weight(down_t, f"down{i}", r, k, k**-0.5),
+                _timing_weight(up_t, f"up{i}", k, r, r**-0.5),
+                _timing_weight(inj_t, f"inject{i}", hc, k, k**-0.5),
             )
         )
     nbytes = sum(w.nbytes for w in sets[0][1:])
@@ -344,30 +352,36 @@ def test_timing(hcc, kernels) -> None:
         out, ip = prev[x.shape[0]]
         hcc.combine_mix(x, out, ip, *sets[i], EPS)
 
-    torch_ops = HCTorch(DenseWeights())
-    for _, down, up, inject in sets:  # dense f32 copies without the host round trip
-        for w in (down, up, inject):
-            torch_ops.dense._dense[w.data.data_ptr()] = w.data.view(torch.bfloat16).float()
+    torch_ops = None
+    if types == "BF16":
+        torch_ops = HCTorch(DenseWeights())
+        for _, down, up, inject in sets:  # dense f32 copies without the host round trip
+            for w in (down, up, inject):
+                torch_ops.dense._dense[w.data.data_ptr()] = w.data.view(torch.bfloat16).float()
     prev = {n: (torch.randn(n, d, device="cuda"), torch.ones(n, hc, device="cuda")) for n in (1, 8)}
     for n in (1, 2, 4, 8, 16):
         x = torch.randn(n, hc, d, device="cuda")
         us = time_us(mix_with(hcc), x)
-        line = f"hc_mix BF16 N={n}: {us:.1f} us per mix, {nbytes / us / 1e3:.0f} GB/s of weights"
+        line = f"hc_mix {types} N={n}: {us:.1f} us per mix, {nbytes / us / 1e3:.0f} GB/s of weights"
         if n in (1, 8):
             line += f"; fused combine+mix {time_us(combine_mix, x):.1f} us"
-            line += f"; torch {time_us(mix_with(torch_ops), x):.1f} us"
+            if torch_ops is not None:
+                line += f"; torch {time_us(mix_with(torch_ops), x):.1f} us"
         print(line)
         assert us > 0
     if os.environ.get("MGSERVE_HC_SWEEP"):
         tunings = [
+            HCTuning(split_blocks=False),
             HCTuning(prefetch=False),
             HCTuning(down_warps=4),
             HCTuning(up_warps=8),
             HCTuning(up_cols=(1, 2, 4, 4), down_rows=(1, 1, 2, 2)),
             HCTuning(up_cols=(4, 4, 4, 8), up_batch=(5, 5, 5, 2)),
+            HCTuning(up_batch=(3, 3, 3, 3), down_batch=(5, 5, 5, 5)),
+            HCTuning(up_batch=(2, 2, 2, 2), down_batch=(3, 3, 3, 3), down_warps=4),
         ]
         for tuning in tunings:
             alt = hc_cuda(kernels)
             alt.tuning = tuning
             times = [time_us(mix_with(alt), torch.randn(n, hc, d, device="cuda")) for n in (1, 8)]
-            print(f"{tuning}: N=1 {times[0]:.1f} us, N=8 {times[1]:.1f} us")
+            print(f"{types} {tuning}: N=1 {times[0]:.1f} us, N=8 {times[1]:.1f} us")
