@@ -17,11 +17,13 @@ from mgserve.core.gguf.hparams_qwen4exp import qwen4exp_spec_from_gguf
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.reference import ple as ple_ref
 from mgserve.cuda.loader import Loader
-from mgserve.cuda.models.base import Step
+from mgserve.cuda.models.base import Step, rows
 from mgserve.cuda.models.hybrid import HybridLM, Layer
 from mgserve.cuda.models.moe import load_moe, moe_ffn
 from mgserve.cuda.models.qwen4exp_weights import HC, Indexer, Ple, load_hc, load_indexer, load_ple
 from mgserve.cuda.pools import KVLayer
+
+Pending = tuple[torch.Tensor, torch.Tensor] | None  # a block output and inject not yet added
 
 
 class Qwen4ExpLM(HybridLM):
@@ -90,6 +92,19 @@ class Qwen4ExpLM(HybridLM):
 
     # -- the forward -------------------------------------------------------------------------
 
+    def forward(self, step: Step) -> torch.Tensor:
+        """As HybridLM's, except that each block's output is added to the streams by the next
+        mix (``hc.combine_mix``: one kernel and one pass over the streams fewer per block)."""
+        x, pending = self.embed(step), None
+        for il in range(self.spec.n_layer):
+            x, pending = self.block_pending(il, x, step, pending)
+        x = self.settle(x, pending)
+        return self.backend.linear.matmul(self.head(rows(x, step)), self.output)
+
+    def settle(self, x: torch.Tensor, pending: Pending) -> torch.Tensor:
+        """The streams with the pending block output added."""
+        return x if pending is None else self.backend.hc.combine(x, *pending)
+
     def embed(self, step: Step) -> torch.Tensor:
         return super().embed(step)[:, None, :].repeat(1, self.qp.hc, 1)  # [N, hc, d] streams
 
@@ -100,17 +115,32 @@ class Qwen4ExpLM(HybridLM):
         """What a block reads from the streams [N, d], and its inject weights [N, hc]."""
         return self.backend.hc.mix(x, w.norm, w.down, w.up, w.inject, self.spec.rms_eps)
 
-    def block(self, il: int, x: torch.Tensor, step: Step) -> torch.Tensor:
-        layer, hc = self.layers[il], self.backend.hc
+    def mix_pending(
+        self, x: torch.Tensor, pending: Pending, w: HC
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(streams with the pending output added, what the block reads, its inject weights)."""
+        if pending is None:
+            h, inject = self.mix(x, w)
+        else:
+            x, h, inject = self.backend.hc.combine_mix(
+                x, *pending, w.norm, w.down, w.up, w.inject, self.spec.rms_eps
+            )
+        assert inject is not None
+        return x, h, inject
+
+    def block_pending(
+        self, il: int, x: torch.Tensor, step: Step, pending: Pending
+    ) -> tuple[torch.Tensor, Pending]:
+        """One layer on the streams x with ``pending`` (the previous block's output and inject,
+        not yet added): (x, this layer's pending FFN output)."""
+        layer = self.layers[il]
         assert layer.hc_attn is not None and layer.hc_ffn is not None
         if layer.ple is not None:
-            x = x + self.ple(layer.ple, x, step)
-        h, inject = self.mix(x, layer.hc_attn)
-        assert inject is not None
-        x = hc.combine(x, self.mixer(il, layer, h, step), inject)
-        h, inject = self.mix(x, layer.hc_ffn)
-        assert inject is not None
-        return hc.combine(x, moe_ffn(self.backend, layer.moe, h, self.hp), inject)
+            x = self.settle(x, pending)
+            x, pending = x + self.ple(layer.ple, x, step), None
+        x, h, inject = self.mix_pending(x, pending, layer.hc_attn)
+        x, h, inject = self.mix_pending(x, (self.mixer(il, layer, h, step), inject), layer.hc_ffn)
+        return x, (moe_ffn(self.backend, layer.moe, h, self.hp), inject)
 
     def attend(self, il: int, layer: Layer, q: torch.Tensor, kc: KVLayer, vc: KVLayer,
                h: torch.Tensor, step: Step) -> torch.Tensor:  # fmt: skip

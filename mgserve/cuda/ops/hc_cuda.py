@@ -98,9 +98,12 @@ class HCCuda:
         eps: float,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         check_combine(x, out, inject_prev)
-        x_new, mixed, inj = self._run(x, out, inject_prev, norm, down, up, inject, eps)
-        assert x_new is not None  # given out, _run always combines
-        return x_new, mixed, inj
+        if x.dim() == 3 and x.shape[0] > HC_FUSED_MAX_TOKENS:  # prompt chunks: mix's GEMMs
+            x = self.combine(x, out, inject_prev)
+            return (x, *self.mix(x, norm, down, up, inject, eps))
+        fused, mixed, inj = self._run(x, out, inject_prev, norm, down, up, inject, eps)
+        assert fused is not None  # given out, _run always combines
+        return fused, mixed, inj
 
     def combine(self, x: torch.Tensor, out: torch.Tensor, inject: torch.Tensor) -> torch.Tensor:
         check_combine(x, out, inject)
