@@ -8,8 +8,9 @@ spills of the main instantiations. GPU (marked):
 - ``matmul`` against float64 products for every format, M in {9, 17, 64, 100, 4096}, n_out
   not a multiple of the tile (1, 7, 129, 200), k of one block to several and k tails of a step.
   Two bounds, as error / (|x| @ |W|^T): vs the exact product (x and W unrounded) <= RTOL_F16
-  (2e-3: f16 operands); vs the product of the f16-rounded operands <= 2e-5 (fp32 accumulation
-  only: a wrong fragment, row or scale is off by O(1)).
+  (2e-3: f16 operands); vs the product of the f16-rounded operands <= ACC_TOL (1e-4: fp32
+  accumulation, and the rare W value whose fp32 decode differs from gguf-py's by an ulp and so
+  rounds to the neighbouring f16; a wrong fragment, row or scale is off by O(1e-2) or more).
 - batch invariance (torch.equal): rows computed in a batch of 4096 random rows == the same rows
   alone, in sub-batches of other sizes and permuted; and == under other tile shapes (tunings).
 - the grouped MoE prefill against the float64 reference (RTOL_F16 of the MoE scale, see
@@ -36,7 +37,6 @@ from mgserve.cuda.weights import FORMATS
 from tests.cuda.test_moe_prefill import LaunchRecorder, OpCount, gpu_ms, skewed_routing
 from tests.cuda.test_moe_torch import (
     RTOL_F16,
-    RTOL_FP32,
     bound_error,
     make_case,
     make_weight,
@@ -44,6 +44,7 @@ from tests.cuda.test_moe_torch import (
 )
 
 TYPES = sorted(FORMATS)
+ACC_TOL = 1e-4  # vs the float64 product of the f16-rounded operands (module docstring)
 TUNINGS = [
     QGemmTuning(),  # the dense default
     QGemmTuning(bm=64),  # the grouped default
@@ -179,7 +180,7 @@ def check_dense(qg: QGemm, w, x: torch.Tensor, label: str) -> torch.Tensor:  # t
     rounded = x.half().double() @ dense.half().double().T
     acc = bound_error(y, rounded.cpu(), scale.cpu())
     assert exact <= RTOL_F16, f"{label}: error {exact:.2e} vs the exact product"
-    assert acc <= RTOL_FP32, f"{label}: error {acc:.2e} vs the f16-operand product"
+    assert acc <= ACC_TOL, f"{label}: error {acc:.2e} vs the f16-operand product"
     return y
 
 
