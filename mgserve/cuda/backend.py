@@ -92,12 +92,16 @@ def cuda_backend(
     *,
     int8: bool = False,
     prefill_exact: bool = False,
+    cublas_prefill: bool = False,
     kernels: Kernels | None = None,
 ) -> Backend:
     """The kernels of GPU ``device_index`` (compiled once; the cubin cache makes restarts fast).
     ``int8``: round activations to int8 groups in the decode products that have a dp4a kernel
     (faster, not exact; ops/linear_cuda.py). ``prefill_exact``: prompt chunks multiply fp32
     dequantized weights instead of f16 tiles (comparing whole models with the reference).
+    ``cublas_prefill``: prompt chunks dequantize W to f16 for cuBLAS (and bucket the MoE experts)
+    instead of the tensor-core kernels on GGUF blocks (qgemm.cu): faster or slower, and not
+    batch-invariant; for comparison and as a fallback.
     ``kernels``: an existing ``Kernels`` to share (its GPU, not ``device_index``, is used)."""
     from mgserve.cuda.compiler import KernelCompiler
 
@@ -108,6 +112,7 @@ def cuda_backend(
     moe = MoeCuda(kernels, MoeTorch(dense), linear)
     linear.int8 = moe.int8 = int8
     linear.prefill_exact = moe.prefill_exact = prefill_exact
+    linear.cublas_prefill = moe.cublas_prefill = cublas_prefill
     norm, rope = NormCuda(kernels), RopeCuda(kernels, RopeTorch())
     attention = AttentionCuda(kernels, AttentionTorch())
     return Backend(

@@ -7,8 +7,8 @@ Tolerances (see test_moe_torch.py for the error scales and how they were measure
   round d * sc * q - m in another order); f16 output additionally within f16 rounding,
   2^-11 |v| + 2^-24 (a wrong nibble is off by >= 1/16 of the row's range).
 - linear, N <= 8 (fp32 matvec): 2e-5 of |W| @ |x|. N > 8: x and W are rounded to f16 and
-  cuBLAS accumulates in fp32, so 2e-3 of |W| @ |x| (f16 rounding alone is <= 2 * 2^-11 ~ 1e-3 of
-  it in the worst case, ~1e-5 typically).
+  qgemm.cu (or cuBLAS) accumulates in fp32, so 2e-3 of |W| @ |x| (f16 rounding alone is
+  <= 2 * 2^-11 ~ 1e-3 of it in the worst case, ~1e-5 typically).
 """
 
 from __future__ import annotations
@@ -90,9 +90,11 @@ def test_linear_matches_torch(cuda_ops, type_name: str) -> None:
 
 
 def test_linear_row_tiles(cuda_ops, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A scratch budget of 40 rows: tiles of 40, 40 and 16 rows must give the same result."""
+    """The cuBLAS prefill path with a scratch budget of 40 rows: tiles of 40, 40 and 16 rows must
+    give the same result."""
     from mgserve.cuda.ops import linear_cuda
 
+    monkeypatch.setattr(cuda_ops.linear, "cublas_prefill", True)
     rng = np.random.default_rng(7)
     w, _ = make_weight("Q6_K", 96, 512, rng, "cuda")
     dense = DenseWeights()(w).double().cpu()

@@ -203,8 +203,9 @@ def test_moe_prefill_matches_reference(
 ) -> None:
     """300 tokens x 4 of 16 experts: expert 11 chosen by every token (at a random slot), experts
     12..15 by none, the rest by ~80 tokens each. Three scratch budgets split the 12 used experts
-    into chunks of 12, 6 and 1 (padded batched products, and none), all must agree with the
-    reference; and 9 tokens (the smallest prefill)."""
+    into chunks of 12, 6 and 1 on the cuBLAS path (padded batched products, and none), and the
+    default grouped path: all must agree with the reference; and 9 tokens (the smallest
+    prefill)."""
     from mgserve.cuda.ops import linear_cuda
 
     d = ff = 256
@@ -217,14 +218,15 @@ def test_moe_prefill_matches_reference(
     weights = torch.from_numpy(rng.uniform(0.05, 1.0, size=(n, kk)).astype(np.float32))
     ref, scale = reference_moe(case, x, experts, weights)
     errors = []
-    for budget in (linear_cuda.SCRATCH_BYTES, 8 << 20, 2 << 20):
-        monkeypatch.setattr(linear_cuda, "SCRATCH_BYTES", budget)
+    check_moe(cuda_ops, case, x[:9], experts[:9], weights[:9], RTOL_F16)
+    for budget in (0, linear_cuda.SCRATCH_BYTES, 8 << 20, 2 << 20):  # 0: the grouped path
+        monkeypatch.setattr(cuda_ops.moe, "cublas_prefill", budget > 0)
+        monkeypatch.setattr(linear_cuda, "SCRATCH_BYTES", budget or linear_cuda.SCRATCH_BYTES)
         y = run_moe(cuda_ops, case, x, experts, weights)
         errors.append(bound_error(y, ref, scale))
         assert errors[-1] <= RTOL_F16, (
             f"{gate_type}/{down_type} fused={fused} scratch {budget} B: error {errors[-1]:.2e}"
         )
-    check_moe(cuda_ops, case, x[:9], experts[:9], weights[:9], RTOL_F16)
     print(f"moe prefill {gate_type}/{down_type} fused={fused}: errors {errors}")
 
 

@@ -1,4 +1,5 @@
-"""The bucketed MoE prefill (ops/moe_prefill.py), rebuilt for fewer, larger launches.
+"""The bucketed MoE prefill (ops/moe_prefill.py: the cuBLAS path, ``MoeCuda.cublas_prefill``;
+test_qgemm.py tests the default grouped path).
 
 CPU (CI): ``plan_moe`` on hand-built counts; the torch MoE prefill against the float64 reference
 MoE (several scratch passes, skewed routing); the launches of one layer, counted. GPU (marked):
@@ -283,8 +284,9 @@ def test_moe_kernels_match_torch(cuda_ops) -> None:
 
 @pytest.mark.gpu
 def test_moe_prefill_cuda_matches_reference(cuda_ops, monkeypatch: pytest.MonkeyPatch) -> None:
-    """moe_experts N > 8 (the new path) against the float64 reference: skewed routing over 16
-    experts with one and several scratch passes, and 9 tokens."""
+    """moe_experts N > 8 on the bucketed cuBLAS path against the float64 reference: skewed
+    routing over 16 experts with one and several scratch passes, and 9 tokens."""
+    monkeypatch.setattr(cuda_ops.moe, "cublas_prefill", True)
     d = ff = 256
     case = make_case("Q4_K", "Q8_0", 16, d, ff, fused=False, seed=13, device="cuda")
     rng = np.random.default_rng(13)
@@ -303,11 +305,13 @@ def test_moe_prefill_cuda_matches_reference(cuda_ops, monkeypatch: pytest.Monkey
 
 
 @pytest.mark.gpu
-def test_moe_prefill_target_shape(cuda_ops) -> None:
-    """qwen4exp's layer (d 2560, ff 640, 256 experts, top-10), 4096 tokens with skewed routing:
-    checked on 64 tokens against the fp32 decode path, timed (printed) over all 4096."""
+def test_moe_prefill_target_shape(cuda_ops, monkeypatch: pytest.MonkeyPatch) -> None:
+    """qwen4exp's layer (d 2560, ff 640, 256 experts, top-10), 4096 tokens with skewed routing, on
+    the bucketed cuBLAS path: checked on 64 tokens against the fp32 decode path, timed (printed)
+    over all 4096 (test_qgemm.py times the grouped path)."""
     from tests.cuda.test_moe import target_case
 
+    monkeypatch.setattr(cuda_ops.moe, "cublas_prefill", True)
     case = target_case("Q8_0")
     rng = np.random.default_rng(14)
     n, kk, e = 4096, 10, 256

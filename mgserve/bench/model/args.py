@@ -37,6 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-steps", type=int, default=32, help="timed decode steps")
     parser.add_argument("--fill", choices=("synthetic", "prefill"), default="synthetic")
     parser.add_argument("--int8", action="store_true", help="int8-activation matvecs")
+    parser.add_argument(
+        "--cublas-prefill",
+        action="store_true",
+        help="prompt GEMMs on dequantized f16 weights and cuBLAS instead of qgemm.cu (compare)",
+    )
     parser.add_argument("--no-graphs", action="store_true", help="decode without CUDA graphs")
     parser.add_argument("--profile", action="store_true", help="per-kernel breakdowns")
     parser.add_argument(

@@ -33,7 +33,7 @@ class ModelBench:
             )
         self.source = str(g.path)
         t0 = time.perf_counter()
-        self.ops = cuda_backend(0, int8=args.int8)
+        self.ops = cuda_backend(0, int8=args.int8, cublas_prefill=args.cublas_prefill)
         self.model = load_device_model(
             g, self.ops, self.device, args.slots, args.ctx, args.cache_type, args.cache_type
         )

@@ -1,11 +1,12 @@
-// The glue of the MoE prefill path (mgserve/cuda/ops/moe_prefill.py): everything between the expert
-// sort and the batched cuBLAS products, one launch each per layer instead of a handful of torch
-// ops per expert chunk.
+// The glue of the MoE prefill paths (mgserve/cuda/ops/moe_prefill_cuda.py): the row maps, gather
+// and silu * up of the bucketed cuBLAS products (moe_prefill.py), and the row maps and combine of
+// the grouped tensor-core products (qgemm.cu), one launch each per layer.
 //
 // Layout ("padded rows"): the (token, slot) pairs of a layer, sorted by expert, are laid out
 // expert after expert, each expert's rows padded to its bucket's row count. Position q of the
 // sorted order (expert e = sorted_e[q], pair order[q] = token * kk + slot) lands on padded row
-// q + shift[e]; pad rows hold token 0 (their results are computed and never read).
+// q + shift[e]; pad rows hold token 0 (their results are computed and never read). The grouped
+// products have no padding (shift null: padded row = sorted position).
 //
 //   moe_pair_rows    one thread per sorted position q: pair_row[order[q]] = q + shift[e] and
 //                    row_token[q + shift[e]] = order[q] / kk. grid ceil(P / 256), 256 threads.
@@ -27,7 +28,7 @@ extern "C" __global__ void __launch_bounds__(256)
                   int* __restrict__ row_token, int n_pairs, int kk) {
     const int q = blockIdx.x * blockDim.x + threadIdx.x;
     if (q >= n_pairs) return;
-    const int r = q + shift[sorted_e[q]];
+    const int r = shift ? q + shift[sorted_e[q]] : q;
     const long long p = order[q];
     pair_row[p] = r;
     row_token[r] = (int)(p / kk);

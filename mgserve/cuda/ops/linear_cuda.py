@@ -3,8 +3,12 @@
 - decode (N <= 8): W is read once, in its GGUF block layout, by the matvec kernels (matvec.cu),
   or, with ``int8``, by the int8-activation kernels (matvec_q8.cu: x rounded to int8 per 32
   values first; several times faster, relative error ~1e-3 of |W| @ |x|);
-- prefill (N > 8): W is dequantized to f16 in row tiles (dequant.cu) into a per-stream scratch
-  buffer and multiplied by cuBLAS with fp32 accumulation and fp32 output.
+- prefill (N > 8): tensor-core GEMMs that decode W's blocks into shared memory (qgemm.cu through
+  ``QGemm``, ops/qgemm.py): x rounded to f16, fp32 accumulation and output, each token's row
+  bitwise independent of the batch. With ``cublas_prefill``, the older path instead: W
+  dequantized to f16 in row tiles (dequant.cu) into a per-stream scratch buffer and multiplied by
+  cuBLAS (not batch-invariant: cuBLAS picks its algorithm by shape), kept to compare with and to
+  fall back on; the MoE family's bucketed cuBLAS path shares its scratch.
 
 Nothing here waits for the GPU: kernels go on the current stream (or the one given) and torch
 allocates every buffer.
@@ -33,6 +37,7 @@ from mgserve.cuda.ops.linear_tuning import (
     MatvecTuning,
     Q8Activations,
 )
+from mgserve.cuda.ops.qgemm import QGemm
 from mgserve.cuda.weights import QuantWeight
 
 if TYPE_CHECKING:
@@ -44,11 +49,12 @@ SCRATCH_BYTES = 256 << 20  # f16 dequantization scratch per stream (tiles are si
 
 
 class LinearCuda:
-    """Linear layers on the matvec / int8 / dequant kernels and cuBLAS (module docstring).
+    """Linear layers on the matvec / int8 / qgemm kernels (module docstring).
 
     ``int8``: decode products of INT8_TYPES weights use int8 activations. ``prefill_exact``:
     prompt chunks multiply the dequantized fp32 weights of the torch version instead of f16 tiles
-    (comparing whole models with the reference without the f16 rounding; slow). ``q8_rows``:
+    (comparing whole models with the reference without the f16 rounding; slow).
+    ``cublas_prefill``: prompt chunks take the dequant + cuBLAS path. ``q8_rows``:
     output rows per thread group of the int8 kernels for one token and for 2..8; ``q8_group``:
     threads sharing those rows, 32 (a warp) or 128 (the CTA): the Q8_ROWS_1 / Q8_ROWS_N /
     Q8_GROUP_THREADS macros of matvec_q8.cu, measured by ``bench matvec --q8-rows``."""
@@ -77,6 +83,8 @@ class LinearCuda:
         )
         self.int8 = False
         self.prefill_exact = False
+        self.cublas_prefill = False
+        self.qgemm = QGemm(kernels)
         self._scratch: dict[int, torch.Tensor] = {}  # f16, per torch stream handle
 
     # -- decode kernels ------------------------------------------------------------------------
@@ -188,7 +196,7 @@ class LinearCuda:
         )  # fmt: skip
         return out
 
-    # -- prefill: dequantized tiles --------------------------------------------------------------
+    # -- prefill with cuBLAS: dequantized tiles ------------------------------------------------
 
     def scratch(self, n_elems: int) -> torch.Tensor:
         """An f16 buffer of at least ``n_elems`` values for the current stream, reused by later
@@ -250,8 +258,9 @@ class LinearCuda:
         """x [N, k] fp32 -> x @ W^T [N, w.rows] fp32.
 
         N <= 8: the matvec kernels (int8 activations when ``self.int8`` and the type has them).
-        N > 8: W dequantized to f16 in row tiles of at most SCRATCH_BYTES and multiplied by cuBLAS
-        (x rounded to f16, fp32 accumulation and output): relative error ~1e-3 of |x| @ |W|^T.
+        N > 8: ``QGemm.matmul`` (or, with ``cublas_prefill``, W dequantized to f16 in row tiles
+        of at most SCRATCH_BYTES and multiplied by cuBLAS); both round x and W to f16 and
+        accumulate in fp32: relative error ~1e-3 of |x| @ |W|^T at worst.
         """
         check_weight(w, self.device)
         check_linear(x, w)
@@ -266,6 +275,8 @@ class LinearCuda:
             return out
         if self.prefill_exact:  # fp32 weights and product (tests, debugging: slow, memory-hungry)
             return self.fallback.matmul(x, w)
+        if not self.cublas_prefill:
+            return self.qgemm.matmul(x, w)
         x16 = x.to(torch.float16)  # [N, k]
         tile = max(1, min(rows, SCRATCH_BYTES // (2 * k)))  # rows per f16 tile
         buf = self.scratch(tile * k)

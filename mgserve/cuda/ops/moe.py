@@ -5,7 +5,7 @@ is the route family's).
 ``MoeTorch`` runs every expert on every token and gathers each token's choices: static shapes and
 no host sync (a decode step captures into a CUDA graph), N * E * d work, meant for tiny test
 models. ``MoeCuda`` (moe_cuda.py) reads only the chosen experts' rows in decode and runs the
-bucketed prefill of moe_prefill.py for prompt chunks.
+grouped tensor-core products of moe_prefill_cuda.py for prompt chunks.
 """
 
 from __future__ import annotations
@@ -41,6 +41,16 @@ class ExpertWeights(NamedTuple):
     @property
     def n_embd(self) -> int:
         return self.down.rows // max(self.n_expert, 1)
+
+    def gate_up_storage(self) -> tuple[QuantWeight, int, int]:
+        """(the tensor holding the gate rows, a pointer to expert 0's up row 0, rows per expert
+        of that storage: ff, or 2 ff for gate_up), as the device kernels address them."""
+        ff = self.n_ff
+        if self.gate_up is not None:
+            base = self.gate_up.data.data_ptr()
+            return self.gate_up, base + ff * self.gate_up.data.shape[1], 2 * ff
+        assert self.gate is not None and self.up is not None
+        return self.gate, self.up.data.data_ptr(), ff
 
     @property
     def gate_type(self) -> str:

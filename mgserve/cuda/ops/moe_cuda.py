@@ -3,10 +3,12 @@
 - decode (N <= 8): two kernels (moe.cu, or moe_q8.cu with ``int8``) read only the selected
   experts' rows, with expert ids read on the device: no host sync, so a step captures into a
   CUDA graph, and each token's result is bitwise independent of the rest of the batch;
-- prefill (N > 8): ``moe_prefill`` (moe_prefill.py) with the kernel glue of moe_prefill_cuda.py:
-  pairs sorted by expert (one host sync for the counts), the used experts dequantized to f16,
-  batched cuBLAS products over buckets of experts with similar counts, per-pair results summed
-  over j in a fixed order.
+- prefill (N > 8): ``MoePrefillCuda.grouped`` (moe_prefill_cuda.py): pairs sorted by expert on
+  the device, grouped tensor-core products read from the GGUF blocks (qgemm.cu), per-pair
+  results summed over j in a fixed order; batch-invariant, no host sync. With
+  ``cublas_prefill``, the older bucketed path instead (``moe_prefill``, moe_prefill.py: one host
+  sync, experts dequantized to f16, padded batched cuBLAS products; not batch-invariant), kept to
+  compare with and to fall back on.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class MoeCuda:
     """MoE experts on kernels (see the module docstring). ``int8``: decode products of
     MOE_Q8_TYPES experts round the activations to int8 per 32 values (relative error ~1e-3).
     ``prefill_exact``: prompt chunks run the torch version (fp32, every expert; tests).
+    ``cublas_prefill``: prompt chunks take the bucketed cuBLAS path (module docstring).
     ``moe_rows``: rows per warp of the gate/up and down kernels (GU_ROWS / DOWN_ROWS of
     moe_decode.cuh), for tuning."""
 
@@ -49,17 +52,9 @@ class MoeCuda:
         self.prefill = MoePrefillCuda(kernels, linear)
         self.int8 = False
         self.prefill_exact = False
+        self.cublas_prefill = False
         self.moe_rows = moe_rows
         self._defines = (("GU_ROWS", str(moe_rows[0])), ("DOWN_ROWS", str(moe_rows[1])))
-
-    def _gate_up_ptrs(self, w: ExpertWeights) -> tuple[int, int, int]:
-        """Pointers to expert 0's gate and up row 0, and rows per expert of that storage."""
-        ff = w.n_ff
-        if w.gate_up is not None:
-            base = w.gate_up.data.data_ptr()
-            return base, base + ff * w.gate_up.data.shape[1], 2 * ff
-        assert w.gate is not None and w.up is not None
-        return w.gate.data.data_ptr(), w.up.data.data_ptr(), ff
 
     def experts(
         self, x: torch.Tensor, w: ExpertWeights, experts: torch.Tensor, weights: torch.Tensor
@@ -88,12 +83,15 @@ class MoeCuda:
             return torch.zeros_like(x)
         if n <= MAX_MATVEC_TOKENS:
             return self._decode(x, w, experts, weights)
-        return moe_prefill(self.prefill, x, w, experts, weights)
+        if self.cublas_prefill:
+            return moe_prefill(self.prefill, x, w, experts, weights)
+        return self.prefill.grouped(x, w, experts, weights)
 
     def _decode(
         self, x: torch.Tensor, w: ExpertWeights, experts: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
-        gate, up, expert_rows = self._gate_up_ptrs(w)
+        gate_w, up, expert_rows = w.gate_up_storage()
+        gate = gate_w.data.data_ptr()
         n, kk = experts.shape
         d, e, ff = w.n_embd, w.n_expert, w.n_ff
         stream = self.kernels.stream()

@@ -1,7 +1,16 @@
-"""``MoePrefillCuda``: the glue steps of ``moe_prefill`` (moe_prefill.py) as kernels:
-kernels/moe_prefill.cu for the row maps, the f16 gather of x, silu(gate) * up and the weighted
-combine, and the linear family's dequant.cu launcher for the used experts' matrices (f16, into
-the linear family's per-stream scratch). The products stay cuBLAS (``f16_bmm_into``)."""
+"""``MoePrefillCuda``: the MoE experts of a prompt chunk (N > 8 tokens) on kernels, two ways.
+
+- ``grouped`` (the default): the (token, slot) pairs sorted by expert on the device, then two
+  grouped tensor-core products straight from the GGUF blocks (qgemm.cu via ``QGemm``: gate/up
+  fused with silu(gate) * up into f16 h, then down into fp32 y per pair) and the weighted
+  combine in a fixed order (moe_prefill.cu). Tiles never mix experts and nothing is padded, so a
+  token's result is bitwise independent of the other tokens and their routing; no host sync.
+- the glue steps of the bucketed ``moe_prefill`` (moe_prefill.py, ``MoeCuda.cublas_prefill``):
+  kernels/moe_prefill.cu for the row maps, the f16 gather of x, silu(gate) * up and the combine,
+  and the linear family's dequant.cu launcher for the used experts' matrices (f16, into the
+  linear family's per-stream scratch), with cuBLAS products (``f16_bmm_into``). Not
+  batch-invariant: the buckets' padding and cuBLAS's algorithms depend on the other tokens.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +20,7 @@ import torch
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.linear_cuda import LinearCuda
 from mgserve.cuda.ops.moe import ExpertWeights
+from mgserve.cuda.ops.qgemm import GroupedRows
 
 MOE_PREFILL_SOURCE = "moe_prefill.cu"
 GATHER_THREADS = 128  # blockDim of moe_gather_f16 / moe_combine (4 values per thread)
@@ -18,7 +28,7 @@ ROW_THREADS = 256  # blockDim of moe_pair_rows / moe_silu_mul_f16
 
 
 class MoePrefillCuda:
-    """The prefill glue on kernels (see the module docstring)."""
+    """The prefill paths on kernels (see the module docstring)."""
 
     def __init__(self, kernels: Kernels, linear: LinearCuda) -> None:
         self.kernels, self.linear = kernels, linear
@@ -40,10 +50,35 @@ class MoePrefillCuda:
             self.linear.dequant_rows(w.up, up_ptr, f16, 0, ff, ids, ff, 2 * ff)
         self.linear.dequant_rows(w.down, wdn.data_ptr(), f16, 0, d, ids, d)
 
+    def grouped(
+        self, x: torch.Tensor, w: ExpertWeights, experts: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        """sum_j weights[:, j] * down_e(silu(gate_e x) * up_e x), e = experts[:, j], on f16
+        operands (x and h rounded once) with fp32 accumulation, by the grouped products.
+
+        x [N, d] fp32, experts [N, kk] int32 (clamped to [0, E)), weights [N, kk] fp32 -> [N, d]
+        fp32. Inputs are assumed checked (``MoeCuda.experts`` does)."""
+        n, kk = experts.shape
+        d, e, ff = w.n_embd, w.n_expert, w.n_ff
+        p = n * kk
+        flat = experts.reshape(-1).clamp(0, e - 1)  # [P] expert of each pair (token * kk + slot)
+        sorted_e, order = torch.sort(flat, stable=True)  # [P] pairs grouped by expert
+        groups = GroupedRows(sorted_e, e, self.linear.qgemm.grouped.bm)
+        pair_row, row_token = self.rows(sorted_e, order, None, kk, p)  # [P], [P] int32
+        x16 = x.to(torch.float16)  # [N, d]
+        h = torch.empty(p, ff, dtype=torch.float16, device=self.device)  # [P, ff] sorted pairs
+        gate, up_ptr, expert_rows = w.gate_up_storage()
+        self.linear.qgemm.gate_up(gate, up_ptr, expert_rows, x16, row_token, groups, h)
+        y = torch.empty(p, d, dtype=torch.float32, device=self.device)  # [P, d] sorted pairs
+        self.linear.qgemm.down(w.down, h, groups, y)
+        return self.combine(y, pair_row.view(n, kk), weights)
+
     def rows(
-        self, sorted_e: torch.Tensor, order: torch.Tensor, shift: torch.Tensor, kk: int,
+        self, sorted_e: torch.Tensor, order: torch.Tensor, shift: torch.Tensor | None, kk: int,
         n_rows: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """pair_row [P] (the row of every pair) and row_token [n_rows] (the token of every row),
+        rows padded by ``shift`` (see moe_prefill.cu; None: row = sorted position)."""
         p = order.numel()
         pair_row = torch.empty(p, dtype=torch.int32, device=self.device)
         row_token = torch.zeros(n_rows, dtype=torch.int32, device=self.device)
@@ -54,7 +89,7 @@ class MoePrefillCuda:
                 ROW_THREADS,
                 sorted_e.contiguous().data_ptr(),
                 order.contiguous().data_ptr(),
-                shift.data_ptr(),
+                0 if shift is None else shift.data_ptr(),
                 pair_row.data_ptr(),
                 row_token.data_ptr(),
                 np.int32(p),

@@ -1,0 +1,216 @@
+"""``QGemm``: the prompt GEMMs of the linear and MoE families on tensor cores, reading W in its
+GGUF blocks (kernels/qgemm.cu: the tiling, the pipeline and why a result is batch-invariant).
+
+- ``matmul``: y [M, n_out] fp32 = x [M, k] @ W^T for any M >= 1 (``LinearCuda.matmul`` uses it
+  for prompt chunks, N > 8 tokens);
+- ``gate_up`` / ``down``: the MoE prefill's grouped products over the (token, slot) pairs sorted
+  by expert, tiles never mixing experts, sized on the device (no host sync: the grid covers the
+  worst case, ``grouped_tiles``, and CTAs past the last tile exit).
+
+x is rounded to f16 once (to nearest even, as the cuBLAS path did) and W's values to f16 as they
+are decoded; products accumulate in fp32: relative error ~1e-3 of |x| @ |W|^T at worst, ~1e-5
+typically. Every output row depends only on its own row of x (or pair) and on W, bitwise, for
+any M and any ``QGemmTuning`` (fixed k order, no split-K, masked edges).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from mgserve.cuda.checks import check_cuda, check_weight
+from mgserve.cuda.launch import Kernels
+from mgserve.cuda.weights import QuantWeight
+
+if TYPE_CHECKING:
+    from cuda.core import Kernel
+
+QGEMM_SOURCE = "qgemm.cu"
+STATIC_SMEM = 48 * 1024  # the kernels' shared tiles are static: at most 48 KB
+MAX_GRID_Y = 65535
+
+
+@dataclass(frozen=True)
+class QGemmTuning:
+    """Compile-time tile shape of kernels/qgemm.cu (its QG_* -D macros). Results never depend on
+    it (bitwise); only speed does."""
+
+    bm: int = 128  # output rows (tokens or pairs) per CTA
+    bn: int = 128  # output columns (W rows) per CTA
+    bk: int = 32  # k per pipeline step
+    warps_m: int = 2  # warps along M; a warp owns a (bm / warps_m) x (bn / warps_n) tile
+    warps_n: int = 4  # warps along N
+    min_ctas: int = 2  # CTAs per SM the registers are capped for (__launch_bounds__)
+
+    def __post_init__(self) -> None:
+        if self.bk not in (16, 32, 64):
+            raise ValueError(f"QGemmTuning.bk must be 16, 32 or 64, got {self.bk}")
+        if not 1 <= self.warps_m * self.warps_n <= 16 or min(self.warps_m, self.warps_n) < 1:
+            raise ValueError(f"QGemmTuning: {self.warps_m} x {self.warps_n} warps (1..16 in all)")
+        if self.bm % (16 * self.warps_m) or self.bn % (16 * self.warps_n):
+            raise ValueError(
+                f"QGemmTuning: bm {self.bm} / bn {self.bn} must be multiples of 16 x warps_m "
+                f"({self.warps_m}) / 16 x warps_n ({self.warps_n})"
+            )
+        runs = self.bk // 8
+        if (self.bm * runs) % self.threads or (self.bn * runs) % self.threads:
+            raise ValueError(
+                f"QGemmTuning: {self.threads} threads do not divide the {self.bm * runs} X copies "
+                f"and {self.bn * runs} W runs of a step evenly"
+            )
+        if self.smem_bytes > STATIC_SMEM:
+            raise ValueError(f"QGemmTuning: {self.smem_bytes} bytes of shared memory > 48 KB")
+        if not 1 <= self.min_ctas <= 4:
+            raise ValueError(f"QGemmTuning.min_ctas must be in 1..4, got {self.min_ctas}")
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+    @property
+    def smem_bytes(self) -> int:
+        """Two f16 buffers of the X and W tiles, rows padded by 8 halves."""
+        return 2 * (self.bm + self.bn) * (self.bk + 8) * 2
+
+    @classmethod
+    def parse(cls, text: str) -> QGemmTuning:
+        """ "BM,BN,BK,WARPS_M,WARPS_N[,MIN_CTAS]" (e.g. "128,128,32,2,4") as a bench flag."""
+        try:
+            values = [int(v) for v in text.split(",")]
+        except ValueError:
+            values = []
+        if len(values) not in (5, 6):
+            raise ValueError(f"qgemm tuning {text!r}: expected BM,BN,BK,WARPS_M,WARPS_N[,MIN_CTAS]")
+        return cls(*values)
+
+    def defines(self, type_name: str) -> tuple[tuple[str, str], ...]:
+        return (
+            ("QG_TYPE", type_name),
+            ("QG_BM", str(self.bm)),
+            ("QG_BN", str(self.bn)),
+            ("QG_BK", str(self.bk)),
+            ("QG_WARPS_M", str(self.warps_m)),
+            ("QG_WARPS_N", str(self.warps_n)),
+            ("QG_MIN_CTAS", str(self.min_ctas)),
+        )
+
+
+def grouped_tiles(n_pairs: int, n_expert: int, bm: int) -> int:
+    """An upper bound of sum_e ceil(count_e / bm) over any counts summing to n_pairs: every
+    expert's last tile may be partial, the others are full."""
+    return n_pairs // bm + min(n_expert, n_pairs)
+
+
+class GroupedRows:
+    """The sorted (token, slot) pairs of one MoE layer, by expert, as the grouped kernels read
+    them: int32 [E + 1] row_start (first sorted position of each expert) and tile_start (first
+    tile of each expert, tiles of ``bm`` rows), all made on the device."""
+
+    def __init__(self, sorted_e: torch.Tensor, n_expert: int, bm: int) -> None:
+        dev = sorted_e.device
+        ids = torch.arange(n_expert + 1, dtype=sorted_e.dtype, device=dev)  # [E + 1]
+        self.row_start = torch.searchsorted(sorted_e, ids, out_int32=True)  # [E + 1]
+        tiles = (self.row_start[1:] - self.row_start[:-1] + (bm - 1)) // bm  # [E]
+        self.tile_start = F.pad(torch.cumsum(tiles, 0, dtype=torch.int32), (1, 0))  # [E + 1]
+        self.n_pairs, self.n_expert, self.bm = sorted_e.numel(), n_expert, bm
+
+    @property
+    def grid_y(self) -> int:
+        """CTAs along y: the worst case over all routings (the counts stay on the device)."""
+        y = grouped_tiles(self.n_pairs, self.n_expert, self.bm)
+        if y > MAX_GRID_Y:
+            raise ValueError(f"grouped GEMM: {self.n_pairs} pairs exceed the grid ({y} tiles)")
+        return y
+
+
+class QGemm:
+    """The qgemm.cu launches (see the module docstring). ``tuning``: the dense GEMM's tiles;
+    ``grouped``: the MoE kernels' (smaller bm: ~M * kk / E rows per expert)."""
+
+    def __init__(
+        self,
+        kernels: Kernels,
+        tuning: QGemmTuning | None = None,
+        grouped: QGemmTuning | None = None,
+    ) -> None:
+        self.kernels = kernels
+        self.device = kernels.device
+        self.tuning = tuning or QGemmTuning()
+        self.grouped = grouped or QGemmTuning(bm=64)
+
+    def _kernel(self, tuning: QGemmTuning, name: str, type_name: str) -> Kernel:
+        return self.kernels.kernel(QGEMM_SOURCE, name, tuning.defines(type_name))
+
+    def matmul(
+        self, x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x [M, k] fp32 (or f16) -> fp32 [M, w.rows] = f16(x) @ W^T, on the current stream."""
+        check_weight(w, self.device)
+        if x.dim() != 2 or x.shape[1] != w.k or x.device != self.device:
+            raise ValueError(f"{w.name}: x is {list(x.shape)} on {x.device}, expected [M, {w.k}]")
+        if x.dtype not in (torch.float32, torch.float16):
+            raise ValueError(f"{w.name}: x must be float32 or float16, got {x.dtype}")
+        m, k = x.shape
+        x16 = x.to(torch.float16).contiguous()  # [M, k]
+        if x16.data_ptr() % 16:  # cp.async copies 16-byte pieces of each row
+            x16 = x16.clone()
+        if out is None:
+            out = torch.empty(m, w.rows, dtype=torch.float32, device=self.device)  # [M, rows]
+        check_cuda("out", out, self.device, torch.float32)
+        if tuple(out.shape) != (m, w.rows):
+            raise ValueError(f"{w.name}: out has shape {list(out.shape)}, expected [{m}, {w.rows}]")
+        t = self.tuning
+        grid = (-(-w.rows // t.bn), -(-m // t.bm))
+        if m == 0 or w.rows == 0:
+            return out
+        if grid[1] > MAX_GRID_Y:
+            raise ValueError(f"{w.name}: {m} rows exceed the grid ({MAX_GRID_Y} x {t.bm})")
+        self.kernels.launch(
+            self._kernel(t, "qgemm", w.type_name), grid, t.threads,
+            w.data.data_ptr(), x16.data_ptr(), out.data_ptr(),
+            np.int32(m), np.int32(w.rows), np.int32(k),
+        )  # fmt: skip
+        return out
+
+    def gate_up(
+        self,
+        gate: QuantWeight,
+        up_ptr: int,
+        expert_rows: int,
+        x16: torch.Tensor,
+        row_token: torch.Tensor,
+        rows: GroupedRows,
+        h: torch.Tensor,
+    ) -> None:
+        """h [P, ff] f16 = silu(gate_e x16[row_token]) * (up_e x16[row_token]) for the pairs of
+        each expert e. ``gate``: the gate (or fused gate_up) tensor; ``up_ptr``: expert 0's up
+        row 0; ``expert_rows``: rows per expert of that storage (ff, or 2 ff fused)."""
+        p, ff = h.shape
+        t = self.grouped
+        if p == 0:
+            return
+        self.kernels.launch(
+            self._kernel(t, "qgemm_gate_up", gate.type_name),
+            (-(-2 * ff // t.bn), rows.grid_y), t.threads,
+            gate.data.data_ptr(), up_ptr, np.int64(expert_rows), x16.data_ptr(),
+            row_token.data_ptr(), rows.row_start.data_ptr(), rows.tile_start.data_ptr(),
+            h.data_ptr(), np.int32(ff), np.int32(gate.k), np.int32(rows.n_expert),
+        )  # fmt: skip
+
+    def down(self, down: QuantWeight, h: torch.Tensor, rows: GroupedRows, y: torch.Tensor) -> None:
+        """y [P, d] fp32 = down_e h (h [P, ff] f16) for the pairs of each expert e."""
+        p, d = y.shape
+        t = self.grouped
+        if p == 0:
+            return
+        self.kernels.launch(
+            self._kernel(t, "qgemm_down", down.type_name),
+            (-(-d // t.bn), rows.grid_y), t.threads,
+            down.data.data_ptr(), np.int64(d), h.data_ptr(), rows.row_start.data_ptr(),
+            rows.tile_start.data_ptr(), y.data_ptr(), np.int32(d), np.int32(down.k),
+            np.int32(rows.n_expert),
+        )  # fmt: skip
