@@ -22,6 +22,7 @@ spills of the main instantiations. GPU (marked):
 from __future__ import annotations
 
 import collections
+import os
 import re
 import shutil
 import subprocess
@@ -209,7 +210,7 @@ def test_qgemm_batch_invariant(kernels, ops, type_name: str) -> None:
         assert torch.equal(ops.qgemm.matmul(x[rows], w), full[rows]), f"{type_name} rows {rows}"
     perm = torch.randperm(4096, device="cuda")
     assert torch.equal(ops.qgemm.matmul(x[perm], w), full[perm]), f"{type_name} permuted"
-    assert torch.equal(ops.linear.matmul(x[:100], w), full[:100]), "LinearCuda.matmul, N = 100"
+    assert torch.equal(ops.matmul(x[:100], w), full[:100]), "LinearCuda.matmul, N = 100"
     for t in TUNINGS[1:]:
         other = QGemm(kernels, tuning=t)
         assert torch.equal(other.matmul(x, w), full), f"{type_name}: tuning {t} differs"
@@ -330,6 +331,12 @@ def test_qgemm_timing(cuda_ops, monkeypatch: pytest.MonkeyPatch) -> None:
             f"linear {t} 4096x2560x2560: qgemm {new:.3f} ms ({tflops:.0f} TFLOP/s), "
             f"cuBLAS {old:.3f} ms"
         )
+    if os.environ.get("MGSERVE_QGEMM_SWEEP"):  # other dense tilings on the Q4_K weight
+        w, _ = make_weight("Q4_K", 2560, 2560, rng, "cuda")
+        for spec in ("64,128,32,2,4", "128,64,32,4,2", "64,64,64,2,2", "128,128,16,2,4,2"):
+            alt = QGemm(lin.kernels, tuning=QGemmTuning.parse(spec))
+            ms = gpu_ms(lambda alt=alt, w=w: alt.matmul(x.half(), w))
+            print(f"qgemm Q4_K 4096x2560x2560 tiles {spec}: {ms:.3f} ms")
     case = target_case("Q5_0")
     n, kk, e = 4096, 10, 256
     p = rng.uniform(0.05, 1.0, size=e) ** 4

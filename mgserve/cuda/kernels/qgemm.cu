@@ -5,16 +5,17 @@
 //                   (token, slot) pair q of expert e, gate and up fused in one tile
 //   qgemm_down      MoE: y[q, :] (f32) = down_e h[q, :] for every sorted pair q of expert e
 //
-// One weight format per module (-D QG_TYPE=Q4_K, ...): its decoder T::load (gguf_blocks*.cuh)
-// gives 8 values of a block as floats. X is f16 in global memory (the caller rounds x once, to
-// nearest even, as torch's .to(float16) does); the products are mma.sync m16n8k16 f16 x f16 with
-// f32 accumulators.
+// One weight format per module (-D QG_TYPE=Q4_K, ...), read through gguf_split.cuh's fetch /
+// decode of 8-value runs. X is f16 in global memory (the caller rounds x once, to nearest even,
+// as torch's .to(float16) does); the products are mma.sync m16n8k16 f16 x f16 with f32
+// accumulators.
 //
 // A CTA (QG_WARPS_M x QG_WARPS_N warps) owns a BM x BN tile of the output and walks k in steps
 // of BK (the -D macros below, QGemmTuning in ops/qgemm.py). Per step: the X tile [BM, BK] comes
 // by cp.async (16 bytes a copy) and the W tile [BN, BK] is decoded by the CTA (each thread a few
-// 8-value runs: T::load, rounded to f16) into shared memory, double-buffered: the loads of step
-// s + 1 are issued before the MMAs of step s and stored after them, one __syncthreads a step.
+// 8-value runs, rounded to f16) into shared memory, double-buffered: the raw W bits of step s + 1
+// are fetched (gguf_split.cuh) before the MMAs of step s, decoded and stored after them (so the
+// loads' latency hides behind the products), one __syncthreads a step.
 // Shared rows are padded to BK + 8 halves so the ldmatrix reads are free of bank conflicts;
 // each warp then runs (BM / WARPS_M / 16) x (BN / WARPS_N / 8) m16n8k16 products per 16 k.
 //
@@ -35,9 +36,7 @@
 // 2i + 1 = up row c0 + i, so each thread's accumulator pair (c0, c1) of an m16n8 tile is (gate,
 // up) of one h column, and silu(gate) * up (f32, rounded once to f16) is written directly.
 
-#include "gguf_blocks.cuh"
-#include "gguf_blocks_lowbit.cuh"
-#include "gguf_blocks_iq.cuh"
+#include "gguf_split.cuh"
 #include "math.cuh"
 
 #ifndef QG_TYPE
@@ -62,7 +61,7 @@
 #define QG_MIN_CTAS 2  // __launch_bounds__ minimum CTAs per SM (caps registers)
 #endif
 
-typedef QG_TYPE WT;
+typedef SplitFormat<QG_TYPE>::T WT;  // raw-bits fetch, decode after the step's products
 constexpr int BM = QG_BM, BN = QG_BN, BK = QG_BK;
 constexpr int THREADS = 32 * QG_WARPS_M * QG_WARPS_N;
 constexpr int WTM = BM / QG_WARPS_M, WTN = BN / QG_WARPS_N;  // one warp's tile
@@ -157,26 +156,28 @@ __device__ __forceinline__ void qgemm_tile(const TileArgs& a) {
         xsrc[i] = xr[i] < a.m_valid ? a.x + (size_t)(a.x_rows ? a.x_rows[m] : m) * a.k : nullptr;
     }
 
-    float wv[W_RUNS][8];
-    auto load_w = [&](int k0) {
+    typename WT::Raw wraw[W_RUNS];  // the next step's W runs as fetched (raw bits)
+    bool wvalid[W_RUNS];
+    auto load_w = [&](int k0) {  // loads only: decoded by store_w after the step's products
 #pragma unroll
         for (int i = 0; i < W_RUNS; i++) {
             const int kk = k0 + wc[i] * 8;
-            if (wsrc[i] != nullptr && kk < a.k) {
-                WT::load(wsrc[i] + (size_t)(kk / WT::BLOCK) * WT::BYTES, (kk % WT::BLOCK) / 8,
-                         wv[i]);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; j++) wv[i][j] = 0.f;
-            }
+            wvalid[i] = wsrc[i] != nullptr && kk < a.k;
+            wraw[i] = wvalid[i] ? WT::fetch(wsrc[i] + (size_t)(kk / WT::BLOCK) * WT::BYTES,
+                                            (kk % WT::BLOCK) / 8)
+                                : typename WT::Raw{};
         }
     };
     auto store_w = [&](int buf) {
 #pragma unroll
         for (int i = 0; i < W_RUNS; i++) {
+            float wv[8];
+            WT::decode(wraw[i], wv);
+#pragma unroll
+            for (int j = 0; j < 8; j++) wv[j] = wvalid[i] ? wv[j] : 0.f;
             *(uint4*)&ws[buf][wr[i]][wc[i] * 8] =
-                make_uint4(f16x2_rn(wv[i][0], wv[i][1]), f16x2_rn(wv[i][2], wv[i][3]),
-                           f16x2_rn(wv[i][4], wv[i][5]), f16x2_rn(wv[i][6], wv[i][7]));
+                make_uint4(f16x2_rn(wv[0], wv[1]), f16x2_rn(wv[2], wv[3]),
+                           f16x2_rn(wv[4], wv[5]), f16x2_rn(wv[6], wv[7]));
         }
     };
     auto load_x = [&](int k0, int buf) {

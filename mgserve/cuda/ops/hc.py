@@ -59,7 +59,7 @@ class HCTuning:
     up_cols: tuple[int, int, int, int] = (2, 2, 4, 4)  # output columns per warp of hc_up
     up_batch: tuple[int, int, int, int] = (5, 5, 5, 3)  # loads in flight per lane and column
     prefetch: bool = True  # L2 prefetch of each CTA's weights before its prologue
-    split_blocks: bool = True  # Q4_K / Q5_0 / Q6_K through hc.cu's load-then-decode readers
+    split_blocks: bool = True  # Q4_K / Q5_0 / Q6_K through gguf_split.cuh's raw-bits readers
 
     def __post_init__(self) -> None:
         for name in ("down_warps", "up_warps"):
@@ -85,7 +85,7 @@ class HCTuning:
             ("UP_COLS", packed(self.up_cols)),
             ("UP_BATCH", packed(self.up_batch)),
             ("PREFETCH", str(int(self.prefetch))),
-            ("HC_SPLIT_BLOCKS", str(int(self.split_blocks))),
+            ("SPLIT_BLOCKS", str(int(self.split_blocks))),
         )
 
     def down_rows_per_cta(self, nt: int) -> int:
