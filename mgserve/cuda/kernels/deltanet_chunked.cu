@@ -9,8 +9,8 @@
 //   h / (Hv / Hk).
 //
 // conv_prefill_f32: grid (ceil(T / CONV_TOKENS), 2 Hk + Hv), block HEAD_DIM (thread = channel).
-//   y[t, c] = silu(sum_j w[c, j] x[t - K + 1 + j, c]) (inputs before the prompt from the slot's conv
-//   state), then per token and head: q rows x rsqrt(|q|^2 + eps) * q_scale, k rows
+//   y[t, c] = silu(sum_j w[c, j] x[t - K + 1 + j, c]) (inputs before the prompt from the slot's
+//   conv state), then per token and head: q rows x rsqrt(|q|^2 + eps) * q_scale, k rows
 //   x rsqrt(|k|^2 + eps), v rows as they are. The CTAs of the first token tile, which alone read
 //   the old conv state, write the new one (the last K - 1 inputs) after reading it.
 //
@@ -61,9 +61,11 @@
 #define CHUNK_FLOATS (2 * CC + 2 * CHUNK)  // prep per (value head, chunk): M, Aqk, exp(G), exp(..)
 
 // Dynamic shared memory in bytes; the wrapper passes the same numbers (PREP_SMEM, SCAN_SMEM).
-#define PREP_KQ_FLOATS (2 * CHUNK * KPAD > PREP_HEADS * CHUNK * CPAD ? 2 * CHUNK * KPAD : PREP_HEADS * CHUNK * CPAD)
+#define PREP_KQ_FLOATS \
+    (2 * KPAD > PREP_HEADS * CPAD ? 2 * CHUNK * KPAD : PREP_HEADS * CHUNK * CPAD)
 #define PREP_SMEM_BYTES ((PREP_KQ_FLOATS + 2 * CHUNK * CPAD) * 4 + PREP_HEADS * CHUNK * (8 + 4))
-#define SCAN_SMEM_BYTES ((CHUNK * KPAD + CHUNK * CPAD + HEAD_DIM * SCAN_COLS + 2 * CHUNK * SCAN_COLS + 2 * CHUNK) * 4)
+#define SCAN_SMEM_BYTES                                                                  \
+    ((CHUNK * KPAD + CHUNK * CPAD + HEAD_DIM * SCAN_COLS + 2 * CHUNK * SCAN_COLS + 2 * CHUNK) * 4)
 #if defined(PREP_SMEM) && defined(SCAN_SMEM)
 static_assert(PREP_SMEM == PREP_SMEM_BYTES && SCAN_SMEM == SCAN_SMEM_BYTES,
               "the wrapper's shared memory sizes differ from the kernels' layout");
@@ -72,7 +74,9 @@ static_assert(HEAD_DIM == 128, "the scan's thread mapping is written for head_di
 static_assert(CONV_K - 1 <= CONV_TOKENS, "only the first token tile reads the conv state");
 static_assert(SCAN_THREADS == 8 * 32 && SCAN_COLS == 4 * 8 && 2 * 32 == CHUNK, "scan mapping");
 
-__device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 ld4(const float* p) {
+    return *reinterpret_cast<const float4*>(p);
+}
 __device__ __forceinline__ void st4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 
 // acc + a * b, component-wise (a scalar)
@@ -249,7 +253,8 @@ extern "C" __global__ void __launch_bounds__(PREP_THREADS, 2)
             aqk[i * CHUNK + j] = j <= i ? __fmul_rn(qk[i * CPAD + j], dec) : 0.0f;
         }
         __syncthreads();
-        if (tid < nh * CHUNK) {  // column j of X = (I + A)^-1: X[i, j] = [i == j] - A[i, :i] X[:i, j]
+        // column j of X = (I + A)^-1 per thread: X[i, j] = [i == j] - A[i, :i] X[:i, j]
+        if (tid < nh * CHUNK) {
             const int hh = tid / CHUNK, j = tid % CHUNK;
             const float* a = kq + hh * CHUNK * CPAD;
             float x[CHUNK];
@@ -284,6 +289,32 @@ __device__ __forceinline__ void load_lower(float* dst, const float* src, int tid
         const int i = e / (CHUNK / 4), j = 4 * (e % (CHUNK / 4));
         if (j <= i) st4(dst + i * CPAD + j, ld4(src + i * CHUNK + j));
     }
+}
+
+// p[b] = rows rg + 32 b of buf [CHUNK][KPAD] times s [HEAD_DIM][SCAN_COLS], columns cg4 .. + 3
+__device__ __forceinline__ void rows_times_state(const float* buf, const float* s, int rg, int cg4,
+                                                 float4 p[2]) {
+    p[0] = p[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+    for (int e = 0; e < HEAD_DIM; e += 4) {
+        const float4 b0 = ld4(s + e * SCAN_COLS + cg4), b1 = ld4(s + (e + 1) * SCAN_COLS + cg4);
+        const float4 b2 = ld4(s + (e + 2) * SCAN_COLS + cg4);
+        const float4 b3 = ld4(s + (e + 3) * SCAN_COLS + cg4);
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+            p[b] = mac4(ld4(buf + (rg + 32 * b) * KPAD + e), b0, b1, b2, b3, p[b]);
+    }
+}
+
+// acc + row i of the lower-triangular mat [CHUNK][CPAD] times x [CHUNK][SCAN_COLS], columns
+// cg4 .. + 3 (granules of 4 up to the diagonal's, as load_lower stores them; zeros past it)
+__device__ __forceinline__ float4 lower_row_times(const float* mat, const float* x, int i, int cg4,
+                                                  float4 acc) {
+    for (int j = 0; j <= i; j += 4)
+        acc = mac4(ld4(mat + i * CPAD + j), ld4(x + j * SCAN_COLS + cg4),
+                   ld4(x + (j + 1) * SCAN_COLS + cg4), ld4(x + (j + 2) * SCAN_COLS + cg4),
+                   ld4(x + (j + 3) * SCAN_COLS + cg4), acc);
+    return acc;
 }
 
 extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 2)
@@ -326,32 +357,16 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 2)
         }
         __syncthreads();
         {  // rv = V - diag(exp(G)) K S
-            float4 p0 = zero, p1 = zero;
-#pragma unroll 4
-            for (int e = 0; e < HEAD_DIM; e += 4) {
-                const float4 a0 = ld4(buf + rg * KPAD + e), a1 = ld4(buf + (rg + 32) * KPAD + e);
-                const float4 b0 = ld4(s_sm + e * SCAN_COLS + cg4);
-                const float4 b1 = ld4(s_sm + (e + 1) * SCAN_COLS + cg4);
-                const float4 b2 = ld4(s_sm + (e + 2) * SCAN_COLS + cg4);
-                const float4 b3 = ld4(s_sm + (e + 3) * SCAN_COLS + cg4);
-                p0 = mac4(a0, b0, b1, b2, b3, p0);
-                p1 = mac4(a1, b0, b1, b2, b3, p1);
-            }
-            st4(rv + rg * SCAN_COLS + cg4, fma4(-ein[rg], p0, v[0]));
-            st4(rv + (rg + 32) * SCAN_COLS + cg4, fma4(-ein[rg + 32], p1, v[1]));
+            float4 p[2];
+            rows_times_state(buf, s_sm, rg, cg4, p);
+            st4(rv + rg * SCAN_COLS + cg4, fma4(-ein[rg], p[0], v[0]));
+            st4(rv + (rg + 32) * SCAN_COLS + cg4, fma4(-ein[rg + 32], p[1], v[1]));
         }
         __syncthreads();
 #pragma unroll
-        for (int b = 0; b < 2; ++b) {  // V' = M rv (M lower triangular)
+        for (int b = 0; b < 2; ++b) {  // V' = M rv
             const int i = rg + 32 * b;
-            float4 acc = zero;
-            for (int j = 0; j <= i; j += 4) {
-                const float4 m = ld4(mat + i * CPAD + j);
-                acc = mac4(m, ld4(rv + j * SCAN_COLS + cg4), ld4(rv + (j + 1) * SCAN_COLS + cg4),
-                           ld4(rv + (j + 2) * SCAN_COLS + cg4),
-                           ld4(rv + (j + 3) * SCAN_COLS + cg4), acc);
-            }
-            st4(vn + i * SCAN_COLS + cg4, acc);
+            st4(vn + i * SCAN_COLS + cg4, lower_row_times(mat, rv, i, cg4, zero));
         }
         __syncthreads();
         float4 sn[4] = {zero, zero, zero, zero};  // K^T diag(exp(G_last - G)) V', rows 4 rg + a
@@ -374,32 +389,17 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 2)
         load_lower(mat, pc + CC, tid);
         __syncthreads();
         {  // O = diag(exp(G)) Q S + Aqk V' (S still the entering state in s_sm)
-            float4 p0 = zero, p1 = zero;
-#pragma unroll 4
-            for (int e = 0; e < HEAD_DIM; e += 4) {
-                const float4 a0 = ld4(buf + rg * KPAD + e), a1 = ld4(buf + (rg + 32) * KPAD + e);
-                const float4 b0 = ld4(s_sm + e * SCAN_COLS + cg4);
-                const float4 b1 = ld4(s_sm + (e + 1) * SCAN_COLS + cg4);
-                const float4 b2 = ld4(s_sm + (e + 2) * SCAN_COLS + cg4);
-                const float4 b3 = ld4(s_sm + (e + 3) * SCAN_COLS + cg4);
-                p0 = mac4(a0, b0, b1, b2, b3, p0);
-                p1 = mac4(a1, b0, b1, b2, b3, p1);
-            }
-            float4 p[2] = {p0, p1};
+            float4 p[2];
+            rows_times_state(buf, s_sm, rg, cg4, p);
 #pragma unroll
             for (int b = 0; b < 2; ++b) {
                 const int i = rg + 32 * b;
                 const float ei = ein[i];
-                float4 acc = make_float4(__fmul_rn(p[b].x, ei), __fmul_rn(p[b].y, ei),
-                                         __fmul_rn(p[b].z, ei), __fmul_rn(p[b].w, ei));
-                for (int j = 0; j <= i; j += 4) {
-                    const float4 m = ld4(mat + i * CPAD + j);
-                    acc = mac4(m, ld4(vn + j * SCAN_COLS + cg4),
-                               ld4(vn + (j + 1) * SCAN_COLS + cg4),
-                               ld4(vn + (j + 2) * SCAN_COLS + cg4),
-                               ld4(vn + (j + 3) * SCAN_COLS + cg4), acc);
-                }
-                if (i < n) st4(out + ((long long)(c0 + i) * n_v_heads + h) * HEAD_DIM + col0 + cg4, acc);
+                const float4 q_s = make_float4(__fmul_rn(p[b].x, ei), __fmul_rn(p[b].y, ei),
+                                               __fmul_rn(p[b].z, ei), __fmul_rn(p[b].w, ei));
+                const float4 o = lower_row_times(mat, vn, i, cg4, q_s);
+                float* o_row = out + ((long long)(c0 + i) * n_v_heads + h) * HEAD_DIM;
+                if (i < n) st4(o_row + col0 + cg4, o);
             }
         }
         __syncthreads();  // every read of the entering S, q rows, Aqk and ein / eout is done
