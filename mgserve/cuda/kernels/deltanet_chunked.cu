@@ -63,7 +63,7 @@
 // Dynamic shared memory in bytes; the wrapper passes the same numbers (PREP_SMEM, SCAN_SMEM).
 #define PREP_KQ_FLOATS \
     (2 * KPAD > PREP_HEADS * CPAD ? 2 * CHUNK * KPAD : PREP_HEADS * CHUNK * CPAD)
-#define PREP_SMEM_BYTES ((PREP_KQ_FLOATS + 2 * CHUNK * CPAD) * 4 + PREP_HEADS * CHUNK * (8 + 4))
+#define PREP_SMEM_BYTES ((PREP_KQ_FLOATS + 2 * CHUNK * CPAD) * 4 + PREP_HEADS * CHUNK * (8 + 4 + 4))
 #define SCAN_SMEM_BYTES                                                                  \
     ((CHUNK * KPAD + CHUNK * CPAD + HEAD_DIM * SCAN_COLS + 2 * CHUNK * SCAN_COLS + 2 * CHUNK) * 4)
 #if defined(PREP_SMEM) && defined(SCAN_SMEM)
@@ -179,7 +179,8 @@ extern "C" __global__ void __launch_bounds__(PREP_THREADS, 2)
     float* kk = kq + PREP_KQ_FLOATS;              // [CHUNK][CPAD] k_i . k_j
     float* qk = kk + CHUNK * CPAD;                // [CHUNK][CPAD] q_i . k_j
     double* cum = reinterpret_cast<double*>(qk + CHUNK * CPAD);  // [PREP_HEADS][CHUNK]
-    float* bt = reinterpret_cast<float*>(cum + PREP_HEADS * CHUNK);  // [PREP_HEADS][CHUNK]
+    float* bt = reinterpret_cast<float*>(cum + PREP_HEADS * CHUNK);  // [PREP_HEADS][CHUNK] beta
+    float* gs = bt + PREP_HEADS * CHUNK;                             // [PREP_HEADS][CHUNK] g
     const int tid = threadIdx.x, ci = blockIdx.x, kh = blockIdx.y;
     const int n_chunks = gridDim.x, c0 = ci * CHUNK, n = min(CHUNK, T - c0);
     const long long C = (long long)(2 * n_k_heads + n_v_heads) * HEAD_DIM;
@@ -224,16 +225,18 @@ extern "C" __global__ void __launch_bounds__(PREP_THREADS, 2)
     const int r = n_v_heads / n_k_heads;
     for (int h0 = 0; h0 < r; h0 += PREP_HEADS) {
         const int nh = min(PREP_HEADS, r - h0), hbase = kh * r + h0;
+        for (int e = tid; e < nh * CHUNK; e += PREP_THREADS) {
+            const long long at = (long long)(c0 + e % CHUNK) * n_v_heads + hbase + e / CHUNK;
+            bt[e] = e % CHUNK < n ? beta[at] : 0.0f;
+            gs[e] = e % CHUNK < n ? g[at] : 0.0f;
+        }
+        __syncthreads();
         if (tid < nh) {  // cumulative log decay in float64, a fixed left-to-right sum
             double s = 0.0;
             for (int i = 0; i < CHUNK; ++i) {
-                s += i < n ? (double)g[(long long)(c0 + i) * n_v_heads + hbase + tid] : 0.0;
+                s += (double)gs[tid * CHUNK + i];
                 cum[tid * CHUNK + i] = s;
             }
-        }
-        for (int e = tid; e < nh * CHUNK; e += PREP_THREADS) {
-            const int hh = e / CHUNK, i = e % CHUNK;
-            bt[e] = i < n ? beta[(long long)(c0 + i) * n_v_heads + hbase + hh] : 0.0f;
         }
         __syncthreads();
         for (int e = tid; e < nh * CHUNK; e += PREP_THREADS) {
@@ -260,18 +263,16 @@ extern "C" __global__ void __launch_bounds__(PREP_THREADS, 2)
             float x[CHUNK];
 #pragma unroll
             for (int i = 0; i < CHUNK; ++i) {
-                float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+                float s0 = 0.0f, s1 = 0.0f;  // two chains, summed at the end
 #pragma unroll
                 for (int m = 0; m + 4 <= i; m += 4) {
                     const float4 av = ld4(a + i * CPAD + m);
-                    s0 = fmaf(av.x, x[m], s0);
-                    s1 = fmaf(av.y, x[m + 1], s1);
-                    s2 = fmaf(av.z, x[m + 2], s2);
-                    s3 = fmaf(av.w, x[m + 3], s3);
+                    s0 = fmaf(av.y, x[m + 1], fmaf(av.x, x[m], s0));
+                    s1 = fmaf(av.w, x[m + 3], fmaf(av.z, x[m + 2], s1));
                 }
 #pragma unroll
                 for (int m = i & ~3; m < i; ++m) s0 = fmaf(a[i * CPAD + m], x[m], s0);
-                x[i] = (i == j ? 1.0f : 0.0f) - ((s0 + s1) + (s2 + s3));
+                x[i] = (i == j ? 1.0f : 0.0f) - (s0 + s1);
             }
             float* m_out = prep + ((long long)(hbase + hh) * n_chunks + ci) * CHUNK_FLOATS;
             const float bj = bt[hh * CHUNK + j];

@@ -46,7 +46,7 @@ def prefill_smem(head_dim: int) -> tuple[int, int]:
     SCAN_SMEM_BYTES of deltanet_chunked.cu (which static_asserts that they agree)."""
     kpad, cpad = head_dim + 4, CHUNK + 4
     kq = max(2 * CHUNK * kpad, PREP_HEADS * CHUNK * cpad)  # k, q rows; later the systems A
-    prep = (kq + 2 * CHUNK * cpad) * 4 + PREP_HEADS * CHUNK * (8 + 4)  # + kk, qk; cum, beta
+    prep = (kq + 2 * CHUNK * cpad) * 4 + PREP_HEADS * CHUNK * (8 + 4 + 4)  # kk, qk; cum, beta, g
     # k or q rows, M or Aqk, the state's columns, V - exp(G) K S and V', exp(G) and exp(G_last - G)
     scan = CHUNK * kpad + CHUNK * cpad + head_dim * SCAN_COLS + 2 * CHUNK * SCAN_COLS + 2 * CHUNK
     return prep, scan * 4
