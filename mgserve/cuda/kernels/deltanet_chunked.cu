@@ -27,7 +27,8 @@
 //
 // delta_prep_f32: grid (n_chunks, Hk), block PREP_THREADS; all chunks in parallel. K K^T and Q K^T
 //   once per key head, then for each of its value heads (PREP_HEADS at a time): the cumulative log
-//   decays in float64 (so exp(G_i - G_j) is accurate for long chunks with strong decay; only
+//   decays in float64, differences taken in float64 and rounded to float before expf (as the
+//   torch version: exp(G_i - G_j) stays accurate for long chunks with strong decay, and only
 //   differences <= 0 are exponentiated), A in shared memory, M by forward substitution (one
 //   thread per column of the inverse, the column in registers), Aqk; written to prep
 //   [Hv, n_chunks, CHUNK_FLOATS] = (M [C][C], Aqk [C][C], exp(G) [C], exp(G_last - G) [C]).
@@ -36,7 +37,9 @@
 //   order. Columns of S are independent given k, g, beta, so each CTA owns SCAN_COLS columns of
 //   S (registers, with a shared-memory copy the products read) and runs the four products above
 //   on its columns. Thread (rg = tid / 8, cg = tid % 8) owns columns 4 cg .. 4 cg + 3, rows
-//   rg and rg + 32 of the [C, cols] products and rows 4 rg .. 4 rg + 3 of S.
+//   rg and rg + 32 of the [C, cols] products and rows 4 rg .. 4 rg + 3 of S. fp32 FMA on the
+//   SIMT cores throughout; a chunk's k / q rows and M / Aqk are loaded between the products, not
+//   overlapped with them (the second CTA on the SM hides part of it).
 //
 // Padding: rows of the last chunk past the prompt are zero (k = q = v = 0, g = 0, beta = 0), which
 // changes nothing: they write nothing into S and read nothing (as the torch version pads).
