@@ -12,12 +12,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from mgserve.cuda import runtime
+
 if TYPE_CHECKING:
     from cuda.core import Kernel, Stream
 
     from mgserve.cuda.compiler import CompileOptions, KernelCompiler
 
 Defines = tuple[tuple[str, str], ...]
+SMEM_DEFAULT = 48 * 1024  # dynamic shared memory a kernel may use without opting in
 
 
 class Kernels:
@@ -27,22 +30,25 @@ class Kernels:
         self.compiler = compiler
         self.device = torch.device("cuda", compiler.device_index)
         self._kernels: dict[tuple[str, str, CompileOptions], Kernel] = {}
+        self._smem: dict[tuple[str, str, CompileOptions], int] = {}  # dynamic smem allowed
         self._streams: dict[int, Stream] = {}
 
-    def kernel(self, source: str, name: str, defines: Defines = ()) -> Kernel:
-        """Function ``name`` of ``kernels/<source>`` compiled with ``defines`` (cached)."""
+    def kernel(self, source: str, name: str, defines: Defines = (), smem: int = 0) -> Kernel:
+        """Function ``name`` of ``kernels/<source>`` compiled with ``defines`` (cached), allowed
+        ``smem`` bytes of dynamic shared memory (above the 48 KB a launch gets by default)."""
         opts = self.compiler.options(defines=defines)
         key = (source, name, opts)
         k = self._kernels.get(key)
         if k is None:
             k = self._kernels[key] = self.compiler.kernel(source, name, opts)
+        if smem > self._smem.get(key, SMEM_DEFAULT):
+            runtime.allow_smem(k, smem, self.compiler.device_index)
+            self._smem[key] = smem
         return k
 
     def stream(self) -> Stream:
         """cuda.core's view of ``torch.cuda.current_stream()``: launch here to stay in torch's
         order (and inside a graph capture when one is running)."""
-        from mgserve.cuda import runtime
-
         ts = torch.cuda.current_stream(self.device)
         s = self._streams.get(ts.cuda_stream)
         if s is None:

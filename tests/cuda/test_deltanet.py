@@ -154,12 +154,12 @@ def test_decode_graph_capture(cuda_ops, torch_ops) -> None:
     assert torch.equal(s_graph, s_eager) and torch.equal(c_graph, c_eager), "state differs"
 
 
-# -- Gated DeltaNet prefill (torch on the device) ----------------------------------------------
+# -- Gated DeltaNet prefill (the kernels; test_deltanet_prefill_kernel.py has the rest) ---------
 
 
 def test_prefill_on_device_matches_reference(cuda_ops) -> None:
-    """delta_prefill on CUDA tensors (qwen4exp shapes, T not a multiple of the chunk) equals the
-    CPU reference mix, then a decode step continues from its state."""
+    """DeltaNetCuda.prefill (qwen4exp shapes, T not a multiple of the chunk) equals the CPU
+    reference mix."""
     from mgserve.core.gguf.hparams_hybrid import HybridSpec
     from mgserve.core.reference.deltanet import DeltaNetWeights
 

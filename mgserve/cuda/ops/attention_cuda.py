@@ -64,19 +64,6 @@ def decode_smem_bytes(head_dim: int, k_q8: bool, v_q8: bool) -> int:
     return q_frag + max(ATT_STAGES * stage, merge)
 
 
-def _allow_smem(kernel: Kernel, nbytes: int, device_index: int) -> None:
-    """Let ``kernel`` use ``nbytes`` of dynamic shared memory (above the 48 KB default)."""
-    from cuda.bindings import driver
-
-    handle = kernel.handle  # a CUkernel (cuda.core loads cubins as libraries)
-    if not isinstance(handle, driver.CUkernel):
-        handle = driver.CUkernel(int(handle))
-    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    (err,) = driver.cuKernelSetAttribute(attr, nbytes, handle, driver.CUdevice(device_index))
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuKernelSetAttribute(max dynamic smem {nbytes}) failed: {err}")
-
-
 class AttentionCuda:
     """The attention ops on attention.cu (see the module docstring). ``decode`` and ``prefill``
     repeat AttentionTorch's signatures and argument checks on purpose: the twins are
@@ -85,7 +72,6 @@ class AttentionCuda:
     def __init__(self, kernels: Kernels, fallback: AttentionTorch) -> None:
         self.kernels, self.fallback = kernels, fallback
         self.device = kernels.device
-        self._smem_ready: set[int] = set()  # kernels allowed their dynamic shared memory
 
     def covers(self, q: torch.Tensor, k: KVLayer, v: KVLayer) -> bool:
         """Whether attn_decode covers these pools and heads."""
@@ -108,10 +94,7 @@ class AttentionCuda:
             ("V_Q8", str(int(v_q8))),
             ("EXPECT_SMEM", str(smem)),  # the kernel static_asserts the same count
         )
-        kern = self.kernels.kernel(ATTN_SOURCE, "attn_decode", defines)
-        if id(kern) not in self._smem_ready:
-            _allow_smem(kern, smem, self.kernels.compiler.device_index)
-            self._smem_ready.add(id(kern))
+        kern = self.kernels.kernel(ATTN_SOURCE, "attn_decode", defines, smem=smem)
         return kern, self.kernels.kernel(ATTN_SOURCE, "attn_combine", defines), smem
 
     def run_decode(

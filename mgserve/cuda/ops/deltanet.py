@@ -96,6 +96,33 @@ def check_step(
     return b
 
 
+def check_prefill(
+    qkv: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    conv: torch.Tensor,
+    ssm: torch.Tensor,
+    slot: int,
+    weight: torch.Tensor,
+    n_k_heads: int,
+    n_v_heads: int,
+    head_dim: int,
+) -> int:
+    """The shapes of a prefill's inputs (both twins) and its slot; the number of tokens T."""
+    c = deltanet_dims(n_k_heads, n_v_heads, head_dim)
+    check_conv(qkv, conv, weight)
+    if qkv.shape[1] != c or qkv.shape[0] < 1:
+        raise shape_error("qkv", qkv, f"[T >= 1, {c}]")
+    t = qkv.shape[0]
+    check_gb(g, beta, t, n_v_heads)
+    check_ssm(ssm, n_v_heads, head_dim)
+    if not 0 <= slot < conv.shape[0] or conv.shape[0] != ssm.shape[0]:
+        raise ValueError(
+            f"slot {slot} out of range (conv has {conv.shape[0]} slots, ssm {ssm.shape[0]})"
+        )
+    return t
+
+
 class DeltaNetTorch:
     """The DeltaNet steps in PyTorch on the tensors' device (the reference arithmetic)."""
 
@@ -161,17 +188,7 @@ class DeltaNetTorch:
         conv + silu, L2 norms, then the chunked delta rule (the recurrent one for T = 1, as the
         reference does). Continues from and updates the slot's conv and ssm states, so a prompt
         split across calls gives the result of one call. May synchronise (prefill only)."""
-        c = deltanet_dims(n_k_heads, n_v_heads, head_dim)
-        check_conv(qkv, conv, weight)
-        if qkv.shape[1] != c or qkv.shape[0] < 1:
-            raise shape_error("qkv", qkv, f"[T >= 1, {c}]")
-        t = qkv.shape[0]
-        check_gb(g, beta, t, n_v_heads)
-        check_ssm(ssm, n_v_heads, head_dim)
-        if not 0 <= slot < conv.shape[0] or conv.shape[0] != ssm.shape[0]:
-            raise ValueError(
-                f"slot {slot} out of range (conv has {conv.shape[0]} slots, ssm {ssm.shape[0]})"
-            )
+        t = check_prefill(qkv, g, beta, conv, ssm, slot, weight, n_k_heads, n_v_heads, head_dim)
         y, new_conv = deltanet.causal_conv(qkv[None], conv[slot : slot + 1], weight)
         y = rowwise.silu(y[0])  # [T, C]
         q, k, v = split_qkv(y, n_k_heads, n_v_heads, head_dim, eps)  # [T, H_v, d]

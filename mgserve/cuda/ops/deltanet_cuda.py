@@ -1,20 +1,23 @@
 """``DeltaNetCuda``: the deltanet family's decode steps on kernels/deltanet.cu (``conv_step_f32``:
 one thread per channel; ``delta_step_f32``: one CTA per (32 state columns, value head, session),
-the state column in registers). Prefill stays the torch version (deltanet_chunked.py on the
-device). Inputs must be float32 (int32 for slots) on this device."""
+the state column in registers). Prefill: kernels/deltanet_chunked.cu (deltanet_prefill_cuda.py) for
+head dim 128, the torch version (deltanet_chunked.py on the device) otherwise. Inputs must be
+float32 (int32 for slots) on this device."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from mgserve.cuda.checks import check_cuda, check_index
+from mgserve.cuda.checks import check_cuda, check_index, check_vec4
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.deltanet import (
     DeltaNetTorch,
     check_conv,
+    check_prefill,
     check_step,
 )
+from mgserve.cuda.ops.deltanet_prefill_cuda import PREFILL_HEAD_DIM, run_prefill
 
 DELTANET_SOURCE = "deltanet.cu"
 CONV_THREADS = 128  # channels per CTA of conv_step_f32
@@ -24,13 +27,48 @@ MAX_CONV_K = 8  # conv kernel widths the kernel is instantiated for: 1..MAX_CONV
 
 
 class DeltaNetCuda:
-    """The decode steps on deltanet.cu; ``prefill`` is the torch version's. The signatures are
-    DeltaNetTorch's (the family's interface); the shape checks are shared (``check_step``)."""
+    """The decode steps on deltanet.cu, prefill on deltanet_chunked.cu. The signatures are
+    DeltaNetTorch's (the family's interface); the shape checks are shared (``check_step``,
+    ``check_prefill``)."""
 
     def __init__(self, kernels: Kernels, fallback: DeltaNetTorch) -> None:
         self.kernels, self.fallback = kernels, fallback
         self.device = kernels.device
-        self.prefill = fallback.prefill  # no prefill kernel: the chunked torch rule on the GPU
+        self.prefill_kernels = True  # False: prefill runs the torch version (deltanet_chunked.py)
+
+    def prefill(
+        self,
+        qkv: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        conv: torch.Tensor,
+        ssm: torch.Tensor,
+        slot: int,
+        weight: torch.Tensor,
+        *,
+        n_k_heads: int,
+        n_v_heads: int,
+        head_dim: int,
+        eps: float,
+        chunk: int = 64,
+    ) -> torch.Tensor:
+        """DeltaNetTorch.prefill on the kernels, in 64-token chunks whatever ``chunk`` says (it
+        steers the torch version only). Head dims other than 128, conv widths above MAX_CONV_K
+        or ``prefill_kernels`` off: the torch version."""
+        check_prefill(qkv, g, beta, conv, ssm, slot, weight, n_k_heads, n_v_heads, head_dim)
+        if not self.prefill_kernels or head_dim != PREFILL_HEAD_DIM or weight.shape[1] > MAX_CONV_K:
+            return self.fallback.prefill(
+                qkv, g, beta, conv, ssm, slot, weight, n_k_heads=n_k_heads, n_v_heads=n_v_heads,
+                head_dim=head_dim, eps=eps, chunk=chunk,
+            )  # fmt: skip
+        qkv, g, beta, weight = (t.contiguous() for t in (qkv, g, beta, weight))
+        for name, t in (("qkv", qkv), ("g", g), ("beta", beta), ("weight", weight), ("conv", conv)):
+            check_cuda(name, t, self.device, torch.float32)
+        check_vec4("ssm", ssm, self.device, torch.float32)
+        return run_prefill(
+            self.kernels, qkv, g, beta, conv, ssm, slot, weight, n_k_heads=n_k_heads,
+            n_v_heads=n_v_heads, eps=eps,
+        )  # fmt: skip
 
     def conv_step(
         self, x: torch.Tensor, conv: torch.Tensor, slots: torch.Tensor, weight: torch.Tensor
