@@ -23,7 +23,8 @@ FAMILY_FIELDS_SKIPPED = ("dense", "kernels")  # Backend fields that are not op f
 # ops that only make a new view of the same storage: no kernel runs for them
 VIEW_OPS = frozenset(
     {"view", "_unsafe_view", "slice", "select", "unsqueeze", "squeeze", "expand", "permute",
-     "transpose", "t", "as_strided", "alias", "detach", "unflatten", "split", "chunk", "unbind"}
+     "transpose", "t", "as_strided", "alias", "detach", "unflatten", "split", "split_with_sizes",
+     "chunk", "unbind"}
 )  # fmt: skip
 
 
@@ -91,6 +92,8 @@ def decode_glue(
             spans=tuple(Span(sl, s, len(ts)) for sl, ts, s in spans),
             extra=model.step_extra([ts for _, ts, _ in spans], [sl for sl, _, _ in spans]),
         )
+        if decode:  # made on the host with the other inputs, as graphs.py does
+            st.lengths = st.pos + 1
         return st
 
     for s in range(sessions):

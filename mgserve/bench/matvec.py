@@ -70,8 +70,8 @@ def _copy_rate(torch, nbytes: int = 2 << 30) -> float:
 def _launcher(ops, mode: str, x, stream):
     """fn(w, stream, out) for one activation mode (see --activations)."""
     if mode == "int8-pre":
-        xq = ops.quantize_q8(x, stream)
-        return lambda w, s, out: ops.matvec_q8(w, xq, s, out)
+        xq = ops.q8.quantize(x, stream)
+        return lambda w, s, out: ops.q8.matvec(w, xq, s, out)
     return lambda w, s, out: ops.matvec(w, x, s, out=out, int8=mode == "int8")
 
 
@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
                     shape = (
                         f"{tu.rows_per_warp_1},{tu.rows_per_warp_n},{tu.unroll}"
                         if mode == "fp32"
-                        else "rows {},{} per {} threads".format(*ops.q8_rows, ops.q8_group)
+                        else "rows {},{} per {} threads".format(*ops.q8.rows, ops.q8.group)
                     )
                     lines.append(
                         f"| {type_name} | {label} | {n_tok} | {mode} | {shape} "

@@ -23,6 +23,7 @@ from mgserve.cuda.ops.attention import AttentionTorch
 from mgserve.cuda.ops.attention_cuda import AttentionCuda
 from mgserve.cuda.ops.deltanet import DeltaNetTorch
 from mgserve.cuda.ops.deltanet_cuda import DeltaNetCuda
+from mgserve.cuda.ops.embed import EmbedCuda, EmbedTorch
 from mgserve.cuda.ops.hc import HCTorch
 from mgserve.cuda.ops.hc_cuda import HCCuda
 from mgserve.cuda.ops.kv import KVCuda, KVTorch
@@ -49,6 +50,7 @@ class Backend:
 
     dense: DenseWeights  # dequantized weights of the torch families (fallbacks included)
     kernels: Kernels | None  # the GPU's compiled kernels and stream; None for the torch backend
+    embed: EmbedTorch | EmbedCuda
     kv: KVTorch | KVCuda
     attention: AttentionTorch | AttentionCuda
     qsa: QsaTorch | QsaCuda
@@ -71,6 +73,7 @@ def torch_backend() -> Backend:
     return Backend(
         dense=dense,
         kernels=None,
+        embed=EmbedTorch(),
         kv=KVTorch(),
         attention=AttentionTorch(),
         qsa=QsaTorch(),
@@ -118,6 +121,7 @@ def cuda_backend(
     return Backend(
         dense=dense,
         kernels=kernels,
+        embed=EmbedCuda(kernels),
         kv=KVCuda(kernels, KVTorch()),
         attention=attention,
         qsa=QsaCuda(kernels, QsaTorch(), attention),

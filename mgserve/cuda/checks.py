@@ -72,14 +72,20 @@ def as_i32(name: str, t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def rows_view(x: torch.Tensor, d: int) -> tuple[torch.Tensor, int, int]:
     """x seen as [rows, d] with unit stride along d: (tensor, rows, row stride in elements), for
-    the row-wise kernels (norms, activations). A contiguous tensor or a 2-D view with evenly
-    spaced rows (a column slice of a wider activation) is read in place; anything else is copied
-    to a contiguous tensor first."""
-    if not x.is_contiguous() and not (x.dim() == 2 and x.stride(1) == 1):
-        x = x.contiguous()
+    the row-wise kernels (norms, activations). A contiguous tensor or a view with evenly spaced
+    rows (a column slice of a wider activation, e.g. the gate halves [N, H, D] of [N, H, 2 D]) is
+    read in place; anything else is copied to a contiguous tensor first."""
     if x.is_contiguous():
         return x, (x.numel() // d if d else 0), d
-    return x, x.shape[0], x.stride(0)
+    if x.dim() >= 2 and x.shape[-1] == d and x.stride(-1) == 1:
+        try:
+            rows = x.view(-1, d)  # a view exactly when the leading dims collapse to one stride
+        except RuntimeError:
+            pass
+        else:
+            return rows, rows.shape[0], rows.stride(0)
+    x = x.contiguous()
+    return x, (x.numel() // d if d else 0), d
 
 
 def vec4_ok(*pairs: tuple[torch.Tensor, int]) -> bool:

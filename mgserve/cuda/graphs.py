@@ -47,12 +47,15 @@ class _Captured:
         self.tokens = torch.zeros(b, dtype=torch.int64, device=device)
         self.pos = torch.ones(b, dtype=torch.int32, device=device)  # position 1: never a start
         self.slots = torch.full((b,), pad_slot, dtype=torch.int32, device=device)
+        self.lengths = torch.full((b,), 2, dtype=torch.int32, device=device)  # pos + 1
         self.extra = (
             torch.zeros((b, *extra_shape), dtype=torch.float32, device=device)
             if extra_shape is not None
             else None
         )
-        step = Step(self.tokens, self.pos, self.slots, decode=True, extra=self.extra)
+        step = Step(
+            self.tokens, self.pos, self.slots, decode=True, extra=self.extra, lengths=self.lengths
+        )
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):  # warm up: kernels compiled, workspaces allocated
@@ -65,13 +68,15 @@ class _Captured:
     def run(self, inp: DecodeInputs, pad_slot: int) -> torch.Tensor:
         n = len(inp.tokens)
         pad = self.b - n
+        lengths = [p + 1 for p in inp.pos] + [2] * pad
         host = torch.tensor(
-            [inp.tokens + [0] * pad, inp.pos + [1] * pad, inp.slots + [pad_slot] * pad],
+            [inp.tokens + [0] * pad, inp.pos + [1] * pad, inp.slots + [pad_slot] * pad, lengths],
             dtype=torch.int64,
         ).pin_memory()
         self.tokens.copy_(host[0], non_blocking=True)
         self.pos.copy_(host[1], non_blocking=True)
         self.slots.copy_(host[2], non_blocking=True)
+        self.lengths.copy_(host[3], non_blocking=True)
         if self.extra is not None and inp.extra is not None:
             self.extra[:n].copy_(inp.extra.pin_memory(), non_blocking=True)
         self.graph.replay()
@@ -116,5 +121,6 @@ class EagerDecode:
             torch.tensor(inp.slots, dtype=torch.int32, device=d),
             decode=True,
             extra=None if inp.extra is None else inp.extra.to(d),
+            lengths=torch.tensor([p + 1 for p in inp.pos], dtype=torch.int32, device=d),
         )
         return self.model.forward(step)

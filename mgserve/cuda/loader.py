@@ -93,3 +93,14 @@ def rows_of(w: QuantWeight, row0: int, n: int) -> QuantWeight:
     if not 0 <= row0 < row0 + n <= w.rows:
         raise ValueError(f"{w.name}: rows {row0}..{row0 + n} out of {w.rows}")
     return QuantWeight(w.name, w.type_name, (w.k, n), w.data[row0 : row0 + n])
+
+
+def fuse_rows(*ws: QuantWeight) -> list[QuantWeight]:
+    """Projections of one input as one weight, their rows stacked in order (one matvec instead of
+    several), when they share a format and width; else the weights unchanged."""
+    first = ws[0]
+    if any(w.type_name != first.type_name or w.k != first.k for w in ws[1:]):
+        return list(ws)
+    data = torch.cat([w.data for w in ws])  # [sum of rows, row_bytes]
+    name = "+".join(w.name for w in ws)
+    return [QuantWeight(name, first.type_name, (first.k, data.shape[0]), data)]

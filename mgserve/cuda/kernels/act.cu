@@ -1,5 +1,6 @@
-// Gated MLP activations, float32: out = act(gate) * up with act = silu (SwiGLU, llama / qwen) or
-// gelu_tanh (GeGLU, Gemma; llama.cpp's ggml_gelu is the tanh form).
+// Gated activations, float32: out = act(gate) * up with act = silu (SwiGLU, llama / qwen),
+// gelu_tanh (GeGLU, Gemma; llama.cpp's ggml_gelu is the tanh form) or sigmoid (the output gate of
+// qwen3next's attention).
 //
 // Thread mapping: grid = (rows, ceil(F / (per-thread values * 256))), 256 threads per CTA; each
 // thread handles one float4 (the _v4 entries: F % 4 == 0, 16-byte aligned rows) or one float of
@@ -18,7 +19,7 @@ __device__ __forceinline__ float gelu_tanh_f(float x) {
 
 template <int ACT>
 __device__ __forceinline__ float act_mul(float g, float u) {
-    return (ACT == 0 ? silu(g) : gelu_tanh_f(g)) * u;
+    return (ACT == 0 ? silu(g) : ACT == 1 ? gelu_tanh_f(g) : sigmoid(g)) * u;
 }
 
 template <int ACT, bool VEC>
@@ -57,3 +58,5 @@ ACT_ENTRY(silu_mul_f32, 0, false)
 ACT_ENTRY(silu_mul_f32_v4, 0, true)
 ACT_ENTRY(gelu_mul_f32, 1, false)
 ACT_ENTRY(gelu_mul_f32_v4, 1, true)
+ACT_ENTRY(sigmoid_mul_f32, 2, false)
+ACT_ENTRY(sigmoid_mul_f32_v4, 2, true)

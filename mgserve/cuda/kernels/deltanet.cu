@@ -144,3 +144,22 @@ extern "C" __global__ void __launch_bounds__(DELTA_COLS * DELTA_SPLIT)
         out[((long long)b * n_v_heads + h) * HEAD_DIM + col] = o;
     }
 }
+
+// delta_gates_f32: the per-head gates of one step's tokens from their projections:
+//   g[n, h] = softplus(alpha[n, h] + dt_bias[h]) * a[h]  (log decay; softplus as ATen: x past 20
+//   is x itself), beta[n, h] = sigmoid(b[n, h]) (write strength).
+//   b row n at n * b_stride, alpha row n at n * a_stride (column slices of one [N, 2 Hv]
+//   projection, or two tensors); g and beta contiguous [N, Hv]. One thread per (n, h).
+extern "C" __global__ void __launch_bounds__(128)
+    delta_gates_f32(const float* __restrict__ b, long long b_stride,
+                    const float* __restrict__ alpha, long long a_stride,
+                    const float* __restrict__ dt_bias, const float* __restrict__ a,
+                    float* __restrict__ g, float* __restrict__ beta, int n, int hv) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n * hv) return;
+    const int t = i / hv, h = i - t * hv;
+    const float x = __fadd_rn(alpha[t * a_stride + h], dt_bias[h]);
+    const float sp = x > 20.0f ? x : log1pf(expf(x));
+    g[i] = __fmul_rn(sp, a[h]);
+    beta[i] = sigmoid(b[t * b_stride + h]);
+}

@@ -24,6 +24,16 @@ __device__ __forceinline__ float warp_max(float v) {
 __device__ __forceinline__ float silu(float z) { return z / (1.0f + expf(-z)); }
 __device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
 
+// The linear family's epilogue: y = res + (acc + bias) for output row `row` of token t (bias
+// [n_rows] and res [n_tok, n_rows] may be null), in the reference's order of additions.
+__device__ __forceinline__ float linear_out(float acc, const float* __restrict__ bias,
+                                            const float* __restrict__ res, int t, int row,
+                                            int n_rows) {
+    if (bias) acc = __fadd_rn(acc, bias[row]);
+    if (res) acc = __fadd_rn(res[(size_t)t * n_rows + row], acc);
+    return acc;
+}
+
 // w[0..7] . (a, b), summed left to right.
 __device__ __forceinline__ float dot8(const float* w, float4 a, float4 b) {
     return w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y +

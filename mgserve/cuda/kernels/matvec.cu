@@ -33,9 +33,11 @@
 
 // w: [n_rows, k / BLOCK * BYTES] bytes; x: fp32 [n_tok, k]; y: fp32 [n_tok, n_rows].
 // n_rows: output rows; k: inputs per row, a multiple of BLOCK; n_tok: tokens, 1..NT.
+// bias [n_rows] and res [n_tok, n_rows] (null when absent): y = res + (W x + bias).
 template <typename T, int NT>
 __device__ void matvec(const u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
-                       int n_rows, int k, int n_tok) {
+                       int n_rows, int k, int n_tok, const float* __restrict__ bias,
+                       const float* __restrict__ res) {
     constexpr int R = NT == 1 ? ROWS_PER_WARP_1 : ROWS_PER_WARP_N;
     constexpr int RUNS = T::BLOCK / 8;  // 8-value runs per block
     const int lane = threadIdx.x & 31;
@@ -76,7 +78,9 @@ __device__ void matvec(const u8* __restrict__ w, const float* __restrict__ x, fl
         for (int rr = 0; rr < R; rr++)
 #pragma unroll
             for (int t = 0; t < NT; t++)
-                if (t < n_tok && row0 + rr < n_rows) y[(size_t)t * n_rows + row0 + rr] = acc[rr][t];
+                if (t < n_tok && row0 + rr < n_rows)
+                    y[(size_t)t * n_rows + row0 + rr] =
+                        linear_out(acc[rr][t], bias, res, t, row0 + rr, n_rows);
     }
 }
 
@@ -85,8 +89,9 @@ __device__ void matvec(const u8* __restrict__ w, const float* __restrict__ x, fl
 #define MATVEC_ENTRY(TYPE, NT)                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * WARPS_PER_CTA)                            \
         matvec_##TYPE##_t##NT(const u8* __restrict__ w, const float* __restrict__ x,          \
-                              float* __restrict__ y, int n_rows, int k, int n_tok) {           \
-        matvec<TYPE, NT>(w, x, y, n_rows, k, n_tok);                                          \
+                              float* __restrict__ y, int n_rows, int k, int n_tok,             \
+                              const float* __restrict__ bias, const float* __restrict__ res) { \
+        matvec<TYPE, NT>(w, x, y, n_rows, k, n_tok, bias, res);                               \
     }
 
 #define MATVEC_TYPE(TYPE) \

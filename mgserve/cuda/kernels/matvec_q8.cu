@@ -47,11 +47,13 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restri
 // ---- the kernel --------------------------------------------------------------------------------
 
 // w: [n_rows, k / BLOCK * BYTES] bytes; xq: int8 [n_tok, k]; xd: fp32 [n_tok, k / 32];
-// y: fp32 [n_tok, n_rows]. k is a multiple of BLOCK; n_tok is 1..NT.
+// y: fp32 [n_tok, n_rows]. k is a multiple of BLOCK; n_tok is 1..NT. bias [n_rows] and
+// res [n_tok, n_rows] (null when absent): y = res + (W x + bias).
 template <typename T, int NT>
 __device__ void matvec_q8(const u8* __restrict__ w, const i8* __restrict__ xq,
                           const float* __restrict__ xd, float* __restrict__ y, int n_rows, int k,
-                          int n_tok) {
+                          int n_tok, const float* __restrict__ bias,
+                          const float* __restrict__ res) {
     constexpr int R = NT == 1 ? Q8_ROWS_1 : Q8_ROWS_N;
     constexpr int G = Q8_GROUP_THREADS, GROUPS = Q8_THREADS / G, WARPS = G / 32;
     static_assert(G == 32 || G == Q8_THREADS, "Q8_GROUP_THREADS: 32 or Q8_THREADS");
@@ -93,7 +95,8 @@ __device__ void matvec_q8(const u8* __restrict__ w, const i8* __restrict__ xq,
             const float v = warp_sum(acc[rr][t]);
             if (WARPS == 1) {  // the warp is the group: lane 0 holds the sum
                 if (lane == 0 && t < n_tok && row0 + rr < n_rows)
-                    y[(size_t)t * n_rows + row0 + rr] = v;
+                    y[(size_t)t * n_rows + row0 + rr] = linear_out(v, bias, res, t, row0 + rr,
+                                                                   n_rows);
             } else if (lane == 0) {
                 part[warp][rr][t] = v;
             }
@@ -105,7 +108,8 @@ __device__ void matvec_q8(const u8* __restrict__ w, const i8* __restrict__ xq,
         float v = 0.f;
 #pragma unroll
         for (int wi = 0; wi < WARPS; wi++) v += part[wi][rr][t];
-        if (t < n_tok && row0 + rr < n_rows) y[(size_t)t * n_rows + row0 + rr] = v;
+        if (t < n_tok && row0 + rr < n_rows)
+            y[(size_t)t * n_rows + row0 + rr] = linear_out(v, bias, res, t, row0 + rr, n_rows);
     }
 }
 
@@ -113,8 +117,9 @@ __device__ void matvec_q8(const u8* __restrict__ w, const i8* __restrict__ xq,
     extern "C" __global__ void __launch_bounds__(Q8_THREADS)                                    \
         matvec_q8_##TYPE##_t##NT(const u8* __restrict__ w, const i8* __restrict__ xq,          \
                                  const float* __restrict__ xd, float* __restrict__ y,          \
-                                 int n_rows, int k, int n_tok) {                               \
-        matvec_q8<TYPE, NT>(w, xq, xd, y, n_rows, k, n_tok);                                  \
+                                 int n_rows, int k, int n_tok, const float* __restrict__ bias, \
+                                 const float* __restrict__ res) {                              \
+        matvec_q8<TYPE, NT>(w, xq, xd, y, n_rows, k, n_tok, bias, res);                       \
     }
 
 #define MATVEC_Q8_TYPE(TYPE) \

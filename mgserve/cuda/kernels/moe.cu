@@ -48,14 +48,15 @@ __device__ void moe_gate_up(const u8* __restrict__ gate, const u8* __restrict__ 
 }
 
 // down: [n_expert * expert_rows, ff / BLOCK * BYTES] bytes; h: fp32 [N, kk, ff];
-// experts: int32 [N, kk]; weights: fp32 [N, kk]; out: fp32 [N, d]. kk <= MOE_MAX_KK.
+// experts: int32 [N, kk]; weights: fp32 [N, kk]; out: fp32 [N, d]; res: fp32 [N, d] added to
+// out, or null. kk <= MOE_MAX_KK.
 template <typename T>
 __device__ void moe_down(const u8* __restrict__ down, long long expert_rows,
                          const float* __restrict__ h, const int* __restrict__ experts,
-                         const float* __restrict__ weights, float* __restrict__ out, int kk, int d,
-                         int ff, int n_expert) {
+                         const float* __restrict__ weights, float* __restrict__ out,
+                         const float* __restrict__ res, int kk, int d, int ff, int n_expert) {
     constexpr int R = DOWN_ROWS, RUNS = T::BLOCK / 8;
-    moe_down_warp<T>(experts, weights, out, kk, d, ff, n_expert,
+    moe_down_warp<T>(experts, weights, out, res, kk, d, ff, n_expert,
                      [&](int lane, int n, const int* s_e, const float* s_w, size_t row_bytes,
                          const int (&rows)[R], float (&acc)[R]) {
         const float* hn = h + (size_t)n * kk * ff;
@@ -87,8 +88,9 @@ __device__ void moe_down(const u8* __restrict__ down, long long expert_rows,
     extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_down_##TYPE(                \
         const u8* __restrict__ down, long long expert_rows, const float* __restrict__ h,       \
         const int* __restrict__ experts, const float* __restrict__ weights,                    \
-        float* __restrict__ out, int kk, int d, int ff, int n_expert) {                         \
-        moe_down<TYPE>(down, expert_rows, h, experts, weights, out, kk, d, ff, n_expert);      \
+        float* __restrict__ out, const float* __restrict__ res, int kk, int d, int ff,          \
+        int n_expert) {                                                                         \
+        moe_down<TYPE>(down, expert_rows, h, experts, weights, out, res, kk, d, ff, n_expert); \
     }
 
 MOE_ENTRIES(Q4_0)

@@ -2,7 +2,7 @@
 // activations) and moe_q8.cu (int8 activations, dp4a):
 //
 //   h[n, j, f] = silu(gate_e[f] . x[n]) * (up_e[f] . x[n])          e = experts[n, j]  (gate_up)
-//   out[n, r]  = sum_j weights[n, j] * (down_e[r] . h[n, j])                            (down)
+//   out[n, r]  = res[n, r] + sum_j weights[n, j] * (down_e[r] . h[n, j])  (down; res optional)
 //
 // Expert tensors are GGUF's 3-D ffn_{gate,up,down}_exps: expert e's row f of a matrix with
 // expert_rows rows per expert is row e * expert_rows + f (gate/up: expert_rows = ff, or 2 ff for
@@ -85,8 +85,9 @@ __device__ __forceinline__ void moe_gate_up_warp(const u8* __restrict__ gate,
 template <typename T, typename Sum>
 __device__ __forceinline__ void moe_down_warp(const int* __restrict__ experts,
                                               const float* __restrict__ weights,
-                                              float* __restrict__ out, int kk, int d, int ff,
-                                              int n_expert, Sum sum) {
+                                              float* __restrict__ out,
+                                              const float* __restrict__ res, int kk, int d,
+                                              int ff, int n_expert, Sum sum) {
     constexpr int R = DOWN_ROWS;
     __shared__ int s_e[MOE_MAX_KK];
     __shared__ float s_w[MOE_MAX_KK];
@@ -108,6 +109,9 @@ __device__ __forceinline__ void moe_down_warp(const int* __restrict__ experts,
 #pragma unroll
     for (int rr = 0; rr < R; rr++) {
         const float s = warp_sum(acc[rr]);
-        if (lane == 0 && r0 + rr < d) out[(size_t)n * d + r0 + rr] = s;
+        if (lane == 0 && r0 + rr < d) {
+            const size_t o = (size_t)n * d + r0 + rr;
+            out[o] = res ? __fadd_rn(res[o], s) : s;
+        }
     }
 }

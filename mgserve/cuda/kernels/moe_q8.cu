@@ -50,14 +50,16 @@ __device__ void moe_q8_gate_up(const u8* __restrict__ gate, const u8* __restrict
 }
 
 // down: [n_expert * expert_rows, ff / BLOCK * BYTES] bytes; hq: int8 [N * kk, ff];
-// hd: fp32 [N * kk, ff / 32]; experts: int32 [N, kk]; weights: fp32 [N, kk]; out: fp32 [N, d].
+// hd: fp32 [N * kk, ff / 32]; experts: int32 [N, kk]; weights: fp32 [N, kk]; out: fp32 [N, d];
+// res: fp32 [N, d] added to out, or null.
 template <typename T>
 __device__ void moe_q8_down(const u8* __restrict__ down, long long expert_rows,
                             const i8* __restrict__ hq, const float* __restrict__ hd,
                             const int* __restrict__ experts, const float* __restrict__ weights,
-                            float* __restrict__ out, int kk, int d, int ff, int n_expert) {
+                            float* __restrict__ out, const float* __restrict__ res, int kk, int d,
+                            int ff, int n_expert) {
     constexpr int R = DOWN_ROWS;
-    moe_down_warp<T>(experts, weights, out, kk, d, ff, n_expert,
+    moe_down_warp<T>(experts, weights, out, res, kk, d, ff, n_expert,
                      [&](int lane, int n, const int* s_e, const float* s_w, size_t row_bytes,
                          const int (&rows)[R], float (&acc)[R]) {
         const int per_row = ff / T::BLOCK * T::CHUNKS, total = kk * per_row;
@@ -91,9 +93,9 @@ __device__ void moe_q8_down(const u8* __restrict__ down, long long expert_rows,
     extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_q8_down_##TYPE(             \
         const u8* __restrict__ down, long long expert_rows, const i8* __restrict__ hq,         \
         const float* __restrict__ hd, const int* __restrict__ experts,                         \
-        const float* __restrict__ weights, float* __restrict__ out, int kk, int d, int ff,     \
-        int n_expert) {                                                                         \
-        moe_q8_down<TYPE>(down, expert_rows, hq, hd, experts, weights, out, kk, d, ff,         \
+        const float* __restrict__ weights, float* __restrict__ out,                            \
+        const float* __restrict__ res, int kk, int d, int ff, int n_expert) {                   \
+        moe_q8_down<TYPE>(down, expert_rows, hq, hd, experts, weights, out, res, kk, d, ff,    \
                           n_expert);                                                            \
     }
 

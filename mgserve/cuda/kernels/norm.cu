@@ -9,7 +9,9 @@
 //   fixed order: deterministic); pass 2 re-reads x (an L1 hit) and writes y.
 //   x row r starts at r * x_stride; y is contiguous [rows, D]; the gate (mode 1 silu, 2 sigmoid)
 //   z[r, i] sits at (r / z_group) * z_stride + (r % z_group) * D + i (DeltaNet: rows are
-//   (token, value head), z is [N, H_v * d_v]).
+//   (token, value head), z is [N, H_v * d_v]). Optional: res [rows, D] added after the norm
+//   (y = res + norm: a residual), and dest [z_group]: row r is written as row
+//   (r / z_group) * z_group + dest[r % z_group] (DeltaNet value heads put in ssm_out's order).
 //
 // rms_norm_rope_f32:
 //   Per (token n, head h): optional RMSNorm of x[n, h, :] with w [D], then rotary embedding of the
@@ -35,8 +37,9 @@ template <bool VEC>
 __device__ __forceinline__ void rms_norm_row(const float* __restrict__ x, long long x_stride,
                                              const float* __restrict__ w, int n_groups,
                                              const float* __restrict__ z, int z_group,
-                                             long long z_stride, float* __restrict__ y, int n_rows,
-                                             int D, float eps, int gate) {
+                                             long long z_stride, const float* __restrict__ res,
+                                             const int* __restrict__ dest, float* __restrict__ y,
+                                             int n_rows, int D, float eps, int gate) {
     __shared__ float partial[32][MAX_ROW_WARPS];  // [row in CTA][warp in row]
     const int tpr = blockDim.x, t = threadIdx.x, ry = threadIdx.y;
     const int row = blockIdx.x * blockDim.y + ry;
@@ -65,7 +68,10 @@ __device__ __forceinline__ void rms_norm_row(const float* __restrict__ x, long l
     const float* wr = w + (long long)(row % n_groups) * D;
     const float* zr = z ? z + (long long)(row / z_group) * z_stride + (long long)(row % z_group) * D
                         : nullptr;
-    float* yr = y + (long long)row * D;
+    const long long out_row =
+        dest ? (long long)(row / z_group) * z_group + dest[row % z_group] : (long long)row;
+    const float* rr = res ? res + (long long)row * D : nullptr;
+    float* yr = y + out_row * D;
     if (VEC) {
         const float4* x4 = reinterpret_cast<const float4*>(xr);
         const float4* w4 = reinterpret_cast<const float4*>(wr);
@@ -83,12 +89,20 @@ __device__ __forceinline__ void rms_norm_row(const float* __restrict__ x, long l
                 o.z *= gate_act(zz.z, gate);
                 o.w *= gate_act(zz.w, gate);
             }
+            if (rr) {
+                float4 q = reinterpret_cast<const float4*>(rr)[i];
+                o.x = __fadd_rn(q.x, o.x);
+                o.y = __fadd_rn(q.y, o.y);
+                o.z = __fadd_rn(q.z, o.z);
+                o.w = __fadd_rn(q.w, o.w);
+            }
             y4[i] = o;
         }
     } else {
         for (int i = t; i < D; i += tpr) {
             float o = __fmul_rn(__fmul_rn(xr[i], r), wr[i]);
             if (zr) o *= gate_act(zr[i], gate);
+            if (rr) o = __fadd_rn(rr[i], o);
             yr[i] = o;
         }
     }
@@ -97,15 +111,19 @@ __device__ __forceinline__ void rms_norm_row(const float* __restrict__ x, long l
 extern "C" __global__ void __launch_bounds__(256)
     rms_norm_f32(const float* __restrict__ x, long long x_stride, const float* __restrict__ w,
                  int n_groups, const float* __restrict__ z, int z_group, long long z_stride,
+                 const float* __restrict__ res, const int* __restrict__ dest,
                  float* __restrict__ y, int n_rows, int D, float eps, int gate) {
-    rms_norm_row<false>(x, x_stride, w, n_groups, z, z_group, z_stride, y, n_rows, D, eps, gate);
+    rms_norm_row<false>(x, x_stride, w, n_groups, z, z_group, z_stride, res, dest, y, n_rows, D,
+                        eps, gate);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
     rms_norm_f32_v4(const float* __restrict__ x, long long x_stride, const float* __restrict__ w,
                     int n_groups, const float* __restrict__ z, int z_group, long long z_stride,
+                    const float* __restrict__ res, const int* __restrict__ dest,
                     float* __restrict__ y, int n_rows, int D, float eps, int gate) {
-    rms_norm_row<true>(x, x_stride, w, n_groups, z, z_group, z_stride, y, n_rows, D, eps, gate);
+    rms_norm_row<true>(x, x_stride, w, n_groups, z, z_group, z_stride, res, dest, y, n_rows, D,
+                       eps, gate);
 }
 
 // x [N, H, D] with strides (x_sn, x_sh, 1); w [D] or null (no norm); y [N, H, D] contiguous;

@@ -11,7 +11,8 @@ A step is either
 
 Both write the state of the slots they touch (``SlotPools``) and return logits for the rows asked.
 Models run every op through their ``Backend`` (``backend.<family>.<op>``); the helpers here load
-and run what every architecture shares: the token embedding and output projection, and biases.
+and run what every architecture shares: the token embedding and output projection, the logit rows
+and the attention lengths of a step.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Step:
     spans: tuple[Span, ...] = ()  # prefill: the chunks, in token order; decode: unused
     logit_rows: torch.Tensor | None = None  # [R] int64 rows wanting logits; None: every row
     extra: Any = None  # model-specific host-made inputs (qwen4exp: PLE rows [N, n_heads * dim])
+    lengths: torch.Tensor | None = None  # [N] int32 pos + 1; decode inputs carry it (key_lengths)
 
 
 class DeviceLM(Protocol):
@@ -68,12 +70,16 @@ class DeviceLM(Protocol):
 
 
 def rows(x: torch.Tensor, step: Step) -> torch.Tensor:
-    """The rows of ``x`` whose logits the step wants."""
+    """The rows of ``x`` whose logits the step wants (prefill only: decode wants every row)."""
     return x if step.logit_rows is None else x.index_select(0, step.logit_rows)
 
 
-def bias(x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return x if b is None else x + b
+def key_lengths(step: Step) -> torch.Tensor:
+    """[N] int32: how many positions each query attends over (pos + 1). Decode inputs bring them
+    from the host (graphs.py), so the graph adds nothing; otherwise computed once per step."""
+    if step.lengths is None:
+        step.lengths = step.pos + 1
+    return step.lengths
 
 
 def load_embeddings(
@@ -86,3 +92,12 @@ def load_embeddings(
     out = tok if spec.tied_output else ld.mat("output.weight", (spec.n_embd, spec.n_vocab))
     table = torch.empty(tok.rows, tok.k, dtype=torch.float32, device=tok.data.device)
     return backend.linear.dequantize(tok, 0, tok.rows, table), out
+
+
+def fused_matmul(
+    b: Backend, x: torch.Tensor, ws: list[QuantWeight], sizes: list[int], xq: Any = None
+) -> list[torch.Tensor]:
+    """The products of x [N, k] with projections loaded by ``fuse_rows`` (one stacked weight, or
+    one weight each): one [N, size] output per projection (column views of one product)."""
+    outs = [b.linear.matmul(x, w, xq=xq) for w in ws]
+    return outs if len(outs) == len(sizes) else list(outs[0].split(sizes, dim=1))

@@ -5,8 +5,11 @@ weights, how they load, and the layer's forward (the twin of
 qwen4exp files store DeltaNet value heads tiled (value head j reads key head j % H_k). The rows of
 the projections that produce value heads (qkv's v part, z, beta, alpha) are reordered at load
 into the grouped order the kernels use (j reads j // r); ``ssm_out`` reads value heads along its
-input, which block quantization cannot reorder, so its input is put back into the file's order
-instead (one gather per layer).
+input, which block quantization cannot reorder, so the gated norm writes its output heads back
+in the file's order instead.
+
+The beta and alpha projections are one weight (rows [beta | alpha]) where their formats allow, and
+one ``deltanet.gates`` op turns them into the decay and write strength.
 """
 
 from __future__ import annotations
@@ -19,9 +22,8 @@ import torch
 from mgserve.core.gguf.hparams_hybrid import HybridSpec
 from mgserve.core.gguf.reader import GGUFError
 from mgserve.core.models.hybrid_weights import ssm_in_rows
-from mgserve.core.reference import rowwise
-from mgserve.cuda.loader import Loader, select_rows
-from mgserve.cuda.models.base import Step
+from mgserve.cuda.loader import Loader, fuse_rows, select_rows
+from mgserve.cuda.models.base import Step, fused_matmul
 from mgserve.cuda.pools import SlotPools
 from mgserve.cuda.weights import QuantWeight
 
@@ -35,14 +37,13 @@ DELTA_CHUNK = 128  # tokens per step of the chunked delta rule in prefill (same 
 class DeltaNet:
     qkv: QuantWeight  # [conv_dim, d] rows [q | k | v (grouped value heads)]
     z: QuantWeight  # [value_dim, d] (grouped)
-    beta: QuantWeight  # [H_v, d] (grouped)
-    alpha: QuantWeight  # [H_v, d]
+    ba: list[QuantWeight]  # [2 H_v, d] rows [beta | alpha] (grouped), or [beta, alpha] (fuse_rows)
     conv: torch.Tensor  # [conv_dim, K]
     dt_bias: torch.Tensor  # [H_v]
     a: torch.Tensor  # [H_v]
     norm: torch.Tensor  # [d_v]
     out: QuantWeight  # [d, value_dim] in the file's value-head order
-    out_order: torch.Tensor | None  # [H_v] int64: grouped heads -> the order ``out`` reads
+    out_heads: torch.Tensor | None  # [H_v] int32: where grouped head j sits in ``out``'s input
     sigmoid_gate: bool
 
 
@@ -85,34 +86,35 @@ def load_deltanet(ld: Loader, il: int, d: int, hp: HybridSpec, arch: str) -> Del
         v_taps = conv[2 * kd :].view(hv, dv, -1)[heads.to(conv.device)]  # [H_v, d_v, K]
         conv = torch.cat((conv[: 2 * kd], v_taps.reshape(-1, conv.shape[1])))
         dt_bias, a = dt_bias[heads.to(dt_bias.device)], a[heads.to(a.device)]
-        beta = select_rows(ld.mat(p + "ssm_beta.weight", (d, hv)), heads)
-        alpha = select_rows(ld.mat(p + "ssm_alpha.weight", (d, hv)), heads)
-        order = torch.argsort(heads).to(ld.device)  # tiled head t <- grouped head order[t]
+        ba = fuse_rows(
+            select_rows(ld.mat(p + "ssm_beta.weight", (d, hv)), heads),
+            select_rows(ld.mat(p + "ssm_alpha.weight", (d, hv)), heads),
+        )
+        out_heads = heads.to(device=ld.device, dtype=torch.int32)
     else:
-        ba = ld.mat(p + "ssm_ba.weight", (d, 2 * hv))  # per key head: [beta (r) | alpha (r)]
+        fused = ld.mat(p + "ssm_ba.weight", (d, 2 * hv))  # per key head: [beta (r) | alpha (r)]
         j = torch.arange(hv)
-        beta = select_rows(ba, (j // r) * 2 * r + j % r)
-        alpha = select_rows(ba, (j // r) * 2 * r + r + j % r)
-        order = None
+        beta_rows = (j // r) * 2 * r + j % r
+        ba, out_heads = [select_rows(fused, torch.cat((beta_rows, beta_rows + r)))], None
     return DeltaNet(
-        qkv=qkv, z=z, beta=beta, alpha=alpha, conv=conv.contiguous(), dt_bias=dt_bias, a=a,
-        norm=ld.vec(p + "ssm_norm.weight", (dv,)), out=out, out_order=order,
+        qkv=qkv, z=z, ba=ba, conv=conv.contiguous(), dt_bias=dt_bias, a=a,
+        norm=ld.vec(p + "ssm_norm.weight", (dv,)), out=out, out_heads=out_heads,
         sigmoid_gate=arch == "qwen4exp",
     )  # fmt: skip
 
 
 def deltanet_forward(
     b: Backend, pools: SlotPools, il: int, w: DeltaNet, h: torch.Tensor, step: Step,
-    hp: HybridSpec, eps: float,
+    hp: HybridSpec, eps: float, residual: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """The layer's output [N, d] for the normed input h [N, d]; the slots' conv and recurrent
-    states advance (decode: one kernel step for all sessions; prefill: span by span)."""
-    n = h.shape[0]
-    qkv = b.linear.matmul(h, w.qkv)  # [N, conv_dim]
-    z = b.linear.matmul(h, w.z)  # [N, value_dim]
-    beta = rowwise.sigmoid(b.linear.matmul(h, w.beta))  # [N, H_v]
-    g = rowwise.softplus(b.linear.matmul(h, w.alpha) + w.dt_bias) * w.a
+    """residual + the layer's output [N, d] for the normed input h [N, d]; the slots' conv and
+    recurrent states advance (decode: one kernel step for all sessions; prefill: span by span)."""
     hk, hv, dh = hp.ssm_k_heads, hp.ssm_v_heads, hp.ssm_head_dim
+    xq = b.linear.quantize(h)
+    qkv = b.linear.matmul(h, w.qkv, xq=xq)  # [N, conv_dim]
+    z = b.linear.matmul(h, w.z, xq=xq)  # [N, value_dim]
+    beta_x, alpha_x = fused_matmul(b, h, w.ba, [hv, hv], xq)  # [N, H_v] each
+    g, beta = b.deltanet.gates(beta_x, alpha_x, w.dt_bias, w.a)
     conv, ssm = pools.conv[il], pools.ssm[il]
     if step.decode:
         y = b.deltanet.conv_step(qkv, conv, step.slots, w.conv)
@@ -131,7 +133,5 @@ def deltanet_forward(
             )  # fmt: skip
             off += s.n
         o = torch.cat(parts)
-    out = b.norm.gated(o, z, w.norm, eps, w.sigmoid_gate)
-    if w.out_order is not None:  # back to the file's value-head order for ssm_out
-        out = out.view(n, hv, -1).index_select(1, w.out_order).reshape(n, -1)
-    return b.linear.matmul(out, w.out)
+    out = b.norm.gated(o, z, w.norm, eps, w.sigmoid_gate, w.out_heads)
+    return b.linear.matmul(out, w.out, residual=residual)

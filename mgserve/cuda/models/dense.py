@@ -18,7 +18,7 @@ from mgserve.core.gguf.hparams import ModelSpec
 from mgserve.core.gguf.hparams_hybrid import dense_moe
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.cuda.loader import Loader
-from mgserve.cuda.models.base import Step, bias, load_embeddings, rows
+from mgserve.cuda.models.base import Step, key_lengths, load_embeddings, rows
 from mgserve.cuda.models.moe import Moe, load_moe, moe_ffn
 from mgserve.cuda.pools import PoolSize, SlotPools
 from mgserve.cuda.weights import QuantWeight
@@ -119,63 +119,81 @@ class DenseLM:
 
     def forward(self, step: Step) -> torch.Tensor:
         spec, b = self.spec, self.backend
-        x = self.tok_embd.index_select(0, step.tokens)  # [N, d]
-        if spec.gemma:
-            x = x * math.sqrt(spec.n_embd)
+        scale = math.sqrt(spec.n_embd) if spec.gemma else 1.0
+        x = b.embed.gather(self.tok_embd, step.tokens, scale=scale)  # [N, d]
         for il, layer in enumerate(self.layers):
             x = self.block(il, layer, x, step)
         h = b.norm.rms(rows(x, step), self.output_norm, spec.rms_eps)
-        logits = bias(b.linear.matmul(h, self.output), self.output_b)
-        if spec.final_softcap > 0.0:
+        logits = b.linear.matmul(h, self.output, bias=self.output_b)
+        if spec.final_softcap > 0.0:  # gemma2-style files only
             logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap
         return logits
 
     def block(self, il: int, layer: DenseLayer, x: torch.Tensor, step: Step) -> torch.Tensor:
+        """x + attn(norm(x)), then + mlp(norm(x)): each residual added by the op that ends the
+        branch (the output projection, or Gemma's post-norm)."""
         b = self.backend
         eps = self.spec.rms_eps
-        a = self.attend(il, layer, b.norm.rms(x, layer.attn_norm, eps), step)
+        h = b.norm.rms(x, layer.attn_norm, eps)
         if layer.post_attn_norm is not None:
-            a = b.norm.rms(a, layer.post_attn_norm, eps)
-        x = x + a
+            a = self.attend(il, layer, h, step)
+            x = b.norm.rms(a, layer.post_attn_norm, eps, residual=x)
+        else:
+            x = self.attend(il, layer, h, step, residual=x)
         h = b.norm.rms(x, layer.ffn_norm, eps)
         if layer.moe is not None and self.experts is not None:
-            return x + moe_ffn(b, layer.moe, h, self.experts)
+            return moe_ffn(b, layer.moe, h, self.experts, residual=x)
         assert layer.gate is not None and layer.up is not None and layer.down is not None
-        g = bias(b.linear.matmul(h, layer.gate), layer.gate_b)
-        u = bias(b.linear.matmul(h, layer.up), layer.up_b)
+        xq = b.linear.quantize(h)
+        g = b.linear.matmul(h, layer.gate, bias=layer.gate_b, xq=xq)
+        u = b.linear.matmul(h, layer.up, bias=layer.up_b, xq=xq)
         act = b.act.gelu_mul(g, u) if self.spec.gemma else b.act.silu_mul(g, u)
-        m = bias(b.linear.matmul(act, layer.down), layer.down_b)
-        if layer.post_ffn_norm is not None:
-            m = b.norm.rms(m, layer.post_ffn_norm, eps)
-        return x + m
+        if layer.post_ffn_norm is None:
+            return b.linear.matmul(act, layer.down, bias=layer.down_b, residual=x)
+        m = b.linear.matmul(act, layer.down, bias=layer.down_b)
+        return b.norm.rms(m, layer.post_ffn_norm, eps, residual=x)
 
-    def attend(self, il: int, layer: DenseLayer, h: torch.Tensor, step: Step) -> torch.Tensor:
+    def rotate(
+        self, x: torch.Tensor, norm: torch.Tensor | None, pos: torch.Tensor, swa: bool
+    ) -> torch.Tensor:
+        """RoPE of x [N, H, D] at pos, after the per-head RMSNorm ``norm`` (qwen3, gemma3) in the
+        same op."""
+        spec, rope = self.spec, self.backend.rope
+        base = spec.rope_base_swa if swa else spec.rope_base
+        if norm is None:
+            return rope.apply(
+                x, pos, n_rot=spec.n_rot, base=base, neox=spec.rope_neox, scale=spec.rope_scale,
+                freq_factors=self.rope_freqs,
+            )  # fmt: skip
+        return rope.norm_apply(
+            x, norm, spec.rms_eps, pos, n_rot=spec.n_rot, base=base, neox=spec.rope_neox,
+            scale=spec.rope_scale, freq_factors=self.rope_freqs,
+        )  # fmt: skip
+
+    def attend(self, il: int, layer: DenseLayer, h: torch.Tensor, step: Step,
+               residual: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """residual + the attention branch's output [N, d] for the normed input h."""
         spec, b = self.spec, self.backend
         n, dh = h.shape[0], spec.head_dim
-        q = bias(b.linear.matmul(h, layer.wq), layer.bq)
-        k = bias(b.linear.matmul(h, layer.wk), layer.bk)
-        v = bias(b.linear.matmul(h, layer.wv), layer.bv)
-        q, k, v = q.view(n, spec.n_head, dh), k.view(n, spec.n_head_kv, dh), v.view(n, -1, dh)
-        if layer.q_norm is not None and layer.k_norm is not None:
-            q = b.norm.rms(q, layer.q_norm, spec.rms_eps)
-            k = b.norm.rms(k, layer.k_norm, spec.rms_eps)
+        xq = b.linear.quantize(h)
+        q = b.linear.matmul(h, layer.wq, bias=layer.bq, xq=xq).view(n, spec.n_head, dh)
+        k = b.linear.matmul(h, layer.wk, bias=layer.bk, xq=xq).view(n, spec.n_head_kv, dh)
+        v = b.linear.matmul(h, layer.wv, bias=layer.bv, xq=xq).view(n, -1, dh)
         swa = bool(spec.swa_layers and spec.swa_layers[il])
-        base = spec.rope_base_swa if swa else spec.rope_base
         q, k = (
-            b.rope.apply(t, step.pos, n_rot=spec.n_rot, base=base, neox=spec.rope_neox,
-                         scale=spec.rope_scale, freq_factors=self.rope_freqs)
-            for t in (q, k)
-        )  # fmt: skip
+            self.rotate(q, layer.q_norm, step.pos, swa),
+            self.rotate(k, layer.k_norm, step.pos, swa),
+        )
         kc, vc = self.pools.k[il], self.pools.v[il]
         b.kv.write(kc, k, step.slots, step.pos)
         b.kv.write(vc, v, step.slots, step.pos)
         scale, softcap = spec.attn_scale, spec.attn_softcap
         window = spec.sliding_window if swa else 0
         if step.decode:
-            lengths = step.pos + 1
             out = b.attention.decode(
-                q, kc, vc, step.slots, lengths, scale=scale, window=window, softcap=softcap
-            )
+                q, kc, vc, step.slots, key_lengths(step), scale=scale, window=window,
+                softcap=softcap,
+            )  # fmt: skip
         else:
             parts, off = [], 0
             for s in step.spans:
@@ -187,4 +205,4 @@ class DenseLM:
                 )
                 off += s.n
             out = torch.cat(parts)
-        return bias(b.linear.matmul(out, layer.wo), layer.bo)
+        return b.linear.matmul(out, layer.wo, bias=layer.bo, residual=residual)

@@ -19,12 +19,12 @@ import torch
 from mgserve.core.gguf.hparams import ModelSpec
 from mgserve.core.gguf.hparams_hybrid import HybridSpec
 from mgserve.core.gguf.reader import GGUFFile
-from mgserve.core.reference import rowwise
 from mgserve.cuda.loader import Loader
-from mgserve.cuda.models.base import Step, bias, load_embeddings, rows
+from mgserve.cuda.models.base import Step, key_lengths, load_embeddings, rows
 from mgserve.cuda.models.deltanet import DeltaNet, deltanet_forward, load_deltanet
 from mgserve.cuda.models.moe import Moe, load_moe, moe_ffn
 from mgserve.cuda.models.qwen4exp_weights import HC, Indexer, Ple
+from mgserve.cuda.ops.linear_tuning import Q8Activations
 from mgserve.cuda.pools import KVLayer, PoolSize, SlotPools
 from mgserve.cuda.weights import QuantWeight
 
@@ -147,58 +147,65 @@ class HybridLM:
         return self.backend.linear.matmul(self.head(rows(x, step)), self.output)
 
     def embed(self, step: Step) -> torch.Tensor:
-        return self.tok_embd.index_select(0, step.tokens)  # [N, d]
+        return self.backend.embed.gather(self.tok_embd, step.tokens)  # [N, d]
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         return self.backend.norm.rms(x, self.output_norm, self.spec.rms_eps)
 
     def block(self, il: int, x: torch.Tensor, step: Step) -> torch.Tensor:
+        """x + mixer(norm(x)), then + moe(norm(x)): each residual added by the op that ends the
+        branch (the output projection, the experts' sum)."""
         layer, b, eps = self.layers[il], self.backend, self.spec.rms_eps
         assert layer.attn_norm is not None and layer.ffn_norm is not None
-        x = x + self.mixer(il, layer, b.norm.rms(x, layer.attn_norm, eps), step)
-        return x + moe_ffn(b, layer.moe, b.norm.rms(x, layer.ffn_norm, eps), self.hp)
+        x = self.mixer(il, layer, b.norm.rms(x, layer.attn_norm, eps), step, residual=x)
+        return moe_ffn(b, layer.moe, b.norm.rms(x, layer.ffn_norm, eps), self.hp, residual=x)
 
-    def mixer(self, il: int, layer: Layer, h: torch.Tensor, step: Step) -> torch.Tensor:
+    def mixer(self, il: int, layer: Layer, h: torch.Tensor, step: Step,
+              residual: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """residual + the layer's mixer (DeltaNet or attention) on the normed input h."""
         if isinstance(layer.mixer, DeltaNet):
             return deltanet_forward(
-                self.backend, self.pools, il, layer.mixer, h, step, self.hp, self.spec.rms_eps
-            )
-        return self.attention(il, layer, layer.mixer, h, step)
+                self.backend, self.pools, il, layer.mixer, h, step, self.hp, self.spec.rms_eps,
+                residual,
+            )  # fmt: skip
+        return self.attention(il, layer, layer.mixer, h, step, residual)
 
-    def rotate(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """NeoX RoPE of x [N, H, D] at pos [N] (every rotary input of the family)."""
+    def rotate(self, x: torch.Tensor, norm: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Per-head RMSNorm then NeoX RoPE of x [N, H, D] (rows may be strided) at pos [N], in
+        one op (every rotary input of the family)."""
         spec = self.spec
-        return self.backend.rope.apply(
-            x, pos, n_rot=spec.n_rot, base=spec.rope_base, neox=True, scale=spec.rope_scale
-        )
+        return self.backend.rope.norm_apply(
+            x, norm, spec.rms_eps, pos, n_rot=spec.n_rot, base=spec.rope_base, neox=True,
+            scale=spec.rope_scale,
+        )  # fmt: skip
 
-    def attention(
-        self, il: int, layer: Layer, w: Attn, h: torch.Tensor, step: Step
-    ) -> torch.Tensor:
-        spec, b, eps = self.spec, self.backend, self.spec.rms_eps
+    def attention(self, il: int, layer: Layer, w: Attn, h: torch.Tensor, step: Step,
+                  residual: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        spec, b = self.spec, self.backend
         n, dh = h.shape[0], spec.head_dim
-        q = bias(b.linear.matmul(h, w.wq), w.biases[0]).view(n, spec.n_head, -1)
+        xq = b.linear.quantize(h)
+        q = b.linear.matmul(h, w.wq, bias=w.biases[0], xq=xq).view(n, spec.n_head, -1)
         gate = None
-        if w.gated:
-            q, gate = q[..., :dh].contiguous(), q[..., dh:].reshape(n, spec.n_head * dh)
-        k = bias(b.linear.matmul(h, w.wk), w.biases[1]).view(n, spec.n_head_kv, dh)
-        v = bias(b.linear.matmul(h, w.wv), w.biases[2]).view(n, spec.n_head_kv, dh)
-        q = self.rotate(b.norm.rms(q, w.q_norm, eps), step.pos)
-        k = self.rotate(b.norm.rms(k, w.k_norm, eps), step.pos)
+        if w.gated:  # per head [q | gate]: both read in place
+            q, gate = q[..., :dh], q[..., dh:]
+        k = b.linear.matmul(h, w.wk, bias=w.biases[1], xq=xq).view(n, spec.n_head_kv, dh)
+        v = b.linear.matmul(h, w.wv, bias=w.biases[2], xq=xq).view(n, spec.n_head_kv, dh)
+        q, k = self.rotate(q, w.q_norm, step.pos), self.rotate(k, w.k_norm, step.pos)
         kc, vc = self.pools.k[il], self.pools.v[il]
         b.kv.write(kc, k, step.slots, step.pos)
         b.kv.write(vc, v, step.slots, step.pos)
-        out = self.attend(il, layer, q, kc, vc, h, step)
+        out = self.attend(il, layer, q, kc, vc, h, step, xq)  # [N, H * D]
         if gate is not None:
-            out = out * rowwise.sigmoid(gate)
-        return b.linear.matmul(out, w.wo)
+            out = b.act.sigmoid_mul(gate, out.view(n, spec.n_head, dh)).view(n, -1)
+        return b.linear.matmul(out, w.wo, residual=residual)
 
     def attend(self, il: int, layer: Layer, q: torch.Tensor, kc: KVLayer, vc: KVLayer,
-               h: torch.Tensor, step: Step) -> torch.Tensor:  # fmt: skip
-        """Causal attention of the step's queries q [N, H, D] over the pools: [N, H * D]."""
+               h: torch.Tensor, step: Step, xq: Q8Activations | None) -> torch.Tensor:  # fmt: skip
+        """Causal attention of the step's queries q [N, H, D] over the pools: [N, H * D] (h, the
+        layer's normed input, and its int8 form xq: for qwen4exp's indexer)."""
         b, scale = self.backend, self.spec.attn_scale
         if step.decode:
-            return b.attention.decode(q, kc, vc, step.slots, step.pos + 1, scale=scale)
+            return b.attention.decode(q, kc, vc, step.slots, key_lengths(step), scale=scale)
         parts, off = [], 0
         for s in step.spans:
             qs = q[off : off + s.n]

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from mgserve.core.gguf.hparams_hybrid import HybridSpec
-from mgserve.core.reference import rowwise
-from mgserve.cuda.loader import Loader
+from mgserve.cuda.loader import Loader, fuse_rows
+from mgserve.cuda.models.base import fused_matmul
 from mgserve.cuda.ops.moe import ExpertWeights
 from mgserve.cuda.weights import QuantWeight
 
@@ -24,10 +24,9 @@ if TYPE_CHECKING:
 class Moe:
     router: QuantWeight  # [E, d]
     experts: ExpertWeights
-    shexp_gate: QuantWeight | None = None
-    shexp_up: QuantWeight | None = None
+    shexp_gate_up: list[QuantWeight] | None = None  # [2 ff_sh, d] fused, or [gate, up] (fuse_rows)
     shexp_down: QuantWeight | None = None
-    shexp_gate_inp: QuantWeight | None = None  # [1, d]
+    shexp_gate_inp: torch.Tensor | None = None  # [d]
 
 
 def load_moe(ld: Loader, il: int, d: int, hp: HybridSpec) -> Moe:
@@ -47,23 +46,27 @@ def load_moe(ld: Loader, il: int, d: int, hp: HybridSpec) -> Moe:
     )
     if hp.n_ff_shexp:
         sh = hp.n_ff_shexp
-        m.shexp_gate = ld.mat(p + "ffn_gate_shexp.weight", (d, sh))
-        m.shexp_up = ld.mat(p + "ffn_up_shexp.weight", (d, sh))
+        m.shexp_gate_up = fuse_rows(
+            ld.mat(p + "ffn_gate_shexp.weight", (d, sh)), ld.mat(p + "ffn_up_shexp.weight", (d, sh))
+        )
         m.shexp_down = ld.mat(p + "ffn_down_shexp.weight", (sh, d))
         if ld.has(p + "ffn_gate_inp_shexp.weight"):
-            m.shexp_gate_inp = ld.mat(p + "ffn_gate_inp_shexp.weight", (d,))
+            m.shexp_gate_inp = ld.vec(p + "ffn_gate_inp_shexp.weight", (d,))
     return m
 
 
-def moe_ffn(b: Backend, w: Moe, h: torch.Tensor, hp: HybridSpec) -> torch.Tensor:
-    """Routed (softmax top-k) plus, when loaded, the sigmoid-gated shared expert: [N, d]."""
-    experts, weights = b.route.top_k(b.linear.matmul(h, w.router), hp.n_expert_used, hp.norm_topk)
-    y = b.moe.experts(h, w.experts, experts, weights)  # [N, d]
-    if w.shexp_gate is not None and w.shexp_up is not None and w.shexp_down is not None:
-        g = b.linear.matmul(h, w.shexp_gate)
-        u = b.linear.matmul(h, w.shexp_up)
-        s = b.linear.matmul(b.act.silu_mul(g, u), w.shexp_down)
-        if w.shexp_gate_inp is not None:
-            s = s * rowwise.sigmoid(b.linear.matmul(h, w.shexp_gate_inp))
-        y = y + s
-    return y
+def moe_ffn(
+    b: Backend, w: Moe, h: torch.Tensor, hp: HybridSpec, residual: torch.Tensor | None = None
+) -> torch.Tensor:
+    """residual + routed experts (softmax top-k) + the sigmoid-gated shared expert, when loaded:
+    [N, d]. h is rounded to int8 once for every product that reads it (int8 decode)."""
+    xq = b.linear.quantize(h)
+    logits = b.linear.matmul(h, w.router, xq=xq)
+    experts, weights = b.route.top_k(logits, hp.n_expert_used, hp.norm_topk)
+    if w.shexp_gate_up is None or w.shexp_down is None:
+        return b.moe.experts(h, w.experts, experts, weights, residual=residual, xq=xq)
+    y = b.moe.experts(h, w.experts, experts, weights, xq=xq)  # [N, d]
+    sh = w.shexp_down.k
+    g, u = fused_matmul(b, h, w.shexp_gate_up, [sh, sh], xq)
+    s = b.linear.matmul(b.act.silu_mul(g, u), w.shexp_down)
+    return b.moe.add_shared(y, s, h, w.shexp_gate_inp, residual)

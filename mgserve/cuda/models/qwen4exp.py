@@ -17,10 +17,11 @@ from mgserve.core.gguf.hparams_qwen4exp import qwen4exp_spec_from_gguf
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.reference import ple as ple_ref
 from mgserve.cuda.loader import Loader
-from mgserve.cuda.models.base import Step, rows
+from mgserve.cuda.models.base import Step, key_lengths, rows
 from mgserve.cuda.models.hybrid import HybridLM, Layer
 from mgserve.cuda.models.moe import load_moe, moe_ffn
 from mgserve.cuda.models.qwen4exp_weights import HC, Indexer, Ple, load_hc, load_indexer, load_ple
+from mgserve.cuda.ops.linear_tuning import Q8Activations
 from mgserve.cuda.pools import KVLayer
 
 Pending = tuple[torch.Tensor, torch.Tensor] | None  # a block output and inject not yet added
@@ -106,7 +107,7 @@ class Qwen4ExpLM(HybridLM):
         return x if pending is None else self.backend.hc.combine(x, *pending)
 
     def embed(self, step: Step) -> torch.Tensor:
-        return super().embed(step)[:, None, :].repeat(1, self.qp.hc, 1)  # [N, hc, d] streams
+        return self.backend.embed.gather(self.tok_embd, step.tokens, streams=self.qp.hc)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         return self.mix(x, self.output_hc)[0]
@@ -143,19 +144,19 @@ class Qwen4ExpLM(HybridLM):
         return x, (moe_ffn(self.backend, layer.moe, h, self.hp), inject)
 
     def attend(self, il: int, layer: Layer, q: torch.Tensor, kc: KVLayer, vc: KVLayer,
-               h: torch.Tensor, step: Step) -> torch.Tensor:  # fmt: skip
+               h: torch.Tensor, step: Step, xq: Q8Activations | None) -> torch.Tensor:  # fmt: skip
         if layer.indexer is None:
-            return super().attend(il, layer, q, kc, vc, h, step)
-        return self.sparse(il, layer.indexer, q, kc, vc, h, step)
+            return super().attend(il, layer, q, kc, vc, h, step, xq)
+        return self.sparse(il, layer.indexer, q, kc, vc, h, step, xq)
 
     def sparse(self, il: int, w: Indexer, q: torch.Tensor, kc: KVLayer, vc: KVLayer,
-               h: torch.Tensor, step: Step) -> torch.Tensor:  # fmt: skip
+               h: torch.Tensor, step: Step, xq: Q8Activations | None) -> torch.Tensor:  # fmt: skip
         """Pool the blocks this step completes, then QSA attention over the selected cells."""
         spec, b, qp = self.spec, self.backend, self.qp
         n, eps = h.shape[0], spec.rms_eps
-        iq = b.linear.matmul(h, w.q_proj).view(n, qp.idx_heads, qp.idx_dim)
-        iq = self.rotate(b.norm.rms(iq, w.q_norm, eps), step.pos)
-        raw = b.linear.matmul(h, w.k_proj)  # [N, D]
+        iq = b.linear.matmul(h, w.q_proj, xq=xq).view(n, qp.idx_heads, qp.idx_dim)
+        iq = self.rotate(iq, w.q_norm, step.pos)
+        raw = b.linear.matmul(h, w.k_proj, xq=xq)  # [N, D]
         blocks, pending = self.pools.blocks[il], self.pools.pending[il]
         n_rot, base, rope_scale = spec.n_rot, spec.rope_base, spec.rope_scale
         ratio, budget, scale = qp.ratio, qp.idx_budget, spec.attn_scale
@@ -165,7 +166,7 @@ class Qwen4ExpLM(HybridLM):
                 base=base, scale=rope_scale,
             )  # fmt: skip
             return b.qsa.decode(
-                q, iq, kc, vc, blocks, step.slots, step.pos + 1, ratio=ratio, budget=budget,
+                q, iq, kc, vc, blocks, step.slots, key_lengths(step), ratio=ratio, budget=budget,
                 scale=scale,
             )  # fmt: skip
         parts, off = [], 0

@@ -1,8 +1,10 @@
-"""The act family: the gated MLP activations, silu(gate) * up (SwiGLU) and gelu_tanh(gate) * up
-(Gemma's GeGLU), elementwise over equal shapes.
+"""The act family: the gated activations, silu(gate) * up (SwiGLU), gelu_tanh(gate) * up
+(Gemma's GeGLU) and sigmoid(gate) * up (the output gate of qwen3next's attention), elementwise
+over equal shapes.
 
-``ActTorch`` is the reference's ``ops.swiglu`` / ``ops.geglu``; ``ActCuda`` runs kernels/act.cu
-(float4 loads where rows allow; gate and up may be column halves of one projection).
+``ActTorch`` is the reference's ``ops.swiglu`` / ``ops.geglu`` / ``out * rowwise.sigmoid(gate)``;
+``ActCuda`` runs kernels/act.cu (float4 loads where rows allow; gate and up may be column slices
+of one projection, read in place).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mgserve.core.reference import ops
+from mgserve.core.reference import ops, rowwise
 from mgserve.cuda.checks import check_f32, rows_view, vec4_ok
 from mgserve.cuda.launch import Kernels
 
@@ -37,6 +39,11 @@ class ActTorch:
         """gelu_tanh(gate) * up (Gemma's GeGLU), same shape."""
         _check_pair(gate, up)
         return ops.geglu(gate, up)
+
+    def sigmoid_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """up * sigmoid(gate) (an output gate), same shape."""
+        _check_pair(gate, up)
+        return up * rowwise.sigmoid(gate)
 
 
 class ActCuda:
@@ -77,3 +84,6 @@ class ActCuda:
 
     def gelu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return self._launch("gelu_mul", gate, up)
+
+    def sigmoid_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return self._launch("sigmoid_mul", gate, up)

@@ -75,6 +75,24 @@ def split_qkv(
     return q, k, v
 
 
+def check_gates(
+    b: torch.Tensor, alpha: torch.Tensor, dt_bias: torch.Tensor, a: torch.Tensor
+) -> tuple[int, int]:
+    """b and alpha [N, H_v] (rows may be strided, values not), dt_bias and a [H_v]: (N, H_v)."""
+    for name, t in (("b", b), ("alpha", alpha), ("dt_bias", dt_bias), ("a", a)):
+        check_f32(name, t)
+    if b.dim() != 2:
+        raise shape_error("b", b, "[N, H_v]")
+    n, hv = b.shape
+    for name, t in (("alpha", alpha), ("b", b)):
+        if t.shape != (n, hv) or (n and t.stride(1) != 1):
+            raise shape_error(name, t, f"[{n}, {hv}] with unit column stride")
+    for name, t in (("dt_bias", dt_bias), ("a", a)):
+        if t.shape != (hv,):
+            raise shape_error(name, t, f"[{hv}]")
+    return n, hv
+
+
 def check_step(
     y: torch.Tensor,
     g: torch.Tensor,
@@ -125,6 +143,19 @@ def check_prefill(
 
 class DeltaNetTorch:
     """The DeltaNet steps in PyTorch on the tensors' device (the reference arithmetic)."""
+
+    def gates(
+        self,
+        b: torch.Tensor,  # [N, H_v] the beta projection
+        alpha: torch.Tensor,  # [N, H_v] the alpha projection
+        dt_bias: torch.Tensor,  # [H_v]
+        a: torch.Tensor,  # [H_v] -exp(A_log)
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # g, beta [N, H_v] contiguous
+        """Log decay g = softplus(alpha + dt_bias) * a and write strength beta = sigmoid(b) of
+        each token and value head (``deltanet.project``'s gates)."""
+        check_gates(b, alpha, dt_bias, a)
+        g = rowwise.softplus(alpha + dt_bias) * a
+        return g.contiguous(), rowwise.sigmoid(b).contiguous()
 
     def conv_step(
         self,

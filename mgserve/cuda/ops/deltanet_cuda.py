@@ -1,8 +1,9 @@
 """``DeltaNetCuda``: the deltanet family's decode steps on kernels/deltanet.cu (``conv_step_f32``:
 one thread per channel; ``delta_step_f32``: one CTA per (32 state columns, value head, session),
-the state column in registers). Prefill: kernels/deltanet_chunked.cu (deltanet_prefill_cuda.py) for
-head dim 128, the torch version (deltanet_chunked.py on the device) otherwise. Inputs must be
-float32 (int32 for slots) on this device."""
+the state column in registers; ``delta_gates_f32``: both gates of every token in one launch).
+Prefill: kernels/deltanet_chunked.cu (deltanet_prefill_cuda.py) for head dim 128, the torch
+version (deltanet_chunked.py on the device) otherwise. Inputs must be float32 (int32 for slots)
+on this device."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.deltanet import (
     DeltaNetTorch,
     check_conv,
+    check_gates,
     check_prefill,
     check_step,
 )
@@ -21,6 +23,7 @@ from mgserve.cuda.ops.deltanet_prefill_cuda import PREFILL_HEAD_DIM, run_prefill
 
 DELTANET_SOURCE = "deltanet.cu"
 CONV_THREADS = 128  # channels per CTA of conv_step_f32
+GATES_THREADS = 128  # (token, head) pairs per CTA of delta_gates_f32
 DELTA_COLS = 32  # DELTA_COLS in deltanet.cu: state columns (lanes) per CTA of delta_step_f32
 DELTA_SPLIT = 4  # DELTA_SPLIT in deltanet.cu: warps per CTA, each owning 1/4 of the state rows
 MAX_CONV_K = 8  # conv kernel widths the kernel is instantiated for: 1..MAX_CONV_K
@@ -69,6 +72,35 @@ class DeltaNetCuda:
             self.kernels, qkv, g, beta, conv, ssm, slot, weight, n_k_heads=n_k_heads,
             n_v_heads=n_v_heads, eps=eps,
         )  # fmt: skip
+
+    def gates(
+        self, b: torch.Tensor, alpha: torch.Tensor, dt_bias: torch.Tensor, a: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n, hv = check_gates(b, alpha, dt_bias, a)
+        for name, t in (("b", b), ("alpha", alpha)):
+            if t.device != self.device:
+                raise ValueError(f"{name} is on {t.device}, expected {self.device}")
+        check_cuda("dt_bias", dt_bias, self.device, torch.float32)
+        check_cuda("a", a, self.device, torch.float32)
+        g = torch.empty((n, hv), dtype=torch.float32, device=self.device)
+        beta = torch.empty((n, hv), dtype=torch.float32, device=self.device)
+        if n:
+            self.kernels.launch(
+                self.kernels.kernel(DELTANET_SOURCE, "delta_gates_f32"),
+                -(-n * hv // GATES_THREADS),
+                GATES_THREADS,
+                b.data_ptr(),
+                np.int64(b.stride(0)),
+                alpha.data_ptr(),
+                np.int64(alpha.stride(0)),
+                dt_bias.data_ptr(),
+                a.data_ptr(),
+                g.data_ptr(),
+                beta.data_ptr(),
+                np.int32(n),
+                np.int32(hv),
+            )
+        return g, beta
 
     def conv_step(
         self, x: torch.Tensor, conv: torch.Tensor, slots: torch.Tensor, weight: torch.Tensor

@@ -13,6 +13,7 @@ import torch
 
 from mgserve.core.reference import ops as ref_ops
 from mgserve.cuda.dequantized import DenseWeights
+from mgserve.cuda.ops.linear_tuning import Q8Activations
 from mgserve.cuda.weights import QuantWeight
 
 
@@ -32,6 +33,28 @@ def check_linear(x: torch.Tensor, w: QuantWeight) -> None:
         raise ValueError(f"{w.name}: x must be float32, got {x.dtype}")
 
 
+def check_epilogue(
+    x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None, residual: torch.Tensor | None
+) -> None:
+    """bias [w.rows] and residual [N, w.rows], float32, when given."""
+    if bias is not None and (bias.shape != (w.rows,) or bias.dtype != torch.float32):
+        raise ValueError(f"{w.name}: bias must be float32 [{w.rows}], got {list(bias.shape)}")
+    want = (x.shape[0], w.rows)
+    if residual is not None and (residual.shape != want or residual.dtype != torch.float32):
+        raise ValueError(
+            f"{w.name}: residual must be float32 {list(want)}, got {list(residual.shape)}"
+        )
+
+
+def epilogue(
+    y: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None
+) -> torch.Tensor:
+    """residual + (y + bias), the reference's order (``x + ops.linear(h, w, b)``)."""
+    if bias is not None:
+        y = y + bias
+    return y if residual is None else residual + y
+
+
 def check_rows(w: QuantWeight, row0: int, n_rows: int, out: torch.Tensor) -> None:
     if row0 < 0 or n_rows < 0 or row0 + n_rows > w.rows:
         raise ValueError(f"{w.name}: rows [{row0}, {row0 + n_rows}) outside [0, {w.rows})")
@@ -49,10 +72,25 @@ class LinearTorch:
     def __init__(self, dense: DenseWeights) -> None:
         self.dense = dense
 
-    def matmul(self, x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
-        """x [N, k] fp32 -> x @ W^T [N, w.rows] fp32."""
+    def matmul(
+        self,
+        x: torch.Tensor,
+        w: QuantWeight,
+        *,
+        bias: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
+        xq: Q8Activations | None = None,
+    ) -> torch.Tensor:
+        """x [N, k] fp32 -> residual + (x @ W^T + bias) [N, w.rows] fp32 (bias [rows] and
+        residual [N, rows] optional). ``xq``: x rounded by ``quantize`` (shared by the products
+        of one x; ignored here)."""
         check_linear(x, w)
-        return rows_linear(x, self.dense(w))
+        check_epilogue(x, w, bias, residual)
+        return epilogue(rows_linear(x, self.dense(w)), bias, residual)
+
+    def quantize(self, x: torch.Tensor) -> Q8Activations | None:
+        """The int8 form of x that several ``matmul`` calls on x may share: none here (fp32)."""
+        return None
 
     def dequantize(self, w: QuantWeight, row0: int, n_rows: int, out: torch.Tensor) -> torch.Tensor:
         """Rows [row0, row0 + n_rows) of W into ``out`` [n_rows, k] (f16 or fp32)."""

@@ -1,8 +1,9 @@
 """``LinearCuda``: the linear family on kernels, in two regimes chosen by the number of tokens N.
 
 - decode (N <= 8): W is read once, in its GGUF block layout, by the matvec kernels (matvec.cu),
-  or, with ``int8``, by the int8-activation kernels (matvec_q8.cu: x rounded to int8 per 32
-  values first; several times faster, relative error ~1e-3 of |W| @ |x|);
+  or, with ``int8``, by the int8-activation kernels (linear_q8.py: x rounded to int8 per 32
+  values first; several times faster, relative error ~1e-3 of |W| @ |x|), a bias and a
+  residual added as each output is written;
 - prefill (N > 8): tensor-core GEMMs that decode W's blocks into shared memory (qgemm.cu through
   ``QGemm``, ops/qgemm.py): x rounded to f16, fp32 accumulation and output, each token's row
   bitwise independent of the batch. With ``cublas_prefill``, the older path instead: W
@@ -24,7 +25,14 @@ import torch
 from mgserve.cuda.checks import check_vec4, check_weight, vec4_input
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.f16_products import f16_mm
-from mgserve.cuda.ops.linear import LinearTorch, check_linear, check_rows
+from mgserve.cuda.ops.linear import (
+    LinearTorch,
+    check_epilogue,
+    check_linear,
+    check_rows,
+    epilogue,
+)
+from mgserve.cuda.ops.linear_q8 import LinearQ8, epilogue_ptrs
 from mgserve.cuda.ops.linear_tuning import (
     INT8_TYPES,
     MATVEC_SOURCE,
@@ -32,8 +40,6 @@ from mgserve.cuda.ops.linear_tuning import (
     MATVEC_WARPS_PER_CTA,
     MAX_MATVEC_TOKENS,
     Q8_GROUP,
-    Q8_SOURCE,
-    Q8_THREADS,
     MatvecTuning,
     Q8Activations,
 )
@@ -54,10 +60,8 @@ class LinearCuda:
     ``int8``: decode products of INT8_TYPES weights use int8 activations. ``prefill_exact``:
     prompt chunks multiply the dequantized fp32 weights of the torch version instead of f16 tiles
     (comparing whole models with the reference without the f16 rounding; slow).
-    ``cublas_prefill``: prompt chunks take the dequant + cuBLAS path. ``q8_rows``:
-    output rows per thread group of the int8 kernels for one token and for 2..8; ``q8_group``:
-    threads sharing those rows, 32 (a warp) or 128 (the CTA): the Q8_ROWS_1 / Q8_ROWS_N /
-    Q8_GROUP_THREADS macros of matvec_q8.cu, measured by ``bench matvec --q8-rows``."""
+    ``cublas_prefill``: prompt chunks take the dequant + cuBLAS path. ``q8_rows``, ``q8_group``:
+    the int8 kernels' shape (``LinearQ8``)."""
 
     def __init__(
         self,
@@ -67,20 +71,10 @@ class LinearCuda:
         q8_rows: tuple[int, int] = (2, 2),
         q8_group: int = 128,
     ) -> None:
-        if len(q8_rows) != 2 or not all(1 <= r <= 8 for r in q8_rows):
-            raise ValueError(f"q8_rows must be two row counts in 1..8, got {q8_rows}")
-        if q8_group not in (32, Q8_THREADS):
-            raise ValueError(f"q8_group must be 32 or {Q8_THREADS}, got {q8_group}")
         self.kernels, self.fallback = kernels, fallback
         self.device = kernels.device
         self.tuning = tuning or MatvecTuning()
-        self.q8_rows = q8_rows
-        self.q8_group = q8_group
-        self._q8_defines = (
-            ("Q8_ROWS_1", str(q8_rows[0])),
-            ("Q8_ROWS_N", str(q8_rows[1])),
-            ("Q8_GROUP_THREADS", str(q8_group)),
-        )
+        self.q8 = LinearQ8(kernels, q8_rows, q8_group)
         self.int8 = False
         self.prefill_exact = False
         self.cublas_prefill = False
@@ -96,12 +90,16 @@ class LinearCuda:
         stream: Stream | None = None,
         out: torch.Tensor | None = None,
         int8: bool = False,
+        bias: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
+        xq: Q8Activations | None = None,
     ) -> torch.Tensor:
-        """y = x @ W^T for a quantized W [rows, k] and fp32 x [k] or [n_tok, k], n_tok <= 8.
+        """y = residual + (x @ W^T + bias) for a quantized W [rows, k] and fp32 x [k] or
+        [n_tok, k], n_tok <= 8; bias [rows] and residual (y's shape) are optional, contiguous.
 
         With ``int8`` (types in INT8_TYPES only) x is first rounded to int8 groups
-        (``quantize_q8``) and multiplied with integer dot products: exact for the rounded x
-        rather than x itself.
+        (``LinearQ8.quantize``, or ``xq`` when the caller has it) and multiplied with integer dot
+        products: exact for the rounded x rather than x itself.
 
         Returns fp32 y [rows] or [n_tok, rows] (written into ``out`` when given). The kernel is
         queued on ``stream`` (default: torch's current one); buffers must be ready on it.
@@ -125,14 +123,16 @@ class LinearCuda:
                 f"{w.name}: out has shape {list(out.shape)}, expected {list(out_shape)}"
             )
         check_vec4("out", out, self.device, torch.float32)
+        tail = epilogue_ptrs(w, out, bias, residual, self.device)
         if int8:
             if w.type_name not in INT8_TYPES:
                 raise ValueError(
                     f"{w.name}: no int8 matvec for type {w.type_name} "
                     f"(int8 types: {', '.join(sorted(INT8_TYPES))}); use int8=False"
                 )
-            xq = self.quantize_q8(x.reshape(n_tok, k), stream)
-            self.matvec_q8(w, xq, stream, out.view(n_tok, rows))
+            if xq is None:
+                xq = self.q8.quantize(x.reshape(n_tok, k), stream)
+            self.q8.matvec(w, xq, stream, out.view(n_tok, rows), bias, residual)
             return out
 
         bucket = next(b for b in MATVEC_TOKEN_BUCKETS if b >= n_tok)
@@ -150,51 +150,18 @@ class LinearCuda:
             np.int32(rows),
             np.int32(k),
             np.int32(n_tok),
+            *tail,
             stream=stream,
         )
         return out
 
-    def quantize_q8(self, x: torch.Tensor, stream: Stream | None = None) -> Q8Activations:
-        """Round fp32 x [n_tok, k] (k a multiple of 32) to int8 groups on ``stream``:
-        d = max|x| / 127 per 32 values, q = roundf(x / d) (ties away from zero)."""
-        if x.dim() != 2 or x.shape[1] % Q8_GROUP:
-            raise ValueError(f"x has shape {list(x.shape)}, expected [n_tok, k], k % 32 == 0")
-        check_vec4("x", x, self.device, torch.float32)
-        n_tok, k = x.shape
-        q = torch.empty(n_tok, k, dtype=torch.int8, device=self.device)  # [n_tok, k]
-        d = torch.empty(n_tok, k // Q8_GROUP, dtype=torch.float32, device=self.device)
-        n_groups = n_tok * k // Q8_GROUP
-        groups_per_cta = Q8_THREADS // 32
-        grid = (n_groups + groups_per_cta - 1) // groups_per_cta
-        kernel = self.kernels.kernel(Q8_SOURCE, "quantize_q8", self._q8_defines)
-        args = (x.data_ptr(), q.data_ptr(), d.data_ptr(), np.int32(n_groups))
-        self.kernels.launch(kernel, grid, Q8_THREADS, *args, stream=stream)
-        return Q8Activations(q, d)
-
-    def matvec_q8(
-        self, w: QuantWeight, xq: Q8Activations, stream: Stream | None, out: torch.Tensor
-    ) -> torch.Tensor:
-        """out [n_tok, rows] = xq @ W^T, W of a type in INT8_TYPES (validated by ``matvec``'s
-        checks on the weight; call it through ``matvec(..., int8=True)`` unless x is shared)."""
-        if w.type_name not in INT8_TYPES:
-            raise ValueError(f"{w.name}: no int8 matvec for type {w.type_name}")
-        if xq.k != w.k or not 1 <= xq.n_tok <= MAX_MATVEC_TOKENS:
-            raise ValueError(f"{w.name}: xq is [{xq.n_tok}, {xq.k}], expected [1..8, {w.k}]")
-        if tuple(out.shape) != (xq.n_tok, w.rows):
-            raise ValueError(f"{w.name}: out has shape {list(out.shape)}")
-        check_vec4("out", out, self.device, torch.float32)
-        bucket = next(b for b in MATVEC_TOKEN_BUCKETS if b >= xq.n_tok)
-        kernel = self.kernels.kernel(
-            Q8_SOURCE, f"matvec_q8_{w.type_name}_t{bucket}", self._q8_defines
-        )
-        per_group = self.q8_rows[0] if bucket == 1 else self.q8_rows[1]
-        per_cta = per_group * (Q8_THREADS // self.q8_group)
-        args = (w.data.data_ptr(), xq.q.data_ptr(), xq.d.data_ptr(), out.data_ptr())
-        self.kernels.launch(
-            kernel, (w.rows + per_cta - 1) // per_cta, Q8_THREADS,
-            *args, np.int32(w.rows), np.int32(w.k), np.int32(xq.n_tok), stream=stream,
-        )  # fmt: skip
-        return out
+    def quantize(self, x: torch.Tensor) -> Q8Activations | None:
+        """x [N, k] rounded to int8 once for every int8 ``matmul`` (and ``moe.experts``) of it;
+        None where no product would read it (no ``int8``, N > 8, k % 32)."""
+        n, k = x.shape
+        if not self.int8 or not 1 <= n <= MAX_MATVEC_TOKENS or k % Q8_GROUP:
+            return None
+        return self.q8.quantize(vec4_input("x", x, self.device))
 
     # -- prefill with cuBLAS: dequantized tiles ------------------------------------------------
 
@@ -254,25 +221,45 @@ class LinearCuda:
         self.dequant_rows(w, out.data_ptr(), out.dtype, row0, n_rows)
         return out
 
-    def matmul(self, x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
-        """x [N, k] fp32 -> x @ W^T [N, w.rows] fp32.
+    def matmul(
+        self,
+        x: torch.Tensor,
+        w: QuantWeight,
+        *,
+        bias: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
+        xq: Q8Activations | None = None,
+    ) -> torch.Tensor:
+        """x [N, k] fp32 -> residual + (x @ W^T + bias) [N, w.rows] fp32 (LinearTorch.matmul).
 
-        N <= 8: the matvec kernels (int8 activations when ``self.int8`` and the type has them).
-        N > 8: ``QGemm.matmul`` (or, with ``cublas_prefill``, W dequantized to f16 in row tiles
-        of at most SCRATCH_BYTES and multiplied by cuBLAS); both round x and W to f16 and
-        accumulate in fp32: relative error ~1e-3 of |x| @ |W|^T at worst.
+        N <= 8: the matvec kernels (int8 activations when ``self.int8`` and the type has them;
+        ``xq`` from ``quantize(x)`` saves rounding x again), bias and residual added as each
+        output is written. N > 8: ``QGemm.matmul`` (or, with ``cublas_prefill``, W dequantized
+        to f16 in row tiles of at most SCRATCH_BYTES and multiplied by cuBLAS); both round x and
+        W to f16 and accumulate in fp32: relative error ~1e-3 of |x| @ |W|^T at worst; bias and
+        residual added after.
         """
         check_weight(w, self.device)
         check_linear(x, w)
+        check_epilogue(x, w, bias, residual)
         x = vec4_input("x", x, self.device)
-        n, k, rows = x.shape[0], w.k, w.rows
+        n, rows = x.shape[0], w.rows
         if n <= MAX_MATVEC_TOKENS:
             out = torch.empty(n, rows, dtype=torch.float32, device=self.device)  # [N, rows]
             if n == 0:
                 return out
             int8 = self.int8 and w.type_name in INT8_TYPES
-            self.matvec(w, x, self.kernels.stream(), out=out, int8=int8)
+            if residual is not None:
+                residual = residual.contiguous()
+            self.matvec(
+                w, x, self.kernels.stream(), out=out, int8=int8, bias=bias, residual=residual,
+                xq=xq if int8 else None,
+            )  # fmt: skip
             return out
+        return epilogue(self._prefill(x, w), bias, residual)
+
+    def _prefill(self, x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
+        n, k, rows = x.shape[0], w.k, w.rows
         if self.prefill_exact:  # fp32 weights and product (tests, debugging: slow, memory-hungry)
             return self.fallback.matmul(x, w)
         if not self.cublas_prefill:

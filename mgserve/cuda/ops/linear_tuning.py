@@ -25,8 +25,8 @@ INT8_TYPES = frozenset({"Q4_K", "Q6_K", "Q5_0", "Q8_0"})  # formats with an int8
 class Q8Activations:
     """Activations rounded to int8 for the int8 matvec: x ~= d * q per group of 32 values.
 
-    Made once per input vector by ``LinearCuda.quantize_q8`` and reusable by every matvec that
-    reads the same x (q/k/v, gate/up), which is where the quantization pays for itself."""
+    Made once per input vector by ``LinearCuda.quantize`` and reusable by every matvec that reads
+    the same x (q/k/v, gate/up), which is where the quantization pays for itself."""
 
     q: torch.Tensor  # int8 [n_tok, k]
     d: torch.Tensor  # fp32 [n_tok, k / 32]

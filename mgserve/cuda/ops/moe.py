@@ -1,6 +1,7 @@
 """The MoE family: one layer's routed experts applied to the tokens routed to them,
 sum_j weights[:, j] * down_e(silu(gate_e x) * up_e x) with e = experts[:, j] (the routing itself
-is the route family's).
+is the route family's), plus a residual; and the sigmoid-gated shared expert's sum into it
+(``add_shared``).
 
 ``MoeTorch`` runs every expert on every token and gathers each token's choices: static shapes and
 no host sync (a decode step captures into a CUDA graph), N * E * d work, meant for tiny test
@@ -14,9 +15,11 @@ from typing import NamedTuple
 
 import torch
 
-from mgserve.core.reference import rowwise
+from mgserve.core.reference import ops, rowwise
+from mgserve.cuda.checks import check_f32, shape_error
 from mgserve.cuda.dequantized import DenseWeights
 from mgserve.cuda.ops.linear import rows_linear
+from mgserve.cuda.ops.linear_tuning import Q8Activations
 from mgserve.cuda.weights import QuantWeight
 
 MOE_MAX_KK = 64  # MOE_MAX_KK in moe.cu / moe_q8.cu: experts per token
@@ -114,6 +117,29 @@ def check_moe(
         )
 
 
+def check_residual(residual: torch.Tensor | None, x: torch.Tensor) -> None:
+    if residual is not None:
+        check_f32("residual", residual)
+        if residual.shape != x.shape:
+            raise shape_error("residual", residual, str(list(x.shape)))
+
+
+def check_shared(
+    routed: torch.Tensor, shared: torch.Tensor, h: torch.Tensor, gate: torch.Tensor | None,
+    residual: torch.Tensor | None,
+) -> None:  # fmt: skip
+    """routed, shared, h and residual [N, d], gate [d], all float32."""
+    for name, t in (("routed", routed), ("shared", shared), ("h", h)):
+        check_f32(name, t)
+        if t.dim() != 2 or t.shape != routed.shape:
+            raise shape_error(name, t, "[N, d] (as routed)")
+    if gate is not None:
+        check_f32("gate", gate)
+        if gate.shape != routed.shape[1:]:
+            raise shape_error("gate", gate, f"[{routed.shape[1]}]")
+    check_residual(residual, routed)
+
+
 def combine(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """sum_j weights[:, j] * y[:, j] for y [N, kk, d], in the fixed order j = 0, 1, ... with
     elementwise ops only, so each token's sum is the same whatever else is in the batch."""
@@ -131,14 +157,23 @@ class MoeTorch:
         self.dense = dense
 
     def experts(
-        self, x: torch.Tensor, w: ExpertWeights, experts: torch.Tensor, weights: torch.Tensor
+        self,
+        x: torch.Tensor,
+        w: ExpertWeights,
+        experts: torch.Tensor,
+        weights: torch.Tensor,
+        *,
+        residual: torch.Tensor | None = None,
+        xq: Q8Activations | None = None,
     ) -> torch.Tensor:
-        """sum_j weights[:, j] * down_e(silu(gate_e x) * up_e x), e = experts[:, j].
+        """residual + sum_j weights[:, j] * down_e(silu(gate_e x) * up_e x), e = experts[:, j].
 
-        x [N, d] fp32, experts [N, kk] int32/int64 (clamped to [0, E)), weights [N, kk] fp32 ->
-        [N, d] fp32, every expert on every token (see the module docstring).
+        x [N, d] fp32, experts [N, kk] int32/int64 (clamped to [0, E)), weights [N, kk] fp32,
+        residual [N, d] or None -> [N, d] fp32, every expert on every token (see the module
+        docstring). ``xq``: x rounded by ``linear.quantize`` (ignored here).
         """
         check_moe(x, w, experts, weights)
+        check_residual(residual, x)
         n, d, e, ff = x.shape[0], w.n_embd, w.n_expert, w.n_ff
         if w.gate_up is not None:
             gu = rows_linear(x, self.dense(w.gate_up)).view(n, e, 2, ff)  # [N, E, 2, ff]
@@ -152,4 +187,21 @@ class MoeTorch:
         y = torch.stack([rows_linear(h[:, i], down[i]) for i in range(e)], dim=1)  # [N, E, d]
         idx = experts.long().clamp(0, e - 1)  # [N, kk]
         sel = torch.gather(y, 1, idx[:, :, None].expand(-1, -1, d))  # [N, kk, d]
-        return combine(sel, weights)
+        out = combine(sel, weights)
+        return out if residual is None else residual + out
+
+    def add_shared(
+        self,
+        routed: torch.Tensor,  # [N, d] the routed experts' sum
+        shared: torch.Tensor,  # [N, d] the shared expert's output
+        h: torch.Tensor,  # [N, d] the layer's input (the gate reads it)
+        gate: torch.Tensor | None,  # [d] ffn_gate_inp_shexp, or None (an ungated shared expert)
+        residual: torch.Tensor | None = None,  # [N, d]
+    ) -> torch.Tensor:  # [N, d]
+        """residual + (routed + shared * sigmoid(h . gate)) per token, the reference's
+        ``experts_ffn + shared_expert`` (then the block's residual)."""
+        check_shared(routed, shared, h, gate, residual)
+        if gate is not None:
+            shared = shared * rowwise.sigmoid(ops.linear(h, gate[None]))  # [N, 1] gate
+        y = routed + shared
+        return y if residual is None else residual + y

@@ -9,6 +9,9 @@
   ``cublas_prefill``, the older bucketed path instead (``moe_prefill``, moe_prefill.py: one host
   sync, experts dequantized to f16, padded batched cuBLAS products; not batch-invariant), kept to
   compare with and to fall back on.
+
+The residual is added as the down kernel writes each output (decode); ``add_shared`` is one kernel
+(moe_shared.cu: one CTA per token, the gate's dot product reduced in a fixed order).
 """
 
 from __future__ import annotations
@@ -19,13 +22,15 @@ import torch
 from mgserve.cuda.checks import check_cuda, check_weight, vec4_input
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.linear_cuda import LinearCuda
-from mgserve.cuda.ops.linear_tuning import MAX_MATVEC_TOKENS
-from mgserve.cuda.ops.moe import ExpertWeights, MoeTorch, check_moe
+from mgserve.cuda.ops.linear_tuning import MAX_MATVEC_TOKENS, Q8Activations
+from mgserve.cuda.ops.moe import ExpertWeights, MoeTorch, check_moe, check_residual, check_shared
 from mgserve.cuda.ops.moe_prefill import moe_prefill
 from mgserve.cuda.ops.moe_prefill_cuda import MoePrefillCuda
 
 MOE_SOURCE = "moe.cu"
 MOE_Q8_SOURCE = "moe_q8.cu"
+SHARED_SOURCE = "moe_shared.cu"
+SHARED_THREADS = 256  # threads per CTA (one token) of moe_add_shared_f32
 MOE_WARPS = 4  # MOE_WARPS in kernels/moe_decode.cuh
 MOE_Q8_TYPES = frozenset({"Q4_K", "Q6_K", "Q5_0", "Q8_0"})  # expert formats of moe_q8.cu
 
@@ -57,14 +62,23 @@ class MoeCuda:
         self._defines = (("GU_ROWS", str(moe_rows[0])), ("DOWN_ROWS", str(moe_rows[1])))
 
     def experts(
-        self, x: torch.Tensor, w: ExpertWeights, experts: torch.Tensor, weights: torch.Tensor
+        self,
+        x: torch.Tensor,
+        w: ExpertWeights,
+        experts: torch.Tensor,
+        weights: torch.Tensor,
+        *,
+        residual: torch.Tensor | None = None,
+        xq: Q8Activations | None = None,
     ) -> torch.Tensor:
-        """sum_j weights[:, j] * down_e(silu(gate_e x) * up_e x), e = experts[:, j].
+        """residual + sum_j weights[:, j] * down_e(silu(gate_e x) * up_e x), e = experts[:, j].
 
         x [N, d] fp32, experts [N, kk] int32 (int64 is converted on the device; ids outside
-        [0, E) are clamped), weights [N, kk] fp32 -> [N, d] fp32.
+        [0, E) are clamped), weights [N, kk] fp32, residual [N, d] or None -> [N, d] fp32.
+        ``xq``: x as ``linear.quantize`` rounded it, read by the int8 gate/up kernel.
         """
         check_moe(x, w, experts, weights)
+        check_residual(residual, x)
         for m in (w.gate, w.up, w.gate_up, w.down):
             if m is not None:
                 check_weight(m, self.device)
@@ -78,18 +92,23 @@ class MoeCuda:
         check_cuda("weights", weights, self.device, torch.float32)
         n = x.shape[0]
         if n > MAX_MATVEC_TOKENS and self.prefill_exact:
-            return self.fallback.experts(x, w, experts, weights)
+            return self.fallback.experts(x, w, experts, weights, residual=residual)
         if n == 0:
             return torch.zeros_like(x)
         if n <= MAX_MATVEC_TOKENS:
-            return self._decode(x, w, experts, weights)
+            if residual is not None:
+                check_cuda("residual", residual, self.device, torch.float32)
+            return self._decode(x, w, experts, weights, residual, xq)
         if self.cublas_prefill:
-            return moe_prefill(self.prefill, x, w, experts, weights)
-        return self.prefill.grouped(x, w, experts, weights)
+            y = moe_prefill(self.prefill, x, w, experts, weights)
+        else:
+            y = self.prefill.grouped(x, w, experts, weights)
+        return y if residual is None else residual + y
 
     def _decode(
-        self, x: torch.Tensor, w: ExpertWeights, experts: torch.Tensor, weights: torch.Tensor
-    ) -> torch.Tensor:
+        self, x: torch.Tensor, w: ExpertWeights, experts: torch.Tensor, weights: torch.Tensor,
+        residual: torch.Tensor | None, xq: Q8Activations | None,
+    ) -> torch.Tensor:  # fmt: skip
         gate_w, up, expert_rows = w.gate_up_storage()
         gate = gate_w.data.data_ptr()
         n, kk = experts.shape
@@ -102,7 +121,8 @@ class MoeCuda:
         grid = (n * kk, -(-ff // (MOE_WARPS * self.moe_rows[0])))
         tail = (experts.data_ptr(), h.data_ptr(), np.int32(kk), np.int32(ff), np.int32(d))
         if self.int8 and gt in MOE_Q8_TYPES:
-            xq = self.linear.quantize_q8(x, stream)
+            if xq is None:
+                xq = self.linear.q8.quantize(x, stream)
             kernel = self.kernels.kernel(MOE_Q8_SOURCE, f"moe_q8_gate_up_{gt}", self._defines)
             act: tuple[int, ...] = (xq.q.data_ptr(), xq.d.data_ptr())
         else:
@@ -113,7 +133,7 @@ class MoeCuda:
         )
         grid = (n, -(-d // (MOE_WARPS * self.moe_rows[1])))
         if self.int8 and dt in MOE_Q8_TYPES:
-            hq = self.linear.quantize_q8(h.view(n * kk, ff), stream)
+            hq = self.linear.q8.quantize(h.view(n * kk, ff), stream)
             kernel = self.kernels.kernel(MOE_Q8_SOURCE, f"moe_q8_down_{dt}", self._defines)
             act = (hq.q.data_ptr(), hq.d.data_ptr())
         else:
@@ -129,9 +149,40 @@ class MoeCuda:
             experts.data_ptr(),
             weights.data_ptr(),
             out.data_ptr(),
+            0 if residual is None else residual.data_ptr(),
             np.int32(kk),
             np.int32(d),
             np.int32(ff),
             np.int32(e),
         )
+        return out
+
+    def add_shared(
+        self,
+        routed: torch.Tensor,
+        shared: torch.Tensor,
+        h: torch.Tensor,
+        gate: torch.Tensor | None,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        check_shared(routed, shared, h, gate, residual)
+        named = (("routed", routed), ("shared", shared), ("h", h), ("gate", gate))
+        for name, t in (*named, ("residual", residual)):
+            if t is not None:
+                check_cuda(name, t, self.device, torch.float32)
+        n, d = routed.shape
+        out = torch.empty_like(routed)  # [N, d]
+        if n:
+            self.kernels.launch(
+                self.kernels.kernel(SHARED_SOURCE, "moe_add_shared_f32"),
+                n,
+                SHARED_THREADS,
+                routed.data_ptr(),
+                shared.data_ptr(),
+                h.data_ptr(),
+                0 if gate is None else gate.data_ptr(),
+                0 if residual is None else residual.data_ptr(),
+                out.data_ptr(),
+                np.int32(d),
+            )
         return out

@@ -1,5 +1,6 @@
 """The norm family: RMSNorm over the last dim (one weight, or one per group: hyper-connection
-streams), and the gated output norm of the DeltaNet layers.
+streams; optionally added to a residual), and the gated output norm of the DeltaNet layers
+(optionally writing value heads in another order: the one ``ssm_out`` reads).
 
 ``NormTorch`` is the reference's ``ops.rms_norm`` itself; ``NormCuda`` runs kernels/norm.cu
 (``rms_norm_f32``: one row per 32..256 threads, float4 loads where rows allow, the gate fused).
@@ -34,8 +35,16 @@ def check_norm(x: torch.Tensor, w: torch.Tensor) -> None:
         )
 
 
-def _check_gated(o: torch.Tensor, z: torch.Tensor, w: torch.Tensor) -> tuple[int, int, int]:
-    """(N, H_v, d_v) of a gated norm's output o [N, H_v, d_v], gate z [N, H_v * d_v], w [d_v]."""
+def check_residual(residual: torch.Tensor | None, x: torch.Tensor) -> None:
+    if residual is not None and (residual.shape != x.shape or residual.dtype != torch.float32):
+        raise shape_error("residual", residual, f"float32 {list(x.shape)} (x's shape)")
+
+
+def _check_gated(
+    o: torch.Tensor, z: torch.Tensor, w: torch.Tensor, heads: torch.Tensor | None
+) -> tuple[int, int, int]:
+    """(N, H_v, d_v) of a gated norm's output o [N, H_v, d_v], gate z [N, H_v * d_v], w [d_v],
+    heads [H_v] int32 or None."""
     if o.dim() != 3:
         raise shape_error("o", o, "[N, H_v, d_v]")
     n, hv, dv = o.shape
@@ -43,17 +52,24 @@ def _check_gated(o: torch.Tensor, z: torch.Tensor, w: torch.Tensor) -> tuple[int
         raise shape_error("z", z, f"[{n}, {hv * dv}]")
     if w.shape != (dv,):
         raise shape_error("w", w, f"[{dv}]")
+    if heads is not None and (heads.shape != (hv,) or heads.dtype != torch.int32):
+        raise shape_error("heads", heads, f"int32 [{hv}]")
     return n, hv, dv
 
 
 class NormTorch:
     """The norms in PyTorch on the tensors' device (the reference arithmetic)."""
 
-    def rms(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    def rms(
+        self, x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """x / sqrt(mean(x^2) + eps) * w over the last dim; x [..., D] f32, w [D] or [G, D] (then
-        x is [..., G, D] and row g of every group uses w[g]: hyper-connection streams)."""
+        x is [..., G, D] and row g of every group uses w[g]: hyper-connection streams).
+        ``residual`` (x's shape): residual + that (Gemma's post-norms)."""
         check_norm(x, w)
-        return ops.rms_norm(x, w, eps)
+        check_residual(residual, x)
+        y = ops.rms_norm(x, w, eps)
+        return y if residual is None else residual + y
 
     def gated(
         self,
@@ -62,14 +78,19 @@ class NormTorch:
         w: torch.Tensor,  # [d_v]
         eps: float,
         sigmoid: bool,
+        heads: torch.Tensor | None = None,  # [H_v] int32: where each head goes in the output
     ) -> torch.Tensor:  # [N, H_v * d_v]
         """rms_norm(o, w) * act(z) per value head, act = sigmoid (qwen4exp) or silu (qwen3next):
-        ``deltanet.output`` without the out projection."""
+        ``deltanet.output`` without the out projection. With ``heads``, head j of each token is
+        written as head heads[j] (a permutation: the order the out projection reads)."""
         for name, t in (("o", o), ("z", z), ("w", w)):
             check_f32(name, t)
-        n, hv, dv = _check_gated(o, z, w)
+        n, hv, dv = _check_gated(o, z, w, heads)
         act = rowwise.sigmoid if sigmoid else rowwise.silu
-        return (ops.rms_norm(o, w, eps) * act(z).view(n, hv, dv)).reshape(n, hv * dv)
+        y = ops.rms_norm(o, w, eps) * act(z).view(n, hv, dv)  # [N, H_v, d_v]
+        if heads is not None:
+            y = torch.empty_like(y).index_copy_(1, heads.long(), y)
+        return y.reshape(n, hv * dv)
 
 
 class NormCuda:
@@ -88,6 +109,8 @@ class NormCuda:
         z: torch.Tensor | None,  # gate (r, i) at (r // z_group) * z_stride + (r % z_group) * D + i
         z_group: int,
         gate: int,
+        res: torch.Tensor | None = None,  # [rows, D] contiguous, added after the norm
+        dest: torch.Tensor | None = None,  # [z_group] int32: row r written as a permuted row
     ) -> torch.Tensor:  # [rows * D] flat, contiguous
         d = w.shape[-1]
         x, n_rows, x_stride = rows_view(x, d)
@@ -99,6 +122,7 @@ class NormCuda:
         if n_rows == 0 or d == 0:
             return y
         pairs = [(x, x_stride), (w, d), (y, d)] + ([(z, z_stride)] if z is not None else [])
+        pairs += [(res, d)] if res is not None else []
         vec = d % 4 == 0 and vec4_ok(*pairs)
         per_thread = d // 4 if vec else d
         tpr = 32
@@ -117,6 +141,8 @@ class NormCuda:
             z.data_ptr() if z is not None else 0,
             np.int32(z_group),
             np.int64(z_stride),
+            res.data_ptr() if res is not None else 0,
+            dest.data_ptr() if dest is not None else 0,
             y.data_ptr(),
             np.int32(n_rows),
             np.int32(d),
@@ -125,20 +151,28 @@ class NormCuda:
         )
         return y
 
-    def rms(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    def rms(
+        self, x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
         check_norm(x, w)
+        check_residual(residual, x)
         check_cuda("w", w, self.device, torch.float32)
         if x.device != self.device:
             raise ValueError(f"x is on {x.device}, expected {self.device}")
-        return self._rows(x, w, eps, None, 1, _GATE_NONE).view(x.shape)
+        if residual is not None:
+            check_cuda("residual", residual, self.device, torch.float32)
+        return self._rows(x, w, eps, None, 1, _GATE_NONE, res=residual).view(x.shape)
 
     def gated(
-        self, o: torch.Tensor, z: torch.Tensor, w: torch.Tensor, eps: float, sigmoid: bool
-    ) -> torch.Tensor:
+        self, o: torch.Tensor, z: torch.Tensor, w: torch.Tensor, eps: float, sigmoid: bool,
+        heads: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         check_cuda("o", o, self.device, torch.float32)
         check_cuda("w", w, self.device, torch.float32)
         if z.device != self.device or z.dtype != torch.float32:
             raise ValueError(f"z must be float32 on {self.device}")
-        n, hv, dv = _check_gated(o, z, w)
+        n, hv, dv = _check_gated(o, z, w, heads)
+        if heads is not None:
+            check_cuda("heads", heads, self.device, torch.int32)
         gate = _GATE_SIGMOID if sigmoid else _GATE_SILU
-        return self._rows(o, w, eps, z, hv, gate).view(n, hv * dv)
+        return self._rows(o, w, eps, z, hv, gate, dest=heads).view(n, hv * dv)
