@@ -28,6 +28,7 @@ class Kernels:
         self.device = torch.device("cuda", compiler.device_index)
         self._kernels: dict[tuple[str, str, CompileOptions], Kernel] = {}
         self._streams: dict[int, Stream] = {}
+        self._smem: dict[int, int] = {}  # id(kernel) -> dynamic shared memory it may use
 
     def kernel(self, source: str, name: str, defines: Defines = ()) -> Kernel:
         """Function ``name`` of ``kernels/<source>`` compiled with ``defines`` (cached)."""
@@ -37,6 +38,14 @@ class Kernels:
         if k is None:
             k = self._kernels[key] = self.compiler.kernel(source, name, opts)
         return k
+
+    def allow_smem(self, kernel: Kernel, nbytes: int) -> None:
+        """Let ``kernel`` use ``nbytes`` of dynamic shared memory (above the 48 KB default)."""
+        if self._smem.get(id(kernel), -1) < nbytes:
+            from mgserve.cuda import runtime
+
+            runtime.allow_dynamic_smem(kernel, nbytes, self.compiler.device_index)
+            self._smem[id(kernel)] = nbytes
 
     def stream(self) -> Stream:
         """cuda.core's view of ``torch.cuda.current_stream()``: launch here to stay in torch's

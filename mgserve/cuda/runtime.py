@@ -2,7 +2,7 @@
 to await GPU work on the asyncio loop without blocking it.
 
 This is the only module that imports ``cuda.bindings`` (STYLE.md 6): the NVRTC version for the
-cubin cache key is the one thing cuda.core does not expose.
+cubin cache key and a kernel's dynamic shared memory limit are what cuda.core does not expose.
 
 Torch allocates memory and cuda.core launches kernels, so the two must agree on streams: a
 ``Stream`` here can be handed to torch (``torch_stream``) and a torch stream to cuda.core
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
-    from cuda.core import Device, Event, Stream
+    from cuda.core import Device, Event, Kernel, Stream
 
 # How often an awaited event is polled. The loop stays free between polls; 50 us adds at most that
 # much latency to a ~10-30 ms decode step.
@@ -34,6 +34,19 @@ def nvrtc_version() -> tuple[int, int]:
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         raise RuntimeError(f"nvrtcVersion failed: {err}")
     return int(major), int(minor)
+
+
+def allow_dynamic_smem(kernel: Kernel, nbytes: int, index: int = 0) -> None:
+    """Let ``kernel`` use ``nbytes`` of dynamic shared memory on GPU ``index`` (above 48 KB)."""
+    from cuda.bindings import driver
+
+    handle = kernel.handle  # a CUkernel (cuda.core loads cubins as libraries)
+    if not isinstance(handle, driver.CUkernel):
+        handle = driver.CUkernel(int(handle))
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    (err,) = driver.cuKernelSetAttribute(attr, nbytes, handle, driver.CUdevice(index))
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuKernelSetAttribute(max dynamic smem {nbytes}) failed: {err}")
 
 
 @cache
