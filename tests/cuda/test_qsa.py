@@ -5,8 +5,10 @@ pools; test_qsa_select.py checks the selection kernel alone.
 Block selection is a top-k of float scores, so end-to-end comparisons use block keys whose scores
 are well separated, and the random case compares the attention given the kernel's own selection.
 Cases: small pools and QSA at 20000 positions with budget 2048 (sparse rows with and without a
-tail, dense rows, zero-length rows), prefill chunks crossing from dense to sparse (whole and over
-several launches), and a CUDA-graph capture + replay of QSA decode beside dense decode.
+tail, dense rows, zero-length rows), prefill chunks crossing from dense to sparse and across
+QSA_FLASH_MAX_POS (flash prefill kernel rows at its tolerance, RTOL_FLASH; whole and over several
+launches; bitwise the same inside longer chunks), and a CUDA-graph capture + replay of QSA
+decode beside dense decode.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import math
 import pytest
 import torch
 
+from mgserve.cuda.ops import attention_cuda, attention_prefill, qsa_cuda
 from mgserve.cuda.ops import qsa as qsa_ops
-from mgserve.cuda.ops import qsa_cuda
-from tests.cuda.attention_inputs import DEV, DI, HI, close, gen, i32, pool, randn
+from tests.cuda.attention_inputs import DEV, DI, HI, RTOL_FLASH, close, gen, i32, pool, randn
 
 pytestmark = pytest.mark.gpu
 
@@ -117,15 +119,31 @@ def test_qsa_decode(
     close(name + " (random blocks, same selection)", got, want)
 
 
-@pytest.mark.parametrize(
-    ("cfg", "start", "t"),
-    [(QSA_SMALL, 18, 60), (QSA_BIG, 19990, 40), (QSA_BIG, 2040, 24), (QSA_BIG, 1901, 300)],
-)
+PREFILL_CASES = [  # config, start, T
+    (QSA_SMALL, 18, 60),  # crosses from dense to sparse
+    (QSA_BIG, 19990, 40),  # past QSA_FLASH_MAX_POS: the decode kernel
+    (QSA_BIG, 2040, 24),  # crosses from dense to sparse
+    (QSA_BIG, 1901, 300),
+    (QSA_BIG, 8150, 100),  # crosses QSA_FLASH_MAX_POS: both kernels in one chunk
+]
+
+
+@pytest.mark.parametrize("flash", [True, False])
+@pytest.mark.parametrize(("cfg", "start", "t"), PREFILL_CASES)
 def test_qsa_prefill(
-    cuda_ops, torch_ops, cfg: dict[str, int], start: int, t: int, monkeypatch: pytest.MonkeyPatch
+    cuda_ops,
+    torch_ops,
+    cfg: dict[str, int],
+    start: int,
+    t: int,
+    flash: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Chunks starting mid-block; the small one and those at 2040 and 1901 cross from dense to
-    sparse. Then again with the scores and the attention split over several launches."""
+    """Chunks starting mid-block. Queries before QSA_FLASH_MAX_POS run the flash prefill kernel
+    over their visibility bits (RTOL_FLASH, test_attention_prefill.py), later ones the decode
+    kernel (RTOL); ``flash_prefill`` off: all on the decode kernel. Then the same bits with the
+    scores, the bitmap and the decode-kernel launches split into groups of a few queries."""
+    monkeypatch.setattr(cuda_ops.attention, "flash_prefill", flash)
     n_ctx, ratio, budget = cfg["n_ctx"], cfg["ratio"], cfg["budget"]
     n_kv, n_head, d = cfg["n_kv"], cfg["n_head"], cfg["d"]
     k, v = pool("q8_0", 2, n_ctx, n_kv, d, seed=23), pool("q8_0", 2, n_ctx, n_kv, d, seed=24)
@@ -133,18 +151,38 @@ def test_qsa_prefill(
     blocks, iq = separated(2, n_ctx // ratio, t, seed=26)
     kw = {"ratio": ratio, "budget": budget, "scale": 1 / math.sqrt(d)}
     want = torch_ops.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw)
-    close(
-        f"qsa prefill start {start} T {t}",
-        cuda_ops.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw),
-        want,
-    )
+    got = cuda_ops.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw)
+    split = min(t, max(0, qsa_cuda.QSA_FLASH_MAX_POS - start)) if flash else 0
+    name = f"qsa prefill start {start} T {t}"
+    if split:
+        close(name + " (flash kernel rows)", got[:split], want[:split], RTOL_FLASH)
+    if split < t:
+        close(name + " (decode kernel rows)", got[split:], want[split:])
     monkeypatch.setattr(qsa_cuda, "_PREFILL_SCORE_ELEMS", 7 * HI * (start + t) // 4)
-    monkeypatch.setattr(qsa_cuda, "_PREFILL_PART_ELEMS", 11 * n_head * 2 * d)
-    close(
-        "qsa prefill in groups of 7 / 11 queries",
-        cuda_ops.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw),
-        want,
-    )
+    monkeypatch.setattr(attention_cuda, "_PREFILL_PART_ELEMS", 11 * n_head * 2 * d)
+    monkeypatch.setattr(attention_prefill, "_VIS_ELEMS", 5 * (start + t + 32))
+    again = cuda_ops.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw)
+    assert torch.equal(again, got), "QSA prefill in groups of 7 / 11 / 5 queries differs"
+
+
+def test_qsa_prefill_invariance(cuda_ops) -> None:
+    """A query's QSA prefill output is the same bits in any chunk (flash kernel rows, sparse and
+    dense, and decode-kernel rows past QSA_FLASH_MAX_POS)."""
+    cfg = QSA_BIG
+    n_ctx, ratio, budget, d = cfg["n_ctx"], cfg["ratio"], cfg["budget"], cfg["d"]
+    k, v = pool("q8_0", 2, n_ctx, 2, d, seed=52), pool("q8_0", 2, n_ctx, 2, d, seed=53)
+    kw = {"ratio": ratio, "budget": budget, "scale": 1 / 16}
+    for start, t, parts in [(1900, 400, [(2000, 50), (2100, 1), (2299, 1), (1950, 64)]),
+                            (8100, 200, [(8191, 2), (8200, 17), (8150, 100)])]:  # fmt: skip
+        q = randn(t, 24, d, seed=54)
+        blocks, iq = separated(2, n_ctx // ratio, t, seed=55)
+        whole = cuda_ops.qsa.prefill(q, iq, k, v, blocks, 0, start, **kw)
+        for p0, n in parts:
+            sl = slice(p0 - start, p0 - start + n)
+            part = cuda_ops.qsa.prefill(q[sl], iq[sl], k, v, blocks, 0, p0, **kw)
+            assert torch.equal(part, whole[sl]), (
+                f"QSA span ({p0}, {n}) differs inside ({start}, {t})"
+            )
 
 
 # ---- CUDA graphs ------------------------------------------------------------------------------

@@ -39,6 +39,7 @@
 // w_s = exp(m_s - max m), splits in order; sessions with no visible key give zeros.
 
 #include "math.cuh"
+#include "mma.cuh"
 #include "scalar.cuh"
 
 #ifndef HEAD_DIM
@@ -100,50 +101,6 @@ static_assert(SMEM_B == EXPECT_SMEM, "ops/attention_cuda.py decode_smem_bytes di
 #endif
 
 // ---- small helpers ---------------------------------------------------------------------------
-
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-
-// 16 bytes global -> shared, zero-filled when !valid (src is then not read).
-__device__ __forceinline__ void cp16(unsigned dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-
-template <int N>
-__device__ __forceinline__ void cp_small(unsigned dst, const void* src, bool valid) {
-    if constexpr (N == 16) {
-        cp16(dst, src, valid);
-    } else {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src),
-                     "n"(N), "r"(valid ? N : 0));
-    }
-}
-
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// c += a * b for one m16n8k16 tile (f16 inputs, f32 accumulators).
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint4& a, unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
-}
-
-// Two int8 values in bytes 0 and 2 of r -> an exact f16x2 (low half from byte 0): the bytes
-// (sign-flipped) become the mantissa of 1024 + x + 128, then 1152 is subtracted.
-__device__ __forceinline__ unsigned i8x2_to_h2(unsigned r) {
-    const unsigned t = (r & 0x00FF00FFu) ^ 0x64806480u;
-    unsigned out;
-    asm("sub.f16x2 %0, %1, %2;\n" : "=r"(out) : "r"(t), "r"(0x64806480u));
-    return out;
-}
 
 __device__ __forceinline__ float2 unpack_h2(unsigned r) {
     u16 a, b;

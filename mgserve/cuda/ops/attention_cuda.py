@@ -3,12 +3,12 @@
 Decode is flash-decoding with tensor cores: one CTA per (chunk of positions, KV head, session)
 holding all query heads of the group, so K/V are read once; a combine kernel merges the chunks in
 a fixed order, so results never depend on the batch. The same kernel runs QSA attention over
-selected blocks (``run_decode`` with ``sel``; ops/qsa_cuda.py). Prefill: short chunks
-(<= PREFILL_DECODE_MAX_T tokens, e.g. speculative verification) run the decode kernel once per
-token ("virtual sessions", exactly a decode step's numerics); longer chunks use torch's flash
-SDPA on f16 copies of K/V (about 1e-3 relative, like llama.cpp). Pools, head dims or groups the
-kernel does not cover (bf16 / f32 pools, head_dim not in HEAD_DIMS, > 16 query heads per KV head)
-go to the torch version.
+selected blocks (``run_decode`` with ``sel``; ops/qsa_cuda.py). Prefill runs flash attention
+on tensor cores (ops/attention_prefill.py: f16 operands, about 1e-3 relative, every chunk length
+alike, so a query's bits never depend on how its prompt was chunked); with ``flash_prefill``
+off, the decode kernel once per query instead ("virtual sessions": a decode step's fp32-grade
+numerics, slower; ``run_virtual``). Pools, head dims or groups the kernels do not cover (bf16 /
+f32 pools, head_dim not in HEAD_DIMS, > 16 query heads per KV head) go to the torch version.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from mgserve.cuda.checks import as_i32, check_index, on_device
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.attention import AttentionTorch, check_q
-from mgserve.cuda.ops.kv import check_kv, check_span, dequant
+from mgserve.cuda.ops.attention_prefill import FlashPrefill, cdiv, kv_defines
+from mgserve.cuda.ops.kv import check_kv, check_span
 from mgserve.cuda.pools import KVLayer
 
 if TYPE_CHECKING:
@@ -38,12 +38,7 @@ COMBINE_THREADS = 128
 MAX_GROUP = 16  # query heads per KV head the kernel holds (one m16 tensor-core tile)
 HEAD_DIMS = (64, 128, 256)  # head dims attention.cu is instantiated for
 DENSE_MIN_CHUNK = 256  # positions per CTA at least, dense / windowed decode
-PREFILL_DECODE_MAX_T = 8  # prefill chunks up to this long run the decode kernel per token
-_F16_COPY_POS = 16384  # positions dequantized per step when making f16 K/V for SDPA
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+_PREFILL_PART_ELEMS = 1 << 26  # bound on the [T, H, splits, D] fp32 partials of one run_virtual
 
 
 def decode_smem_bytes(head_dim: int, k_q8: bool, v_q8: bool) -> int:
@@ -72,6 +67,8 @@ class AttentionCuda:
     def __init__(self, kernels: Kernels, fallback: AttentionTorch) -> None:
         self.kernels, self.fallback = kernels, fallback
         self.device = kernels.device
+        self.flash = FlashPrefill(kernels)
+        self.flash_prefill = True  # prefill on attn_prefill (False: the decode kernel per query)
 
     def covers(self, q: torch.Tensor, k: KVLayer, v: KVLayer) -> bool:
         """Whether attn_decode covers these pools and heads."""
@@ -88,12 +85,7 @@ class AttentionCuda:
 
     def _decode_kernels(self, d: int, k_q8: bool, v_q8: bool) -> tuple[Kernel, Kernel, int]:
         smem = decode_smem_bytes(d, k_q8, v_q8)
-        defines = (
-            ("HEAD_DIM", str(d)),
-            ("K_Q8", str(int(k_q8))),
-            ("V_Q8", str(int(v_q8))),
-            ("EXPECT_SMEM", str(smem)),  # the kernel static_asserts the same count
-        )
+        defines = kv_defines(d, k_q8, v_q8, smem)
         kern = self.kernels.kernel(ATTN_SOURCE, "attn_decode", defines, smem=smem)
         return kern, self.kernels.kernel(ATTN_SOURCE, "attn_combine", defines), smem
 
@@ -197,6 +189,40 @@ class AttentionCuda:
             window=window,
         )  # fmt: skip
 
+    def run_virtual(
+        self,
+        q: torch.Tensor,  # [T, H, D] contiguous float32
+        k: KVLayer,
+        v: KVLayer,
+        slot: int,
+        start: int,
+        sel: torch.Tensor | None,  # [T, top] int32 (QSA) or None (dense causal / window)
+        *,
+        scale: float,
+        bound: int,
+        softcap: float = 0.0,
+        window: int = 0,
+        min_chunk: int = DENSE_MIN_CHUNK,
+        top: int = 0,
+        ratio: int = 1,
+    ) -> torch.Tensor:  # [T, H * D]
+        """The decode kernel over every query of one session's chunk (query j a virtual session
+        at position start + j), in as few launches as _PREFILL_PART_ELEMS allows."""
+        t, h, d = q.shape
+        slots = torch.full((t,), slot, dtype=torch.int32, device=self.device)
+        lengths = torch.arange(start + 1, start + t + 1, dtype=torch.int32, device=self.device)
+        n_splits = max(1, min(MAX_SPLITS, cdiv(bound, min_chunk)))
+        group = max(1, _PREFILL_PART_ELEMS // (h * n_splits * d))
+        outs = []
+        for c0 in range(0, max(t, 1), group):
+            c1 = min(t, c0 + group)
+            outs.append(self.run_decode(
+                q[c0:c1], k, v, slots[c0:c1], lengths[c0:c1],
+                None if sel is None else sel[c0:c1], scale=scale, bound=bound, softcap=softcap,
+                window=window, min_chunk=min_chunk, top=top, ratio=ratio,
+            ))  # fmt: skip
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
     def prefill(
         self,
         q: torch.Tensor,
@@ -212,55 +238,17 @@ class AttentionCuda:
         n_slots, n_ctx, n_kv, d = check_kv(k, v)
         t, h = check_q(q, n_kv, d, "T")
         check_span(n_ctx, n_slots, slot, start, t)
-        if not self.covers(q, k, v) or (softcap > 0.0 and t > PREFILL_DECODE_MAX_T):
+        if not self.covers(q, k, v):
             return self.fallback.prefill(
                 q, k, v, slot, start, scale=scale, window=window, softcap=softcap
             )
+        qc = q.contiguous()
+        if self.flash_prefill:
+            return self.flash.run(
+                qc, k, v, slot, start, scale=scale, window=window, softcap=softcap
+            )
         end = start + t
-        if t <= PREFILL_DECODE_MAX_T:  # one virtual session per token: decode numerics
-            slots = torch.full((t,), slot, dtype=torch.int32, device=self.device)
-            lengths = torch.arange(start + 1, end + 1, dtype=torch.int32, device=self.device)
-            bound = min(end, window) if window > 0 else end
-            return self.run_decode(
-                q.contiguous(), k, v, slots, lengths, None, scale=scale, bound=bound,
-                softcap=softcap, window=window,
-            )  # fmt: skip
-        k0 = max(0, start - window + 1) if window > 0 else 0
-        kh = self._f16_heads(k, slot, k0, end)  # [Hkv, S, D]
-        vh = self._f16_heads(v, slot, k0, end)
-        qh = q.permute(1, 0, 2).to(torch.float16)[None]  # [1, H, T, D]
-        if window > 0:  # few keys: an explicit mask, K/V repeated per query head
-            key_pos = torch.arange(k0, end, device=self.device)
-            q_pos = torch.arange(start, end, device=self.device)
-            mask = (key_pos[None, :] <= q_pos[:, None]) & (
-                q_pos[:, None] - key_pos[None, :] < window
-            )
-            g = h // n_kv
-            y = F.scaled_dot_product_attention(
-                qh,
-                kh.repeat_interleave(g, 0)[None],
-                vh.repeat_interleave(g, 0)[None],
-                attn_mask=mask,
-                scale=scale,
-            )
-        else:
-            from torch.nn.attention.bias import causal_lower_right
-
-            y = F.scaled_dot_product_attention(
-                qh,
-                kh[None],
-                vh[None],
-                attn_mask=causal_lower_right(t, end - k0),
-                scale=scale,
-                enable_gqa=True,
-            )
-        return y[0].permute(1, 0, 2).reshape(t, h * d).float()
-
-    def _f16_heads(self, c: KVLayer, slot: int, k0: int, end: int) -> torch.Tensor:
-        """float16 [n_kv, end - k0, D]: positions k0..end-1 of ``slot``, dequantized in pieces."""
-        n_kv, d = c.values.shape[2], c.values.shape[3]
-        out = torch.empty((n_kv, end - k0, d), dtype=torch.float16, device=self.device)
-        for p0 in range(k0, end, _F16_COPY_POS):
-            p1 = min(end, p0 + _F16_COPY_POS)
-            out[:, p0 - k0 : p1 - k0] = dequant(c, slot, slice(p0, p1)).transpose(0, 1)
-        return out
+        return self.run_virtual(
+            qc, k, v, slot, start, None, scale=scale, bound=min(end, window) if window > 0 else end,
+            softcap=softcap, window=window,
+        )  # fmt: skip

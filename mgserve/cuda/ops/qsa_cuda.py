@@ -6,8 +6,10 @@ cells and the tail).
 Decode: score the complete blocks (kernel), select (kernel), attend (kernel): no host sync, so it
 captures into a CUDA graph. Prefill scores all the chunk's queries against the complete blocks
 with one fp32 matmul (cuBLAS; in query groups bounding the score matrix), selects with the
-kernel, and runs the decode attention kernel once over all the chunk's queries ("virtual
-sessions"). Pools or indexer shapes the kernels do not cover go to the torch version.
+kernel, then attends: queries before QSA_FLASH_MAX_POS with the flash prefill kernel over all
+earlier positions masked to their selection (``visibility``), later ones with the decode kernel
+over their selected cells ("virtual sessions", ``AttentionCuda.run_virtual``). Pools or indexer
+shapes the kernels do not cover go to the torch version.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import torch.nn.functional as F
 from mgserve.cuda.checks import as_i32, check_index, on_device
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.attention import check_q
-from mgserve.cuda.ops.attention_cuda import MAX_SPLITS, AttentionCuda, cdiv
+from mgserve.cuda.ops.attention_cuda import AttentionCuda
+from mgserve.cuda.ops.attention_prefill import cdiv, visibility
 from mgserve.cuda.ops.kv import check_kv, check_span
 from mgserve.cuda.ops.qsa import QsaTorch, check_qsa, check_select
 from mgserve.cuda.pools import KVLayer
@@ -34,8 +37,12 @@ QS_KEYS = 256  # QS_KEYS in attention_util.cu: block keys scored per CTA
 QS_MAX_HI, QS_MAX_DI = 8, 256  # indexer heads / head dim the scoring kernel supports
 QSA_MIN_CHUNK = 64  # QSA decode: ~2k selected cells per query, so smaller chunks for more CTAs
 QSA_PREFILL_MIN_CHUNK = 1088  # QSA prefill: a selection's ~2k cells in two chunks per query
+# Prompt queries at positions below this run attn_prefill over every earlier position, masked to
+# their selection (work ~ position, on tensor cores); later ones the decode kernel over their
+# ~top * ratio cells. A function of the position alone (batch invariance); the break-even is an
+# estimate (~8k positions at qwen4exp's 2048-cell budget), to be measured.
+QSA_FLASH_MAX_POS = 8192
 _PREFILL_SCORE_ELEMS = 1 << 26  # bound on the [T * H_idx, n_blk] fp32 scores of QSA prefill
-_PREFILL_PART_ELEMS = 1 << 26  # bound on the [T, H, splits, D] fp32 partials of one prefill launch
 
 
 class QsaCuda:
@@ -157,38 +164,6 @@ class QsaCuda:
             self.select(scores, lengths[c0:c1], n_blk, ratio, top, out=sel[c0:c1])
         return sel
 
-    def _run_prefill(
-        self,
-        q: torch.Tensor,  # [T, H, D] contiguous
-        k: KVLayer,
-        v: KVLayer,
-        slot: int,
-        start: int,
-        sel: torch.Tensor | None,  # [T, top] int32 (QSA) or None (dense causal)
-        *,
-        scale: float,
-        bound: int,
-        top: int = 0,
-        ratio: int = 1,
-    ) -> torch.Tensor:  # [T, H * D]
-        """The decode kernel over every query of one session's chunk (query j a virtual session
-        at position start + j), in as few launches as _PREFILL_PART_ELEMS allows (one for a
-        4096-token chunk of qwen4exp)."""
-        t, h, d = q.shape
-        slots = torch.full((t,), slot, dtype=torch.int32, device=self.device)
-        lengths = torch.arange(start + 1, start + t + 1, dtype=torch.int32, device=self.device)
-        n_splits = max(1, min(MAX_SPLITS, cdiv(bound, QSA_PREFILL_MIN_CHUNK)))
-        group = max(1, _PREFILL_PART_ELEMS // (h * n_splits * d))
-        outs = []
-        for c0 in range(0, t, group):
-            c1 = min(t, c0 + group)
-            outs.append(self.attention.run_decode(
-                q[c0:c1], k, v, slots[c0:c1], lengths[c0:c1],
-                None if sel is None else sel[c0:c1], scale=scale, bound=bound,
-                min_chunk=QSA_PREFILL_MIN_CHUNK, top=top, ratio=ratio,
-            ))  # fmt: skip
-        return outs[0] if len(outs) == 1 else torch.cat(outs)
-
     def _covers(
         self, q: torch.Tensor, iq: torch.Tensor, k: KVLayer, v: KVLayer, blocks: torch.Tensor
     ) -> bool:
@@ -281,12 +256,29 @@ class QsaCuda:
         n_blk = end // ratio  # blocks complete by the chunk's last query
         if t == 0:
             return q.new_zeros((0, h * d))
-        qc = q.contiguous()
-        if n_blk <= top:  # every query of the chunk is dense
-            return self._run_prefill(qc, k, v, slot, start, None, scale=scale, bound=end)
-        lengths = torch.arange(start + 1, end + 1, dtype=torch.int32, device=self.device)
-        sel = self._prefill_select(iq, blocks, slot, lengths, n_blk, ratio, top)
-        bound = min(end, top * ratio + ratio - 1)
-        return self._run_prefill(
-            qc, k, v, slot, start, sel, scale=scale, bound=bound, top=top, ratio=ratio
-        )
+        qc, sel = q.contiguous(), None
+        if n_blk > top:  # otherwise every query of the chunk is dense
+            lengths = torch.arange(start + 1, end + 1, dtype=torch.int32, device=self.device)
+            sel = self._prefill_select(iq, blocks, slot, lengths, n_blk, ratio, top)
+        limit = QSA_FLASH_MAX_POS if self.attention.flash_prefill else 0
+        split = min(t, max(0, limit - start))  # queries 0 .. split - 1 on attn_prefill
+        outs = []
+        if split:
+            vis = None if sel is None else visibility(sel[:split], start, ratio, top)
+            outs.append(
+                self.attention.flash.run(qc[:split], k, v, slot, start, scale=scale, vis=vis)
+            )
+        if split < t:
+            rest = qc[split:]
+            if sel is None:
+                outs.append(self.attention.run_virtual(
+                    rest, k, v, slot, start + split, None, scale=scale, bound=end,
+                    min_chunk=QSA_PREFILL_MIN_CHUNK,
+                ))  # fmt: skip
+            else:
+                outs.append(self.attention.run_virtual(
+                    rest, k, v, slot, start + split, sel[split:], scale=scale,
+                    bound=min(end, top * ratio + ratio - 1), min_chunk=QSA_PREFILL_MIN_CHUNK,
+                    top=top, ratio=ratio,
+                ))  # fmt: skip
+        return outs[0] if len(outs) == 1 else torch.cat(outs)

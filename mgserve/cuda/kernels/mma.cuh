@@ -1,0 +1,68 @@
+// Tensor-core and shared-memory helpers of the attention kernels (attention.cu,
+// attention_prefill.cu): cp.async copies, ldmatrix, mma.sync m16n8k16 (f16 in, f32 accumulate)
+// and the exact int8 -> f16 conversion. Fragment layouts (PTX ISA; gid = lane / 4,
+// tig = lane % 4): A (16 x 16, row-major) a0 = (row gid, cols 2 tig, +1), a1 = (row gid + 8,
+// same), a2 = (row gid, cols 2 tig + 8, +9), a3 = (row gid + 8, same); B (16 x 8) b0 = (rows
+// 2 tig, +1 of column gid), b1 = (rows 2 tig + 8, +9); C (16 x 8) c0, c1 = (row gid, cols 2 tig,
+// +1), c2, c3 = (row gid + 8, same). Low half of an f16x2 register = the lower index.
+#pragma once
+#include "scalar.cuh"
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+// 16 bytes global -> shared, zero-filled when !valid (src is then not read).
+__device__ __forceinline__ void cp16(unsigned dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+
+template <int N>
+__device__ __forceinline__ void cp_small(unsigned dst, const void* src, bool valid) {
+    if constexpr (N == 16) {
+        cp16(dst, src, valid);
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src),
+                     "n"(N), "r"(valid ? N : 0));
+    }
+}
+
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// c += a * b for one m16n8k16 tile (f16 inputs, f32 accumulators).
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint4& a, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+}
+
+// Two int8 values in bytes 0 and 2 of r -> an exact f16x2 (low half from byte 0): the bytes
+// (sign-flipped) become the mantissa of 1024 + x + 128, then 1152 is subtracted.
+__device__ __forceinline__ unsigned i8x2_to_h2(unsigned r) {
+    const unsigned t = (r & 0x00FF00FFu) ^ 0x64806480u;
+    unsigned out;
+    asm("sub.f16x2 %0, %1, %2;\n" : "=r"(out) : "r"(t), "r"(0x64806480u));
+    return out;
+}
+
+// Four 8x8 b16 matrices from shared memory: lanes 8i..8i+7 give the row addresses of matrix i;
+// register i of a lane holds row lane / 4, elements 2 (lane % 4), +1 of matrix i (.trans: the
+// matrix transposed, i.e. elements (2 (lane % 4), lane / 4) and (2 (lane % 4) + 1, lane / 4)).
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(u32 (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
