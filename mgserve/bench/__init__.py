@@ -10,7 +10,7 @@ import platform
 import sys
 from pathlib import Path
 
-BENCHMARKS = ("tokenize", "decode", "synth", "matvec", "model", "plot", "glue")
+BENCHMARKS = ("tokenize", "decode", "synth", "matvec", "model", "plot", "glue", "invariance")
 
 
 def machine() -> str:

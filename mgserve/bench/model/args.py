@@ -10,19 +10,7 @@ DEFAULT_DEPTHS = "0,32768,131072,250000"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="a GGUF file")
-    src.add_argument("--shape", help="a synthetic model of this shape (see mgserve synth)")
-    parser.add_argument("--layers", type=int, default=None, help="synthetic: layers")
-    parser.add_argument("--experts", type=int, default=None, help="synthetic: routed experts")
-    parser.add_argument("--ple-rows", type=int, default=None, help="synthetic: PLE table rows")
-    parser.add_argument(
-        "--mix", default=DEFAULT_MIX, choices=sorted(MIXES), help="synthetic: quant type mix"
-    )
-    parser.add_argument("--ctx", type=int, default=262144, help="context per slot")
-    parser.add_argument("--slots", type=int, default=5, help="slots (sessions) in the pools")
-    parser.add_argument("--cache-type", default="q8_0", help="K and V cache type")
-    parser.add_argument("--ubatch", type=int, default=4096, help="prompt tokens per step")
+    add_model_arguments(parser)
     parser.add_argument("--prefill", default="4096@0,4096@32768", help="P@D prefill workloads")
     parser.add_argument("--long-prefill", type=int, default=0, help="one prompt of N tokens")
     parser.add_argument("--multi-prefill", default="", help="S@N: S sessions of N-token prompts")
@@ -36,18 +24,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--multi-decode", default="5@32768,5@131072", help="B@D decode workloads")
     parser.add_argument("--decode-steps", type=int, default=32, help="timed decode steps")
     parser.add_argument("--fill", choices=("synthetic", "prefill"), default="synthetic")
-    parser.add_argument("--int8", action="store_true", help="int8-activation matvecs")
-    parser.add_argument(
-        "--cublas-prefill",
-        action="store_true",
-        help="prompt GEMMs on dequantized f16 weights and cuBLAS instead of qgemm.cu (compare)",
-    )
-    parser.add_argument("--no-graphs", action="store_true", help="decode without CUDA graphs")
     parser.add_argument("--profile", action="store_true", help="per-kernel breakdowns")
     parser.add_argument(
         "--json",
         metavar="PATH",
         help="also write the rows as JSON (what `mgserve bench plot` draws)",
+    )
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """What ``ModelBench`` loads and how: the model, its pools and the backend's modes (shared
+    with ``mgserve bench invariance``)."""
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="a GGUF file")
+    src.add_argument("--shape", help="a synthetic model of this shape (see mgserve synth)")
+    parser.add_argument("--layers", type=int, default=None, help="synthetic: layers")
+    parser.add_argument("--experts", type=int, default=None, help="synthetic: routed experts")
+    parser.add_argument("--ple-rows", type=int, default=None, help="synthetic: PLE table rows")
+    parser.add_argument(
+        "--mix", default=DEFAULT_MIX, choices=sorted(MIXES), help="synthetic: quant type mix"
+    )
+    parser.add_argument("--ctx", type=int, default=262144, help="context per slot")
+    parser.add_argument("--slots", type=int, default=5, help="slots (sessions) in the pools")
+    parser.add_argument("--cache-type", default="q8_0", help="K and V cache type")
+    parser.add_argument("--ubatch", type=int, default=4096, help="prompt tokens per step")
+    parser.add_argument("--int8", action="store_true", help="int8-activation matvecs")
+    parser.add_argument("--no-graphs", action="store_true", help="decode without CUDA graphs")
+    parser.add_argument(
+        "--cublas-prefill",
+        action="store_true",
+        help="prompt GEMMs on dequantized f16 weights and cuBLAS instead of qgemm.cu (compare)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: the torch backend on the CPU (small models: tests of the bench itself)",
     )
 
 

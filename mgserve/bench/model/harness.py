@@ -12,11 +12,11 @@ class ModelBench:
     def __init__(self, args: argparse.Namespace) -> None:
         import torch
 
-        from mgserve.cuda.backend import cuda_backend, load_device_model
+        from mgserve.cuda.backend import cuda_backend, load_device_model, torch_backend
         from mgserve.cuda.runner import DeviceRunner
 
         self.torch = torch
-        self.device = torch.device("cuda", 0)
+        self.device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
         if args.model:
             from mgserve.core.gguf.reader import GGUFFile
 
@@ -33,7 +33,10 @@ class ModelBench:
             )
         self.source = str(g.path)
         t0 = time.perf_counter()
-        self.ops = cuda_backend(0, int8=args.int8, cublas_prefill=args.cublas_prefill)
+        if args.device == "cuda":
+            self.ops = cuda_backend(0, int8=args.int8, cublas_prefill=args.cublas_prefill)
+        else:
+            self.ops = torch_backend()
         self.model = load_device_model(
             g, self.ops, self.device, args.slots, args.ctx, args.cache_type, args.cache_type
         )
@@ -41,7 +44,7 @@ class ModelBench:
             from mgserve.cuda.synth_device import release_pools
 
             release_pools()
-        torch.cuda.synchronize()
+        self.sync()
         self.load_s = time.perf_counter() - t0
         self.runner = DeviceRunner(self.model, self.device, graphs=not args.no_graphs)
         self.args = args
@@ -56,16 +59,22 @@ class ModelBench:
         toks = self.tokens(ub + 43, 99)
         self.run_step([self.work(0, toks[:ub], 0, True)])  # a whole ubatch: GEMM shapes, scratch
         self.run_step([self.work(0, toks[ub:], ub, True)])
-        for i in range(3):
-            self.run_step([self.work(0, (500 + i,), ub + 43 + i, True)])
-        self.torch.cuda.synchronize()
+        for i, t in enumerate(self.tokens(3, 98)):
+            self.run_step([self.work(0, (t,), ub + 43 + i, True)])
+        self.sync()
+
+    def sync(self) -> None:
+        """Wait for the GPU (nothing to wait for on the CPU)."""
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize()
 
     # -- building batches --------------------------------------------------------------------
 
     def tokens(self, n: int, seed: int) -> tuple[int, ...]:
         """``n`` random token ids (away from the vocabulary's ends), the same for the same seed."""
         g = self.torch.Generator().manual_seed(seed)
-        return tuple(self.torch.randint(100, self.vocab - 100, (n,), generator=g).tolist())
+        end = min(100, self.vocab // 4)  # tiny test vocabularies have a few hundred tokens
+        return tuple(self.torch.randint(end, self.vocab - end, (n,), generator=g).tolist())
 
     def run_step(self, work: list[Any]) -> Any:
         """One runner step of ``work`` (SeqWork items), as the scheduler would hand it over."""

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from mgserve.core.gguf.hparams import ModelSpec
+from mgserve.core.reference import rowwise
 
 _QUERY_CHUNK = 512  # bounds the [H, T, S] score matrix of a long prompt chunk
 _ROW_BLOCK = 2  # every token-wise product runs on blocks of exactly this many rows (see linear)
@@ -190,10 +191,12 @@ def attention(
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up: the llama / qwen MLP activation (inputs already projected)."""
-    return F.silu(gate) * up
+    """silu(gate) * up: the llama / qwen MLP activation (inputs already projected); row by row
+    (``rowwise``), so a token's result does not depend on the other tokens of the batch."""
+    return rowwise.silu(gate) * up
 
 
 def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """gelu_tanh(gate) * up: the Gemma MLP activation (llama.cpp's ggml_gelu is the tanh form)."""
-    return F.gelu(gate, approximate="tanh") * up
+    """gelu_tanh(gate) * up: the Gemma MLP activation (llama.cpp's ggml_gelu is the tanh form);
+    row by row, as ``swiglu``."""
+    return rowwise.rowwise(functools.partial(F.gelu, approximate="tanh"), gate) * up

@@ -86,15 +86,21 @@ def attend_cells(
     valid: torch.Tensor,  # [N, L] bool
     scale: float,
 ) -> torch.Tensor:  # [N, H * D]
-    """Softmax attention of each query over exactly its selected (valid) cells."""
+    """Softmax attention of each query over exactly its selected (valid) cells. One query at a
+    time: a batched product over the queries may block its reduction by the batch size (CPU
+    bmm does), and a query's result must not depend on the other queries of the step."""
     n, h, d = q.shape
     kf = dequant(k, slot_rows[:, None], pos)  # [N, L, Hkv, D]
     vf = dequant(v, slot_rows[:, None], pos)
     n_kv = kf.shape[2]
-    scores = torch.einsum("nkgd,nlkd->nkgl", q.view(n, n_kv, h // n_kv, d), kf) * scale
-    mask = ~valid[:, None, None, :]
-    probs = torch.softmax(scores.masked_fill(mask, NEG_INF), dim=-1).masked_fill(mask, 0.0)
-    return torch.einsum("nkgl,nlkd->nkgd", probs, vf).reshape(n, h * d)
+    qg = q.view(n, n_kv, h // n_kv, d)
+    out = q.new_empty(n, n_kv, h // n_kv, d)
+    for i in range(n):
+        scores = (qg[i] @ kf[i].permute(1, 2, 0)) * scale  # [Hkv, G, L]
+        mask = ~valid[i][None, None, :]
+        probs = torch.softmax(scores.masked_fill(mask, NEG_INF), dim=-1).masked_fill(mask, 0.0)
+        out[i] = probs @ vf[i].permute(1, 0, 2)  # [Hkv, G, D]
+    return out.reshape(n, h * d)
 
 
 def block_scores(iq: torch.Tensor, bl: torch.Tensor) -> torch.Tensor:
