@@ -65,7 +65,7 @@ def mix_with(
     xn = norm(x, gamma, eps).reshape(n, hc * d)  # [N, hc * d]
     low = rowwise.silu(down(xn) / hc)  # [N, r]
     gate = rowwise.sigmoid(up(low))  # [N, hc * d]
-    mixed = (gate * xn).view(n, hc, d).mean(dim=1)  # [N, d]
+    mixed = rowwise.sum_in_order((gate * xn).view(n, hc, d), 1) / hc  # [N, d], streams in order
     if inject is None:
         return mixed, None
     return mixed, 2.0 * rowwise.sigmoid(inject(xn) / hc)  # [N, hc]

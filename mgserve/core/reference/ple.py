@@ -137,7 +137,7 @@ def gate_values(
     n, hc, d = x.shape
     key = norm(key.view(n, hc, d), norm_key, eps)
     query = norm(x, norm_query, eps)
-    s = (key * query).sum(dim=-1) / math.sqrt(d)  # [N, hc]
+    s = rowwise.tree_sum(key * query) / math.sqrt(d)  # [N, hc]
     gate = rowwise.sigmoid(torch.sign(s) * s.abs().clamp_min(1e-6).sqrt())
     gated = gate[:, :, None] * value[:, None, :]  # [N, hc, d]
     return gated, norm(gated, norm_conv, eps).reshape(n, hc * d)

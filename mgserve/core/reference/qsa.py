@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from mgserve.core.gguf.hparams import ModelSpec
-from mgserve.core.reference import ops
+from mgserve.core.reference import ops, rowwise
 
 
 @dataclass
@@ -51,7 +51,7 @@ def pool_blocks(
     """Keys of the complete blocks raw [B, r, D] (raw token keys), the first one being block
     ``first``: mean, RMSNorm, RoPE at each block's first position."""
     b, r, dim = raw.shape
-    pooled = ops.rms_norm(raw.mean(dim=1), w.k_norm, spec.rms_eps)  # [B, D]
+    pooled = ops.rms_norm(rowwise.sum_in_order(raw, 1) / raw.shape[1], w.k_norm, spec.rms_eps)
     starts = (first + torch.arange(b)) * r  # [B]
     return ops.model_rope(pooled[:, None], starts, spec)[:, 0]
 

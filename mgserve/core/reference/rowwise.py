@@ -1,4 +1,5 @@
-"""Elementwise transcendental functions whose result for a row does not depend on the other rows.
+"""Elementwise transcendental functions and sums whose result for a row does not depend on the
+other rows.
 
 PyTorch's CPU kernels run an elementwise op over a contiguous tensor in SIMD blocks (2 vectors,
 32 floats with AVX-512) and finish the tail with the scalar function; the two are different
@@ -8,6 +9,11 @@ sessions than alone, which breaks "concurrency never changes results" (DESIGN.md
 pads every row to a multiple of 64 values, so each row starts on a block boundary and no value is
 ever left to the scalar tail: each row's result is a function of that row alone.
 (Single-threaded or for tensors below ATen's 32768-element grain, as all per-token ones here are.)
+
+Reductions have the same problem on both devices: torch's sum kernels split a row's reduction by
+the tensor's shape (on the GPU, rows of a small batch are spread over more threads and blocks), so
+a row's rounding depends on how many rows there are. ``sum_in_order`` and ``tree_sum`` reduce
+with elementwise adds only, in an order fixed by the row's own length.
 """
 
 from __future__ import annotations
@@ -44,3 +50,25 @@ def softplus(x: torch.Tensor) -> torch.Tensor:
 
 def exp(x: torch.Tensor) -> torch.Tensor:
     return rowwise(torch.exp, x)
+
+
+def sum_in_order(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """x summed over ``dim`` (a short one: streams, heads, a block's tokens) in index order."""
+    parts = x.unbind(dim)
+    acc = parts[0]
+    for p in parts[1:]:
+        acc = acc + p
+    return acc
+
+
+def tree_sum(x: torch.Tensor) -> torch.Tensor:
+    """x summed over its last dim by halving (zero-padded to a power of two: adding an exact zero
+    changes nothing), each level one elementwise add."""
+    width = x.shape[-1]
+    size = 1 << max(0, (width - 1).bit_length())
+    if size != width:
+        x = F.pad(x, (0, size - width))
+    while x.shape[-1] > 1:
+        half = x.shape[-1] // 2
+        x = x[..., :half] + x[..., half:]
+    return x[..., 0]

@@ -26,10 +26,11 @@ from mgserve.cuda.ops.hc import (
     up_smem,
 )
 from mgserve.cuda.ops.linear_cuda import LinearCuda
+from mgserve.cuda.ops.linear_tuning import MAX_MATVEC_TOKENS
 from mgserve.cuda.ops.norm import NormCuda
 from mgserve.cuda.weights import QuantWeight
 
-HC_FUSED_MAX_TOKENS = 16  # larger batches (prompt chunks) mix the streams with GEMMs
+HC_FUSED_MAX_TOKENS = MAX_MATVEC_TOKENS  # larger batches mix on GEMMs, as linear does
 
 
 class HCCuda:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mgserve.core.reference import rowwise
 from mgserve.cuda.checks import as_i32, check_index, on_device
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.attention import check_q
@@ -42,7 +43,7 @@ QSA_PREFILL_MIN_CHUNK = 1088  # QSA prefill: a selection's ~2k cells in two chun
 # ~top * ratio cells. A function of the position alone (batch invariance); the break-even is an
 # estimate (~8k positions at qwen4exp's 2048-cell budget), to be measured.
 QSA_FLASH_MAX_POS = 8192
-_PREFILL_SCORE_ELEMS = 1 << 26  # bound on the [T * H_idx, n_blk] fp32 scores of QSA prefill
+QSA_SCORE_GROUP = 64  # queries per QSA prefill score product: one shape for every product
 
 
 class QsaCuda:
@@ -144,10 +145,12 @@ class QsaCuda:
         top: int,
     ) -> torch.Tensor:  # [T, top] int32
         """QSA prefill selection: every query of the chunk scored against the complete blocks by
-        one fp32 matmul per group of queries (cuBLAS reuses each block key across queries; the
-        groups bound the [queries * H_idx, blocks] score matrix by _PREFILL_SCORE_ELEMS), then
-        qsa_select per group. Scores of blocks a query cannot see yet are computed but never
-        read (the kernel reads blocks < lengths / ratio only)."""
+        one fp32 matmul per group of QSA_SCORE_GROUP queries (cuBLAS reuses each block key
+        across queries), then qsa_select per group. The last group is zero-padded to the full
+        size, so every product has one shape and a query's scores do not depend on how many
+        queries share its span (cuBLAS picks its algorithm by shape); the heads are summed in
+        order. Scores of blocks a query cannot see yet are computed but never read (the kernel
+        reads blocks < lengths / ratio only)."""
         t, n_hi, di = iq.shape
         stride = cdiv(n_blk, 4) * 4
         bl = blocks[slot, : min(stride, blocks.shape[1])]  # [<= stride, D_idx]
@@ -155,11 +158,12 @@ class QsaCuda:
             bl = F.pad(bl, (0, 0, 0, stride - bl.shape[0]))
         blt = bl.t()  # [D_idx, stride]
         sel = torch.empty((t, top), dtype=torch.int32, device=self.device)
-        group = max(1, _PREFILL_SCORE_ELEMS // (n_hi * stride))
+        group = QSA_SCORE_GROUP
+        iq = F.pad(iq, (0, 0, 0, 0, 0, cdiv(t, group) * group - t))  # [groups * group, H, D]
         for c0 in range(0, t, group):
             c1 = min(t, c0 + group)
-            s = torch.matmul(iq[c0:c1].reshape(-1, di), blt)  # [(c1 - c0) * H_idx, stride]
-            scores = s.view(c1 - c0, n_hi, stride).relu_().sum(dim=1)  # [c1 - c0, stride]
+            s = torch.matmul(iq[c0 : c0 + group].reshape(-1, di), blt)  # [group * H_idx, stride]
+            scores = rowwise.sum_in_order(s.view(group, n_hi, stride).relu_(), 1)[: c1 - c0]
             scores.div_(math.sqrt(di))
             self.select(scores, lengths[c0:c1], n_blk, ratio, top, out=sel[c0:c1])
         return sel

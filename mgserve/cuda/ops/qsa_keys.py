@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from mgserve.core.reference import rowwise
 from mgserve.cuda.ops.norm import NormCuda, NormTorch
 from mgserve.cuda.ops.rope import RopeCuda, RopeTorch
 
@@ -36,7 +37,7 @@ class BlockKeys:
         scale: float,
     ) -> torch.Tensor:  # [B, D]
         """Mean, RMSNorm, NeoX RoPE at each block's first position."""
-        pooled = self.norm.rms(raw.mean(dim=1), k_norm, eps)
+        pooled = self.norm.rms(rowwise.sum_in_order(raw, 1) / raw.shape[1], k_norm, eps)
         rotated = self.rope.apply(
             pooled[:, None].contiguous(), starts.to(torch.int32), n_rot=n_rot, base=base,
             neox=True, scale=scale,
