@@ -1,5 +1,5 @@
 // Tensor-core and shared-memory helpers of the attention kernels (attention.cu,
-// attention_prefill.cu): cp.async copies, ldmatrix, mma.sync m16n8k16 (f16 in, f32 accumulate)
+// attention_prefill.cu) and the prompt GEMMs (qgemm.cu): cp.async copies, ldmatrix, mma.sync m16n8k16 (f16 in, f32 accumulate)
 // and the exact int8 -> f16 conversion. Fragment layouts (PTX ISA; gid = lane / 4,
 // tig = lane % 4): A (16 x 16, row-major) a0 = (row gid, cols 2 tig, +1), a1 = (row gid + 8,
 // same), a2 = (row gid, cols 2 tig + 8, +9), a3 = (row gid + 8, same); B (16 x 8) b0 = (rows

@@ -38,6 +38,7 @@
 
 #include "gguf_split.cuh"
 #include "math.cuh"
+#include "mma.cuh"
 
 #ifndef QG_TYPE
 #define QG_TYPE Q4_K
@@ -75,23 +76,11 @@ static_assert(BK % 16 == 0, "BK is a multiple of 16");
 static_assert(W_RUNS * THREADS == BN * RUNS && X_COPIES * THREADS == BM * RUNS, "even loads");
 static_assert(2 * (BM + BN) * LDS * 2 <= 48 * 1024, "static shared memory over 48 KB");
 
-// ---- PTX helpers ---------------------------------------------------------------------------------
-
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-
-// 16 bytes global -> shared, zero-filled when !valid (src is then not read).
-__device__ __forceinline__ void cp16(unsigned dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
+// ---- PTX helpers (the rest: mma.cuh) -------------------------------------------------------------
 
 __device__ __forceinline__ void cp_commit_wait_all() {
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
 }
-
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 // Four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8.
 __device__ __forceinline__ void ldsm4(uint4& r, const u16* p) {
@@ -99,14 +88,6 @@ __device__ __forceinline__ void ldsm4(uint4& r, const u16* p) {
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "r"(smem_u32(p))
                  : "memory");
-}
-
-// c += a * b for one m16n8k16 tile (f16 inputs, f32 accumulators).
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint4& a, u32 b0, u32 b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
 }
 
 // ---- the tile ------------------------------------------------------------------------------------
