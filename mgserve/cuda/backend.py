@@ -38,6 +38,7 @@ from mgserve.cuda.ops.qsa_cuda import QsaCuda
 from mgserve.cuda.ops.qsa_keys import BlockKeys
 from mgserve.cuda.ops.rope import RopeCuda, RopeTorch
 from mgserve.cuda.ops.route import RouteCuda, RouteTorch
+from mgserve.cuda.ops.rowpath import RowPath
 from mgserve.cuda.pools import PoolSize
 
 DENSE_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
@@ -64,6 +65,7 @@ class Backend:
     deltanet: DeltaNetTorch | DeltaNetCuda
     hc: HCTorch | HCCuda
     ple: Ple
+    path: RowPath  # the kind of step running: decode kernels or prompt GEMMs (ops/rowpath.py)
 
 
 def torch_backend() -> Backend:
@@ -87,6 +89,7 @@ def torch_backend() -> Backend:
         deltanet=DeltaNetTorch(),
         hc=HCTorch(dense),
         ple=Ple(linear, norm),
+        path=RowPath(),  # the torch families take one path at any size
     )
 
 
@@ -135,6 +138,7 @@ def cuda_backend(
         deltanet=DeltaNetCuda(kernels, DeltaNetTorch()),
         hc=HCCuda(kernels, HCTorch(dense), linear, norm),
         ple=Ple(linear, norm),
+        path=linear.path,
     )
 
 

@@ -107,7 +107,8 @@ class DeviceRunner:
         )
         if step.extra is not None:  # host rows (PLE): to the device with the step
             step.extra = step.extra.to(d, non_blocking=False)
-        return self.model.forward(step)
+        with self.model.backend.path.step("prompt"):  # GEMMs at any size (ops/rowpath.py)
+            return self.model.forward(step)
 
     def _decode(self, work: list[SeqWork]) -> torch.Tensor:
         extra = self.model.step_extra([list(w.tokens) for w in work], [w.slot for w in work])
@@ -117,7 +118,8 @@ class DeviceRunner:
             slots=[w.slot for w in work],
             extra=extra,
         )
-        return self.decode(inp)
+        with self.model.backend.path.step("decode"):  # decode kernels at any batch size
+            return self.decode(inp)
 
     def _sample(self, logits: torch.Tensor, work: list[SeqWork]) -> list[SeqResult]:
         states = [self._slots[w.slot] for w in work]

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.gpu
 RTOL_MIXED = 2e-5
 ATOL_INJECT = 2e-5
 REAL = (4, 2560, 320)  # hc, d, r of qwen4exp
-REAL_N = [1, 2, 3, 8, 11, 16]  # up to HC_FUSED_MAX_TOKENS: the kernels
+REAL_N = [1, 2, 3, 8, 11, 16]  # the kernels (several token groups from 9 on)
 
 
 def hc_cuda(kernels):
@@ -71,8 +71,8 @@ def reference(
 
 
 def fused_mix(hcc, case: HCCase, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The kernels' mix for any N (``mix`` itself takes the GEMMs above HC_FUSED_MAX_TOKENS, as
-    the linear family does; the kernels run larger batches as several token groups)."""
+    """The kernels' mix for any N (outside a runner step ``mix`` takes the GEMMs above 8 tokens,
+    as the linear family does; the kernels run larger batches as several token groups)."""
     _, mixed, inj = hcc._run(x, None, None, case.norm, case.down, case.up, case.inject, EPS)
     return mixed, inj
 
@@ -118,7 +118,7 @@ def test_mix_real_shape(hcc, types: str | tuple[str, str, str]) -> None:
 
 
 def test_prompt_chunks_take_gemms(hcc) -> None:
-    """More tokens than HC_FUSED_MAX_TOKENS: ``hyper_connections.mix_with`` on the linear
+    """More than 8 tokens outside a runner step: ``hyper_connections.mix_with`` on the linear
     family's f16 GEMMs and the norm kernel, within the f16 products' rounding."""
     hc, d, r = REAL
     case = make_case(hc, d, r, "BF16", seed=3, device="cuda")

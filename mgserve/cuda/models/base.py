@@ -51,6 +51,7 @@ class Step:
 
 class DeviceLM(Protocol):
     spec: ModelSpec
+    backend: Backend  # the op families it runs on
     rewindable: bool
     pools: SlotPools
     weight_bytes: int  # bytes of weights uploaded to the device

@@ -21,8 +21,9 @@ into a CUDA graph; a token's results do not depend on the other tokens of the ba
 any N. Weights of every format the matvecs read run on the kernels (BF16 / F16 / F32 / Q8_0 through
 split load-then-decode readers, the rest, e.g. a Q4_K file's Q4_K / Q6_K down and Q5_0 up, through
 their gguf_blocks decoders); shapes the kernels cannot stage fall back to the torch version on
-dequantized weights. Prompt chunks (more than HC_FUSED_MAX_TOKENS tokens) take ``mix_with`` on the
-backend's own GEMMs and norm kernel instead, which read each weight once for the whole chunk.
+dequantized weights. Prompt rows (``linear.path``, ops/rowpath.py: a prompt step, or more than 8
+tokens outside a runner step) take ``mix_with`` on the backend's own GEMMs and norm kernel instead,
+which read each weight once for the whole chunk.
 """
 
 from __future__ import annotations

@@ -26,11 +26,8 @@ from mgserve.cuda.ops.hc import (
     up_smem,
 )
 from mgserve.cuda.ops.linear_cuda import LinearCuda
-from mgserve.cuda.ops.linear_tuning import MAX_MATVEC_TOKENS
 from mgserve.cuda.ops.norm import NormCuda
 from mgserve.cuda.weights import QuantWeight
-
-HC_FUSED_MAX_TOKENS = MAX_MATVEC_TOKENS  # larger batches mix on GEMMs, as linear does
 
 
 class HCCuda:
@@ -76,9 +73,10 @@ class HCCuda:
         inject: QuantWeight | None,
         eps: float,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Decode-sized batches take the fused kernels (weights read once per group of 8
-        tokens); a prompt chunk takes three GEMMs, which read each weight once for the chunk."""
-        if x.dim() == 3 and x.shape[0] > HC_FUSED_MAX_TOKENS:
+        """Decode rows take the fused kernels (weights read once per group of 8 tokens); prompt
+        rows three GEMMs, which read each weight once for the chunk (``linear.path`` decides:
+        rowpath.py)."""
+        if x.dim() == 3 and not self.linear.path.decode_kernels(x.shape[0]):
             check_mix(x, norm, down, up, inject)
             down_p = partial(self.linear.matmul, w=down)
             up_p = partial(self.linear.matmul, w=up)
@@ -99,7 +97,7 @@ class HCCuda:
         eps: float,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         check_combine(x, out, inject_prev)
-        if x.dim() == 3 and x.shape[0] > HC_FUSED_MAX_TOKENS:  # prompt chunks: mix's GEMMs
+        if x.dim() == 3 and not self.linear.path.decode_kernels(x.shape[0]):  # prompt rows
             x = self.combine(x, out, inject_prev)
             return (x, *self.mix(x, norm, down, up, inject, eps))
         fused, mixed, inj = self._run(x, out, inject_prev, norm, down, up, inject, eps)

@@ -44,6 +44,7 @@ from mgserve.cuda.ops.linear_tuning import (
     Q8Activations,
 )
 from mgserve.cuda.ops.qgemm import QGemm
+from mgserve.cuda.ops.rowpath import RowPath
 from mgserve.cuda.weights import QuantWeight
 
 if TYPE_CHECKING:
@@ -78,6 +79,7 @@ class LinearCuda:
         self.int8 = False
         self.prefill_exact = False
         self.cublas_prefill = False
+        self.path = RowPath()  # decode kernels or GEMMs: set by the runner per step (rowpath.py)
         self.qgemm = QGemm(kernels)
         self._scratch: dict[int, torch.Tensor] = {}  # f16, per torch stream handle
 
@@ -232,9 +234,10 @@ class LinearCuda:
     ) -> torch.Tensor:
         """x [N, k] fp32 -> residual + (x @ W^T + bias) [N, w.rows] fp32 (LinearTorch.matmul).
 
-        N <= 8: the matvec kernels (int8 activations when ``self.int8`` and the type has them;
+        Decode rows (``self.path``: a decode step, or N <= 8 outside a runner step): the matvec
+        kernels, 8 tokens at a time (int8 activations when ``self.int8`` and the type has them;
         ``xq`` from ``quantize(x)`` saves rounding x again), bias and residual added as each
-        output is written. N > 8: ``QGemm.matmul`` (or, with ``cublas_prefill``, W dequantized
+        output is written. Prompt rows: ``QGemm.matmul`` (or, with ``cublas_prefill``, W dequantized
         to f16 in row tiles of at most SCRATCH_BYTES and multiplied by cuBLAS); both round x and
         W to f16 and accumulate in fp32: relative error ~1e-3 of |x| @ |W|^T at worst; bias and
         residual added after.
@@ -244,17 +247,19 @@ class LinearCuda:
         check_epilogue(x, w, bias, residual)
         x = vec4_input("x", x, self.device)
         n, rows = x.shape[0], w.rows
-        if n <= MAX_MATVEC_TOKENS:
+        if n == 0 or self.path.decode_kernels(n):
             out = torch.empty(n, rows, dtype=torch.float32, device=self.device)  # [N, rows]
-            if n == 0:
-                return out
             int8 = self.int8 and w.type_name in INT8_TYPES
             if residual is not None:
                 residual = residual.contiguous()
-            self.matvec(
-                w, x, self.kernels.stream(), out=out, int8=int8, bias=bias, residual=residual,
-                xq=xq if int8 else None,
-            )  # fmt: skip
+            step = MAX_MATVEC_TOKENS  # a decode step of more sessions: groups of 8 tokens
+            for r0 in range(0, n, step):
+                g = slice(r0, r0 + step)
+                self.matvec(
+                    w, x[g], self.kernels.stream(), out=out[g], int8=int8, bias=bias,
+                    residual=None if residual is None else residual[g],
+                    xq=xq if int8 and n <= step else None,
+                )  # fmt: skip
             return out
         return epilogue(self._prefill(x, w), bias, residual)
 

@@ -95,10 +95,19 @@ class MoeCuda:
             return self.fallback.experts(x, w, experts, weights, residual=residual)
         if n == 0:
             return torch.zeros_like(x)
-        if n <= MAX_MATVEC_TOKENS:
+        if self.linear.path.decode_kernels(n):  # a decode step: 8 tokens at a time
             if residual is not None:
                 check_cuda("residual", residual, self.device, torch.float32)
-            return self._decode(x, w, experts, weights, residual, xq)
+            if n <= MAX_MATVEC_TOKENS:
+                return self._decode(x, w, experts, weights, residual, xq)
+            step = MAX_MATVEC_TOKENS
+            return torch.cat([
+                self._decode(
+                    x[r0 : r0 + step], w, experts[r0 : r0 + step], weights[r0 : r0 + step],
+                    None if residual is None else residual[r0 : r0 + step], None,
+                )
+                for r0 in range(0, n, step)
+            ])  # fmt: skip
         if self.cublas_prefill:
             y = moe_prefill(self.prefill, x, w, experts, weights)
         else:
