@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Issue 10 on the GPU (device tool, nvidia-h200): what the 2026-12-03 session could not run, in
+# stages that each fit one call (10 minutes). Carry [".whl"] plus, for `tests`, the tiny models
+# (.tiny/qwen4exp.gguf, qwen3moe, llama, gemma3, qwen3: ~37 MB; qwen3next does not fit beside them).
+#   bash tests/cuda/issue10_gpu.sh tests       the GPU tests touched since (batch invariance first)
+#   bash tests/cuda/issue10_gpu.sh table       the issue's qwen4exp table, profiles, invariance
+#   bash tests/cuda/issue10_gpu.sh sweep       1 and 5 sessions at 4k..250k, JSON + PNG
+#   bash tests/cuda/issue10_gpu.sh qwen3next   the qwen3next rows (Qwen3-Next-80B-A3B shapes)
+# Logs and files land in $OUT.
+set -o pipefail
+OUT=${OUT:-/tmp/mgserve-out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 XDG_CACHE_HOME=/tmp/xdg-cache
+[ -d .tiny ] && export MGSERVE_TEST_TINY=$PWD/.tiny
+Q4X="--shape qwen4exp-flash-next --layers 48 --experts 256 --ple-rows 4000000"
+bench() {  # name timeout args...
+  local name=$1 t=$2; shift 2
+  timeout "$t" python3 -m mgserve bench "$@" > "$OUT/$name.log" 2>&1
+  echo "== $name rc=$?"; tail -n 30 "$OUT/$name.log"
+}
+case "${1:-tests}" in
+  tests)
+    for f in batch_invariance:120 device_models:150 hc:60 qgemm:90 glue:40 device_runner:60 rowpath:20; do
+      n=${f%%:*}
+      timeout "${f##*:}" python3 -m pytest -q --tb=short -p no:cacheprovider -rfE \
+        "tests/cuda/test_$n.py" > "$OUT/t_$n.log" 2>&1
+      echo "== $n rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/t_$n.log" | head -8
+    done ;;
+  table)
+    bench invariance 150 invariance $Q4X --int8 --record
+    bench model 420 model $Q4X --ctx 262144 --slots 5 --int8 --prefill 4096@0,4096@32768 \
+      --decode 0,32768,131072,250000 --multi-decode 5@32768,5@131072 \
+      --sampled-prefill 1@250000,5@131072 --decode-steps 16 --profile --record ;;
+  exact)
+    bench exact 300 model $Q4X --ctx 262144 --slots 5 --prefill 4096@0 --decode 0,131072 \
+      --multi-decode "" --decode-steps 16 --record ;;
+  sweep)
+    bench sweep 540 model $Q4X --ctx 262144 --slots 5 --int8 --prefill "" \
+      --decode 4096,32768,65536,131072,204800,250000 \
+      --multi-decode 5@4096,5@32768,5@65536,5@131072,5@204800,5@250000 --decode-steps 8 \
+      --json "$OUT/sweep.json" --record
+    python3 -m mgserve bench plot "$OUT/sweep.json" --out "$OUT/depth_sweep.png" ;;
+  qwen3next)
+    bench qwen3next 540 model --shape qwen3next-80b-a3b --layers 48 --ctx 262144 --slots 5 \
+      --int8 --prefill 4096@0,4096@32768 --decode 0,32768,131072,250000 \
+      --multi-decode 5@32768 --decode-steps 16 --profile --record ;;
+  *) echo "unknown stage $1"; exit 2 ;;
+esac
+cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
