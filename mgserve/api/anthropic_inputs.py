@@ -86,11 +86,14 @@ def _text_parts(content: Any, where: str, param: str) -> list[dict[str, str]]:
 
 
 def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
-    _check_keys(block, {"type", "tool_use_id", "content", "is_error", "cache_control"}, where, "")
+    keys = {"type", "tool_use_id", "content", "is_error", "cache_control"}
+    _check_keys(block, keys, where, "messages")
     content = block.get("content")
-    parts = [] if content is None else _text_parts(content, f"{where}.content", param="messages")
+    parts = [] if content is None else _text_parts(content, f"{where}.content", "messages")
     text = "\n".join(p["text"] for p in parts)
-    is_error = Fields(block).get_bool("is_error", False) if "is_error" in block else False
+    is_error = block.get("is_error")
+    if is_error is not None and not isinstance(is_error, bool):
+        raise ApiError(f"{where}.is_error must be a boolean", param="messages")
     if is_error:  # a message has no field for a failed call: the result says so in words
         text = "Error: " + text
     tool_use_id = _string(block, "tool_use_id", where, "messages")
