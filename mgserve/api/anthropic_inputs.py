@@ -183,7 +183,8 @@ def _messages(raw: Any) -> tuple[list[dict[str, Any]], str]:
             out.append(_assistant(content, where))
         else:
             raise ApiError(
-                f"{where}.role must be 'user' or 'assistant', got {role!r}", param="messages"
+                f"{where}.role must be 'user', 'assistant' or 'system', got {role!r}",
+                param="messages",
             )
     return out, prefill
 
@@ -282,6 +283,6 @@ def messages_input(body: dict[str, Any], thinking_switch: bool) -> MessagesInput
     tools = _tools(body.get("tools"))
     if not _tools_rendered(body.get("tool_choice")):
         tools = None
-    max_tokens = body.get("max_tokens") if isinstance(body.get("max_tokens"), int) else None
+    max_tokens = Fields(body).get_int("max_tokens", 0) or None  # none on count_tokens
     kwargs = _thinking(body.get("thinking"), max_tokens, thinking_switch)
     return MessagesInput(ChatInputs(messages, tools, kwargs, True), prefill)

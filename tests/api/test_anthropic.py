@@ -244,3 +244,23 @@ async def test_api_key_as_anthropic_clients_send_it(make_client: Callable[..., A
         "type": "error",
         "error": {"type": "authentication_error", "message": "invalid API key"},
     }
+
+
+async def test_a_failed_tool_result_says_so(make_client: Callable[..., Any]) -> None:
+    client = await make_client(chat_template="qwen3", n_ctx=2048)
+    call = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "X"}}
+    failed = {
+        "type": "tool_result",
+        "tool_use_id": "toolu_1",
+        "content": [{"type": "text", "text": "no such city"}],
+        "is_error": True,
+    }
+    msgs = [*USER, {"role": "assistant", "content": [call]}, {"role": "user", "content": [failed]}]
+    await api(client).messages.create(model="x", max_tokens=8, messages=msgs, tools=[TOOL])  # type: ignore[arg-type, list-item]
+    assert "<tool_response>\nError: no such city\n</tool_response>" in prompt_of(client)
+
+
+async def test_a_system_turn_in_messages(client: TestClient[Any, Any]) -> None:
+    msgs = [{"role": "system", "content": "Be brief."}, *USER]
+    await api(client).messages.create(model="x", max_tokens=8, messages=msgs)  # type: ignore[arg-type]
+    assert prompt_of(client) == GEMMA_PROMPT
