@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from mgserve.api import llama_routes, openai_routes
-from mgserve.api.errors import Handler, error_middleware, error_response
+from mgserve.api import anthropic_routes, llama_routes, openai_routes
+from mgserve.api.errors import Handler, error_middleware, error_response, is_anthropic
 from mgserve.api.http import SERVICE
 from mgserve.api.service import Service
 
@@ -22,12 +22,12 @@ def _auth_middleware(api_key: str) -> web.middleware:  # type: ignore[valid-type
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in PUBLIC_PATHS:
             return await handler(request)
-        # OpenAI clients send a Bearer token; llama-server also takes X-Api-Key
+        # OpenAI clients send a Bearer token; llama-server and Anthropic clients X-Api-Key
         given = request.headers.get("Authorization") or request.headers.get("X-Api-Key") or ""
         if given.startswith("Bearer "):
             given = given[len("Bearer ") :]
         if not hmac.compare_digest(given.encode(), expected):
-            return error_response("invalid API key", 401)
+            return error_response("invalid API key", 401, anthropic=is_anthropic(request.path))
         return await handler(request)
 
     return auth
@@ -58,4 +58,5 @@ def create_app(service: Service) -> web.Application:
     app.cleanup_ctx.append(_text_pool_ctx)
     app.add_routes(openai_routes.ROUTES)
     app.add_routes(llama_routes.ROUTES)
+    app.add_routes(anthropic_routes.ROUTES)
     return app

@@ -1,8 +1,10 @@
-"""Errors in OpenAI's shape, and the middleware that turns every failure into one.
+"""Errors in OpenAI's (or, on Anthropic's routes, Anthropic's) shape, and the middleware that
+turns every failure into one.
 
 Whatever goes wrong in a handler, the client gets ``{"error": {"message", "type", "param",
 "code"}}`` with a 4xx/5xx status and the server keeps serving; a trace goes to the log, never to
-the client.
+the client. Under ``/v1/messages`` the same error goes as ``{"type": "error", "error": {"type",
+"message"}}``, the shape the ``anthropic`` client reads.
 """
 
 from __future__ import annotations
@@ -25,6 +27,20 @@ _TYPES = {
     501: "not_supported_error",
     503: "unavailable_error",
 }
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+ANTHROPIC_PATH = "/v1/messages"  # this path and those under it are Anthropic's
+
+
+def is_anthropic(path: str) -> bool:
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
 
 
 class ApiError(Exception):
@@ -45,8 +61,16 @@ class ApiError(Exception):
 
 
 def error_body(
-    message: str, status: int, param: str | None = None, code: str | int | None = None
+    message: str,
+    status: int,
+    param: str | None = None,
+    code: str | int | None = None,
+    anthropic: bool = False,
 ) -> dict[str, object]:
+    if anthropic:  # Anthropic's shape has no param: the messages name the field
+        default = "api_error" if status >= 500 else "invalid_request_error"
+        kind = _ANTHROPIC_TYPES.get(status, default)
+        return {"type": "error", "error": {"type": kind, "message": message}}
     return {
         "error": {
             "message": message,
@@ -58,10 +82,14 @@ def error_body(
 
 
 def error_response(
-    message: str, status: int = 400, param: str | None = None, code: str | int | None = None
+    message: str,
+    status: int = 400,
+    param: str | None = None,
+    code: str | int | None = None,
+    anthropic: bool = False,
 ) -> web.Response:
     return web.Response(
-        body=orjson.dumps(error_body(message, status, param, code)),
+        body=orjson.dumps(error_body(message, status, param, code, anthropic)),
         status=status,
         content_type="application/json",
     )
@@ -72,14 +100,15 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    anthropic = is_anthropic(request.path)
     try:
         return await handler(request)
     except ApiError as e:
-        return error_response(e.message, e.status, e.param, e.code)
+        return error_response(e.message, e.status, e.param, e.code, anthropic)
     except ValueError as e:  # user input the core rejected (template, tokenizer)
-        return error_response(str(e), 400)
+        return error_response(str(e), 400, anthropic=anthropic)
     except web.HTTPRequestEntityTooLarge as e:
-        return error_response(f"request body too large ({e.text})", 413)
+        return error_response(f"request body too large ({e.text})", 413, anthropic=anthropic)
     except web.HTTPException as e:
         if e.status < 400:
             raise
@@ -87,10 +116,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             404: f"no route {request.method} {request.path}",
             405: f"method {request.method} not allowed on {request.path}",
         }
-        resp = error_response(reason.get(e.status, e.reason), e.status)
+        resp = error_response(reason.get(e.status, e.reason), e.status, anthropic=anthropic)
         if "Allow" in e.headers:  # 405 says which methods the route takes
             resp.headers["Allow"] = e.headers["Allow"]
         return resp
     except Exception:
         log.exception("internal error on %s %s", request.method, request.path)
-        return error_response("internal server error", 500)
+        return error_response("internal server error", 500, anthropic=anthropic)

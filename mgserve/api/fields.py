@@ -61,6 +61,20 @@ COMPLETIONS = SAMPLING | IGNORED | {"prompt", "max_tokens", "logprobs", "echo", 
 LLAMA_COMPLETION = (
     SAMPLING | IGNORED | {"prompt", "n_predict", "max_tokens", "n_probs", "return_tokens"}
 ) | {"cache_prompt"}
+# Anthropic's /v1/messages (anthropic_inputs.py reads the template's part); `metadata`
+# ({"user_id"}) is an end-user id for Anthropic's abuse tracking, with no effect on the answer
+ANTHROPIC_COUNT_TOKENS = frozenset(
+    {"model", "messages", "system", "tools", "tool_choice", "thinking"}
+)
+ANTHROPIC_MESSAGES = ANTHROPIC_COUNT_TOKENS | {
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop_sequences",
+    "stream",
+    "metadata",
+}
 TOKENIZE = frozenset({"content", "add_special", "parse_special", "with_pieces"})
 DETOKENIZE = frozenset({"tokens"})
 APPLY_TEMPLATE = TEMPLATE | IGNORED

@@ -124,8 +124,8 @@ async def _respond(
             return json_response(body)
         usage_null = {"usage": None} if params.include_usage else {}
 
-        def chunk(c: Chunk) -> dict[str, Any]:
-            return shape.envelope([shape.choice(c.text, c.tokens, None, True)], True) | usage_null
+        def chunk(c: Chunk) -> list[dict[str, Any]]:
+            return [shape.envelope([shape.choice(c.text, c.tokens, None, True)], True) | usage_null]
 
         def closing(c: Chunk) -> list[dict[str, Any]]:
             last = shape.envelope([shape.choice("", [], c.finish_reason, True)], True)

@@ -3,8 +3,9 @@
 Every field is type- and range-checked here, once, and every default resolved here (the seed,
 ``max_tokens``, the sampling stages): anything wrong raises ``ApiError`` (HTTP 400, OpenAI's error
 shape, ``param`` naming the field), so handlers never see an unchecked value and the engine checks
-nothing again. Both dialects land on one ``GenParams``: OpenAI's names (``max_tokens``,
-``logprobs``/``top_logprobs``) and llama-server's (``n_predict``, ``n_probs``).
+nothing again. Every dialect lands on one ``GenParams``: OpenAI's names (``max_tokens``,
+``logprobs``/``top_logprobs``), llama-server's (``n_predict``, ``n_probs``) and Anthropic's
+(``stop_sequences``).
 """
 
 from __future__ import annotations
@@ -101,17 +102,17 @@ def _logit_bias(f: Fields, service: Service) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(out.items()))
 
 
-def _stop(f: Fields) -> tuple[str, ...]:
-    raw = f.body.get("stop")
+def _stop(f: Fields, name: str = "stop") -> tuple[str, ...]:
+    raw = f.body.get(name)
     if raw is None:
         return ()
     if isinstance(raw, str):
         raw = [raw]
     if not isinstance(raw, list) or not all(isinstance(s, str) for s in raw):
-        raise ApiError("'stop' must be a string or a list of strings", param="stop")
+        raise ApiError(f"'{name}' must be a string or a list of strings", param=name)
     if len(raw) > MAX_STOP_STRINGS:
         raise ApiError(
-            f"'stop' has {len(raw)} strings; at most {MAX_STOP_STRINGS} are allowed", param="stop"
+            f"'{name}' has {len(raw)} strings; at most {MAX_STOP_STRINGS} are allowed", param=name
         )
     return tuple(s for s in raw if s)
 
@@ -201,6 +202,26 @@ def llama_params(body: dict[str, Any], service: Service) -> GenParams:
         max_tokens=_max_tokens(f, ("n_predict", "max_tokens"), service.engine.n_ctx),
         stop=_stop(f),
         ignore_eos=f.get_bool("ignore_eos", False),
+        stream=f.get_bool("stream", False),
+        include_usage=False,
+    )
+
+
+def anthropic_params(body: dict[str, Any], service: Service) -> GenParams:
+    """Anthropic's /v1/messages: ``max_tokens`` required, ``stop_sequences``, temperature in
+    [0, 1]. A ``max_tokens`` past the context is cut to it: Anthropic clients send their model's
+    output limit, and generation stops at the context end whatever the request says."""
+    f = Fields(body)
+    if not f.has("max_tokens"):
+        raise ApiError("'max_tokens' is required", param="max_tokens")
+    f.get_float("temperature", 0.0, lo=0.0, hi=1.0)
+    if f.has("metadata") and not isinstance(body["metadata"], dict):
+        raise ApiError("'metadata' must be an object", param="metadata")
+    return GenParams(
+        sampling=_sampling(f, service, 0, False),
+        max_tokens=min(f.get_int("max_tokens", 1, lo=1), service.engine.n_ctx),
+        stop=_stop(f, "stop_sequences"),
+        ignore_eos=False,
         stream=f.get_bool("stream", False),
         include_usage=False,
     )

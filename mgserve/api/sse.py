@@ -1,6 +1,8 @@
 """Server-sent events: one ``data: {json}\\n\\n`` per message, written as generation proceeds.
 
-``stream`` is the one loop both dialects run: each says only what its events look like.
+``stream`` is the one loop every dialect runs: each says only what its events look like.
+Anthropic's events are also named (``event: <its type>`` before the data line), as its clients
+dispatch on the name.
 """
 
 from __future__ import annotations
@@ -31,34 +33,37 @@ async def _open(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-async def _send(resp: web.StreamResponse, obj: Any) -> None:
-    await resp.write(b"data: " + orjson.dumps(obj) + b"\n\n")
+async def _send(resp: web.StreamResponse, obj: Any, named: bool) -> None:
+    head = b"event: " + obj["type"].encode() + b"\n" if named else b""
+    await resp.write(head + b"data: " + orjson.dumps(obj) + b"\n\n")
 
 
 async def stream(
     request: web.Request,
     gen: Generation,
-    chunk: Callable[[Chunk], Any],  # the event of a chunk that carries text or tokens
+    chunk: Callable[[Chunk], Sequence[Any]],  # the events of a chunk that carries text or tokens
     closing: Callable[[Chunk], Sequence[Any]],  # the events after the last chunk's own
     *,
     opening: Sequence[Any] = (),  # events before any token (OpenAI chat: the role)
     done: bool = False,  # end with ``data: [DONE]`` (OpenAI)
+    named: bool = False,  # Anthropic's: named events, and its error event
 ) -> web.StreamResponse:
     """Stream ``gen`` to the client. A failure after the 200 went out travels as the stream's last
     event; a client that goes away ends the loop (the caller's ``with gen`` aborts the request)."""
     resp = await _open(request)
     try:
         for obj in opening:
-            await _send(resp, obj)
+            await _send(resp, obj, named)
         async for c in gen.chunks():
             if c.finish_reason == "error":
-                await _send(resp, error_body(gen.failure, 500))
+                await _send(resp, error_body(gen.failure, 500, anthropic=named), named)
                 return resp
             if c.text or c.tokens:
-                await _send(resp, chunk(c))
+                for obj in chunk(c):
+                    await _send(resp, obj, named)
             if c.finish_reason is not None:
                 for obj in closing(c):
-                    await _send(resp, obj)
+                    await _send(resp, obj, named)
         if done:
             await resp.write(b"data: [DONE]\n\n")
     except DISCONNECTED:
