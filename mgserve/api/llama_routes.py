@@ -119,7 +119,7 @@ async def completion(request: web.Request) -> web.StreamResponse:
         if not params.stream:
             return json_response(final(*await gen.collect()))
         return await sse.stream(
-            request, gen, lambda c: partial(c.text, c.tokens), lambda c: [final("", [])]
+            request, gen, lambda c: [partial(c.text, c.tokens)], lambda c: [final("", [])]
         )
 
 

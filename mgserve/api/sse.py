@@ -38,7 +38,7 @@ async def _send(resp: web.StreamResponse, obj: Any) -> None:
 async def stream(
     request: web.Request,
     gen: Generation,
-    chunk: Callable[[Chunk], Any],  # the event of a chunk that carries text or tokens
+    chunk: Callable[[Chunk], Sequence[Any]],  # the events of a chunk that carries text or tokens
     closing: Callable[[Chunk], Sequence[Any]],  # the events after the last chunk's own
     *,
     opening: Sequence[Any] = (),  # events before any token (OpenAI chat: the role)
@@ -55,7 +55,8 @@ async def stream(
                 await _send(resp, error_body(gen.failure, 500))
                 return resp
             if c.text or c.tokens:
-                await _send(resp, chunk(c))
+                for obj in chunk(c):
+                    await _send(resp, obj)
             if c.finish_reason is not None:
                 for obj in closing(c):
                     await _send(resp, obj)

@@ -47,7 +47,7 @@ def fake_service(
         n_vocab=tok.n_vocab,
         architecture="gemma3",
         model_path="/fake/model.gguf",
-        new_detokenizer=lambda: FakeDetokenizer(tok),
+        new_detokenizer=lambda keep: FakeDetokenizer(tok),
     )
 
 
