@@ -63,7 +63,7 @@ class ChatOutputParser:
         self.new_id = new_id
         self.buf = ""  # text read, not yet decided
         self.call: CallParser | None = None
-        self.call_marker = ""
+        self.call_marker = ""  # the call's marker and the whitespace before it: content if bad
         self.n_calls = 0  # calls read whole (or committed) so far
         self.has_calls = False  # a ToolCallStart was emitted
         self.at_answer = True  # at the start of the answer (Llama 3: a call may open it)
@@ -175,17 +175,20 @@ class ChatOutputParser:
                 return None
             self.at_answer = False
             if s.startswith("{"):
-                return self._begin_call("", self.buf)
+                return self._begin_call("", self.buf)  # its leading space goes with it
         safe, marker, rest = split_at_marker(self.buf, [_CALL_MARKERS[self.format.tools]])
         if marker is not None:
-            out = [ContentDelta(safe.rstrip())] if safe.strip() else []
-            return out + self._begin_call(marker, rest)
+            text = safe.rstrip()
+            out = [ContentDelta(text)] if text else []
+            return out + self._begin_call(safe[len(text) :] + marker, rest)
         hold = trailing_space(safe)  # dropped if a call follows
         self.buf = safe[len(safe) - hold :] + rest
         text = safe[: len(safe) - hold]
         return [ContentDelta(text)] if text else None
 
     def _begin_call(self, marker: str, text: str) -> list[Event]:
+        """A call parser gets ``text``; ``marker`` (and the space before it) is what the call's
+        text starts with when it is content after all."""
         kind = self.format.tools
         args = (self.n_calls, self.names, self.new_id)
         if kind == "xml":

@@ -48,6 +48,8 @@ def typed_value(text: str, schema: Any) -> Any:
     types = schema_types(schema)
     if "string" in types:
         return text
+    if "boolean" in types and text.strip() in ("True", "False"):  # a template's `value | string`
+        return text.strip() == "True"
     try:
         value = json.loads(text)
     except ValueError:
