@@ -57,6 +57,20 @@ class Settings:
         "default: the GGUF's own, else the architecture's built-in",
         "--chat-template",
     )
+    reasoning_format: str = _opt(
+        "auto",
+        "where a chat answer's reasoning goes: none (left in the content, tags and all), "
+        "deepseek or auto (split out into reasoning_content); a request's reasoning_format "
+        "overrides it",
+        "--reasoning-format",
+        choices=("none", "deepseek", "auto"),
+    )
+    reasoning_budget: int = _opt(
+        -1,
+        "tokens of reasoning before the server ends the reasoning block itself; not implemented "
+        "yet: only -1 (no limit) is accepted",
+        "--reasoning-budget",
+    )
     cache_type_k: str = _opt(
         "f16", "KV cache type for K", "-ctk", "--cache-type-k", choices=CACHE_TYPES
     )
@@ -91,6 +105,11 @@ class Settings:
             raise ValueError(f"parallel must be >= 1, got {self.parallel}")
         if self.batch_size < 1:
             raise ValueError(f"batch-size must be >= 1, got {self.batch_size}")
+        if self.reasoning_budget != -1:
+            raise ValueError(
+                f"reasoning-budget {self.reasoning_budget}: a reasoning budget is not implemented "
+                "yet (only -1, no limit, is accepted)"
+            )
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
         if self.max_body_mb < 1:

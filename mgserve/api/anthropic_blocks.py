@@ -14,62 +14,23 @@ another kind (text <-> thinking alternate as the model does); a tool call opens 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
-# --- Stand-ins for mgserve/api/chat_output.py (the chat output parser), which is being written
-# --- beside this: the same names and fields. When it lands, import these five events from it,
-# --- delete them and PlainText here, and give Blocks a ChatOutputParser.
-
-
-@dataclass(frozen=True)
-class ReasoningDelta:
-    text: str
-
-
-@dataclass(frozen=True)
-class ContentDelta:
-    text: str
-
-
-@dataclass(frozen=True)
-class ToolCallStart:
-    index: int  # the call's place in the turn (0, 1, ...)
-    id: str
-    name: str
-
-
-@dataclass(frozen=True)
-class ToolCallArgsDelta:
-    index: int
-    text: str  # a piece of the arguments' JSON
-
-
-@dataclass(frozen=True)
-class ToolCallEnd:
-    index: int
-
-
-Event = ReasoningDelta | ContentDelta | ToolCallStart | ToolCallArgsDelta | ToolCallEnd
-
-
-class PlainText:
-    """The parser until chat_output lands: all generated text is content."""
-
-    def feed(self, text: str) -> list[Event]:
-        return [ContentDelta(text)] if text else []
-
-    def finish(self) -> list[Event]:
-        return []
-
-
-# --- end of the stand-ins
+from mgserve.api.chat_output import (
+    ChatOutputParser,
+    ContentDelta,
+    Event,
+    ReasoningDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+)
 
 
 class Blocks:
     """One response's content blocks, as events, built from its text as it is generated."""
 
-    def __init__(self, parser: PlainText) -> None:
+    def __init__(self, parser: ChatOutputParser) -> None:
         self.parser = parser
         self.n = 0  # blocks opened so far: the next block's index
         self.open: int | None = None  # the index of the block open now

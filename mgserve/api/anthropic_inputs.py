@@ -285,4 +285,7 @@ def messages_input(body: dict[str, Any], thinking_switch: bool) -> MessagesInput
         tools = None
     max_tokens = Fields(body).get_int("max_tokens", 0) or None  # none on count_tokens
     kwargs = _thinking(body.get("thinking"), max_tokens, thinking_switch)
-    return MessagesInput(ChatInputs(messages, tools, kwargs, True), prefill)
+    # tool_use blocks come from the calls the chat output parser reads (none without tools);
+    # thinking blocks from the reasoning it splits out (the server's reasoning format)
+    chat = ChatInputs(messages, tools, kwargs, True, "auto", True, None)
+    return MessagesInput(chat, prefill)

@@ -15,8 +15,9 @@ from typing import Any
 from aiohttp import web
 
 from mgserve.api import fields, sse
-from mgserve.api.anthropic_blocks import Blocks, PlainText, content_of
+from mgserve.api.anthropic_blocks import Blocks, content_of
 from mgserve.api.anthropic_inputs import MessagesInput, messages_input
+from mgserve.api.chat_response import ChatOutput, chat_output_for
 from mgserve.api.generate import Chunk, Generation
 from mgserve.api.http import SERVICE, json_response
 from mgserve.api.prompts import encode_text, render_chat
@@ -25,12 +26,12 @@ from mgserve.api.service import Service
 from mgserve.core.engine.contract import Request
 
 
-def _prompt(service: Service, body: dict[str, Any]) -> list[int]:
-    """The request's prompt: the rendered conversation, then the prefill the answer continues."""
+def _prompt(service: Service, body: dict[str, Any]) -> tuple[list[int], ChatOutput]:
+    """The request's prompt (the rendered conversation, then the prefill the answer continues)
+    and how its output is read (reasoning into thinking blocks, tool calls into tool_use)."""
     inputs: MessagesInput = messages_input(body, "enable_thinking" in service.chat.source)
-    return encode_text(
-        service, render_chat(service, inputs.chat) + inputs.prefill, param="messages"
-    )
+    text = render_chat(service, inputs.chat) + inputs.prefill
+    return encode_text(service, text, param="messages"), chat_output_for(service, inputs.chat, text)
 
 
 def _stop_reason(gen: Generation, blocks: Blocks, params: GenParams) -> str:
@@ -71,14 +72,15 @@ async def messages(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     body = await read_body(request, fields.ANTHROPIC_MESSAGES)
 
-    def work() -> tuple[GenParams, Request]:  # render and tokenize: on the text pool
+    def work() -> tuple[GenParams, Request, ChatOutput]:  # render and tokenize: on the text pool
         params = anthropic_params(body, service)
-        return params, engine_request(service, params, _prompt(service, body), "messages")
+        prompt, out = _prompt(service, body)
+        return params, engine_request(service, params, prompt, "messages"), out
 
-    params, req = await service.text.run(await body_size(request), work)
+    params, req, out = await service.text.run(await body_size(request), work)
     msg_id = "msg_" + uuid.uuid4().hex
-    blocks = Blocks(PlainText())
-    with Generation(service, req, params, request) as gen:
+    blocks = Blocks(out.parser())
+    with Generation(service, req, params, request, keep=out.keep) as gen:
         if not params.stream:
             text, _ = await gen.collect()
             content = content_of(blocks.feed(text) + blocks.finish())
@@ -108,7 +110,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
 async def count_tokens(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     body = await read_body(request, fields.ANTHROPIC_COUNT_TOKENS)
-    prompt = await service.text.run(await body_size(request), _prompt, service, body)
+    prompt, _ = await service.text.run(await body_size(request), _prompt, service, body)
     return json_response({"input_tokens": len(prompt)})
 
 

@@ -2,6 +2,12 @@
 
 The messages themselves are checked when the template renders them
 (core/text/chat_messages.py), on the text pool; here is what is cheap to check on the loop.
+
+``tool_choice``: ``auto`` (the default) renders the tools and reads the model's calls; ``none``
+renders them too but reads no call, so the answer is text (as llama-server does: the tools stay
+in the prompt, the parser is off). ``required`` and a named function force a call, which needs
+constrained decoding: refused with a 400 until the grammar engine is wired in.
+``parallel_tool_calls: false`` keeps the first call the model writes and drops the rest.
 """
 
 from __future__ import annotations
@@ -22,22 +28,64 @@ class ChatInputs:
     tools: list[Any] | None
     kwargs: dict[str, Any]  # chat_template_kwargs, e.g. {"enable_thinking": false}
     add_generation_prompt: bool
+    tool_choice: str  # "auto" or "none"
+    parallel_tool_calls: bool  # False: only the first call is returned
+    reasoning_format: str | None  # the request's ("none", "deepseek", "auto"); None: the server's
+
+
+# llama-server's names; deepseek-legacy (tags kept in the content as well) is not implemented
+REASONING_FORMATS = ("none", "deepseek", "auto")
+
+
+def _tool_choice(body: dict[str, Any]) -> str:
+    choice = body.get("tool_choice")
+    if choice is None or choice in ("auto", "none"):
+        return choice or "auto"
+    named = isinstance(choice, dict) and choice.get("type") == "function"
+    if choice == "required" or named:
+        what = "'required'" if choice == "required" else "a named function"
+        raise ApiError(
+            f"tool_choice {what} is not supported yet: forcing a tool call needs constrained "
+            "decoding, which this server does not have yet; use 'auto' or 'none'",
+            param="tool_choice",
+        )
+    raise ApiError(
+        "tool_choice must be 'auto', 'none', 'required' or "
+        '{"type": "function", "function": {"name": ...}}',
+        param="tool_choice",
+    )
+
+
+def _tools(body: dict[str, Any]) -> list[Any] | None:
+    tools = body.get("tools")
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise ApiError("'tools' must be a list", param="tools")
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type", "function") != "function":
+            raise ApiError(
+                f'\'tools\' must be a list of objects {{"type": "function", "function": '
+                f"{{...}}}}; tools[{i}] is not one",
+                param="tools",
+            )
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ApiError(f"tools[{i}].function.name must be a non-empty string", param="tools")
+    return tools
 
 
 def chat_inputs(body: dict[str, Any]) -> ChatInputs:
     """/v1/chat/completions and /apply-template: the template's inputs, checked."""
     f = Fields(body)
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise ApiError("'tools' must be a list", param="tools")
-    if body.get("tool_choice") not in (None, "auto"):
+    tools = _tools(body)
+    tool_choice = _tool_choice(body)
+    reasoning = body.get("reasoning_format")
+    if reasoning is not None and reasoning not in REASONING_FORMATS:
         raise ApiError(
-            f"tool_choice {body['tool_choice']!r} is not supported (only 'auto': the model "
-            "decides whether to call a tool)",
-            param="tool_choice",
+            f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {reasoning!r}",
+            param="reasoning_format",
         )
-    if f.get_bool("parallel_tool_calls", True) is False:
-        raise ApiError("parallel_tool_calls=false is not supported", param="parallel_tool_calls")
     fmt = body.get("response_format")
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") in (None, "text")):
         kind = fmt.get("type") if isinstance(fmt, dict) else fmt
@@ -62,4 +110,7 @@ def chat_inputs(body: dict[str, Any]) -> ChatInputs:
         tools=tools,
         kwargs=kwargs,
         add_generation_prompt=f.get_bool("add_generation_prompt", True),
+        tool_choice=tool_choice,
+        parallel_tool_calls=f.get_bool("parallel_tool_calls", True),
+        reasoning_format=reasoning,
     )

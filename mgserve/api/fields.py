@@ -53,6 +53,7 @@ CHAT = (
         "stream_options",
         "response_format",
         "parallel_tool_calls",
+        "reasoning_format",
     }
 )
 COMPLETIONS = SAMPLING | IGNORED | {"prompt", "max_tokens", "logprobs", "echo", "stream_options"}

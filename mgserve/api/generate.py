@@ -53,6 +53,11 @@ class StopMatcher:
         return text
 
 
+def piece_text(service: Service, token: int) -> str:
+    """A token's text as logprobs responses show it."""
+    return bytes(service.tokenizer.piece(token)).decode("utf-8", errors="replace")
+
+
 @dataclass(frozen=True)
 class TokenOut:
     """A generated token with what logprobs responses need."""
@@ -80,6 +85,7 @@ class Generation:
         request: Request,  # from protocol.engine_request
         params: GenParams,
         http_request: web.Request | None = None,
+        keep: frozenset[int] = frozenset(),  # special tokens shown as text (chat-output markers)
     ) -> None:
         self.service = service
         self.request = request
@@ -92,7 +98,7 @@ class Generation:
         self.finish_reason: str | None = None
         self.stop_word = ""  # the stop string that ended generation, if one did
         self.error: str | None = None
-        self._detok = service.detokenizer()
+        self._detok = service.detokenizer(keep)
         self._stops = StopMatcher(params.stop)
         self.t_submit = time.perf_counter()
         self.t_prompt_done: float | None = None  # seconds after submit

@@ -10,40 +10,16 @@ from aiohttp import web
 
 from mgserve.api import fields, sse
 from mgserve.api.chat_inputs import chat_inputs
+from mgserve.api.chat_response import ChatOutput, chat_output_for, respond_chat
 from mgserve.api.errors import ApiError
-from mgserve.api.generate import Chunk, Generation, TokenOut
+from mgserve.api.generate import Chunk, Generation, TokenOut, piece_text
 from mgserve.api.http import SERVICE, json_response
-from mgserve.api.prompts import chat_prompt, openai_prompt
+from mgserve.api.prompts import encode_text, openai_prompt, render_chat
 from mgserve.api.protocol import GenParams, body_size, engine_request, openai_params, read_body
 from mgserve.api.service import Service
 from mgserve.core.engine.contract import Request
 
 FINGERPRINT = "mgserve-0.1.0"
-
-
-def _text(service: Service, token: int) -> str:
-    return bytes(service.tokenizer.piece(token)).decode("utf-8", errors="replace")
-
-
-def chat_logprobs(service: Service, tokens: list[TokenOut]) -> dict[str, Any]:
-    content = []
-    for t in tokens:
-        content.append(
-            {
-                "token": t.piece.decode("utf-8", errors="replace"),
-                "logprob": t.logprob if t.logprob is not None else 0.0,
-                "bytes": list(t.piece),
-                "top_logprobs": [
-                    {
-                        "token": _text(service, c.token),
-                        "logprob": c.logprob,
-                        "bytes": list(service.tokenizer.piece(c.token)),
-                    }
-                    for c in t.top
-                ],
-            }
-        )
-    return {"content": content}
 
 
 def completion_logprobs(service: Service, tokens: list[TokenOut], offset: int) -> dict[str, Any]:
@@ -56,13 +32,13 @@ def completion_logprobs(service: Service, tokens: list[TokenOut], offset: int) -
     return {
         "tokens": texts,
         "token_logprobs": [t.logprob if t.logprob is not None else 0.0 for t in tokens],
-        "top_logprobs": [{_text(service, c.token): c.logprob for c in t.top} for t in tokens],
+        "top_logprobs": [{piece_text(service, c.token): c.logprob for c in t.top} for t in tokens],
         "text_offset": offsets,
     }
 
 
 class _Shape:
-    """What differs between chat and completions responses."""
+    """The response envelope of both routes, and the completions choice."""
 
     def __init__(self, service: Service, chat: bool, params: GenParams) -> None:
         self.service = service
@@ -83,62 +59,39 @@ class _Shape:
             "choices": choices,
         }
 
-    def choice(
-        self,
-        text: str,
-        tokens: list[TokenOut],
-        finish: str | None,
-        stream: bool,
-        first: bool = False,
-    ) -> dict[str, Any]:
+    def choice(self, text: str, tokens: list[TokenOut], finish: str | None) -> dict[str, Any]:
+        """A completions choice (chat choices: chat_response.py)."""
         logprobs = None
         if self.params.sampling.want_logprob and tokens:
-            logprobs = (
-                chat_logprobs(self.service, tokens)
-                if self.chat
-                else completion_logprobs(self.service, tokens, self.offset)
-            )
+            logprobs = completion_logprobs(self.service, tokens, self.offset)
         self.offset += len(text)
-        c: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": finish}
-        if not self.chat:
-            c["text"] = text
-        elif first:
-            c["delta"] = {"role": "assistant", "content": text}
-        elif stream:  # the finishing chunk carries an empty delta, as OpenAI's does
-            c["delta"] = {"content": text} if text or finish is None else {}
-        else:
-            c["message"] = {"role": "assistant", "content": text}
-        return c
+        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
 
-async def _respond(
-    request: web.Request, service: Service, req: Request, params: GenParams, chat: bool
+async def _respond_completion(
+    request: web.Request, service: Service, req: Request, params: GenParams
 ) -> web.StreamResponse:
-    shape = _Shape(service, chat, params)
+    shape = _Shape(service, False, params)
     with Generation(service, req, params, request) as gen:
         if not params.stream:
             text, tokens = await gen.collect()
-            body = shape.envelope([shape.choice(text, tokens, gen.finish_reason, False)], False)
+            body = shape.envelope([shape.choice(text, tokens, gen.finish_reason)], False)
             body["usage"] = gen.usage()
             body["timings"] = gen.timings()  # a llama-server extension; clients ignore it
             return json_response(body)
         usage_null = {"usage": None} if params.include_usage else {}
 
         def chunk(c: Chunk) -> list[dict[str, Any]]:
-            return [shape.envelope([shape.choice(c.text, c.tokens, None, True)], True) | usage_null]
+            return [shape.envelope([shape.choice(c.text, c.tokens, None)], True) | usage_null]
 
         def closing(c: Chunk) -> list[dict[str, Any]]:
-            last = shape.envelope([shape.choice("", [], c.finish_reason, True)], True)
+            last = shape.envelope([shape.choice("", [], c.finish_reason)], True)
             out = [last | usage_null | {"timings": gen.timings()}]
             if params.include_usage:  # the usage in a chunk of its own, before [DONE]
                 out.append(shape.envelope([], True) | {"usage": gen.usage()})
             return out
 
-        opening = []
-        if chat:  # a chat stream opens with the role, alone, as OpenAI sends it
-            role = shape.choice("", [], None, True, first=True)
-            opening.append(shape.envelope([role], True) | usage_null)
-        return await sse.stream(request, gen, chunk, closing, opening=opening, done=True)
+        return await sse.stream(request, gen, chunk, closing, done=True)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -146,12 +99,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_body(request, fields.CHAT)
     inputs = chat_inputs(body)
 
-    def work() -> tuple[GenParams, Request]:  # render and tokenize: on the text pool
+    def work() -> tuple[GenParams, Request, ChatOutput]:  # render and tokenize: on the text pool
         params = openai_params(body, True, service)
-        return params, engine_request(service, params, chat_prompt(service, inputs), "messages")
+        text = render_chat(service, inputs)
+        out = chat_output_for(service, inputs, text)
+        ids = encode_text(service, text, param="messages")
+        return params, engine_request(service, params, ids, "messages"), out
 
-    params, req = await service.text.run(await body_size(request), work)
-    return await _respond(request, service, req, params, chat=True)
+    params, req, out = await service.text.run(await body_size(request), work)
+    return await respond_chat(request, service, req, params, out, _Shape(service, True, params))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -165,7 +121,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return params, engine_request(service, params, openai_prompt(service, body["prompt"]))
 
     params, req = await service.text.run(await body_size(request), work)
-    return await _respond(request, service, req, params, chat=False)
+    return await _respond_completion(request, service, req, params)
 
 
 async def models(request: web.Request) -> web.Response:

@@ -106,7 +106,3 @@ def render_chat(service: Service, inputs: ChatInputs) -> str:
             "messages",
         )
         raise ApiError(msg, param=param) from None
-
-
-def chat_prompt(service: Service, inputs: ChatInputs) -> list[int]:
-    return encode_text(service, render_chat(service, inputs), param="messages")

@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
+from mgserve.api.chat_output.formats import ChatFormat, detect_format
 from mgserve.api.textwork import TextPool
 from mgserve.config import Settings
 from mgserve.core.text.chat import ChatTemplate, load_chat_template
@@ -36,8 +38,9 @@ class Service:
     n_vocab: int
     architecture: str
     model_path: str = ""
-    # a fresh incremental detokenizer per request; injectable so tests can run on fakes
-    new_detokenizer: Callable[[], Detokenizer] | None = None
+    # a fresh incremental detokenizer per request, given the special tokens it keeps as text;
+    # injectable so tests can run on fakes
+    new_detokenizer: Callable[[frozenset[int]], Detokenizer] | None = None
     # the most bytes of text one token covers (its longest piece, at least one character): a
     # text longer than n_ctx times this cannot fit the context, whatever its tokens
     max_token_bytes: int = 0  # 0: measured from the vocabulary
@@ -48,12 +51,18 @@ class Service:
             longest = max(len(self.tokenizer.piece(t)) for t in range(self.n_vocab))
             self.max_token_bytes = max(4, longest)  # 4: an unknown character is one token
 
-    def detokenizer(self) -> Detokenizer:
+    @cached_property
+    def chat_format(self) -> ChatFormat:
+        """The tool-call and reasoning syntax the chat template implies."""
+        return detect_format(self.chat.source)
+
+    def detokenizer(self, keep: frozenset[int] = frozenset()) -> Detokenizer:
+        """Special tokens are dropped, except ``keep`` (markers the chat-output parser reads)."""
         if self.new_detokenizer is not None:
-            return self.new_detokenizer()
+            return self.new_detokenizer(keep)
         from mgserve.core.text.tokenizer import IncrementalDetokenizer
 
-        return IncrementalDetokenizer(self.tokenizer, skip_special=True)  # type: ignore[no-any-return]
+        return IncrementalDetokenizer(self.tokenizer, skip_special=True, keep=keep)  # type: ignore[no-any-return]
 
 
 def _special_text(tok: Any, token: int | None) -> str:

@@ -22,10 +22,12 @@ def fake_service(
     tokenizer: Any = None,
     seed: int = -1,
     n_predict: int = -1,
+    reasoning_format: str = "auto",
     **engine_kw: Any,
 ) -> Service:
     """The fake engine behind the real API; ``chat_template`` a built-in name or a file,
-    ``tokenizer`` a real one instead of the byte-level fake; ``seed``, ``n_predict``: --seed, -n."""
+    ``tokenizer`` a real one instead of the byte-level fake; ``seed``, ``n_predict``,
+    ``reasoning_format``: --seed, -n, --reasoning-format."""
     settings = Settings(
         ctx_size=n_ctx,
         parallel=2,
@@ -33,6 +35,7 @@ def fake_service(
         max_body_mb=max_body_mb,
         seed=seed,
         n_predict=n_predict,
+        reasoning_format=reasoning_format,
     )
     tok = tokenizer or FakeTokenizer()
     return Service(
@@ -47,7 +50,7 @@ def fake_service(
         n_vocab=tok.n_vocab,
         architecture="gemma3",
         model_path="/fake/model.gguf",
-        new_detokenizer=lambda: FakeDetokenizer(tok),
+        new_detokenizer=lambda keep: FakeDetokenizer(tok),
     )
 
 

@@ -264,3 +264,28 @@ async def test_a_system_turn_in_messages(client: TestClient[Any, Any]) -> None:
     msgs = [{"role": "system", "content": "Be brief."}, *USER]
     await api(client).messages.create(model="x", max_tokens=8, messages=msgs)  # type: ignore[arg-type]
     assert prompt_of(client) == GEMMA_PROMPT
+
+
+async def test_reasoning_and_tool_calls_become_thinking_and_tool_use_blocks(
+    make_client: Callable[..., Any],
+) -> None:
+    """The chat output parser behind the route: a Qwen3 reply with a think block and two
+    Hermes-style calls is a thinking block and two tool_use blocks, stop_reason tool_use, whole
+    and streamed alike."""
+    from tests.api.test_tool_calls_api import HERMES_REPLY
+
+    client = await make_client(chat_template="qwen3", n_ctx=4096, reply=HERMES_REPLY.encode())
+    body = {"model": "x", "max_tokens": 256, "messages": USER, "tools": [TOOL]}
+    whole = await api(client).messages.create(**body)  # type: ignore[arg-type]
+    assert whole.stop_reason == "tool_use"
+    kinds = [b.type for b in whole.content]
+    assert kinds == ["thinking", "tool_use", "tool_use"], kinds
+    assert whole.content[0].thinking.strip() == "Two cities."  # type: ignore[union-attr]
+    calls = [(b.name, b.input) for b in whole.content if b.type == "tool_use"]
+    assert calls == [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})]
+    async with api(client).messages.stream(**body) as s:  # type: ignore[arg-type]
+        streamed = await s.get_final_message()
+    assert [b.model_dump(exclude={"id"}) for b in streamed.content] == [
+        b.model_dump(exclude={"id"}) for b in whole.content
+    ]
+    assert streamed.stop_reason == "tool_use"

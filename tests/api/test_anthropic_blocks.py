@@ -1,6 +1,6 @@
-"""The chat output parser's events -> Anthropic content-block events (anthropic_blocks.py), on the
-stand-in events: the exact event sequence, the content it folds into, and the same content as the
-anthropic client accumulates it from the stream."""
+"""The chat output parser's events -> Anthropic content-block events (anthropic_blocks.py): the
+exact event sequence, the content it folds into, and the same content as the anthropic client
+accumulates it from the stream."""
 
 from __future__ import annotations
 
@@ -8,17 +8,23 @@ from typing import Any
 
 from anthropic.lib.streaming._messages import accumulate_event
 
-from mgserve.api.anthropic_blocks import (
-    Blocks,
+from mgserve.api.anthropic_blocks import Blocks, content_of
+from mgserve.api.chat_output import (
+    ChatOutputParser,
     ContentDelta,
     Event,
-    PlainText,
     ReasoningDelta,
     ToolCallArgsDelta,
     ToolCallEnd,
     ToolCallStart,
-    content_of,
+    detect_format,
 )
+
+
+def plain() -> ChatOutputParser:
+    """A parser for a template with no reasoning or tool-call syntax: all text is content."""
+    return ChatOutputParser(detect_format(""))
+
 
 TURN: list[Event] = [
     ReasoningDelta("Need the "),
@@ -52,7 +58,7 @@ def _json(text: str) -> dict[str, Any]:
 
 
 def test_a_turn_of_reasoning_text_and_two_tool_calls() -> None:
-    blocks = Blocks(PlainText())
+    blocks = Blocks(plain())
     events = blocks.events(TURN) + blocks.finish()
     assert events == [
         _start(0, {"type": "thinking", "thinking": "", "signature": ""}),
@@ -80,7 +86,7 @@ def test_a_turn_of_reasoning_text_and_two_tool_calls() -> None:
 
 
 def test_the_client_accumulates_the_same_content() -> None:
-    blocks = Blocks(PlainText())
+    blocks = Blocks(plain())
     events = blocks.events(TURN) + blocks.finish()
     start = {
         "type": "message_start",
@@ -105,7 +111,7 @@ def test_the_client_accumulates_the_same_content() -> None:
 
 
 def test_text_and_reasoning_alternate_and_a_tool_call_is_closed_by_what_follows() -> None:
-    blocks = Blocks(PlainText())
+    blocks = Blocks(plain())
     parsed: list[Event] = [
         ContentDelta("a"),
         ReasoningDelta("r"),
@@ -126,7 +132,7 @@ def test_text_and_reasoning_alternate_and_a_tool_call_is_closed_by_what_follows(
 
 
 def test_plain_text_is_one_text_block() -> None:
-    blocks = Blocks(PlainText())
+    blocks = Blocks(plain())
     events = blocks.feed("Hel") + blocks.feed("") + blocks.feed("lo") + blocks.finish()
     assert events == [
         _start(0, {"type": "text", "text": ""}),
@@ -135,5 +141,5 @@ def test_plain_text_is_one_text_block() -> None:
         _stop(0),
     ]
     assert not blocks.tool_use
-    empty = Blocks(PlainText())
+    empty = Blocks(plain())
     assert empty.feed("") + empty.finish() == [] and content_of([]) == []

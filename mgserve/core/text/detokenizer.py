@@ -60,17 +60,21 @@ def detokenize(tok: Tokenizer, ids: list[int], special: bool) -> str:
 
 class IncrementalDetokenizer:
     """Streaming detokenizer: ``"".join(push(t) for t in ids) + flush()`` equals
-    ``tok.decode(ids, skip_special)``; a chunk never ends inside a UTF-8 character."""
+    ``tok.decode(ids, skip_special)`` (with the ``keep`` tokens rendered); a chunk never ends
+    inside a UTF-8 character."""
 
-    def __init__(self, tok: Tokenizer, skip_special: bool = True) -> None:
+    def __init__(
+        self, tok: Tokenizer, skip_special: bool = True, keep: frozenset[int] = frozenset()
+    ) -> None:
         self._tok = tok
         self._special = not skip_special
+        self._keep = keep  # special tokens rendered even when skip_special
         self._first = True
         self._pending = bytearray()  # bytes a later token may still clean up (clean_spaces only)
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
 
     def push(self, token: int) -> str:
-        piece = self._tok.piece(token, self._special)
+        piece = self._tok.piece(token, self._special or token in self._keep)
         if self._first:
             self._first = False
             if self._tok.add_space_prefix and piece.startswith(b" "):
