@@ -38,10 +38,6 @@ def chat_inputs(body: dict[str, Any]) -> ChatInputs:
         )
     if f.get_bool("parallel_tool_calls", True) is False:
         raise ApiError("parallel_tool_calls=false is not supported", param="parallel_tool_calls")
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") in (None, "text")):
-        kind = fmt.get("type") if isinstance(fmt, dict) else fmt
-        raise ApiError(f"response_format {kind!r} is not supported", param="response_format")
     kwargs = body.get("chat_template_kwargs")
     if kwargs is None:
         kwargs = {}

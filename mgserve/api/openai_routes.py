@@ -14,7 +14,14 @@ from mgserve.api.errors import ApiError
 from mgserve.api.generate import Chunk, Generation, TokenOut
 from mgserve.api.http import SERVICE, json_response
 from mgserve.api.prompts import chat_prompt, openai_prompt
-from mgserve.api.protocol import GenParams, body_size, engine_request, openai_params, read_body
+from mgserve.api.protocol import (
+    GenParams,
+    body_size,
+    engine_request,
+    openai_params,
+    read_body,
+    request_grammar,
+)
 from mgserve.api.service import Service
 from mgserve.core.engine.contract import Request
 
@@ -145,9 +152,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     body = await read_body(request, fields.CHAT)
     inputs = chat_inputs(body)
+    grammar = await request_grammar(service, body)
 
     def work() -> tuple[GenParams, Request]:  # render and tokenize: on the text pool
-        params = openai_params(body, True, service)
+        params = openai_params(body, True, service, grammar)
         return params, engine_request(service, params, chat_prompt(service, inputs), "messages")
 
     params, req = await service.text.run(await body_size(request), work)
@@ -159,9 +167,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body = await read_body(request, fields.COMPLETIONS)
     if "prompt" not in body:
         raise ApiError("'prompt' is required", param="prompt")
+    grammar = await request_grammar(service, body)
 
     def work() -> tuple[GenParams, Request]:
-        params = openai_params(body, False, service)
+        params = openai_params(body, False, service, grammar)
         return params, engine_request(service, params, openai_prompt(service, body["prompt"]))
 
     params, req = await service.text.run(await body_size(request), work)

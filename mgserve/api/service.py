@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mgserve.api.textwork import TextPool
@@ -13,6 +14,7 @@ from mgserve.core.text.chat import ChatTemplate, load_chat_template
 
 if TYPE_CHECKING:
     from mgserve.core.engine.actor import Engine
+    from mgserve.core.grammar import GrammarCompiler
     from mgserve.core.text.tokenizer import Tokenizer
 
 log = logging.getLogger("mgserve.api")
@@ -47,6 +49,13 @@ class Service:
         if self.max_token_bytes == 0:
             longest = max(len(self.tokenizer.piece(t)) for t in range(self.n_vocab))
             self.max_token_bytes = max(4, longest)  # 4: an unknown character is one token
+
+    @cached_property
+    def grammars(self) -> GrammarCompiler:
+        """Structured output's grammars for this vocabulary (built on first use)."""
+        from mgserve.core.grammar import GrammarCompiler
+
+        return GrammarCompiler(self.tokenizer, self.n_vocab)
 
     def detokenizer(self) -> Detokenizer:
         if self.new_detokenizer is not None:

@@ -2,8 +2,8 @@
 
 Pipeline per row (llama.cpp's default chain; a neutral parameter switches a stage off):
 
-    logit_bias -> penalties -> greedy (temperature <= 0: argmax) | top_k -> top_p -> min_p
-    -> temperature -> draw
+    logit_bias -> penalties -> grammar mask -> greedy (temperature <= 0: argmax)
+    | top_k -> top_p -> min_p -> temperature -> draw
 
 Each session owns a ``SeqSampler``: its own ``torch.Generator`` and its own penalty window. A row is
 always drawn with its session's generator and nothing else, so the tokens a session gets depend only
@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from mgserve.core.engine.contract import SamplingParams, TopLogprob
+from mgserve.core.grammar import Grammar, apply_allowed
 
 
 class PenaltyWindow:
@@ -113,13 +114,17 @@ def new_seed() -> int:
 
 
 class SeqSampler:
-    """One session's sampling state: parameters, its generator and its penalty window."""
+    """One session's sampling state: parameters, its generator, its penalty window and, under a
+    grammar, its matcher (the mask of what may come next)."""
 
-    def __init__(self, params: SamplingParams, history: Iterable[int] = ()) -> None:
+    def __init__(
+        self, params: SamplingParams, history: Iterable[int] = (), grammar: Grammar | None = None
+    ) -> None:
         self.params = params
         self.seed = params.seed if params.seed is not None else new_seed()
         self.generator = torch.Generator().manual_seed(self.seed)
         self.window = PenaltyWindow(params.repeat_last_n, history)
+        self.matcher = grammar.matcher() if grammar is not None else None
 
     def accept(self, tokens: Iterable[int]) -> None:
         """Tokens that entered the session's context (prompt chunks, fed decode tokens)."""
@@ -131,7 +136,12 @@ class SeqSampler:
         x = logits.float().clone()  # [V]
         apply_logit_bias(x, p.logit_bias)
         apply_penalties(x, self.window.counts, p)
-        return sample_row(x, p, self.generator)
+        if self.matcher is None:
+            return sample_row(x, p, self.generator)
+        x = apply_allowed(x, logits.float(), self.matcher.allowed())
+        token = sample_row(x, p, self.generator)
+        self.matcher.advance(token)
+        return token
 
 
 def logprobs_for(
