@@ -16,15 +16,9 @@ from mgserve.api.fields import Fields
 from mgserve.api.generate import Generation, TokenOut
 from mgserve.api.http import SERVICE, json_response
 from mgserve.api.prompts import check_ids, llama_prompt, mixed_prompt, render_chat
-from mgserve.api.protocol import (
-    GenParams,
-    body_size,
-    engine_request,
-    llama_params,
-    read_body,
-    request_grammar,
-)
+from mgserve.api.protocol import GenParams, body_size, engine_request, llama_params, read_body
 from mgserve.api.service import Service
+from mgserve.api.structured import request_grammar
 from mgserve.core.engine.contract import Request
 
 STOP_TYPE = {"stop": "eos", "length": "limit"}  # a stop string gives "word"; anything else "none"

@@ -14,15 +14,9 @@ from mgserve.api.errors import ApiError
 from mgserve.api.generate import Chunk, Generation, TokenOut
 from mgserve.api.http import SERVICE, json_response
 from mgserve.api.prompts import chat_prompt, openai_prompt
-from mgserve.api.protocol import (
-    GenParams,
-    body_size,
-    engine_request,
-    openai_params,
-    read_body,
-    request_grammar,
-)
+from mgserve.api.protocol import GenParams, body_size, engine_request, openai_params, read_body
 from mgserve.api.service import Service
+from mgserve.api.structured import request_grammar
 from mgserve.core.engine.contract import Request
 
 FINGERPRINT = "mgserve-0.1.0"

@@ -4,8 +4,8 @@ Every field is type- and range-checked here, once, and every default resolved he
 ``max_tokens``, the sampling stages): anything wrong raises ``ApiError`` (HTTP 400, OpenAI's error
 shape, ``param`` naming the field), so handlers never see an unchecked value and the engine checks
 nothing again. Both dialects land on one ``GenParams``: OpenAI's names (``max_tokens``,
-``logprobs``/``top_logprobs``, ``response_format``) and llama-server's (``n_predict``, ``n_probs``,
-``grammar``, ``json_schema``).
+``logprobs``/``top_logprobs``) and llama-server's (``n_predict``, ``n_probs``); the grammar
+fields are read by ``structured.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from mgserve.api.fields import Fields, check_fields, is_number
 from mgserve.api.prompts import encode_text
 from mgserve.api.service import Service
 from mgserve.core.engine.contract import MAX_N_PROBS, Request, SamplingParams
-from mgserve.core.grammar import Grammar, GrammarError, GrammarSpec
+from mgserve.core.grammar import Grammar
 
 MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat top_logprobs
@@ -39,7 +39,7 @@ class GenParams:
     ignore_eos: bool
     stream: bool
     include_usage: bool  # OpenAI stream_options.include_usage: a usage chunk before [DONE]
-    grammar: Grammar | None = None  # structured output (``request_grammar``)
+    grammar: Grammar | None = None  # structured output (api/structured.py)
 
 
 async def read_body(request: web.Request, allowed: frozenset[str]) -> dict[str, Any]:
@@ -163,80 +163,10 @@ def _check_n(f: Fields) -> None:
         raise ApiError("only n=1 is supported (one choice per request)", param="n")
 
 
-def _schema(v: Any, param: str) -> GrammarSpec:
-    if not isinstance(v, dict | bool):
-        raise ApiError(f"'{param}' must be a JSON schema (an object)", param=param)
-    return GrammarSpec.json_schema(v)
-
-
-def _response_format(fmt: Any) -> GrammarSpec | None:
-    """OpenAI's response_format: text, json_object (llama-server: with an optional ``schema``)
-    or json_schema {name, schema, strict}; the schema is enforced whatever ``strict`` says."""
-    param = "response_format"
-    if not isinstance(fmt, dict):
-        raise ApiError("'response_format' must be an object", param=param)
-    kind = fmt.get("type")
-    if kind in (None, "text"):
-        return None
-    if kind == "json_object":
-        return _schema(fmt.get("schema") or {"type": "object"}, param)
-    if kind != "json_schema":
-        raise ApiError(
-            f"response_format type {kind!r} is not supported "
-            "(use 'text', 'json_object' or 'json_schema')",
-            param=param,
-        )
-    js = fmt.get("json_schema")
-    if not isinstance(js, dict) or js.get("schema") is None:
-        raise ApiError("response_format.json_schema must be an object with a 'schema'", param=param)
-    strict, name = js.get("strict"), js.get("name")
-    if not isinstance(strict, bool | None) or not isinstance(name, str | None):
-        raise ApiError(
-            "response_format.json_schema: 'strict' must be a boolean and 'name' a string",
-            param=param,
-        )
-    return _schema(js["schema"], param)
-
-
-def grammar_spec(body: dict[str, Any]) -> tuple[GrammarSpec, str] | None:
-    """The request's output constraint and the field that gave it: ``response_format``,
-    llama-server's ``json_schema`` or ``grammar`` (GBNF; "" is none). The route's fields.py entry
-    says which of them it takes."""
-    found: list[tuple[GrammarSpec, str]] = []
-    if body.get("response_format") is not None:
-        spec = _response_format(body["response_format"])
-        if spec is not None:
-            found.append((spec, "response_format"))
-    if body.get("json_schema") is not None:
-        found.append((_schema(body["json_schema"], "json_schema"), "json_schema"))
-    gbnf = Fields(body).get_str("grammar", "")
-    if gbnf:
-        found.append((GrammarSpec("gbnf", gbnf), "grammar"))
-    if len(found) > 1:
-        raise ApiError(
-            f"'{found[0][1]}' and '{found[1][1]}' both constrain the output; give one",
-            param=found[1][1],
-        )
-    return found[0] if found else None
-
-
-async def request_grammar(service: Service, body: dict[str, Any]) -> Grammar | None:
-    """The request's grammar, compiled off the event loop (cached by its text); a bad schema or
-    grammar is a 400 naming its field."""
-    found = grammar_spec(body)
-    if found is None:
-        return None
-    spec, param = found
-    try:
-        return await service.grammars.compile_async(spec)
-    except GrammarError as e:
-        raise ApiError(f"invalid {param}: {e}", param=param) from None
-
-
 def openai_params(
     body: dict[str, Any], chat: bool, service: Service, grammar: Grammar | None = None
 ) -> GenParams:
-    """/v1/chat/completions (chat=True) or /v1/completions; ``grammar``: request_grammar's."""
+    """/v1/chat/completions (chat=True) or /v1/completions; ``grammar``: structured.py's."""
     f = Fields(body)
     _check_n(f)
     if chat:
@@ -270,7 +200,7 @@ def openai_params(
 def llama_params(
     body: dict[str, Any], service: Service, grammar: Grammar | None = None
 ) -> GenParams:
-    """llama-server's /completion; ``grammar``: request_grammar's."""
+    """llama-server's /completion; ``grammar``: structured.py's."""
     f = Fields(body)
     _check_n(f)
     n_probs = f.get_int("n_probs", 0, lo=0, hi=MAX_N_PROBS)
