@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from mgserve.core.engine.contract import SamplingParams, TopLogprob
-from mgserve.core.grammar import Grammar, apply_allowed
+from mgserve.core.grammar import Grammar
 
 
 class PenaltyWindow:
@@ -100,6 +100,17 @@ def filter_candidates(logits: torch.Tensor, p: SamplingParams) -> tuple[torch.Te
     return ids, vals
 
 
+def apply_grammar(x: torch.Tensor, raw: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``x`` [V] with only the ``allowed`` ids [K] kept (the rest -inf), as a new row. A bias that
+    banned every allowed token loses to the grammar: then the ``raw`` logits [V] of those ids."""
+    vals = x[allowed]  # [K]
+    if bool(torch.isneginf(vals).all()):
+        vals = raw[allowed].float()
+    out = torch.full_like(x, -torch.inf)
+    out[allowed] = vals
+    return out
+
+
 def sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> int:
     """Pick one token from an already biased and penalized row [V]."""
     if p.greedy:
@@ -138,7 +149,7 @@ class SeqSampler:
         apply_penalties(x, self.window.counts, p)
         if self.matcher is None:
             return sample_row(x, p, self.generator)
-        x = apply_allowed(x, logits.float(), self.matcher.allowed())
+        x = apply_grammar(x, logits, self.matcher.allowed())
         token = sample_row(x, p, self.generator)
         self.matcher.advance(token)
         return token

@@ -1,8 +1,9 @@
 """One session's grammar state, and the allowed-token bitmask both samplers apply.
 
 A mask is a bitmask row: int32 [ceil(V / 32)], bit ``t % 32`` of word ``t // 32`` set when token
-``t`` may come next (llguidance's and xgrammar's layout). The CPU sampler unpacks one row; the
-device sampler copies B rows with the step's other inputs and unpacks them on the device.
+``t`` may come next (llguidance's and xgrammar's layout). The CPU sampler takes one row's allowed
+ids (a grammar allows few tokens at most steps, so the row is cut down to them); the device
+sampler copies B rows with the step's other inputs and unpacks them on the device.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def apply_allowed(x: torch.Tensor, raw: torch.Tensor, allowed: torch.Tensor) -> 
     """``x`` (the modified logits, [..., V]) with every token ``allowed`` [..., V] forbids at -inf.
 
     The grammar wins over a logit_bias: a row whose bias banned every allowed token falls back to
-    the ``raw`` logits, masked, instead of having nothing left to draw from."""
+    the ``raw`` logits, masked, instead of having nothing left to draw from (the CPU sampler's
+    ``apply_grammar`` does the same on one row's ids)."""
     masked = x.masked_fill(~allowed, -torch.inf)
     dead = torch.isneginf(masked).all(dim=-1, keepdim=True)  # [..., 1]
     return torch.where(dead, raw.masked_fill(~allowed, -torch.inf), masked)
@@ -53,10 +55,11 @@ class Matcher:
         self._check()
 
     def allowed(self) -> torch.Tensor:
-        """bool [V]: the tokens that may come next."""
+        """int64 [K]: the ids of the tokens that may come next, ascending."""
         row = np.empty(bitmask_words(self.n_vocab), dtype=np.int32)
         self.fill(row)
-        return unpack_bitmask(torch.from_numpy(row), self.n_vocab)
+        bits = np.unpackbits(row.view(np.uint8), bitorder="little")[: self.n_vocab]
+        return torch.from_numpy(np.flatnonzero(bits))
 
     def advance(self, token: int) -> None:
         """The session sampled ``token`` (one its mask allowed, end-of-generation ids included)."""
