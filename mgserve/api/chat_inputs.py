@@ -86,10 +86,6 @@ def chat_inputs(body: dict[str, Any]) -> ChatInputs:
             f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {reasoning!r}",
             param="reasoning_format",
         )
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") in (None, "text")):
-        kind = fmt.get("type") if isinstance(fmt, dict) else fmt
-        raise ApiError(f"response_format {kind!r} is not supported", param="response_format")
     kwargs = body.get("chat_template_kwargs")
     if kwargs is None:
         kwargs = {}

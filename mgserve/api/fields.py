@@ -1,8 +1,8 @@
 """Which request fields each route implements (any other is refused, by name), and typed access.
 
-A client that sends a field we would silently ignore (``reasoning_effort``, ``suffix``,
-``grammar``...) would get an answer that does not do what it asked, so such a request gets a 400
-naming the field instead. A field sent as ``null`` counts as absent, as everywhere in the protocol.
+A client that sends a field we would silently ignore (``reasoning_effort``, ``suffix``...) would
+get an answer that does not do what it asked, so such a request gets a 400 naming the field
+instead. A field sent as ``null`` counts as absent, as everywhere in the protocol.
 Fields accepted below but only in some values (``tool_choice``, ``parallel_tool_calls``, ``echo``,
 ``response_format``, ``n``) are checked where they are read.
 """
@@ -56,11 +56,17 @@ CHAT = (
         "reasoning_format",
     }
 )
-COMPLETIONS = SAMPLING | IGNORED | {"prompt", "max_tokens", "logprobs", "echo", "stream_options"}
+COMPLETIONS = (
+    SAMPLING
+    | IGNORED
+    | {"prompt", "max_tokens", "logprobs", "echo", "stream_options", "response_format"}
+)
 # llama-server's /completion; cache_prompt is what mgserve always does (a prompt's cached prefix is
 # reused, with the same results as without)
 LLAMA_COMPLETION = (
-    SAMPLING | IGNORED | {"prompt", "n_predict", "max_tokens", "n_probs", "return_tokens"}
+    SAMPLING
+    | IGNORED
+    | {"prompt", "n_predict", "max_tokens", "n_probs", "return_tokens", "grammar", "json_schema"}
 ) | {"cache_prompt"}
 # Anthropic's /v1/messages (anthropic_inputs.py reads the template's part); `metadata`
 # ({"user_id"}) is an end-user id for Anthropic's abuse tracking, with no effect on the answer

@@ -18,6 +18,7 @@ from mgserve.api.http import SERVICE, json_response
 from mgserve.api.prompts import check_ids, llama_prompt, mixed_prompt, render_chat
 from mgserve.api.protocol import GenParams, body_size, engine_request, llama_params, read_body
 from mgserve.api.service import Service
+from mgserve.api.structured import request_grammar
 from mgserve.core.engine.contract import Request
 
 STOP_TYPE = {"stop": "eos", "length": "limit"}  # a stop string gives "word"; anything else "none"
@@ -76,9 +77,10 @@ async def completion(request: web.Request) -> web.StreamResponse:
         raise ApiError("'prompt' is required", param="prompt")
     Fields(body).get_bool("cache_prompt", True)  # a prompt's cached prefix is always reused
     return_tokens = Fields(body).get_bool("return_tokens", False)
+    grammar = await request_grammar(service, body)
 
     def work() -> tuple[GenParams, Request, str]:  # on the text pool
-        params = llama_params(body, service)
+        params = llama_params(body, service, grammar)
         prompt = llama_prompt(service, body["prompt"])
         req = engine_request(service, params, prompt)
         return params, req, service.tokenizer.decode(prompt)  # the text the response echoes

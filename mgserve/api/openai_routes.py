@@ -17,6 +17,7 @@ from mgserve.api.http import SERVICE, json_response
 from mgserve.api.prompts import encode_text, openai_prompt, render_chat
 from mgserve.api.protocol import GenParams, body_size, engine_request, openai_params, read_body
 from mgserve.api.service import Service
+from mgserve.api.structured import request_grammar
 from mgserve.core.engine.contract import Request
 
 FINGERPRINT = "mgserve-0.1.0"
@@ -98,9 +99,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     body = await read_body(request, fields.CHAT)
     inputs = chat_inputs(body)
+    grammar = await request_grammar(service, body)
 
     def work() -> tuple[GenParams, Request, ChatOutput]:  # render and tokenize: on the text pool
-        params = openai_params(body, True, service)
+        params = openai_params(body, True, service, grammar)
         text = render_chat(service, inputs)
         out = chat_output_for(service, inputs, text)
         ids = encode_text(service, text, param="messages")
@@ -115,9 +117,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body = await read_body(request, fields.COMPLETIONS)
     if "prompt" not in body:
         raise ApiError("'prompt' is required", param="prompt")
+    grammar = await request_grammar(service, body)
 
     def work() -> tuple[GenParams, Request]:
-        params = openai_params(body, False, service)
+        params = openai_params(body, False, service, grammar)
         return params, engine_request(service, params, openai_prompt(service, body["prompt"]))
 
     params, req = await service.text.run(await body_size(request), work)

@@ -5,7 +5,7 @@ Every field is type- and range-checked here, once, and every default resolved he
 shape, ``param`` naming the field), so handlers never see an unchecked value and the engine checks
 nothing again. Every dialect lands on one ``GenParams``: OpenAI's names (``max_tokens``,
 ``logprobs``/``top_logprobs``), llama-server's (``n_predict``, ``n_probs``) and Anthropic's
-(``stop_sequences``).
+(``stop_sequences``); the grammar fields are read by ``structured.py``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from mgserve.api.fields import Fields, check_fields, is_number
 from mgserve.api.prompts import encode_text
 from mgserve.api.service import Service
 from mgserve.core.engine.contract import MAX_N_PROBS, Request, SamplingParams
+from mgserve.core.grammar import Grammar
 
 MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat top_logprobs
@@ -38,6 +39,7 @@ class GenParams:
     ignore_eos: bool
     stream: bool
     include_usage: bool  # OpenAI stream_options.include_usage: a usage chunk before [DONE]
+    grammar: Grammar | None = None  # structured output (api/structured.py)
 
 
 async def read_body(request: web.Request, allowed: frozenset[str]) -> dict[str, Any]:
@@ -161,8 +163,10 @@ def _check_n(f: Fields) -> None:
         raise ApiError("only n=1 is supported (one choice per request)", param="n")
 
 
-def openai_params(body: dict[str, Any], chat: bool, service: Service) -> GenParams:
-    """/v1/chat/completions (chat=True) or /v1/completions."""
+def openai_params(
+    body: dict[str, Any], chat: bool, service: Service, grammar: Grammar | None = None
+) -> GenParams:
+    """/v1/chat/completions (chat=True) or /v1/completions; ``grammar``: structured.py's."""
     f = Fields(body)
     _check_n(f)
     if chat:
@@ -189,11 +193,14 @@ def openai_params(body: dict[str, Any], chat: bool, service: Service) -> GenPara
         ignore_eos=f.get_bool("ignore_eos", False),
         stream=stream,
         include_usage=include_usage,
+        grammar=grammar,
     )
 
 
-def llama_params(body: dict[str, Any], service: Service) -> GenParams:
-    """llama-server's /completion."""
+def llama_params(
+    body: dict[str, Any], service: Service, grammar: Grammar | None = None
+) -> GenParams:
+    """llama-server's /completion; ``grammar``: structured.py's."""
     f = Fields(body)
     _check_n(f)
     n_probs = f.get_int("n_probs", 0, lo=0, hi=MAX_N_PROBS)
@@ -204,6 +211,7 @@ def llama_params(body: dict[str, Any], service: Service) -> GenParams:
         ignore_eos=f.get_bool("ignore_eos", False),
         stream=f.get_bool("stream", False),
         include_usage=False,
+        grammar=grammar,
     )
 
 
@@ -251,4 +259,5 @@ def engine_request(
         max_tokens=params.max_tokens or (min(n_predict, room) if n_predict > 0 else room),
         stop_token_ids=frozenset(service.tokenizer.eog_ids),
         ignore_eos=params.ignore_eos,
+        grammar=params.grammar,
     )

@@ -15,6 +15,7 @@ from mgserve.core.text.chat import ChatTemplate, load_chat_template
 
 if TYPE_CHECKING:
     from mgserve.core.engine.actor import Engine
+    from mgserve.core.grammar import GrammarCompiler
     from mgserve.core.text.tokenizer import Tokenizer
 
 log = logging.getLogger("mgserve.api")
@@ -55,6 +56,13 @@ class Service:
     def chat_format(self) -> ChatFormat:
         """The tool-call and reasoning syntax the chat template implies."""
         return detect_format(self.chat.source)
+
+    @cached_property
+    def grammars(self) -> GrammarCompiler:
+        """Structured output's grammars for this vocabulary (built on first use)."""
+        from mgserve.core.grammar import GrammarCompiler
+
+        return GrammarCompiler(self.tokenizer, self.n_vocab)
 
     def detokenizer(self, keep: frozenset[int] = frozenset()) -> Detokenizer:
         """Special tokens are dropped, except ``keep`` (markers the chat-output parser reads)."""

@@ -10,7 +10,17 @@ import platform
 import sys
 from pathlib import Path
 
-BENCHMARKS = ("tokenize", "decode", "synth", "matvec", "model", "plot", "glue", "invariance")
+BENCHMARKS = (
+    "tokenize",
+    "decode",
+    "synth",
+    "matvec",
+    "model",
+    "plot",
+    "glue",
+    "invariance",
+    "grammar",
+)
 
 
 def machine() -> str:

@@ -10,7 +10,8 @@ The twin of ``mgserve/core/engine/runner.py`` (same contract, ``Engine(runner=..
    step (DESIGN.md).
 
 Sessions keep their state in the model's ``SlotPools`` (slot-indexed); the runner keeps, per
-running slot, what sampling needs on the host: the penalty window and the draw counter.
+running slot, what sampling needs on the host: the penalty window, the draw counter and, under a
+grammar, the matcher whose mask is computed while the device runs the step's forward.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from mgserve.core.engine.contract import (
     StepResult,
     TopLogprob,
 )
+from mgserve.core.grammar import Matcher
 from mgserve.cuda.graphs import DecodeInputs, EagerDecode, GraphDecode
 from mgserve.cuda.models.base import DeviceLM, Span, Step
 from mgserve.cuda.sampling import DeviceSampler, HostBuffers, SamplingBatch, SamplingRow, seeded
@@ -39,6 +41,7 @@ class _SlotSampling:
     params: SamplingParams  # with a seed (drawn once on the host when the request had none)
     history: list[int] = field(default_factory=list)  # the tokens the penalty window may read
     counter: int = 0  # draws made so far: (seed, counter) names the next draw's noise
+    matcher: Matcher | None = None  # under a grammar: its mask fills the session's row
 
 
 class DeviceRunner:
@@ -66,7 +69,10 @@ class DeviceRunner:
             if w.slot >= self.pad_slot:
                 raise ValueError(f"slot {w.slot} out of range (the model has {self.pad_slot})")
             if w.new_sequence:
-                self._slots[w.slot] = _SlotSampling(seeded(w.sampling), list(w.history))
+                matcher = w.grammar.matcher() if w.grammar is not None else None
+                self._slots[w.slot] = _SlotSampling(
+                    seeded(w.sampling), list(w.history), matcher=matcher
+                )
             if w.start == 0:
                 self.model.begin_sequence(w.slot)
         prefill = [w for w in batch.work if len(w.tokens) > 1 or w.start == 0]
@@ -123,7 +129,7 @@ class DeviceRunner:
 
     def _sample(self, logits: torch.Tensor, work: list[SeqWork]) -> list[SeqResult]:
         states = [self._slots[w.slot] for w in work]
-        rows = [SamplingRow(st.params, st.history, st.counter) for st in states]
+        rows = [SamplingRow(st.params, st.history, st.counter, matcher=st.matcher) for st in states]
         batch = SamplingBatch.build(rows, self.model.spec.n_vocab, self.device)
         out = self.sampler.sample(logits, batch)
         host = out.to_host(self._host)
@@ -135,6 +141,8 @@ class DeviceRunner:
         results = []
         for i, (w, st) in enumerate(zip(work, states, strict=True)):
             st.counter += 1
+            if st.matcher is not None:
+                st.matcher.advance(tokens[i])
             top: tuple[TopLogprob, ...] = ()
             n = min(st.params.n_probs, MAX_N_PROBS)
             if n and host.top_ids is not None and host.top_logprobs is not None:

@@ -13,6 +13,7 @@ import time
 from collections import deque
 
 from mgserve.core.engine.contract import Request, TokenEvent, TopLogprob
+from mgserve.core.text.special import ATTR_CONTROL, ATTR_NORMAL
 
 SPECIALS = ("<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>")
 BOS, EOS, SOT, EOT = 256, 257, 258, 259
@@ -56,6 +57,9 @@ class FakeTokenizer:
 
     def is_control(self, token: int) -> bool:
         return token >= 256
+
+    def attr(self, token: int) -> int:
+        return ATTR_CONTROL if token >= 256 else ATTR_NORMAL
 
     def token_id(self, text: str) -> int | None:
         return 256 + SPECIALS.index(text) if text in SPECIALS else None

@@ -9,7 +9,10 @@ and, later, speculation (one token plus k drafts): see ``SeqWork``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from mgserve.core.grammar import Grammar
 
 # the most top candidates a request may ask for per token: the API refuses more, and the device
 # runner sizes its host buffers for this many
@@ -50,6 +53,9 @@ class Request:
     max_tokens: int  # >= 1; the scheduler also stops at the slot's context end
     stop_token_ids: frozenset[int] = frozenset()  # end-of-generation ids (EOS, EOT, ...)
     ignore_eos: bool = False
+    # structured output: every generated token is one the grammar allows; a complete grammar
+    # allows only end-of-generation ids, so the request stops there
+    grammar: Grammar | None = None
 
 
 class TopLogprob(NamedTuple):
@@ -87,6 +93,7 @@ class SeqWork:
     sampling: SamplingParams  # the request's params (the runner keeps per-slot RNG + history)
     new_sequence: bool = False  # first work of a request in this slot: reset sampler state
     history: tuple[int, ...] = ()  # with new_sequence: tokens before `start` (penalty window)
+    grammar: Grammar | None = None  # with new_sequence: the request's; the runner starts a Matcher
 
 
 @dataclass(frozen=True)

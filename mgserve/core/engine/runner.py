@@ -51,7 +51,7 @@ class ReferenceRunner:
         seqs: list[SeqInput] = []
         for w in batch.work:
             if w.new_sequence:
-                self._samplers[w.slot] = SeqSampler(w.sampling, w.history)
+                self._samplers[w.slot] = SeqSampler(w.sampling, w.history, w.grammar)
             seqs.append(
                 SeqInput(
                     cache=self._cache(w.slot),

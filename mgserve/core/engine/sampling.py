@@ -2,8 +2,8 @@
 
 Pipeline per row (llama.cpp's default chain; a neutral parameter switches a stage off):
 
-    logit_bias -> penalties -> greedy (temperature <= 0: argmax) | top_k -> top_p -> min_p
-    -> temperature -> draw
+    logit_bias -> penalties -> grammar mask -> greedy (temperature <= 0: argmax)
+    | top_k -> top_p -> min_p -> temperature -> draw
 
 Each session owns a ``SeqSampler``: its own ``torch.Generator`` and its own penalty window. A row is
 always drawn with its session's generator and nothing else, so the tokens a session gets depend only
@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from mgserve.core.engine.contract import SamplingParams, TopLogprob
+from mgserve.core.grammar import Grammar
 
 
 class PenaltyWindow:
@@ -99,6 +100,17 @@ def filter_candidates(logits: torch.Tensor, p: SamplingParams) -> tuple[torch.Te
     return ids, vals
 
 
+def apply_grammar(x: torch.Tensor, raw: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``x`` [V] with only the ``allowed`` ids [K] kept (the rest -inf), as a new row. A bias that
+    banned every allowed token loses to the grammar: then the ``raw`` logits [V] of those ids."""
+    vals = x[allowed]  # [K]
+    if bool(torch.isneginf(vals).all()):
+        vals = raw[allowed].float()
+    out = torch.full_like(x, -torch.inf)
+    out[allowed] = vals
+    return out
+
+
 def sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> int:
     """Pick one token from an already biased and penalized row [V]."""
     if p.greedy:
@@ -113,13 +125,17 @@ def new_seed() -> int:
 
 
 class SeqSampler:
-    """One session's sampling state: parameters, its generator and its penalty window."""
+    """One session's sampling state: parameters, its generator, its penalty window and, under a
+    grammar, its matcher (the mask of what may come next)."""
 
-    def __init__(self, params: SamplingParams, history: Iterable[int] = ()) -> None:
+    def __init__(
+        self, params: SamplingParams, history: Iterable[int] = (), grammar: Grammar | None = None
+    ) -> None:
         self.params = params
         self.seed = params.seed if params.seed is not None else new_seed()
         self.generator = torch.Generator().manual_seed(self.seed)
         self.window = PenaltyWindow(params.repeat_last_n, history)
+        self.matcher = grammar.matcher() if grammar is not None else None
 
     def accept(self, tokens: Iterable[int]) -> None:
         """Tokens that entered the session's context (prompt chunks, fed decode tokens)."""
@@ -131,7 +147,12 @@ class SeqSampler:
         x = logits.float().clone()  # [V]
         apply_logit_bias(x, p.logit_bias)
         apply_penalties(x, self.window.counts, p)
-        return sample_row(x, p, self.generator)
+        if self.matcher is None:
+            return sample_row(x, p, self.generator)
+        x = apply_grammar(x, logits, self.matcher.allowed())
+        token = sample_row(x, p, self.generator)
+        self.matcher.advance(token)
+        return token
 
 
 def logprobs_for(

@@ -214,6 +214,7 @@ class Scheduler:
             sampling=s.req.sampling,
             new_sequence=s.new_sequence,
             history=tuple(slot.cached) if s.new_sequence else (),
+            grammar=s.req.grammar if s.new_sequence else None,
         )
         slot.cached.extend(tokens)
         s.new_sequence = False

@@ -230,6 +230,11 @@ class Tokenizer:
         self._check(token)
         return self._tokens[token]
 
+    def attr(self, token: int) -> int:
+        """llama.cpp's attribute bits of the token (special.ATTR_*)."""
+        self._check(token)
+        return self._attrs[token]
+
     def is_control(self, token: int) -> bool:
         self._check(token)
         return bool(self._attrs[token] & ATTR_CONTROL)

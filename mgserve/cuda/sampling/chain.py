@@ -1,4 +1,5 @@
-"""The device sampling chain on logits [B, V]: bias, penalties, the filters and the draw.
+"""The device sampling chain on logits [B, V]: bias, penalties, grammar masks, the filters and
+the draw.
 
 The stages and their order are ``SeqSampler``'s (core/engine/sampling.py), with the same
 arithmetic; what differs is where the device needs another algorithm: every row of the batch at
@@ -14,12 +15,14 @@ few dozen tiny ops on [B, K]. A row with top_k off and top_p < 1 needs the whole
 ``torch.sort`` of [B, V] (a segmented radix sort, roughly 0.1-0.3 ms) plus softmax, cumsum and
 the hash over [B, V] (~20 passes of 8-16 MB, another ~0.1 ms). Rows with top_k and top_p both off
 skip the sort but still hash the whole row. logprobs cost one log_softmax over [B, V] (+ a topk).
+A grammar mask (some row constrained) unpacks [B, V / 32] words into [B, V] and masks: ~5 passes.
 """
 
 from __future__ import annotations
 
 import torch
 
+from mgserve.core.grammar import apply_allowed, unpack_bitmask
 from mgserve.cuda.sampling.inputs import SamplingBatch
 from mgserve.cuda.sampling.plan import SORT, WHOLE, SamplingPlan
 from mgserve.cuda.sampling.rng import row_keys, uniforms
@@ -70,7 +73,8 @@ def apply_penalties(
 
 
 def modified_logits(logits: torch.Tensor, batch: SamplingBatch, plan: SamplingPlan) -> torch.Tensor:
-    """float32 [B, V]: ``logits`` after logit_bias and penalties (the input is never modified)."""
+    """float32 [B, V]: ``logits`` after logit_bias, penalties and grammar masks (the input is never
+    modified). A row without a grammar has an all-ones mask: its values come out unchanged."""
     x = logits
     if plan.bias and batch.bias_ids.shape[1]:
         x = apply_logit_bias(x, batch.bias_ids, batch.bias_values)
@@ -82,6 +86,8 @@ def modified_logits(logits: torch.Tensor, batch: SamplingBatch, plan: SamplingPl
             batch.frequency_penalty,
             batch.presence_penalty,
         )
+    if plan.mask and batch.allowed.shape[1]:
+        x = apply_allowed(x, logits, unpack_bitmask(batch.allowed, batch.n_vocab))
     return x
 
 

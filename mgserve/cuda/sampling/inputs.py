@@ -1,8 +1,8 @@
 """The per-step sampling inputs on the device: ``SamplingBatch``, one packed buffer of B rows.
 
-The small per-step inputs (temperatures, seeds, counters, penalty windows, biases...) travel to the
-device in one pinned, non-blocking copy, into preallocated buffers if asked, so a decode step's
-sampling can be captured into a CUDA graph and replayed with new inputs.
+The small per-step inputs (temperatures, seeds, counters, penalty windows, biases, grammar masks)
+travel to the device in one pinned, non-blocking copy, into preallocated buffers if asked, so a
+decode step's sampling can be captured into a CUDA graph and replayed with new inputs.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from mgserve.core.engine.contract import SamplingParams
+from mgserve.core.grammar import bitmask_words
 from mgserve.cuda.sampling.plan import SamplingPlan, SamplingRow, cheapest_plan, window_len
 from mgserve.cuda.sampling.rng import to_int64
 
@@ -23,7 +24,9 @@ def _align(n: int) -> int:
     return (n + 15) // 16 * 16
 
 
-def _layout(b: int, w: int, nb: int) -> tuple[dict[str, tuple[int, torch.dtype, tuple]], int]:
+def _layout(
+    b: int, w: int, nb: int, mw: int
+) -> tuple[dict[str, tuple[int, torch.dtype, tuple]], int]:
     """Byte offset, dtype and shape of every field in the packed buffer; and its total size."""
     fields: list[tuple[str, torch.dtype, tuple]] = [
         ("temperature", torch.float64, (b,)),
@@ -38,6 +41,7 @@ def _layout(b: int, w: int, nb: int) -> tuple[dict[str, tuple[int, torch.dtype, 
         ("presence_penalty", torch.float32, (b,)),
         ("bias_values", torch.float32, (b, nb)),
         ("window", torch.int32, (b, w)),
+        ("allowed", torch.int32, (b, mw)),
         ("n_probs", torch.int32, (b,)),
         ("greedy", torch.bool, (b,)),
         ("want_logprob", torch.bool, (b,)),
@@ -83,6 +87,7 @@ class SamplingBatch:
     window: torch.Tensor  # [B, W] int32: in-vocabulary window tokens, left-aligned, -1 padded
     bias_ids: torch.Tensor  # [B, NB] int64: distinct in-vocabulary ids, padded (see _fill)
     bias_values: torch.Tensor  # [B, NB] f32 (duplicates of an id summed on the host)
+    allowed: torch.Tensor  # [B, MW] int32 grammar bitmasks (MW: 0, or ceil(V/32)); -1: all
     n_probs: torch.Tensor  # [B] int32
     want_logprob: torch.Tensor  # [B] bool
     n_rows: int  # live rows (the first n_rows of B)
@@ -92,7 +97,7 @@ class SamplingBatch:
     host_want_logprob: tuple[bool, ...]
     _raw: torch.Tensor  # uint8 [nbytes] on the device: the packed buffer
     _staging: torch.Tensor  # uint8 [nbytes] on the host (pinned for a CUDA device)
-    _capacity: tuple[int, int, int] | None = None  # (B, W, NB) of a preallocated batch
+    _capacity: tuple[int, int, int, int] | None = None  # (B, W, NB, MW) of a preallocated one
     _copied: torch.cuda.Event | None = None  # the last staging -> device copy (staging reuse)
 
     @property
@@ -122,7 +127,8 @@ class SamplingBatch:
             raise ValueError("SamplingBatch.build: no rows")
         w = max(window_len(r) for r in rs)
         nb = max(len({t for t, _ in r.params.logit_bias if 0 <= t < n_vocab}) for r in rs)
-        batch = cls._empty(len(rs), w, nb, n_vocab, torch.device(device))
+        mw = bitmask_words(n_vocab) if any(r.matcher is not None for r in rs) else 0
+        batch = cls._empty(len(rs), w, nb, mw, n_vocab, torch.device(device))
         return batch._fill(rs)
 
     @classmethod
@@ -133,21 +139,25 @@ class SamplingBatch:
         device: torch.device | str,
         max_window: int = 64,
         max_bias: int = 16,
+        grammar: bool = False,
     ) -> SamplingBatch:
         """A batch with fixed capacity (B = max_rows rows, windows up to ``max_window`` tokens,
-        up to ``max_bias`` biased ids per row) to refill with ``update`` step after step: its
-        tensors keep their addresses, as a CUDA graph needs."""
+        up to ``max_bias`` biased ids per row, grammar masks if ``grammar``) to refill with
+        ``update`` step after step: its tensors keep their addresses, as a CUDA graph needs."""
         if max_rows < 1 or max_window < 0 or max_bias < 0:
             raise ValueError(f"allocate: bad capacity {max_rows=} {max_window=} {max_bias=}")
-        batch = cls._empty(max_rows, max_window, max_bias, n_vocab, torch.device(device))
-        batch._capacity = (max_rows, max_window, max_bias)
+        mw = bitmask_words(n_vocab) if grammar else 0
+        batch = cls._empty(max_rows, max_window, max_bias, mw, n_vocab, torch.device(device))
+        batch._capacity = (max_rows, max_window, max_bias, mw)
         return batch
 
     @classmethod
-    def _empty(cls, b: int, w: int, nb: int, n_vocab: int, device: torch.device) -> SamplingBatch:
+    def _empty(
+        cls, b: int, w: int, nb: int, mw: int, n_vocab: int, device: torch.device
+    ) -> SamplingBatch:
         if n_vocab < 1:
             raise ValueError(f"n_vocab must be positive, got {n_vocab}")
-        layout, nbytes = _layout(b, w, nb)
+        layout, nbytes = _layout(b, w, nb, mw)
         raw = torch.empty(nbytes, dtype=torch.uint8, device=device)  # every byte is copied in
         if device.type == "cuda":
             staging = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -170,7 +180,7 @@ class SamplingBatch:
         if self._capacity is None:
             raise ValueError("update: this batch was not made by SamplingBatch.allocate")
         rs = [SamplingRow(*r) for r in rows]
-        b, w, nb = self._capacity
+        b = self._capacity[0]
         if not 1 <= len(rs) <= b:
             raise ValueError(f"update: {len(rs)} rows for a batch of capacity {b}")
         return self._fill(rs)
@@ -180,10 +190,11 @@ class SamplingBatch:
         b = self.size
         w = self.window.shape[1]
         nb = self.bias_ids.shape[1]
+        mw = self.allowed.shape[1]
         v = self.n_vocab
         if self._copied is not None:
             self._copied.synchronize()  # the previous copy out of the staging buffer is done
-        layout, nbytes = _layout(b, w, nb)
+        layout, nbytes = _layout(b, w, nb, mw)
         host = {k: t.numpy() for k, t in _views(self._staging, layout).items()}
         host["temperature"][:] = 1.0
         host["greedy"][:] = True
@@ -198,6 +209,7 @@ class SamplingBatch:
         host["window"][:] = -1
         host["bias_ids"][:] = 0
         host["bias_values"][:] = 0.0
+        host["allowed"][:] = -1
         host["n_probs"][:] = 0
         host["want_logprob"][:] = False
 
@@ -248,6 +260,11 @@ class SamplingBatch:
                 host["bias_values"][i, : len(ids)] = vals
                 host["bias_ids"][i, len(ids) :] = ids[0]
                 host["bias_values"][i, len(ids) :] = vals[0]
+            # the grammar's mask, computed here: on the host while the device runs the forward
+            if r.matcher is not None:
+                if not mw:
+                    raise ValueError(f"row {i} has a grammar; the batch has no room for masks")
+                r.matcher.fill(host["allowed"][i])
 
         self.plan = cheapest_plan(sampling, v, penalties, any(r.params.logit_bias for r in rs), rs)
         self.n_rows = len(rs)
@@ -274,7 +291,8 @@ class SamplingBatch:
             name: getattr(self, name)[:b]
             for name in (
                 "temperature greedy top_k top_p log_min_p repeat_penalty frequency_penalty "
-                "presence_penalty seed counter window bias_ids bias_values n_probs want_logprob"
+                "presence_penalty seed counter window allowed bias_ids bias_values n_probs "
+                "want_logprob"
             ).split()
         }
         return replace(self, **cut)

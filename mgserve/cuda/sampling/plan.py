@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from mgserve.core.engine.contract import SamplingParams
+from mgserve.core.grammar import Matcher
 
 SORT = -1  # SamplingPlan.candidates: sort each whole row (some row has top_k off and top_p on)
 WHOLE = -2  # SamplingPlan.candidates: whole rows unsorted (no row uses top_k or top_p)
@@ -30,11 +31,12 @@ class SamplingPlan(NamedTuple):
     bias: bool  # some row has a logit bias
     n_top: int  # the largest n_probs (0: no top candidates)
     logprob: bool  # some row wants its token's logprob
+    mask: bool = False  # some row is under a grammar (its allowed-token bitmask applies)
 
     @classmethod
     def broad(cls, n_top: int = 0, logprob: bool = False) -> SamplingPlan:
         """Every stage on, whole-row sort: serves any batch (at the sort's cost)."""
-        return cls(SORT, True, True, True, True, n_top, logprob)
+        return cls(SORT, True, True, True, True, n_top, logprob, True)
 
 
 class SamplingRow(NamedTuple):
@@ -44,6 +46,7 @@ class SamplingRow(NamedTuple):
     window: Sequence[int]  # the session's last repeat_last_n context tokens (-1: all of them)
     counter: int  # tokens this session has sampled so far (the draw's position in its stream)
     seed: int | None = None  # overrides params.seed (one of them must be set: see ``seeded``)
+    matcher: Matcher | None = None  # the session's grammar state: fills its bitmask row
 
 
 def window_len(r: SamplingRow) -> int:
@@ -72,6 +75,6 @@ def cheapest_plan(
         cand = WHOLE
     n_top = min(max(r.params.n_probs for r in rs), v)
     logprob = any(r.params.want_logprob for r in rs)
-    return SamplingPlan(
-        cand, top_p, any(p.min_p > 0.0 for p in sampling), penalties, bias, n_top, logprob
-    )
+    mask = any(r.matcher is not None for r in rs)
+    min_p = any(p.min_p > 0.0 for p in sampling)
+    return SamplingPlan(cand, top_p, min_p, penalties, bias, n_top, logprob, mask)

@@ -1,0 +1,86 @@
+"""Structured output fields -> the request's compiled grammar (core/grammar).
+
+OpenAI's ``response_format`` (json_object, json_schema) and llama-server's ``json_schema`` and
+``grammar`` (GBNF); which route takes which is fields.py's business. At most one of them per
+request. Compiling runs off the event loop and is cached by the grammar's text; a schema or
+grammar that does not compile is a 400 naming its field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mgserve.api.errors import ApiError
+from mgserve.api.fields import Fields
+from mgserve.api.service import Service
+from mgserve.core.grammar import Grammar, GrammarError, GrammarSpec
+
+
+def _schema(v: Any, param: str) -> GrammarSpec:
+    if not isinstance(v, dict | bool):
+        raise ApiError(f"'{param}' must be a JSON schema (an object)", param=param)
+    return GrammarSpec.json_schema(v)
+
+
+def _response_format(fmt: Any) -> GrammarSpec | None:
+    """OpenAI's response_format: text, json_object (llama-server: with an optional ``schema``)
+    or json_schema {name, schema, strict}; the schema is enforced whatever ``strict`` says."""
+    param = "response_format"
+    if not isinstance(fmt, dict):
+        raise ApiError("'response_format' must be an object", param=param)
+    kind = fmt.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return _schema(fmt.get("schema") or {"type": "object"}, param)
+    if kind != "json_schema":
+        raise ApiError(
+            f"response_format type {kind!r} is not supported "
+            "(use 'text', 'json_object' or 'json_schema')",
+            param=param,
+        )
+    js = fmt.get("json_schema")
+    if not isinstance(js, dict) or js.get("schema") is None:
+        raise ApiError("response_format.json_schema must be an object with a 'schema'", param=param)
+    strict, name = js.get("strict"), js.get("name")
+    if not isinstance(strict, bool | None) or not isinstance(name, str | None):
+        raise ApiError(
+            "response_format.json_schema: 'strict' must be a boolean and 'name' a string",
+            param=param,
+        )
+    return _schema(js["schema"], param)
+
+
+def grammar_spec(body: dict[str, Any]) -> tuple[GrammarSpec, str] | None:
+    """The request's output constraint and the field that gave it: ``response_format``,
+    llama-server's ``json_schema`` or ``grammar`` (GBNF; "" is none). The route's fields.py entry
+    says which of them it takes."""
+    found: list[tuple[GrammarSpec, str]] = []
+    if body.get("response_format") is not None:
+        spec = _response_format(body["response_format"])
+        if spec is not None:
+            found.append((spec, "response_format"))
+    if body.get("json_schema") is not None:
+        found.append((_schema(body["json_schema"], "json_schema"), "json_schema"))
+    gbnf = Fields(body).get_str("grammar", "")
+    if gbnf:
+        found.append((GrammarSpec("gbnf", gbnf), "grammar"))
+    if len(found) > 1:
+        raise ApiError(
+            f"'{found[0][1]}' and '{found[1][1]}' both constrain the output; give one",
+            param=found[1][1],
+        )
+    return found[0] if found else None
+
+
+async def request_grammar(service: Service, body: dict[str, Any]) -> Grammar | None:
+    """The request's grammar, compiled off the event loop (cached by its text); a bad schema or
+    grammar is a 400 naming its field."""
+    found = grammar_spec(body)
+    if found is None:
+        return None
+    spec, param = found
+    try:
+        return await service.grammars.compile_async(spec)
+    except GrammarError as e:
+        raise ApiError(f"invalid {param}: {e}", param=param) from None
