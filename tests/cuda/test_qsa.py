@@ -158,7 +158,7 @@ def test_qsa_prefill(
         close(name + " (flash kernel rows)", got[:split], want[:split], RTOL_FLASH)
     if split < t:
         close(name + " (decode kernel rows)", got[split:], want[split:])
-    monkeypatch.setattr(qsa_cuda, "_PREFILL_SCORE_ELEMS", 7 * HI * (start + t) // 4)
+    monkeypatch.setattr(qsa_cuda, "QSA_SCORE_GROUP", 7)
     monkeypatch.setattr(attention_cuda, "_PREFILL_PART_ELEMS", 11 * n_head * 2 * d)
     monkeypatch.setattr(attention_prefill, "_VIS_ELEMS", 5 * (start + t + 32))
     again = cuda_ops.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw)
