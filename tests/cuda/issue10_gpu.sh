@@ -20,7 +20,8 @@ bench() {  # name timeout args...
 }
 case "${1:-tests}" in
   tests)
-    for f in batch_invariance:120 device_models:150 hc:60 qgemm:90 glue:40 device_runner:60 rowpath:20; do
+    for f in batch_invariance:120 device_models:150 hc:60 qsa:60 qgemm:90 glue:40 device_runner:60 \
+        rowpath:20 device_grammar:60; do
       n=${f%%:*}
       timeout "${f##*:}" python3 -m pytest -q --tb=short -p no:cacheprovider -rfE \
         "tests/cuda/test_$n.py" > "$OUT/t_$n.log" 2>&1
