@@ -14,7 +14,7 @@ from mgserve.api.chat_response import ChatOutput, chat_output_for, respond_chat
 from mgserve.api.errors import ApiError
 from mgserve.api.generate import Chunk, Generation, TokenOut, piece_text
 from mgserve.api.http import SERVICE, json_response
-from mgserve.api.prompts import encode_text, openai_prompt, render_chat
+from mgserve.api.prompts import echo_text, encode_text, openai_prompt, render_chat
 from mgserve.api.protocol import GenParams, body_size, engine_request, openai_params, read_body
 from mgserve.api.service import Service
 from mgserve.api.structured import request_grammar
@@ -70,13 +70,14 @@ class _Shape:
 
 
 async def _respond_completion(
-    request: web.Request, service: Service, req: Request, params: GenParams
+    request: web.Request, service: Service, req: Request, params: GenParams, echo: str
 ) -> web.StreamResponse:
+    """``echo``: text that starts the answer (the prompt, with ``echo``; else empty)."""
     shape = _Shape(service, False, params)
     with Generation(service, req, params, request) as gen:
         if not params.stream:
             text, tokens = await gen.collect()
-            body = shape.envelope([shape.choice(text, tokens, gen.finish_reason)], False)
+            body = shape.envelope([shape.choice(echo + text, tokens, gen.finish_reason)], False)
             body["usage"] = gen.usage()
             body["timings"] = gen.timings()  # a llama-server extension; clients ignore it
             return json_response(body)
@@ -92,7 +93,12 @@ async def _respond_completion(
                 out.append(shape.envelope([], True) | {"usage": gen.usage()})
             return out
 
-        return await sse.stream(request, gen, chunk, closing, done=True)
+        opening = (
+            [shape.envelope([shape.choice(echo, [], None)], True) | usage_null] if echo else []
+        )
+        return await sse.stream(
+            request, gen, chunk, closing, opening=opening if echo else (), done=True
+        )
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -119,12 +125,14 @@ async def completions(request: web.Request) -> web.StreamResponse:
         raise ApiError("'prompt' is required", param="prompt")
     grammar = await request_grammar(service, body)
 
-    def work() -> tuple[GenParams, Request]:
+    def work() -> tuple[GenParams, Request, str]:
         params = openai_params(body, False, service, grammar)
-        return params, engine_request(service, params, openai_prompt(service, body["prompt"]))
+        ids = openai_prompt(service, body["prompt"])
+        echo = echo_text(service, body["prompt"], ids) if params.echo else ""
+        return params, engine_request(service, params, ids), echo
 
-    params, req = await service.text.run(await body_size(request), work)
-    return await _respond_completion(request, service, req, params)
+    params, req, echo = await service.text.run(await body_size(request), work)
+    return await _respond_completion(request, service, req, params, echo)
 
 
 async def models(request: web.Request) -> web.Response:

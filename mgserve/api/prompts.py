@@ -82,6 +82,16 @@ def openai_prompt(service: Service, raw: Any) -> list[int]:
     raise ApiError("'prompt' must be a string or a list of token ids", param="prompt")
 
 
+def echo_text(service: Service, raw: Any, ids: list[int]) -> str:
+    """What ``echo`` puts before a /v1/completions answer: the prompt as the client sent it
+    (its text, or its token ids' text)."""
+    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str | list):
+        raw = raw[0]
+    if isinstance(raw, str):
+        return raw
+    return b"".join(service.tokenizer.piece(t) for t in ids).decode("utf-8", errors="replace")
+
+
 def llama_prompt(service: Service, raw: Any) -> list[int]:
     """/completion: str | list[int | str]."""
     if isinstance(raw, str):

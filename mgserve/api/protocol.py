@@ -40,6 +40,7 @@ class GenParams:
     stream: bool
     include_usage: bool  # OpenAI stream_options.include_usage: a usage chunk before [DONE]
     grammar: Grammar | None = None  # structured output (api/structured.py)
+    echo: bool = False  # /v1/completions: the prompt's text starts the answer
 
 
 async def read_body(request: web.Request, allowed: frozenset[str]) -> dict[str, Any]:
@@ -175,11 +176,16 @@ def openai_params(
         if top and not logprobs:
             raise ApiError("'top_logprobs' requires 'logprobs': true", param="top_logprobs")
         names: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
+        echo = False
     else:
         top = f.get_int("logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
         logprobs = f.has("logprobs")
-        if f.get_bool("echo", False):
-            raise ApiError("'echo' is not supported", param="echo")
+        echo = f.get_bool("echo", False)
+        if echo and logprobs:
+            raise ApiError(
+                "'echo' with 'logprobs' is not supported (the prompt's logprobs are not computed)",
+                param="echo",
+            )
         names = ("max_tokens",)
     stream = f.get_bool("stream", False)
     opts = body.get("stream_options")
@@ -194,6 +200,7 @@ def openai_params(
         stream=stream,
         include_usage=include_usage,
         grammar=grammar,
+        echo=not chat and echo,
     )
 
 

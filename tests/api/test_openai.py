@@ -131,6 +131,24 @@ async def test_completions_stream(client: TestClient[Any, Any]) -> None:
     assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == 2
 
 
+async def test_completions_echo(client: TestClient[Any, Any]) -> None:
+    """echo: the prompt's text starts the answer, whole and streamed; token prompts echo the
+    tokens' text (the fake tokenizer is byte-level: ids 72, 105 are "Hi")."""
+    api = oai(client)
+    r = await api.completions.create(model="x", prompt="Say hi", max_tokens=3, echo=True)
+    assert r.choices[0].text == "Say hiHel"
+    assert engine_of(client).submitted[-1].prompt == [BOS, *b"Say hi"]  # the answer's prompt
+    assert r.usage is not None and r.usage.completion_tokens == 3
+    r = await api.completions.create(model="x", prompt=[72, 105], max_tokens=2, echo=True)
+    assert r.choices[0].text == "HiHe"
+    stream = await api.completions.create(model="x", prompt="Yo ", echo=True, stream=True)
+    chunks = [c async for c in stream]
+    assert chunks[0].choices[0].text == "Yo "  # the echo comes first, in a chunk of its own
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "Yo Hello, world!"
+    r = await api.completions.create(model="x", prompt="a", max_tokens=2, echo=False)
+    assert r.choices[0].text == "He"
+
+
 async def test_models(client: TestClient[Any, Any]) -> None:
     models = await oai(client).models.list()
     assert [m.id for m in models.data] == ["fake-model"]

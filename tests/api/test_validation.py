@@ -74,7 +74,7 @@ BAD: list[tuple[str, Any, str | None]] = [
     ("/v1/completions", {"prompt": []}, "prompt"),
     ("/v1/completions", {"prompt": "x" * 300}, "prompt"),
     ("/v1/completions", {"max_tokens": 3}, "prompt"),
-    ("/v1/completions", {"prompt": "a", "echo": True}, "echo"),
+    ("/v1/completions", {"prompt": "a", "echo": True, "logprobs": 1}, "echo"),
     ("/completion", {"prompt": "a", "n_predict": 0}, "n_predict"),
     ("/completion", {"prompt": "a", "n_probs": -1}, "n_probs"),
     ("/completion", {"prompt": [1, None]}, "prompt"),
