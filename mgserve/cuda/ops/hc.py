@@ -36,10 +36,9 @@ import torch
 from mgserve.core.reference import hyper_connections
 from mgserve.cuda.dequantized import DenseWeights
 from mgserve.cuda.ops.linear import rows_linear
-from mgserve.cuda.weights import FORMATS, QuantWeight
+from mgserve.cuda.weights import QuantWeight
 
 HC_SOURCE = "hc.cu"
-HC_KERNEL_TYPES = frozenset(FORMATS)  # hc.cu reads every GGUF format the matvecs read
 TOKEN_GROUPS = (1, 2, 4, 8)  # NT instances of the kernels: tokens sharing one pass over weights
 MAX_TOKEN_GROUP = TOKEN_GROUPS[-1]  # more tokens: several groups (grid y), same per-token math
 DYNAMIC_SMEM = 46 * 1024  # shared memory a kernel may stage (48 KB without an opt-in, less static)

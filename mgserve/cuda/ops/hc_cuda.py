@@ -14,7 +14,6 @@ from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.hc import (
     COMBINE_THREADS,
     DYNAMIC_SMEM,
-    HC_KERNEL_TYPES,
     HC_SOURCE,
     MAX_TOKEN_GROUP,
     HCTorch,
@@ -27,13 +26,14 @@ from mgserve.cuda.ops.hc import (
 )
 from mgserve.cuda.ops.linear_cuda import LinearCuda
 from mgserve.cuda.ops.norm import NormCuda
-from mgserve.cuda.weights import QuantWeight
+from mgserve.cuda.weights import FORMATS, QuantWeight
 
 
 class HCCuda:
     """The mix and combine on kernels/hc.cu (see the module docstring). Activations must be
-    float32 on this device; weights in a format of HC_KERNEL_TYPES run on the kernels, others on
-    the torch version. ``tuning`` sets the kernels' compile-time shape."""
+    float32 on this device; weights of every format in weights.FORMATS run on the kernels, shapes
+    the kernels cannot stage on the torch version. ``tuning`` sets the kernels' compile-time
+    shape."""
 
     def __init__(
         self,
@@ -53,7 +53,7 @@ class HCCuda:
     def kernels_apply(hc: int, d: int, r: int, weights: tuple[QuantWeight | None, ...]) -> bool:
         """Whether the kernels run a mix of these shapes and weights. Depends on shapes and
         formats only, never on N, so a token's results never depend on the batch."""
-        if any(w is not None and w.type_name not in HC_KERNEL_TYPES for w in weights):
+        if any(w is not None and w.type_name not in FORMATS for w in weights):
             return False
         if d % 8 or r % 8 or d <= 0 or r <= 0:
             return False

@@ -159,10 +159,10 @@ class QsaCuda:
         blt = bl.t()  # [D_idx, stride]
         sel = torch.empty((t, top), dtype=torch.int32, device=self.device)
         group = QSA_SCORE_GROUP
-        iq = F.pad(iq, (0, 0, 0, 0, 0, cdiv(t, group) * group - t))  # [groups * group, H, D]
         for c0 in range(0, t, group):
             c1 = min(t, c0 + group)
-            s = torch.matmul(iq[c0 : c0 + group].reshape(-1, di), blt)  # [group * H_idx, stride]
+            part = F.pad(iq[c0:c1], (0, 0, 0, 0, 0, group - (c1 - c0)))  # the last one padded
+            s = torch.matmul(part.reshape(-1, di), blt)  # [group * H_idx, stride]
             scores = rowwise.sum_in_order(s.view(group, n_hi, stride).relu_(), 1)[: c1 - c0]
             scores.div_(math.sqrt(di))
             self.select(scores, lengths[c0:c1], n_blk, ratio, top, out=sel[c0:c1])
