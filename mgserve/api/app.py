@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hmac
 from collections.abc import AsyncIterator
 
@@ -46,6 +47,10 @@ async def _text_pool_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def create_app(service: Service) -> web.Application:
+    # What is loaded by now (the model, the tokenizer's tables) lives as long as the server: out
+    # of the collector's sight, a full collection (which holds the GIL, on whichever thread
+    # allocates) no longer walks it while a large prompt is tokenized beside the event loop.
+    gc.freeze()
     middlewares = [error_middleware]
     if service.settings.api_key:
         middlewares.append(_auth_middleware(service.settings.api_key))
