@@ -96,11 +96,11 @@ async def test_ten_megabyte_word_is_refused_at_once_while_health_answers(
     client: TestClient[Any, Any], service: Service
 ) -> None:
     # tokenizing this took ~35 s on the event loop; 512 tokens of at most 48 bytes cannot hold it
-    from tests.api.test_text_work import BIG, SHORT_CHAT, SHORT_CHAT_MAX_S, while_in_flight
+    from tests.api.test_text_work import BIG, SHORT_CHAT, while_in_flight
 
     assert service.max_token_bytes == 48
     await (await client.post("/v1/chat/completions", json=SHORT_CHAT)).read()  # warm the model
     body = orjson.dumps({"prompt": "a" * BIG, "n_predict": 1})
     out = await while_in_flight(client, "/completion", body)
     assert out["status"] == 400 and out["error"]["code"] == "context_length_exceeded"
-    assert out["big_s"] < 2.0 and max(out["health"]) < 0.5 and max(out["chat"]) < SHORT_CHAT_MAX_S
+    assert out["big_s"] < 2.0 and max(out["health"]) < 0.5 and max(out["chat"]) < 2.0
