@@ -2,7 +2,9 @@
 # Issue 10 on the GPU (device tool, nvidia-h200): what the 2026-12-03 session could not run, in
 # stages that each fit one call (10 minutes). Carry [".whl"] plus, for `tests`, the tiny models
 # (.tiny/qwen4exp.gguf, qwen3moe, llama, gemma3, qwen3: ~37 MB; qwen3next does not fit beside them).
-#   bash tests/cuda/issue10_gpu.sh tests       the GPU tests touched since (batch invariance first)
+#   bash tests/cuda/issue10_gpu.sh tests       the GPU tests touched since (batch invariance first;
+#                                              TESTS="name:seconds ..." picks others)
+#   bash tests/cuda/issue10_gpu.sh quick       full-width invariance and the headline rows
 #   bash tests/cuda/issue10_gpu.sh table       the issue's qwen4exp table, profiles, invariance
 #   bash tests/cuda/issue10_gpu.sh sweep       1 and 5 sessions at 4k..250k, JSON + PNG
 #   bash tests/cuda/issue10_gpu.sh qwen3next   the qwen3next rows (Qwen3-Next-80B-A3B shapes)
@@ -20,8 +22,8 @@ bench() {  # name timeout args...
 }
 case "${1:-tests}" in
   tests)
-    for f in batch_invariance:120 device_models:150 hc:60 qsa:60 qgemm:90 glue:40 device_runner:60 \
-        rowpath:20 device_grammar:60; do
+    for f in ${TESTS:-batch_invariance:120 device_models:150 hc:60 qsa:60 qgemm:90 glue:40 \
+        device_runner:60 rowpath:20 device_grammar:60}; do
       n=${f%%:*}
       timeout "${f##*:}" python3 -m pytest -q --tb=short -p no:cacheprovider -rfE \
         "tests/cuda/test_$n.py" > "$OUT/t_$n.log" 2>&1
@@ -32,6 +34,10 @@ case "${1:-tests}" in
     bench model 420 model $Q4X --ctx 262144 --slots 5 --int8 --prefill 4096@0,4096@32768 \
       --decode 0,32768,131072,250000 --multi-decode 5@32768,5@131072 \
       --sampled-prefill 1@250000,5@131072 --decode-steps 16 --profile --record ;;
+  quick)  # invariance and the headline rows only
+    bench invariance 150 invariance $Q4X --int8 --record
+    bench model 300 model $Q4X --ctx 262144 --slots 5 --int8 --prefill 4096@0 --decode 0,131072 \
+      --multi-decode 5@32768 --decode-steps 16 --profile --record ;;
   exact)
     bench exact 300 model $Q4X --ctx 262144 --slots 5 --prefill 4096@0 --decode 0,131072 \
       --multi-decode "" --decode-steps 16 --record ;;

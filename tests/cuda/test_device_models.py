@@ -156,6 +156,7 @@ OP_TOL = {  # the f16 prompt GEMMs (and the prompt-size HC mix and PLE gate, whi
     "linear.matmul": 3e-3,
     "moe.experts": 3e-3,
     "hc.mix": 3e-3,
+    "hc.combine_mix": 3e-3,
     "ple.gated": 3e-3,
     "attention.prefill": 5e-3,
     "qsa.prefill": 5e-3,

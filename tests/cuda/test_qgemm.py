@@ -244,9 +244,10 @@ def test_grouped_moe_matches_reference(
     cuda_ops, monkeypatch: pytest.MonkeyPatch, gate_type: str, down_type: str, fused: bool
 ) -> None:
     """300 tokens x 4 of 16 experts, skewed (expert 11 on every token, 12..15 on none), d 256,
-    ff 320 (not a multiple of the 128-column tile): the grouped path against the float64
-    reference, and against the bucketed cuBLAS path."""
-    d, ff = 256, 320
+    ff 320 (not a multiple of the 128-column tile; 512 where the down projection is a K-quant,
+    whose rows are whole 256-value blocks): the grouped path against the float64 reference, and
+    against the bucketed cuBLAS path."""
+    d, ff = 256, (512 if down_type.endswith("_K") else 320)
     case = make_case(gate_type, down_type, 16, d, ff, fused=fused, seed=21, device="cuda")
     rng = np.random.default_rng(21)
     x = torch.from_numpy(rng.standard_normal((300, d), dtype=np.float32))
@@ -268,7 +269,7 @@ def test_grouped_moe_batch_invariant(cuda_ops) -> None:
     """20 tokens' results, bitwise: alone (and token 0 on its own, N = 1), beside 300 tokens of
     random routing, and beside 300 tokens all routed to token 0's experts (which moves every
     expert's tile boundaries)."""
-    d, ff, e, kk = 256, 192, 16, 4
+    d, ff, e, kk = 256, 256, 16, 4
     case = make_case("Q4_K", "Q6_K", e, d, ff, fused=False, seed=22, device="cuda")
     rng = np.random.default_rng(22)
     x = torch.from_numpy(rng.standard_normal((320, d), dtype=np.float32)).cuda()

@@ -58,10 +58,10 @@ class ActCuda:
         for t_name, t in (("gate", gate), ("up", up)):
             if t.device != self.device:
                 raise ValueError(f"{t_name} is on {t.device}, expected {self.device}")
-        f = gate.shape[-1] if gate.dim() else 1
+        shape, f = gate.shape, (gate.shape[-1] if gate.dim() else 1)
         gate, n_rows, g_stride = rows_view(gate, f)
         up, _, u_stride = rows_view(up, f)
-        out = torch.empty(gate.shape, dtype=torch.float32, device=self.device)
+        out = torch.empty(shape, dtype=torch.float32, device=self.device)
         if out.numel() == 0:
             return out
         vec = f % 4 == 0 and vec4_ok((gate, g_stride), (up, u_stride), (out, f))
