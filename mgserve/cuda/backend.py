@@ -99,6 +99,7 @@ def cuda_backend(
     int8: bool = False,
     prefill_exact: bool = False,
     cublas_prefill: bool = False,
+    pdl: bool = True,
     kernels: Kernels | None = None,
 ) -> Backend:
     """The kernels of GPU ``device_index`` (compiled once; the cubin cache makes restarts fast).
@@ -107,12 +108,14 @@ def cuda_backend(
     dequantized weights instead of f16 tiles (comparing whole models with the reference).
     ``cublas_prefill``: prompt chunks dequantize W to f16 for cuBLAS (and bucket the MoE experts)
     instead of the tensor-core kernels on GGUF blocks (qgemm.cu): faster or slower, and not
-    batch-invariant; for comparison and as a fallback.
+    batch-invariant; for comparison and as a fallback. ``pdl``: False launches every kernel
+    after the previous one has finished (launch.py; for comparison: on GPUs before sm_90 it is off).
     ``kernels``: an existing ``Kernels`` to share (its GPU, not ``device_index``, is used)."""
     from mgserve.cuda.compiler import KernelCompiler
 
     if kernels is None:
         kernels = Kernels(KernelCompiler(device_index))
+    kernels.pdl = kernels.pdl and pdl
     dense = DenseWeights()
     linear = LinearCuda(kernels, LinearTorch(dense))
     moe = MoeCuda(kernels, MoeTorch(dense), linear)

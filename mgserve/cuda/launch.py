@@ -4,6 +4,10 @@ One object per GPU, shared by every op family of the CUDA backend: kernels are c
 (source, function, -D defines) through ``KernelCompiler`` (whose cubin cache makes restarts fast)
 and launched through cuda.core on cuda.core's view of ``torch.cuda.current_stream()``, so kernels
 and torch ops stay in one order and a CUDA graph capture sees both.
+
+On sm_90 and later every launch allows programmatic dependent launch (``pdl``): a kernel starts
+while the one before it finishes, prefetches its weights, and waits in ``grid_wait()`` for the
+earlier kernels' results (kernels/pdl.cuh states the contract every kernel keeps).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class Kernels:
         self._kernels: dict[tuple[str, str, CompileOptions], Kernel] = {}
         self._smem: dict[tuple[str, str, CompileOptions], int] = {}  # dynamic smem allowed
         self._streams: dict[int, Stream] = {}
+        self.pdl = int(runtime.gpu_info(compiler.device_index).arch) >= 90
 
     def kernel(self, source: str, name: str, defines: Defines = (), smem: int = 0) -> Kernel:
         """Function ``name`` of ``kernels/<source>`` compiled with ``defines`` (cached), allowed
@@ -64,5 +69,7 @@ class Kernels:
         needs sized numpy scalars)."""
         from cuda.core import LaunchConfig, launch
 
-        config = LaunchConfig(grid=grid, block=block, shmem_size=shmem)
+        config = LaunchConfig(
+            grid=grid, block=block, shmem_size=shmem, programmatic_stream_serialization=self.pdl
+        )
         launch(stream if stream is not None else self.stream(), config, kernel, *args)

@@ -5,6 +5,7 @@
 #   bash tests/cuda/issue10_gpu.sh tests       the GPU tests touched since (batch invariance first;
 #                                              TESTS="name:seconds ..." picks others)
 #   bash tests/cuda/issue10_gpu.sh quick       full-width invariance and the headline rows
+#   bash tests/cuda/issue10_gpu.sh pdl         the headline rows with and without PDL, invariance
 #   bash tests/cuda/issue10_gpu.sh table       the issue's qwen4exp table, profiles, invariance
 #   bash tests/cuda/issue10_gpu.sh sweep       1 and 5 sessions at 4k..250k, JSON + PNG
 #   bash tests/cuda/issue10_gpu.sh qwen3next   the qwen3next rows (Qwen3-Next-80B-A3B shapes)
@@ -38,6 +39,11 @@ case "${1:-tests}" in
     bench invariance 150 invariance $Q4X --int8 --record
     bench model 300 model $Q4X --ctx 262144 --slots 5 --int8 --prefill 4096@0 --decode 0,131072 \
       --multi-decode 5@32768 --decode-steps 16 --profile --record ;;
+  pdl)  # programmatic dependent launch on and off, side by side, then invariance with it on
+    M="model $Q4X --ctx 262144 --slots 5 --int8 --prefill 4096@0 --decode 0,131072 --multi-decode 5@32768 --decode-steps 16"
+    bench model_nopdl 200 $M --no-pdl --record
+    bench model_pdl 200 $M --profile --record
+    bench invariance 150 invariance $Q4X --int8 --record ;;
   exact)
     bench exact 300 model $Q4X --ctx 262144 --slots 5 --prefill 4096@0 --decode 0,131072 \
       --multi-decode "" --decode-steps 16 --record ;;

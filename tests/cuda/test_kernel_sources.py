@@ -2,7 +2,8 @@
 header a kernel file includes exists, every header is used, and, where nvcc is installed, every
 kernel file and every header on its own compiles to PTX for sm_90 (front end and unoptimised code
 generation, default -D values), so a syntax or type error in a kernel or a shared header shows up
-in CI rather than on the device."""
+in CI rather than on the device; and every kernel entry keeps the programmatic-dependent-launch
+contract of kernels/pdl.cuh (it reaches ``griddepcontrol.wait``)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,30 @@ def nvcc_source(name: str) -> str:
 def test_compiles_with_nvcc(name: str, tmp_path: Path) -> None:
     src = tmp_path / f"{Path(name).stem}.cu"
     src.write_text(nvcc_source(name))
-    cmd = [NVCC, "-ptx", "-Xcicc", "-O0", "-arch=sm_90", "-std=c++17", "-o", "/dev/null", src]
+    ptx = tmp_path / "out.ptx"
+    cmd = [NVCC, "-ptx", "-Xcicc", "-O0", "-arch=sm_90", "-std=c++17", "-o", ptx, src]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, f"{name} does not compile:\n{run.stderr[-4000:]}"
+    if name.endswith(".cu"):
+        missing = entries_without_grid_wait(ptx.read_text())
+        assert not missing, f"{name}: kernels that never call grid_wait() (pdl.cuh): {missing}"
+
+
+_FUNC = re.compile(
+    r"^(?:\.(?:visible|weak|extern)\s+)*\.(entry|func)\s+(?:\([^)]*\)\s*)?([A-Za-z0-9_$]+)", re.M
+)
+
+
+def entries_without_grid_wait(ptx: str) -> list[str]:
+    """The .entry functions of ``ptx`` from which no path of calls reaches griddepcontrol.wait."""
+    heads = list(_FUNC.finditer(ptx))
+    ends = [m.start() for m in heads[1:]] + [len(ptx)]
+    pairs = zip(heads, ends, strict=True)
+    bodies = {m.group(2): (m.group(1), ptx[m.end() : end]) for m, end in pairs}
+    waits = {n for n, (_, body) in bodies.items() if "griddepcontrol.wait" in body}
+    changed = True
+    while changed:  # callers of a function that waits wait too
+        grown = {n for n, (_, b) in bodies.items() if any(f"{w}," in b for w in waits)}
+        changed = not grown <= waits
+        waits |= grown
+    return sorted(n for n, (kind, _) in bodies.items() if kind == "entry" and n not in waits)

@@ -51,6 +51,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--int8", action="store_true", help="int8-activation matvecs")
     parser.add_argument("--no-graphs", action="store_true", help="decode without CUDA graphs")
     parser.add_argument(
+        "--no-pdl",
+        action="store_true",
+        help="launch each kernel after the previous one ends (no programmatic dependent launch)",
+    )
+    parser.add_argument(
         "--cublas-prefill",
         action="store_true",
         help="prompt GEMMs on dequantized f16 weights and cuBLAS instead of qgemm.cu (compare)",

@@ -34,7 +34,9 @@ class ModelBench:
         self.source = str(g.path)
         t0 = time.perf_counter()
         if args.device == "cuda":
-            self.ops = cuda_backend(0, int8=args.int8, cublas_prefill=args.cublas_prefill)
+            self.ops = cuda_backend(
+                0, int8=args.int8, cublas_prefill=args.cublas_prefill, pdl=not args.no_pdl
+            )
         else:
             self.ops = torch_backend()
         self.model = load_device_model(

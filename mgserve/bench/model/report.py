@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
         f"{m.weight_bytes / 1e9:.1f} GB of weights on the GPU, loaded in {b.load_s:.1f} s; "
         f"{per_tok / 1e9:.2f} GB of weights read per decode token",
         f"slots {args.slots} x ctx {args.ctx}, cache {args.cache_type}, ubatch {args.ubatch}, "
-        f"int8 {args.int8}, cublas prefill {args.cublas_prefill}, graphs {not args.no_graphs}, "
+        f"int8 {args.int8}, cublas prefill {args.cublas_prefill}, pdl {not args.no_pdl}, "
+        f"graphs {not args.no_graphs}, "
         f"depth fill {args.fill}",
         "",
         "| workload | tokens/s | notes |",
@@ -107,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
             "arch": m.spec.arch,
             "int8": args.int8,
             "cublas_prefill": args.cublas_prefill,
+            "pdl": not args.no_pdl,
         }
         Path(args.json).write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
     if args.record:

@@ -8,6 +8,7 @@
 // slices of one fused [rows, 2F] projection); out is contiguous [rows, F].
 
 #include "math.cuh"
+#include "pdl.cuh"
 
 __device__ __forceinline__ float gelu_tanh_f(float x) {
     // ATen's tanh GELU: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
@@ -51,6 +52,7 @@ __device__ __forceinline__ void act_row(const float* __restrict__ gate, long lon
     extern "C" __global__ void __launch_bounds__(256)                                           \
         NAME(const float* __restrict__ gate, long long g_stride, const float* __restrict__ up,  \
              long long u_stride, float* __restrict__ out, int F) {                              \
+        grid_sync();                                                                            \
         act_row<ACT, VEC>(gate, g_stride, up, u_stride, out, F);                                \
     }
 

@@ -41,6 +41,7 @@
 #include "math.cuh"
 #include "mma.cuh"
 #include "scalar.cuh"
+#include "pdl.cuh"
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 256
@@ -174,6 +175,7 @@ attn_decode(const float* __restrict__ q,      // [B, H, D]
             float2* __restrict__ part_ml,     // [B, H, gridDim.x] (max score, sum of weights)
             int n_ctx, int n_kv, int group, float scale, float softcap, int window,
             int min_chunk, int top, int ratio) {
+    grid_sync();
     extern __shared__ __align__(16) u8 smem[];
     __shared__ float s_m[ATT_WARPS][16], s_l[ATT_WARPS][16];
 
@@ -502,6 +504,7 @@ attn_combine(const float* __restrict__ part_o, const float2* __restrict__ part_m
              const int* __restrict__ lengths, float* __restrict__ out,  // [B, H * D]
              int n_ctx, int n_head, int n_splits, int window, int min_chunk, int qsa, int top,
              int ratio) {
+    grid_sync();
     __shared__ float s_w[ATT_MAX_SPLITS];
     const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
     float* y = out + ((size_t)b * n_head + h) * D;

@@ -34,6 +34,7 @@
 #include "math.cuh"
 #include "mma.cuh"
 #include "scalar.cuh"
+#include "pdl.cuh"
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 256
@@ -172,6 +173,7 @@ attn_prefill(const float* __restrict__ q,    // [T, H, D] the span's queries
              float* __restrict__ out,        // [T, H, D]
              int slot, int start, int t, int n_ctx, int n_kv, int group, float scale,
              float softcap, int window, int vis_words) {
+    grid_sync();
     extern __shared__ __align__(16) u8 smem[];
     u8* const sQ = smem;
     u8* const kreg = smem + Q_B;

@@ -20,6 +20,7 @@
 
 #include "math.cuh"
 #include "scalar.cuh"
+#include "pdl.cuh"
 
 #define QS_WARPS 8
 #define QS_THREADS (32 * QS_WARPS)
@@ -33,6 +34,7 @@ extern "C" __global__ void kv_write(const float* __restrict__ x,  // [N, n_kv, D
                                     u8* __restrict__ values, u16* __restrict__ scales,
                                     const int* __restrict__ slots, const int* __restrict__ pos,
                                     int n_ctx, int n_kv, int kind) {
+    grid_sync();
     const int i = blockIdx.x, kh = blockIdx.y, d = threadIdx.x, D = blockDim.x;
     const int p = pos[i];
     if (p < 0 || p >= n_ctx) return;
@@ -60,6 +62,7 @@ qsa_scores(const float* __restrict__ iq,      // [B, n_hi, di] indexer queries
            float* __restrict__ scores,  // [B, stride] block scores
            int n_cols, int stride, int blk_stride, int n_hi, int di, int ratio, int top,
            float norm) {
+    grid_sync();
     __shared__ __align__(16) float s_iq[QS_MAX_HI * QS_MAX_DI];
     const int b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int k_begin = blockIdx.x * QS_KEYS;

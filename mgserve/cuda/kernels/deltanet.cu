@@ -37,6 +37,7 @@
 #define DELTA_SPLIT 4  // warps per CTA, each owning HEAD_DIM / DELTA_SPLIT rows of the state
 #endif
 #include "math.cuh"
+#include "pdl.cuh"
 
 #define DELTA_COLS 32
 #define DELTA_ROWS ((HEAD_DIM + DELTA_SPLIT - 1) / DELTA_SPLIT)
@@ -45,6 +46,7 @@ extern "C" __global__ void __launch_bounds__(128)
     conv_step_f32(const float* __restrict__ x, float* __restrict__ conv,
                   const int* __restrict__ slots, const float* __restrict__ w,
                   float* __restrict__ out, int C) {
+    grid_sync();
     const int c = blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.y;
     if (c >= C) return;
     float* st = conv + (long long)slots[b] * (CONV_K - 1) * C + c;
@@ -76,6 +78,7 @@ extern "C" __global__ void __launch_bounds__(DELTA_COLS * DELTA_SPLIT)
                    const float* __restrict__ beta, float* __restrict__ ssm,
                    const int* __restrict__ slots, float* __restrict__ out, int n_k_heads,
                    int n_v_heads, float eps, float q_scale) {
+    grid_sync();
     __shared__ float qs[HEAD_DIM], ks[HEAD_DIM];
     __shared__ float red_pred[DELTA_SPLIT][DELTA_COLS], red_out[DELTA_SPLIT][DELTA_COLS];
     const int t = threadIdx.x, wy = threadIdx.y, h = blockIdx.y, b = blockIdx.z;
@@ -155,6 +158,7 @@ extern "C" __global__ void __launch_bounds__(128)
                     const float* __restrict__ alpha, long long a_stride,
                     const float* __restrict__ dt_bias, const float* __restrict__ a,
                     float* __restrict__ g, float* __restrict__ beta, int n, int hv) {
+    grid_sync();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n * hv) return;
     const int t = i / hv, h = i - t * hv;

@@ -51,6 +51,7 @@
 #define HEAD_DIM 128
 #endif
 #include "math.cuh"
+#include "pdl.cuh"
 
 #define CHUNK 64
 #define CONV_TOKENS 16                     // tokens per CTA of conv_prefill_f32
@@ -103,6 +104,7 @@ extern "C" __global__ void __launch_bounds__(HEAD_DIM)
     conv_prefill_f32(const float* __restrict__ qkv, float* __restrict__ conv,
                      const float* __restrict__ w, float* __restrict__ y, int T, int n_k_heads,
                      int n_v_heads, int slot, float eps, float q_scale) {
+    grid_sync();
     __shared__ float tile[CONV_TOKENS][HEAD_DIM];
     __shared__ float inv_norm[CONV_TOKENS];
     const int i = threadIdx.x, head = blockIdx.y, t0 = blockIdx.x * CONV_TOKENS;
@@ -177,6 +179,7 @@ extern "C" __global__ void __launch_bounds__(PREP_THREADS, 2)
     delta_prep_f32(const float* __restrict__ y, const float* __restrict__ g,
                    const float* __restrict__ beta, float* __restrict__ prep, int T, int n_k_heads,
                    int n_v_heads) {
+    grid_sync();
     extern __shared__ float4 smem4[];
     float* kq = reinterpret_cast<float*>(smem4);  // [2][CHUNK][KPAD] k, q rows; later A [heads]
     float* kk = kq + PREP_KQ_FLOATS;              // [CHUNK][CPAD] k_i . k_j
@@ -325,6 +328,7 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 2)
     delta_scan_f32(const float* __restrict__ y, const float* __restrict__ prep,
                    float* __restrict__ ssm, float* __restrict__ out, int T, int n_k_heads,
                    int n_v_heads, int slot) {
+    grid_sync();
     extern __shared__ float4 smem4[];
     float* buf = reinterpret_cast<float*>(smem4);  // [CHUNK][KPAD] k rows, then q rows
     float* mat = buf + CHUNK * KPAD;               // [CHUNK][CPAD] M, then Aqk

@@ -20,6 +20,7 @@
 #include "gguf_blocks.cuh"
 #include "gguf_blocks_lowbit.cuh"
 #include "gguf_blocks_iq.cuh"
+#include "pdl.cuh"
 // ---- the kernel --------------------------------------------------------------------------------
 
 #define DEQUANT_THREADS 256
@@ -66,6 +67,7 @@ __device__ void dequant(const u8* __restrict__ w, OUT* __restrict__ out, const i
         dequant_##TYPE##_##SUFFIX(const u8* __restrict__ w, OUT* __restrict__ out,             \
                                   const int* __restrict__ ids, long long group_stride,          \
                                   long long row0, int n_rows, int out_group_rows, int k) {      \
+        grid_sync();                                                                            \
         dequant<TYPE, OUT>(w, out, ids, group_stride, row0, n_rows, out_group_rows, k);        \
     }
 

@@ -6,6 +6,8 @@
 // float4 (the _v4 entries: D % 4 == 0, 16-byte aligned table and out) or one float of one token,
 // written to every copy.
 
+#include "pdl.cuh"
+
 template <typename I, bool VEC>
 __device__ __forceinline__ void gather_row(const float* __restrict__ table, const I* __restrict__ ids,
                                            float* __restrict__ out, int V, int D, int copies,
@@ -37,6 +39,7 @@ __device__ __forceinline__ void gather_row(const float* __restrict__ table, cons
     extern "C" __global__ void __launch_bounds__(256)                                          \
         NAME(const float* __restrict__ table, const I* __restrict__ ids, float* __restrict__ out, \
              int V, int D, int copies, float scale) {                                           \
+        grid_sync();                                                                            \
         gather_row<I, VEC>(table, ids, out, V, D, copies, scale);                               \
     }
 

@@ -48,6 +48,7 @@
 
 #include "gguf_split.cuh"
 #include "math.cuh"
+#include "pdl.cuh"
 
 // Tuning (mgserve/cuda/ops/hc.py HCTuning sets them through -D; defaults match its defaults). The
 // per-token-group knobs pack one hex digit per group size: 0xABCD = A for 1 token, B for 2, C for
@@ -207,6 +208,7 @@ __device__ void hc_down(const float* __restrict__ x, const float* __restrict__ g
         const size_t first = (size_t)s * d + p0;  // first value of the part within a row
         prefetch_rows(wa, rows_a, wb, row_bytes, cta_row0, cta_n, first / T::BLOCK * T::BYTES,
                       (first + part + T::BLOCK - 1) / T::BLOCK * T::BYTES);
+        if (p0 == 0) grid_sync();  // only weights were read before (pdl.cuh)
         __syncthreads();  // the previous part's reads of xs4 are done
         // Stage x * gamma. Thread i takes the stream's float4s c = i (mod blockDim), in order,
         // whatever the part size, so its share of the sums of squares does not depend on NT.
@@ -297,6 +299,7 @@ __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
         }
     }
 #endif
+    grid_sync();  // only weights were read before (pdl.cuh)
 
     // inv(t, s): token t's norm scale for stream s, recomputed where needed (no extra barrier)
     const auto inv = [&](int t, int s) {
@@ -401,6 +404,7 @@ HC_TYPE_ENTRIES(HC_TYPE)
 extern "C" __global__ void hc_combine(const float4* __restrict__ x, const float4* __restrict__ out,
                                       const float* __restrict__ inj, float4* __restrict__ y,
                                       int hc, int d4, long long n4) {
+    grid_sync();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n4) return;
     const long long tok = i / ((long long)hc * d4);

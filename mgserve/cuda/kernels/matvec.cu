@@ -18,6 +18,7 @@
 #include "gguf_blocks_lowbit.cuh"
 #include "gguf_blocks_iq.cuh"
 #include "math.cuh"
+#include "pdl.cuh"
 
 #define WARPS_PER_CTA 4
 // Tuning, set by the Python wrapper (ops.MatvecTuning) through -D; defaults match its defaults.
@@ -42,8 +43,14 @@ __device__ void matvec(const u8* __restrict__ w, const float* __restrict__ x, fl
     constexpr int RUNS = T::BLOCK / 8;  // 8-value runs per block
     const int lane = threadIdx.x & 31;
     const int row0 = (blockIdx.x * WARPS_PER_CTA + (threadIdx.x >> 5)) * R;
-    if (row0 >= n_rows) return;
     const size_t row_bytes = (size_t)(k / T::BLOCK) * T::BYTES;
+    {  // the CTA's rows into L2 while the kernel before still runs (pdl.cuh)
+        const int cta_row0 = blockIdx.x * WARPS_PER_CTA * R;
+        prefetch_l2(w + (size_t)cta_row0 * row_bytes,
+                    (size_t)max(0, min(WARPS_PER_CTA * R, n_rows - cta_row0)) * row_bytes);
+    }
+    grid_sync();
+    if (row0 >= n_rows) return;
     const u8* wrow[R];
 #pragma unroll
     for (int rr = 0; rr < R; rr++) {

@@ -17,6 +17,7 @@
 
 #include "gguf_blocks_q8.cuh"
 #include "math.cuh"
+#include "pdl.cuh"
 
 #define Q8_THREADS 128
 #ifndef Q8_ROWS_1
@@ -34,6 +35,7 @@
 // One warp per 32 values of one token. x: fp32 [n_tok, k]; xq: int8 [n_tok, k]; xd: [n_tok, k/32].
 extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restrict__ xq,
                                        float* __restrict__ xd, int n_groups) {
+    grid_sync();
     const int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);  // group of 32 values
     if (g >= n_groups) return;
     const int lane = threadIdx.x & 31;
@@ -68,6 +70,12 @@ __device__ void matvec_q8(const u8* __restrict__ w, const i8* __restrict__ xq,
         const int row = min(row0 + rr, n_rows - 1);
         wrow[rr] = w + (size_t)row * row_bytes;
     }
+    {  // the CTA's rows into L2 while the kernel before still runs (pdl.cuh)
+        const int cta_row0 = blockIdx.x * GROUPS * R;
+        prefetch_l2(w + (size_t)cta_row0 * row_bytes,
+                    (size_t)max(0, min(GROUPS * R, n_rows - cta_row0)) * row_bytes);
+    }
+    grid_sync();
     float acc[R][NT] = {};
     const int n_chunks = (int)n_blocks * T::CHUNKS;
 #pragma unroll 2

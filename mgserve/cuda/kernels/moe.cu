@@ -8,6 +8,7 @@
 #include "gguf_blocks_lowbit.cuh"
 #include "gguf_blocks_iq.cuh"
 #include "moe_decode.cuh"
+#include "pdl.cuh"
 
 #ifndef GU_UNROLL
 #define GU_UNROLL 4  // gate/up run-loop unroll: loads in flight per lane (k = 2560: 10 runs)
@@ -83,6 +84,7 @@ __device__ void moe_down(const u8* __restrict__ down, long long expert_rows,
         const u8* __restrict__ gate, const u8* __restrict__ up, long long expert_rows,          \
         const float* __restrict__ x, const int* __restrict__ experts, float* __restrict__ h,   \
         int kk, int ff, int k, int n_expert) {                                                  \
+        grid_sync();                                                                            \
         moe_gate_up<TYPE>(gate, up, expert_rows, x, experts, h, kk, ff, k, n_expert);          \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_down_##TYPE(                \
@@ -90,6 +92,7 @@ __device__ void moe_down(const u8* __restrict__ down, long long expert_rows,
         const int* __restrict__ experts, const float* __restrict__ weights,                    \
         float* __restrict__ out, const float* __restrict__ res, int kk, int d, int ff,          \
         int n_expert) {                                                                         \
+        grid_sync();                                                                            \
         moe_down<TYPE>(down, expert_rows, h, experts, weights, out, res, kk, d, ff, n_expert); \
     }
 

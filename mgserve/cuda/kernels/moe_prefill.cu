@@ -21,11 +21,13 @@
 
 #include "math.cuh"
 #include "scalar.cuh"
+#include "pdl.cuh"
 
 extern "C" __global__ void __launch_bounds__(256)
     moe_pair_rows(const int* __restrict__ sorted_e, const long long* __restrict__ order,
                   const int* __restrict__ shift, int* __restrict__ pair_row,
                   int* __restrict__ row_token, int n_pairs, int kk) {
+    grid_sync();
     const int q = blockIdx.x * blockDim.x + threadIdx.x;
     if (q >= n_pairs) return;
     const int r = shift ? q + shift[sorted_e[q]] : q;
@@ -37,6 +39,7 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(128)
     moe_gather_f16(const float* __restrict__ x, const int* __restrict__ row_token,
                    u16* __restrict__ xs, int d, int vec) {
+    grid_sync();
     const long long r = blockIdx.x;
     const float* src = x + (long long)row_token[r] * d;
     u16* dst = xs + r * d;
@@ -52,6 +55,7 @@ extern "C" __global__ void __launch_bounds__(128)
 
 extern "C" __global__ void __launch_bounds__(256)
     moe_silu_mul_f16(const float* __restrict__ gu, u16* __restrict__ h, int ff) {
+    grid_sync();
     const long long r = blockIdx.x;
     const float* g = gu + r * 2 * ff;
     u16* out = h + r * ff;
@@ -64,6 +68,7 @@ extern "C" __global__ void __launch_bounds__(128)
     moe_combine(const float* __restrict__ y, const int* __restrict__ pair_row,
                 const float* __restrict__ weights, float* __restrict__ out, int kk, int d,
                 int vec) {
+    grid_sync();
     const long long t = blockIdx.x;
     const int* rows = pair_row + t * kk;
     const float* w = weights + t * kk;

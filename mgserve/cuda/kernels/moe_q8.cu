@@ -14,6 +14,7 @@
 
 #include "gguf_blocks_q8.cuh"
 #include "moe_decode.cuh"
+#include "pdl.cuh"
 
 // gate, up: [n_expert * expert_rows, k / BLOCK * BYTES] bytes; xq: int8 [N, k];
 // xd: fp32 [N, k / 32]; experts: int32 [N, kk]; h: fp32 [N, kk, ff].
@@ -88,6 +89,7 @@ __device__ void moe_q8_down(const u8* __restrict__ down, long long expert_rows,
         const i8* __restrict__ xq, const float* __restrict__ xd,                               \
         const int* __restrict__ experts, float* __restrict__ h, int kk, int ff, int k,         \
         int n_expert) {                                                                         \
+        grid_sync();                                                                            \
         moe_q8_gate_up<TYPE>(gate, up, expert_rows, xq, xd, experts, h, kk, ff, k, n_expert);  \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_q8_down_##TYPE(             \
@@ -95,6 +97,7 @@ __device__ void moe_q8_down(const u8* __restrict__ down, long long expert_rows,
         const float* __restrict__ hd, const int* __restrict__ experts,                         \
         const float* __restrict__ weights, float* __restrict__ out,                            \
         const float* __restrict__ res, int kk, int d, int ff, int n_expert) {                   \
+        grid_sync();                                                                            \
         moe_q8_down<TYPE>(down, expert_rows, hq, hd, experts, weights, out, res, kk, d, ff,    \
                           n_expert);                                                            \
     }

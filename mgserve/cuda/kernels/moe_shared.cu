@@ -9,11 +9,13 @@
 // rounded one by one (no FMA contraction), as the torch version computes them.
 
 #include "math.cuh"
+#include "pdl.cuh"
 
 extern "C" __global__ void __launch_bounds__(1024)
     moe_add_shared_f32(const float* __restrict__ routed, const float* __restrict__ shared,
                        const float* __restrict__ h, const float* __restrict__ gate,
                        const float* __restrict__ res, float* __restrict__ out, int d) {
+    grid_sync();
     __shared__ float part[32];
     __shared__ float s_gate;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5, n_warps = blockDim.x >> 5;

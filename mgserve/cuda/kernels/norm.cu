@@ -25,6 +25,7 @@
 //   the reference's x1 * cos - x2 * sin does.
 
 #include "math.cuh"
+#include "pdl.cuh"
 
 #define MAX_ROW_WARPS 8  // 256 threads per row at most
 
@@ -113,6 +114,7 @@ extern "C" __global__ void __launch_bounds__(256)
                  int n_groups, const float* __restrict__ z, int z_group, long long z_stride,
                  const float* __restrict__ res, const int* __restrict__ dest,
                  float* __restrict__ y, int n_rows, int D, float eps, int gate) {
+    grid_sync();
     rms_norm_row<false>(x, x_stride, w, n_groups, z, z_group, z_stride, res, dest, y, n_rows, D,
                         eps, gate);
 }
@@ -122,6 +124,7 @@ extern "C" __global__ void __launch_bounds__(256)
                     int n_groups, const float* __restrict__ z, int z_group, long long z_stride,
                     const float* __restrict__ res, const int* __restrict__ dest,
                     float* __restrict__ y, int n_rows, int D, float eps, int gate) {
+    grid_sync();
     rms_norm_row<true>(x, x_stride, w, n_groups, z, z_group, z_stride, res, dest, y, n_rows, D,
                        eps, gate);
 }
@@ -135,6 +138,7 @@ extern "C" __global__ void __launch_bounds__(256)
                       const int* __restrict__ pos, const double* __restrict__ inv_freq,
                       const float* __restrict__ freq_factors, int H, int D, int n_rot, int neox,
                       double scale, float eps) {
+    grid_sync();
     extern __shared__ float smem[];
     const int half = n_rot / 2, n = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     const int warps = blockDim.x / 32;

@@ -39,6 +39,7 @@
 #include "gguf_split.cuh"
 #include "math.cuh"
 #include "mma.cuh"
+#include "pdl.cuh"
 
 #ifndef QG_TYPE
 #define QG_TYPE Q4_K
@@ -273,6 +274,7 @@ __device__ __forceinline__ bool grouped_tile(const int* __restrict__ row_start,
 extern "C" __global__ void __launch_bounds__(THREADS, QG_MIN_CTAS)
     qgemm(const u8* __restrict__ w, const u16* __restrict__ x, float* __restrict__ y, int m,
           int n_out, int k) {
+    grid_sync();
     const int m0 = blockIdx.y * BM;
     qgemm_tile<false>({w, w, n_out, (int)blockIdx.x * BN, x, nullptr, m0, min(BM, m - m0), k, y,
                        nullptr, n_out});
@@ -286,6 +288,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, QG_MIN_CTAS)
                   const u16* __restrict__ x, const int* __restrict__ row_token,
                   const int* __restrict__ row_start, const int* __restrict__ tile_start,
                   u16* __restrict__ h, int ff, int k, int n_expert) {
+    grid_sync();
     int e, m0, m_valid;
     if (!grouped_tile(row_start, tile_start, n_expert, blockIdx.y, &e, &m0, &m_valid)) return;
     const size_t off = (size_t)e * expert_rows * ((size_t)(k / WT::BLOCK) * WT::BYTES);
@@ -299,6 +302,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, QG_MIN_CTAS)
     qgemm_down(const u8* __restrict__ down, long long expert_rows, const u16* __restrict__ h,
                const int* __restrict__ row_start, const int* __restrict__ tile_start,
                float* __restrict__ y, int d, int k, int n_expert) {
+    grid_sync();
     int e, m0, m_valid;
     if (!grouped_tile(row_start, tile_start, n_expert, blockIdx.y, &e, &m0, &m_valid)) return;
     const u8* w = down + (size_t)e * expert_rows * ((size_t)(k / WT::BLOCK) * WT::BYTES);

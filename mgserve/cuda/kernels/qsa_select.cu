@@ -22,6 +22,7 @@
 // Scores must not be NaN. Rows are `stride` floats apart, stride % 4 == 0 and 16-byte aligned.
 
 #include "math.cuh"
+#include "pdl.cuh"
 
 #define SEL_THREADS 1024
 #define SEL_WARPS (SEL_THREADS / 32)
@@ -111,6 +112,7 @@ qsa_select(const float* __restrict__ scores,  // [N, stride] block scores
            const int* __restrict__ lengths,   // [N] the query sits at position lengths[n] - 1
            int* __restrict__ sel,             // [N, top] ascending selected blocks
            int stride, int n_cols, int ratio, int top) {
+    grid_sync();
     __shared__ unsigned s_hist[SEL_BINS];
     __shared__ unsigned s_scan[2][SEL_WARPS];
     __shared__ unsigned s_pick[3];  // threshold digit, keys above its bin, keys in its bin

@@ -13,6 +13,7 @@
 //     order, like llama.cpp's clamp at the smallest normal f16); lanes r < k write.
 
 #include "math.cuh"
+#include "pdl.cuh"
 
 #define ROUTE_WARPS 4
 #define ROUTE_PER_LANE 16  // logits per lane at most: E <= 512
@@ -22,6 +23,7 @@ moe_route(const float* __restrict__ logits,  // [N, E]
           int* __restrict__ experts,          // [N, k] best first
           float* __restrict__ weights,        // [N, k]
           int n_tok, int n_exp, int k, int norm, float min_sum) {
+    grid_sync();
     const int lane = threadIdx.x & 31;
     const int n = blockIdx.x * ROUTE_WARPS + (threadIdx.x >> 5);
     if (n >= n_tok) return;  // warp-uniform
