@@ -26,6 +26,7 @@ from mgserve.cuda.ops.deltanet_cuda import DeltaNetCuda
 from mgserve.cuda.ops.embed import EmbedCuda, EmbedTorch
 from mgserve.cuda.ops.hc import HCTorch
 from mgserve.cuda.ops.hc_cuda import HCCuda
+from mgserve.cuda.ops.hgemm import HGemmTuning
 from mgserve.cuda.ops.kv import KVCuda, KVTorch
 from mgserve.cuda.ops.linear import LinearTorch
 from mgserve.cuda.ops.linear_cuda import LinearCuda
@@ -99,6 +100,7 @@ def cuda_backend(
     int8: bool = False,
     prefill_exact: bool = False,
     cublas_prefill: bool = False,
+    hgemm: HGemmTuning | None = None,
     kernels: Kernels | None = None,
 ) -> Backend:
     """The kernels of GPU ``device_index`` (compiled once; the cubin cache makes restarts fast).
@@ -108,13 +110,15 @@ def cuda_backend(
     ``cublas_prefill``: prompt chunks dequantize W to f16 for cuBLAS (and bucket the MoE experts)
     instead of the tensor-core kernels on GGUF blocks (qgemm.cu): faster or slower, and not
     batch-invariant; for comparison and as a fallback.
+    ``hgemm``: the long prompts' f16 GEMM (ops/hgemm.py: tiles, and from how many rows it
+    replaces qgemm.cu; the two give the same bits).
     ``kernels``: an existing ``Kernels`` to share (its GPU, not ``device_index``, is used)."""
     from mgserve.cuda.compiler import KernelCompiler
 
     if kernels is None:
         kernels = Kernels(KernelCompiler(device_index))
     dense = DenseWeights()
-    linear = LinearCuda(kernels, LinearTorch(dense))
+    linear = LinearCuda(kernels, LinearTorch(dense), hgemm=hgemm)
     moe = MoeCuda(kernels, MoeTorch(dense), linear)
     linear.int8 = moe.int8 = int8
     linear.prefill_exact = moe.prefill_exact = prefill_exact

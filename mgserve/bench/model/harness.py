@@ -13,6 +13,7 @@ class ModelBench:
         import torch
 
         from mgserve.cuda.backend import cuda_backend, load_device_model, torch_backend
+        from mgserve.cuda.ops.hgemm import HGemmTuning
         from mgserve.cuda.runner import DeviceRunner
 
         self.torch = torch
@@ -34,7 +35,10 @@ class ModelBench:
         self.source = str(g.path)
         t0 = time.perf_counter()
         if args.device == "cuda":
-            self.ops = cuda_backend(0, int8=args.int8, cublas_prefill=args.cublas_prefill)
+            hgemm = HGemmTuning.parse(args.hgemm) if args.hgemm else None
+            self.ops = cuda_backend(
+                0, int8=args.int8, cublas_prefill=args.cublas_prefill, hgemm=hgemm
+            )
         else:
             self.ops = torch_backend()
         self.model = load_device_model(

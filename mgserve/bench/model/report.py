@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
         f"{m.weight_bytes / 1e9:.1f} GB of weights on the GPU, loaded in {b.load_s:.1f} s; "
         f"{per_tok / 1e9:.2f} GB of weights read per decode token",
         f"slots {args.slots} x ctx {args.ctx}, cache {args.cache_type}, ubatch {args.ubatch}, "
-        f"int8 {args.int8}, cublas prefill {args.cublas_prefill}, graphs {not args.no_graphs}, "
+        f"int8 {args.int8}, cublas prefill {args.cublas_prefill}, hgemm {args.hgemm or 'default'}, "
+        f"graphs {not args.no_graphs}, "
         f"depth fill {args.fill}",
         "",
         "| workload | tokens/s | notes |",
