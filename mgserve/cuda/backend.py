@@ -26,6 +26,7 @@ from mgserve.cuda.ops.deltanet_cuda import DeltaNetCuda
 from mgserve.cuda.ops.embed import EmbedCuda, EmbedTorch
 from mgserve.cuda.ops.hc import HCTorch
 from mgserve.cuda.ops.hc_cuda import HCCuda
+from mgserve.cuda.ops.hgemm import HGemmTuning
 from mgserve.cuda.ops.kv import KVCuda, KVTorch
 from mgserve.cuda.ops.linear import LinearTorch
 from mgserve.cuda.ops.linear_cuda import LinearCuda
@@ -100,6 +101,7 @@ def cuda_backend(
     prefill_exact: bool = False,
     cublas_prefill: bool = False,
     pdl: bool = True,
+    hgemm: HGemmTuning | None = None,
     kernels: Kernels | None = None,
 ) -> Backend:
     """The kernels of GPU ``device_index`` (compiled once; the cubin cache makes restarts fast).
@@ -110,6 +112,8 @@ def cuda_backend(
     instead of the tensor-core kernels on GGUF blocks (qgemm.cu): faster or slower, and not
     batch-invariant; for comparison and as a fallback. ``pdl``: False launches every kernel
     after the previous one has finished (launch.py; for comparison: on GPUs before sm_90 it is off).
+    ``hgemm``: the long prompts' f16 GEMM (ops/hgemm.py: tiles, and from how many rows it
+    replaces qgemm.cu; the two give the same bits).
     ``kernels``: an existing ``Kernels`` to share (its GPU, not ``device_index``, is used)."""
     from mgserve.cuda.compiler import KernelCompiler
 
@@ -117,7 +121,7 @@ def cuda_backend(
         kernels = Kernels(KernelCompiler(device_index))
     kernels.pdl = kernels.pdl and pdl
     dense = DenseWeights()
-    linear = LinearCuda(kernels, LinearTorch(dense))
+    linear = LinearCuda(kernels, LinearTorch(dense), hgemm=hgemm)
     moe = MoeCuda(kernels, MoeTorch(dense), linear)
     linear.int8 = moe.int8 = int8
     linear.prefill_exact = moe.prefill_exact = prefill_exact

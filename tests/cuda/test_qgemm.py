@@ -22,6 +22,7 @@ spills of the main instantiations. GPU (marked):
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import re
 import shutil
@@ -33,6 +34,7 @@ import pytest
 import torch
 
 from mgserve.cuda.dequantized import DenseWeights
+from mgserve.cuda.ops.hgemm import HGemm, HGemmTuning
 from mgserve.cuda.ops.qgemm import GroupedRows, QGemm, QGemmTuning, grouped_tiles
 from mgserve.cuda.weights import FORMATS
 from tests.cuda.test_moe_prefill import LaunchRecorder, OpCount, gpu_ms, skewed_routing
@@ -51,6 +53,12 @@ TUNINGS = [
     QGemmTuning(bm=64),  # the grouped default
     QGemmTuning(64, 64, 64, 2, 2, 1),  # 4 warps, k steps of 64: other k tails
     QGemmTuning(32, 64, 16, 1, 2, 1),  # 2 warps, k steps of 16
+]
+HG_TUNINGS = [
+    HGemmTuning(),  # the default: 128 x 256 x 32, 4 stages, 2 x 4 warps
+    HGemmTuning(128, 128, 32, 3, 2, 4, 2),  # 2 CTAs an SM
+    HGemmTuning(256, 128, 64, 3, 4, 2),  # k steps of 64, 4 x 2 warps
+    HGemmTuning(64, 64, 16, 2, 2, 2, 1, 1),  # 4 warps, k steps of 16, 2 stages, plain CTA order
 ]
 
 
@@ -131,29 +139,75 @@ def test_grouped_launches_without_host_reads() -> None:
     assert c.total <= 16, f"{c.total} torch ops besides the launches: {dict(c.ops)}"
 
 
+def test_hgemm_tuning_validation() -> None:
+    for t in HG_TUNINGS:
+        assert t.smem_bytes <= 227 * 1024
+        assert dict(t.defines())["HG_STAGES"] == str(t.stages)
+    assert HGemmTuning.parse("128,256,32,4,2,4") == HGemmTuning()
+    assert HGemmTuning.parse("64,64,16,2,2,2,1,1,256") == HG_TUNINGS[3]
+    assert HGemmTuning.parse("128,256,32,4,2,4,1,8,9").min_rows == 9
+    bad = [
+        dict(bk=128),  # no swizzle for 16 chunks a row
+        dict(stages=1),  # no ring
+        dict(bm=48),  # not 16 x warps_m
+        dict(bn=96),  # not 16 x warps_n
+        dict(bm=256, bn=256, bk=64, stages=4),  # 256 KB of shared memory
+        dict(warps_m=4, warps_n=8),  # 32 warps
+        dict(bm=32, bn=64, bk=16),  # 256 threads for 64 X copies
+        dict(min_ctas=0),
+        dict(group_m=0),
+        dict(min_rows=0),
+    ]
+    for kw in bad:
+        with pytest.raises(ValueError, match="HGemmTuning"):
+            HGemmTuning(**kw)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="tuning"):
+        HGemmTuning.parse("128,256,32")
+
+
 NVCC = shutil.which("nvcc")
+
+
+def ptxas_usage(source: str, defs: list[str], tmp_path: Path) -> tuple[list[int], str]:
+    """nvcc -cubin for sm_90 of kernels/``source`` with -D ``defs``: the registers of each
+    kernel (ptxas --resource-usage) and the log; asserts a clean compile without spills."""
+    from mgserve.cuda import compiler
+
+    src = tmp_path / source
+    src.write_text(compiler.expand_includes(compiler.KERNEL_DIR / source))
+    cmd = [NVCC, "-cubin", "-arch=sm_90", "-std=c++17", "--resource-usage", *defs, str(src)]
+    run = subprocess.run(
+        [*cmd, "-o", str(tmp_path / "k.cubin")], capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    spills = re.findall(r"(\d+) bytes spill (?:stores|loads)", run.stderr)
+    assert all(int(s) == 0 for s in spills), run.stderr
+    return [int(r) for r in re.findall(r"Used (\d+) registers", run.stderr)], run.stderr
 
 
 @pytest.mark.skipif(NVCC is None, reason="no nvcc")
 @pytest.mark.parametrize(("type_name", "tuning"), [("Q4_K", 0), ("Q6_K", 1), ("Q8_0", 0)])
 def test_resource_usage(type_name: str, tuning: int, tmp_path: Path) -> None:
     """ptxas for sm_90: no spills, registers within the min_ctas cap (printed)."""
-    from mgserve.cuda import compiler
-
     t = TUNINGS[tuning]
-    src = tmp_path / "qgemm.cu"
-    src.write_text(compiler.expand_includes(compiler.KERNEL_DIR / "qgemm.cu"))
     defs = [f"-D{k}={v}" for k, v in t.defines(type_name)]
-    cmd = [NVCC, "-cubin", "-arch=sm_90", "-std=c++17", "--resource-usage", *defs, str(src)]
-    run = subprocess.run(
-        [*cmd, "-o", str(tmp_path / "q.cubin")], capture_output=True, text=True, timeout=600
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    regs = [int(r) for r in re.findall(r"Used (\d+) registers", run.stderr)]
-    spills = re.findall(r"(\d+) bytes spill (?:stores|loads)", run.stderr)
-    assert len(regs) == 3 and all(int(s) == 0 for s in spills), run.stderr
+    regs, log = ptxas_usage("qgemm.cu", defs, tmp_path)
+    assert len(regs) == 4, log  # qgemm, qgemm_gate_up, qgemm_down, qgemm_dequant
     assert max(regs) * t.threads * t.min_ctas <= 65536
     print(f"qgemm {type_name} {t}: registers {regs}, no spills")
+
+
+@pytest.mark.skipif(NVCC is None, reason="no nvcc")
+@pytest.mark.parametrize("tuning", range(len(HG_TUNINGS)))
+def test_hgemm_resource_usage(tuning: int, tmp_path: Path) -> None:
+    """hgemm.cu under each tuning of HG_TUNINGS: no spills, registers within the min_ctas cap,
+    and its shared ring fits min_ctas CTAs an SM (228 KB, 1 KB reserved a CTA)."""
+    t = HG_TUNINGS[tuning]
+    regs, log = ptxas_usage("hgemm.cu", [f"-D{k}={v}" for k, v in t.defines()], tmp_path)
+    assert len(regs) == 1, log
+    assert regs[0] * t.threads * t.min_ctas <= 65536
+    assert (t.smem_bytes + 1024) * t.min_ctas <= 228 * 1024
+    print(f"hgemm {t}: {regs[0]} registers, {t.smem_bytes} B shared, no spills")
 
 
 # ---- GPU: dense ----------------------------------------------------------------------------------
@@ -169,9 +223,9 @@ def k_values(type_name: str) -> list[int]:
     return [40, 520]
 
 
-def check_dense(qg: QGemm, w, x: torch.Tensor, label: str) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    """qg.matmul(x, W) against the float64 products (module docstring); returns y (GPU)."""
-    y = qg.matmul(x, w)
+def check_dense(product, w, x: torch.Tensor, label: str) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """product(x, W) against the float64 products (module docstring); returns y (GPU)."""
+    y = product(x, w)
     torch.cuda.synchronize()
     assert y.shape == (x.shape[0], w.rows) and torch.isfinite(y).all(), f"{label}: unwritten"
     dense = DenseWeights()(w).double()  # [rows, k]
@@ -193,7 +247,7 @@ def test_qgemm_matches_reference(ops, type_name: str) -> None:
         for m, n_out in ((9, 200), (17, 129), (64, 1), (100, 7), (4096, 96)):
             w, _ = make_weight(type_name, n_out, k, rng, "cuda")
             x = torch.from_numpy(rng.standard_normal((m, k), dtype=np.float32)).cuda()
-            check_dense(ops.qgemm, w, x, f"{type_name} M={m} n_out={n_out} k={k}")
+            check_dense(ops.qgemm.matmul, w, x, f"{type_name} M={m} n_out={n_out} k={k}")
 
 
 @pytest.mark.gpu
@@ -205,7 +259,7 @@ def test_qgemm_batch_invariant(kernels, ops, type_name: str) -> None:
     k = k_values(type_name)[-1]
     w, _ = make_weight(type_name, 200, k, rng, "cuda")
     x = torch.from_numpy(rng.standard_normal((4096, k), dtype=np.float32)).cuda() * 2
-    full = check_dense(ops.qgemm, w, x, f"{type_name} M=4096")
+    full = check_dense(ops.qgemm.matmul, w, x, f"{type_name} M=4096")
     for rows in (slice(5, 6), slice(0, 9), slice(100, 117), slice(4032, 4096), slice(7, 107)):
         assert torch.equal(ops.qgemm.matmul(x[rows], w), full[rows]), f"{type_name} rows {rows}"
     perm = torch.randperm(4096, device="cuda")
@@ -225,6 +279,95 @@ def test_qgemm_f16_input_and_out(ops) -> None:
     out = torch.full((33, 130), float("nan"), device="cuda")
     assert ops.qgemm.matmul(x.half(), w, out=out) is out
     assert torch.equal(out, ops.qgemm.matmul(x, w))
+
+
+# ---- GPU: dense, W decoded once (hgemm.cu) -------------------------------------------------------
+
+
+def prompt_rows(ops, x: torch.Tensor, w) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """LinearCuda.matmul as in a prompt step: the prompt GEMMs at any N (1 and 7 included)."""
+    with ops.path.step("prompt"):
+        return ops.matmul(x, w)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("type_name", TYPES)
+def test_hgemm_matches_reference(ops, type_name: str) -> None:
+    """LinearCuda.matmul on the dequantize-once path (>= min_rows = 256 rows: QGemm.dequantize,
+    then hgemm.cu) against the float64 products, as ``check_dense`` bounds them; n_out 1, 7, 129,
+    300 (not multiples of the 256-column tile), k as in test_qgemm_matches_reference (partial
+    last k steps); and bitwise equal to qgemm.cu (per-CTA decode) on the same rows."""
+    assert ops.hgemm.tuning.min_rows == 256
+    rng = np.random.default_rng(60 + TYPES.index(type_name))
+    for k in k_values(type_name):
+        for m, n_out in ((256, 300), (300, 129), (4096, 7), (257, 1)):
+            w, _ = make_weight(type_name, n_out, k, rng, "cuda")
+            x = torch.from_numpy(rng.standard_normal((m, k), dtype=np.float32)).cuda()
+            label = f"{type_name} M={m} n_out={n_out} k={k}"
+            y = check_dense(lambda x, w: prompt_rows(ops, x, w), w, x, label)
+            assert torch.equal(y, ops.qgemm.matmul(x, w)), f"{label}: hgemm path != qgemm"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_0", "Q6_K", "Q8_0", "F16", "BF16"])
+def test_hgemm_bitwise_across_m(kernels, ops, monkeypatch: pytest.MonkeyPatch, type_name: str):
+    """The rule that lets the path depend on M: row i is bitwise the same whichever path runs.
+    ``want`` = qgemm.cu (per-CTA decode) on all 4096 rows of x; then the first M rows, M in
+    (1, 7, 300, 4096), through LinearCuda.matmul as a prompt step (M 1, 7: qgemm.cu; 300, 4096:
+    W decoded once + hgemm.cu) must equal want's first M rows (torch.equal), and so must:
+    each tuning of HG_TUNINGS with min_rows 1 (every M on hgemm.cu; k steps 16, 32 and 64,
+    2..4 stages, other warp layouts and CTA orders); row tiles of 41 W rows (SCRATCH_BYTES:
+    several dequantize + hgemm launches, outputs at odd column offsets: scalar stores); a
+    permutation of the 4096 rows; the 300 rows in the middle of x (other tile boundaries)."""
+    from mgserve.cuda.ops import linear_cuda
+
+    rng = np.random.default_rng(70 + TYPES.index(type_name))
+    k = k_values(type_name)[-1]  # 768, 544 or 520: k % 64 != 0 except for 768
+    w, _ = make_weight(type_name, 300, k, rng, "cuda")
+    x = torch.from_numpy(rng.standard_normal((4096, k), dtype=np.float32)).cuda() * 2
+    want = ops.qgemm.matmul(x, w)
+    ms = (1, 7, 300, 4096)
+    for m in ms:
+        assert torch.equal(prompt_rows(ops, x[:m], w), want[:m]), f"{type_name} M={m}"
+    assert torch.equal(prompt_rows(ops, x[1000:1300], w), want[1000:1300]), "rows 1000..1299"
+    perm = torch.randperm(4096, device="cuda")
+    assert torch.equal(prompt_rows(ops, x[perm], w), want[perm]), "permuted"
+    for t in HG_TUNINGS:
+        monkeypatch.setattr(ops, "hgemm", HGemm(kernels, dataclasses.replace(t, min_rows=1)))
+        for m in ms:
+            assert torch.equal(prompt_rows(ops, x[:m], w), want[:m]), f"{t}: M={m}"
+    monkeypatch.setattr(linear_cuda, "SCRATCH_BYTES", 2 * k * 41)
+    for m in ms:
+        assert torch.equal(prompt_rows(ops, x[:m], w), want[:m]), f"41-row tiles: M={m}"
+
+
+@pytest.mark.gpu
+def test_hgemm_direct(kernels, ops) -> None:
+    """HGemm.matmul on f16 operands == the float64 product of the same f16 values within fp32
+    accumulation (ACC_TOL), into a column slice of a wider output (ldy != n, odd offset: the
+    other columns untouched), M and n not multiples of the tiles; and == QGemm.matmul of the
+    QGemm.dequantize'd rows' weight, bitwise; bad operands are a ValueError."""
+    rng = np.random.default_rng(80)
+    w, _ = make_weight("Q4_K", 200, 512, rng, "cuda")
+    w16 = torch.empty(200, 512, dtype=torch.float16, device="cuda")
+    ops.qgemm.dequantize(w, 0, 200, w16)
+    x = torch.from_numpy(rng.standard_normal((333, 512), dtype=np.float32)).cuda()
+    wide = torch.full((333, 203), float("nan"), device="cuda")
+    hg = HGemm(kernels, HG_TUNINGS[2])
+    y = hg.matmul(x.half(), w16, wide[:, 1:201])
+    torch.cuda.synchronize()
+    assert wide[:, 0].isnan().all() and wide[:, 201:].isnan().all(), "wrote outside out"
+    ref = x.half().double() @ w16.double().T
+    scale = x.double().abs() @ w16.double().abs().T
+    assert bound_error(y, ref.cpu(), scale.cpu()) <= ACC_TOL
+    assert torch.equal(y, ops.qgemm.matmul(x, w)), "hgemm of dequantize != qgemm"
+    part = torch.empty(50, 512, dtype=torch.float16, device="cuda")
+    ops.qgemm.dequantize(w, 150, 50, part)
+    assert torch.equal(part, w16[150:]), "dequantize of rows 150..199"
+    with pytest.raises(ValueError, match="hgemm"):
+        hg.matmul(x.half(), w16, torch.empty(333, 199, device="cuda"))
+    with pytest.raises(ValueError, match="w16"):
+        hg.matmul(x.half(), w16.float(), wide[:, 1:201])
 
 
 # ---- GPU: grouped MoE ----------------------------------------------------------------------------
@@ -311,33 +454,76 @@ def test_grouped_moe_graph_capture(cuda_ops) -> None:
 
 # ---- GPU: timings at the target shapes -----------------------------------------------------------
 
+DENSE_SHAPES = [(2560, 2560), (10240, 2560), (2560, 10240)]  # (n_out, k) at M = 4096
+HG_SWEEP = (
+    "128,256,32,3,2,4",
+    "128,256,64,3,2,4",
+    "256,128,32,4,4,2",
+    "128,128,32,4,2,4,2",
+    "128,128,64,3,2,4,2",
+    "128,256,32,4,2,4,1,16",
+)
+
+
+def time_dense(lin, w, x: torch.Tensor, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """Print the dense prompt GEMM's paths on x [4096, k] and W [n, k] (test_dense_gemm_timing)."""
+    from mgserve.cuda.ops.f16_products import f16_mm
+
+    (m, k), n = x.shape, w.rows
+    x16, w16 = x.half(), DenseWeights()(w).half()
+    out = torch.empty(m, n, device="cuda")
+    flop = 2 * m * n * k
+    times = {
+        "default (dequant + hgemm)": gpu_ms(lambda: lin.matmul(x, w), 20),
+        "hgemm alone": gpu_ms(lambda: lin.hgemm.matmul(x16, w16, out), 20),
+        "qgemm (per-CTA decode)": gpu_ms(lambda: lin.qgemm.matmul(x, w), 20),
+        "cuBLAS alone": gpu_ms(lambda: f16_mm(x16, w16), 20),
+    }
+    monkeypatch.setattr(lin, "cublas_prefill", True)
+    times["dequant + cuBLAS"] = gpu_ms(lambda: lin.matmul(x, w), 20)
+    monkeypatch.setattr(lin, "cublas_prefill", False)
+    print(f"dense {w.type_name} M={m} n_out={n} k={k} (hgemm {lin.hgemm.tuning}):")
+    for label, ms in times.items():
+        print(f"  {label:28s} {ms:7.3f} ms {flop / ms / 1e9:6.0f} TFLOP/s")
+    if os.environ.get("MGSERVE_HGEMM_SWEEP") and w.type_name == "Q4_K":
+        for spec in HG_SWEEP:
+            alt = HGemm(lin.kernels, HGemmTuning.parse(spec))
+            ms = gpu_ms(lambda alt=alt: alt.matmul(x16, w16, out), 20)
+            print(f"  hgemm tiles {spec:24s} {ms:7.3f} ms {flop / ms / 1e9:6.0f} TFLOP/s")
+
 
 @pytest.mark.gpu
-def test_qgemm_timing(cuda_ops, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Printed: 4096 tokens through a 2560 x 2560 Q4_K / Q5_0 / Q6_K / Q8_0 weight and the
-    qwen4exp MoE layer (4096 x top-10 of 256, Q4_K gate/up, Q5_0 down), qgemm vs cuBLAS."""
-    from tests.cuda.test_moe import target_case
-
-    rng = np.random.default_rng(24)
-    x = torch.from_numpy(rng.standard_normal((4096, 2560), dtype=np.float32)).cuda()
+def test_dense_gemm_timing(cuda_ops, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Printed, per dense shape at M = 4096 (Q4_K; Q5_0, Q6_K and Q8_0 at 2560 x 2560):
+    LinearCuda.matmul's default path (W decoded once, then hgemm.cu: what a prompt step runs),
+    hgemm.cu alone on the f16 W, the per-CTA-decode qgemm.cu, the dequant + cuBLAS path
+    (``cublas_prefill``) and cuBLAS alone on the f16 W. With MGSERVE_HGEMM_SWEEP=1, hgemm.cu
+    alone under the other tunings of HG_SWEEP."""
     lin = cuda_ops.linear
-    for t in ("Q4_K", "Q5_0", "Q6_K", "Q8_0"):
-        w, _ = make_weight(t, 2560, 2560, rng, "cuda")
-        new = gpu_ms(lambda w=w: lin.matmul(x, w))
-        monkeypatch.setattr(lin, "cublas_prefill", True)
-        old = gpu_ms(lambda w=w: lin.matmul(x, w))
-        monkeypatch.setattr(lin, "cublas_prefill", False)
-        tflops = 2 * 4096 * 2560 * 2560 / new / 1e9
-        print(
-            f"linear {t} 4096x2560x2560: qgemm {new:.3f} ms ({tflops:.0f} TFLOP/s), "
-            f"cuBLAS {old:.3f} ms"
-        )
-    if os.environ.get("MGSERVE_QGEMM_SWEEP"):  # other dense tilings on the Q4_K weight
+    rng = np.random.default_rng(24)
+    x = torch.from_numpy(rng.standard_normal((4096, 10240), dtype=np.float32)).cuda()
+    cases = [("Q4_K", n, k) for n, k in DENSE_SHAPES]
+    cases += [(t, 2560, 2560) for t in ("Q5_0", "Q6_K", "Q8_0")]
+    for t, n, k in cases:
+        w, _ = make_weight(t, n, k, rng, "cuda")
+        time_dense(lin, w, x[:, :k].contiguous(), monkeypatch)
+    if os.environ.get("MGSERVE_QGEMM_SWEEP"):  # other qgemm.cu tilings on a Q4_K weight
         w, _ = make_weight("Q4_K", 2560, 2560, rng, "cuda")
+        x16 = x[:, :2560].half()
         for spec in ("64,128,32,2,4", "128,64,32,4,2", "64,64,64,2,2", "128,128,16,2,4,2"):
             alt = QGemm(lin.kernels, tuning=QGemmTuning.parse(spec))
-            ms = gpu_ms(lambda alt=alt, w=w: alt.matmul(x.half(), w))
+            ms = gpu_ms(lambda alt=alt, w=w: alt.matmul(x16, w))
             print(f"qgemm Q4_K 4096x2560x2560 tiles {spec}: {ms:.3f} ms")
+
+
+@pytest.mark.gpu
+def test_grouped_moe_timing(cuda_ops, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Printed: the qwen4exp MoE layer (4096 x top-10 of 256, Q4_K gate/up, Q5_0 down), the
+    grouped qgemm.cu path vs the bucketed cuBLAS path."""
+    from tests.cuda.test_moe import target_case
+
+    rng = np.random.default_rng(25)
+    x = torch.from_numpy(rng.standard_normal((4096, 2560), dtype=np.float32)).cuda()
     case = target_case("Q5_0")
     n, kk, e = 4096, 10, 256
     p = rng.uniform(0.05, 1.0, size=e) ** 4

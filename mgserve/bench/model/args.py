@@ -61,6 +61,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="prompt GEMMs on dequantized f16 weights and cuBLAS instead of qgemm.cu (compare)",
     )
     parser.add_argument(
+        "--hgemm",
+        default=None,
+        metavar="TUNING",
+        help="long prompts' f16 GEMM (hgemm.cu): BM,BN,BK,STAGES,WARPS_M,WARPS_N[,MIN_CTAS"
+        "[,GROUP_M[,MIN_ROWS]]] (MIN_ROWS: prompt rows from which it replaces qgemm.cu)",
+    )
+    parser.add_argument(
         "--device",
         choices=("cuda", "cpu"),
         default="cuda",

@@ -13,6 +13,7 @@ class ModelBench:
         import torch
 
         from mgserve.cuda.backend import cuda_backend, load_device_model, torch_backend
+        from mgserve.cuda.ops.hgemm import HGemmTuning
         from mgserve.cuda.runner import DeviceRunner
 
         self.torch = torch
@@ -34,8 +35,13 @@ class ModelBench:
         self.source = str(g.path)
         t0 = time.perf_counter()
         if args.device == "cuda":
+            hgemm = HGemmTuning.parse(args.hgemm) if args.hgemm else None
             self.ops = cuda_backend(
-                0, int8=args.int8, cublas_prefill=args.cublas_prefill, pdl=not args.no_pdl
+                0,
+                int8=args.int8,
+                cublas_prefill=args.cublas_prefill,
+                hgemm=hgemm,
+                pdl=not args.no_pdl,
             )
         else:
             self.ops = torch_backend()

@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
         f"{per_tok / 1e9:.2f} GB of weights read per decode token",
         f"slots {args.slots} x ctx {args.ctx}, cache {args.cache_type}, ubatch {args.ubatch}, "
         f"int8 {args.int8}, cublas prefill {args.cublas_prefill}, pdl {not args.no_pdl}, "
+        f"hgemm {args.hgemm or 'default'}, "
         f"graphs {not args.no_graphs}, "
         f"depth fill {args.fill}",
         "",

@@ -1,5 +1,5 @@
 // Tensor-core and shared-memory helpers of the attention kernels (attention.cu,
-// attention_prefill.cu) and the prompt GEMMs (qgemm.cu): cp.async copies, ldmatrix, mma.sync m16n8k16 (f16 in, f32 accumulate)
+// attention_prefill.cu) and the prompt GEMMs (qgemm.cu, hgemm.cu): cp.async copies, ldmatrix, mma.sync m16n8k16 (f16 in, f32 accumulate)
 // and the exact int8 -> f16 conversion. Fragment layouts (PTX ISA; gid = lane / 4,
 // tig = lane % 4): A (16 x 16, row-major) a0 = (row gid, cols 2 tig, +1), a1 = (row gid + 8,
 // same), a2 = (row gid, cols 2 tig + 8, +9), a3 = (row gid + 8, same); B (16 x 8) b0 = (rows
@@ -41,6 +41,17 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint4& a, unsigned
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+}
+
+// acc = 0 for MT x NT m16n8 accumulator tiles (the start of every k16 chain).
+template <int MT, int NT>
+__device__ __forceinline__ void zero_tiles(float (&acc)[MT][NT][4]) {
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 }
 
 // Two int8 values in bytes 0 and 2 of r -> an exact f16x2 (low half from byte 0): the bytes

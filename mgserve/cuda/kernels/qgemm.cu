@@ -4,6 +4,8 @@
 //   qgemm_gate_up   MoE: h[q, :] (f16) = silu(gate_e X[tok(q)]) * (up_e X[tok(q)]) for every sorted
 //                   (token, slot) pair q of expert e, gate and up fused in one tile
 //   qgemm_down      MoE: y[q, :] (f32) = down_e h[q, :] for every sorted pair q of expert e
+//   qgemm_dequant   rows of W as f16, the bits the GEMMs above multiply (for hgemm.cu: many
+//                   rows of X, W decoded once rather than once per CTA row)
 //
 // One weight format per module (-D QG_TYPE=Q4_K, ...), read through gguf_split.cuh's fetch /
 // decode of 8-value runs. X is f16 in global memory (the caller rounds x once, to nearest even,
@@ -91,6 +93,15 @@ __device__ __forceinline__ void ldsm4(uint4& r, const u16* p) {
                  : "memory");
 }
 
+// The 8 values of a fetched W run as f16 (to nearest even), as the W tiles and qgemm_dequant
+// store them (one code path: the two give the same bits).
+__device__ __forceinline__ uint4 w_f16(const typename WT::Raw& raw) {
+    float wv[8];
+    WT::decode(raw, wv);
+    return make_uint4(f16x2_rn(wv[0], wv[1]), f16x2_rn(wv[2], wv[3]), f16x2_rn(wv[4], wv[5]),
+                      f16x2_rn(wv[6], wv[7]));
+}
+
 // ---- the tile ------------------------------------------------------------------------------------
 
 // Where a CTA's operands come from and where its results go.
@@ -152,15 +163,9 @@ __device__ __forceinline__ void qgemm_tile(const TileArgs& a) {
     };
     auto store_w = [&](int buf) {
 #pragma unroll
-        for (int i = 0; i < W_RUNS; i++) {
-            float wv[8];
-            WT::decode(wraw[i], wv);
-#pragma unroll
-            for (int j = 0; j < 8; j++) wv[j] = wvalid[i] ? wv[j] : 0.f;
+        for (int i = 0; i < W_RUNS; i++)
             *(uint4*)&ws[buf][wr[i]][wc[i] * 8] =
-                make_uint4(f16x2_rn(wv[0], wv[1]), f16x2_rn(wv[2], wv[3]),
-                           f16x2_rn(wv[4], wv[5]), f16x2_rn(wv[6], wv[7]));
-        }
+                wvalid[i] ? w_f16(wraw[i]) : make_uint4(0, 0, 0, 0);
     };
     auto load_x = [&](int k0, int buf) {
 #pragma unroll
@@ -173,12 +178,7 @@ __device__ __forceinline__ void qgemm_tile(const TileArgs& a) {
 
     const int wm = warp / QG_WARPS_N, wn = warp % QG_WARPS_N;
     float acc[MT][NT][4];
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+    zero_tiles(acc);
 
     load_x(0, 0);
     load_w(0);
@@ -307,4 +307,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, QG_MIN_CTAS)
     if (!grouped_tile(row_start, tile_start, n_expert, blockIdx.y, &e, &m0, &m_valid)) return;
     const u8* w = down + (size_t)e * expert_rows * ((size_t)(k / WT::BLOCK) * WT::BYTES);
     qgemm_tile<false>({w, w, d, (int)blockIdx.x * BN, h, nullptr, m0, m_valid, k, y, nullptr, d});
+}
+
+// W rows [row0, row0 + n_rows) as f16 [n_rows, k]: the values qgemm_tile decodes into its W
+// tiles, bitwise (w_f16), so hgemm.cu's product of them is this file's product (its header).
+// One thread per 8-value run, consecutive threads on consecutive runs of a row.
+// grid ceil(n_rows * k / 8 / DEQUANT_THREADS).
+constexpr int DEQUANT_THREADS = 256;
+extern "C" __global__ void __launch_bounds__(DEQUANT_THREADS)
+    qgemm_dequant(const u8* __restrict__ w, u16* __restrict__ out, long long row0, int n_rows,
+                  int k) {
+    grid_sync();
+    const int runs = k / 8;
+    const long long q = (long long)blockIdx.x * DEQUANT_THREADS + threadIdx.x;
+    if (q >= (long long)n_rows * runs) return;
+    const int r = (int)(q / runs), c = (int)(q - (long long)r * runs);
+    const u8* row = w + (size_t)(row0 + r) * ((size_t)(k / WT::BLOCK) * WT::BYTES);
+    const int kk = c * 8;
+    *(uint4*)(out + (size_t)r * k + kk) =
+        w_f16(WT::fetch(row + (size_t)(kk / WT::BLOCK) * WT::BYTES, (kk % WT::BLOCK) / 8));
 }

@@ -5,8 +5,10 @@
   values first; several times faster, relative error ~1e-3 of |W| @ |x|), a bias and a
   residual added as each output is written;
 - prefill (N > 8): tensor-core GEMMs that decode W's blocks into shared memory (qgemm.cu through
-  ``QGemm``, ops/qgemm.py): x rounded to f16, fp32 accumulation and output, each token's row
-  bitwise independent of the batch. With ``cublas_prefill``, the older path instead: W
+  ``QGemm``, ops/qgemm.py), or, from ``HGemmTuning.min_rows`` rows, decode W once into the f16
+  scratch and multiply it (hgemm.cu through ``HGemm``, ops/hgemm.py): bitwise the same products
+  (x rounded to f16, fp32 accumulation and output), so each token's row is independent of the
+  batch on either path. With ``cublas_prefill``, the older path instead: W
   dequantized to f16 in row tiles (dequant.cu) into a per-stream scratch buffer and multiplied by
   cuBLAS (not batch-invariant: cuBLAS picks its algorithm by shape), kept to compare with and to
   fall back on; the MoE family's bucketed cuBLAS path shares its scratch.
@@ -25,6 +27,7 @@ import torch
 from mgserve.cuda.checks import check_vec4, check_weight, vec4_input
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.f16_products import f16_mm
+from mgserve.cuda.ops.hgemm import HGemm, HGemmTuning
 from mgserve.cuda.ops.linear import (
     LinearTorch,
     check_epilogue,
@@ -43,7 +46,7 @@ from mgserve.cuda.ops.linear_tuning import (
     MatvecTuning,
     Q8Activations,
 )
-from mgserve.cuda.ops.qgemm import QGemm
+from mgserve.cuda.ops.qgemm import QGemm, f16_rows
 from mgserve.cuda.ops.rowpath import RowPath
 from mgserve.cuda.weights import QuantWeight
 
@@ -62,7 +65,8 @@ class LinearCuda:
     prompt chunks multiply the dequantized fp32 weights of the torch version instead of f16 tiles
     (comparing whole models with the reference without the f16 rounding; slow).
     ``cublas_prefill``: prompt chunks take the dequant + cuBLAS path. ``q8_rows``, ``q8_group``:
-    the int8 kernels' shape (``LinearQ8``)."""
+    the int8 kernels' shape (``LinearQ8``). ``hgemm``: hgemm.cu's tiles and from how many prompt
+    rows it runs (``HGemmTuning``)."""
 
     def __init__(
         self,
@@ -71,6 +75,7 @@ class LinearCuda:
         tuning: MatvecTuning | None = None,
         q8_rows: tuple[int, int] = (2, 2),
         q8_group: int = 128,
+        hgemm: HGemmTuning | None = None,
     ) -> None:
         self.kernels, self.fallback = kernels, fallback
         self.device = kernels.device
@@ -81,6 +86,7 @@ class LinearCuda:
         self.cublas_prefill = False
         self.path = RowPath()  # decode kernels or GEMMs: set by the runner per step (rowpath.py)
         self.qgemm = QGemm(kernels)
+        self.hgemm = HGemm(kernels, hgemm)  # prompts of >= hgemm.tuning.min_rows rows
         self._scratch: dict[int, torch.Tensor] = {}  # f16, per torch stream handle
 
     # -- decode kernels ------------------------------------------------------------------------
@@ -237,9 +243,10 @@ class LinearCuda:
         Decode rows (``self.path``: a decode step, or N <= 8 outside a runner step): the matvec
         kernels, 8 tokens at a time (int8 activations when ``self.int8`` and the type has them;
         ``xq`` from ``quantize(x)`` saves rounding x again), bias and residual added as each
-        output is written. Prompt rows: ``QGemm.matmul`` (or, with ``cublas_prefill``, W dequantized
-        to f16 in row tiles of at most SCRATCH_BYTES and multiplied by cuBLAS); both round x and
-        W to f16 and accumulate in fp32: relative error ~1e-3 of |x| @ |W|^T at worst; bias and
+        output is written. Prompt rows: ``QGemm.matmul``, or from ``self.hgemm.tuning.min_rows``
+        rows W decoded to f16 in row tiles of at most SCRATCH_BYTES and ``HGemm.matmul`` (the
+        same bits), or with ``cublas_prefill`` such tiles multiplied by cuBLAS; all round x and W
+        to f16 and accumulate in fp32: relative error ~1e-3 of |x| @ |W|^T at worst; bias and
         residual added after.
         """
         check_weight(w, self.device)
@@ -267,18 +274,23 @@ class LinearCuda:
         n, k, rows = x.shape[0], w.k, w.rows
         if self.prefill_exact:  # fp32 weights and product (tests, debugging: slow, memory-hungry)
             return self.fallback.matmul(x, w)
-        if not self.cublas_prefill:
+        invariant = not self.cublas_prefill  # qgemm.cu, or its W decoded once and hgemm.cu
+        if invariant and n < self.hgemm.tuning.min_rows:
             return self.qgemm.matmul(x, w)
-        x16 = x.to(torch.float16)  # [N, k]
+        x16 = f16_rows(x)  # [N, k]
         tile = max(1, min(rows, SCRATCH_BYTES // (2 * k)))  # rows per f16 tile
         buf = self.scratch(tile * k)
-        if tile == rows:  # the usual case: one tile, cuBLAS writes the result directly
+        if tile == rows and not invariant:  # cuBLAS' usual case: one tile, written directly
             self.dequant_rows(w, buf.data_ptr(), torch.float16, 0, rows)
             return f16_mm(x16, buf[: rows * k].view(rows, k))
         out = torch.empty(n, rows, dtype=torch.float32, device=self.device)  # [N, rows]
         for r0 in range(0, rows, tile):
             m = min(tile, rows - r0)
             wt = buf[: m * k].view(m, k)  # [m, k] f16
-            self.dequant_rows(w, wt.data_ptr(), torch.float16, r0, m)
-            out[:, r0 : r0 + m] = f16_mm(x16, wt)
+            if invariant:
+                self.qgemm.dequantize(w, r0, m, wt)
+                self.hgemm.matmul(x16, wt, out[:, r0 : r0 + m])
+            else:
+                self.dequant_rows(w, wt.data_ptr(), torch.float16, r0, m)
+                out[:, r0 : r0 + m] = f16_mm(x16, wt)
         return out

@@ -2,7 +2,9 @@
 GGUF blocks (kernels/qgemm.cu: the tiling, the pipeline and why a result is batch-invariant).
 
 - ``matmul``: y [M, n_out] fp32 = x [M, k] @ W^T for any M >= 1 (``LinearCuda.matmul`` uses it
-  for prompt chunks, N > 8 tokens);
+  for prompt chunks of fewer than ``HGemmTuning.min_rows`` tokens);
+- ``dequantize``: rows of W as the f16 values ``matmul`` multiplies, bitwise (for ``HGemm``,
+  ops/hgemm.py: long prompts decode W once, not once per tile row, with the same results);
 - ``gate_up`` / ``down``: the MoE prefill's grouped products over the (token, slot) pairs sorted
   by expert, tiles never mixing experts, sized on the device (no host sync: the grid covers the
   worst case, ``grouped_tiles``, and CTAs past the last tile exit).
@@ -22,8 +24,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mgserve.cuda.checks import check_cuda, check_weight
+from mgserve.cuda.checks import check_cuda, check_vec4, check_weight
 from mgserve.cuda.launch import Kernels
+from mgserve.cuda.ops.linear import check_rows
 from mgserve.cuda.weights import QuantWeight
 
 if TYPE_CHECKING:
@@ -32,6 +35,28 @@ if TYPE_CHECKING:
 QGEMM_SOURCE = "qgemm.cu"
 STATIC_SMEM = 48 * 1024  # the kernels' shared tiles are static: at most 48 KB
 MAX_GRID_Y = 65535
+DEQUANT_THREADS = 256  # DEQUANT_THREADS in qgemm.cu: one thread per 8-value run
+
+
+def check_tiles(tuning: object, bm: int, bn: int, bk: int, warps_m: int, warps_n: int) -> None:
+    """ValueError (naming ``tuning``'s class) unless the tile shape suits qgemm.cu and hgemm.cu:
+    k steps of 16, 32 or 64 (whole k16 products; hgemm.cu's swizzle), 1..16 warps each owning
+    whole m16 x n16 tiles, and 16-byte copies of the X and W tiles shared evenly by the threads."""
+    name, threads, chunks = type(tuning).__name__, 32 * warps_m * warps_n, bk // 8
+    if bk not in (16, 32, 64):
+        raise ValueError(f"{name}.bk must be 16, 32 or 64, got {bk}")
+    if not 1 <= warps_m * warps_n <= 16 or min(warps_m, warps_n) < 1:
+        raise ValueError(f"{name}: {warps_m} x {warps_n} warps (1..16 in all)")
+    if bm % (16 * warps_m) or bn % (16 * warps_n):
+        raise ValueError(
+            f"{name}: bm {bm} / bn {bn} must be multiples of 16 x warps_m ({warps_m}) / "
+            f"16 x warps_n ({warps_n})"
+        )
+    if (bm * chunks) % threads or (bn * chunks) % threads:
+        raise ValueError(
+            f"{name}: {threads} threads do not divide the {bm * chunks} X and {bn * chunks} W "
+            "16-byte pieces of a k step evenly"
+        )
 
 
 @dataclass(frozen=True)
@@ -47,21 +72,7 @@ class QGemmTuning:
     min_ctas: int = 2  # CTAs per SM the registers are capped for (__launch_bounds__)
 
     def __post_init__(self) -> None:
-        if self.bk not in (16, 32, 64):
-            raise ValueError(f"QGemmTuning.bk must be 16, 32 or 64, got {self.bk}")
-        if not 1 <= self.warps_m * self.warps_n <= 16 or min(self.warps_m, self.warps_n) < 1:
-            raise ValueError(f"QGemmTuning: {self.warps_m} x {self.warps_n} warps (1..16 in all)")
-        if self.bm % (16 * self.warps_m) or self.bn % (16 * self.warps_n):
-            raise ValueError(
-                f"QGemmTuning: bm {self.bm} / bn {self.bn} must be multiples of 16 x warps_m "
-                f"({self.warps_m}) / 16 x warps_n ({self.warps_n})"
-            )
-        runs = self.bk // 8
-        if (self.bm * runs) % self.threads or (self.bn * runs) % self.threads:
-            raise ValueError(
-                f"QGemmTuning: {self.threads} threads do not divide the {self.bm * runs} X copies "
-                f"and {self.bn * runs} W runs of a step evenly"
-            )
+        check_tiles(self, self.bm, self.bn, self.bk, self.warps_m, self.warps_n)
         if self.smem_bytes > STATIC_SMEM:
             raise ValueError(f"QGemmTuning: {self.smem_bytes} bytes of shared memory > 48 KB")
         if not 1 <= self.min_ctas <= 4:
@@ -97,6 +108,13 @@ class QGemmTuning:
             ("QG_WARPS_N", str(self.warps_n)),
             ("QG_MIN_CTAS", str(self.min_ctas)),
         )
+
+
+def f16_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [M, k] rounded to f16 once (to nearest even), contiguous and 16-byte aligned: the X
+    operand of qgemm.cu and hgemm.cu (cp.async copies 16-byte pieces of each row)."""
+    x16 = x.to(torch.float16).contiguous()  # [M, k]
+    return x16.clone() if x16.data_ptr() % 16 else x16
 
 
 def grouped_tiles(n_pairs: int, n_expert: int, bm: int) -> int:
@@ -155,9 +173,7 @@ class QGemm:
         if x.dtype not in (torch.float32, torch.float16):
             raise ValueError(f"{w.name}: x must be float32 or float16, got {x.dtype}")
         m, k = x.shape
-        x16 = x.to(torch.float16).contiguous()  # [M, k]
-        if x16.data_ptr() % 16:  # cp.async copies 16-byte pieces of each row
-            x16 = x16.clone()
+        x16 = f16_rows(x)  # [M, k]
         if out is None:
             out = torch.empty(m, w.rows, dtype=torch.float32, device=self.device)  # [M, rows]
         check_cuda("out", out, self.device, torch.float32)
@@ -175,6 +191,22 @@ class QGemm:
             np.int32(m), np.int32(w.rows), np.int32(k),
         )  # fmt: skip
         return out
+
+    def dequantize(self, w: QuantWeight, row0: int, n_rows: int, out: torch.Tensor) -> None:
+        """Rows [row0, row0 + n_rows) of W into ``out`` [n_rows, k] f16 (contiguous, 16-byte
+        aligned), bitwise the values ``matmul``'s kernel multiplies (qgemm.cu's qgemm_dequant),
+        on the current stream: ``HGemm.matmul`` of them equals ``matmul``."""
+        check_weight(w, self.device)
+        check_rows(w, row0, n_rows, out)
+        check_vec4("out", out, self.device, torch.float16)
+        if n_rows == 0:
+            return
+        runs = n_rows * (w.k // 8)
+        self.kernels.launch(
+            self._kernel(self.tuning, "qgemm_dequant", w.type_name),
+            -(-runs // DEQUANT_THREADS), DEQUANT_THREADS,
+            w.data.data_ptr(), out.data_ptr(), np.int64(row0), np.int32(n_rows), np.int32(w.k),
+        )  # fmt: skip
 
     def gate_up(
         self,

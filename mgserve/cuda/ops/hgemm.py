@@ -1,0 +1,123 @@
+"""``HGemm``: the prompt GEMM on f16 operands (kernels/hgemm.cu: a cp.async ring for both
+operands, ldmatrix on swizzled tiles, mma.sync m16n8k16 with f32 accumulators).
+
+``LinearCuda`` runs it for prompt chunks of at least ``HGemmTuning.min_rows`` rows: W is
+dequantized once into the f16 scratch by ``QGemm.dequantize`` (the bits qgemm.cu's CTAs decode
+into their tiles) and multiplied here, instead of every CTA row of qgemm.cu decoding W again.
+Both compute each output as the same ascending chain of k16 products from 0, so a token's row is
+bitwise the same on either path, for any M and any tuning of either (the choice of path by M
+keeps batch invariance).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mgserve.cuda.checks import check_vec4
+from mgserve.cuda.launch import Kernels
+from mgserve.cuda.ops.qgemm import check_tiles
+
+HGEMM_SOURCE = "hgemm.cu"
+MAX_SMEM = 227 * 1024  # dynamic shared memory a CTA may opt into on sm_90
+
+
+@dataclass(frozen=True)
+class HGemmTuning:
+    """Compile-time tile shape of kernels/hgemm.cu (its HG_* -D macros) and the prompt size from
+    which ``LinearCuda`` takes this path. Results never depend on it (bitwise); only speed does."""
+
+    bm: int = 128  # output rows (tokens) per CTA
+    bn: int = 256  # output columns (W rows) per CTA
+    bk: int = 32  # k per pipeline step
+    stages: int = 4  # shared buffers in the cp.async ring
+    warps_m: int = 2  # warps along M; a warp owns a (bm / warps_m) x (bn / warps_n) tile
+    warps_n: int = 4  # warps along N
+    min_ctas: int = 1  # CTAs per SM the registers are capped for (__launch_bounds__)
+    group_m: int = 8  # tile rows per group of the CTA order (L2 reuse)
+    min_rows: int = 256  # prompt rows from which W is dequantized once (else qgemm.cu)
+
+    def __post_init__(self) -> None:
+        check_tiles(self, self.bm, self.bn, self.bk, self.warps_m, self.warps_n)
+        if not 2 <= self.stages <= 8:
+            raise ValueError(f"HGemmTuning.stages must be in 2..8, got {self.stages}")
+        if self.smem_bytes > MAX_SMEM:
+            raise ValueError(f"HGemmTuning: {self.smem_bytes} bytes of shared memory > 227 KB")
+        if not 1 <= self.min_ctas <= 4 or self.group_m < 1 or self.min_rows < 1:
+            raise ValueError(
+                f"HGemmTuning: min_ctas {self.min_ctas} (1..4), group_m {self.group_m} and "
+                f"min_rows {self.min_rows} (>= 1)"
+            )
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+    @property
+    def smem_bytes(self) -> int:
+        """The ring: ``stages`` f16 buffers of the X and W tiles (dynamic shared memory)."""
+        return self.stages * (self.bm + self.bn) * self.bk * 2
+
+    @classmethod
+    def parse(cls, text: str) -> HGemmTuning:
+        """ "BM,BN,BK,STAGES,WARPS_M,WARPS_N[,MIN_CTAS[,GROUP_M[,MIN_ROWS]]]" as a bench flag."""
+        try:
+            values = [int(v) for v in text.split(",")]
+        except ValueError:
+            values = []
+        if not 6 <= len(values) <= 9:
+            raise ValueError(
+                f"hgemm tuning {text!r}: expected BM,BN,BK,STAGES,WARPS_M,WARPS_N"
+                "[,MIN_CTAS[,GROUP_M[,MIN_ROWS]]]"
+            )
+        return cls(*values)
+
+    def defines(self) -> tuple[tuple[str, str], ...]:
+        return (
+            ("HG_BM", str(self.bm)),
+            ("HG_BN", str(self.bn)),
+            ("HG_BK", str(self.bk)),
+            ("HG_STAGES", str(self.stages)),
+            ("HG_WARPS_M", str(self.warps_m)),
+            ("HG_WARPS_N", str(self.warps_n)),
+            ("HG_MIN_CTAS", str(self.min_ctas)),
+            ("HG_GROUP_M", str(self.group_m)),
+        )
+
+
+class HGemm:
+    """The hgemm.cu launch (module docstring)."""
+
+    def __init__(self, kernels: Kernels, tuning: HGemmTuning | None = None) -> None:
+        self.kernels = kernels
+        self.device = kernels.device
+        self.tuning = tuning or HGemmTuning()
+
+    def matmul(self, x16: torch.Tensor, w16: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """out [M, n] fp32 = x16 [M, k] @ w16 [n, k]^T, on the current stream. x16 and w16:
+        contiguous f16 with 16-byte aligned rows (k a multiple of 8); ``out`` may be a column
+        slice of a wider matrix (unit column stride)."""
+        m, k = x16.shape
+        n = w16.shape[0]
+        check_vec4("x16", x16, self.device, torch.float16)
+        check_vec4("w16", w16, self.device, torch.float16)
+        if out.device != self.device or out.dtype != torch.float32:
+            raise ValueError(f"hgemm: out is {out.dtype} on {out.device}, expected fp32 on the GPU")
+        if k % 8 or w16.shape[1] != k or tuple(out.shape) != (m, n) or out.stride(1) != 1:
+            raise ValueError(
+                f"hgemm: x16 {list(x16.shape)}, w16 {list(w16.shape)}, out {list(out.shape)} "
+                f"(strides {out.stride()}): expected [M, k], [n, k], [M, n] with unit columns, "
+                "k % 8 == 0"
+            )
+        if m == 0 or n == 0:
+            return out
+        t = self.tuning
+        kernel = self.kernels.kernel(HGEMM_SOURCE, "hgemm", t.defines(), smem=t.smem_bytes)
+        grid = -(-m // t.bm) * -(-n // t.bn)
+        self.kernels.launch(
+            kernel, grid, t.threads, x16.data_ptr(), w16.data_ptr(), out.data_ptr(),
+            np.int32(m), np.int32(n), np.int32(k), np.int64(out.stride(0)), shmem=t.smem_bytes,
+        )  # fmt: skip
+        return out
