@@ -6,6 +6,7 @@
 #                                              TESTS="name:seconds ..." picks others)
 #   bash tests/cuda/issue10_gpu.sh quick       full-width invariance and the headline rows
 #   bash tests/cuda/issue10_gpu.sh pdl         the headline rows with and without PDL, invariance
+#   bash tests/cuda/issue10_gpu.sh hgemm       long-prompt GEMM tests and prefill with and without it
 #   bash tests/cuda/issue10_gpu.sh table       the issue's qwen4exp table, profiles, invariance
 #   bash tests/cuda/issue10_gpu.sh sweep       1 and 5 sessions at 4k..250k, JSON + PNG
 #   bash tests/cuda/issue10_gpu.sh qwen3next   the qwen3next rows (Qwen3-Next-80B-A3B shapes)
@@ -44,6 +45,13 @@ case "${1:-tests}" in
     bench model_nopdl 200 $M --no-pdl --record
     bench model_pdl 200 $M --profile --record
     bench invariance 150 invariance $Q4X --int8 --record ;;
+  hgemm)  # the long-prompt f16 GEMM: bitwise across M, timings, then prefill with and without it
+    timeout 200 python3 -m pytest -q -s -rfE -p no:cacheprovider tests/cuda/test_qgemm.py \
+      -k "hgemm_bitwise or hgemm_matches or hgemm_direct or dense_gemm_timing" > "$OUT/t_hgemm.log" 2>&1
+    echo "== hgemm tests rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed|ms|TFLOP" "$OUT/t_hgemm.log" | head -40
+    M="model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode 0 --multi-decode= --decode-steps 4"
+    bench prefill_hgemm 120 $M --record
+    bench prefill_qgemm 120 $M --hgemm 128,256,32,4,2,4,1,8,1000000 --record ;;
   exact)
     bench exact 300 model $Q4X --ctx 262144 --slots 5 --prefill 4096@0 --decode 0,131072 \
       --multi-decode "" --decode-steps 16 --record ;;
