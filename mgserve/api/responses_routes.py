@@ -2,7 +2,7 @@
 
 The request is translated into the chat template's inputs (responses_inputs.py) and generated as
 a chat completion is; the output becomes output items: reasoning, message, function_call
-(responses_items.py). A stream is the Responses API's named events: ``response.created``,
+(responses_output.py). A stream is the Responses API's named events: ``response.created``,
 ``response.in_progress``, the items' events, then ``response.completed`` (or
 ``response.incomplete`` when ``max_output_tokens`` cut it short) carrying the whole response and
 its usage; a failure mid-stream ends it with ``response.failed``. Every event has a
@@ -27,7 +27,7 @@ from mgserve.api.http import SERVICE, json_response
 from mgserve.api.prompts import encode_text, render_chat
 from mgserve.api.protocol import GenParams, body_size, engine_request, read_body, responses_params
 from mgserve.api.responses_inputs import ResponsesInput, responses_input
-from mgserve.api.responses_items import Items
+from mgserve.api.responses_output import Items
 from mgserve.api.service import Service
 from mgserve.api.structured import request_grammar
 from mgserve.core.engine.contract import Request

@@ -17,19 +17,9 @@ from aiohttp.test_utils import TestClient
 
 from tests.api.fakes import FakeTokenizer
 from tests.api.test_openai import _close_openai_clients, engine_of, oai  # noqa: F401
-from tests.api.test_tool_calls_api import HERMES_REPLY, XML_REPLY
+from tests.api.test_tool_calls_api import HERMES_REPLY, TOOLS, XML_REPLY
 
-TOOL: Any = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Weather in a city",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-        "required": ["city"],
-    },
-    "strict": False,
-}
+TOOL: Any = {"type": "function", **TOOLS[0]["function"], "strict": False}
 GEMMA_PROMPT = "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
 # what may differ between two answers to one request
 VOLATILE = {"id", "created_at", "completed_at", "usage", "output"}
@@ -196,9 +186,7 @@ async def test_a_tool_loop_renders_as_chat_completions_does(make_client: Any) ->
         },
         {"role": "tool", "tool_call_id": call.call_id, "content": "Sunny, 25 C"},
     ]
-    fn_tool = {k: TOOL[k] for k in ("name", "description", "parameters")}
-    chat_tools: Any = [{"type": "function", "function": fn_tool}]
-    await api.chat.completions.create(model="x", messages=messages, tools=chat_tools)
+    await api.chat.completions.create(model="x", messages=messages, tools=TOOLS)
     assert via_responses == prompt_of(client)
     assert "Sunny, 25 C" in via_responses and "<parameter=city>\nParis" in via_responses
 
