@@ -115,7 +115,7 @@ def input_messages(raw: Any) -> list[dict[str, Any]]:
     reasoning: list[str] = []  # reasoning items waiting for the assistant turn they belong to
     for i, item in enumerate(raw):
         where = f"input[{i}]"
-        kind = as_object(item, where).get("type", "message")
+        kind = as_object(item, where).get("type") or "message"
         if kind == "reasoning":
             reasoning.append(_reasoning_text(item, where))
             continue
