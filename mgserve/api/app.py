@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from mgserve.api import anthropic_routes, llama_routes, openai_routes
+from mgserve.api import anthropic_routes, llama_routes, openai_routes, responses_routes
 from mgserve.api.errors import Handler, error_middleware, error_response, is_anthropic
 from mgserve.api.http import SERVICE
 from mgserve.api.service import Service
@@ -64,4 +64,5 @@ def create_app(service: Service) -> web.Application:
     app.add_routes(openai_routes.ROUTES)
     app.add_routes(llama_routes.ROUTES)
     app.add_routes(anthropic_routes.ROUTES)
+    app.add_routes(responses_routes.ROUTES)
     return app

@@ -82,6 +82,32 @@ ANTHROPIC_MESSAGES = ANTHROPIC_COUNT_TOKENS | {
     "stream",
     "metadata",
 }
+# OpenAI's Responses API (responses_inputs.py reads its parts): the sampling extensions the chat
+# route takes, but not n, stop or ignore_eos, which it has no place for. store and
+# previous_response_id are read to refuse what needs stored responses; safety_identifier and
+# prompt_cache_key are ids OpenAI keys abuse monitoring and cache routing on, with no effect on the
+# answer (every prompt's cached prefix is reused here without one)
+RESPONSES = (
+    (SAMPLING - {"n", "stop", "ignore_eos"})
+    | IGNORED
+    | {
+        "input",
+        "instructions",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "max_output_tokens",
+        "text",
+        "reasoning",
+        "store",
+        "previous_response_id",
+        "truncation",
+        "stream_options",
+        "metadata",
+        "safety_identifier",
+        "prompt_cache_key",
+    }
+)
 TOKENIZE = frozenset({"content", "add_special", "parse_special", "with_pieces"})
 DETOKENIZE = frozenset({"tokens"})
 APPLY_TEMPLATE = TEMPLATE | IGNORED

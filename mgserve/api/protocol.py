@@ -4,8 +4,9 @@ Every field is type- and range-checked here, once, and every default resolved he
 ``max_tokens``, the sampling stages): anything wrong raises ``ApiError`` (HTTP 400, OpenAI's error
 shape, ``param`` naming the field), so handlers never see an unchecked value and the engine checks
 nothing again. Every dialect lands on one ``GenParams``: OpenAI's names (``max_tokens``,
-``logprobs``/``top_logprobs``), llama-server's (``n_predict``, ``n_probs``) and Anthropic's
-(``stop_sequences``); the grammar fields are read by ``structured.py``.
+``logprobs``/``top_logprobs``, the Responses API's ``max_output_tokens``), llama-server's
+(``n_predict``, ``n_probs``) and Anthropic's (``stop_sequences``); the grammar fields are read by
+``structured.py``.
 """
 
 from __future__ import annotations
@@ -239,6 +240,22 @@ def anthropic_params(body: dict[str, Any], service: Service) -> GenParams:
         ignore_eos=False,
         stream=f.get_bool("stream", False),
         include_usage=False,
+    )
+
+
+def responses_params(
+    body: dict[str, Any], service: Service, grammar: Grammar | None = None
+) -> GenParams:
+    """OpenAI's /v1/responses: ``max_output_tokens`` and sampling; no stop strings."""
+    f = Fields(body)
+    return GenParams(
+        sampling=_sampling(f, service, 0, False),
+        max_tokens=_max_tokens(f, ("max_output_tokens",), service.engine.n_ctx),
+        stop=(),
+        ignore_eos=False,
+        stream=f.get_bool("stream", False),
+        include_usage=False,
+        grammar=grammar,
     )
 
 

@@ -1,8 +1,8 @@
 """Server-sent events: one ``data: {json}\\n\\n`` per message, written as generation proceeds.
 
 ``stream`` is the one loop every dialect runs: each says only what its events look like.
-Anthropic's events are also named (``event: <its type>`` before the data line), as its clients
-dispatch on the name.
+Anthropic's and the Responses API's events are also named (``event: <its type>`` before the data
+line), as their clients dispatch on the name.
 """
 
 from __future__ import annotations
@@ -46,17 +46,21 @@ async def stream(
     *,
     opening: Sequence[Any] = (),  # events before any token (OpenAI chat: the role)
     done: bool = False,  # end with ``data: [DONE]`` (OpenAI)
-    named: bool = False,  # Anthropic's: named events, and its error event
+    named: bool = False,  # named events (Anthropic's, the Responses API's)
+    failed: Callable[[str], Sequence[Any]] | None = None,  # a failure's events; else an error
 ) -> web.StreamResponse:
     """Stream ``gen`` to the client. A failure after the 200 went out travels as the stream's last
-    event; a client that goes away ends the loop (the caller's ``with gen`` aborts the request)."""
+    events (``failed``'s, else an error in OpenAI's shape, or Anthropic's when ``named``); a
+    client that goes away ends the loop (the caller's ``with gen`` aborts the request)."""
     resp = await _open(request)
     try:
         for obj in opening:
             await _send(resp, obj, named)
         async for c in gen.chunks():
             if c.finish_reason == "error":
-                await _send(resp, error_body(gen.failure, 500, anthropic=named), named)
+                error = [error_body(gen.failure, 500, anthropic=named)]
+                for obj in failed(gen.failure) if failed else error:
+                    await _send(resp, obj, named)
                 return resp
             if c.text or c.tokens:
                 for obj in chunk(c):

@@ -1,6 +1,7 @@
 """Structured output fields -> the request's compiled grammar (core/grammar).
 
-OpenAI's ``response_format`` (json_object, json_schema) and llama-server's ``json_schema`` and
+OpenAI's ``response_format`` (json_object, json_schema), the Responses API's ``text.format`` (the
+same, with the json_schema fields flat in the format), and llama-server's ``json_schema`` and
 ``grammar`` (GBNF); which route takes which is fields.py's business. At most one of them per
 request. Compiling runs off the event loop and is cached by the grammar's text; a schema or
 grammar that does not compile is a 400 naming its field.
@@ -22,12 +23,12 @@ def _schema(v: Any, param: str) -> GrammarSpec:
     return GrammarSpec.json_schema(v)
 
 
-def _response_format(fmt: Any) -> GrammarSpec | None:
+def _response_format(fmt: Any, param: str = "response_format") -> GrammarSpec | None:
     """OpenAI's response_format: text, json_object (llama-server: with an optional ``schema``)
-    or json_schema {name, schema, strict}; the schema is enforced whatever ``strict`` says."""
-    param = "response_format"
+    or json_schema {name, schema, strict}; the schema is enforced whatever ``strict`` says.
+    ``param`` "text": the Responses API's text.format, whose json_schema fields are its own."""
     if not isinstance(fmt, dict):
-        raise ApiError("'response_format' must be an object", param=param)
+        raise ApiError(f"'{param}' must be an object", param=param)
     kind = fmt.get("type")
     if kind in (None, "text"):
         return None
@@ -39,27 +40,30 @@ def _response_format(fmt: Any) -> GrammarSpec | None:
             "(use 'text', 'json_object' or 'json_schema')",
             param=param,
         )
-    js = fmt.get("json_schema")
+    where = "text.format" if param == "text" else "response_format.json_schema"
+    js = fmt if param == "text" else fmt.get("json_schema")
     if not isinstance(js, dict) or js.get("schema") is None:
-        raise ApiError("response_format.json_schema must be an object with a 'schema'", param=param)
+        raise ApiError(f"{where} must be an object with a 'schema'", param=param)
     strict, name = js.get("strict"), js.get("name")
     if not isinstance(strict, bool | None) or not isinstance(name, str | None):
-        raise ApiError(
-            "response_format.json_schema: 'strict' must be a boolean and 'name' a string",
-            param=param,
-        )
+        raise ApiError(f"{where}: 'strict' must be a boolean and 'name' a string", param=param)
     return _schema(js["schema"], param)
 
 
 def grammar_spec(body: dict[str, Any]) -> tuple[GrammarSpec, str] | None:
     """The request's output constraint and the field that gave it: ``response_format``,
-    llama-server's ``json_schema`` or ``grammar`` (GBNF; "" is none). The route's fields.py entry
-    says which of them it takes."""
+    ``text.format``, llama-server's ``json_schema`` or ``grammar`` (GBNF; "" is none). The route's
+    fields.py entry says which of them it takes."""
     found: list[tuple[GrammarSpec, str]] = []
     if body.get("response_format") is not None:
         spec = _response_format(body["response_format"])
         if spec is not None:
             found.append((spec, "response_format"))
+    text = body.get("text")
+    if isinstance(text, dict) and text.get("format") is not None:  # the route checks the rest
+        spec = _response_format(text["format"], "text")
+        if spec is not None:
+            found.append((spec, "text"))
     if body.get("json_schema") is not None:
         found.append((_schema(body["json_schema"], "json_schema"), "json_schema"))
     gbnf = Fields(body).get_str("grammar", "")

@@ -79,6 +79,11 @@ class ChatOutputParser:
 
     # -- the public side -------------------------------------------------------------------------
 
+    @property
+    def in_reasoning(self) -> bool:
+        """Whether the text read so far ends inside the reasoning block."""
+        return self.state == "think"
+
     def feed(self, text: str) -> list[Event]:
         out: list[Event] = []
         if self.call is not None:
