@@ -10,6 +10,7 @@ the prompt is rendered (``chat_output_for``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -26,6 +27,7 @@ from mgserve.api.chat_output import (
     ToolCallArgsDelta,
     ToolCallStart,
 )
+from mgserve.api.choices import Choices
 from mgserve.api.errors import ApiError
 from mgserve.api.generate import Chunk, Generation, TokenOut, piece_text
 from mgserve.api.http import json_response
@@ -36,6 +38,7 @@ from mgserve.core.engine.contract import Request
 
 class Envelope(Protocol):
     def envelope(self, choices: list[dict[str, Any]], stream: bool) -> dict[str, Any]: ...
+    def usage_chunks(self, choices: Choices) -> list[dict[str, Any]]: ...
 
 
 @dataclass(frozen=True)
@@ -162,49 +165,60 @@ async def respond_chat(
     out: ChatOutput,
     shape: Envelope,
 ) -> web.StreamResponse:
-    parser = out.parser()
+    parsers = [out.parser() for _ in range(params.n)]  # one per choice
     want_logprobs = params.sampling.want_logprob
 
     def finish_reason(gen: Generation) -> str | None:
-        calls = parser.has_calls and gen.finish_reason == "stop"
+        calls = parsers[gen.index].has_calls and gen.finish_reason == "stop"
         return "tool_calls" if calls else gen.finish_reason
 
-    def choice(extra: dict[str, Any], tokens: list[TokenOut], finish: str | None) -> dict[str, Any]:
+    def choice(
+        index: int, extra: dict[str, Any], tokens: list[TokenOut], finish: str | None
+    ) -> dict[str, Any]:
         logprobs = chat_logprobs(service, tokens) if want_logprobs and tokens else None
-        return {"index": 0, "logprobs": logprobs, "finish_reason": finish} | extra
+        return {"index": index, "logprobs": logprobs, "finish_reason": finish} | extra
 
-    with Generation(service, req, params, request, keep=out.keep) as gen:
+    with Choices(service, req, params, request, keep=out.keep) as choices:
         if not params.stream:
-            text, tokens = await gen.collect()
-            events = parser.feed(text) + parser.finish()
-            msg = {"message": message(events)}
-            body = shape.envelope([choice(msg, tokens, finish_reason(gen))], False)
-            body["usage"] = gen.usage()
-            body["timings"] = gen.timings()  # a llama-server extension; clients ignore it
+            answers = await choices.collect()
+            body = shape.envelope([], False)
+            for gen, parser, (text, tokens) in zip(choices.gens, parsers, answers, strict=True):
+                msg = {"message": message(parser.feed(text) + parser.finish())}
+                body["choices"].append(choice(gen.index, msg, tokens, finish_reason(gen)))
+            body["usage"] = choices.usage()
+            body["timings"] = choices.timings()  # a llama-server extension; clients ignore it
             return json_response(body)
         usage_null = {"usage": None} if params.include_usage else {}
-        pending: list[TokenOut] = []  # tokens whose text the parser still holds (for logprobs)
+        # per choice: tokens whose text its parser still holds (for logprobs)
+        pending: list[list[TokenOut]] = [[] for _ in range(params.n)]
 
-        def send(events: list[Event]) -> list[dict[str, Any]]:
+        def send(index: int, events: list[Event]) -> list[dict[str, Any]]:
             objs = []
             for d in deltas(events):
-                c = choice({"delta": d}, pending[:], None)
-                pending.clear()
+                c = choice(index, {"delta": d}, pending[index][:], None)
+                pending[index].clear()
                 objs.append(shape.envelope([c], True) | usage_null)
             return objs
 
         def chunk(c: Chunk) -> list[dict[str, Any]]:
-            pending.extend(c.tokens)
-            return send(parser.feed(c.text))
+            pending[c.index].extend(c.tokens)
+            return send(c.index, parsers[c.index].feed(c.text))
 
         def closing(c: Chunk) -> list[dict[str, Any]]:
-            objs = send(parser.finish())
-            last = choice({"delta": {}}, pending, finish_reason(gen))
+            i, gen = c.index, choices.gens[c.index]
+            objs = send(i, parsers[i].finish())
+            last = choice(i, {"delta": {}}, pending[i], finish_reason(gen))
             objs.append(shape.envelope([last], True) | usage_null | {"timings": gen.timings()})
-            if params.include_usage:  # the usage in a chunk of its own, before [DONE]
-                objs.append(shape.envelope([], True) | {"usage": gen.usage()})
             return objs
 
-        role = choice({"delta": {"role": "assistant", "content": ""}}, [], None)
-        opening = [shape.envelope([role], True) | usage_null]
-        return await sse.stream(request, gen, chunk, closing, opening=opening, done=True)
+        opening = [
+            shape.envelope(
+                [choice(i, {"delta": {"role": "assistant", "content": ""}}, [], None)], True
+            )
+            | usage_null
+            for i in range(params.n)
+        ]
+        ending = functools.partial(shape.usage_chunks, choices)
+        return await sse.stream(
+            request, choices, chunk, closing, opening=opening, ending=ending, done=True
+        )

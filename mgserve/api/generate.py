@@ -73,6 +73,7 @@ class Chunk:
     text: str  # text to send now
     tokens: list[TokenOut] = field(default_factory=list)  # tokens behind it (for logprobs)
     finish_reason: str | None = None  # set on the last chunk: "stop", "length", "abort", "error"
+    index: int = 0  # the choice it belongs to (choices.py: n > 1)
 
 
 class Generation:
@@ -86,8 +87,10 @@ class Generation:
         params: GenParams,
         http_request: web.Request | None = None,
         keep: frozenset[int] = frozenset(),  # special tokens shown as text (chat-output markers)
+        index: int = 0,  # the choice this is, with n > 1 (choices.py)
     ) -> None:
         self.service = service
+        self.index = index
         self.request = request
         self.params = params
         self.http_request = http_request
@@ -146,15 +149,15 @@ class Generation:
                     self.stop_word = word
                     self._finish("stop")
                     self.stream.abort()
-                    yield Chunk(out, toks, "stop")
+                    yield Chunk(out, toks, "stop", self.index)
                     return
                 if fin is not None:
                     self.error = ev.error
                     self._finish(fin)
-                    yield Chunk(out + self._stops.flush(), toks, fin)
+                    yield Chunk(out + self._stops.flush(), toks, fin, self.index)
                     return
                 if out or toks:
-                    yield Chunk(out, toks)
+                    yield Chunk(out, toks, index=self.index)
                 if self._client_gone():
                     self.close()
                     return
@@ -204,17 +207,25 @@ class Generation:
     def timings(self) -> dict[str, Any]:
         """llama-server's ``timings`` object."""
         end = (self.t_end or time.perf_counter()) - self.t_submit
-        prompt_s = min(self.t_prompt_done if self.t_prompt_done is not None else end, end)
-        gen_s = max(end - prompt_s, 0.0)
-        prompt_n = max(self.n_prompt - self.n_cached, 0)
-        return {
-            "cache_n": self.n_cached,
-            "prompt_n": prompt_n,
-            "prompt_ms": prompt_s * 1e3,
-            "prompt_per_token_ms": prompt_s * 1e3 / prompt_n if prompt_n else 0.0,
-            "prompt_per_second": prompt_n / prompt_s if prompt_s > 0 else 0.0,
-            "predicted_n": self.n_generated,
-            "predicted_ms": gen_s * 1e3,
-            "predicted_per_token_ms": gen_s * 1e3 / self.n_generated if self.n_generated else 0.0,
-            "predicted_per_second": self.n_generated / gen_s if gen_s > 0 else 0.0,
-        }
+        prompt_s = self.t_prompt_done if self.t_prompt_done is not None else end
+        return timings(self.n_prompt, self.n_cached, self.n_generated, prompt_s, end)
+
+
+def timings(
+    n_prompt: int, n_cached: int, n_generated: int, prompt_s: float, end_s: float
+) -> dict[str, Any]:
+    """llama-server's ``timings``: ``prompt_s`` and ``end_s`` are seconds after submit."""
+    prompt_s = min(prompt_s, end_s)
+    gen_s = max(end_s - prompt_s, 0.0)
+    prompt_n = max(n_prompt - n_cached, 0)
+    return {
+        "cache_n": n_cached,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_s * 1e3,
+        "prompt_per_token_ms": prompt_s * 1e3 / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": prompt_n / prompt_s if prompt_s > 0 else 0.0,
+        "predicted_n": n_generated,
+        "predicted_ms": gen_s * 1e3,
+        "predicted_per_token_ms": gen_s * 1e3 / n_generated if n_generated else 0.0,
+        "predicted_per_second": n_generated / gen_s if gen_s > 0 else 0.0,
+    }

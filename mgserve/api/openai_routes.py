@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from typing import Any
@@ -11,8 +12,9 @@ from aiohttp import web
 from mgserve.api import fields, sse
 from mgserve.api.chat_inputs import chat_inputs
 from mgserve.api.chat_response import ChatOutput, chat_output_for, respond_chat
+from mgserve.api.choices import Choices
 from mgserve.api.errors import ApiError
-from mgserve.api.generate import Chunk, Generation, TokenOut, piece_text
+from mgserve.api.generate import Chunk, TokenOut, piece_text
 from mgserve.api.http import SERVICE, json_response
 from mgserve.api.prompts import echo_text, encode_text, openai_prompt, render_chat
 from mgserve.api.protocol import GenParams, body_size, engine_request, openai_params, read_body
@@ -47,7 +49,7 @@ class _Shape:
         self.params = params
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
-        self.offset = 0
+        self.offsets = [0] * params.n  # per choice: where its next text starts (logprobs)
 
     def envelope(self, choices: list[dict[str, Any]], stream: bool) -> dict[str, Any]:
         obj = "chat.completion" if self.chat else "text_completion"
@@ -60,44 +62,61 @@ class _Shape:
             "choices": choices,
         }
 
-    def choice(self, text: str, tokens: list[TokenOut], finish: str | None) -> dict[str, Any]:
+    def usage_chunks(self, choices: Choices) -> list[dict[str, Any]]:
+        """Streamed with include_usage: the usage in a chunk of its own, before [DONE]."""
+        if not self.params.include_usage:
+            return []
+        return [self.envelope([], True) | {"usage": choices.usage()}]
+
+    def choice(
+        self, index: int, text: str, tokens: list[TokenOut], finish: str | None
+    ) -> dict[str, Any]:
         """A completions choice (chat choices: chat_response.py)."""
         logprobs = None
         if self.params.sampling.want_logprob and tokens:
-            logprobs = completion_logprobs(self.service, tokens, self.offset)
-        self.offset += len(text)
-        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+            logprobs = completion_logprobs(self.service, tokens, self.offsets[index])
+        self.offsets[index] += len(text)
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
 
 async def _respond_completion(
     request: web.Request, service: Service, req: Request, params: GenParams, echo: str
 ) -> web.StreamResponse:
-    """``echo``: text that starts the answer (the prompt, with ``echo``; else empty)."""
+    """``echo``: text that starts every choice's answer (the prompt, with ``echo``; else empty)."""
     shape = _Shape(service, False, params)
-    with Generation(service, req, params, request) as gen:
+    with Choices(service, req, params, request) as choices:
         if not params.stream:
-            text, tokens = await gen.collect()
-            body = shape.envelope([shape.choice(echo + text, tokens, gen.finish_reason)], False)
-            body["usage"] = gen.usage()
-            body["timings"] = gen.timings()  # a llama-server extension; clients ignore it
+            answers = await choices.collect()
+            body = shape.envelope(
+                [
+                    shape.choice(g.index, echo + text, tokens, g.finish_reason)
+                    for g, (text, tokens) in zip(choices.gens, answers, strict=True)
+                ],
+                False,
+            )
+            body["usage"] = choices.usage()
+            body["timings"] = choices.timings()  # a llama-server extension; clients ignore it
             return json_response(body)
         usage_null = {"usage": None} if params.include_usage else {}
 
         def chunk(c: Chunk) -> list[dict[str, Any]]:
-            return [shape.envelope([shape.choice(c.text, c.tokens, None)], True) | usage_null]
+            return [
+                shape.envelope([shape.choice(c.index, c.text, c.tokens, None)], True) | usage_null
+            ]
 
         def closing(c: Chunk) -> list[dict[str, Any]]:
-            last = shape.envelope([shape.choice("", [], c.finish_reason)], True)
-            out = [last | usage_null | {"timings": gen.timings()}]
-            if params.include_usage:  # the usage in a chunk of its own, before [DONE]
-                out.append(shape.envelope([], True) | {"usage": gen.usage()})
-            return out
+            gen = choices.gens[c.index]
+            last = shape.envelope([shape.choice(c.index, "", [], c.finish_reason)], True)
+            return [last | usage_null | {"timings": gen.timings()}]
 
-        opening = (
-            [shape.envelope([shape.choice(echo, [], None)], True) | usage_null] if echo else []
-        )
+        opening = [
+            shape.envelope([shape.choice(i, echo, [], None)], True) | usage_null
+            for i in range(params.n)
+            if echo
+        ]
+        ending = functools.partial(shape.usage_chunks, choices)
         return await sse.stream(
-            request, gen, chunk, closing, opening=opening if echo else (), done=True
+            request, choices, chunk, closing, opening=opening, ending=ending, done=True
         )
 
 

@@ -42,6 +42,7 @@ class GenParams:
     include_usage: bool  # OpenAI stream_options.include_usage: a usage chunk before [DONE]
     grammar: Grammar | None = None  # structured output (api/structured.py)
     echo: bool = False  # /v1/completions: the prompt's text starts the answer
+    n: int = 1  # OpenAI's choices per request, each its own slot (choices.py)
 
 
 async def read_body(request: web.Request, allowed: frozenset[str]) -> dict[str, Any]:
@@ -162,7 +163,17 @@ def _sampling(f: Fields, service: Service, n_probs: int, logprobs: bool) -> Samp
 
 def _check_n(f: Fields) -> None:
     if f.get_int("n", 1) != 1:
-        raise ApiError("only n=1 is supported (one choice per request)", param="n")
+        raise ApiError("only n=1 is supported here (one completion per request)", param="n")
+
+
+def _n(f: Fields, n_slots: int) -> int:
+    """OpenAI's ``n``: each choice takes a slot of its own, so at most the server's slots."""
+    n = f.get_int("n", 1)
+    if not 1 <= n <= n_slots:
+        raise ApiError(
+            f"'n' must be in [1, {n_slots}] (the server's slots, --parallel), got {n}", param="n"
+        )
+    return n
 
 
 def openai_params(
@@ -170,7 +181,7 @@ def openai_params(
 ) -> GenParams:
     """/v1/chat/completions (chat=True) or /v1/completions; ``grammar``: structured.py's."""
     f = Fields(body)
-    _check_n(f)
+    n = _n(f, service.engine.n_slots)
     if chat:
         logprobs = f.get_bool("logprobs", False)
         top = f.get_int("top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
@@ -202,6 +213,7 @@ def openai_params(
         include_usage=include_usage,
         grammar=grammar,
         echo=not chat and echo,
+        n=n,
     )
 
 

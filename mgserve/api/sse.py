@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from mgserve.api.choices import Choices
 from mgserve.api.errors import error_body
 from mgserve.api.generate import Chunk, Generation
 
@@ -40,11 +41,12 @@ async def _send(resp: web.StreamResponse, obj: Any, named: bool) -> None:
 
 async def stream(
     request: web.Request,
-    gen: Generation,
+    gen: Generation | Choices,  # Choices: n choices, their chunks interleaved (Chunk.index)
     chunk: Callable[[Chunk], Sequence[Any]],  # the events of a chunk that carries text or tokens
-    closing: Callable[[Chunk], Sequence[Any]],  # the events after the last chunk's own
+    closing: Callable[[Chunk], Sequence[Any]],  # the events after a choice's last chunk's own
     *,
     opening: Sequence[Any] = (),  # events before any token (OpenAI chat: the role)
+    ending: Callable[[], Sequence[Any]] = lambda: (),  # after every choice closed (usage)
     done: bool = False,  # end with ``data: [DONE]`` (OpenAI)
     named: bool = False,  # named events (Anthropic's, the Responses API's)
     failed: Callable[[str], Sequence[Any]] | None = None,  # a failure's events; else an error
@@ -68,6 +70,8 @@ async def stream(
             if c.finish_reason is not None:
                 for obj in closing(c):
                     await _send(resp, obj, named)
+        for obj in ending():
+            await _send(resp, obj, named)
         if done:
             await resp.write(b"data: [DONE]\n\n")
     except DISCONNECTED:

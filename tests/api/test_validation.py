@@ -32,7 +32,11 @@ BAD: list[tuple[str, Any, str | None]] = [
     (CHAT, chat(temperature="hot"), "temperature"),
     (CHAT, chat(top_p=0), "top_p"),
     (CHAT, chat(top_p=1.5), "top_p"),
-    (CHAT, chat(n=2), "n"),
+    (CHAT, chat(n=3), "n"),  # more choices than the fake engine's 2 slots
+    (CHAT, chat(n=0), "n"),
+    (CHAT, chat(n="2"), "n"),
+    ("/v1/completions", {"prompt": "hi", "n": 3}, "n"),
+    ("/completion", {"prompt": "hi", "n": 2}, "n"),  # llama-server's: one completion
     (CHAT, chat(stream="yes"), "stream"),
     (CHAT, chat(stop=[1, 2]), "stop"),
     (CHAT, chat(stop=["a"] * 17), "stop"),
