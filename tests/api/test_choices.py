@@ -18,6 +18,7 @@ from mgserve.core.engine.contract import Request, SamplingParams
 from tests.api.conftest import fake_service
 from tests.api.fakes import FakeEngine
 from tests.api.test_disconnect import wait_idle
+from tests.api.test_tool_calls_api import MSGS, TOOLS, XML_REPLY, qwen35
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "n": 2}
 REPLY = "Hello, world!"
@@ -82,6 +83,14 @@ async def test_completions_n2_with_stop_and_max_tokens(client: TestClient[Any, A
     body = {"prompt": "x", "n": 2, "max_tokens": 3, "echo": True}
     choices = (await (await client.post("/v1/completions", json=body)).json())["choices"]
     assert [(c["text"], c["finish_reason"]) for c in choices] == [("xHel", "length")] * 2
+
+
+async def test_logprobs_per_choice(client: TestClient[Any, Any]) -> None:
+    body = {"prompt": "x", "n": 2, "max_tokens": 3, "logprobs": 1}
+    choices = (await (await client.post("/v1/completions", json=body)).json())["choices"]
+    for c in choices:  # each choice's offsets count its own text
+        assert c["logprobs"]["tokens"] == ["H", "e", "l"]
+        assert c["logprobs"]["text_offset"] == [0, 1, 2]
 
 
 @pytest.mark.parametrize("chat", [True, False])
@@ -160,3 +169,26 @@ async def test_a_failed_choice_fails_the_request(make_client: Any) -> None:
         await client.post("/v1/completions", json={"prompt": "x", "n": 2, "stream": True})
     )
     assert "error" in events[-1]
+
+
+async def test_each_choice_reads_its_own_tool_calls(make_client: Any) -> None:
+    client = await qwen35(make_client, XML_REPLY)
+    body = {"messages": MSGS, "tools": TOOLS, "n": 2}
+    r = await (await client.post("/v1/chat/completions", json=body)).json()
+    assert [c["finish_reason"] for c in r["choices"]] == ["tool_calls"] * 2
+    for c in r["choices"]:
+        assert c["message"]["content"] == "Let me look."
+        assert c["message"]["reasoning_content"] == "The user wants the weather."
+        (call,) = c["message"]["tool_calls"]
+        assert orjson.loads(call["function"]["arguments"]) == {"city": "Paris", "days": 2}
+    events = await sse_events(
+        await client.post("/v1/chat/completions", json=body | {"stream": True})
+    )
+    calls: dict[int, str] = {0: "", 1: ""}
+    for e in events[:-1]:
+        (c,) = e["choices"]
+        for tc in c["delta"].get("tool_calls") or []:
+            calls[c["index"]] += tc["function"]["arguments"]
+        if c["finish_reason"] is not None:
+            assert c["finish_reason"] == "tool_calls"
+    assert [orjson.loads(a) for a in calls.values()] == [{"city": "Paris", "days": 2}] * 2
