@@ -81,7 +81,6 @@ class _Builder:
     def think(self, state: str) -> str:
         """The grammar's head: ``open`` (the prompt opened the reasoning block), ``free`` (the
         model may open one) or ``none``."""
-        assert self.fmt.think is not None or state == "none"
         if state == "none" or self.fmt.think is None:
             return ""
         opening, closing = self.fmt.think
@@ -105,10 +104,11 @@ def _xml_string(b: _Builder, name: str, rule: str, schema: dict[str, Any]) -> st
         if key in schema:
             raise ApiError(
                 f"parameter {name!r} has a '{key}', which the template's XML tool-call syntax "
-                "(raw text values) cannot enforce; tool_choice 'auto' does not enforce it",
+                "(raw text values) cannot enforce; tool_choice 'auto' enforces no schema",
                 param="tools",
             )
-    choices = schema["enum"] if "enum" in schema else [schema["const"]] if "const" in schema else []
+    choices = schema.get("enum", [schema["const"]] if "const" in schema else [])
+    choices = choices if isinstance(choices, list) else []
     words = [v for v in choices if isinstance(v, str) and "</parameter>" not in v]
     if words:
         return "(" + " | ".join(_lit(w) for w in words) + ') "\\n</parameter>\\n"'
@@ -125,7 +125,7 @@ def _xml_value(b: _Builder, name: str, rule: str, schema: Any, defs: dict[str, A
     if types == {"boolean"} and not schema.keys() & {"enum", "const"}:
         value = '("true" | "false" | "True" | "False")'
     else:
-        value = b.json(schema | defs)
+        value = b.json(defs | schema)
     return value + ' "\\n</parameter>\\n"'
 
 
@@ -133,12 +133,14 @@ def _xml_call(b: _Builder, i: int, fn: dict[str, Any]) -> str:
     params = _args_schema(fn)
     props = params.get("properties")
     props = props if isinstance(props, dict) else {}
-    required = set(params.get("required") or ())
+    required = params.get("required")
+    required = {r for r in required if isinstance(r, str)} if isinstance(required, list) else set()
     defs: dict[str, Any] = {k: params[k] for k in ("$defs", "definitions") if k in params}
     parts = [_lit(f"<function={fn['name']}>\n")]
     for j, (name, schema) in enumerate(props.items()):
         value = _xml_value(b, name, f"v{i}_{j}", schema, defs)
-        p = b.rule(f"p{i}_{j}", f"{_lit(f'<parameter={name}>' + chr(10))} {value}")
+        opening = _lit(f"<parameter={name}>\n")
+        p = b.rule(f"p{i}_{j}", f"{opening} {value}")
         parts.append(p if name in required else p + "?")
     return " ".join([*parts, _lit("</function>")])
 
