@@ -21,6 +21,9 @@ write (tests/api/test_tool_grammar.py checks them against the templates' own ren
   (Devstral), or ``[TOOL_CALLS][{"name": NAME, "arguments": ARGS, "id": ID}, ...]`` (Nemo), as the
   template's source shows; ids are 9 letters and digits.
 
+The arguments have no properties beyond the ones their schema lists, unless it allows them with
+``additionalProperties`` (in the XML syntax, never).
+
 A marker that is one special token of the vocabulary is that token (``<[id]>``): its text is not
 something the model can spell.
 """
@@ -94,8 +97,14 @@ class _Builder:
 
 
 def _args_schema(fn: dict[str, Any]) -> dict[str, Any]:
+    """The arguments' schema; properties it does not list are not written unless it says
+    ``additionalProperties`` (as in OpenAI's strict function calling and llama.cpp)."""
     params = fn.get("parameters")
-    return params if isinstance(params, dict) and params else _EMPTY_ARGS
+    if not isinstance(params, dict) or not params:
+        return _EMPTY_ARGS
+    if "properties" in params and "additionalProperties" not in params:
+        return params | {"additionalProperties": False}
+    return params
 
 
 def _xml_string(b: _Builder, name: str, rule: str, schema: dict[str, Any]) -> str:
