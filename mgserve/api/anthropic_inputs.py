@@ -8,21 +8,23 @@ every template here is written for), checked.
   ``thinking`` blocks its ``reasoning_content``.
 - A trailing assistant turn of text is a prefill: the prompt ends with it and the answer continues
   it, as Anthropic's API does.
-- ``tools`` become function tools; ``tool_choice`` ``none`` leaves them out of the prompt;
+- ``tools`` become function tools; ``tool_choice`` ``none`` leaves them out of the prompt,
+  ``any`` and ``tool`` force a call (as ``required`` and a named function do on
+  /v1/chat/completions), ``disable_parallel_tool_use`` keeps one call;
   ``thinking`` sets the template's ``enable_thinking``.
 
-Anything the server would not honour (images, server tools, forced tool choice, unknown block
-fields) is a 400 naming where it is. ``cache_control`` is accepted anywhere and changes nothing:
-every prompt's cached prefix is reused without being asked.
+Anything the server would not honour (images, server tools, unknown block fields) is a 400
+naming where it is. ``cache_control`` is accepted anywhere and changes nothing: every prompt's
+cached prefix is reused without being asked.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from mgserve.api.chat_inputs import ChatInputs
+from mgserve.api.chat_inputs import ChatInputs, forced_tool
 from mgserve.api.errors import ApiError
 from mgserve.api.fields import Fields
 
@@ -215,29 +217,31 @@ def _tools(raw: Any) -> list[dict[str, Any]] | None:
     return out
 
 
-def _tools_rendered(raw: Any) -> bool:
-    """Whether ``tool_choice`` lets the tools into the prompt (``none``: not)."""
+class _Choice(NamedTuple):
+    rendered: bool  # the tools go into the prompt (``none``: not)
+    choice: str  # ChatInputs.tool_choice: "auto" or "required"
+    name: str | None  # ``tool``: the one tool that may be called
+    parallel: bool  # not disable_parallel_tool_use
+
+
+def _tool_choice(raw: Any, tools: list[dict[str, Any]] | None) -> _Choice:
+    """``auto``, ``none``, ``any`` (a call of any tool is forced) or ``tool`` (a call of the
+    one it names); ``disable_parallel_tool_use``: one call at most (forced: exactly one)."""
     if raw is None:
-        return True
+        return _Choice(True, "auto", None, True)
     kind = _object(raw, "tool_choice", param="tool_choice").get("type")
-    if kind in ("any", "tool"):
-        raise ApiError(
-            f"tool_choice {kind!r} needs constrained decoding, which this server does not have "
-            "yet; use 'auto'",
-            param="tool_choice",
-        )
-    if kind not in ("auto", "none"):
+    if kind not in ("auto", "none", "any", "tool"):
         raise ApiError(
             f"tool_choice.type {kind!r} is not one of auto, none, any, tool", param="tool_choice"
         )
-    _check_keys(raw, {"type", "disable_parallel_tool_use"}, "tool_choice", param="tool_choice")
-    if Fields(raw).get_bool("disable_parallel_tool_use", False):
-        raise ApiError(
-            "tool_choice.disable_parallel_tool_use is not supported (the model may call several "
-            "tools in one turn)",
-            param="tool_choice",
-        )
-    return kind == "auto"
+    keys = {"type", "disable_parallel_tool_use"} | ({"name"} if kind == "tool" else set())
+    _check_keys(raw, keys, "tool_choice", param="tool_choice")
+    parallel = not Fields(raw).get_bool("disable_parallel_tool_use", False)
+    if kind in ("auto", "none"):
+        return _Choice(kind == "auto", "auto", None, parallel)
+    name = _string(raw, "name", "tool_choice", "tool_choice") if kind == "tool" else None
+    forced_tool(tools, name, "tool_choice")
+    return _Choice(True, "required", name, parallel)
 
 
 def _thinking(raw: Any, max_tokens: int | None, switch: bool) -> dict[str, Any]:
@@ -281,11 +285,13 @@ def messages_input(body: dict[str, Any], thinking_switch: bool) -> MessagesInput
     if system is not None:
         messages.insert(0, {"role": "system", "content": _text_parts(system, "system", "system")})
     tools = _tools(body.get("tools"))
-    if not _tools_rendered(body.get("tool_choice")):
-        tools = None
+    choice = _tool_choice(body.get("tool_choice"), tools)
     max_tokens = Fields(body).get_int("max_tokens", 0) or None  # none on count_tokens
     kwargs = _thinking(body.get("thinking"), max_tokens, thinking_switch)
     # tool_use blocks come from the calls the chat output parser reads (none without tools);
     # thinking blocks from the reasoning it splits out (the server's reasoning format)
-    chat = ChatInputs(messages, tools, kwargs, True, "auto", True, None)
+    rendered = tools if choice.rendered else None
+    chat = ChatInputs(
+        messages, rendered, kwargs, True, choice.choice, choice.name, choice.parallel, None
+    )
     return MessagesInput(chat, prefill)

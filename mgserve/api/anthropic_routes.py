@@ -10,7 +10,8 @@ event. Errors are in Anthropic's shape (errors.py).
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from dataclasses import replace
+from typing import Any, NamedTuple
 
 from aiohttp import web
 
@@ -23,15 +24,22 @@ from mgserve.api.http import SERVICE, json_response
 from mgserve.api.prompts import encode_text, render_chat
 from mgserve.api.protocol import GenParams, anthropic_params, body_size, engine_request, read_body
 from mgserve.api.service import Service
-from mgserve.core.engine.contract import Request
+from mgserve.api.structured import compile_grammar, forced_call_spec
+from mgserve.core.grammar import GrammarSpec
 
 
-def _prompt(service: Service, body: dict[str, Any]) -> tuple[list[int], ChatOutput]:
-    """The request's prompt (the rendered conversation, then the prefill the answer continues)
-    and how its output is read (reasoning into thinking blocks, tool calls into tool_use)."""
+class _Prompt(NamedTuple):
+    ids: list[int]  # the rendered conversation, then the prefill the answer continues
+    out: ChatOutput  # how the output is read (reasoning into thinking blocks, calls into tool_use)
+    forced: GrammarSpec | None  # tool_choice any / tool: the grammar of the forced calls
+
+
+def _prompt(service: Service, body: dict[str, Any]) -> _Prompt:
     inputs: MessagesInput = messages_input(body, "enable_thinking" in service.chat.source)
     text = render_chat(service, inputs.chat) + inputs.prefill
-    return encode_text(service, text, param="messages"), chat_output_for(service, inputs.chat, text)
+    out = chat_output_for(service, inputs.chat, text)
+    ids = encode_text(service, text, param="messages")
+    return _Prompt(ids, out, forced_call_spec(service, inputs.chat, text))
 
 
 def _stop_reason(gen: Generation, blocks: Blocks, params: GenParams) -> str:
@@ -72,12 +80,13 @@ async def messages(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     body = await read_body(request, fields.ANTHROPIC_MESSAGES)
 
-    def work() -> tuple[GenParams, Request, ChatOutput]:  # render and tokenize: on the text pool
-        params = anthropic_params(body, service)
-        prompt, out = _prompt(service, body)
-        return params, engine_request(service, params, prompt, "messages"), out
+    def work() -> tuple[GenParams, _Prompt]:  # render and tokenize: on the text pool
+        return anthropic_params(body, service), _prompt(service, body)
 
-    params, req, out = await service.text.run(await body_size(request), work)
+    params, (ids, out, forced) = await service.text.run(await body_size(request), work)
+    if forced is not None:
+        params = replace(params, grammar=await compile_grammar(service, forced, "tools"))
+    req = engine_request(service, params, ids, "messages")
     msg_id = "msg_" + uuid.uuid4().hex
     blocks = Blocks(out.parser())
     with Generation(service, req, params, request, keep=out.keep) as gen:
@@ -110,8 +119,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
 async def count_tokens(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     body = await read_body(request, fields.ANTHROPIC_COUNT_TOKENS)
-    prompt, _ = await service.text.run(await body_size(request), _prompt, service, body)
-    return json_response({"input_tokens": len(prompt)})
+    prompt = await service.text.run(await body_size(request), _prompt, service, body)
+    return json_response({"input_tokens": len(prompt.ids)})
 
 
 ROUTES = [

@@ -5,9 +5,10 @@ The messages themselves are checked when the template renders them
 
 ``tool_choice``: ``auto`` (the default) renders the tools and reads the model's calls; ``none``
 renders them too but reads no call, so the answer is text (as llama-server does: the tools stay
-in the prompt, the parser is off). ``required`` and a named function force a call, which needs
-constrained decoding: refused with a 400 until the grammar engine is wired in.
-``parallel_tool_calls: false`` keeps the first call the model writes and drops the rest.
+in the prompt, the parser is off). ``required`` and a named function force calls by constrained
+decoding (api/tool_grammar.py): any of the tools, or only the named one.
+``parallel_tool_calls: false`` keeps the first call the model writes and drops the rest (forced:
+the grammar allows exactly one).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class ChatInputs:
     tools: list[Any] | None
     kwargs: dict[str, Any]  # chat_template_kwargs, e.g. {"enable_thinking": false}
     add_generation_prompt: bool
-    tool_choice: str  # "auto" or "none"
+    tool_choice: str  # "auto", "none" or "required" (a call is forced)
+    tool_name: str | None  # tool_choice named this function: only it may be called
     parallel_tool_calls: bool  # False: only the first call is returned
     reasoning_format: str | None  # the request's ("none", "deepseek", "auto"); None: the server's
 
@@ -37,18 +39,32 @@ class ChatInputs:
 REASONING_FORMATS = ("none", "deepseek", "auto")
 
 
-def _tool_choice(body: dict[str, Any]) -> str:
+def forced_tool(tools: list[Any] | None, name: str | None, param: str) -> None:
+    """A forced call needs tools to call, and a named one must be among them."""
+    if not tools:
+        raise ApiError(f"{param} forces a tool call, but the request has no 'tools'", param=param)
+    if name is not None and name not in {t["function"]["name"] for t in tools}:
+        raise ApiError(f"{param} names {name!r}, which is not one of the 'tools'", param=param)
+
+
+def _tool_choice(body: dict[str, Any], tools: list[Any] | None) -> tuple[str, str | None]:
+    """(the choice, the function it names)."""
     choice = body.get("tool_choice")
     if choice is None or choice in ("auto", "none"):
-        return choice or "auto"
+        return choice or "auto", None
     named = isinstance(choice, dict) and choice.get("type") == "function"
     if choice == "required" or named:
-        what = "'required'" if choice == "required" else "a named function"
-        raise ApiError(
-            f"tool_choice {what} is not supported yet: forcing a tool call needs constrained "
-            "decoding, which this server does not have yet; use 'auto' or 'none'",
-            param="tool_choice",
-        )
+        name = None
+        if named:
+            fn = choice.get("function")
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise ApiError(
+                    "tool_choice.function must be an object with a 'name' string",
+                    param="tool_choice",
+                )
+            name = fn["name"]
+        forced_tool(tools, name, "tool_choice")
+        return "required", name
     raise ApiError(
         "tool_choice must be 'auto', 'none', 'required' or "
         '{"type": "function", "function": {"name": ...}}',
@@ -79,7 +95,7 @@ def chat_inputs(body: dict[str, Any]) -> ChatInputs:
     """/v1/chat/completions and /apply-template: the template's inputs, checked."""
     f = Fields(body)
     tools = _tools(body)
-    tool_choice = _tool_choice(body)
+    tool_choice, tool_name = _tool_choice(body, tools)
     reasoning = body.get("reasoning_format")
     if reasoning is not None and reasoning not in REASONING_FORMATS:
         raise ApiError(
@@ -107,6 +123,7 @@ def chat_inputs(body: dict[str, Any]) -> ChatInputs:
         kwargs=kwargs,
         add_generation_prompt=f.get_bool("add_generation_prompt", True),
         tool_choice=tool_choice,
+        tool_name=tool_name,
         parallel_tool_calls=f.get_bool("parallel_tool_calls", True),
         reasoning_format=reasoning,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -19,8 +20,9 @@ from mgserve.api.http import SERVICE, json_response
 from mgserve.api.prompts import echo_text, encode_text, openai_prompt, render_chat
 from mgserve.api.protocol import GenParams, body_size, engine_request, openai_params, read_body
 from mgserve.api.service import Service
-from mgserve.api.structured import request_grammar
+from mgserve.api.structured import compile_grammar, forced_call_spec, request_grammar
 from mgserve.core.engine.contract import Request
+from mgserve.core.grammar import GrammarSpec
 
 FINGERPRINT = "mgserve-0.1.0"
 
@@ -124,16 +126,20 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     body = await read_body(request, fields.CHAT)
     inputs = chat_inputs(body)
-    grammar = await request_grammar(service, body)
+    grammar = await request_grammar(service, body, forced=inputs.tool_choice == "required")
 
-    def work() -> tuple[GenParams, Request, ChatOutput]:  # render and tokenize: on the text pool
+    def work() -> tuple[GenParams, list[int], ChatOutput, GrammarSpec | None]:
+        # render and tokenize: on the text pool
         params = openai_params(body, True, service, grammar)
         text = render_chat(service, inputs)
         out = chat_output_for(service, inputs, text)
         ids = encode_text(service, text, param="messages")
-        return params, engine_request(service, params, ids, "messages"), out
+        return params, ids, out, forced_call_spec(service, inputs, text)
 
-    params, req, out = await service.text.run(await body_size(request), work)
+    params, ids, out, forced = await service.text.run(await body_size(request), work)
+    if forced is not None:
+        params = replace(params, grammar=await compile_grammar(service, forced, "tools"))
+    req = engine_request(service, params, ids, "messages")
     return await respond_chat(request, service, req, params, out, _Shape(service, True, params))
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mgserve.api.chat_inputs import ChatInputs
+from mgserve.api.chat_inputs import ChatInputs, forced_tool
 from mgserve.api.errors import ApiError
 from mgserve.api.fields import Fields
 from mgserve.api.responses_messages import as_object, check_keys, input_messages, string_of
@@ -55,18 +55,24 @@ def _tool(tool: Any, where: str) -> dict[str, Any]:
     return {"type": "function", "function": fn}
 
 
-def _tool_choice(raw: Any) -> str:
+def _tool_choice(raw: Any, tools: list[Any] | None) -> tuple[str, str | None]:
+    """(the choice, the function it names): ``auto``, ``none``, ``required`` or
+    ``{"type": "function", "name": ...}`` (forced calls, as on /v1/chat/completions)."""
     if raw is None or raw in ("auto", "none"):
-        return raw or "auto"
+        return raw or "auto", None
+    if raw == "required":
+        forced_tool(tools, None, "tool_choice")
+        return "required", None
+    if isinstance(raw, dict) and raw.get("type") == "function":
+        name = raw.get("name")
+        if not isinstance(name, str):
+            raise ApiError("tool_choice.name must be a string", param="tool_choice")
+        forced_tool(tools, name, "tool_choice")
+        return "required", name
     kind = raw.get("type") if isinstance(raw, dict) else raw
-    if kind in ("required", "function"):
-        raise ApiError(
-            f"tool_choice {kind!r} is not supported yet: forcing a tool call needs constrained "
-            "decoding of the call, which this server does not do yet; use 'auto' or 'none'",
-            param="tool_choice",
-        )
     raise ApiError(
-        f"tool_choice {kind!r} is not supported (this server takes 'auto' or 'none')",
+        f"tool_choice {kind!r} is not supported (this server takes 'auto', 'none', 'required' "
+        'or {"type": "function", "name": ...})',
         param="tool_choice",
     )
 
@@ -173,5 +179,6 @@ def responses_input(body: dict[str, Any], switch: bool, thinks: bool) -> Respons
         raise ApiError("'tools' must be a list", param="tools")
     if tools is not None:
         tools = [_tool(t, f"tools[{i}]") for i, t in enumerate(tools)]
-    choice = _tool_choice(body.get("tool_choice"))
-    return ResponsesInput(ChatInputs(messages, tools, kwargs, True, choice, parallel, None), effort)
+    choice, name = _tool_choice(body.get("tool_choice"), tools)
+    chat = ChatInputs(messages, tools, kwargs, True, choice, name, parallel, None)
+    return ResponsesInput(chat, effort)

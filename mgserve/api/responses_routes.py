@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -29,8 +30,8 @@ from mgserve.api.protocol import GenParams, body_size, engine_request, read_body
 from mgserve.api.responses_inputs import ResponsesInput, responses_input
 from mgserve.api.responses_output import Items
 from mgserve.api.service import Service
-from mgserve.api.structured import request_grammar
-from mgserve.core.engine.contract import Request
+from mgserve.api.structured import compile_grammar, forced_call_spec, request_grammar
+from mgserve.core.grammar import GrammarSpec
 
 
 class _Response:
@@ -105,14 +106,14 @@ def _status(gen: Generation) -> str:
 
 def _prepare(
     service: Service, body: dict[str, Any], inputs: ResponsesInput, grammar: Any
-) -> tuple[GenParams, Request, ChatOutput]:
-    """Render and tokenize (on the text pool): the parameters, the engine's request, and how its
-    output is read."""
+) -> tuple[GenParams, list[int], ChatOutput, GrammarSpec | None]:
+    """Render and tokenize (on the text pool): the parameters, the prompt's ids, how the output
+    is read, and the grammar of forced tool calls (None when none are forced)."""
     params = responses_params(body, service, grammar)
     text = render_chat(service, inputs.chat)
     out = chat_output_for(service, inputs.chat, text)
     ids = encode_text(service, text, param="input")
-    return params, engine_request(service, params, ids, "input"), out
+    return params, ids, out, forced_call_spec(service, inputs.chat, text)
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
@@ -120,9 +121,14 @@ async def responses(request: web.Request) -> web.StreamResponse:
     body = await read_body(request, fields.RESPONSES)
     switch = "enable_thinking" in service.chat.source
     inputs = responses_input(body, switch, service.chat_format.think is not None)
-    grammar = await request_grammar(service, body)
+    grammar = await request_grammar(service, body, forced=inputs.chat.tool_choice == "required")
     size = await body_size(request)
-    params, req, out = await service.text.run(size, _prepare, service, body, inputs, grammar)
+    params, ids, out, forced = await service.text.run(
+        size, _prepare, service, body, inputs, grammar
+    )
+    if forced is not None:
+        params = replace(params, grammar=await compile_grammar(service, forced, "tools"))
+    req = engine_request(service, params, ids, "input")
     shape = _Response(service, body, params, inputs)
     items = Items(out.parser())
     with Generation(service, req, params, request, keep=out.keep) as gen:

@@ -3,18 +3,23 @@
 OpenAI's ``response_format`` (json_object, json_schema), the Responses API's ``text.format`` (the
 same, with the json_schema fields flat in the format), and llama-server's ``json_schema`` and
 ``grammar`` (GBNF); which route takes which is fields.py's business. At most one of them per
-request. Compiling runs off the event loop and is cached by the grammar's text; a schema or
-grammar that does not compile is a 400 naming its field.
+request, and none with a forced tool call (``tool_choice`` required or named, Anthropic's any or
+tool), whose grammar (tool_grammar.py) is built once the prompt is rendered. Compiling runs off
+the event loop and is cached by the grammar's text; a schema or grammar that does not compile is
+a 400 naming its field.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from mgserve.api.chat_inputs import ChatInputs
 from mgserve.api.errors import ApiError
 from mgserve.api.fields import Fields
 from mgserve.api.service import Service
+from mgserve.api.tool_grammar import forced_calls, mistral_layout, think_state
 from mgserve.core.grammar import Grammar, GrammarError, GrammarSpec
+from mgserve.core.grammar.vocab import is_special
 
 
 def _schema(v: Any, param: str) -> GrammarSpec:
@@ -77,14 +82,50 @@ def grammar_spec(body: dict[str, Any]) -> tuple[GrammarSpec, str] | None:
     return found[0] if found else None
 
 
-async def request_grammar(service: Service, body: dict[str, Any]) -> Grammar | None:
-    """The request's grammar, compiled off the event loop (cached by its text); a bad schema or
-    grammar is a 400 naming its field."""
-    found = grammar_spec(body)
-    if found is None:
-        return None
-    spec, param = found
+async def compile_grammar(service: Service, spec: GrammarSpec, param: str) -> Grammar:
+    """``spec`` compiled off the event loop (cached by its text); one that does not compile is a
+    400 naming ``param``."""
     try:
         return await service.grammars.compile_async(spec)
     except GrammarError as e:
         raise ApiError(f"invalid {param}: {e}", param=param) from None
+
+
+async def request_grammar(
+    service: Service, body: dict[str, Any], forced: bool = False
+) -> Grammar | None:
+    """The request's grammar; ``forced``: a tool call is forced, so there may be none."""
+    found = grammar_spec(body)
+    if found is None:
+        return None
+    if forced:
+        raise ApiError(
+            f"a forced tool call (tool_choice) and '{found[1]}' both constrain the output; "
+            "give one",
+            param=found[1],
+        )
+    return await compile_grammar(service, *found)
+
+
+def forced_call_spec(service: Service, inputs: ChatInputs, prompt: str) -> GrammarSpec | None:
+    """The grammar of the calls ``inputs`` force (None when they force none), after ``prompt``
+    (the rendered prompt: whether it opened or closed a reasoning block)."""
+    if inputs.tool_choice != "required":
+        return None
+    assert inputs.tools, "chat_inputs checks that forced calls have tools"
+    tok = service.tokenizer
+
+    def special(marker: str) -> int | None:
+        tid = tok.token_id(marker)
+        return tid if tid is not None and is_special(tok, tid) else None
+
+    fmt = service.chat_format
+    text = forced_calls(
+        fmt,
+        [t for t in inputs.tools if inputs.tool_name in (None, t["function"]["name"])],
+        parallel=inputs.parallel_tool_calls,
+        think=think_state(fmt, prompt),
+        special=special,
+        mistral=mistral_layout(service.chat.source),
+    )
+    return GrammarSpec("lark", text)

@@ -49,9 +49,10 @@ CASES: list[tuple[dict[str, Any], str, str]] = [
     ({"tools": [{"type": "function"}]}, "tools", "tools[0].name must be a string"),
     ({"tools": [TOOL | {"strict": "yes"}]}, "tools", "tools[0].strict must be a boolean"),
     ({"tools": [TOOL]}, "tools", "writes no tool calls"),  # the Gemma template
-    ({"tool_choice": "required"}, "tool_choice", "'required' is not supported yet"),
-    ({"tool_choice": {"type": "function", "name": "f"}}, "tool_choice", "constrained decoding"),
-    ({"tool_choice": "any"}, "tool_choice", "takes 'auto' or 'none'"),
+    ({"tool_choice": "required"}, "tool_choice", "has no 'tools'"),
+    ({"tool_choice": {"type": "function", "name": "f"}}, "tool_choice", "has no 'tools'"),
+    ({"tool_choice": {"type": "function"}}, "tool_choice", "name must be a string"),
+    ({"tool_choice": "any"}, "tool_choice", "takes 'auto', 'none', 'required'"),
     ({"tools": {"type": "function"}}, "tools", "'tools' must be a list"),
     ({"tool_choice": {"type": "allowed_tools"}}, "tool_choice", "'allowed_tools' is not"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input", "input[0].role must be one of"),

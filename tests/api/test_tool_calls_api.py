@@ -165,12 +165,6 @@ async def test_reasoning_format_none_keeps_the_raw_text(make_client: Any) -> Non
 @pytest.mark.parametrize(
     ("kw", "param", "says"),
     [
-        ({"tool_choice": "required"}, "tool_choice", "constrained decoding"),
-        (
-            {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
-            "tool_choice",
-            "constrained decoding",
-        ),
         ({"extra_body": {"reasoning_format": "deepseek-legacy"}}, "reasoning_format", "one of"),
     ],
 )

@@ -1,4 +1,4 @@
-"""Grammars from their text: JSON schemas and GBNF, validated and compiled once per text.
+"""Grammars from their text: JSON schemas, GBNF and Lark, validated and compiled once per text.
 
 ``GrammarCompiler.compile(spec)`` checks a grammar against the vocabulary and returns a
 ``Grammar``, shared (and cached, by kind and text) by every request that asks for the same one;
@@ -7,7 +7,8 @@ llguidance's message, for the API's 400.
 
 JSON is generated in one fixed layout, ``{"a": 1, "b": [2, 3]}`` (", " and ": ", no other
 whitespace): a small model sampling freely cannot wander into whitespace, and the text is what
-``json.dumps`` writes. A schema's own ``x-guidance`` options (llguidance's) override this.
+``json.dumps`` writes. A schema's own ``x-guidance`` options (llguidance's) override this; a
+Lark grammar's embedded ``%json`` schemas carry these options themselves.
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ class GrammarError(ValueError):
 
 
 class GrammarSpec(NamedTuple):
-    kind: Literal["json_schema", "gbnf"]
-    text: str  # the schema as JSON text, or the GBNF (llama.cpp's grammar format) source
+    kind: Literal["json_schema", "gbnf", "lark"]
+    # the schema as JSON text, the GBNF (llama.cpp's grammar format) source, or a grammar in
+    # llguidance's Lark syntax (the server's own: forced tool calls)
+    text: str
 
     @classmethod
     def json_schema(cls, schema: Any) -> GrammarSpec:
@@ -65,7 +68,7 @@ def _llguidance_grammar(spec: GrammarSpec) -> str:
     try:
         if spec.kind == "json_schema":
             return llguidance.LLMatcher.grammar_from_json_schema(spec.text, defaults=JSON_OPTIONS)
-        return llguidance.grammar_from("gbnf", spec.text)
+        return llguidance.grammar_from(spec.kind, spec.text)
     except ValueError as e:
         raise GrammarError(str(e)) from None
 
