@@ -31,7 +31,7 @@ import torch
 
 from mgserve.bench import invariance
 from mgserve.cuda.models.base import Span, Step
-from tests.cuda.test_device_models import _export
+from tests.cuda.test_device_models import _export, _tokens
 
 ARCHS = ("qwen3", "gemma3", "qwen3moe", "qwen3next", "qwen4exp")
 LENGTHS, N_PROMPTS, STEPS = "13..200", 5, 8
@@ -68,13 +68,19 @@ def _first_position(b: Any, prompts: list[tuple[int, ...]], i: int) -> str:
     alone = _all_logits(b.model, b.device, [(i, prompts[i])])
     both = _all_logits(b.model, b.device, list(enumerate(prompts)))
     off = sum(len(p) for p in prompts[:i])
-    both = both[off : off + len(prompts[i])]
+    return _where(alone, both[off : off + len(prompts[i])]) or (
+        "every position equal in a direct forward"
+    )
+
+
+def _where(alone: torch.Tensor, both: torch.Tensor) -> str | None:
+    """Where one prompt's [T, V] logits alone and beside others first differ (None: nowhere)."""
     bad = (alone != both).any(dim=1).nonzero().flatten().tolist()
     if not bad:
-        return "every position equal in a direct forward"
+        return None
     d = (alone - both).abs().amax(dim=1)
     first, worst = float(d[bad[0]]), float(d.max())
-    return (f"first differing position {bad[0]} of {len(prompts[i])} (max |diff| there "
+    return (f"first differing position {bad[0]} of {alone.shape[0]} (max |diff| there "
             f"{first:.3g}; {len(bad)} positions differ, worst {worst:.3g})")  # fmt: skip
 
 
@@ -108,6 +114,31 @@ def _check(b: Any) -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_torch_backend_is_batch_invariant(arch: str, tmp_path: Path) -> None:
     _check(_bench(_export(arch, tmp_path), "cpu"))
+
+
+@pytest.mark.usefixtures("eight_threads")
+def test_torch_prefill_is_batch_invariant_on_eight_threads(tmp_path: Path) -> None:
+    """qwen4exp's prefill on 8 intra-op threads, which split its [N, hc * d] = [N, 1024]
+    elementwise ops (over 32768 values) at offsets that CI's 2 threads do not: the same five
+    prompts' logits at every position, each alone against all five in one step, bitwise (direct
+    forwards of the model, without the runner's warm-up and decode: it stays cheap)."""
+    from mgserve.core.gguf.reader import GGUFFile
+    from mgserve.cuda.backend import load_device_model, torch_backend
+
+    cpu = torch.device("cpu")
+    model = load_device_model(
+        GGUFFile(_export("qwen4exp", tmp_path)), torch_backend(), cpu, N_PROMPTS, 512
+    )
+    sizes = invariance.lengths(LENGTHS, N_PROMPTS)
+    prompts = [tuple(_tokens(n, 1000 + i, model.spec.n_vocab)) for i, n in enumerate(sizes)]
+    both = _all_logits(model, cpu, list(enumerate(prompts)))
+    errors, off = [], 0
+    for i, p in enumerate(prompts):
+        where = _where(_all_logits(model, cpu, [(i, p)]), both[off : off + len(p)])
+        if where:
+            errors.append(f"prompt {i} ({len(p)} tokens): {where}")
+        off += len(p)
+    assert not errors, "qwen4exp prefill on 8 threads not batch-invariant:\n" + "\n".join(errors)
 
 
 @pytest.mark.gpu
