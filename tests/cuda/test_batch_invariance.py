@@ -16,8 +16,10 @@ together, with every row's logits), which tells a per-token op (GEMM tiling, MoE
 step's tokens) from a per-sequence one (attention, recurrences).
 
 The torch backend on the CPU (CI) is built to be invariant (row-blocked products, rowwise
-transcendentals); the CUDA backend (gpu-marked) is exact and int8 mode. Issue 10 expects the CUDA
-prefill to fail until the prefill GEMMs and MoE grouping stop depending on the step's token count.
+transcendentals), on any number of intra-op threads: gemma3's and qwen4exp's prefill is also
+checked on 8 threads (direct forwards), which split large elementwise ops where CI's 2 do not.
+The CUDA backend (gpu-marked) is exact and int8 mode. Issue 10 expects the CUDA prefill to fail
+until the prefill GEMMs and MoE grouping stop depending on the step's token count.
 """
 
 from __future__ import annotations
@@ -117,17 +119,19 @@ def test_torch_backend_is_batch_invariant(arch: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("eight_threads")
-def test_torch_prefill_is_batch_invariant_on_eight_threads(tmp_path: Path) -> None:
-    """qwen4exp's prefill on 8 intra-op threads, which split its [N, hc * d] = [N, 1024]
-    elementwise ops (over 32768 values) at offsets that CI's 2 threads do not: the same five
-    prompts' logits at every position, each alone against all five in one step, bitwise (direct
-    forwards of the model, without the runner's warm-up and decode: it stays cheap)."""
+@pytest.mark.parametrize("arch", ["gemma3", "qwen4exp"])
+def test_torch_prefill_is_batch_invariant_on_eight_threads(arch: str, tmp_path: Path) -> None:
+    """The prefill on 8 intra-op threads, which split an elementwise op (GELU from 16384 values:
+    gemma3's [N, 96] FFN gate, padded to 128; the others from 32768: qwen4exp's [N, 1024]
+    hyper-connection gates) at offsets that CI's 2 threads do not: the same five prompts' logits
+    at every position, each alone against all five in one step, bitwise (direct forwards of the
+    model, without the runner's warm-up and decode: it stays cheap)."""
     from mgserve.core.gguf.reader import GGUFFile
     from mgserve.cuda.backend import load_device_model, torch_backend
 
     cpu = torch.device("cpu")
     model = load_device_model(
-        GGUFFile(_export("qwen4exp", tmp_path)), torch_backend(), cpu, N_PROMPTS, 512
+        GGUFFile(_export(arch, tmp_path)), torch_backend(), cpu, N_PROMPTS, 512
     )
     sizes = invariance.lengths(LENGTHS, N_PROMPTS)
     prompts = [tuple(_tokens(n, 1000 + i, model.spec.n_vocab)) for i, n in enumerate(sizes)]
@@ -138,7 +142,7 @@ def test_torch_prefill_is_batch_invariant_on_eight_threads(tmp_path: Path) -> No
         if where:
             errors.append(f"prompt {i} ({len(p)} tokens): {where}")
         off += len(p)
-    assert not errors, "qwen4exp prefill on 8 threads not batch-invariant:\n" + "\n".join(errors)
+    assert not errors, f"{arch} prefill on 8 threads not batch-invariant:\n" + "\n".join(errors)
 
 
 @pytest.mark.gpu
