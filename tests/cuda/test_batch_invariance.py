@@ -16,8 +16,10 @@ together, with every row's logits), which tells a per-token op (GEMM tiling, MoE
 step's tokens) from a per-sequence one (attention, recurrences).
 
 The torch backend on the CPU (CI) is built to be invariant (row-blocked products, rowwise
-transcendentals); the CUDA backend (gpu-marked) is exact and int8 mode. Issue 10 expects the CUDA
-prefill to fail until the prefill GEMMs and MoE grouping stop depending on the step's token count.
+transcendentals), on any number of intra-op threads: gemma3's and qwen4exp's prefill is also
+checked on 8 threads (direct forwards), which split large elementwise ops where CI's 2 do not.
+The CUDA backend (gpu-marked) is exact and int8 mode. Issue 10 expects the CUDA prefill to fail
+until the prefill GEMMs and MoE grouping stop depending on the step's token count.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch
 
 from mgserve.bench import invariance
 from mgserve.cuda.models.base import Span, Step
-from tests.cuda.test_device_models import _export
+from tests.cuda.test_device_models import _export, _tokens
 
 ARCHS = ("qwen3", "gemma3", "qwen3moe", "qwen3next", "qwen4exp")
 LENGTHS, N_PROMPTS, STEPS = "13..200", 5, 8
@@ -68,13 +70,19 @@ def _first_position(b: Any, prompts: list[tuple[int, ...]], i: int) -> str:
     alone = _all_logits(b.model, b.device, [(i, prompts[i])])
     both = _all_logits(b.model, b.device, list(enumerate(prompts)))
     off = sum(len(p) for p in prompts[:i])
-    both = both[off : off + len(prompts[i])]
+    return _where(alone, both[off : off + len(prompts[i])]) or (
+        "every position equal in a direct forward"
+    )
+
+
+def _where(alone: torch.Tensor, both: torch.Tensor) -> str | None:
+    """Where one prompt's [T, V] logits alone and beside others first differ (None: nowhere)."""
     bad = (alone != both).any(dim=1).nonzero().flatten().tolist()
     if not bad:
-        return "every position equal in a direct forward"
+        return None
     d = (alone - both).abs().amax(dim=1)
     first, worst = float(d[bad[0]]), float(d.max())
-    return (f"first differing position {bad[0]} of {len(prompts[i])} (max |diff| there "
+    return (f"first differing position {bad[0]} of {alone.shape[0]} (max |diff| there "
             f"{first:.3g}; {len(bad)} positions differ, worst {worst:.3g})")  # fmt: skip
 
 
@@ -108,6 +116,33 @@ def _check(b: Any) -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_torch_backend_is_batch_invariant(arch: str, tmp_path: Path) -> None:
     _check(_bench(_export(arch, tmp_path), "cpu"))
+
+
+@pytest.mark.usefixtures("eight_threads")
+@pytest.mark.parametrize("arch", ["gemma3", "qwen4exp"])
+def test_torch_prefill_is_batch_invariant_on_eight_threads(arch: str, tmp_path: Path) -> None:
+    """The prefill on 8 intra-op threads, which split an elementwise op (GELU from 16384 values:
+    gemma3's [N, 96] FFN gate, padded to 128; the others from 32768: qwen4exp's [N, 1024]
+    hyper-connection gates) at offsets that CI's 2 threads do not: the same five prompts' logits
+    at every position, each alone against all five in one step, bitwise (direct forwards of the
+    model, without the runner's warm-up and decode: it stays cheap)."""
+    from mgserve.core.gguf.reader import GGUFFile
+    from mgserve.cuda.backend import load_device_model, torch_backend
+
+    cpu = torch.device("cpu")
+    model = load_device_model(
+        GGUFFile(_export(arch, tmp_path)), torch_backend(), cpu, N_PROMPTS, 512
+    )
+    sizes = invariance.lengths(LENGTHS, N_PROMPTS)
+    prompts = [tuple(_tokens(n, 1000 + i, model.spec.n_vocab)) for i, n in enumerate(sizes)]
+    both = _all_logits(model, cpu, list(enumerate(prompts)))
+    errors, off = [], 0
+    for i, p in enumerate(prompts):
+        where = _where(_all_logits(model, cpu, [(i, p)]), both[off : off + len(p)])
+        if where:
+            errors.append(f"prompt {i} ({len(p)} tokens): {where}")
+        off += len(p)
+    assert not errors, f"{arch} prefill on 8 threads not batch-invariant:\n" + "\n".join(errors)
 
 
 @pytest.mark.gpu

@@ -20,7 +20,7 @@ from mgserve.core.models.base import SeqInput
 from mgserve.core.models.decoder import DecoderLM
 from mgserve.core.models.hybrid_weights import load_moe
 from mgserve.core.models.tensors import load, load_qkv, optional
-from mgserve.core.reference import moe, ops
+from mgserve.core.reference import moe, ops, rowwise
 from mgserve.core.reference.moe import MoeWeights
 
 
@@ -109,7 +109,7 @@ class Llama(DecoderLM):
         h = ops.rms_norm(x, self.output_norm, spec.rms_eps)  # [R, d]
         logits = ops.linear(h, self.output, self.output_b)  # [R, n_vocab]
         if spec.final_softcap > 0.0:
-            logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap
+            logits = rowwise.tanh(logits / spec.final_softcap) * spec.final_softcap
         return logits
 
     def block(

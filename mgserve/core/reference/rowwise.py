@@ -7,8 +7,11 @@ approximations of exp/log/sigmoid, so a value's rounding depends on its position
 tensor. A [N, 4] decay tensor then gives a session's token other bits beside three other
 sessions than alone, which breaks "concurrency never changes results" (DESIGN.md). ``rowwise``
 pads every row to a multiple of 64 values, so each row starts on a block boundary and no value is
-ever left to the scalar tail: each row's result is a function of that row alone.
-(Single-threaded or for tensors below ATen's 32768-element grain, as all per-token ones here are.)
+ever left to the scalar tail: each row's result is a function of that row alone. A larger tensor
+(over 32768 values, ATen's grain; GELU's over 16384) is also split over the intra-op threads at
+offsets set by its size and the thread count, each part with its own scalar tail, so ``rowwise``
+hands the function whole rows of at most 16384 values at a time: each call runs on one thread,
+from a row's start.
 
 Reductions have the same problem on both devices: torch's sum kernels split a row's reduction by
 the tensor's shape (on the GPU, rows of a small batch are spread over more threads and blocks), so
@@ -18,22 +21,27 @@ with elementwise adds only, in an order fixed by the row's own length.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 _ROW = 64  # a multiple of every SIMD block width ATen uses for float32 and float64
+_ONE_THREAD = 16384  # values that every elementwise op here runs on one thread (see above)
 
 
 def rowwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """fn(x) for an elementwise ``fn``, computed so that rows (last dim) are independent."""
     width = x.shape[-1]
-    pad = (-width) % _ROW
-    if pad == 0 and x.is_contiguous():
+    padded = width + (-width) % _ROW
+    per_call = max(1, _ONE_THREAD // max(padded, _ROW))  # rows per call (a wider row alone)
+    one_call = math.prod(x.shape[:-1]) <= per_call or x.device.type != "cpu"
+    if padded == width and x.is_contiguous() and one_call:
         return fn(x)
-    rows = F.pad(x.reshape(-1, width), (0, pad))  # [R, width + pad], rows block-aligned
-    return fn(rows)[:, :width].reshape(x.shape)
+    rows = F.pad(x.reshape(-1, width), (0, padded - width))  # [R, padded], rows block-aligned
+    y = fn(rows) if one_call else torch.cat([fn(part) for part in rows.split(per_call)])
+    return y[:, :width].reshape(x.shape)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
@@ -50,6 +58,10 @@ def softplus(x: torch.Tensor) -> torch.Tensor:
 
 def exp(x: torch.Tensor) -> torch.Tensor:
     return rowwise(torch.exp, x)
+
+
+def tanh(x: torch.Tensor) -> torch.Tensor:
+    return rowwise(torch.tanh, x)
 
 
 def sum_in_order(x: torch.Tensor, dim: int) -> torch.Tensor:

@@ -17,6 +17,7 @@ import torch
 from mgserve.core.gguf.hparams import ModelSpec
 from mgserve.core.gguf.hparams_hybrid import dense_moe
 from mgserve.core.gguf.reader import GGUFFile
+from mgserve.core.reference import rowwise
 from mgserve.cuda.loader import Loader
 from mgserve.cuda.models.base import Step, key_lengths, load_embeddings, rows
 from mgserve.cuda.models.moe import Moe, load_moe, moe_ffn
@@ -126,7 +127,7 @@ class DenseLM:
         h = b.norm.rms(rows(x, step), self.output_norm, spec.rms_eps)
         logits = b.linear.matmul(h, self.output, bias=self.output_b)
         if spec.final_softcap > 0.0:  # gemma2-style files only
-            logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap
+            logits = rowwise.tanh(logits / spec.final_softcap) * spec.final_softcap
         return logits
 
     def block(self, il: int, layer: DenseLayer, x: torch.Tensor, step: Step) -> torch.Tensor:
