@@ -65,7 +65,7 @@ def token_attrs(meta: Mapping[str, Any], n_vocab: int) -> np.ndarray:
 def derive_eog(
     token_to_id: Mapping[str, int], attrs: np.ndarray, eos: int | None, roles: Mapping[str, int]
 ) -> frozenset[int]:
-    """End-of-generation ids as llama.cpp derives them (``roles``: special_roles'); updates
+    """End-of-generation ids as llama.cpp derives them (``roles``: roles.special_roles'); updates
     ``attrs`` in place the same way (EOG texts become control; a few model-family fix-ups)."""
     texts = {token_to_id[t]: t for t in EOG_TEXTS if t in token_to_id}
     for tid in texts:
