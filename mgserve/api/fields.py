@@ -68,6 +68,8 @@ LLAMA_COMPLETION = (
     | IGNORED
     | {"prompt", "n_predict", "max_tokens", "n_probs", "return_tokens", "grammar", "json_schema"}
 ) | {"cache_prompt"}
+# llama-server's /infill: /completion's fields and the text around the cursor (api/infill.py)
+INFILL = LLAMA_COMPLETION | {"input_prefix", "input_suffix", "input_extra"}
 # Anthropic's /v1/messages (anthropic_inputs.py reads the template's part); `metadata`
 # ({"user_id"}) is an end-user id for Anthropic's abuse tracking, with no effect on the answer
 ANTHROPIC_COUNT_TOKENS = frozenset(

@@ -1,9 +1,11 @@
-"""llama-server's native routes: /completion, /tokenize, /detokenize, /apply-template, /health,
-/props, /slots, /metrics. Field names follow llama.cpp's tools/server of the vendored version."""
+"""llama-server's native routes: /completion, /infill (its prompt: infill.py), /tokenize,
+/detokenize, /apply-template, /health, /props, /slots, /metrics. Field names follow llama.cpp's
+tools/server of the vendored version."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -15,6 +17,7 @@ from mgserve.api.errors import ApiError
 from mgserve.api.fields import Fields
 from mgserve.api.generate import Generation, TokenOut
 from mgserve.api.http import SERVICE, json_response
+from mgserve.api.infill import check_model, infill_inputs, infill_prompt
 from mgserve.api.prompts import check_ids, llama_prompt, mixed_prompt, render_chat
 from mgserve.api.protocol import GenParams, body_size, engine_request, llama_params, read_body
 from mgserve.api.service import Service
@@ -71,17 +74,33 @@ def _settings(service: Service, params: GenParams) -> dict[str, Any]:
 
 
 async def completion(request: web.Request) -> web.StreamResponse:
-    service = request.app[SERVICE]
     body = await read_body(request, fields.LLAMA_COMPLETION)
     if "prompt" not in body:
         raise ApiError("'prompt' is required", param="prompt")
+    return await _complete(request, body, lambda service, _: llama_prompt(service, body["prompt"]))
+
+
+async def infill(request: web.Request) -> web.StreamResponse:
+    fim = check_model(request.app[SERVICE])  # before the body, as llama-server does
+    body = await read_body(request, fields.INFILL)
+    inputs = infill_inputs(body)
+    return await _complete(request, body, lambda s, p: infill_prompt(s, fim, inputs, p))
+
+
+async def _complete(
+    request: web.Request,
+    body: dict[str, Any],
+    build_prompt: Callable[[Service, GenParams], list[int]],
+) -> web.StreamResponse:
+    """/completion's answer to ``body``, whose prompt ``build_prompt`` makes (on the text pool)."""
+    service = request.app[SERVICE]
     Fields(body).get_bool("cache_prompt", True)  # a prompt's cached prefix is always reused
     return_tokens = Fields(body).get_bool("return_tokens", False)
     grammar = await request_grammar(service, body)
 
     def work() -> tuple[GenParams, Request, str]:  # on the text pool
         params = llama_params(body, service, grammar)
-        prompt = llama_prompt(service, body["prompt"])
+        prompt = build_prompt(service, params)
         req = engine_request(service, params, prompt)
         return params, req, service.tokenizer.decode(prompt)  # the text the response echoes
 
@@ -224,6 +243,7 @@ async def metrics(request: web.Request) -> web.Response:
 ROUTES = [
     web.post("/completion", completion),
     web.post("/completions", completion),
+    web.post("/infill", infill),
     web.post("/tokenize", tokenize),
     web.post("/detokenize", detokenize),
     web.post("/apply-template", apply_template),

@@ -46,16 +46,28 @@ def check_text_size(service: Service, text: str, param: str = "prompt") -> None:
 
 
 def encode_text(
-    service: Service, text: str, add_special: bool = True, param: str = "prompt"
+    service: Service,
+    text: str,
+    add_special: bool = True,
+    param: str = "prompt",
+    parse_special: bool = True,
 ) -> list[int]:
     check_text_size(service, text, param)
     # special-token text in a prompt is parsed, as llama-server does for completions and chat
-    return service.tokenizer.encode(text, add_special=add_special, parse_special=True)
+    return service.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
 
 
-def mixed_prompt(service: Service, items: list[Any], param: str, limit: bool = True) -> list[int]:
-    """llama-server's [id, "text", id, ...]: text tokenized, BOS only before a leading text.
-    ``limit=False`` (/tokenize) tokenizes texts of any size the body limit lets through."""
+def mixed_prompt(
+    service: Service,
+    items: list[Any],
+    param: str,
+    limit: bool = True,
+    add_special: bool = True,
+    parse_special: bool = True,
+) -> list[int]:
+    """llama-server's [id, "text", id, ...]: text tokenized, BOS (with ``add_special``) only before
+    a leading text. ``limit=False`` (/tokenize) tokenizes texts of any size the body limit lets
+    through."""
     if limit:
         check_text_size(service, "".join(s for s in items if isinstance(s, str)), param)
     ids: list[int] = []
@@ -63,7 +75,11 @@ def mixed_prompt(service: Service, items: list[Any], param: str, limit: bool = T
         if _is_id(item):
             ids.append(item)
         elif isinstance(item, str):
-            ids.extend(service.tokenizer.encode(item, add_special=(i == 0), parse_special=True))
+            ids.extend(
+                service.tokenizer.encode(
+                    item, add_special=add_special and i == 0, parse_special=parse_special
+                )
+            )
         else:
             raise ApiError(f"{param}[{i}] must be a token id or a string", param=param)
     return check_ids(ids, service.n_vocab, param)

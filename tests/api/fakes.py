@@ -13,6 +13,7 @@ import time
 from collections import deque
 
 from mgserve.core.engine.contract import Request, TokenEvent, TopLogprob
+from mgserve.core.text.roles import FimTokens
 from mgserve.core.text.special import ATTR_CONTROL, ATTR_NORMAL
 
 SPECIALS = ("<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>")
@@ -29,6 +30,7 @@ class FakeTokenizer:
     eos_id = EOS
     eog_ids = frozenset({EOS, EOT})
     add_bos = True
+    fim = FimTokens()  # none: /infill refuses
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         ids = [BOS] if add_special and self.add_bos else []
@@ -117,13 +119,14 @@ class FakeStream:
 
 
 class FakeEngine:
-    """Replies with ``reply`` (bytes) then EOS, one token per step for each busy slot."""
+    """Replies with ``reply`` (bytes, or token ids) then EOS, one token per step for each busy
+    slot."""
 
     def __init__(
         self,
         n_slots: int = 2,
         n_ctx: int = 256,
-        reply: bytes = b"Hello, world!",
+        reply: bytes | list[int] = b"Hello, world!",
         step_s: float = 0.001,
         fail_at: int | None = None,
     ) -> None:

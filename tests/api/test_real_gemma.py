@@ -68,6 +68,18 @@ async def test_chat_through_the_openai_client(client: TestClient[Any, Any]) -> N
     assert r.choices[0].finish_reason in ("stop", "length")
 
 
+async def test_infill_is_refused_gemma_3_has_no_fim_tokens(
+    client: TestClient[Any, Any], service: Service
+) -> None:
+    assert service.tokenizer.fim.missing() == ["prefix", "suffix", "middle"]
+    body = {"input_prefix": "def f(", "input_suffix": "):\n"}
+    resp = await client.post("/infill", json=body)
+    assert resp.status == 400
+    assert (await resp.json())["error"]["message"].startswith(
+        "infill is not supported by this model"
+    )
+
+
 async def _stream_text(client: TestClient[Any, Any], prompt: str) -> str:
     body = {"prompt": prompt, "n_predict": 8, "temperature": 0, "stream": True}
     resp = await client.post("/completion", json=body)

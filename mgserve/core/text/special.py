@@ -44,34 +44,6 @@ EOG_TEXTS = frozenset(
         "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[",
     ]
 )  # fmt: skip
-# Ids llama.cpp finds by text when their key is absent; the token found becomes control.
-# (llama.cpp takes the first hit in hash-map order; we mark every hit, which only differs for a
-# vocab holding two candidates for the same role.)
-_DETECTED: dict[str, tuple[str, ...]] = {
-    "tokenizer.ggml.eot_token_id": (
-        "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-        "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>",
-        "<end_of_utterance>",
-    ),
-    "tokenizer.ggml.eom_token_id": ("<|eom_id|>",),
-    "tokenizer.ggml.fim_pre_token_id": (
-        "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
-        "<|code_prefix|>", "<|prefix|>",
-    ),
-    "tokenizer.ggml.fim_suf_token_id": (
-        "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
-        "<|code_suffix|>", "<|suffix|>",
-    ),
-    "tokenizer.ggml.fim_mid_token_id": (
-        "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
-        "<|code_middle|>", "<|middle|>",
-    ),
-    "tokenizer.ggml.fim_pad_token_id": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
-    "tokenizer.ggml.fim_rep_token_id": (
-        "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>",
-    ),
-    "tokenizer.ggml.fim_sep_token_id": ("<|file_sep|>",),
-}  # fmt: skip
 # roles whose token also ends generation
 _EOG_ROLES = ("eot", "eom", "fim_pad", "fim_rep", "fim_sep")
 
@@ -91,27 +63,14 @@ def token_attrs(meta: Mapping[str, Any], n_vocab: int) -> np.ndarray:
 
 
 def derive_eog(
-    meta: Mapping[str, Any], token_to_id: Mapping[str, int], attrs: np.ndarray, eos: int | None
+    token_to_id: Mapping[str, int], attrs: np.ndarray, eos: int | None, roles: Mapping[str, int]
 ) -> frozenset[int]:
-    """End-of-generation ids as llama.cpp derives them; updates ``attrs`` in place the same way
-    (tokens found by text become control; a few model-family fix-ups)."""
-    n_vocab = len(attrs)
-    role_ids: dict[str, int] = {}
-    for key, candidates in _DETECTED.items():
-        role = key.removeprefix("tokenizer.ggml.").removesuffix("_token_id")
-        tid = meta.get(key)
-        if tid is not None and 0 <= int(tid) < n_vocab:
-            role_ids[role] = int(tid)
-            continue
-        hits = [token_to_id[t] for t in candidates if t in token_to_id]
-        for hit in hits:
-            attrs[hit] |= ATTR_CONTROL
-        if hits:
-            role_ids[role] = hits[0]
+    """End-of-generation ids as llama.cpp derives them (``roles``: roles.special_roles'); updates
+    ``attrs`` in place the same way (EOG texts become control; a few model-family fix-ups)."""
     texts = {token_to_id[t]: t for t in EOG_TEXTS if t in token_to_id}
     for tid in texts:
         attrs[tid] |= ATTR_CONTROL
-    eog = set(texts) | {role_ids[r] for r in _EOG_ROLES if r in role_ids}
+    eog = set(texts) | {roles[r] for r in _EOG_ROLES if r in roles}
     if eos is not None:
         eog.add(eos)
     for text in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"):  # gpt-oss

@@ -4,8 +4,8 @@ Supported vocab types: SentencePiece-style (``tokenizer.ggml.model == "llama"``,
 Llama 2; see spm.py), BPE (``"gpt2"``: byte-level, Qwen, Llama 3, SmolLM, every
 ``tokenizer.ggml.pre`` llama.cpp knows; ``"gemma4"``: raw UTF-8 with ``▁`` for spaces;
 bpe.py, pretok.py, pretok_types.py) and WordPiece (``"bert"``; wpm.py).
-Special tokens, bos/eos handling and the end-of-generation set follow llama-vocab.cpp
-(special.py); text comes back through detokenizer.py.
+Special tokens, bos/eos handling, the end-of-generation set and the fill-in-the-middle tokens
+follow llama-vocab.cpp (special.py, roles.py); text comes back through detokenizer.py.
 
     tok = Tokenizer.from_metadata(GGUFFile(path).metadata)
     ids = tok.encode("<start_of_turn>user\\nHi", parse_special=True)
@@ -22,6 +22,7 @@ import numpy as np
 from mgserve.core.text.bpe import BpeEncoder, decode_text
 from mgserve.core.text.detokenizer import IncrementalDetokenizer, detokenize
 from mgserve.core.text.pretok_types import PRE_TYPES, PreType
+from mgserve.core.text.roles import FimTokens, special_roles
 from mgserve.core.text.special import (
     ATTR_BYTE,
     ATTR_CONTROL,
@@ -121,7 +122,9 @@ class Tokenizer:
             self.add_bos = True
         self.bos_id: int | None = self._special_id(meta, "bos", default_bos)
         self.eos_id: int | None = self._special_id(meta, "eos", default_eos)
-        self.eog_ids: frozenset[int] = derive_eog(meta, self._to_id, attrs, self.eos_id)
+        roles = special_roles(meta, self._to_id, attrs)
+        self.eog_ids: frozenset[int] = derive_eog(self._to_id, attrs, self.eos_id, roles)
+        self.fim: FimTokens = FimTokens.from_roles(roles)  # what /infill builds prompts from
         mark_unused(self._tokens, attrs)
         self._attrs: list[int] = attrs.tolist()
         self._lstrip, self._rstrip = strip_rules(meta, self._to_id, self._attrs)
