@@ -51,7 +51,7 @@ class Settings:
         8192,
         "recurrent (Gated DeltaNet) models: also checkpoint a slot's state every N prompt "
         "tokens, so a request sharing part of a long prompt starts from the nearest one "
-        "(0 or -1: only at the end of each prompt)",
+        "(0 or -1: only at the last chunk end before each prompt's end)",
         "--checkpoint-every",
         "-cpent",
         "--checkpoint-every-n-tokens",

@@ -190,3 +190,20 @@ def test_a_rewindable_model_takes_no_checkpoints() -> None:
     s.add(req("a", list(range(1, 21)), max_tokens=1))
     b = s.schedule()
     assert b is not None and b.work[0].tokens == tuple(range(1, 17)) and not b.work[0].checkpoint
+
+
+def test_checkpoint_settings_take_llama_server_flags_and_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import argparse
+
+    from mgserve.config import Settings, add_arguments, settings_from
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    monkeypatch.setenv("MGSERVE_CACHE_RAM", "64")
+    s = settings_from(parser.parse_args(["-cpent", "4096", "-ctxcp", "2"]))
+    assert (s.checkpoint_every, s.ctx_checkpoints, s.cache_ram) == (4096, 2, 64)
+    for bad, field in (({"cache_ram": -1}, "cache-ram"), ({"ctx_checkpoints": -1}, "ctx-ch")):
+        with pytest.raises(ValueError, match=field):
+            Settings(**bad)  # type: ignore[arg-type]
