@@ -47,6 +47,30 @@ class Settings:
         "-b",
         "--batch-size",
     )
+    checkpoint_every: int = _opt(
+        8192,
+        "recurrent (Gated DeltaNet) models: also checkpoint a slot's state every N prompt "
+        "tokens, so a request sharing part of a long prompt starts from the nearest one "
+        "(0 or -1: only at the last chunk end before each prompt's end)",
+        "--checkpoint-every",
+        "-cpent",
+        "--checkpoint-every-n-tokens",
+    )
+    ctx_checkpoints: int = _opt(
+        8,
+        "recurrent models: checkpoints kept per slot in device memory, the least recently used "
+        "moved to host memory (0: none; a slot is then reused only when its whole history "
+        "starts the prompt)",
+        "--ctx-checkpoints",
+        "-ctxcp",
+    )
+    cache_ram: int = _opt(
+        8192,
+        "MiB of host memory for checkpoints moved out of device memory, all slots together; "
+        "the least recently used are dropped (0: none)",
+        "--cache-ram",
+        "-cram",
+    )
     api_key: str | None = _opt(
         None, "require 'Authorization: Bearer KEY' (not on /health)", "--api-key"
     )
@@ -105,6 +129,12 @@ class Settings:
             raise ValueError(f"parallel must be >= 1, got {self.parallel}")
         if self.batch_size < 1:
             raise ValueError(f"batch-size must be >= 1, got {self.batch_size}")
+        if self.checkpoint_every < -1:
+            raise ValueError(f"checkpoint-every must be >= -1, got {self.checkpoint_every}")
+        if self.ctx_checkpoints < 0:
+            raise ValueError(f"ctx-checkpoints must be >= 0, got {self.ctx_checkpoints}")
+        if self.cache_ram < 0:
+            raise ValueError(f"cache-ram must be >= 0 MiB, got {self.cache_ram}")
         if self.reasoning_budget != -1:
             raise ValueError(
                 f"reasoning-budget {self.reasoning_budget}: a reasoning budget is not implemented "

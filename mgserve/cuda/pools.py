@@ -91,13 +91,22 @@ class SlotPools:
         self.blocks[il] = torch.zeros(self.n_slots, self.n_ctx // ratio, dim, device=device)
         self.pending[il] = torch.zeros(self.n_slots, ratio, dim, device=device)
 
+    def recurrent(self, slot: int) -> list[torch.Tensor]:
+        """Views of what ``slot`` holds that only goes forward: DeltaNet conv and recurrent
+        states, QSA pending keys, the PLE conv history (what a checkpoint copies). K/V and block
+        keys are positional: rewritten before they are read."""
+        views = [t[slot] for t in (*self.conv.values(), *self.ssm.values(), *self.pending.values())]
+        return views if self.ple_conv is None else [*views, self.ple_conv[slot]]
+
     def reset_slot(self, slot: int) -> None:
-        """Start a new sequence in ``slot``: recurrent state and histories to zero. K/V and block
-        keys are positional and are rewritten before they are read."""
-        for t in (*self.conv.values(), *self.ssm.values(), *self.pending.values()):
-            t[slot].zero_()
-        if self.ple_conv is not None:
-            self.ple_conv[slot].zero_()
+        """Start a new sequence in ``slot``: recurrent state and histories to zero."""
+        for t in self.recurrent(slot):
+            t.zero_()
+
+    @property
+    def recurrent_nbytes(self) -> int:
+        """What one slot's ``recurrent`` state (a checkpoint) takes."""
+        return sum(t.nbytes for t in self.recurrent(0))
 
     @property
     def nbytes(self) -> int:

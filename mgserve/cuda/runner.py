@@ -3,24 +3,28 @@
 The twin of ``mgserve/core/engine/runner.py`` (same contract, ``Engine(runner=...)``). One step:
 
 1. prompt chunks (and first tokens at position 0) run as one eager prefill step;
-2. sessions decoding one token run as one decode step, a CUDA-graph replay of their batch-size
-   bucket on a GPU (``graphs.py``);
+2. sessions decoding one token (a last prompt token too) run as one decode step, a CUDA-graph
+   replay of their batch-size bucket on a GPU (``graphs.py``);
 3. the logits of every row that samples go through the device sampler together, and the token ids
    come back through pinned memory behind ONE event, the only host-device synchronisation of the
    step (DESIGN.md).
 
 Sessions keep their state in the model's ``SlotPools`` (slot-indexed); the runner keeps, per
 running slot, what sampling needs on the host: the penalty window, the draw counter and, under a
-grammar, the matcher whose mask is computed while the device runs the step's forward.
+grammar, the matcher whose mask is computed while the device runs the step's forward. A recurrent
+model's checkpoints (``snapshots.py``) are restored before the forward and taken after it, in the
+order the scheduler's book gives (core/engine/checkpoints.py).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
+from mgserve.core.engine.checkpoints import CheckpointStore
 from mgserve.core.engine.contract import (
     MAX_N_PROBS,
     SamplingParams,
@@ -34,6 +38,7 @@ from mgserve.core.grammar import Matcher
 from mgserve.cuda.graphs import DecodeInputs, EagerDecode, GraphDecode
 from mgserve.cuda.models.base import DeviceLM, Span, Step
 from mgserve.cuda.sampling import DeviceSampler, HostBuffers, SamplingBatch, SamplingRow, seeded
+from mgserve.cuda.snapshots import DeviceCheckpoint, load, save, to_host
 
 
 @dataclass
@@ -60,6 +65,13 @@ class DeviceRunner:
         self._host = HostBuffers.allocate(model.pools.n_slots, MAX_N_PROBS)
         self._slots: dict[int, _SlotSampling] = {}
         self._done = torch.cuda.Event() if device.type == "cuda" else None
+        self.checkpoints: CheckpointStore[DeviceCheckpoint] = CheckpointStore(
+            partial(save, model), partial(load, model), to_host
+        )
+
+    @property
+    def checkpoint_nbytes(self) -> int:
+        return self.model.pools.recurrent_nbytes
 
     def run(self, batch: ScheduledBatch) -> StepResult:
         t0 = time.perf_counter()
@@ -75,13 +87,15 @@ class DeviceRunner:
                 )
             if w.start == 0:
                 self.model.begin_sequence(w.slot)
-        prefill = [w for w in batch.work if len(w.tokens) > 1 or w.start == 0]
-        decode = [w for w in batch.work if not (len(w.tokens) > 1 or w.start == 0)]
+        self.checkpoints.before(batch)
+        decode = [w for w in batch.work if len(w.tokens) == 1 and w.start > 0 and w.sample]
+        prefill = [w for w in batch.work if w not in decode]
         parts: list[tuple[list[SeqWork], torch.Tensor]] = []
         if prefill:
             parts.append(([w for w in prefill if w.sample], self._prefill(prefill)))
         if decode:
             parts.append((decode, self._decode(decode)))
+        self.checkpoints.after(batch)
         sampled = [w for ws, _ in parts for w in ws]
         for w in batch.work:  # the step's tokens enter each session's penalty window
             self._slots[w.slot].history.extend(w.tokens)

@@ -4,6 +4,7 @@ on the CPU path: template, tokenizer, engine, model."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ FILE = Path(__file__).resolve().parents[1] / "data" / "converted_qwen4exp.gguf"
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[Service]:
-    yield build_service(Settings(model=str(FILE), ctx_size=256, parallel=2, device="cpu"))
+    settings = Settings(model=str(FILE), ctx_size=256, parallel=2, device="cpu", batch_size=32)
+    yield build_service(dataclasses.replace(settings, checkpoint_every=64))
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +54,16 @@ async def test_greedy_is_the_same_twice(client: TestClient[Any, Any]) -> None:
     a = await (await client.post("/completion", json=body)).json()
     b = await (await client.post("/completion", json=body)).json()
     assert a["tokens_predicted"] >= 1 and a["content"] == b["content"]
+
+
+async def test_an_edited_prompt_reuses_the_nearest_checkpoint(client: TestClient[Any, Any]) -> None:
+    """A 100-token prompt leaves checkpoints at 64 and 96 (chunks of 32); one sharing its first
+    80 tokens computes from 64, which timings.cache_n and the metrics show."""
+    a = [(7 * i) % 200 + 20 for i in range(100)]
+    b = a[:80] + [3, 4, 5, 6, 8, 9, 10, 11, 12, 13]
+    body = {"n_predict": 4, "temperature": 0}
+    await client.post("/completion", json={**body, "prompt": a})
+    warm = await (await client.post("/completion", json={**body, "prompt": b})).json()
+    assert (warm["timings"]["cache_n"], warm["timings"]["prompt_n"]) == (64, 26)
+    metrics = await (await client.get("/metrics")).text()
+    assert "mgserve_checkpoint_restores_total 1" in metrics

@@ -2,7 +2,8 @@
 
 Tiny random qwen3next and qwen4exp models (tests/core/hybrid_export.py, qwen4exp_export.py). Each
 request's greedy tokens must equal a fresh engine's, whether its slot's history is reused (the new
-prompt extends it), must be dropped (the prompts share only a part), or other sessions run beside.
+prompt extends it), goes back to a checkpoint (the prompts share only a part; more in
+test_engine_checkpoints.py), or other sessions run beside.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ async def test_reused_and_dropped_histories_give_fresh_results(model: Any) -> No
     try:
         out_a = await _generate(engine, "a", a)
         extends = a + out_a[:-1] + [7, 8, 9]  # the slot's whole history, then more
-        shares = a[:20] + [5, 6]  # only part of it: the state cannot go back
+        shares = a[:20] + [5, 6]  # only part of it: back to the checkpoint at 16
         got = [await _generate(engine, rid, p) for rid, p in (("b", extends), ("c", shares))]
         assert engine.slots()[0]["n_cached_tokens"] > 0
     finally:

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple, Protocol
 
 from mgserve.config import Settings
+from mgserve.core.engine.checkpoints import CheckpointBook
 from mgserve.core.engine.contract import Request, ScheduledBatch, StepResult, TokenEvent
 from mgserve.core.engine.metrics import Counter, Gauge, Histogram, Registry
 from mgserve.core.engine.scheduler import Scheduler
@@ -26,6 +27,11 @@ log = logging.getLogger(__name__)
 
 class Runner(Protocol):
     def run(self, batch: ScheduledBatch) -> StepResult: ...
+
+    @property
+    def checkpoint_nbytes(self) -> int:
+        """Bytes of one recurrent-state checkpoint (0: the model's state rewinds)."""
+        ...
 
 
 class _Submit(NamedTuple):
@@ -86,8 +92,20 @@ class Engine:
                 model, self.n_slots, self.n_ctx, settings.cache_type_k, settings.cache_type_v
             )
         self._runner = runner
+        book = None
+        if not model.rewindable and settings.ctx_checkpoints:
+            book = CheckpointBook(
+                max(settings.checkpoint_every, 0),
+                settings.ctx_checkpoints,
+                settings.cache_ram << 20,
+                runner.checkpoint_nbytes,
+            )
         self._sched = Scheduler(
-            self.n_slots, self.n_ctx, settings.batch_size, rewindable=model.rewindable
+            self.n_slots,
+            self.n_ctx,
+            settings.batch_size,
+            rewindable=model.rewindable,
+            checkpoints=book,
         )
         self._inbox: asyncio.Queue[_Submit | _Abort] = asyncio.Queue()
         self._streams: dict[str, RequestStream] = {}  # open requests
@@ -99,6 +117,11 @@ class Engine:
         m = self._metrics
         self._m_prompt = m.add(
             Counter("mgserve_prompt_tokens_total", "prompt tokens processed (cache hits excluded)")
+        )
+        self._m_cached = m.add(
+            Counter(
+                "mgserve_prompt_tokens_cached_total", "prompt tokens reused from a slot's cache"
+            )
         )
         self._m_gen = m.add(Counter("mgserve_generated_tokens_total", "tokens generated"))
         self._m_req = m.add(
@@ -120,6 +143,17 @@ class Engine:
             Histogram("mgserve_inter_token_latency_seconds", "between consecutive tokens")
         )
         self._m_step = m.add(Histogram("mgserve_step_seconds", "one model step on the runner"))
+        self._m_restores = m.add(
+            Counter("mgserve_checkpoint_restores_total", "recurrent-state checkpoints restored")
+        )
+        for tier, host in (("device", False), ("host", True)):
+            m.add(
+                Gauge(
+                    f"mgserve_checkpoint_{tier}_bytes",
+                    f"recurrent-state checkpoints held in {tier} memory",
+                    lambda host=host: self._sched.checkpoints.nbytes_in(host),  # type: ignore[misc]
+                )
+            )
 
     # -- the API side ----------------------------------------------------------------------------
 
@@ -190,6 +224,7 @@ class Engine:
             if batch is None:
                 self._handle(await self._inbox.get())  # idle: sleep until a message arrives
                 continue
+            self._m_restores.inc(sum(w.restore for w in batch.work))
             try:
                 result = await loop.run_in_executor(self._executor, self._runner.run, batch)
             except Exception as e:
@@ -219,6 +254,7 @@ class Engine:
                 if ev.n_generated == 1:
                     self._m_ttft.observe(now - stream.t_submit)
                     self._m_prompt.inc(ev.n_prompt - ev.n_cached)
+                    self._m_cached.inc(ev.n_cached)
                 else:
                     self._m_itl.observe(now - stream.t_last)
                 stream.t_last = now

@@ -94,15 +94,31 @@ class SeqWork:
     new_sequence: bool = False  # first work of a request in this slot: reset sampler state
     history: tuple[int, ...] = ()  # with new_sequence: tokens before `start` (penalty window)
     grammar: Grammar | None = None  # with new_sequence: the request's; the runner starts a Matcher
+    # recurrent models (checkpoints.py): before the step, load the slot's checkpoint at `start`;
+    # after it, keep one of the state at start + len(tokens)
+    restore: bool = False
+    checkpoint: bool = False
+
+
+class CheckpointMove(NamedTuple):
+    """A checkpoint the runner holds, moved by the scheduler's book (checkpoints.py)."""
+
+    slot: int
+    pos: int
+    to_host: bool  # True: from device memory to host memory; False: drop it
 
 
 @dataclass(frozen=True)
 class ScheduledBatch:
-    """Everything the runner needs for one step. The runner never looks at the queue."""
+    """Everything the runner needs for one step. The runner never looks at the queue.
+
+    The runner applies a step as: restores (``SeqWork.restore``), then ``checkpoint_moves`` in
+    order, then the forward, then new checkpoints (``SeqWork.checkpoint``)."""
 
     step: int  # monotonically increasing; results carry it back
     work: tuple[SeqWork, ...]  # at most one entry per slot
     freed_slots: tuple[int, ...] = ()  # slots released since the last step: drop their state
+    checkpoint_moves: tuple[CheckpointMove, ...] = ()
 
 
 class SeqResult(NamedTuple):

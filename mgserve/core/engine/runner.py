@@ -7,6 +7,8 @@ calls ``run`` in a worker thread so the event loop stays free while the model co
 A freed slot keeps its cache: the scheduler remembers which tokens it holds, and a later request
 with the same prefix starts past them. A cache is positional (writing at ``start`` overwrites
 whatever was at ``start`` and later), which is what makes that reuse safe without clearing it.
+A recurrent model's checkpoints (checkpoints.py) are ``HybridState`` snapshots in CPU memory; the
+book's device and host tiers are both host memory here, so a move to the host keeps it as it is.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ import time
 
 import torch
 
+from mgserve.core.engine.checkpoints import CheckpointStore
 from mgserve.core.engine.contract import ScheduledBatch, SeqResult, StepResult
 from mgserve.core.engine.sampling import SeqSampler, logprobs_for
 from mgserve.core.models.base import CausalLM, SeqInput
 from mgserve.core.models.kvcache import KVCache
+from mgserve.core.models.state import HybridState, Snapshot
 
 
 class ReferenceRunner:
@@ -36,6 +40,11 @@ class ReferenceRunner:
         self.type_k, self.type_v = type_k, type_v
         self._caches: list[KVCache | None] = [None] * n_slots  # KVCache per slot, made lazily
         self._samplers: dict[int, SeqSampler] = {}  # slot -> the running session's sampler
+        self.checkpoints: CheckpointStore[Snapshot] = CheckpointStore(
+            lambda slot: self._state(slot).snapshot(),
+            lambda slot, snap: self._state(slot).restore(snap),
+            lambda snap: snap,
+        )
 
     def _cache(self, slot: int) -> KVCache:
         cache = self._caches[slot]
@@ -44,10 +53,23 @@ class ReferenceRunner:
             self._caches[slot] = cache
         return cache
 
+    def _state(self, slot: int) -> HybridState:
+        state = self._cache(slot)
+        if not isinstance(state, HybridState):
+            raise ValueError("checkpoints are for recurrent models (a HybridState per slot)")
+        return state
+
+    @property
+    def checkpoint_nbytes(self) -> int:
+        """Bytes of one checkpoint (0: the model's state is a plain KV cache, which rewinds)."""
+        state = self._cache(0)
+        return state.recurrent_nbytes if isinstance(state, HybridState) else 0
+
     def run(self, batch: ScheduledBatch) -> StepResult:
         t0 = time.perf_counter()
         for slot in batch.freed_slots:
             self._samplers.pop(slot, None)
+        self.checkpoints.before(batch)
         seqs: list[SeqInput] = []
         for w in batch.work:
             if w.new_sequence:
@@ -61,6 +83,7 @@ class ReferenceRunner:
                 )
             )
         logits = self.model.forward(seqs)  # [n_sample, V] float32, in work order
+        self.checkpoints.after(batch)
 
         sampled = [w for w in batch.work if w.sample]
         assert logits.shape[0] == len(sampled), (logits.shape, len(sampled))

@@ -8,9 +8,10 @@ given oldest request first, so decoders keep streaming while a long prompt is ch
 Prefix reuse: every slot remembers the token ids its cache holds. A new request takes the free slot
 whose cache shares the longest prefix with its prompt and starts there; the last prompt token is
 always recomputed, since its logits give the first generated token. A recurrent state (Gated
-DeltaNet) cannot be cut back to a shorter prefix, so for such models (``rewindable=False``) a slot
-is reused only when its whole history starts the new prompt; otherwise the request starts at 0,
-which resets the state. (Checkpoints that restore a shorter prefix come with the prompt cache.)
+DeltaNet, ``rewindable=False``) cannot be cut back: such a slot is reused up to its whole history
+when that starts the prompt, else up to its latest checkpoint in the common prefix (checkpoints.py;
+the first work restores it), else from 0 (a reset). Their prompt chunks end on absolute multiples
+of ``batch_size`` (and ``--checkpoint-every``), where checkpoints are taken (checkpoints.py).
 
 A session's work is written into ``Slot.cached`` when it is scheduled, and the session is "in
 flight" until the step's result is applied; only sessions not in flight get new work. So the next
@@ -24,6 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from mgserve.core.engine.checkpoints import CheckpointBook
 from mgserve.core.engine.contract import (
     Request,
     ScheduledBatch,
@@ -45,6 +47,7 @@ class Session:
     generated: list[int] = field(default_factory=list)
     in_flight: bool = False  # work scheduled, result not yet applied
     new_sequence: bool = True  # the next work is the first of this request in its slot
+    restore: bool = False  # the first work restores the slot's checkpoint at n_cached
     t_prompt_done: float | None = None
 
     @property
@@ -62,10 +65,7 @@ class Slot:
 
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 class Scheduler:
@@ -77,12 +77,16 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         *,
         rewindable: bool = True,
+        checkpoints: CheckpointBook | None = None,
     ) -> None:
         if n_slots < 1 or n_ctx < 2 or batch_size < 1:
             raise ValueError(f"bad scheduler sizes: {n_slots=} {n_ctx=} {batch_size=}")
         self.n_ctx = n_ctx
         self.batch_size = batch_size
         self.rewindable = rewindable  # a slot's state can be cut back to any prefix of its history
+        self.checkpoints = CheckpointBook.off()  # a KV cache rewinds without them
+        if checkpoints is not None and not rewindable:
+            self.checkpoints = checkpoints
         self.slots = [Slot(i) for i in range(n_slots)]
         self.queue: deque[tuple[Request, float]] = deque()
         self._clock = clock
@@ -119,6 +123,7 @@ class Scheduler:
             slot = self.slots[w.slot]
             s = slot.session
             slot.cached.clear()  # what the cache holds is unknown now
+            self.checkpoints.keep(slot.id, -1)
             if s is not None and s.req.id == w.request_id:
                 self._release(slot)
                 events.append(self._event(slot, s, None, finish_reason="error", error=error))
@@ -141,25 +146,30 @@ class Scheduler:
                 work.append(self._work(slot, s, (s.generated[-1],), sample=True))
         budget = self.batch_size
         # Oldest request first. A prompt is always cut at the same places (every batch_size tokens
-        # from where its computation starts), whatever else runs: a chunk that does not fit what is
-        # left of the budget waits for the next step instead of being cut shorter, so a session's
-        # numbers never depend on its neighbours (DESIGN.md: concurrency never changes results).
+        # from where its computation starts; with checkpoints, on absolute multiples), whatever
+        # else runs: a chunk that does not fit what is left of the budget waits for the next step
+        # instead of being cut shorter, so a session's numbers never depend on its neighbours
+        # (DESIGN.md: concurrency never changes results).
         for slot in sorted(running, key=lambda sl: sl.session.t_added):  # type: ignore[union-attr]
             s = slot.session
             assert s is not None
             if not s.prefilling:
                 continue
-            chunk = s.req.prompt[s.n_done : s.n_done + self.batch_size]
-            if len(chunk) > budget:
+            end, ckpt = self.checkpoints.chunk_end(s.n_done, len(s.req.prompt), self.batch_size)
+            if end - s.n_done > budget:
                 continue
+            chunk = tuple(s.req.prompt[s.n_done : end])
             budget -= len(chunk)
-            s.n_done += len(chunk)
-            work.append(self._work(slot, s, tuple(chunk), sample=not s.prefilling))
+            s.n_done = end
+            work.append(self._work(slot, s, chunk, not s.prefilling, ckpt=ckpt))
         if not work:
             return None
         self._step += 1
         batch = ScheduledBatch(
-            self._step, tuple(sorted(work, key=lambda w: w.slot)), tuple(dict.fromkeys(self._freed))
+            self._step,
+            tuple(sorted(work, key=lambda w: w.slot)),
+            tuple(dict.fromkeys(self._freed)),
+            self.checkpoints.take_moves(),
         )
         self._freed.clear()
         self._in_flight[batch.step] = batch
@@ -194,16 +204,20 @@ class Scheduler:
             # longest reusable prefix wins; among equals, the least recently used cache is given up
             slot = max(free, key=lambda sl: (self._reusable(sl, req.prompt), -sl.last_used))
             n_cached = self._reusable(slot, req.prompt)
+            restore = 0 < n_cached < len(slot.cached) and not self.rewindable
             del slot.cached[n_cached:]
-            slot.session = Session(req, t_added, n_cached=n_cached, n_done=n_cached)
+            self.checkpoints.keep(slot.id, n_cached)
+            slot.session = Session(req, t_added, n_cached, n_done=n_cached, restore=restore)
             slot.last_used = self._step
 
     def _reusable(self, slot: Slot, prompt: list[int]) -> int:
         """Prompt tokens a request can take from ``slot``'s cache (the last one is recomputed)."""
         n = min(common_prefix(slot.cached, prompt), len(prompt) - 1)
-        return n if self.rewindable or n == len(slot.cached) else 0
+        return n if self.rewindable or n == len(slot.cached) else self.checkpoints.best(slot.id, n)
 
-    def _work(self, slot: Slot, s: Session, tokens: tuple[int, ...], sample: bool) -> SeqWork:
+    def _work(
+        self, slot: Slot, s: Session, tokens: tuple[int, ...], sample: bool, ckpt: bool = False
+    ) -> SeqWork:
         start = len(slot.cached)
         w = SeqWork(
             slot=slot.id,
@@ -215,7 +229,11 @@ class Scheduler:
             new_sequence=s.new_sequence,
             history=tuple(slot.cached) if s.new_sequence else (),
             grammar=s.req.grammar if s.new_sequence else None,
+            restore=s.restore and s.new_sequence,
+            checkpoint=ckpt,
         )
+        if ckpt:
+            self.checkpoints.add(slot.id, start + len(tokens))
         slot.cached.extend(tokens)
         s.new_sequence = False
         s.in_flight = True

@@ -69,6 +69,15 @@ class DeviceLM(Protocol):
         needs none."""
         ...
 
+    def host_state(self, slot: int) -> Any:
+        """A copy of what the model keeps of ``slot`` on the host and a checkpoint must hold
+        besides the pools' recurrent state (qwen4exp: the PLE token history); None if nothing."""
+        ...
+
+    def set_host_state(self, slot: int, state: Any) -> None:
+        """Put back what ``host_state`` returned (a checkpoint is restored)."""
+        ...
+
 
 def rows(x: torch.Tensor, step: Step) -> torch.Tensor:
     """The rows of ``x`` whose logits the step wants (prefill only: decode wants every row)."""

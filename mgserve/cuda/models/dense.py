@@ -118,6 +118,12 @@ class DenseLM:
     def step_extra(self, step_tokens: list[list[int]], slots: list[int]) -> None:
         return None
 
+    def host_state(self, slot: int) -> None:
+        return None
+
+    def set_host_state(self, slot: int, state: None) -> None:
+        """Nothing on the host (and no checkpoints: a KV cache rewinds)."""
+
     def forward(self, step: Step) -> torch.Tensor:
         spec, b = self.spec, self.backend
         scale = math.sqrt(spec.n_embd) if spec.gemma else 1.0

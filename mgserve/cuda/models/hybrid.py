@@ -12,7 +12,7 @@ Decode reads only [B]-shaped device inputs (see models/base.py), so it captures 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -137,6 +137,12 @@ class HybridLM:
 
     def step_extra(self, step_tokens: list[list[int]], slots: list[int]) -> torch.Tensor | None:
         return None
+
+    def host_state(self, slot: int) -> Any:
+        return None
+
+    def set_host_state(self, slot: int, state: Any) -> None:
+        """Nothing on the host: the recurrent state is all in the pools."""
 
     # -- the forward -------------------------------------------------------------------------
 

@@ -72,6 +72,14 @@ class Qwen4ExpLM(HybridLM):
             p = self.qp.ple
             self._ple_tokens[slot] = np.full(p.ngram - 1, p.eos, dtype=np.int64)
 
+    def host_state(self, slot: int) -> np.ndarray | None:
+        hist = self._ple_tokens.get(slot)
+        return None if hist is None else hist.copy()
+
+    def set_host_state(self, slot: int, state: np.ndarray | None) -> None:
+        if state is not None:
+            self._ple_tokens[slot] = state.copy()
+
     def step_extra(self, step_tokens: list[list[int]], slots: list[int]) -> torch.Tensor | None:
         """The PLE rows of the step's tokens [N, n_heads * head_dim] (host float32), hashed with
         each slot's token history, which this advances."""
