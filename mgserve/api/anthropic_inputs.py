@@ -9,7 +9,8 @@ every template here is written for), checked.
 - A trailing assistant turn of text is a prefill: the prompt ends with it and the answer continues
   it, as Anthropic's API does.
 - ``tools`` become function tools; ``tool_choice`` ``none`` leaves them out of the prompt;
-  ``thinking`` sets the template's ``enable_thinking``.
+  ``thinking`` sets the template's ``enable_thinking`` and the reasoning budget (``budget_tokens``;
+  0 when disabled; the server's when adaptive or absent).
 
 Anything the server would not honour (images, server tools, forced tool choice, unknown block
 fields) is a 400 naming where it is. ``cache_control`` is accepted anywhere and changes nothing:
@@ -35,6 +36,7 @@ class MessagesInput:
 
     chat: ChatInputs
     prefill: str  # a trailing assistant turn's text, appended to the rendered prompt
+    budget: int  # the thinking budget asked for (api/reasoning.py; -1: the server's)
 
 
 def _check_keys(obj: dict[str, Any], allowed: set[str], where: str, param: str) -> None:
@@ -240,15 +242,15 @@ def _tools_rendered(raw: Any) -> bool:
     return kind == "auto"
 
 
-def _thinking(raw: Any, max_tokens: int | None, switch: bool) -> dict[str, Any]:
-    """``thinking`` -> the template's ``enable_thinking``. budget_tokens is checked as Anthropic
-    checks it; until the engine has a thinking budget, max_tokens is what bounds the thinking."""
+def _thinking(raw: Any, max_tokens: int | None, switch: bool) -> tuple[dict[str, Any], int]:
+    """``thinking`` -> the template's ``enable_thinking`` and the budget (-1: the server's).
+    budget_tokens is checked as Anthropic checks it."""
     if raw is None:
-        return {}
+        return {}, -1
     kind = _object(raw, "thinking", "thinking").get("type")
     if kind == "disabled":
         _check_keys(raw, {"type"}, "thinking", "thinking")
-        return {"enable_thinking": False} if switch else {}
+        return {"enable_thinking": False} if switch else {}, 0
     if kind not in ("enabled", "adaptive"):
         raise ApiError(
             f"thinking.type {kind!r} is not supported (enabled, adaptive or disabled)",
@@ -259,6 +261,7 @@ def _thinking(raw: Any, max_tokens: int | None, switch: bool) -> dict[str, Any]:
             "thinking: this model's chat template has no thinking switch (enable_thinking)",
             param="thinking",
         )
+    budget = -1  # adaptive: the model decides how much to think, within the server's budget
     if kind == "enabled":
         _check_keys(raw, {"type", "budget_tokens"}, "thinking", "thinking")
         budget = Fields(raw).get_int("budget_tokens", -1)
@@ -268,9 +271,9 @@ def _thinking(raw: Any, max_tokens: int | None, switch: bool) -> dict[str, Any]:
                 f"max_tokens, got {budget}",
                 param="thinking",
             )
-    else:  # adaptive: the model decides how much to think, as a thinking model does anyway
+    else:
         _check_keys(raw, {"type"}, "thinking", "thinking")
-    return {"enable_thinking": True}
+    return {"enable_thinking": True}, budget
 
 
 def messages_input(body: dict[str, Any], thinking_switch: bool) -> MessagesInput:
@@ -284,8 +287,8 @@ def messages_input(body: dict[str, Any], thinking_switch: bool) -> MessagesInput
     if not _tools_rendered(body.get("tool_choice")):
         tools = None
     max_tokens = Fields(body).get_int("max_tokens", 0) or None  # none on count_tokens
-    kwargs = _thinking(body.get("thinking"), max_tokens, thinking_switch)
+    kwargs, budget = _thinking(body.get("thinking"), max_tokens, thinking_switch)
     # tool_use blocks come from the calls the chat output parser reads (none without tools);
     # thinking blocks from the reasoning it splits out (the server's reasoning format)
     chat = ChatInputs(messages, tools, kwargs, True, "auto", True, None)
-    return MessagesInput(chat, prefill)
+    return MessagesInput(chat, prefill, budget)

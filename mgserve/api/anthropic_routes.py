@@ -22,16 +22,21 @@ from mgserve.api.generate import Chunk, Generation
 from mgserve.api.http import SERVICE, json_response
 from mgserve.api.prompts import encode_text, render_chat
 from mgserve.api.protocol import GenParams, anthropic_params, body_size, engine_request, read_body
+from mgserve.api.reasoning import engine_budget, resolve, switch_off
 from mgserve.api.service import Service
 from mgserve.core.engine.contract import Request
 
 
-def _prompt(service: Service, body: dict[str, Any]) -> tuple[list[int], ChatOutput]:
-    """The request's prompt (the rendered conversation, then the prefill the answer continues)
-    and how its output is read (reasoning into thinking blocks, tool calls into tool_use)."""
+def _prompt(service: Service, body: dict[str, Any]) -> tuple[list[int], ChatOutput, int]:
+    """The request's prompt (the rendered conversation, then the prefill the answer continues),
+    how its output is read (reasoning into thinking blocks, tool calls into tool_use) and its
+    thinking budget."""
     inputs: MessagesInput = messages_input(body, "enable_thinking" in service.chat.source)
-    text = render_chat(service, inputs.chat) + inputs.prefill
-    return encode_text(service, text, param="messages"), chat_output_for(service, inputs.chat, text)
+    budget = resolve(inputs.budget, service)
+    chat = switch_off(inputs.chat, budget, service)
+    text = render_chat(service, chat) + inputs.prefill
+    ids = encode_text(service, text, param="messages")
+    return ids, chat_output_for(service, chat, text), budget
 
 
 def _stop_reason(gen: Generation, blocks: Blocks, params: GenParams) -> str:
@@ -74,8 +79,9 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
     def work() -> tuple[GenParams, Request, ChatOutput]:  # render and tokenize: on the text pool
         params = anthropic_params(body, service)
-        prompt, out = _prompt(service, body)
-        return params, engine_request(service, params, prompt, "messages"), out
+        prompt, out, budget = _prompt(service, body)
+        reasoning = engine_budget(service, out, budget, None)
+        return params, engine_request(service, params, prompt, "messages", reasoning), out
 
     params, req, out = await service.text.run(await body_size(request), work)
     msg_id = "msg_" + uuid.uuid4().hex
@@ -110,7 +116,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
 async def count_tokens(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     body = await read_body(request, fields.ANTHROPIC_COUNT_TOKENS)
-    prompt, _ = await service.text.run(await body_size(request), _prompt, service, body)
+    prompt, _, _ = await service.text.run(await body_size(request), _prompt, service, body)
     return json_response({"input_tokens": len(prompt)})
 
 

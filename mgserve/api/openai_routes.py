@@ -16,6 +16,7 @@ from mgserve.api.generate import Chunk, Generation, TokenOut, piece_text
 from mgserve.api.http import SERVICE, json_response
 from mgserve.api.prompts import echo_text, encode_text, openai_prompt, render_chat
 from mgserve.api.protocol import GenParams, body_size, engine_request, openai_params, read_body
+from mgserve.api.reasoning import engine_budget, request_budget, switch_off
 from mgserve.api.service import Service
 from mgserve.api.structured import request_grammar
 from mgserve.core.engine.contract import Request
@@ -104,7 +105,8 @@ async def _respond_completion(
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     body = await read_body(request, fields.CHAT)
-    inputs = chat_inputs(body)
+    budget = request_budget(body, service)
+    inputs = switch_off(chat_inputs(body), budget, service)
     grammar = await request_grammar(service, body)
 
     def work() -> tuple[GenParams, Request, ChatOutput]:  # render and tokenize: on the text pool
@@ -112,7 +114,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         text = render_chat(service, inputs)
         out = chat_output_for(service, inputs, text)
         ids = encode_text(service, text, param="messages")
-        return params, engine_request(service, params, ids, "messages"), out
+        reasoning = engine_budget(service, out, budget, grammar)
+        return params, engine_request(service, params, ids, "messages", reasoning), out
 
     params, req, out = await service.text.run(await body_size(request), work)
     return await respond_chat(request, service, req, params, out, _Shape(service, True, params))

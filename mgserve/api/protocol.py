@@ -23,6 +23,7 @@ from mgserve.api.fields import Fields, check_fields, is_number
 from mgserve.api.prompts import encode_text
 from mgserve.api.service import Service
 from mgserve.core.engine.contract import MAX_N_PROBS, Request, SamplingParams
+from mgserve.core.engine.reasoning import ReasoningBudget
 from mgserve.core.grammar import Grammar
 
 MAX_STOP_STRINGS = 16
@@ -243,10 +244,15 @@ def anthropic_params(body: dict[str, Any], service: Service) -> GenParams:
 
 
 def engine_request(
-    service: Service, params: GenParams, prompt: list[int], param: str = "prompt"
+    service: Service,
+    params: GenParams,
+    prompt: list[int],
+    param: str = "prompt",
+    reasoning: ReasoningBudget | None = None,
 ) -> Request:
     """The ``Request`` the engine runs, trusted there: the prompt checked against the context,
-    ``max_tokens`` resolved (the request's, else --n-predict, else up to the context end)."""
+    ``max_tokens`` resolved (the request's, else --n-predict, else up to the context end);
+    ``reasoning``: a chat request's (api/reasoning.py)."""
     n_ctx = service.engine.n_ctx
     if not prompt:
         raise ApiError("the prompt is empty", param=param)
@@ -267,4 +273,5 @@ def engine_request(
         stop_token_ids=frozenset(service.tokenizer.eog_ids),
         ignore_eos=params.ignore_eos,
         grammar=params.grammar,
+        reasoning=reasoning,
     )

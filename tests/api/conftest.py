@@ -23,11 +23,13 @@ def fake_service(
     seed: int = -1,
     n_predict: int = -1,
     reasoning_format: str = "auto",
+    reasoning_budget: int = -1,
     **engine_kw: Any,
 ) -> Service:
     """The fake engine behind the real API; ``chat_template`` a built-in name or a file,
     ``tokenizer`` a real one instead of the byte-level fake; ``seed``, ``n_predict``,
-    ``reasoning_format``: --seed, -n, --reasoning-format."""
+    ``reasoning_format``, ``reasoning_budget``: --seed, -n, --reasoning-format,
+    --reasoning-budget."""
     settings = Settings(
         ctx_size=n_ctx,
         parallel=2,
@@ -36,6 +38,7 @@ def fake_service(
         seed=seed,
         n_predict=n_predict,
         reasoning_format=reasoning_format,
+        reasoning_budget=reasoning_budget,
     )
     tok = tokenizer or FakeTokenizer()
     return Service(

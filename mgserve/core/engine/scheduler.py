@@ -32,6 +32,7 @@ from mgserve.core.engine.contract import (
     StepResult,
     TokenEvent,
 )
+from mgserve.core.engine.reasoning import ReasoningTracker
 
 
 @dataclass
@@ -46,6 +47,8 @@ class Session:
     in_flight: bool = False  # work scheduled, result not yet applied
     new_sequence: bool = True  # the next work is the first of this request in its slot
     t_prompt_done: float | None = None
+    reasoning: ReasoningTracker | None = None  # the request's reasoning block, fed every token
+    grammar_pending: bool = False  # the request's grammar is not yet with the runner
 
     @property
     def prefilling(self) -> bool:
@@ -195,7 +198,15 @@ class Scheduler:
             slot = max(free, key=lambda sl: (self._reusable(sl, req.prompt), -sl.last_used))
             n_cached = self._reusable(slot, req.prompt)
             del slot.cached[n_cached:]
-            slot.session = Session(req, t_added, n_cached=n_cached, n_done=n_cached)
+            rb, constrained = req.reasoning, req.grammar is not None
+            slot.session = Session(
+                req,
+                t_added,
+                n_cached=n_cached,
+                n_done=n_cached,
+                reasoning=None if rb is None else ReasoningTracker(rb, constrained),
+                grammar_pending=constrained,
+            )
             slot.last_used = self._step
 
     def _reusable(self, slot: Slot, prompt: list[int]) -> int:
@@ -205,6 +216,10 @@ class Scheduler:
 
     def _work(self, slot: Slot, s: Session, tokens: tuple[int, ...], sample: bool) -> SeqWork:
         start = len(slot.cached)
+        think = s.reasoning if sample else None
+        grammar = None  # the grammar constrains the answer: it waits for the reasoning to close
+        if sample and s.grammar_pending and (think is None or think.closed):
+            grammar, s.grammar_pending = s.req.grammar, False
         w = SeqWork(
             slot=slot.id,
             request_id=s.req.id,
@@ -214,7 +229,8 @@ class Scheduler:
             sampling=s.req.sampling,
             new_sequence=s.new_sequence,
             history=tuple(slot.cached) if s.new_sequence else (),
-            grammar=s.req.grammar if s.new_sequence else None,
+            grammar=grammar,
+            force=think.forced() if think is not None else None,
         )
         slot.cached.extend(tokens)
         s.new_sequence = False
@@ -223,6 +239,8 @@ class Scheduler:
 
     def _on_token(self, slot: Slot, s: Session, r: SeqResult) -> TokenEvent:
         s.generated.append(r.token)
+        if s.reasoning is not None:
+            s.reasoning.feed(r.token)
         if s.t_prompt_done is None:
             s.t_prompt_done = self._clock() - s.t_added
         reason: str | None = None
