@@ -113,3 +113,17 @@ async def test_anthropic_thinking_sets_the_budget(make_client: Callable[..., Any
     for thinking in (None, {"type": "adaptive"}):  # the server's
         req = await message(max_tokens=8, thinking=thinking)
         assert req.reasoning is not None and req.reasoning.budget == 7
+
+
+def test_the_setting_as_a_flag_and_a_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from mgserve.config import Settings, add_arguments, settings_from
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert settings_from(parser.parse_args(["--reasoning-budget", "0"])).reasoning_budget == 0
+    monkeypatch.setenv("MGSERVE_REASONING_BUDGET", "12")
+    assert settings_from(parser.parse_args([])).reasoning_budget == 12
+    with pytest.raises(ValueError, match="reasoning-budget must be >= -1"):
+        Settings(reasoning_budget=-2)

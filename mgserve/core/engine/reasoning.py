@@ -10,8 +10,9 @@ mask path (a mask that allows that one token). No kernel is involved, and forcin
 other sessions of a step are untouched.
 
 A request's grammar (structured output) constrains the answer, not the reasoning: the scheduler
-hands it to the runner once the block is closed. Under a grammar a block can only be one the
-prompt opened, since no grammar allows the open marker (a special token).
+hands it to the runner once the block is closed. Under a grammar only a block the prompt opened
+counts: from the first token on, what the model writes is the grammar's (a JSON grammar never
+allows an open marker).
 
 A block is closed when the model writes the close marker's token ids (one special token in models
 that have one, e.g. Qwen's ``</think>``): the same text tokenized differently goes unnoticed.
