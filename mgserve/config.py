@@ -91,8 +91,9 @@ class Settings:
     )
     reasoning_budget: int = _opt(
         -1,
-        "tokens of reasoning before the server ends the reasoning block itself; not implemented "
-        "yet: only -1 (no limit) is accepted",
+        "tokens a chat answer's reasoning block may hold before the server closes it and the "
+        "answer follows: -1 no limit, 0 no reasoning (the template's enable_thinking=false where "
+        "it has one); a request's thinking_budget_tokens overrides it",
         "--reasoning-budget",
     )
     cache_type_k: str = _opt(
@@ -135,11 +136,8 @@ class Settings:
             raise ValueError(f"ctx-checkpoints must be >= 0, got {self.ctx_checkpoints}")
         if self.cache_ram < 0:
             raise ValueError(f"cache-ram must be >= 0 MiB, got {self.cache_ram}")
-        if self.reasoning_budget != -1:
-            raise ValueError(
-                f"reasoning-budget {self.reasoning_budget}: a reasoning budget is not implemented "
-                "yet (only -1, no limit, is accepted)"
-            )
+        if self.reasoning_budget < -1:
+            raise ValueError(f"reasoning-budget must be >= -1, got {self.reasoning_budget}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
         if self.max_body_mb < 1:

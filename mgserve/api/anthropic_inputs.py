@@ -11,7 +11,8 @@ every template here is written for), checked.
 - ``tools`` become function tools; ``tool_choice`` ``none`` leaves them out of the prompt,
   ``any`` and ``tool`` force a call (as ``required`` and a named function do on
   /v1/chat/completions), ``disable_parallel_tool_use`` keeps one call;
-  ``thinking`` sets the template's ``enable_thinking``.
+  ``thinking`` sets the template's ``enable_thinking`` and the reasoning budget (``budget_tokens``;
+  0 when disabled; the server's when adaptive or absent).
 
 Anything the server would not honour (images, server tools, unknown block fields) is a 400
 naming where it is. ``cache_control`` is accepted anywhere and changes nothing: every prompt's
@@ -37,6 +38,7 @@ class MessagesInput:
 
     chat: ChatInputs
     prefill: str  # a trailing assistant turn's text, appended to the rendered prompt
+    budget: int  # the thinking budget asked for (api/reasoning.py; -1: the server's)
 
 
 def _check_keys(obj: dict[str, Any], allowed: set[str], where: str, param: str) -> None:
@@ -244,15 +246,15 @@ def _tool_choice(raw: Any, tools: list[dict[str, Any]] | None) -> _Choice:
     return _Choice(True, "required", name, parallel)
 
 
-def _thinking(raw: Any, max_tokens: int | None, switch: bool) -> dict[str, Any]:
-    """``thinking`` -> the template's ``enable_thinking``. budget_tokens is checked as Anthropic
-    checks it; until the engine has a thinking budget, max_tokens is what bounds the thinking."""
+def _thinking(raw: Any, max_tokens: int | None, switch: bool) -> tuple[dict[str, Any], int]:
+    """``thinking`` -> the template's ``enable_thinking`` and the budget (-1: the server's).
+    budget_tokens is checked as Anthropic checks it."""
     if raw is None:
-        return {}
+        return {}, -1
     kind = _object(raw, "thinking", "thinking").get("type")
     if kind == "disabled":
         _check_keys(raw, {"type"}, "thinking", "thinking")
-        return {"enable_thinking": False} if switch else {}
+        return {"enable_thinking": False} if switch else {}, 0
     if kind not in ("enabled", "adaptive"):
         raise ApiError(
             f"thinking.type {kind!r} is not supported (enabled, adaptive or disabled)",
@@ -263,6 +265,7 @@ def _thinking(raw: Any, max_tokens: int | None, switch: bool) -> dict[str, Any]:
             "thinking: this model's chat template has no thinking switch (enable_thinking)",
             param="thinking",
         )
+    budget = -1  # adaptive: the model decides how much to think, within the server's budget
     if kind == "enabled":
         _check_keys(raw, {"type", "budget_tokens"}, "thinking", "thinking")
         budget = Fields(raw).get_int("budget_tokens", -1)
@@ -272,9 +275,9 @@ def _thinking(raw: Any, max_tokens: int | None, switch: bool) -> dict[str, Any]:
                 f"max_tokens, got {budget}",
                 param="thinking",
             )
-    else:  # adaptive: the model decides how much to think, as a thinking model does anyway
+    else:
         _check_keys(raw, {"type"}, "thinking", "thinking")
-    return {"enable_thinking": True}
+    return {"enable_thinking": True}, budget
 
 
 def messages_input(body: dict[str, Any], thinking_switch: bool) -> MessagesInput:
@@ -287,11 +290,11 @@ def messages_input(body: dict[str, Any], thinking_switch: bool) -> MessagesInput
     tools = _tools(body.get("tools"))
     choice = _tool_choice(body.get("tool_choice"), tools)
     max_tokens = Fields(body).get_int("max_tokens", 0) or None  # none on count_tokens
-    kwargs = _thinking(body.get("thinking"), max_tokens, thinking_switch)
+    kwargs, budget = _thinking(body.get("thinking"), max_tokens, thinking_switch)
     # tool_use blocks come from the calls the chat output parser reads (none without tools);
     # thinking blocks from the reasoning it splits out (the server's reasoning format)
     rendered = tools if choice.rendered else None
     chat = ChatInputs(
         messages, rendered, kwargs, True, choice.choice, choice.name, choice.parallel, None
     )
-    return MessagesInput(chat, prefill)
+    return MessagesInput(chat, prefill, budget)

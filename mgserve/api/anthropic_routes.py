@@ -20,9 +20,10 @@ from mgserve.api.anthropic_blocks import Blocks, content_of
 from mgserve.api.anthropic_inputs import MessagesInput, messages_input
 from mgserve.api.chat_response import ChatOutput, chat_output_for
 from mgserve.api.generate import Chunk, Generation
-from mgserve.api.http import SERVICE, json_response
+from mgserve.api.http import SERVICE, body_size, json_response, read_body
 from mgserve.api.prompts import encode_text, render_chat
-from mgserve.api.protocol import GenParams, anthropic_params, body_size, engine_request, read_body
+from mgserve.api.protocol import GenParams, anthropic_params, engine_request
+from mgserve.api.reasoning import engine_budget, resolve, switch_off
 from mgserve.api.service import Service
 from mgserve.api.structured import compile_grammar, forced_call_spec
 from mgserve.core.grammar import GrammarSpec
@@ -32,14 +33,17 @@ class _Prompt(NamedTuple):
     ids: list[int]  # the rendered conversation, then the prefill the answer continues
     out: ChatOutput  # how the output is read (reasoning into thinking blocks, calls into tool_use)
     forced: GrammarSpec | None  # tool_choice any / tool: the grammar of the forced calls
+    budget: int  # the thinking budget (-1: none)
 
 
 def _prompt(service: Service, body: dict[str, Any]) -> _Prompt:
     inputs: MessagesInput = messages_input(body, "enable_thinking" in service.chat.source)
-    text = render_chat(service, inputs.chat) + inputs.prefill
-    out = chat_output_for(service, inputs.chat, text)
+    budget = resolve(inputs.budget, service)
+    chat = switch_off(inputs.chat, budget, service)
+    text = render_chat(service, chat) + inputs.prefill
+    out = chat_output_for(service, chat, text)
     ids = encode_text(service, text, param="messages")
-    return _Prompt(ids, out, forced_call_spec(service, inputs.chat, text))
+    return _Prompt(ids, out, forced_call_spec(service, chat, text), budget)
 
 
 def _stop_reason(gen: Generation, blocks: Blocks, params: GenParams) -> str:
@@ -83,10 +87,11 @@ async def messages(request: web.Request) -> web.StreamResponse:
     def work() -> tuple[GenParams, _Prompt]:  # render and tokenize: on the text pool
         return anthropic_params(body, service), _prompt(service, body)
 
-    params, (ids, out, forced) = await service.text.run(await body_size(request), work)
+    params, (ids, out, forced, budget) = await service.text.run(await body_size(request), work)
     if forced is not None:
         params = replace(params, grammar=await compile_grammar(service, forced, "tools"))
-    req = engine_request(service, params, ids, "messages")
+    reasoning = engine_budget(service, out, budget, params.grammar)
+    req = engine_request(service, params, ids, "messages", reasoning)
     msg_id = "msg_" + uuid.uuid4().hex
     blocks = Blocks(out.parser())
     with Generation(service, req, params, request, keep=out.keep) as gen:

@@ -54,6 +54,9 @@ CHAT = (
         "response_format",
         "parallel_tool_calls",
         "reasoning_format",
+        # llama-server's reasoning budget (api/reasoning.py), under both of its names
+        "thinking_budget_tokens",
+        "reasoning_budget_tokens",
     }
 )
 COMPLETIONS = (

@@ -16,10 +16,11 @@ from mgserve.api.chat_inputs import chat_inputs
 from mgserve.api.errors import ApiError
 from mgserve.api.fields import Fields
 from mgserve.api.generate import Generation, TokenOut
-from mgserve.api.http import SERVICE, json_response
+from mgserve.api.http import SERVICE, body_size, json_response, read_body
 from mgserve.api.infill import check_model, infill_inputs, infill_prompt
 from mgserve.api.prompts import check_ids, llama_prompt, mixed_prompt, render_chat
-from mgserve.api.protocol import GenParams, body_size, engine_request, llama_params, read_body
+from mgserve.api.protocol import GenParams, engine_request, llama_params
+from mgserve.api.reasoning import switch_off
 from mgserve.api.service import Service
 from mgserve.api.structured import request_grammar
 from mgserve.core.engine.contract import Request
@@ -194,7 +195,8 @@ async def detokenize(request: web.Request) -> web.Response:
 async def apply_template(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     body = await read_body(request, fields.APPLY_TEMPLATE)
-    inputs = chat_inputs(body)
+    # what a chat request renders: thinking off under a server budget of 0
+    inputs = switch_off(chat_inputs(body), service.settings.reasoning_budget, service)
     prompt = await service.text.run(await body_size(request), render_chat, service, inputs)
     return json_response({"prompt": prompt})
 

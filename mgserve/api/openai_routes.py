@@ -16,9 +16,10 @@ from mgserve.api.chat_response import ChatOutput, chat_output_for, respond_chat
 from mgserve.api.choices import Choices
 from mgserve.api.errors import ApiError
 from mgserve.api.generate import Chunk, TokenOut, piece_text
-from mgserve.api.http import SERVICE, json_response
+from mgserve.api.http import SERVICE, body_size, json_response, read_body
 from mgserve.api.prompts import echo_text, encode_text, openai_prompt, render_chat
-from mgserve.api.protocol import GenParams, body_size, engine_request, openai_params, read_body
+from mgserve.api.protocol import GenParams, engine_request, openai_params
+from mgserve.api.reasoning import engine_budget, request_budget, switch_off
 from mgserve.api.service import Service
 from mgserve.api.structured import compile_grammar, forced_call_spec, request_grammar
 from mgserve.core.engine.contract import Request
@@ -125,7 +126,8 @@ async def _respond_completion(
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     body = await read_body(request, fields.CHAT)
-    inputs = chat_inputs(body)
+    budget = request_budget(body, service)
+    inputs = switch_off(chat_inputs(body), budget, service)
     grammar = await request_grammar(service, body, forced=inputs.tool_choice == "required")
 
     def work() -> tuple[GenParams, list[int], ChatOutput, GrammarSpec | None]:
@@ -139,7 +141,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     params, ids, out, forced = await service.text.run(await body_size(request), work)
     if forced is not None:
         params = replace(params, grammar=await compile_grammar(service, forced, "tools"))
-    req = engine_request(service, params, ids, "messages")
+    reasoning = engine_budget(service, out, budget, params.grammar)
+    req = engine_request(service, params, ids, "messages", reasoning)
     return await respond_chat(request, service, req, params, out, _Shape(service, True, params))
 
 

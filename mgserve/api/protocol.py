@@ -16,14 +16,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-from aiohttp import web
-
 from mgserve.api.errors import ApiError
-from mgserve.api.fields import Fields, check_fields, is_number
+from mgserve.api.fields import Fields, is_number
 from mgserve.api.prompts import encode_text
 from mgserve.api.service import Service
 from mgserve.core.engine.contract import MAX_N_PROBS, Request, SamplingParams
+from mgserve.core.engine.reasoning import ReasoningBudget
 from mgserve.core.grammar import Grammar
 
 MAX_STOP_STRINGS = 16
@@ -43,26 +41,6 @@ class GenParams:
     grammar: Grammar | None = None  # structured output (api/structured.py)
     echo: bool = False  # /v1/completions: the prompt's text starts the answer
     n: int = 1  # OpenAI's choices per request, each its own slot (choices.py)
-
-
-async def read_body(request: web.Request, allowed: frozenset[str]) -> dict[str, Any]:
-    """The body as a JSON object of fields the route implements (``fields.py``); 400 for anything
-    else (413 comes from aiohttp's size limit)."""
-    raw = await request.read()
-    try:
-        body = orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError as e:
-        raise ApiError(f"malformed JSON body: {e}") from None
-    if not isinstance(body, dict):
-        raise ApiError("the request body must be a JSON object")
-    check_fields(body, allowed)
-    return body
-
-
-async def body_size(request: web.Request) -> int:
-    """The body's length in bytes: how much text work the request can ask for (textwork.py).
-    aiohttp keeps the body read_body read, so this reads nothing again."""
-    return len(await request.read())
 
 
 def _logit_bias(f: Fields, service: Service) -> tuple[tuple[int, float], ...]:
@@ -272,10 +250,15 @@ def responses_params(
 
 
 def engine_request(
-    service: Service, params: GenParams, prompt: list[int], param: str = "prompt"
+    service: Service,
+    params: GenParams,
+    prompt: list[int],
+    param: str = "prompt",
+    reasoning: ReasoningBudget | None = None,
 ) -> Request:
     """The ``Request`` the engine runs, trusted there: the prompt checked against the context,
-    ``max_tokens`` resolved (the request's, else --n-predict, else up to the context end)."""
+    ``max_tokens`` resolved (the request's, else --n-predict, else up to the context end);
+    ``reasoning``: a chat request's (api/reasoning.py)."""
     n_ctx = service.engine.n_ctx
     if not prompt:
         raise ApiError("the prompt is empty", param=param)
@@ -296,4 +279,5 @@ def engine_request(
         stop_token_ids=frozenset(service.tokenizer.eog_ids),
         ignore_eos=params.ignore_eos,
         grammar=params.grammar,
+        reasoning=reasoning,
     )

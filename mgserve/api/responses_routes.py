@@ -24,9 +24,10 @@ from mgserve.api import fields, sse
 from mgserve.api.chat_response import ChatOutput, chat_output_for
 from mgserve.api.errors import ApiError
 from mgserve.api.generate import Chunk, Generation
-from mgserve.api.http import SERVICE, json_response
+from mgserve.api.http import SERVICE, body_size, json_response, read_body
 from mgserve.api.prompts import encode_text, render_chat
-from mgserve.api.protocol import GenParams, body_size, engine_request, read_body, responses_params
+from mgserve.api.protocol import GenParams, engine_request, responses_params
+from mgserve.api.reasoning import engine_budget
 from mgserve.api.responses_inputs import ResponsesInput, responses_input
 from mgserve.api.responses_output import Items
 from mgserve.api.service import Service
@@ -128,7 +129,10 @@ async def responses(request: web.Request) -> web.StreamResponse:
     )
     if forced is not None:
         params = replace(params, grammar=await compile_grammar(service, forced, "tools"))
-    req = engine_request(service, params, ids, "input")
+    budget = service.settings.reasoning_budget  # the server's: Responses has no budget field
+    req = engine_request(
+        service, params, ids, "input", engine_budget(service, out, budget, params.grammar)
+    )
     shape = _Response(service, body, params, inputs)
     items = Items(out.parser())
     with Generation(service, req, params, request, keep=out.keep) as gen:

@@ -107,6 +107,13 @@ async def request_grammar(
     return await compile_grammar(service, *found)
 
 
+def _after_engine_hold(state: str) -> str:
+    """The engine holds a grammar back until a reasoning block the prompt opened is closed
+    (core/engine/reasoning.py: by the model, or forced by the budget), so the calls' grammar
+    starts after it: the block is no part of it."""
+    return "none" if state == "open" else state
+
+
 def forced_call_spec(service: Service, inputs: ChatInputs, prompt: str) -> GrammarSpec | None:
     """The grammar of the calls ``inputs`` force (None when they force none), after ``prompt``
     (the rendered prompt: whether it opened or closed a reasoning block)."""
@@ -124,7 +131,7 @@ def forced_call_spec(service: Service, inputs: ChatInputs, prompt: str) -> Gramm
         fmt,
         [t for t in inputs.tools if inputs.tool_name in (None, t["function"]["name"])],
         parallel=inputs.parallel_tool_calls,
-        think=think_state(fmt, prompt),
+        think=_after_engine_hold(think_state(fmt, prompt)),
         special=special,
         mistral=mistral_layout(service.chat.source),
     )

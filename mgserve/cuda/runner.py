@@ -11,7 +11,8 @@ The twin of ``mgserve/core/engine/runner.py`` (same contract, ``Engine(runner=..
 
 Sessions keep their state in the model's ``SlotPools`` (slot-indexed); the runner keeps, per
 running slot, what sampling needs on the host: the penalty window, the draw counter and, under a
-grammar, the matcher whose mask is computed while the device runs the step's forward. A recurrent
+grammar, the matcher whose mask is computed while the device runs the step's forward. A forced
+token (``SeqWork.force``) is a mask of that one token, through the same path. A recurrent
 model's checkpoints (``snapshots.py``) are restored before the forward and taken after it, in the
 order the scheduler's book gives (core/engine/checkpoints.py).
 """
@@ -34,7 +35,7 @@ from mgserve.core.engine.contract import (
     StepResult,
     TopLogprob,
 )
-from mgserve.core.grammar import Matcher
+from mgserve.core.grammar import ForcedToken, Matcher, TokenMask
 from mgserve.cuda.graphs import DecodeInputs, EagerDecode, GraphDecode
 from mgserve.cuda.models.base import DeviceLM, Span, Step
 from mgserve.cuda.sampling import DeviceSampler, HostBuffers, SamplingBatch, SamplingRow, seeded
@@ -81,10 +82,9 @@ class DeviceRunner:
             if w.slot >= self.pad_slot:
                 raise ValueError(f"slot {w.slot} out of range (the model has {self.pad_slot})")
             if w.new_sequence:
-                matcher = w.grammar.matcher() if w.grammar is not None else None
-                self._slots[w.slot] = _SlotSampling(
-                    seeded(w.sampling), list(w.history), matcher=matcher
-                )
+                self._slots[w.slot] = _SlotSampling(seeded(w.sampling), list(w.history))
+            if w.grammar is not None:
+                self._slots[w.slot].matcher = w.grammar.matcher()
             if w.start == 0:
                 self.model.begin_sequence(w.slot)
         self.checkpoints.before(batch)
@@ -143,8 +143,16 @@ class DeviceRunner:
 
     def _sample(self, logits: torch.Tensor, work: list[SeqWork]) -> list[SeqResult]:
         states = [self._slots[w.slot] for w in work]
-        rows = [SamplingRow(st.params, st.history, st.counter, matcher=st.matcher) for st in states]
-        batch = SamplingBatch.build(rows, self.model.spec.n_vocab, self.device)
+        v = self.model.spec.n_vocab
+        masks: list[TokenMask | None] = [
+            st.matcher if w.force is None else ForcedToken(w.force, v)
+            for w, st in zip(work, states, strict=True)
+        ]
+        rows = [
+            SamplingRow(st.params, st.history, st.counter, matcher=m)
+            for st, m in zip(states, masks, strict=True)
+        ]
+        batch = SamplingBatch.build(rows, v, self.device)
         out = self.sampler.sample(logits, batch)
         host = out.to_host(self._host)
         if self._done is not None:
@@ -155,7 +163,7 @@ class DeviceRunner:
         results = []
         for i, (w, st) in enumerate(zip(work, states, strict=True)):
             st.counter += 1
-            if st.matcher is not None:
+            if st.matcher is not None and w.force is None:
                 st.matcher.advance(tokens[i])
             top: tuple[TopLogprob, ...] = ()
             n = min(st.params.n_probs, MAX_N_PROBS)

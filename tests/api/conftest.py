@@ -24,11 +24,13 @@ def fake_service(
     n_predict: int = -1,
     reasoning_format: str = "auto",
     batch_size: int = 512,
+    reasoning_budget: int = -1,
     **engine_kw: Any,
 ) -> Service:
     """The fake engine behind the real API; ``chat_template`` a built-in name or a file,
     ``tokenizer`` a real one instead of the byte-level fake; ``seed``, ``n_predict``,
-    ``reasoning_format``, ``batch_size``: --seed, -n, --reasoning-format, -b."""
+    ``reasoning_format``, ``batch_size``, ``reasoning_budget``: --seed, -n, --reasoning-format, -b,
+    --reasoning-budget."""
     settings = Settings(
         ctx_size=n_ctx,
         parallel=2,
@@ -38,6 +40,7 @@ def fake_service(
         n_predict=n_predict,
         reasoning_format=reasoning_format,
         batch_size=batch_size,
+        reasoning_budget=reasoning_budget,
     )
     tok = tokenizer or FakeTokenizer()
     return Service(

@@ -187,11 +187,3 @@ async def test_tools_on_a_template_without_tool_calls(make_client: Any) -> None:
     assert "writes no tool calls" in e.value.body["message"]
     r = await api.chat.completions.create(model="x", messages=MSGS, tools=TOOLS, tool_choice="none")
     assert r.choices[0].message.content == "Hello, world!"
-
-
-def test_a_reasoning_budget_is_refused_at_start_up() -> None:
-    from mgserve.config import Settings
-
-    with pytest.raises(ValueError, match="reasoning budget is not implemented"):
-        Settings(reasoning_budget=0)
-    assert Settings(reasoning_budget=-1).reasoning_budget == -1

@@ -3,13 +3,17 @@
 CPU tests (run in CI): constrained rows draw only allowed tokens and match the CPU sampler
 greedily; unconstrained rows beside them come out bit for bit as without any grammar in the batch
 (batch invariance); a preallocated batch with room for masks matches a built one; the device
-runner under a grammar gives the reference runner's tokens. GPU tests (marked): the same on the
-device at a 248k vocabulary, and a CUDA-graph capture that replays with new masks.
+runner under a grammar gives the reference runner's tokens. A forced token (a reasoning budget
+closing its block) is a mask of that one token: drawn whatever the row's settings, and the device
+runner forces reasoning closes as the reference does. GPU tests (marked): the same on the device
+at a 248k vocabulary, and a CUDA-graph capture that replays with new masks.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
@@ -19,9 +23,10 @@ import torch
 from mgserve.config import Settings
 from mgserve.core.engine.actor import Engine
 from mgserve.core.engine.contract import Request, SamplingParams
+from mgserve.core.engine.reasoning import ReasoningBudget
 from mgserve.core.engine.sampling import SeqSampler
 from mgserve.core.gguf.reader import GGUFFile
-from mgserve.core.grammar import Grammar, GrammarCompiler, GrammarSpec, Matcher
+from mgserve.core.grammar import ForcedToken, Grammar, GrammarCompiler, GrammarSpec, Matcher
 from mgserve.core.models import load_model
 from mgserve.core.text.special import ATTR_CONTROL, ATTR_NORMAL, ATTR_UNUSED
 from mgserve.cuda.sampling import DeviceSampler, SamplingBatch, SamplingPlan, SamplingRow, seeded
@@ -110,6 +115,26 @@ def test_constrained_rows_draw_allowed_tokens_and_others_are_untouched() -> None
         assert out[0] == cpu.sample(x[0])
 
 
+def test_forced_rows_draw_their_token_and_others_are_untouched() -> None:
+    x = logits(4, TINY_VOCAB, 3)
+    free_rows, _ = rows_and_matchers(set())
+    want = SAMPLER.sample(x, SamplingBatch.build(free_rows, TINY_VOCAB, CPU)).tokens.tolist()
+    for forced in ((1, 95), (3, 31), (0, 159)):  # bit 31 of its word: the sign bit
+        row, tok = forced
+        rows = list(free_rows)
+        rows[row] = rows[row]._replace(matcher=ForcedToken(tok, TINY_VOCAB))
+        if row == 3:  # a bias that bans the forced token loses to the mask, as to a grammar
+            p = rows[3].params
+            rows[3] = rows[3]._replace(params=seeded(replace(p, logit_bias=((tok, -torch.inf),))))
+        out = SAMPLER.sample(x, SamplingBatch.build(rows, TINY_VOCAB, CPU)).tokens.tolist()
+        assert out[row] == tok
+        assert [t for i, t in enumerate(out) if i != row] == [
+            t for i, t in enumerate(want) if i != row
+        ]
+        cpu = SeqSampler(rows[row].params)
+        assert cpu.sample(x[row], force=tok) == tok
+
+
 def test_preallocated_batch_with_masks_matches_built_batch() -> None:
     x = logits(6, TINY_VOCAB, 1)
     fixed = SamplingBatch.allocate(6, TINY_VOCAB, CPU, max_window=4, max_bias=2, grammar=True)
@@ -148,20 +173,27 @@ def _requests() -> list[Request]:
     ]
 
 
-async def test_device_runner_under_a_grammar_serves_like_the_reference(tmp_path: Path) -> None:
+async def _reference_and_device(
+    tmp_path: Path, requests: Callable[[], list[Request]]
+) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    """The tokens of ``requests()`` on the tiny qwen3: the reference engine's, the device
+    runner's (torch backend, on the CPU)."""
     from mgserve.cuda.backend import load_device_model, torch_backend
     from mgserve.cuda.runner import DeviceRunner
     from tests.cuda.test_device_models import _export
 
     settings = Settings(parallel=3, ctx_size=96, batch_size=16)
     path = _export("qwen3", tmp_path)
-    ref = await _serve(Engine(load_model(path, threads=1), settings), _requests())
+    ref = await _serve(Engine(load_model(path, threads=1), settings), requests())
     model = load_device_model(
         GGUFFile(path), torch_backend(), CPU, settings.parallel, settings.ctx_size
     )
-    got = await _serve(
-        Engine(model, settings, runner=DeviceRunner(model, CPU, graphs=False)), _requests()
-    )
+    runner = DeviceRunner(model, CPU, graphs=False)
+    return ref, await _serve(Engine(model, settings, runner=runner), requests())
+
+
+async def test_device_runner_under_a_grammar_serves_like_the_reference(tmp_path: Path) -> None:
+    ref, got = await _reference_and_device(tmp_path, _requests)
     assert got == ref
     for rid in ("a", "c"):  # a word of the grammar, then the end of generation
         assert (
@@ -169,6 +201,27 @@ async def test_device_runner_under_a_grammar_serves_like_the_reference(tmp_path:
             and bytes(ref[rid][:-1]).decode() in ("cab", "bad", "ace")
             or (bytes(ref[rid][:-1]).isdigit() and len(ref[rid]) == 4)
         ), ref[rid]
+
+
+def _budgeted() -> list[Request]:
+    g = ascii_grammar(WORDS)
+    greedy, stop = SamplingParams(temperature=0.0), frozenset({EOS})
+    close, forced = tuple(b"</>"), tuple(b"</>\n\n")
+    think = [ReasoningBudget(k, tuple(b"<>"), close, forced, True) for k in (2, 0)]
+    return [
+        Request("a", list(range(20, 50)), greedy, 14, stop, grammar=g, reasoning=think[0]),
+        Request("b", list(range(30, 45)), greedy, 8, stop),
+        Request("c", list(range(60, 70)), SamplingParams(seed=5), 9, stop, reasoning=think[1]),
+    ]
+
+
+async def test_device_runner_forces_reasoning_closes_like_the_reference(tmp_path: Path) -> None:
+    ref, got = await _reference_and_device(tmp_path, _budgeted)
+    assert bytes(got["a"][2:7]) == b"</>\n\n" and bytes(got["c"][:5]) == b"</>\n\n"
+    word = bytes(got["a"][7:-1])  # then the grammar's answer
+    assert got["a"][-1] == EOS and (word in (b"cab", b"bad", b"ace") or word.isdigit()), word
+    assert got["a"] == ref["a"] and got["b"] == ref["b"]  # greedy: the reference's tokens
+    assert len(got["c"]) == len(ref["c"])  # sampled: each path's own noise after the close
 
 
 # --------------------------------------------------------------------------------------------
@@ -248,3 +301,23 @@ def test_gpu_masks_match_cpu_and_replay_in_a_graph() -> None:
         t1.record()
         t1.synchronize()
         print(f"device sampler {name}: {t0.elapsed_time(t1) / 20 * 1e3:.0f} us per step")
+
+
+@pytest.mark.gpu
+def test_gpu_forced_rows_at_a_full_vocabulary() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    dev, v = torch.device("cuda"), 248320
+    x = logits(8, v, 4).to(dev)
+    forced = {0: v - 1, 2: 31, 4: 151668, 6: 63}  # 31, 63: the sign bit of their words
+    ps = [SamplingParams(seed=i, temperature=0.0 if i % 4 == 0 else 1.0) for i in range(8)]
+    free = [SamplingRow(seeded(p), [5, 6], 3) for p in ps]
+    rows = list(free)
+    for i, t in forced.items():
+        rows[i] = rows[i]._replace(matcher=ForcedToken(t, v))
+    want = SAMPLER.sample(x, SamplingBatch.build(free, v, dev)).tokens.tolist()
+    got = SAMPLER.sample(x, SamplingBatch.build(rows, v, dev)).tokens.tolist()
+    assert [got[i] for i in forced] == list(forced.values())
+    assert [got[i] for i in range(8) if i not in forced] == [
+        want[i] for i in range(8) if i not in forced
+    ]

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
+from mgserve.core.engine.reasoning import ReasoningBudget
+
 if TYPE_CHECKING:
     from mgserve.core.grammar import Grammar
 
@@ -54,8 +56,11 @@ class Request:
     stop_token_ids: frozenset[int] = frozenset()  # end-of-generation ids (EOS, EOT, ...)
     ignore_eos: bool = False
     # structured output: every generated token is one the grammar allows; a complete grammar
-    # allows only end-of-generation ids, so the request stops there
+    # allows only end-of-generation ids, so the request stops there. With ``reasoning``, the
+    # grammar starts once the reasoning block is closed.
     grammar: Grammar | None = None
+    # a chat template's reasoning block: its markers and the budget of tokens it may hold
+    reasoning: ReasoningBudget | None = None
 
 
 class TopLogprob(NamedTuple):
@@ -93,7 +98,12 @@ class SeqWork:
     sampling: SamplingParams  # the request's params (the runner keeps per-slot RNG + history)
     new_sequence: bool = False  # first work of a request in this slot: reset sampler state
     history: tuple[int, ...] = ()  # with new_sequence: tokens before `start` (penalty window)
-    grammar: Grammar | None = None  # with new_sequence: the request's; the runner starts a Matcher
+    # the request's grammar, on the first draw it constrains (the first sampled token, or the
+    # first after the reasoning block closed): the runner starts a Matcher for the session
+    grammar: Grammar | None = None
+    # this draw must give this token (a spent reasoning budget closing its block): the sampler
+    # masks every other token; never while the session's grammar is running
+    force: int | None = None
     # recurrent models (checkpoints.py): before the step, load the slot's checkpoint at `start`;
     # after it, keep one of the state at start + len(tokens)
     restore: bool = False

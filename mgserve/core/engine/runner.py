@@ -73,7 +73,9 @@ class ReferenceRunner:
         seqs: list[SeqInput] = []
         for w in batch.work:
             if w.new_sequence:
-                self._samplers[w.slot] = SeqSampler(w.sampling, w.history, w.grammar)
+                self._samplers[w.slot] = SeqSampler(w.sampling, w.history)
+            if w.grammar is not None:
+                self._samplers[w.slot].start_grammar(w.grammar)
             seqs.append(
                 SeqInput(
                     cache=self._cache(w.slot),
@@ -92,7 +94,7 @@ class ReferenceRunner:
             sampler = self._samplers[w.slot]
             sampler.accept(w.tokens)  # they are in the context now: the penalty window sees them
             if w.sample:
-                tokens.append(sampler.sample(logits[len(tokens)]))
+                tokens.append(sampler.sample(logits[len(tokens)], w.force))
         extras = logprobs_for(logits, tokens, [w.sampling for w in sampled])
         results = [
             SeqResult(w.slot, w.request_id, tok, lp, top)

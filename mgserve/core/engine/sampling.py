@@ -5,6 +5,9 @@ Pipeline per row (llama.cpp's default chain; a neutral parameter switches a stag
     logit_bias -> penalties -> grammar mask -> greedy (temperature <= 0: argmax)
     | top_k -> top_p -> min_p -> temperature -> draw
 
+A forced token (``SeqWork.force``, a reasoning budget closing its block) takes the grammar mask's
+place: a mask that allows that one token.
+
 Each session owns a ``SeqSampler``: its own ``torch.Generator`` and its own penalty window. A row is
 always drawn with its session's generator and nothing else, so the tokens a session gets depend only
 on its seed and its logits, never on which other sessions share the step.
@@ -20,7 +23,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from mgserve.core.engine.contract import SamplingParams, TopLogprob
-from mgserve.core.grammar import Grammar
+from mgserve.core.grammar import ForcedToken, Grammar, TokenMask
 
 
 class PenaltyWindow:
@@ -137,21 +140,29 @@ class SeqSampler:
         self.window = PenaltyWindow(params.repeat_last_n, history)
         self.matcher = grammar.matcher() if grammar is not None else None
 
+    def start_grammar(self, grammar: Grammar) -> None:
+        """From the next draw on, tokens are the grammar's (the scheduler says when)."""
+        self.matcher = grammar.matcher()
+
     def accept(self, tokens: Iterable[int]) -> None:
         """Tokens that entered the session's context (prompt chunks, fed decode tokens)."""
         self.window.extend(tokens)
 
-    def sample(self, logits: torch.Tensor) -> int:
-        """One token from a raw logits row [V] (not modified)."""
+    def sample(self, logits: torch.Tensor, force: int | None = None) -> int:
+        """One token from a raw logits row [V] (not modified); ``force``: the token the draw
+        must give (SeqWork.force), through the same mask as a grammar's."""
         p = self.params
         x = logits.float().clone()  # [V]
         apply_logit_bias(x, p.logit_bias)
         apply_penalties(x, self.window.counts, p)
-        if self.matcher is None:
+        mask: TokenMask | None = self.matcher
+        if force is not None:
+            mask = ForcedToken(force, x.shape[0])
+        if mask is None:
             return sample_row(x, p, self.generator)
-        x = apply_grammar(x, logits, self.matcher.allowed())
-        token = sample_row(x, p, self.generator)
-        self.matcher.advance(token)
+        token = sample_row(apply_grammar(x, logits, mask.allowed()), p, self.generator)
+        if self.matcher is not None and force is None:
+            self.matcher.advance(token)
         return token
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from mgserve.core.engine.checkpoints import CheckpointBook
 from mgserve.core.engine.contract import (
@@ -34,38 +33,8 @@ from mgserve.core.engine.contract import (
     StepResult,
     TokenEvent,
 )
-
-
-@dataclass
-class Session:
-    """A request placed in a slot."""
-
-    req: Request
-    t_added: float  # clock() when the request was submitted
-    n_cached: int  # prompt tokens reused from the slot's cache
-    n_done: int  # prompt tokens already in the cache (n_cached included)
-    generated: list[int] = field(default_factory=list)
-    in_flight: bool = False  # work scheduled, result not yet applied
-    new_sequence: bool = True  # the next work is the first of this request in its slot
-    restore: bool = False  # the first work restores the slot's checkpoint at n_cached
-    t_prompt_done: float | None = None
-
-    @property
-    def prefilling(self) -> bool:
-        return self.n_done < len(self.req.prompt)
-
-
-@dataclass
-class Slot:
-    id: int
-    cached: list[int] = field(default_factory=list)  # token ids held by the cache, positions 0..
-    session: Session | None = None
-    last_used: int = -1  # step of the last assignment, to evict the least recently used cache
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
+from mgserve.core.engine.reasoning import ReasoningTracker
+from mgserve.core.engine.slots import Session, Slot, common_prefix
 
 
 class Scheduler:
@@ -207,7 +176,16 @@ class Scheduler:
             restore = 0 < n_cached < len(slot.cached) and not self.rewindable
             del slot.cached[n_cached:]
             self.checkpoints.keep(slot.id, n_cached)
-            slot.session = Session(req, t_added, n_cached, n_done=n_cached, restore=restore)
+            rb, constrained = req.reasoning, req.grammar is not None
+            slot.session = Session(
+                req,
+                t_added,
+                n_cached,
+                n_done=n_cached,
+                restore=restore,
+                reasoning=None if rb is None else ReasoningTracker(rb, constrained),
+                grammar_pending=constrained,
+            )
             slot.last_used = self._step
 
     def _reusable(self, slot: Slot, prompt: list[int]) -> int:
@@ -219,6 +197,10 @@ class Scheduler:
         self, slot: Slot, s: Session, tokens: tuple[int, ...], sample: bool, ckpt: bool = False
     ) -> SeqWork:
         start = len(slot.cached)
+        think = s.reasoning if sample else None
+        grammar = None  # the grammar constrains the answer: it waits for the reasoning to close
+        if sample and s.grammar_pending and (think is None or think.closed):
+            grammar, s.grammar_pending = s.req.grammar, False
         w = SeqWork(
             slot=slot.id,
             request_id=s.req.id,
@@ -228,7 +210,8 @@ class Scheduler:
             sampling=s.req.sampling,
             new_sequence=s.new_sequence,
             history=tuple(slot.cached) if s.new_sequence else (),
-            grammar=s.req.grammar if s.new_sequence else None,
+            grammar=grammar,
+            force=think.forced() if think is not None else None,
             restore=s.restore and s.new_sequence,
             checkpoint=ckpt,
         )
@@ -241,6 +224,8 @@ class Scheduler:
 
     def _on_token(self, slot: Slot, s: Session, r: SeqResult) -> TokenEvent:
         s.generated.append(r.token)
+        if s.reasoning is not None:
+            s.reasoning.feed(r.token)
         if s.t_prompt_done is None:
             s.t_prompt_done = self._clock() - s.t_added
         reason: str | None = None

@@ -3,20 +3,30 @@ per-session matchers that give the allowed-token mask of the next token (llguida
 
     vocab.py     every token id's bytes, special tokens marked, as the grammar engine sees them
     compiler.py  GrammarSpec -> Grammar (validated, cached by its text); GrammarCompiler
-    matcher.py   Matcher: one session's state; bitmask rows and how the samplers apply them
+    matcher.py   Matcher: one session's state; ForcedToken; bitmask rows and how the samplers
+                 apply them
 """
 
 from __future__ import annotations
 
 from mgserve.core.grammar.compiler import Grammar, GrammarCompiler, GrammarError, GrammarSpec
-from mgserve.core.grammar.matcher import Matcher, apply_allowed, bitmask_words, unpack_bitmask
+from mgserve.core.grammar.matcher import (
+    ForcedToken,
+    Matcher,
+    TokenMask,
+    apply_allowed,
+    bitmask_words,
+    unpack_bitmask,
+)
 
 __all__ = [
+    "ForcedToken",
     "Grammar",
     "GrammarCompiler",
     "GrammarError",
     "GrammarSpec",
     "Matcher",
+    "TokenMask",
     "apply_allowed",
     "bitmask_words",
     "unpack_bitmask",

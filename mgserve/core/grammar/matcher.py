@@ -3,10 +3,14 @@
 A mask is a bitmask row: int32 [ceil(V / 32)], bit ``t % 32`` of word ``t // 32`` set when token
 ``t`` may come next (llguidance's and xgrammar's layout). The CPU sampler takes one row's allowed
 ids (a grammar allows few tokens at most steps, so the row is cut down to them); the device
-sampler copies B rows with the step's other inputs and unpacks them on the device.
+sampler copies B rows with the step's other inputs and unpacks them on the device. Two things
+make masks (``TokenMask``): a grammar's ``Matcher``, and a ``ForcedToken`` (a draw the engine
+decides, such as a reasoning budget's close marker).
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import llguidance
 import numpy as np
@@ -38,6 +42,38 @@ def apply_allowed(x: torch.Tensor, raw: torch.Tensor, allowed: torch.Tensor) -> 
     return torch.where(dead, raw.masked_fill(~allowed, -torch.inf), masked)
 
 
+def _check_row(row: np.ndarray, n_vocab: int) -> None:
+    if row.dtype != np.int32 or row.shape != (bitmask_words(n_vocab),):
+        raise ValueError(f"bitmask row must be int32 [{bitmask_words(n_vocab)}]")
+    if not row.flags["C_CONTIGUOUS"]:
+        raise ValueError("bitmask row must be contiguous")
+
+
+class TokenMask(Protocol):
+    """What the samplers read a session's mask from."""
+
+    def fill(self, row: np.ndarray) -> None: ...
+
+    def allowed(self) -> torch.Tensor: ...
+
+
+class ForcedToken:
+    """A mask that allows one token: the draw gives it whatever the logits and sampler say."""
+
+    def __init__(self, token: int, n_vocab: int) -> None:
+        assert 0 <= token < n_vocab, (token, n_vocab)
+        self.token = token
+        self.n_vocab = n_vocab
+
+    def fill(self, row: np.ndarray) -> None:
+        _check_row(row, self.n_vocab)
+        row[:] = 0
+        row.view(np.uint32)[self.token >> 5] = np.uint32(1 << (self.token & 31))
+
+    def allowed(self) -> torch.Tensor:
+        return torch.tensor([self.token], dtype=torch.int64)
+
+
 class Matcher:
     """Where one session is in its grammar: the next token's mask, and the advance on a token."""
 
@@ -47,10 +83,7 @@ class Matcher:
 
     def fill(self, row: np.ndarray) -> None:
         """Write the next token's bitmask into ``row`` (int32 [W], C-contiguous, host memory)."""
-        if row.dtype != np.int32 or row.shape != (bitmask_words(self.n_vocab),):
-            raise ValueError(f"bitmask row must be int32 [{bitmask_words(self.n_vocab)}]")
-        if not row.flags["C_CONTIGUOUS"]:
-            raise ValueError("bitmask row must be contiguous")
+        _check_row(row, self.n_vocab)
         self._ll.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
         self._check()
 

@@ -260,10 +260,10 @@ class SamplingBatch:
                 host["bias_values"][i, : len(ids)] = vals
                 host["bias_ids"][i, len(ids) :] = ids[0]
                 host["bias_values"][i, len(ids) :] = vals[0]
-            # the grammar's mask, computed here: on the host while the device runs the forward
+            # the row's mask (a grammar's is computed here, while the device runs the forward)
             if r.matcher is not None:
                 if not mw:
-                    raise ValueError(f"row {i} has a grammar; the batch has no room for masks")
+                    raise ValueError(f"row {i} has a mask; the batch has no room for masks")
                 r.matcher.fill(host["allowed"][i])
 
         self.plan = cheapest_plan(sampling, v, penalties, any(r.params.logit_bias for r in rs), rs)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from mgserve.core.engine.contract import SamplingParams
-from mgserve.core.grammar import Matcher
+from mgserve.core.grammar import TokenMask
 
 SORT = -1  # SamplingPlan.candidates: sort each whole row (some row has top_k off and top_p on)
 WHOLE = -2  # SamplingPlan.candidates: whole rows unsorted (no row uses top_k or top_p)
@@ -31,7 +31,7 @@ class SamplingPlan(NamedTuple):
     bias: bool  # some row has a logit bias
     n_top: int  # the largest n_probs (0: no top candidates)
     logprob: bool  # some row wants its token's logprob
-    mask: bool = False  # some row is under a grammar (its allowed-token bitmask applies)
+    mask: bool = False  # some row has a mask (a grammar's, or a forced token's)
 
     @classmethod
     def broad(cls, n_top: int = 0, logprob: bool = False) -> SamplingPlan:
@@ -46,7 +46,8 @@ class SamplingRow(NamedTuple):
     window: Sequence[int]  # the session's last repeat_last_n context tokens (-1: all of them)
     counter: int  # tokens this session has sampled so far (the draw's position in its stream)
     seed: int | None = None  # overrides params.seed (one of them must be set: see ``seeded``)
-    matcher: Matcher | None = None  # the session's grammar state: fills its bitmask row
+    # the session's grammar state, or a token the draw must give: fills its bitmask row
+    matcher: TokenMask | None = None
 
 
 def window_len(r: SamplingRow) -> int:
