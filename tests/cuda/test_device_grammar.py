@@ -3,7 +3,8 @@
 CPU tests (run in CI): constrained rows draw only allowed tokens and match the CPU sampler
 greedily; unconstrained rows beside them come out bit for bit as without any grammar in the batch
 (batch invariance); a preallocated batch with room for masks matches a built one; the device
-runner under a grammar gives the reference runner's tokens. GPU tests (marked): the same on the
+runner under a grammar gives the reference runner's tokens and fills a step's masks after it
+launches the step's forward (the overlap). GPU tests (marked): the same on the
 device at a 248k vocabulary, and a CUDA-graph capture that replays with new masks.
 """
 
@@ -169,6 +170,33 @@ async def test_device_runner_under_a_grammar_serves_like_the_reference(tmp_path:
             and bytes(ref[rid][:-1]).decode() in ("cab", "bad", "ace")
             or (bytes(ref[rid][:-1]).isdigit() and len(ref[rid]) == 4)
         ), ref[rid]
+
+
+def test_the_runner_fills_a_steps_masks_after_launching_its_forward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The masks of a step are computed on the host after its forward is launched, so on a GPU
+    they overlap it (``mgserve bench structured`` measures what is left)."""
+    from mgserve.core.engine.contract import ScheduledBatch, SeqWork
+    from mgserve.core.text.tokenizer import Tokenizer
+    from mgserve.cuda.backend import load_device_model, torch_backend
+    from mgserve.cuda.runner import DeviceRunner
+
+    g = GGUFFile(Path(__file__).resolve().parent.parent / "data" / "converted_llama.gguf")
+    model = load_device_model(g, torch_backend(), CPU, 1, 64)
+    runner = DeviceRunner(model, CPU, graphs=False)
+    calls: list[str] = []
+    forward, fill = runner.decode, Matcher.fill
+    monkeypatch.setattr(runner, "decode", lambda inp: (calls.append("forward"), forward(inp))[1])
+    monkeypatch.setattr(Matcher, "fill", lambda m, row: (calls.append("mask"), fill(m, row))[1])
+    compiler = GrammarCompiler(Tokenizer.from_metadata(g.metadata), model.spec.n_vocab)
+    grammar = compiler.compile(GrammarSpec("gbnf", WORDS))
+    greedy = SamplingParams(temperature=0.0)
+    first = SeqWork(0, "a", (1, 40, 41), 0, True, greedy, new_sequence=True, grammar=grammar)
+    token = runner.run(ScheduledBatch(1, (first,))).results[0].token
+    calls.clear()
+    runner.run(ScheduledBatch(2, (SeqWork(0, "a", (token,), 3, True, greedy),)))
+    assert calls == ["forward", "mask"]
 
 
 # --------------------------------------------------------------------------------------------
