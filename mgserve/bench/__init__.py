@@ -20,6 +20,7 @@ BENCHMARKS = (
     "glue",
     "invariance",
     "grammar",
+    "structured",
 )
 
 

@@ -3,10 +3,11 @@
 CPU tests (run in CI): constrained rows draw only allowed tokens and match the CPU sampler
 greedily; unconstrained rows beside them come out bit for bit as without any grammar in the batch
 (batch invariance); a preallocated batch with room for masks matches a built one; the device
-runner under a grammar gives the reference runner's tokens. A forced token (a reasoning budget
-closing its block) is a mask of that one token: drawn whatever the row's settings, and the device
-runner forces reasoning closes as the reference does. GPU tests (marked): the same on the device
-at a 248k vocabulary, and a CUDA-graph capture that replays with new masks.
+runner under a grammar gives the reference runner's tokens and fills a step's masks after it
+launches the step's forward (the overlap). A forced token (a reasoning budget closing its block)
+is a mask of that one token: drawn whatever the row's settings, and the device runner forces
+reasoning closes as the reference does. GPU tests (marked): the same on the device at a 248k
+vocabulary, and a CUDA-graph capture that replays with new masks.
 """
 
 from __future__ import annotations
@@ -222,6 +223,33 @@ async def test_device_runner_forces_reasoning_closes_like_the_reference(tmp_path
     assert got["a"][-1] == EOS and (word in (b"cab", b"bad", b"ace") or word.isdigit()), word
     assert got["a"] == ref["a"] and got["b"] == ref["b"]  # greedy: the reference's tokens
     assert len(got["c"]) == len(ref["c"])  # sampled: each path's own noise after the close
+
+
+def test_the_runner_fills_a_steps_masks_after_launching_its_forward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The masks of a step are computed on the host after its forward is launched, so on a GPU
+    they overlap it (``mgserve bench structured`` measures what is left)."""
+    from mgserve.core.engine.contract import ScheduledBatch, SeqWork
+    from mgserve.core.text.tokenizer import Tokenizer
+    from mgserve.cuda.backend import load_device_model, torch_backend
+    from mgserve.cuda.runner import DeviceRunner
+
+    g = GGUFFile(Path(__file__).resolve().parent.parent / "data" / "converted_llama.gguf")
+    model = load_device_model(g, torch_backend(), CPU, 1, 64)
+    runner = DeviceRunner(model, CPU, graphs=False)
+    calls: list[str] = []
+    forward, fill = runner.decode, Matcher.fill
+    monkeypatch.setattr(runner, "decode", lambda inp: (calls.append("forward"), forward(inp))[1])
+    monkeypatch.setattr(Matcher, "fill", lambda m, row: (calls.append("mask"), fill(m, row))[1])
+    compiler = GrammarCompiler(Tokenizer.from_metadata(g.metadata), model.spec.n_vocab)
+    grammar = compiler.compile(GrammarSpec("gbnf", WORDS))
+    greedy = SamplingParams(temperature=0.0)
+    first = SeqWork(0, "a", (1, 40, 41), 0, True, greedy, new_sequence=True, grammar=grammar)
+    token = runner.run(ScheduledBatch(1, (first,))).results[0].token
+    calls.clear()
+    runner.run(ScheduledBatch(2, (SeqWork(0, "a", (token,), 3, True, greedy),)))
+    assert calls == ["forward", "mask"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -32,10 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
     """What ``ModelBench`` loads and how: the model, its pools and the backend's modes (shared
-    with ``mgserve bench invariance``)."""
-    src = parser.add_mutually_exclusive_group(required=True)
+    with ``mgserve bench invariance`` and ``structured``); ``required``: --model or --shape."""
+    src = parser.add_mutually_exclusive_group(required=required)
     src.add_argument("--model", help="a GGUF file")
     src.add_argument("--shape", help="a synthetic model of this shape (see mgserve synth)")
     parser.add_argument("--layers", type=int, default=None, help="synthetic: layers")

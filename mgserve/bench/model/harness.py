@@ -33,6 +33,7 @@ class ModelBench:
                 mix=args.mix,
             )
         self.source = str(g.path)
+        self.metadata = g.metadata  # the tokenizer's too
         t0 = time.perf_counter()
         if args.device == "cuda":
             hgemm = HGemmTuning.parse(args.hgemm) if args.hgemm else None
@@ -91,13 +92,23 @@ class ModelBench:
         self.step += 1
         return self.runner.run(ScheduledBatch(self.step, tuple(work)))
 
-    def work(self, slot: int, tokens: tuple[int, ...], start: int, sample: bool) -> Any:
-        """One greedy session's share of a step: ``tokens`` at positions from ``start``."""
+    def work(
+        self,
+        slot: int,
+        tokens: tuple[int, ...],
+        start: int,
+        sample: bool,
+        sampling: Any = None,
+        grammar: Any = None,
+    ) -> Any:
+        """One session's share of a step: ``tokens`` at positions from ``start``; greedy unless
+        ``sampling`` (SamplingParams), under ``grammar`` (from its first step at 0) if given."""
         from mgserve.core.engine.contract import SamplingParams, SeqWork
 
         return SeqWork(
             slot=slot, request_id=f"bench-{slot}", tokens=tokens, start=start, sample=sample,
-            sampling=SamplingParams(temperature=0.0), new_sequence=start == 0,
+            sampling=sampling or SamplingParams(temperature=0.0), new_sequence=start == 0,
+            grammar=grammar,
         )  # fmt: skip
 
     # -- depth -------------------------------------------------------------------------------
