@@ -1,0 +1,156 @@
+"""The engine's admission and cancellation: a bounded queue, and a request that ends (max_tokens,
+a stop token, an abort: what a stop string or a disconnect sends) leaves its slot at once, on the
+reference engine with a tiny llama; prompt progress; a pinned slot and reuse switched off."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mgserve.config import Settings
+from mgserve.core.engine.actor import Engine
+from mgserve.core.engine.contract import Request, SamplingParams, ScheduledBatch, StepResult
+from mgserve.core.engine.stream import QueueFull, RequestStream
+from mgserve.core.models import load_model
+from tests.core import tiny
+from tests.core.fake_model import FakeModel
+
+GREEDY = SamplingParams(temperature=0.0)
+PROMPT = list(range(3, 43))  # 40 tokens: 5 chunks of --batch-size 8
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory, one_thread: None) -> Any:
+    path: Path = tmp_path_factory.mktemp("m") / "llama.gguf"
+    return load_model(tiny.export(tiny.hf_model("llama"), "llama", path), threads=1)
+
+
+def engine_of(model: Any, **kw: Any) -> Engine:
+    return Engine(model, Settings(**{"parallel": 2, "ctx_size": 128, "batch_size": 8} | kw))
+
+
+def spy_steps(engine: Engine) -> list[tuple[int, set[str]]]:
+    """(step, request ids) of every batch the runner runs."""
+    seen: list[tuple[int, set[str]]] = []
+    run = engine._runner.run
+
+    def spy(batch: ScheduledBatch) -> StepResult:
+        seen.append((batch.step, {w.request_id for w in batch.work}))
+        return run(batch)
+
+    engine._runner.run = spy  # type: ignore[method-assign]
+    return seen
+
+
+def idle(engine: Engine) -> bool:
+    """No slot busy, nothing queued, no request open."""
+    free = not any(s["is_processing"] for s in engine.slots())
+    return free and engine._sched.n_busy == 0 and not engine._sched.queue and not engine._streams
+
+
+async def test_the_queue_is_bounded_and_an_aborted_request_leaves_it_at_once() -> None:
+    engine = engine_of(FakeModel(), parallel=1, max_queue=2)
+    a, b, c = (engine.submit(Request(r, [1, 2], GREEDY, 3)) for r in "abc")  # a slot + 2 waiting
+    assert engine.waiting == 2
+    with pytest.raises(QueueFull, match="2 requests are already waiting") as e:
+        engine.submit(Request("d", [1], GREEDY, 1))
+    assert 1 <= e.value.retry_after <= 60
+    assert "mgserve_requests_rejected_total 1" in engine.metrics_text()
+    c.abort()  # still queued: its place frees now, not after a step
+    assert engine.waiting == 1 and [ev.finish_reason async for ev in c] == ["abort"]
+    d = engine.submit(Request("d", [1], GREEDY, 1))
+    await engine.start()
+    for s in (a, b, d):
+        assert [ev.finish_reason async for ev in s][-1] == "length"
+    assert idle(engine)
+    await engine.stop()
+
+
+async def test_max_queue_0_refuses_whatever_finds_no_free_slot() -> None:
+    engine = engine_of(FakeModel(), parallel=2, max_queue=0)
+    engine.submit(Request("a", [1], GREEDY, 1))
+    engine.submit(Request("b", [1], GREEDY, 1))
+    with pytest.raises(QueueFull):
+        engine.submit(Request("c", [1], GREEDY, 1))
+    await engine.stop()
+
+
+async def test_max_tokens_and_a_stop_token_free_the_slot_with_the_last_event(llama: Any) -> None:
+    engine = engine_of(llama)
+    await engine.start()
+    want = [ev.token async for ev in engine.submit(Request("probe", PROMPT, GREEDY, 4))]
+    stop = frozenset({want[1]})
+    for r in (Request("len", PROMPT, GREEDY, 3), Request("eog", PROMPT, GREEDY, 9, stop)):
+        async for ev in engine.submit(r):
+            if ev.finish_reason is not None:
+                assert ev.finish_reason == ("length" if r.id == "len" else "stop")
+                assert idle(engine)  # already when the last event arrives
+    await engine.stop()
+
+
+@pytest.mark.parametrize("where", ["prompt", "decode"])
+async def test_abort_frees_the_slot_at_once_and_no_later_step_runs_it(
+    llama: Any, where: str
+) -> None:
+    engine = engine_of(llama)
+    steps = spy_steps(engine)
+    await engine.start()
+    other = engine.submit(Request("other", [5, 6, 7], GREEDY, 12, ignore_eos=True))
+    stream = engine.submit(Request("a", PROMPT, GREEDY, 50, ignore_eos=True, progress=True))
+    async for ev in stream:
+        mid_prompt = ev.progress is not None and 0 < ev.progress.processed < len(PROMPT)
+        if (where == "prompt" and mid_prompt) or (where == "decode" and ev.n_generated == 2):
+            planned = engine._sched._step  # the step in flight (if any) is the last with "a"
+            stream.abort()
+            assert not any(s["id_task"] == "a" for s in engine.slots())
+            assert engine._sched.n_busy == 1  # "other" runs on
+            break
+    assert [ev.finish_reason async for ev in stream] == ["abort"]
+    await asyncio.wait_for(_drain(other), 10)
+    assert max(step for step, ids in steps if "a" in ids) <= planned
+    assert idle(engine)
+    await engine.stop()
+
+
+async def _drain(stream: RequestStream) -> None:
+    async for _ in stream:
+        pass
+
+
+async def test_prompt_progress_after_each_chunk(llama: Any) -> None:
+    engine = engine_of(llama)
+    await engine.start()
+    cold = [ev async for ev in engine.submit(Request("a", PROMPT, GREEDY, 2, progress=True))]
+    progress = [ev.progress for ev in cold if ev.progress is not None]
+    assert [p.processed for p in progress] == [0, 8, 16, 24, 32, 40]
+    assert {(p.total, p.cache) for p in progress} == {(40, 0)}
+    assert [p.time_ms for p in progress] == sorted(p.time_ms for p in progress)
+    assert cold[: len(progress)] == [ev for ev in cold if ev.progress]  # all before the tokens
+    assert all(ev.token is None and ev.finish_reason is None for ev in cold if ev.progress)
+    assert {ev.slot for ev in cold} == {cold[-1].slot}
+    # the prefix is reused: progress starts past it (20 tokens, chunks cut from there)
+    warm = engine.submit(Request("b", PROMPT[:20] + [99] * 10, GREEDY, 2, progress=True))
+    progress = [ev.progress async for ev in warm if ev.progress is not None]
+    assert [(p.cache, p.processed) for p in progress] == [(20, 20), (20, 28), (20, 30)]
+    # without progress=True, no progress events
+    plain = [ev async for ev in engine.submit(Request("c", PROMPT, GREEDY, 2))]
+    assert all(ev.token is not None for ev in plain)
+    await engine.stop()
+
+
+async def test_a_pinned_slot_and_reuse_off_give_the_same_tokens(llama: Any) -> None:
+    engine = engine_of(llama)
+    await engine.start()
+    base = [ev async for ev in engine.submit(Request("a", PROMPT, GREEDY, 5))]
+    pinned = [ev async for ev in engine.submit(Request("b", PROMPT, GREEDY, 5, slot=1))]
+    cold = [ev async for ev in engine.submit(Request("c", PROMPT, GREEDY, 5, reuse_prefix=False))]
+    warm = [ev async for ev in engine.submit(Request("d", PROMPT, GREEDY, 5))]
+    assert {ev.slot for ev in pinned} == {1} and base[0].slot == 0
+    assert cold[0].n_cached == 0 and warm[0].n_cached == len(PROMPT) - 1
+    tokens = [[ev.token for ev in evs] for evs in (base, pinned, cold, warm)]
+    assert tokens[1:] == [tokens[0]] * 3
+    assert idle(engine)
+    await engine.stop()
