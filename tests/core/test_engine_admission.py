@@ -154,3 +154,51 @@ async def test_a_pinned_slot_and_reuse_off_give_the_same_tokens(llama: Any) -> N
     assert tokens[1:] == [tokens[0]] * 3
     assert idle(engine)
     await engine.stop()
+
+
+class _Letters:
+    """A detokenizer that writes each token as one letter, so any output is text."""
+
+    @staticmethod
+    def text(tokens: list[int]) -> str:
+        return "".join(chr(ord("a") + t % 26) for t in tokens)
+
+    def push(self, token: int) -> str:
+        return self.text([token])
+
+    def flush(self) -> str:
+        return ""
+
+
+async def test_a_stop_string_frees_the_slot_with_the_last_chunk(llama: Any) -> None:
+    from mgserve.api.generate import Generation
+    from mgserve.api.protocol import GenParams
+    from tests.api.conftest import fake_service
+
+    engine = engine_of(llama)
+    service = fake_service(engine=engine)
+    service.new_detokenizer = lambda keep: _Letters()
+    await engine.start()
+    probe = [ev.token async for ev in engine.submit(Request("probe", PROMPT, GREEDY, 8))]
+    stop = _Letters.text(probe[4:6])  # type: ignore[arg-type]
+    params = GenParams(GREEDY, 40, (stop,), False, True, False)
+    with Generation(service, Request("a", PROMPT, GREEDY, 40), params) as gen:
+        async for c in gen.chunks():
+            if c.finish_reason is not None:
+                assert c.finish_reason == "stop" and idle(engine)  # aborted in the engine
+    assert gen.stop_word == stop and gen.n_generated <= 6
+    assert 'mgserve_requests_total{finish_reason="abort"} 1' in engine.metrics_text()
+    await engine.stop()
+
+
+async def test_retry_after_follows_how_long_requests_hold_a_slot() -> None:
+    engine = engine_of(FakeModel(delay=0.01), parallel=2, max_queue=0)
+    await engine.start()
+    assert engine._retry_after() == 1  # nothing measured yet
+    await _drain(engine.submit(Request("a", [1, 2], GREEDY, 4)))
+    assert engine._slot_s is not None and 0.03 < engine._slot_s < 5  # about 4 steps of 10 ms
+    engine._slot_s = 30.0  # requests holding a slot 30 s, two slots: one ends every ~15 s
+    assert engine._retry_after() == 15
+    engine._slot_s = 1e4
+    assert engine._retry_after() == 60
+    await engine.stop()

@@ -77,7 +77,7 @@ class Engine:
         self.max_queue = settings.max_queue
         self._wake = asyncio.Event()  # set by submit: the idle actor has work
         self._streams: dict[str, RequestStream] = {}  # open requests
-        self._slot_s = 0.0  # moving average of the seconds a request holds a slot
+        self._slot_s: float | None = None  # moving average of the seconds a request holds a slot
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="mgserve-runner")
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -156,7 +156,8 @@ class Engine:
 
     def _retry_after(self) -> int:
         # a place frees when the next running request ends: about a slot's holding time / slots
-        return max(1, min(RETRY_AFTER_MAX_S, math.ceil(self._slot_s / self.n_slots)))
+        held = self._slot_s or 0.0
+        return max(1, min(RETRY_AFTER_MAX_S, math.ceil(held / self.n_slots)))
 
     def _abort(self, request_id: str) -> None:
         ev = self._sched.abort(request_id)
@@ -269,5 +270,6 @@ class Engine:
                 self._m_req.inc(label=ev.finish_reason)
                 del self._streams[ev.request_id]
                 if stream.t_start is not None:
-                    self._slot_s += (now - stream.t_start - self._slot_s) / 8
+                    held, avg = now - stream.t_start, self._slot_s
+                    self._slot_s = held if avg is None else avg + (held - avg) / 8
             stream._events.put_nowait(ev)
