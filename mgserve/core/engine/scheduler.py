@@ -199,23 +199,16 @@ class Scheduler:
 
     def _admit(self) -> None:
         pinned: list[tuple[Request, float]] = []  # waiting for their busy slot, in queue order
-        while self.queue:
-            free = [s for s in self.slots if s.session is None]
-            if not free:
-                break
+        while self.queue and any(s.session is None for s in self.slots):
             req, t_added = self.queue.popleft()
-            if req.slot is not None:
-                free = [s for s in free if s.id == req.slot]
-                if not free:
-                    pinned.append((req, t_added))
-                    continue
-
-            def reusable(sl: Slot, req: Request = req) -> int:
-                return self._reusable(sl, req.prompt) if req.reuse_prefix else 0
-
+            free = [s for s in self.slots if s.session is None and req.slot in (None, s.id)]
+            if not free:  # pinned to a busy slot
+                pinned.append((req, t_added))
+                continue
+            n_of = {sl.id: self._reusable(sl, req.prompt) if req.reuse_prefix else 0 for sl in free}
             # longest reusable prefix wins; among equals, the least recently used cache is given up
-            slot = max(free, key=lambda sl: (reusable(sl), -sl.last_used))
-            n_cached = reusable(slot)
+            slot = max(free, key=lambda sl: (n_of[sl.id], -sl.last_used))
+            n_cached = n_of[slot.id]
             restore = 0 < n_cached < len(slot.cached) and not self.rewindable
             del slot.cached[n_cached:]
             self.checkpoints.keep(slot.id, n_cached)
