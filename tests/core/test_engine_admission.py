@@ -5,6 +5,8 @@ reference engine with a tiny llama; prompt progress; a pinned slot and reuse swi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import random
 from pathlib import Path
 from typing import Any
 
@@ -202,3 +204,57 @@ async def test_retry_after_follows_how_long_requests_hold_a_slot() -> None:
     engine._slot_s = 1e4
     assert engine._retry_after() == 60
     await engine.stop()
+
+
+async def test_random_aborts_on_a_hybrid_leave_no_slot_busy_and_no_checkpoint_behind(
+    tmp_path: Path, one_thread: None
+) -> None:
+    """Forty requests on a tiny qwen3next with checkpoints, aborted at random points (queued, mid
+    prompt with a chunk on the runner, mid decode), some pinned, some reusing nothing."""
+    from tests.core import hybrid_export
+
+    path = hybrid_export.export(hybrid_export.hf_model("qwen3next"), "qwen3next", tmp_path / "m")
+    model = load_model(path, threads=1)
+    kw = {"ctx_checkpoints": 2, "checkpoint_every": 16, "cache_ram": 1}
+    engine = engine_of(model, **kw)
+    rng = random.Random(5)
+    base = [3 + (i * 37) % 140 for i in range(60)]
+
+    async def one(i: int) -> None:
+        prompt = base[: rng.randint(10, 60)] + [rng.randint(3, 150)]
+        slot = rng.choice([None, None, 0, 1])
+        r = Request(f"r{i}", prompt, GREEDY, 8, slot=slot, reuse_prefix=rng.random() < 0.7)
+        stream = engine.submit(dataclasses.replace(r, progress=True))
+        stop_at = rng.randint(0, 12)  # events before the abort (12: none, it runs to its end)
+        n = 0
+        async for _ in stream:
+            n += 1
+            if n == stop_at:
+                stream.abort()
+        await asyncio.sleep(0)
+
+    await engine.start()
+    await asyncio.gather(*(one(i) for i in range(40)))
+    assert idle(engine)
+    book, store = engine._sched.checkpoints, engine._runner.checkpoints  # type: ignore[attr-defined]
+    assert set(store.held) == set(book.held)  # the runner holds exactly what the book counts
+    on_device = [slot for (slot, _), on_host in book.held.items() if not on_host]
+    assert all(on_device.count(s) <= book.per_slot for s in range(2))
+    assert book.nbytes_in(host=True) <= book.host_bytes
+    prompt = base[:45]
+    fresh = await _fresh_tokens(model, prompt)
+    assert await _tokens_of(engine, Request("end", prompt, GREEDY, 6, reuse_prefix=False)) == fresh
+    await engine.stop()
+
+
+async def _tokens_of(engine: Engine, r: Request) -> list[int | None]:
+    return [ev.token async for ev in engine.submit(r)]
+
+
+async def _fresh_tokens(model: Any, prompt: list[int]) -> list[int | None]:
+    engine = engine_of(model, parallel=1)
+    await engine.start()
+    try:
+        return await _tokens_of(engine, Request("fresh", prompt, GREEDY, 6))
+    finally:
+        await engine.stop()
