@@ -71,6 +71,12 @@ class Settings:
         "--cache-ram",
         "-cram",
     )
+    max_queue: int = _opt(
+        64,
+        "requests that may wait for a slot; one more gets a 503 with Retry-After "
+        "(0: refuse whatever finds no free slot)",
+        "--max-queue",
+    )
     api_key: str | None = _opt(
         None, "require 'Authorization: Bearer KEY' (not on /health)", "--api-key"
     )
@@ -136,6 +142,8 @@ class Settings:
             raise ValueError(f"ctx-checkpoints must be >= 0, got {self.ctx_checkpoints}")
         if self.cache_ram < 0:
             raise ValueError(f"cache-ram must be >= 0 MiB, got {self.cache_ram}")
+        if self.max_queue < 0:
+            raise ValueError(f"max-queue must be >= 0, got {self.max_queue}")
         if self.reasoning_budget < -1:
             raise ValueError(f"reasoning-budget must be >= -1, got {self.reasoning_budget}")
         if self.threads < 0:

@@ -201,6 +201,10 @@ async def respond_chat(
             return objs
 
         def chunk(c: Chunk) -> list[dict[str, Any]]:
+            if c.progress is not None:  # return_progress: llama-server's progress chunk
+                delta = {"delta": {"role": "assistant", "content": None}}
+                obj = shape.envelope([choice(c.index, delta, [], None)], True) | usage_null
+                return [obj | {"prompt_progress": c.progress._asdict()}]
             pending[c.index].extend(c.tokens)
             return send(c.index, parsers[c.index].feed(c.text))
 

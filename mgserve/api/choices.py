@@ -65,11 +65,14 @@ class Choices:
         http_request: web.Request | None = None,
         keep: frozenset[int] = frozenset(),
     ) -> None:
-        self.gens = [
-            Generation(service, r, params, http_request, keep, index=i)
-            for i, r in enumerate(choice_requests(request, params.n))
-        ]
         self._waiting: dict[asyncio.Future[Chunk], int] = {}  # chunks() in flight: choice
+        self.gens: list[Generation] = []
+        try:
+            for i, r in enumerate(choice_requests(request, params.n)):
+                self.gens.append(Generation(service, r, params, http_request, keep, index=i))
+        except Exception:  # the queue had no room for them all (a 503): none of them runs
+            self.close()
+            raise
 
     def __enter__(self) -> Choices:
         return self

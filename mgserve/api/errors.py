@@ -52,12 +52,14 @@ class ApiError(Exception):
         status: int = 400,
         param: str | None = None,
         code: str | int | None = None,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.param = param
         self.code = code
+        self.retry_after = retry_after  # seconds: sent as Retry-After (a 503 when busy)
 
 
 def error_body(
@@ -87,11 +89,13 @@ def error_response(
     param: str | None = None,
     code: str | int | None = None,
     anthropic: bool = False,
+    retry_after: int | None = None,
 ) -> web.Response:
     return web.Response(
         body=orjson.dumps(error_body(message, status, param, code, anthropic)),
         status=status,
         content_type="application/json",
+        headers={"Retry-After": str(retry_after)} if retry_after is not None else None,
     )
 
 
@@ -104,7 +108,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except ApiError as e:
-        return error_response(e.message, e.status, e.param, e.code, anthropic)
+        return error_response(e.message, e.status, e.param, e.code, anthropic, e.retry_after)
     except ValueError as e:  # user input the core rejected (template, tokenizer)
         return error_response(str(e), 400, anthropic=anthropic)
     except web.HTTPRequestEntityTooLarge as e:

@@ -15,7 +15,7 @@ from typing import Any
 
 from mgserve.api.errors import ApiError
 
-# sampling and stopping, read by protocol._sampling / _stop in both dialects
+# sampling and stopping, read by sampling_fields.py and protocol._stop in every dialect
 SAMPLING = frozenset(
     {
         "temperature",
@@ -37,6 +37,9 @@ SAMPLING = frozenset(
 # the one model served answers to any name; `user` is an end-user id OpenAI keeps for abuse
 # monitoring, with no effect on the answer
 IGNORED = frozenset({"model", "user"})
+# llama-server's slot pinning, prefix-reuse switch and prompt progress (protocol._admission), on
+# its /completion and the OpenAI completions routes, as llama-server takes them
+ADMISSION = frozenset({"id_slot", "cache_prompt", "return_progress"})
 TEMPLATE = frozenset(
     {"messages", "tools", "tool_choice", "chat_template_kwargs", "add_generation_prompt"}
 )
@@ -45,6 +48,7 @@ CHAT = (
     SAMPLING
     | IGNORED
     | TEMPLATE
+    | ADMISSION
     | {
         "max_tokens",
         "max_completion_tokens",
@@ -62,15 +66,16 @@ CHAT = (
 COMPLETIONS = (
     SAMPLING
     | IGNORED
+    | ADMISSION
     | {"prompt", "max_tokens", "logprobs", "echo", "stream_options", "response_format"}
 )
-# llama-server's /completion; cache_prompt is what mgserve always does (a prompt's cached prefix is
-# reused, with the same results as without)
+# llama-server's /completion
 LLAMA_COMPLETION = (
     SAMPLING
     | IGNORED
+    | ADMISSION
     | {"prompt", "n_predict", "max_tokens", "n_probs", "return_tokens", "grammar", "json_schema"}
-) | {"cache_prompt"}
+)
 # llama-server's /infill: /completion's fields and the text around the cursor (api/infill.py)
 INFILL = LLAMA_COMPLETION | {"input_prefix", "input_suffix", "input_extra"}
 # Anthropic's /v1/messages (anthropic_inputs.py reads the template's part); `metadata`

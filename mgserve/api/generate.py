@@ -2,8 +2,9 @@
 
 The engine streams ``TokenEvent``s; this turns them into ``Chunk``s of text that are safe to send:
 UTF-8 complete, with any tail that could still become a stop string held back. A matched stop
-string, a client that went away, or a handler that fails all end in ``stream.abort()``, so the
-slot is freed within a step.
+string, a client that went away, or a handler that fails all end in ``stream.abort()``, which frees
+the slot at once (a step already on the runner finishes, its result for the request dropped). A
+request the engine's queue has no room for is a 503 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from aiohttp import web
 from mgserve.api.errors import ApiError
 from mgserve.api.protocol import GenParams
 from mgserve.api.service import Service
-from mgserve.core.engine.contract import Request, TokenEvent, TopLogprob
+from mgserve.core.engine.contract import PromptProgress, Request, TokenEvent, TopLogprob
+from mgserve.core.engine.stream import QueueFull
 
 
 class StopMatcher:
@@ -74,6 +76,7 @@ class Chunk:
     tokens: list[TokenOut] = field(default_factory=list)  # tokens behind it (for logprobs)
     finish_reason: str | None = None  # set on the last chunk: "stop", "length", "abort", "error"
     index: int = 0  # the choice it belongs to (choices.py: n > 1)
+    progress: PromptProgress | None = None  # a prompt-progress chunk (no text): return_progress
 
 
 class Generation:
@@ -106,7 +109,10 @@ class Generation:
         self.t_submit = time.perf_counter()
         self.t_prompt_done: float | None = None  # seconds after submit
         self.t_end: float | None = None
-        self.stream = service.engine.submit(request)
+        try:
+            self.stream = service.engine.submit(request)
+        except QueueFull as e:
+            raise ApiError(str(e), status=503, retry_after=e.retry_after) from None
 
     def _client_gone(self) -> bool:
         if self.http_request is None:
@@ -136,6 +142,10 @@ class Generation:
     async def chunks(self) -> AsyncIterator[Chunk]:
         try:
             async for ev in self.stream:
+                if ev.progress is not None:
+                    self.slot = ev.slot if ev.slot is not None else self.slot
+                    yield Chunk("", index=self.index, progress=ev.progress)
+                    continue
                 self._note(ev)
                 fin = ev.finish_reason
                 text, toks = "", []

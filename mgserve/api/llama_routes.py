@@ -15,7 +15,7 @@ from mgserve.api import fields, sse
 from mgserve.api.chat_inputs import chat_inputs
 from mgserve.api.errors import ApiError
 from mgserve.api.fields import Fields
-from mgserve.api.generate import Generation, TokenOut
+from mgserve.api.generate import Chunk, Generation, TokenOut
 from mgserve.api.http import SERVICE, body_size, json_response, read_body
 from mgserve.api.infill import check_model, infill_inputs, infill_prompt
 from mgserve.api.prompts import check_ids, llama_prompt, mixed_prompt, render_chat
@@ -95,7 +95,6 @@ async def _complete(
 ) -> web.StreamResponse:
     """/completion's answer to ``body``, whose prompt ``build_prompt`` makes (on the text pool)."""
     service = request.app[SERVICE]
-    Fields(body).get_bool("cache_prompt", True)  # a prompt's cached prefix is always reused
     return_tokens = Fields(body).get_bool("return_tokens", False)
     grammar = await request_grammar(service, body)
 
@@ -137,12 +136,16 @@ async def _complete(
             "timings": gen.timings(),
         }
 
+    def chunk(c: Chunk) -> list[dict[str, Any]]:
+        obj = partial(c.text, c.tokens)
+        if c.progress is not None:  # return_progress
+            obj["prompt_progress"] = c.progress._asdict()
+        return [obj]
+
     with gen:
         if not params.stream:
             return json_response(final(*await gen.collect()))
-        return await sse.stream(
-            request, gen, lambda c: [partial(c.text, c.tokens)], lambda c: [final("", [])]
-        )
+        return await sse.stream(request, gen, chunk, lambda c: [final("", [])])
 
 
 async def tokenize(request: web.Request) -> web.Response:

@@ -103,9 +103,10 @@ async def _respond_completion(
         usage_null = {"usage": None} if params.include_usage else {}
 
         def chunk(c: Chunk) -> list[dict[str, Any]]:
-            return [
-                shape.envelope([shape.choice(c.index, c.text, c.tokens, None)], True) | usage_null
-            ]
+            obj = shape.envelope([shape.choice(c.index, c.text, c.tokens, None)], True) | usage_null
+            if c.progress is not None:  # return_progress
+                obj["prompt_progress"] = c.progress._asdict()
+            return [obj]
 
         def closing(c: Chunk) -> list[dict[str, Any]]:
             gen = choices.gens[c.index]

@@ -1,24 +1,24 @@
 """Request bodies -> typed generation parameters -> the ``Request`` the engine runs.
 
-Every field is type- and range-checked here, once, and every default resolved here (the seed,
-``max_tokens``, the sampling stages): anything wrong raises ``ApiError`` (HTTP 400, OpenAI's error
-shape, ``param`` naming the field), so handlers never see an unchecked value and the engine checks
-nothing again. Every dialect lands on one ``GenParams``: OpenAI's names (``max_tokens``,
-``logprobs``/``top_logprobs``, the Responses API's ``max_output_tokens``), llama-server's
-(``n_predict``, ``n_probs``) and Anthropic's (``stop_sequences``); the grammar fields are read by
-``structured.py``.
+Every field is type- and range-checked here (the sampling fields in ``sampling_fields.py``), once,
+and every default resolved here (the seed, ``max_tokens``, the sampling stages, llama-server's
+``id_slot`` / ``cache_prompt`` / ``return_progress``): anything wrong raises ``ApiError`` (HTTP
+400, OpenAI's error shape, ``param`` naming the field), so handlers never see an unchecked value
+and the engine checks nothing again. Every dialect lands on one ``GenParams``: OpenAI's names
+(``max_tokens``, ``logprobs``/``top_logprobs``, the Responses API's ``max_output_tokens``),
+llama-server's (``n_predict``, ``n_probs``) and Anthropic's (``stop_sequences``); the grammar
+fields are read by ``structured.py``.
 """
 
 from __future__ import annotations
 
-import math
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from mgserve.api.errors import ApiError
-from mgserve.api.fields import Fields, is_number
-from mgserve.api.prompts import encode_text
+from mgserve.api.fields import Fields
+from mgserve.api.sampling_fields import sampling_params
 from mgserve.api.service import Service
 from mgserve.core.engine.contract import MAX_N_PROBS, Request, SamplingParams
 from mgserve.core.engine.reasoning import ReasoningBudget
@@ -41,48 +41,10 @@ class GenParams:
     grammar: Grammar | None = None  # structured output (api/structured.py)
     echo: bool = False  # /v1/completions: the prompt's text starts the answer
     n: int = 1  # OpenAI's choices per request, each its own slot (choices.py)
-
-
-def _logit_bias(f: Fields, service: Service) -> tuple[tuple[int, float], ...]:
-    """OpenAI's {"id": bias} or llama-server's [[id_or_text, bias_or_false], ...]."""
-    n_vocab = service.n_vocab
-    raw = f.body.get("logit_bias")
-    if raw is None:
-        return ()
-    if isinstance(raw, dict):
-        items = list(raw.items())
-    elif isinstance(raw, list) and all(isinstance(p, list) and len(p) == 2 for p in raw):
-        items = [(p[0], p[1]) for p in raw]
-    else:
-        raise ApiError(
-            "'logit_bias' must be an object {token_id: bias} or a list of [token, bias] pairs",
-            param="logit_bias",
-        )
-    out: dict[int, float] = {}
-    for key, bias in items:
-        if bias is False:
-            value = -math.inf
-        elif is_number(bias):
-            value = float(bias)
-        else:
-            raise ApiError(f"logit_bias for {key!r} must be a number or false", param="logit_bias")
-        if isinstance(key, int) and not isinstance(key, bool):
-            ids = [key]
-        elif isinstance(key, str) and key.lstrip("-").isdigit():
-            ids = [int(key)]
-        elif isinstance(key, str) and isinstance(raw, list):
-            # llama-server biases every token of a text key (tokenized without BOS)
-            ids = encode_text(service, key, add_special=False, param="logit_bias")
-        else:
-            raise ApiError(f"logit_bias key {key!r} is not a token id", param="logit_bias")
-        for t in ids:
-            if not 0 <= t < n_vocab:
-                raise ApiError(
-                    f"logit_bias token id {t} is outside the vocabulary (0..{n_vocab - 1})",
-                    param="logit_bias",
-                )
-            out[t] = value
-    return tuple(sorted(out.items()))
+    # llama-server's admission fields: id_slot (None: any slot), cache_prompt, return_progress
+    slot: int | None = None
+    reuse_prefix: bool = True
+    progress: bool = False
 
 
 def _stop(f: Fields, name: str = "stop") -> tuple[str, ...]:
@@ -115,30 +77,6 @@ def _max_tokens(f: Fields, names: tuple[str, ...], n_ctx: int) -> int | None:
     return None
 
 
-def _sampling(f: Fields, service: Service, n_probs: int, logprobs: bool) -> SamplingParams:
-    d = SamplingParams()
-    seed = f.get_int("seed", -1)
-    if seed < 0:
-        seed = service.settings.seed  # --seed, the server's default (-1: random per request)
-    top_p = f.get_float("top_p", d.top_p)
-    if not 0.0 < top_p <= 1.0:
-        raise ApiError(f"'top_p' must be in (0, 1], got {top_p}", param="top_p")
-    return SamplingParams(
-        temperature=f.get_float("temperature", d.temperature, lo=0.0),
-        top_k=f.get_int("top_k", d.top_k, lo=0),
-        top_p=top_p,
-        min_p=f.get_float("min_p", d.min_p, lo=0.0, hi=1.0),
-        repeat_penalty=f.get_float("repeat_penalty", d.repeat_penalty, lo=0.0),
-        repeat_last_n=f.get_int("repeat_last_n", d.repeat_last_n, lo=-1),
-        presence_penalty=f.get_float("presence_penalty", d.presence_penalty, lo=-2.0, hi=2.0),
-        frequency_penalty=f.get_float("frequency_penalty", d.frequency_penalty, lo=-2.0, hi=2.0),
-        seed=None if seed < 0 else seed,
-        logit_bias=_logit_bias(f, service),
-        n_probs=n_probs,
-        want_logprob=logprobs,
-    )
-
-
 def _check_n(f: Fields) -> None:
     if f.get_int("n", 1) != 1:
         raise ApiError("only n=1 is supported here (one completion per request)", param="n")
@@ -152,6 +90,24 @@ def _n(f: Fields, n_slots: int) -> int:
             f"'n' must be in [1, {n_slots}] (the server's slots, --parallel), got {n}", param="n"
         )
     return n
+
+
+def _admission(f: Fields, n_slots: int, stream: bool, n: int = 1) -> dict[str, Any]:
+    """llama-server's ``id_slot``, ``cache_prompt`` and ``return_progress``, as GenParams fields."""
+    slot = f.get_int("id_slot", -1, lo=-1, hi=n_slots - 1)
+    if slot >= 0 and n > 1:
+        raise ApiError("'id_slot' pins one slot; it cannot serve n > 1 choices", param="id_slot")
+    progress = f.get_bool("return_progress", False)
+    if progress and not stream:
+        raise ApiError(
+            "'return_progress' streams prompt progress: it needs 'stream': true",
+            param="return_progress",
+        )
+    return {
+        "slot": None if slot < 0 else slot,
+        "reuse_prefix": f.get_bool("cache_prompt", True),
+        "progress": progress,
+    }
 
 
 def openai_params(
@@ -183,7 +139,7 @@ def openai_params(
         raise ApiError("'stream_options' must be an object", param="stream_options")
     include_usage = Fields(opts or {}).get_bool("include_usage", False)
     return GenParams(
-        sampling=_sampling(f, service, top, logprobs),
+        sampling=sampling_params(f, service, top, logprobs),
         max_tokens=_max_tokens(f, names, service.engine.n_ctx),
         stop=_stop(f),
         ignore_eos=f.get_bool("ignore_eos", False),
@@ -192,6 +148,7 @@ def openai_params(
         grammar=grammar,
         echo=not chat and echo,
         n=n,
+        **_admission(f, service.engine.n_slots, stream, n),
     )
 
 
@@ -202,14 +159,16 @@ def llama_params(
     f = Fields(body)
     _check_n(f)
     n_probs = f.get_int("n_probs", 0, lo=0, hi=MAX_N_PROBS)
+    stream = f.get_bool("stream", False)
     return GenParams(
-        sampling=_sampling(f, service, n_probs, n_probs > 0),
+        sampling=sampling_params(f, service, n_probs, n_probs > 0),
         max_tokens=_max_tokens(f, ("n_predict", "max_tokens"), service.engine.n_ctx),
         stop=_stop(f),
         ignore_eos=f.get_bool("ignore_eos", False),
-        stream=f.get_bool("stream", False),
+        stream=stream,
         include_usage=False,
         grammar=grammar,
+        **_admission(f, service.engine.n_slots, stream),
     )
 
 
@@ -224,7 +183,7 @@ def anthropic_params(body: dict[str, Any], service: Service) -> GenParams:
     if f.has("metadata") and not isinstance(body["metadata"], dict):
         raise ApiError("'metadata' must be an object", param="metadata")
     return GenParams(
-        sampling=_sampling(f, service, 0, False),
+        sampling=sampling_params(f, service, 0, False),
         max_tokens=min(f.get_int("max_tokens", 1, lo=1), service.engine.n_ctx),
         stop=_stop(f, "stop_sequences"),
         ignore_eos=False,
@@ -239,7 +198,7 @@ def responses_params(
     """OpenAI's /v1/responses: ``max_output_tokens`` and sampling; no stop strings."""
     f = Fields(body)
     return GenParams(
-        sampling=_sampling(f, service, 0, False),
+        sampling=sampling_params(f, service, 0, False),
         max_tokens=_max_tokens(f, ("max_output_tokens",), service.engine.n_ctx),
         stop=(),
         ignore_eos=False,
@@ -280,4 +239,7 @@ def engine_request(
         ignore_eos=params.ignore_eos,
         grammar=params.grammar,
         reasoning=reasoning,
+        slot=params.slot,
+        reuse_prefix=params.reuse_prefix,
+        progress=params.progress,
     )

@@ -42,7 +42,8 @@ async def _send(resp: web.StreamResponse, obj: Any, named: bool) -> None:
 async def stream(
     request: web.Request,
     gen: Generation | Choices,  # Choices: n choices, their chunks interleaved (Chunk.index)
-    chunk: Callable[[Chunk], Sequence[Any]],  # the events of a chunk that carries text or tokens
+    # the events of a chunk that carries text, tokens or (return_progress) prompt progress
+    chunk: Callable[[Chunk], Sequence[Any]],
     closing: Callable[[Chunk], Sequence[Any]],  # the events after a choice's last chunk's own
     *,
     opening: Sequence[Any] = (),  # events before any token (OpenAI chat: the role)
@@ -64,7 +65,7 @@ async def stream(
                 for obj in failed(gen.failure) if failed else error:
                     await _send(resp, obj, named)
                 return resp
-            if c.text or c.tokens:
+            if c.text or c.tokens or c.progress:
                 for obj in chunk(c):
                     await _send(resp, obj, named)
             if c.finish_reason is not None:

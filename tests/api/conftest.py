@@ -25,10 +25,11 @@ def fake_service(
     reasoning_format: str = "auto",
     batch_size: int = 512,
     reasoning_budget: int = -1,
+    engine: Any = None,
     **engine_kw: Any,
 ) -> Service:
-    """The fake engine behind the real API; ``chat_template`` a built-in name or a file,
-    ``tokenizer`` a real one instead of the byte-level fake; ``seed``, ``n_predict``,
+    """The fake engine (or ``engine``) behind the real API; ``chat_template`` a built-in name or a
+    file, ``tokenizer`` a real one instead of the byte-level fake; ``seed``, ``n_predict``,
     ``reasoning_format``, ``batch_size``, ``reasoning_budget``: --seed, -n, --reasoning-format, -b,
     --reasoning-budget."""
     settings = Settings(
@@ -50,7 +51,7 @@ def fake_service(
         chat=load_chat_template(
             chat_template, None, "gemma3", bos_token="<bos>", eos_token="<eos>"
         ),
-        engine=FakeEngine(n_slots=2, n_ctx=n_ctx, **engine_kw),  # type: ignore[arg-type]
+        engine=engine or FakeEngine(n_slots=2, n_ctx=n_ctx, **engine_kw),
         n_ctx_train=n_ctx,
         n_vocab=tok.n_vocab,
         architecture="gemma3",

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from mgserve.config import Settings
-from mgserve.core.engine.actor import Engine, RequestStream
+from mgserve.core.engine.actor import Engine
 from mgserve.core.engine.contract import (
     Request,
     SamplingParams,
@@ -13,6 +13,7 @@ from mgserve.core.engine.contract import (
     StepResult,
     TokenEvent,
 )
+from mgserve.core.engine.stream import RequestStream
 from tests.core.fake_model import FakeModel
 
 GREEDY = SamplingParams(temperature=0.0)

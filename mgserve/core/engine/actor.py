@@ -1,10 +1,12 @@
 """The engine actor: one asyncio task that owns the scheduler and drives the runner.
 
-Messages come in through an inbox (``_Submit``, ``_Abort``); token events go out through each
-request's ``RequestStream``. Per step: drain the inbox, plan, run the step in a worker thread (the
-event loop never waits on the model), apply the result, deliver events. With nothing to do the
-task sleeps on the inbox. A step that raises fails only the requests it carried; the engine keeps
-serving.
+``submit`` and ``abort`` act on the scheduler at once (the event loop is the only thread that
+touches it, the runner works on the batch it was handed): a request is queued, or refused with
+``QueueFull`` when --max-queue requests already wait for a slot; an aborted request leaves its
+slot or the queue before the next step is planned, and a result still on the runner for it is
+dropped as stale. Per step: plan, run the step in a worker thread (the event loop never waits on
+the model), apply the result, deliver events. With nothing to do the task sleeps until a submit
+wakes it. A step that raises fails only the requests it carried; the engine keeps serving.
 """
 
 from __future__ import annotations
@@ -12,17 +14,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from mgserve.config import Settings
 from mgserve.core.engine.checkpoints import CheckpointBook
 from mgserve.core.engine.contract import Request, ScheduledBatch, StepResult, TokenEvent
 from mgserve.core.engine.metrics import Counter, Gauge, Histogram, Registry
 from mgserve.core.engine.scheduler import Scheduler
+from mgserve.core.engine.stream import QueueFull, RequestStream
 
 log = logging.getLogger(__name__)
+
+RETRY_AFTER_MAX_S = 60  # the longest Retry-After a refused request is told
 
 
 class Runner(Protocol):
@@ -32,45 +38,6 @@ class Runner(Protocol):
     def checkpoint_nbytes(self) -> int:
         """Bytes of one recurrent-state checkpoint (0: the model's state rewinds)."""
         ...
-
-
-class _Submit(NamedTuple):
-    req: Request
-    t_submit: float
-
-
-class _Abort(NamedTuple):
-    request_id: str
-
-
-class RequestStream:
-    """Async iterator of one request's ``TokenEvent``s; ends after the one with a finish_reason."""
-
-    def __init__(self, request_id: str, engine: Engine) -> None:
-        self.request_id = request_id
-        self._engine = engine
-        self._events: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        self._finished = False  # the final event was handed to the reader
-        self._aborted = False
-        self.t_submit = time.monotonic()
-        self.t_last = self.t_submit  # last token delivered, for the inter-token latency
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> TokenEvent:
-        if self._finished:
-            raise StopAsyncIteration
-        ev = await self._events.get()
-        if ev.finish_reason is not None:
-            self._finished = True
-        return ev
-
-    def abort(self) -> None:
-        """Free the request's slot; iteration ends with an "abort" event (if not finished first)."""
-        if not self._aborted:
-            self._aborted = True
-            self._engine._inbox.put_nowait(_Abort(self.request_id))
 
 
 class Engine:
@@ -107,8 +74,10 @@ class Engine:
             rewindable=model.rewindable,
             checkpoints=book,
         )
-        self._inbox: asyncio.Queue[_Submit | _Abort] = asyncio.Queue()
+        self.max_queue = settings.max_queue
+        self._wake = asyncio.Event()  # set by submit: the idle actor has work
         self._streams: dict[str, RequestStream] = {}  # open requests
+        self._slot_s: float | None = None  # moving average of the seconds a request holds a slot
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="mgserve-runner")
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -127,13 +96,16 @@ class Engine:
         self._m_req = m.add(
             Counter("mgserve_requests_total", "finished requests", label="finish_reason")
         )
+        self._m_rejected = m.add(
+            Counter("mgserve_requests_rejected_total", "requests refused: the queue was full")
+        )
         m.add(Gauge("mgserve_slots_busy", "slots serving a request", lambda: self._sched.n_busy))
         m.add(Gauge("mgserve_slots_total", "slots", lambda: self.n_slots))
         m.add(
             Gauge(
                 "mgserve_requests_queued",
                 "requests waiting for a slot",
-                lambda: len(self._sched.queue),
+                lambda: self.waiting,
             )
         )
         self._m_ttft = m.add(
@@ -158,15 +130,39 @@ class Engine:
     # -- the API side ----------------------------------------------------------------------------
 
     def submit(self, req: Request) -> RequestStream:
-        """Queue a request checked at the API boundary (``contract.Request``); its events follow."""
+        """Queue a request checked at the API boundary (``contract.Request``); its events follow.
+        ``QueueFull`` when --max-queue requests already wait for a slot."""
         if self._stopped:
             raise RuntimeError("the engine is stopped")
         if req.id in self._streams:
             raise ValueError(f"request id {req.id!r} is already in use")
-        stream = RequestStream(req.id, self)
+        if self._waiting(len(self._sched.queue) + 1) > self.max_queue:  # it would wait: room?
+            self._m_rejected.inc()
+            raise QueueFull(self.waiting, self._retry_after())
+        stream = RequestStream(req, self._abort)
         self._streams[req.id] = stream
-        self._inbox.put_nowait(_Submit(req, stream.t_submit))
+        self._sched.add(req, stream.t_submit)
+        self._wake.set()
         return stream
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued beyond the free slots (those the next step admits do not wait; one
+        pinned to a busy slot while others are free is not counted)."""
+        return self._waiting(len(self._sched.queue))
+
+    def _waiting(self, n_queued: int) -> int:
+        return max(0, n_queued - (self.n_slots - self._sched.n_busy))
+
+    def _retry_after(self) -> int:
+        # a place frees when the next running request ends: about a slot's holding time / slots
+        held = self._slot_s or 0.0
+        return max(1, min(RETRY_AFTER_MAX_S, math.ceil(held / self.n_slots)))
+
+    def _abort(self, request_id: str) -> None:
+        ev = self._sched.abort(request_id)
+        if ev is not None:
+            self._deliver([ev])
 
     async def start(self) -> None:
         if self._task is None:
@@ -197,7 +193,7 @@ class Engine:
             "total_slots": self.n_slots,
             "n_ctx": self.n_ctx,
             "busy_slots": self._sched.n_busy,
-            "queued": len(self._sched.queue),
+            "queued": self.waiting,
             "prompt_tokens_total": int(self._m_prompt.value()),
             "generated_tokens_total": int(self._m_gen.value()),
         }
@@ -218,13 +214,13 @@ class Engine:
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            while not self._inbox.empty():
-                self._handle(self._inbox.get_nowait())
             batch = self._sched.schedule()
             if batch is None:
-                self._handle(await self._inbox.get())  # idle: sleep until a message arrives
+                self._wake.clear()  # no await since schedule(): no submit was missed
+                await self._wake.wait()
                 continue
             self._m_restores.inc(sum(w.restore for w in batch.work))
+            self._deliver(self._started(batch))
             try:
                 result = await loop.run_in_executor(self._executor, self._runner.run, batch)
             except Exception as e:
@@ -232,16 +228,28 @@ class Engine:
                 events = self._sched.fail(batch.step, f"{type(e).__name__}: {e}")
             else:
                 self._m_step.observe(result.seconds)
-                events = self._sched.apply(result)
+                events = self._progress(batch) + self._sched.apply(result)
             self._deliver(events)
 
-    def _handle(self, msg: _Submit | _Abort) -> None:
-        if isinstance(msg, _Submit):
-            self._sched.add(msg.req, msg.t_submit)
-        else:
-            ev = self._sched.abort(msg.request_id)
-            if ev is not None:
-                self._deliver([ev])
+    def _started(self, batch: ScheduledBatch) -> list[TokenEvent]:
+        """Note the requests whose first work this is; 0% progress for those that want it."""
+        events = []
+        for w in batch.work:
+            stream = self._streams.get(w.request_id)
+            if w.new_sequence and stream is not None:
+                stream.started(w.start)
+                if stream.req.progress:
+                    events.append(stream.progress(w.slot, w.start))
+        return events
+
+    def _progress(self, batch: ScheduledBatch) -> list[TokenEvent]:
+        """Progress after the step's prompt chunks, for the requests that want it."""
+        events = []
+        for w in batch.work:
+            stream = self._streams.get(w.request_id)
+            if stream is not None and stream.req.progress and w.start < len(stream.req.prompt):
+                events.append(stream.progress(w.slot, w.start + len(w.tokens)))
+        return events
 
     def _deliver(self, events: list[TokenEvent]) -> None:
         now = time.monotonic()
@@ -261,4 +269,7 @@ class Engine:
             if ev.finish_reason is not None:
                 self._m_req.inc(label=ev.finish_reason)
                 del self._streams[ev.request_id]
+                if stream.t_start is not None:
+                    held, avg = now - stream.t_start, self._slot_s
+                    self._slot_s = held if avg is None else avg + (held - avg) / 8
             stream._events.put_nowait(ev)

@@ -61,11 +61,23 @@ class Request:
     grammar: Grammar | None = None
     # a chat template's reasoning block: its markers and the budget of tokens it may hold
     reasoning: ReasoningBudget | None = None
+    slot: int | None = None  # 0 <= slot < n_slots: wait for this slot (llama-server's id_slot)
+    reuse_prefix: bool = True  # False: compute the whole prompt, whatever a slot holds
+    progress: bool = False  # send a ``PromptProgress`` event after each prompt chunk
 
 
 class TopLogprob(NamedTuple):
     token: int
     logprob: float
+
+
+class PromptProgress(NamedTuple):
+    """How far a request's prompt is (llama-server's ``prompt_progress``)."""
+
+    total: int  # prompt tokens
+    cache: int  # of them reused from the slot's cache
+    processed: int  # in the cache now (cache included)
+    time_ms: int  # since the prompt's computation started
 
 
 @dataclass(frozen=True)
@@ -84,6 +96,7 @@ class TokenEvent:
     error: str | None = None
     # seconds since the request was submitted (llama-server's `timings` are built from it)
     t_prompt_done: float | None = None
+    progress: PromptProgress | None = None  # set on a progress event (token None, not final)
 
 
 @dataclass(frozen=True)

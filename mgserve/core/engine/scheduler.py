@@ -12,6 +12,8 @@ DeltaNet, ``rewindable=False``) cannot be cut back: such a slot is reused up to 
 when that starts the prompt, else up to its latest checkpoint in the common prefix (checkpoints.py;
 the first work restores it), else from 0 (a reset). Their prompt chunks end on absolute multiples
 of ``batch_size`` (and ``--checkpoint-every``), where checkpoints are taken (checkpoints.py).
+A request may ask to be served by one slot (``Request.slot``: it waits for that slot, keeping its
+place in the queue while later requests take other slots) or to reuse nothing (``reuse_prefix``).
 
 A session's work is written into ``Slot.cached`` when it is scheduled, and the session is "in
 flight" until the step's result is applied; only sessions not in flight get new work. So the next
@@ -165,14 +167,17 @@ class Scheduler:
     # -- internals -------------------------------------------------------------------------------
 
     def _admit(self) -> None:
-        while self.queue:
-            free = [s for s in self.slots if s.session is None]
-            if not free:
-                return
+        pinned: list[tuple[Request, float]] = []  # waiting for their busy slot, in queue order
+        while self.queue and any(s.session is None for s in self.slots):
             req, t_added = self.queue.popleft()
+            free = [s for s in self.slots if s.session is None and req.slot in (None, s.id)]
+            if not free:  # pinned to a busy slot
+                pinned.append((req, t_added))
+                continue
+            n_of = {sl.id: self._reusable(sl, req.prompt) if req.reuse_prefix else 0 for sl in free}
             # longest reusable prefix wins; among equals, the least recently used cache is given up
-            slot = max(free, key=lambda sl: (self._reusable(sl, req.prompt), -sl.last_used))
-            n_cached = self._reusable(slot, req.prompt)
+            slot = max(free, key=lambda sl: (n_of[sl.id], -sl.last_used))
+            n_cached = n_of[slot.id]
             restore = 0 < n_cached < len(slot.cached) and not self.rewindable
             del slot.cached[n_cached:]
             self.checkpoints.keep(slot.id, n_cached)
@@ -187,6 +192,7 @@ class Scheduler:
                 grammar_pending=constrained,
             )
             slot.last_used = self._step
+        self.queue.extendleft(reversed(pinned))
 
     def _reusable(self, slot: Slot, prompt: list[int]) -> int:
         """Prompt tokens a request can take from ``slot``'s cache (the last one is recomputed)."""
