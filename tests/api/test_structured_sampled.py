@@ -39,7 +39,9 @@ N_SAMPLED = 100
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[Service]:
-    yield build_service(Settings(model=str(LLAMA), ctx_size=128, parallel=16, threads=1))
+    # all hundred are sent at once: the queue holds the 84 that wait for a slot
+    settings = Settings(model=str(LLAMA), ctx_size=128, parallel=16, threads=1, max_queue=N_SAMPLED)
+    yield build_service(settings)
 
 
 @pytest.fixture(scope="module")
