@@ -86,8 +86,14 @@ async def test_a_huge_prompt_that_fits_is_tokenized_off_the_loop(make_client: An
     out = await while_in_flight(client, "/completion", body)
     assert out["status"] == 200
     assert out["big_s"] < 5.0
-    assert max(out["health"]) < 0.5 and max(out["chat"]) < 2.0
-    assert len(out["health"]) >= 2  # the probes ran while the big request was in flight
+    # The loop keeps answering throughout: tens of probes (each /health, then a short chat) in the
+    # 2-4 s the request takes, nearly all in milliseconds; on the loop, the 10 MB of work would
+    # leave a handful. A single probe may wait longer: late in a full-suite run (and once in a
+    # clean CI run) one probe waited 2.1 s with no loop callback over 0.1 s (asyncio debug mode),
+    # i.e. behind the text thread's long C calls on 10M-element lists, not on the loop itself.
+    health = sorted(out["health"])
+    assert len(health) >= 20 and health[len(health) // 2] < 0.05, health
+    assert health[-1] < 3.0 and max(out["chat"]) < 4.0
 
 
 async def test_chat_prompt_is_checked_after_rendering(make_client: Any) -> None:
