@@ -10,7 +10,6 @@ event. Errors are in Anthropic's shape (errors.py).
 from __future__ import annotations
 
 import uuid
-from dataclasses import replace
 from typing import Any, NamedTuple
 
 from aiohttp import web
@@ -22,10 +21,10 @@ from mgserve.api.chat_response import ChatOutput, chat_output_for
 from mgserve.api.generate import Chunk, Generation
 from mgserve.api.http import SERVICE, body_size, json_response, read_body
 from mgserve.api.prompts import encode_text, render_chat
-from mgserve.api.protocol import GenParams, anthropic_params, engine_request
-from mgserve.api.reasoning import engine_budget, resolve, switch_off
+from mgserve.api.protocol import GenParams, anthropic_params
+from mgserve.api.reasoning import chat_request, resolve, switch_off
 from mgserve.api.service import Service
-from mgserve.api.structured import compile_grammar, forced_call_spec
+from mgserve.api.structured import forced_call_spec
 from mgserve.core.grammar import GrammarSpec
 
 
@@ -88,10 +87,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
         return anthropic_params(body, service), _prompt(service, body)
 
     params, (ids, out, forced, budget) = await service.text.run(await body_size(request), work)
-    if forced is not None:
-        params = replace(params, grammar=await compile_grammar(service, forced, "tools"))
-    reasoning = engine_budget(service, out, budget, params.grammar)
-    req = engine_request(service, params, ids, "messages", reasoning)
+    params, req = await chat_request(service, params, ids, out, forced, budget, "messages")
     msg_id = "msg_" + uuid.uuid4().hex
     blocks = Blocks(out.parser())
     with Generation(service, req, params, request, keep=out.keep) as gen:

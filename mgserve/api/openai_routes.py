@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import time
 import uuid
-from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -19,9 +18,9 @@ from mgserve.api.generate import Chunk, TokenOut, piece_text
 from mgserve.api.http import SERVICE, body_size, json_response, read_body
 from mgserve.api.prompts import echo_text, encode_text, openai_prompt, render_chat
 from mgserve.api.protocol import GenParams, engine_request, openai_params
-from mgserve.api.reasoning import engine_budget, request_budget, switch_off
+from mgserve.api.reasoning import chat_request, request_budget, switch_off
 from mgserve.api.service import Service
-from mgserve.api.structured import compile_grammar, forced_call_spec, request_grammar
+from mgserve.api.structured import forced_call_spec, request_grammar
 from mgserve.core.engine.contract import Request
 from mgserve.core.grammar import GrammarSpec
 
@@ -140,10 +139,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return params, ids, out, forced_call_spec(service, inputs, text)
 
     params, ids, out, forced = await service.text.run(await body_size(request), work)
-    if forced is not None:
-        params = replace(params, grammar=await compile_grammar(service, forced, "tools"))
-    reasoning = engine_budget(service, out, budget, params.grammar)
-    req = engine_request(service, params, ids, "messages", reasoning)
+    params, req = await chat_request(service, params, ids, out, forced, budget, "messages")
     return await respond_chat(request, service, req, params, out, _Shape(service, True, params))
 
 

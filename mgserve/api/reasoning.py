@@ -21,9 +21,12 @@ from mgserve.api.chat_inputs import ChatInputs
 from mgserve.api.chat_response import ChatOutput
 from mgserve.api.errors import ApiError
 from mgserve.api.fields import Fields
+from mgserve.api.protocol import GenParams, engine_request
 from mgserve.api.service import Service
+from mgserve.api.structured import compile_grammar
+from mgserve.core.engine.contract import Request
 from mgserve.core.engine.reasoning import ReasoningBudget
-from mgserve.core.grammar import Grammar
+from mgserve.core.grammar import Grammar, GrammarSpec
 
 FIELDS = ("thinking_budget_tokens", "reasoning_budget_tokens")
 
@@ -62,6 +65,24 @@ def engine_budget(
     blank = f"{think[1]}\\n\\n" in service.chat.source or f"{think[1]}\n\n" in service.chat.source
     forced = closing + _ids(service, "\n\n") if blank else closing
     return ReasoningBudget(budget, opening, closing, forced, out.think_open)
+
+
+async def chat_request(
+    service: Service,
+    params: GenParams,
+    ids: list[int],
+    out: ChatOutput,
+    forced: GrammarSpec | None,
+    budget: int,
+    param: str,
+) -> tuple[GenParams, Request]:
+    """A chat-shaped route's engine request for prompt ``ids`` read as ``out``: the grammar of
+    forced calls (``forced``) compiled off the loop into ``params``, and the reasoning budget the
+    engine enforces (it holds the grammar back while a block the prompt opened is open)."""
+    if forced is not None:
+        params = replace(params, grammar=await compile_grammar(service, forced, "tools"))
+    reasoning = engine_budget(service, out, budget, params.grammar)
+    return params, engine_request(service, params, ids, param, reasoning)
 
 
 def _ids(service: Service, text: str) -> tuple[int, ...]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -26,12 +25,12 @@ from mgserve.api.errors import ApiError
 from mgserve.api.generate import Chunk, Generation
 from mgserve.api.http import SERVICE, body_size, json_response, read_body
 from mgserve.api.prompts import encode_text, render_chat
-from mgserve.api.protocol import GenParams, engine_request, responses_params
-from mgserve.api.reasoning import engine_budget
+from mgserve.api.protocol import GenParams, responses_params
+from mgserve.api.reasoning import chat_request
 from mgserve.api.responses_inputs import ResponsesInput, responses_input
 from mgserve.api.responses_output import Items
 from mgserve.api.service import Service
-from mgserve.api.structured import compile_grammar, forced_call_spec, request_grammar
+from mgserve.api.structured import forced_call_spec, request_grammar
 from mgserve.core.grammar import GrammarSpec
 
 
@@ -127,12 +126,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
     params, ids, out, forced = await service.text.run(
         size, _prepare, service, body, inputs, grammar
     )
-    if forced is not None:
-        params = replace(params, grammar=await compile_grammar(service, forced, "tools"))
     budget = service.settings.reasoning_budget  # the server's: Responses has no budget field
-    req = engine_request(
-        service, params, ids, "input", engine_budget(service, out, budget, params.grammar)
-    )
+    params, req = await chat_request(service, params, ids, out, forced, budget, "input")
     shape = _Response(service, body, params, inputs)
     items = Items(out.parser())
     with Generation(service, req, params, request, keep=out.keep) as gen:
