@@ -44,11 +44,8 @@ __device__ void matvec(const u8* __restrict__ w, const float* __restrict__ x, fl
     const int lane = threadIdx.x & 31;
     const int row0 = (blockIdx.x * WARPS_PER_CTA + (threadIdx.x >> 5)) * R;
     const size_t row_bytes = (size_t)(k / T::BLOCK) * T::BYTES;
-    {  // the CTA's rows into L2 while the kernel before still runs (pdl.cuh)
-        const int cta_row0 = blockIdx.x * WARPS_PER_CTA * R;
-        prefetch_l2(w + (size_t)cta_row0 * row_bytes,
-                    (size_t)max(0, min(WARPS_PER_CTA * R, n_rows - cta_row0)) * row_bytes);
-    }
+    // the CTA's rows into L2 while the kernel before still runs (pdl.cuh)
+    prefetch_rows_l2(w, row_bytes, blockIdx.x * WARPS_PER_CTA * R, WARPS_PER_CTA * R, n_rows);
     grid_sync();
     if (row0 >= n_rows) return;
     const u8* wrow[R];

@@ -70,11 +70,8 @@ __device__ void matvec_q8(const u8* __restrict__ w, const i8* __restrict__ xq,
         const int row = min(row0 + rr, n_rows - 1);
         wrow[rr] = w + (size_t)row * row_bytes;
     }
-    {  // the CTA's rows into L2 while the kernel before still runs (pdl.cuh)
-        const int cta_row0 = blockIdx.x * GROUPS * R;
-        prefetch_l2(w + (size_t)cta_row0 * row_bytes,
-                    (size_t)max(0, min(GROUPS * R, n_rows - cta_row0)) * row_bytes);
-    }
+    // the CTA's rows into L2 while the kernel before still runs (pdl.cuh)
+    prefetch_rows_l2(w, row_bytes, blockIdx.x * GROUPS * R, GROUPS * R, n_rows);
     grid_sync();
     float acc[R][NT] = {};
     const int n_chunks = (int)n_blocks * T::CHUNKS;

@@ -38,3 +38,11 @@ __device__ __forceinline__ void prefetch_l2(const void* p, size_t n) {
     for (size_t off = (size_t)threadIdx.x * 128; off < n; off += (size_t)blockDim.x * 128)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));
 }
+
+// Rows [row0, row0 + n) of a weight of n_rows rows of row_bytes bytes (clipped at its end) into
+// L2: a CTA's rows of a matvec, before its grid_wait().
+__device__ __forceinline__ void prefetch_rows_l2(const void* w, size_t row_bytes, int row0, int n,
+                                                 int n_rows) {
+    const int rows = max(0, min(n, n_rows - row0));
+    prefetch_l2((const char*)w + (size_t)row0 * row_bytes, (size_t)rows * row_bytes);
+}
