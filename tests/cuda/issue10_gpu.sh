@@ -10,6 +10,8 @@
 #   bash tests/cuda/issue10_gpu.sh table       the issue's qwen4exp table, profiles, invariance
 #   bash tests/cuda/issue10_gpu.sh sweep       1 and 5 sessions at 4k..250k, JSON + PNG
 #   bash tests/cuda/issue10_gpu.sh qwen3next   the qwen3next rows (Qwen3-Next-80B-A3B shapes)
+#   bash tests/cuda/issue10_gpu.sh agents      issue 11's GPU tests and figures: grammar masks on the
+#                                              device sampler, decode under a schema at full width
 # Logs and files land in $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/mgserve-out}; mkdir -p "$OUT"
@@ -65,6 +67,19 @@ case "${1:-tests}" in
     bench qwen3next 540 model --shape qwen3next-80b-a3b --layers 48 --ctx 262144 --slots 5 \
       --int8 --prefill 4096@0,4096@32768 --decode 0,32768,131072,250000 \
       --multi-decode 5@32768 --decode-steps 16 --profile --record ;;
+  agents)  # issue 11: device grammar and admission tests, then the structured-output figures
+    for f in device_grammar:90 device_admission:90; do
+      n=${f%%:*}
+      timeout "${f##*:}" python3 -m pytest -q --tb=short -p no:cacheprovider -rfE \
+        "tests/cuda/test_$n.py" > "$OUT/t_$n.log" 2>&1
+      echo "== $n rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/t_$n.log" | head -8
+    done
+    timeout 120 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/bench/test_structured.py > "$OUT/t_structured.log" 2>&1
+    echo "== bench/test_structured rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/t_structured.log"
+    bench grammar 60 grammar --engines llguidance --record
+    bench structured 330 structured $Q4X --ctx 8192 --slots 4 --int8 --sessions 1,4 --steps 64 \
+      --device cuda --record ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac
 cp BENCHMARKS.md "$OUT/BENCHMARKS.md"

@@ -40,18 +40,24 @@ def bytes_per_token(model: Any) -> float:
     return total
 
 
-def profile_decode(b: ModelBench, depth: int) -> list[str]:
-    """Per-kernel GPU time of one eager decode step at ``depth`` (torch.profiler): table lines."""
+def profile_decode(b: ModelBench, depth: int, sessions: int = 1) -> list[str]:
+    """Per-kernel GPU time of one eager decode step of ``sessions`` sessions at ``depth``
+    (torch.profiler): table lines."""
     from mgserve.cuda.graphs import DecodeInputs, EagerDecode
 
-    b.fill(0, depth)
+    for s in range(sessions):
+        b.fill(s, depth)
     eager = EagerDecode(b.model, b.device)
-    inp = DecodeInputs([1000], [max(depth, 1)], [0], None)
+    tokens = [1000 + s for s in range(sessions)]
+    inp = DecodeInputs(tokens, [max(depth, 1)] * sessions, list(range(sessions)), None)
     if getattr(b.model, "decode_extra_shape", None) is not None:
-        inp.extra = b.model.step_extra([[1000]], [0])
+        inp.extra = b.model.step_extra([[t] for t in tokens], list(range(sessions)))
     eager(inp)
     b.torch.cuda.synchronize()
-    return _kernel_table(b, lambda: eager(inp), f"one eager decode step at depth {depth}")
+    what = f"one eager decode step at depth {depth}"
+    if sessions > 1:
+        what = f"one eager decode step of {sessions} sessions at depth {depth}"
+    return _kernel_table(b, lambda: eager(inp), what)
 
 
 def profile_prefill(b: ModelBench, n: int, depth: int) -> list[str]:

@@ -96,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
     if args.profile:
         depth = max(depths(args.decode) or [0])
         lines += [""] + profile_decode(b, depth)
+        for sessions, mdepth in pairs(args.multi_decode)[:1]:
+            lines += [""] + profile_decode(b, mdepth, sessions)
         lines += [""] + profile_prefill(b, args.ubatch, 0)
     body = "\n".join(lines)
     print(body)
