@@ -5,7 +5,9 @@ A decode step reads only device tensors of shape [B] (tokens, positions, slots; 
 ``models/base.Step``), so one capture per B serves every later step of B sessions: the runner
 copies the step's inputs into the graph's static buffers and replays it. B is rounded up to a
 bucket; the padding rows decode a dummy token in the pools' spare slot (index ``n_slots``, never
-given to a session), whose state nobody reads.
+given to a session), whose state nobody reads. Every B up to 8 is its own bucket: a padding row
+costs a real token's work (its ten experts' weights above all: five sessions padded to eight read
+60% more expert bytes), while a graph costs only its capture, once, at the first step of its B.
 
 On a device without graphs (the CPU, or ``graphs=False`` for debugging) ``EagerDecode`` runs the
 same forward directly, so tests of the step logic run anywhere.
@@ -20,7 +22,8 @@ import torch
 
 from mgserve.cuda.models.base import DeviceLM, Step
 
-BUCKETS = (1, 2, 4, 8, 16)
+BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
+POW2_BUCKETS = (1, 2, 4, 8, 16)  # the buckets before 2026-12-03 (bench comparisons)
 
 
 def bucket_for(n: int, buckets: tuple[int, ...] = BUCKETS) -> int:
@@ -87,9 +90,10 @@ class GraphDecode:
     """Captures lazily: the first step of B sessions pays for the capture of B's bucket."""
 
     def __init__(self, model: DeviceLM, device: torch.device, pad_slot: int,
-                 extra_shape: tuple[int, ...] | None = None) -> None:  # fmt: skip
+                 extra_shape: tuple[int, ...] | None = None,
+                 buckets: tuple[int, ...] = BUCKETS) -> None:  # fmt: skip
         self.model, self.device, self.pad_slot = model, device, pad_slot
-        self.extra_shape = extra_shape
+        self.extra_shape, self.buckets = extra_shape, buckets
         self._graphs: dict[int, _Captured] = {}
         self._pool = torch.cuda.graph_pool_handle()  # buckets share one memory pool
 
@@ -98,7 +102,7 @@ class GraphDecode:
         return tuple(sorted(self._graphs))
 
     def __call__(self, inp: DecodeInputs) -> torch.Tensor:
-        b = bucket_for(len(inp.tokens))
+        b = bucket_for(len(inp.tokens), self.buckets)
         g = self._graphs.get(b)
         if g is None:
             g = self._graphs[b] = _Captured(

@@ -36,7 +36,7 @@ from mgserve.core.engine.contract import (
     TopLogprob,
 )
 from mgserve.core.grammar import ForcedToken, Matcher, TokenMask
-from mgserve.cuda.graphs import DecodeInputs, EagerDecode, GraphDecode
+from mgserve.cuda.graphs import BUCKETS, DecodeInputs, EagerDecode, GraphDecode
 from mgserve.cuda.models.base import DeviceLM, Span, Step
 from mgserve.cuda.sampling import DeviceSampler, HostBuffers, SamplingBatch, SamplingRow, seeded
 from mgserve.cuda.snapshots import DeviceCheckpoint, load, save, to_host
@@ -51,14 +51,21 @@ class _SlotSampling:
 
 
 class DeviceRunner:
-    def __init__(self, model: DeviceLM, device: torch.device, *, graphs: bool = True) -> None:
+    def __init__(
+        self,
+        model: DeviceLM,
+        device: torch.device,
+        *,
+        graphs: bool = True,
+        buckets: tuple[int, ...] = BUCKETS,
+    ) -> None:
         self.model = model
         self.device = device
         self.pad_slot = model.pools.n_slots - 1  # the spare slot: padding rows of graph buckets
         use_graphs = graphs and device.type == "cuda"
         extra = getattr(model, "decode_extra_shape", None)
         self.decode = (
-            GraphDecode(model, device, self.pad_slot, extra)
+            GraphDecode(model, device, self.pad_slot, extra, buckets)
             if use_graphs
             else EagerDecode(model, device)
         )

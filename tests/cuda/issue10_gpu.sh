@@ -29,9 +29,9 @@ case "${1:-tests}" in
     for f in ${TESTS:-batch_invariance:120 device_models:150 hc:60 qsa:60 qgemm:90 glue:40 \
         device_runner:60 rowpath:20 device_grammar:60}; do
       n=${f%%:*}
-      timeout "${f##*:}" python3 -m pytest -q --tb=short -p no:cacheprovider -rfE \
+      timeout "${f##*:}" python3 -m pytest -q --tb=short -p no:cacheprovider -rfEs \
         "tests/cuda/test_$n.py" > "$OUT/t_$n.log" 2>&1
-      echo "== $n rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/t_$n.log" | head -8
+      echo "== $n rc=$?"; grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/t_$n.log" | head -8
     done ;;
   table)
     bench invariance 150 invariance $Q4X --int8 --record
@@ -70,9 +70,9 @@ case "${1:-tests}" in
   agents)  # issue 11: device grammar and admission tests, then the structured-output figures
     for f in device_grammar:80 device_admission:80; do
       n=${f%%:*}
-      timeout "${f##*:}" python3 -m pytest -q --tb=short -p no:cacheprovider -rfE \
+      timeout "${f##*:}" python3 -m pytest -q --tb=short -p no:cacheprovider -rfEs \
         "tests/cuda/test_$n.py" > "$OUT/t_$n.log" 2>&1
-      echo "== $n rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/t_$n.log" | head -8
+      echo "== $n rc=$?"; grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/t_$n.log" | head -8
     done
     timeout 100 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
       tests/bench/test_structured.py > "$OUT/t_structured.log" 2>&1

@@ -51,6 +51,11 @@ def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) 
     parser.add_argument("--int8", action="store_true", help="int8-activation matvecs")
     parser.add_argument("--no-graphs", action="store_true", help="decode without CUDA graphs")
     parser.add_argument(
+        "--pow2-buckets",
+        action="store_true",
+        help="decode graphs for 1, 2, 4, 8, 16 sessions only, padding the rest (compare)",
+    )
+    parser.add_argument(
         "--no-pdl",
         action="store_true",
         help="launch each kernel after the previous one ends (no programmatic dependent launch)",

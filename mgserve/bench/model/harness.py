@@ -13,6 +13,7 @@ class ModelBench:
         import torch
 
         from mgserve.cuda.backend import cuda_backend, load_device_model, torch_backend
+        from mgserve.cuda.graphs import BUCKETS, POW2_BUCKETS
         from mgserve.cuda.ops.hgemm import HGemmTuning
         from mgserve.cuda.runner import DeviceRunner
 
@@ -55,7 +56,12 @@ class ModelBench:
             release_pools()
         self.sync()
         self.load_s = time.perf_counter() - t0
-        self.runner = DeviceRunner(self.model, self.device, graphs=not args.no_graphs)
+        self.runner = DeviceRunner(
+            self.model,
+            self.device,
+            graphs=not args.no_graphs,
+            buckets=POW2_BUCKETS if args.pow2_buckets else BUCKETS,
+        )
         self.args = args
         self.step = 0
         self.vocab = self.model.spec.n_vocab

@@ -30,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
         f"slots {args.slots} x ctx {args.ctx}, cache {args.cache_type}, ubatch {args.ubatch}, "
         f"int8 {args.int8}, cublas prefill {args.cublas_prefill}, pdl {not args.no_pdl}, "
         f"hgemm {args.hgemm or 'default'}, "
-        f"graphs {not args.no_graphs}, "
+        f"graphs {not args.no_graphs}"
+        f"{' (buckets 1, 2, 4, 8, 16)' if args.pow2_buckets else ''}, "
         f"depth fill {args.fill}",
         "",
         "| workload | tokens/s | notes |",
