@@ -212,6 +212,16 @@ async def test_gemma_calls_a_tool_when_forced(
     assert [(n, json.loads(a)) for n, a in calls.values()] == [
         (n, json.loads(a)) for n, a in whole
     ]  # greedy: the stream is the same answer
+    # the loop's second turn: the tool's result goes back and the model answers in text
+    call = msg.tool_calls[0]
+    turn: Any = [*MSGS, msg.model_dump(exclude_none=True)]
+    turn.append({"role": "tool", "tool_call_id": call.id, "content": '{"results": []}'})
+    kw |= {"messages": turn, "tool_choice": "none", "max_tokens": 8}
+    answer = await api.chat.completions.create(**kw, extra_body=NO_THINKING)
+    assert answer.choices[0].finish_reason in ("stop", "length"), answer
+    assert answer.choices[0].message.tool_calls is None
+    assert answer.choices[0].message.content
+    assert answer.usage is not None and answer.usage.prompt_tokens > r.usage.prompt_tokens  # type: ignore[union-attr]
 
 
 @pytest.mark.slow
