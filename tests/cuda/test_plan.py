@@ -239,3 +239,31 @@ def test_gpu_plan_against_the_allocator(source: str, kernels: Any) -> None:
     peak = torch.cuda.max_memory_allocated(dev) - start
     print(f"{source}: workspace peak {peak:,} bytes, planned {items['workspace']:,}")
     assert peak <= items["workspace"]
+
+
+class _Allocated(Exception):
+    """Raised where the server would start allocating on the GPU."""
+
+
+def test_serve_checks_the_plan_before_allocating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On the GPU path the factory logs the plan, and refuses one that does not fit, before the
+    backend (kernels, weights, pools) is made: here that step raises, and no GPU is needed."""
+    import mgserve.cuda
+    import mgserve.cuda.backend
+    from mgserve.core.engine.factory import load_engine
+
+    def allocate(*args: Any, **kwargs: Any) -> None:
+        raise _Allocated
+
+    monkeypatch.setattr(mgserve.cuda, "resolve_device", lambda device: "cuda")
+    monkeypatch.setattr(mgserve.cuda.backend, "cuda_backend", allocate)
+    path = str(_file("qwen4exp", tmp_path).path)
+    tight = Settings(model=path, device="cuda", ctx_size=65536, gpu_memory="200")
+    with pytest.raises(PlanError, match=r"KV for 4 slots x 65536 .* lower --ctx-size to \d+"):
+        load_engine(tight)
+    with caplog.at_level("INFO", logger="mgserve"), pytest.raises(_Allocated):
+        load_engine(dataclasses.replace(tight, gpu_memory="2GiB"))
+    assert "memory plan: qwen4exp, 4 slot(s) x 65,536 tokens" in caplog.text
+    assert "--gpu-memory 2GiB: fits" in caplog.text
