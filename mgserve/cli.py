@@ -19,18 +19,17 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve a GGUF model over HTTP")
     config.add_arguments(serve)
 
-    info = sub.add_parser("info", help="describe a GGUF file and the memory a context needs")
-    info.add_argument("file", help="the GGUF file")
-    info.add_argument(
-        "-c",
-        "--ctx-size",
-        type=int,
-        default=None,
-        help="context size to size the KV cache for (default: trained context)",
+    info = sub.add_parser(
+        "info", help="describe a GGUF file and plan the GPU memory serving it takes"
     )
-    info.add_argument("-np", "--parallel", type=int, default=1, help="number of slots")
-    info.add_argument("--cache-type-k", "-ctk", default="f16", choices=config.CACHE_TYPES)
-    info.add_argument("--cache-type-v", "-ctv", default="f16", choices=config.CACHE_TYPES)
+    info.add_argument("file", nargs="?", help="the GGUF file (default: --model)")
+    info.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the memory plan of `mgserve serve` with these options, item by item, and "
+        "check it against the GPU's free memory (or --gpu-memory)",
+    )
+    config.add_arguments(info)
 
     from mgserve.core.synth import write as synth
 

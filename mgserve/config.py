@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,12 @@ class Settings:
         "the least recently used are dropped (0: none)",
         "--cache-ram",
         "-cram",
+    )
+    gpu_memory: str | None = _opt(
+        None,
+        "device memory the start-up memory plan may use, e.g. 24GiB, 80GB or 20000 (MiB); "
+        "default: what the GPU reports free (mgserve info --plan: plan without a GPU)",
+        "--gpu-memory",
     )
     max_queue: int = _opt(
         64,
@@ -142,6 +149,8 @@ class Settings:
             raise ValueError(f"ctx-checkpoints must be >= 0, got {self.ctx_checkpoints}")
         if self.cache_ram < 0:
             raise ValueError(f"cache-ram must be >= 0 MiB, got {self.cache_ram}")
+        if self.gpu_memory is not None:
+            parse_size(self.gpu_memory, "gpu-memory")
         if self.max_queue < 0:
             raise ValueError(f"max-queue must be >= 0, got {self.max_queue}")
         if self.reasoning_budget < -1:
@@ -161,6 +170,23 @@ class Settings:
         """These settings for a model trained on ``n_ctx_train`` tokens: a ctx_size of 0 (the
         model's context) becomes that number. The engine factory calls it, once per engine."""
         return self if self.ctx_size else dataclasses.replace(self, ctx_size=n_ctx_train)
+
+
+_UNITS = {"": 1 << 20, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": 1 << 20,
+          "mib": 1 << 20, "mb": 10**6, "g": 1 << 30, "gib": 1 << 30, "gb": 10**9, "t": 1 << 40,
+          "tib": 1 << 40, "tb": 10**12}  # fmt: skip
+
+
+def parse_size(text: str, name: str) -> int:
+    """Bytes of a size such as ``24GiB``, ``24G`` (binary), ``80GB`` (decimal) or ``20000``
+    (MiB); ValueError naming the setting ``name`` otherwise."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = m and _UNITS.get(m.group(2).lower())
+    if not m or not unit or float(m.group(1)) <= 0:
+        raise ValueError(
+            f"{name} must be a positive size such as 24GiB, 80GB or 20000 (MiB), got {text!r}"
+        )
+    return int(float(m.group(1)) * unit)
 
 
 def _field_type(f: dataclasses.Field[Any]) -> type:

@@ -44,7 +44,10 @@ def test_info_bad_file_is_one_line_error(tmp_path: Path, capsys: pytest.CaptureF
 def test_info_of_hybrid_models_counts_their_session_state(
     arch: str, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from mgserve.core.models import load_model
+    import torch
+
+    from mgserve.core.gguf.reader import GGUFFile
+    from mgserve.cuda.backend import load_device_model, torch_backend
     from tests.core import hybrid_export, qwen4exp_export
 
     path = tmp_path / f"{arch}.gguf"
@@ -55,8 +58,9 @@ def test_info_of_hybrid_models_counts_their_session_state(
     assert main(["info", str(path), "-c", "256", "-np", "2"]) == 0
     out = capsys.readouterr().out
     assert f"architecture:  {arch}" in out and "-- MoE / DeltaNet" in out
-    # what a real session of 256 tokens allocates, two slots
-    session = load_model(path).new_cache(256, "f16", "f16").nbytes
+    # what the device model allocates for a session of 256 tokens (its pools: 2 slots + spare)
+    pools = load_device_model(GGUFFile(path), torch_backend(), torch.device("cpu"), 2, 256).pools
+    session = pools.nbytes // pools.n_slots
     assert f"256 tokens x 2 slot(s) = {2 * session:,} bytes" in out
     assert re.search(r"recurrent state [\d,]+ bytes per slot", out)
 
@@ -64,14 +68,16 @@ def test_info_of_hybrid_models_counts_their_session_state(
 def test_info_context_zero_is_the_models_and_bad_settings_are_the_servers_errors(
     tiny_gemma: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    """-c 0 (and no -c) mean the model's trained context, as for `mgserve serve`; out-of-range
-    settings get the server's messages."""
+    """info takes the server's settings (flags, MGSERVE_* variables, defaults): -c 0 means the
+    model's trained context, as for `mgserve serve`; out-of-range settings get the server's
+    messages."""
     from mgserve.core.gguf.reader import GGUFFile
 
     n_train = GGUFFile(tiny_gemma).metadata["gemma3.context_length"]
-    for argv in (["-c", "0"], []):
-        assert main(["info", str(tiny_gemma), *argv]) == 0
-        assert f"{n_train:,} tokens x 1 slot(s)" in capsys.readouterr().out
+    assert main(["info", str(tiny_gemma), "-c", "0"]) == 0
+    assert f"{n_train:,} tokens x 4 slot(s)" in capsys.readouterr().out
+    assert main(["info", str(tiny_gemma)]) == 0
+    assert "4,096 tokens x 4 slot(s)" in capsys.readouterr().out
     assert main(["info", str(tiny_gemma), "-c", "-5"]) == 2
     assert "ctx-size must be >= 0" in capsys.readouterr().err
     assert main(["info", str(tiny_gemma), "-np", "0"]) == 2

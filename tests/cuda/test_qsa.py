@@ -160,7 +160,7 @@ def test_qsa_prefill(
         close(name + " (decode kernel rows)", got[split:], want[split:])
     monkeypatch.setattr(qsa_cuda, "QSA_SCORE_GROUP", 7)
     monkeypatch.setattr(attention_cuda, "_PREFILL_PART_ELEMS", 11 * n_head * 2 * d)
-    monkeypatch.setattr(attention_prefill, "_VIS_ELEMS", 5 * (start + t + 32))
+    monkeypatch.setattr(attention_prefill, "VIS_ELEMS", 5 * (start + t + 32))
     again = cuda_ops.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw)
     assert torch.equal(again, got), "QSA prefill in groups of 7 / 11 / 5 queries differs"
 

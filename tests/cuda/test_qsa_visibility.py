@@ -31,7 +31,7 @@ def test_visibility_matches_positions(
 ) -> None:
     end = start + t
     if group is not None:
-        monkeypatch.setattr(attention_prefill, "_VIS_ELEMS", group * (end + 32))
+        monkeypatch.setattr(attention_prefill, "VIS_ELEMS", group * (end + 32))
     n_blk = end // ratio
     g = torch.Generator().manual_seed(start + t)
     scores = torch.randn(t, max(n_blk, 1), generator=g).relu()  # ties at 0: the lower block

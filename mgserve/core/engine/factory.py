@@ -7,12 +7,15 @@ model and runner only when ``--device`` resolves to a GPU. What the settings lea
 
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple
 
 from mgserve.config import Settings
 from mgserve.core.builtin_models import resolve_model
 from mgserve.core.engine.actor import Engine
 from mgserve.core.gguf.reader import GGUFFile
+
+log = logging.getLogger(__name__)
 
 
 class LoadedEngine(NamedTuple):
@@ -35,6 +38,15 @@ def load_engine(settings: Settings) -> LoadedEngine:
     return LoadedEngine(Engine(model, settings.for_model(model.spec.n_ctx_train)), g, device)
 
 
+def memory_plan(g: GGUFFile, settings: Settings, check: bool) -> str:
+    """The GPU memory plan of serving ``g`` with ``settings`` (resolved for the model): its
+    table, checked against GPU 0's free memory or ``--gpu-memory`` (``check``; ValueError naming
+    what to lower when it does not fit), or its summary lines."""
+    from mgserve.cuda.plan_fit import checked_plan, summary
+
+    return checked_plan(g, settings) if check else summary(g, settings)
+
+
 def _on_gpu(g: GGUFFile, settings: Settings) -> LoadedEngine:
     """The device model on GPU 0 behind a ``DeviceRunner``. Its pools are sized at load, so the
     context comes from the file's hyperparameters first."""
@@ -47,6 +59,7 @@ def _on_gpu(g: GGUFFile, settings: Settings) -> LoadedEngine:
 
     spec = hybrid_spec_from_gguf(g)[0] if g.architecture in HYBRID_ARCHS else spec_from_gguf(g)
     settings = settings.for_model(spec.n_ctx_train)
+    log.info("%s", memory_plan(g, settings, check=True))  # refuses a plan that does not fit
     device = torch.device("cuda", 0)
     model = load_device_model(
         g,

@@ -25,7 +25,7 @@ PREFILL_SOURCE = "attention_prefill.cu"
 PF_THREADS = 128  # PF_THREADS in attention_prefill.cu
 PF_ROWS = 64  # PF_ROWS: (query, head) rows per CTA
 PF_KEYS = 32  # PF_KEYS: key positions per tile, one 32-bit visibility word
-_VIS_ELEMS = 1 << 26  # bound on the [queries, positions] mask built per group by ``visibility``
+VIS_ELEMS = 1 << 26  # bound on the [queries, positions] mask built per group by ``visibility``
 
 
 def cdiv(a: int, b: int) -> int:
@@ -68,7 +68,7 @@ def visibility(
     n_cols = cdiv(n_pos, ratio)
     blk = pos // ratio  # [P]
     out = torch.empty((t, words), dtype=torch.int32, device=dev)
-    group = max(1, _VIS_ELEMS // n_pos)
+    group = max(1, VIS_ELEMS // n_pos)
     for c0 in range(0, t, group):
         c1 = min(t, c0 + group)
         last = torch.arange(start + c0, start + c1, device=dev)  # [g] query positions
