@@ -1,7 +1,7 @@
 """The engine with --itl-target-ms on real tiny models (dense, and the recurrent qwen3next and
-qwen4exp): a prompt computed in pieces beside two decoders gives the same greedy tokens and logprobs
-(bitwise) as with no
-target, for every session, and the actor feeds the scheduler's cost model its step times."""
+qwen4exp): a prompt computed in pieces beside two decoders gives the same greedy tokens and
+logprobs (bitwise) as with no target, for every session, and the actor feeds the scheduler's cost
+model its step times."""
 
 from __future__ import annotations
 
