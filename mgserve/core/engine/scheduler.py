@@ -57,7 +57,9 @@ class Scheduler:
         prefill_sessions: int = 0,
     ) -> None:
         if n_slots < 1 or n_ctx < 2 or batch_size < 1 or prefill_sessions < 0:
-            raise ValueError(f"bad scheduler sizes: {n_slots=} {n_ctx=} {batch_size=}")
+            raise ValueError(
+                f"bad scheduler sizes: {n_slots=} {n_ctx=} {batch_size=} {prefill_sessions=}"
+            )
         self.n_ctx = n_ctx
         self.batch_size = batch_size
         self.prefill_sessions = prefill_sessions  # sessions given prompt tokens per step (0: any)
