@@ -78,6 +78,20 @@ class Settings:
         "default: what the GPU reports free (mgserve info --plan: plan without a GPU)",
         "--gpu-memory",
     )
+    itl_target_ms: int = _opt(
+        0,
+        "inter-token latency target in ms while sessions decode: each step's prompt tokens are "
+        "chosen from measured step times so that decoders' steps take about this long (prompts "
+        "are still cut at the same places, so results do not change; 0: off, a whole batch-size "
+        "of prompt tokens per step)",
+        "--itl-target-ms",
+    )
+    prefill_sessions: int = _opt(
+        0,
+        "sessions whose prompts may be computed in the same step (0: as many as --batch-size "
+        "holds); prompt tokens go to the oldest request first, later prompts wait their turn",
+        "--prefill-sessions",
+    )
     max_queue: int = _opt(
         64,
         "requests that may wait for a slot; one more gets a 503 with Retry-After "
@@ -151,6 +165,10 @@ class Settings:
             raise ValueError(f"cache-ram must be >= 0 MiB, got {self.cache_ram}")
         if self.gpu_memory is not None:
             parse_size(self.gpu_memory, "gpu-memory")
+        if self.itl_target_ms < 0:
+            raise ValueError(f"itl-target-ms must be >= 0, got {self.itl_target_ms}")
+        if self.prefill_sessions < 0:
+            raise ValueError(f"prefill-sessions must be >= 0, got {self.prefill_sessions}")
         if self.max_queue < 0:
             raise ValueError(f"max-queue must be >= 0, got {self.max_queue}")
         if self.reasoning_budget < -1:

@@ -21,6 +21,7 @@ BENCHMARKS = (
     "invariance",
     "grammar",
     "structured",
+    "mixed",
 )
 
 

@@ -5,7 +5,8 @@ touches it, the runner works on the batch it was handed): a request is queued, o
 ``QueueFull`` when --max-queue requests already wait for a slot; an aborted request leaves its
 slot or the queue before the next step is planned, and a result still on the runner for it is
 dropped as stale. Per step: plan, run the step in a worker thread (the event loop never waits on
-the model), apply the result, deliver events. With nothing to do the task sleeps until a submit
+the model), apply the result, deliver events, and tell the scheduler how long all that took (its
+prefill pacing, pacing.py, fits step times). With nothing to do the task sleeps until a submit
 wakes it. A step that raises fails only the requests it carried; the engine keeps serving.
 """
 
@@ -73,6 +74,8 @@ class Engine:
             settings.batch_size,
             rewindable=model.rewindable,
             checkpoints=book,
+            itl_target=settings.itl_target_ms / 1e3,
+            prefill_sessions=settings.prefill_sessions,
         )
         self.max_queue = settings.max_queue
         self._wake = asyncio.Event()  # set by submit: the idle actor has work
@@ -214,6 +217,7 @@ class Engine:
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            t0 = time.monotonic()  # a step's time, as its decoders see it: planned to delivered
             batch = self._sched.schedule()
             if batch is None:
                 self._wake.clear()  # no await since schedule(): no submit was missed
@@ -230,6 +234,7 @@ class Engine:
                 self._m_step.observe(result.seconds)
                 events = self._progress(batch) + self._sched.apply(result)
             self._deliver(events)
+            self._sched.observe(batch.step, time.monotonic() - t0)
 
     def _started(self, batch: ScheduledBatch) -> list[TokenEvent]:
         """Note the requests whose first work this is; 0% progress for those that want it."""

@@ -3,7 +3,10 @@
 Pure and synchronous (no asyncio, no torch): the engine actor wraps it, tests drive it with fake
 step results. Each step, per session: a decoding session feeds its last sampled token (1 token); a
 session still in its prompt feeds a chunk. Prompt tokens per step are bounded by ``batch_size`` and
-given oldest request first, so decoders keep streaming while a long prompt is chunked beside them.
+given oldest request first, to at most ``prefill_sessions`` sessions (0: any number), so
+decoders keep streaming while a long prompt is chunked beside them. With a latency target
+(``itl_target``, seconds) the budget beside decoders is the pacer's (pacing.py): whole pieces of
+a chunk, so the cuts stay where they are.
 
 Prefix reuse: every slot remembers the token ids its cache holds. A new request takes the free slot
 whose cache shares the longest prefix with its prompt and starts there; the last prompt token is
@@ -35,6 +38,7 @@ from mgserve.core.engine.contract import (
     StepResult,
     TokenEvent,
 )
+from mgserve.core.engine.pacing import PrefillPacer
 from mgserve.core.engine.reasoning import ReasoningTracker
 from mgserve.core.engine.slots import Session, Slot, common_prefix
 
@@ -49,11 +53,17 @@ class Scheduler:
         *,
         rewindable: bool = True,
         checkpoints: CheckpointBook | None = None,
+        itl_target: float = 0.0,
+        prefill_sessions: int = 0,
     ) -> None:
-        if n_slots < 1 or n_ctx < 2 or batch_size < 1:
-            raise ValueError(f"bad scheduler sizes: {n_slots=} {n_ctx=} {batch_size=}")
+        if n_slots < 1 or n_ctx < 2 or batch_size < 1 or prefill_sessions < 0:
+            raise ValueError(
+                f"bad scheduler sizes: {n_slots=} {n_ctx=} {batch_size=} {prefill_sessions=}"
+            )
         self.n_ctx = n_ctx
         self.batch_size = batch_size
+        self.prefill_sessions = prefill_sessions  # sessions given prompt tokens per step (0: any)
+        self.pacer = PrefillPacer(itl_target, batch_size)
         self.rewindable = rewindable  # a slot's state can be cut back to any prefix of its history
         self.checkpoints = CheckpointBook.off()  # a KV cache rewinds without them
         if checkpoints is not None and not rewindable:
@@ -89,6 +99,7 @@ class Scheduler:
     def fail(self, step: int, error: str) -> list[TokenEvent]:
         """The runner failed on ``step``: end its sessions with an error and forget their caches."""
         batch = self._in_flight.pop(step, None)
+        self.pacer.discard(step)
         events: list[TokenEvent] = []
         for w in batch.work if batch else ():
             slot = self.slots[w.slot]
@@ -108,34 +119,33 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch | None:
         """Plan the next step, or None if no session can make progress now."""
         self._admit()
-        running = [s for s in self.slots if s.session is not None and not s.session.in_flight]
-        work: list[SeqWork] = []
-        for slot in running:
-            s = slot.session
-            assert s is not None
-            if not s.prefilling:
-                work.append(self._work(slot, s, (s.generated[-1],), sample=True))
-        budget = self.batch_size
+        running = [(sl, s) for sl in self.slots if (s := sl.session) and not s.in_flight]
+        decoding = [(sl, s) for sl, s in running if not s.prefilling]
+        work = [self._work(sl, s, (s.generated[-1],), sample=True) for sl, s in decoding]
+        n_decode = len(work)
         # Oldest request first. A prompt is always cut at the same places (every batch_size tokens
-        # from where its computation starts; with checkpoints, on absolute multiples), whatever
-        # else runs: a chunk that does not fit what is left of the budget waits for the next step
-        # instead of being cut shorter, so a session's numbers never depend on its neighbours
+        # from where its computation starts; with checkpoints, on absolute multiples; with a target,
+        # in pieces of those), whatever else runs: what does not fit the budget waits for the next
+        # step instead of being cut shorter, so a session's numbers never depend on its neighbours
         # (DESIGN.md: concurrency never changes results).
-        for slot in sorted(running, key=lambda sl: sl.session.t_added):  # type: ignore[union-attr]
-            s = slot.session
-            assert s is not None
-            if not s.prefilling:
+        prefilling = sorted((p for p in running if p[1].prefilling), key=lambda p: p[1].t_added)
+        budget = self.pacer.budget(n_decode) if prefilling else 0
+        for slot, s in prefilling[: self.prefill_sessions or None]:
+            if s.n_done >= s.chunk[1]:  # the next chunk
+                cut = self.checkpoints.chunk_end(s.n_done, len(s.req.prompt), self.batch_size)
+                s.chunk = (s.n_done, *cut)
+            start, end, ckpt = s.chunk
+            stop = self.pacer.piece_end(start, s.n_done, end, budget)
+            if stop == s.n_done:
                 continue
-            end, ckpt = self.checkpoints.chunk_end(s.n_done, len(s.req.prompt), self.batch_size)
-            if end - s.n_done > budget:
-                continue
-            chunk = tuple(s.req.prompt[s.n_done : end])
+            chunk = tuple(s.req.prompt[s.n_done : stop])
             budget -= len(chunk)
-            s.n_done = end
-            work.append(self._work(slot, s, chunk, not s.prefilling, ckpt=ckpt))
+            s.n_done = stop
+            work.append(self._work(slot, s, chunk, not s.prefilling, ckpt and stop == end))
         if not work:
             return None
         self._step += 1
+        self.pacer.planned(self._step, n_decode, sum(len(w.tokens) for w in work) - n_decode)
         batch = ScheduledBatch(
             self._step,
             tuple(sorted(work, key=lambda w: w.slot)),
@@ -145,6 +155,10 @@ class Scheduler:
         self._freed.clear()
         self._in_flight[batch.step] = batch
         return batch
+
+    def observe(self, step: int, seconds: float) -> None:
+        """The engine measured ``step``: from its planning to its tokens delivered."""
+        self.pacer.observe(step, seconds)
 
     def apply(self, result: StepResult) -> list[TokenEvent]:
         """Apply sampled tokens; returns one event per token for requests still running."""

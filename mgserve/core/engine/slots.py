@@ -23,6 +23,8 @@ class Session:
     t_prompt_done: float | None = None
     reasoning: ReasoningTracker | None = None  # the request's reasoning block, fed every token
     grammar_pending: bool = False  # the request's grammar is not yet with the runner
+    # the prompt chunk being computed: start, end, a checkpoint at its end (checkpoints.py)
+    chunk: tuple[int, int, bool] = (0, 0, False)
 
     @property
     def prefilling(self) -> bool:

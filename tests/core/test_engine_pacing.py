@@ -1,0 +1,82 @@
+"""The engine with --itl-target-ms on real tiny models (dense, and the recurrent qwen3next and
+qwen4exp): a prompt computed in pieces beside two decoders gives the same greedy tokens and
+logprobs (bitwise) as with no target, for every session, and the actor feeds the scheduler's cost
+model its step times."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mgserve.config import Settings, settings_from
+from mgserve.core.engine.actor import Engine
+from mgserve.core.engine.contract import Request, SamplingParams, ScheduledBatch, StepResult
+from mgserve.core.engine.pacing import QUANTUM
+from mgserve.core.models import load_model
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+GREEDY = SamplingParams(temperature=0.0, want_logprob=True)  # logprobs: equal to the bit
+N_PROMPT = 300  # chunks [0, 256) and [256, 300) of --batch-size 256; pieces of 64 with a target
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3next", "qwen4exp"])
+def model(request: pytest.FixtureRequest, one_thread: None) -> Any:
+    return load_model(DATA / f"converted_{request.param}.gguf", threads=1)
+
+
+Out = dict[str, list[tuple[int | None, float | None]]]
+
+
+async def _serve(model: Any, target_ms: int) -> tuple[Out, list[int], Engine]:
+    """Two decoders, then a long prompt beside them: every request's (token, logprob)s, and the
+    lengths of the long prompt's works."""
+    settings = Settings(parallel=3, ctx_size=512, batch_size=256, itl_target_ms=target_ms)
+    engine = Engine(model, settings)
+    batches: list[ScheduledBatch] = []
+    run = engine._runner.run
+
+    def spy(batch: ScheduledBatch) -> StepResult:
+        batches.append(batch)
+        return run(batch)
+
+    engine._runner.run = spy  # type: ignore[method-assign]
+    await engine.start()
+    try:
+        decoders = {
+            f"d{i}": engine.submit(Request(f"d{i}", [7 + i, 40, 41], GREEDY, max_tokens=60))
+            for i in range(2)
+        }
+        firsts = {rid: await anext(s) for rid, s in decoders.items()}  # both decode now
+        out: Out = {rid: [(ev.token, ev.logprob)] for rid, ev in firsts.items()}
+        prompt = [(13 * i) % 300 + 10 for i in range(N_PROMPT)]
+        streams = {**decoders, "p": engine.submit(Request("p", prompt, GREEDY, max_tokens=4))}
+        for rid, s in streams.items():
+            out.setdefault(rid, []).extend([(ev.token, ev.logprob) async for ev in s])
+    finally:
+        await engine.stop()
+    works = [len(w.tokens) for b in batches for w in b.work if w.request_id == "p"]
+    return out, works, engine
+
+
+async def test_pieces_beside_decoders_give_the_bits_of_whole_chunks(model: Any) -> None:
+    whole, whole_works, _ = await _serve(model, 0)
+    # 1 ms: less than a decode step takes, so each step carries at most a piece
+    paced, paced_works, engine = await _serve(model, 1)
+    assert whole_works[:2] == [256, N_PROMPT - 256]
+    assert paced_works[:4] == [QUANTUM] * 4  # [0, 256) in pieces, beside the decoders
+    assert paced == whole
+    assert [len(t) for t in paced.values()] == [60, 60, 4]
+    assert engine._sched.pacer.cost.fit(2) is not None  # the actor reported its step times
+
+
+def test_the_settings_are_flags_and_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MGSERVE_ITL_TARGET_MS", "40")
+    monkeypatch.setenv("MGSERVE_PREFILL_SESSIONS", "2")
+    s = settings_from()
+    assert (s.itl_target_ms, s.prefill_sessions) == (40, 2)
+    with pytest.raises(ValueError, match="itl-target-ms must be >= 0"):
+        Settings(itl_target_ms=-1)
+    with pytest.raises(ValueError, match="prefill-sessions must be >= 0"):
+        Settings(prefill_sessions=-1)
