@@ -9,6 +9,7 @@ from aiohttp.test_utils import TestClient
 
 from mgserve.api.http import SERVICE
 from tests.api.fakes import BOS, EOS, SOT, FakeEngine
+from tests.prom import metric
 
 
 def engine_of(client: TestClient[Any, Any]) -> FakeEngine:
@@ -135,7 +136,9 @@ async def test_health_props_slots_metrics(client: TestClient[Any, Any]) -> None:
     await client.post("/completion", json={"prompt": "x", "n_predict": 2})
     resp = await client.get("/metrics")
     assert resp.headers["Content-Type"].startswith("text/plain")
-    assert "mgserve_requests_total 1" in await resp.text()
+    text = await resp.text()
+    assert metric(text, "mgserve_requests_submitted_total") == 1
+    assert metric(text, "llamacpp:requests_processing") == 0
 
 
 async def test_engine_error_is_reported_not_hidden(make_client: Any) -> None:
