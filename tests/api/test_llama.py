@@ -141,6 +141,25 @@ async def test_health_props_slots_metrics(client: TestClient[Any, Any]) -> None:
     assert metric(text, "llamacpp:requests_processing") == 0
 
 
+async def test_slots_fail_on_no_slot_as_llama_server(make_client: Any) -> None:
+    client = await make_client(reply=b"", step_s=0.01)
+    engine: FakeEngine = client.server.app[SERVICE].engine
+    hold = {"prompt": "x", "n_predict": 200, "ignore_eos": True, "stream": True}
+    first = await client.post("/completion", json=hold)
+    await first.content.readline()
+    assert (await client.get("/slots?fail_on_no_slot=1")).status == 200  # one slot is free
+    second = await client.post("/completion", json=hold)
+    await second.content.readline()
+    assert engine.busy() == 2
+    r = await client.get("/slots?fail_on_no_slot=1")
+    assert r.status == 503 and (await r.json())["error"]["message"] == "no slot available"
+    assert (await client.get("/slots")).status == 200
+    r = await client.get("/slots?fail_on_no_slots=1")
+    assert r.status == 400 and (await r.json())["error"]["param"] == "fail_on_no_slots"
+    first.close()
+    second.close()
+
+
 async def test_engine_error_is_reported_not_hidden(make_client: Any) -> None:
     client = await make_client(fail_at=3)
     resp = await client.post("/completion", json={"prompt": "x"})
