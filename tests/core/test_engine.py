@@ -172,6 +172,16 @@ async def test_eog_stops_and_metrics_count() -> None:
     await engine.stop()
 
 
+async def test_each_engine_counts_its_own() -> None:
+    a, b = Engine(FakeModel(), settings()), Engine(FakeModel(), settings())
+    await a.start()
+    await collect(a.submit(Request("x", [1, 2, 3], GREEDY, 2)))
+    assert metric(a.metrics.registry, "llamacpp:prompt_tokens_total") == 3
+    assert metric(b.metrics.registry, "llamacpp:prompt_tokens_total") == 0
+    await a.stop()
+    await b.stop()
+
+
 async def test_stop_aborts_requests_in_flight() -> None:
     engine = Engine(FakeModel(delay=0.01), settings(parallel=1))
     await engine.start()

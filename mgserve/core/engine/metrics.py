@@ -100,7 +100,7 @@ class EngineMetrics:
         self.predicted_seconds += result.seconds * (1.0 - share)
         self.n_decode += 1
         self.n_busy_slots += len(batch.work)
-        self.n_tokens_max = max(self.n_tokens_max, *(w.start + len(w.tokens) for w in batch.work))
+        self.n_tokens_max = max([self.n_tokens_max, *(w.start + len(w.tokens) for w in batch.work)])
         self.restores += sum(w.restore for w in batch.work)
         phase = "mixed" if n_prompt and n_decode else "prefill" if n_prompt else "decode"
         self.steps[phase].observe(result.seconds)
