@@ -158,7 +158,7 @@ class Generation:
                 if word is not None:
                     self.stop_word = word
                     self._finish("stop")
-                    self.stream.abort()
+                    self.stream.abort("stop")
                     yield Chunk(out, toks, "stop", self.index)
                     return
                 if fin is not None:

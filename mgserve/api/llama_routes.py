@@ -4,11 +4,11 @@ tools/server of the vendored version."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import generate_latest
 
 from mgserve import __version__ as VERSION
 from mgserve.api import fields, sse
@@ -25,6 +25,7 @@ from mgserve.api.service import Service
 from mgserve.api.structured import request_grammar
 from mgserve.core.engine.contract import Request
 
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 STOP_TYPE = {"stop": "eos", "length": "limit"}  # a stop string gives "word"; anything else "none"
 
 
@@ -61,10 +62,7 @@ def _probs(service: Service, tokens: list[TokenOut]) -> list[dict[str, Any]]:
 
 
 def _settings(service: Service, params: GenParams) -> dict[str, Any]:
-    sampling = params.sampling
-    d = dataclasses.asdict(sampling)
-    d["logit_bias"] = [[t, b] for t, b in sampling.logit_bias]
-    d["seed"] = -1 if sampling.seed is None else sampling.seed
+    d = params.sampling.as_json()
     d.update(
         n_predict=params.max_tokens or service.settings.n_predict,
         stop=list(params.stop),
@@ -230,16 +228,24 @@ async def props(request: web.Request) -> web.Response:
 
 
 async def slots(request: web.Request) -> web.Response:
-    return json_response(request.app[SERVICE].engine.slots())
+    """Every slot's state (``Slot.info``); with ``?fail_on_no_slot`` (any value, as llama-server)
+    a 503 when none is free."""
+    for name in request.query:
+        if name != "fail_on_no_slot":
+            raise ApiError(f"unknown query parameter {name!r}", param=name)
+    info = request.app[SERVICE].engine.slots()
+    if "fail_on_no_slot" in request.query and all(s["is_processing"] for s in info):
+        raise ApiError("no slot available", status=503)
+    return json_response(info)
 
 
 async def metrics(request: web.Request) -> web.Response:
-    text = request.app[SERVICE].engine.metrics_text()
+    """The engine's registry (metrics.py) in Prometheus' text format 0.0.4, as llama-server. Not
+    OpenMetrics, whatever ``Accept`` asks: prometheus-client escapes the ``llamacpp:`` names there
+    in the samples but not in their HELP and TYPE lines, which scrapers reject."""
     return web.Response(
-        text=text,
-        content_type="text/plain",
-        charset="utf-8",
-        headers={"X-Content-Type-Options": "nosniff"},
+        body=generate_latest(request.app[SERVICE].engine.metrics.registry),
+        headers={"Content-Type": PROMETHEUS_TEXT, "X-Content-Type-Options": "nosniff"},
     )
 
 

@@ -11,6 +11,10 @@ import asyncio
 import re
 import time
 from collections import deque
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from mgserve.core.engine.contract import Request, TokenEvent, TopLogprob
 from mgserve.core.text.roles import FimTokens
@@ -114,8 +118,22 @@ class FakeStream:
             self.done = True
         return ev
 
-    def abort(self) -> None:
-        self.engine.abort(self)
+    def abort(self, finish_reason: str = "abort") -> None:
+        self.engine.abort(self, finish_reason)
+
+
+class FakeMetrics:
+    """A registry of two series, as the engine's ``metrics.registry``."""
+
+    def __init__(self, engine: FakeEngine) -> None:
+        self.engine = engine
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        n = len(self.engine.submitted)
+        yield CounterMetricFamily("mgserve_requests_submitted_total", "requests", value=n)
+        yield GaugeMetricFamily("llamacpp:requests_processing", "busy", value=self.engine.busy())
 
 
 class FakeEngine:
@@ -139,6 +157,8 @@ class FakeEngine:
         self.waiting: deque[FakeStream] = deque()
         self.submitted: list[Request] = []
         self.n_aborted = 0
+        self.abort_reasons: list[str] = []  # the finish_reason each abort gave
+        self.metrics = FakeMetrics(self)
         self._task: asyncio.Task[None] | None = None
 
     def submit(self, req: Request) -> FakeStream:
@@ -162,16 +182,17 @@ class FakeEngine:
             except asyncio.CancelledError:
                 pass
 
-    def abort(self, s: FakeStream) -> None:
+    def abort(self, s: FakeStream, finish_reason: str = "abort") -> None:
         if s.finished:
             return
         self.n_aborted += 1
+        self.abort_reasons.append(finish_reason)
         self._end(
             s,
             TokenEvent(
                 s.request_id,
                 None,
-                finish_reason="abort",
+                finish_reason=finish_reason,
                 n_prompt=len(s.req.prompt),
                 n_generated=len(s.out),
             ),
@@ -236,17 +257,6 @@ class FakeEngine:
                 "is_processing": x is not None,
                 "id_task": x.request_id if x else None,
                 "n_ctx": self.n_ctx,
-                "n_prompt_tokens": len(x.req.prompt) if x else 0,
-                "n_decoded": len(x.out) if x else 0,
-                "n_cached_tokens": 0,
             }
             for i, x in enumerate(self.slot)
         ]
-
-    def metrics_text(self) -> str:
-        return (
-            "# TYPE mgserve_requests_total counter\n"
-            f"mgserve_requests_total {len(self.submitted)}\n"
-            "# TYPE mgserve_busy_slots gauge\n"
-            f"mgserve_busy_slots {self.busy()}\n"
-        )

@@ -21,6 +21,7 @@ from mgserve.core.engine.actor import Engine
 from tests.api.conftest import fake_service
 from tests.api.fakes import N_VOCAB
 from tests.core.fake_model import FakeModel
+from tests.prom import metric
 
 HOLD = {"prompt": "x", "n_predict": 200, "ignore_eos": True, "stream": True, "n_probs": 1}
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -74,7 +75,7 @@ async def test_a_full_queue_is_a_503_with_retry_after(
     holder.close()
     await wait_idle(engine)
     assert (await client.post(path, json=body)).status == 200  # room again
-    assert "mgserve_requests_rejected_total 1" in engine.metrics_text()
+    assert metric(engine.metrics.registry, "mgserve_requests_rejected_total") == 1
 
 
 async def test_choices_that_do_not_all_fit_are_refused_whole(
@@ -224,9 +225,9 @@ async def test_200_clients_going_away_at_random_points_leave_nothing_behind(
         await wait_idle(engine, timeout=30)
         assert not any(s["is_processing"] for s in engine.slots())
         assert engine.stats["queued"] == 0 and engine.stats["busy_slots"] == 0
-        text = engine.metrics_text()
-        assert "mgserve_requests_rejected_total 0" in text
-        assert 'mgserve_requests_total{finish_reason="abort"}' in text
+        reg = engine.metrics.registry
+        assert metric(reg, "mgserve_requests_rejected_total") == 0
+        assert metric(reg, "mgserve_requests_total", finish_reason="abort")
         # and it still serves
         async with TestClient(server) as client:
             r = await client.post("/completion", json={"prompt": "a", "n_predict": 2})

@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestClient
 
 from mgserve.api.service import Service, build_service
 from mgserve.config import Settings
+from tests.prom import metric
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 FILE = Path(__file__).resolve().parents[1] / "data" / "converted_qwen4exp.gguf"
@@ -66,4 +67,5 @@ async def test_an_edited_prompt_reuses_the_nearest_checkpoint(client: TestClient
     warm = await (await client.post("/completion", json={**body, "prompt": b})).json()
     assert (warm["timings"]["cache_n"], warm["timings"]["prompt_n"]) == (64, 26)
     metrics = await (await client.get("/metrics")).text()
-    assert "mgserve_checkpoint_restores_total 1" in metrics
+    assert metric(metrics, "mgserve_checkpoint_restores_total") == 1
+    assert metric(metrics, "mgserve_prompt_tokens_reused_total") == 64

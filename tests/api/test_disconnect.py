@@ -64,6 +64,7 @@ async def test_stop_string_aborts_the_request(client: Any) -> None:
     assert r["content"] == "He"
     await wait_idle(engine)
     assert engine.n_aborted == 1  # the engine was told, so the slot did not run on
+    assert engine.abort_reasons == ["stop"]  # as a stop: the metrics count no cancellation
 
 
 async def test_concurrent_requests_queue_beyond_the_slots(client: Any) -> None:

@@ -9,6 +9,7 @@ from aiohttp.test_utils import TestClient
 
 from mgserve.api.http import SERVICE
 from tests.api.fakes import BOS, EOS, SOT, FakeEngine
+from tests.prom import metric
 
 
 def engine_of(client: TestClient[Any, Any]) -> FakeEngine:
@@ -135,7 +136,28 @@ async def test_health_props_slots_metrics(client: TestClient[Any, Any]) -> None:
     await client.post("/completion", json={"prompt": "x", "n_predict": 2})
     resp = await client.get("/metrics")
     assert resp.headers["Content-Type"].startswith("text/plain")
-    assert "mgserve_requests_total 1" in await resp.text()
+    text = await resp.text()
+    assert metric(text, "mgserve_requests_submitted_total") == 1
+    assert metric(text, "llamacpp:requests_processing") == 0
+
+
+async def test_slots_fail_on_no_slot_as_llama_server(make_client: Any) -> None:
+    client = await make_client(reply=b"", step_s=0.01)
+    engine: FakeEngine = client.server.app[SERVICE].engine
+    hold = {"prompt": "x", "n_predict": 200, "ignore_eos": True, "stream": True}
+    first = await client.post("/completion", json=hold)
+    await first.content.readline()
+    assert (await client.get("/slots?fail_on_no_slot=1")).status == 200  # one slot is free
+    second = await client.post("/completion", json=hold)
+    await second.content.readline()
+    assert engine.busy() == 2
+    r = await client.get("/slots?fail_on_no_slot=1")
+    assert r.status == 503 and (await r.json())["error"]["message"] == "no slot available"
+    assert (await client.get("/slots")).status == 200
+    r = await client.get("/slots?fail_on_no_slots=1")
+    assert r.status == 400 and (await r.json())["error"]["param"] == "fail_on_no_slots"
+    first.close()
+    second.close()
 
 
 async def test_engine_error_is_reported_not_hidden(make_client: Any) -> None:

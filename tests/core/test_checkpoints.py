@@ -207,3 +207,27 @@ def test_checkpoint_settings_take_llama_server_flags_and_variables(
     for bad, field in (({"cache_ram": -1}, "cache-ram"), ({"ctx_checkpoints": -1}, "ctx-ch")):
         with pytest.raises(ValueError, match=field):
             Settings(**bad)  # type: ignore[arg-type]
+
+
+def test_slot_info_shows_progress_and_the_checkpoints_held() -> None:
+    s, r = sched(per_slot=1, host=100), Recorder()
+    s.add(req("a", list(range(1, 21)), max_tokens=2))  # chunks end at 8, 16, 20 (every 8)
+    r.run(s)
+    (info,) = s.slot_info()
+    assert (info["state"], info["n_prompt_tokens_processed"], info["n_past"]) == (
+        "prefilling",
+        8,
+        8,
+    )
+    assert info["checkpoints"] == [{"pos": 8, "memory": "device"}]
+    r.run(s)  # a checkpoint at 16; the one at 8 moves to host memory (one per slot on the device)
+    (info,) = s.slot_info()
+    assert info["checkpoints"] == [{"pos": 8, "memory": "host"}, {"pos": 16, "memory": "device"}]
+    r.run(s)  # the last chunk samples the first token
+    (info,) = s.slot_info()
+    assert info["state"] == "generating"
+    assert info["next_token"] == [{"has_next_token": True, "n_remain": 1, "n_decoded": 1}]
+    run_all(s, r)
+    (info,) = s.slot_info()
+    assert (info["state"], info["is_processing"], info["n_past"]) == ("idle", False, 21)
+    assert "params" not in info and len(info["checkpoints"]) == 2  # kept for a later request

@@ -15,6 +15,7 @@ from mgserve.core.engine.contract import (
 )
 from mgserve.core.engine.stream import RequestStream
 from tests.core.fake_model import FakeModel
+from tests.prom import metric
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -153,15 +154,32 @@ async def test_eog_stops_and_metrics_count() -> None:
     assert evs[-1].finish_reason == "stop" and [e.finish_reason for e in evs[:-1]] == [None] * (
         len(evs) - 1
     )
-    text = engine.metrics_text()
-    assert f"mgserve_generated_tokens_total {len(evs)}" in text
-    assert "mgserve_prompt_tokens_total 2" in text
-    assert 'mgserve_requests_total{finish_reason="stop"} 1' in text
-    assert "mgserve_time_to_first_token_seconds_count 1" in text
-    assert f"mgserve_inter_token_latency_seconds_count {len(evs) - 1}" in text
-    assert "mgserve_slots_busy 0" in text
+    reg = engine.metrics.registry
+    assert metric(reg, "llamacpp:tokens_predicted_total") == len(evs)
+    assert metric(reg, "llamacpp:prompt_tokens_total") == 2
+    assert metric(reg, "mgserve_requests_total", finish_reason="stop") == 1
+    assert metric(reg, "mgserve_requests_submitted_total") == 1
+    assert metric(reg, "mgserve_time_to_first_token_seconds_count") == 1
+    assert metric(reg, "mgserve_inter_token_latency_seconds_count") == len(evs) - 1
+    # one step for the prompt (which samples the first token), one per later token
+    assert metric(reg, "llamacpp:n_decode_total") == len(evs)
+    assert metric(reg, "mgserve_step_seconds_count", phase="prefill") == 1
+    assert metric(reg, "mgserve_step_seconds_count", phase="decode") == len(evs) - 1
+    assert metric(reg, "llamacpp:n_busy_slots_per_decode") == 1
+    assert metric(reg, "llamacpp:n_tokens_max") == 2 + len(evs) - 1  # the last token is not fed
+    assert metric(reg, "llamacpp:requests_processing") == 0
     assert engine.stats["total_slots"] == 4 and engine.n_ctx == 64
     await engine.stop()
+
+
+async def test_each_engine_counts_its_own() -> None:
+    a, b = Engine(FakeModel(), settings()), Engine(FakeModel(), settings())
+    await a.start()
+    await collect(a.submit(Request("x", [1, 2, 3], GREEDY, 2)))
+    assert metric(a.metrics.registry, "llamacpp:prompt_tokens_total") == 3
+    assert metric(b.metrics.registry, "llamacpp:prompt_tokens_total") == 0
+    await a.stop()
+    await b.stop()
 
 
 async def test_stop_aborts_requests_in_flight() -> None:

@@ -19,6 +19,7 @@ from mgserve.core.engine.stream import QueueFull, RequestStream
 from mgserve.core.models import load_model
 from tests.core import tiny
 from tests.core.fake_model import FakeModel
+from tests.prom import metric
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPT = list(range(3, 43))  # 40 tokens: 5 chunks of --batch-size 8
@@ -60,7 +61,7 @@ async def test_the_queue_is_bounded_and_an_aborted_request_leaves_it_at_once() -
     with pytest.raises(QueueFull, match="2 requests are already waiting") as e:
         engine.submit(Request("d", [1], GREEDY, 1))
     assert 1 <= e.value.retry_after <= 60
-    assert "mgserve_requests_rejected_total 1" in engine.metrics_text()
+    assert metric(engine.metrics.registry, "mgserve_requests_rejected_total") == 1
     c.abort()  # still queued: its place frees now, not after a step
     assert engine.waiting == 1 and [ev.finish_reason async for ev in c] == ["abort"]
     d = engine.submit(Request("d", [1], GREEDY, 1))
@@ -189,7 +190,9 @@ async def test_a_stop_string_frees_the_slot_with_the_last_chunk(llama: Any) -> N
             if c.finish_reason is not None:
                 assert c.finish_reason == "stop" and idle(engine)  # aborted in the engine
     assert gen.stop_word == stop and gen.n_generated <= 6
-    assert 'mgserve_requests_total{finish_reason="abort"} 1' in engine.metrics_text()
+    done = engine.metrics.registry
+    assert metric(done, "mgserve_requests_total", finish_reason="stop") == 1  # not a cancellation
+    assert metric(done, "mgserve_requests_total", finish_reason="abort") == 0
     await engine.stop()
 
 

@@ -65,7 +65,7 @@ async def test_reused_and_dropped_histories_give_fresh_results(model: Any) -> No
         extends = a + out_a[:-1] + [7, 8, 9]  # the slot's whole history, then more
         shares = a[:20] + [5, 6]  # only part of it: back to the checkpoint at 16
         got = [await _generate(engine, rid, p) for rid, p in (("b", extends), ("c", shares))]
-        assert engine.slots()[0]["n_cached_tokens"] > 0
+        assert engine.slots()[0]["n_past"] > 0
     finally:
         await engine.stop()
     assert got == [await _fresh(model, extends), await _fresh(model, shares)]

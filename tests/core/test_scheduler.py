@@ -265,16 +265,33 @@ def test_timings_and_slot_info() -> None:
     _, ev = step(s)
     assert ev[0].t_prompt_done == pytest.approx(2.5)
     info = s.slot_info()
+    params = info[0].pop("params")
     assert info[0] == {
         "id": 0,
+        "n_ctx": 64,
+        "speculative": False,
         "is_processing": True,
         "id_task": "a",
-        "n_ctx": 64,
+        "state": "generating",
+        "n_past": 3,
+        "checkpoints": [],
         "n_prompt_tokens": 3,
-        "n_decoded": 1,
-        "n_cached_tokens": 3,
+        "n_prompt_tokens_cache": 0,
+        "n_prompt_tokens_processed": 3,
+        "next_token": [{"has_next_token": True, "n_remain": 99, "n_decoded": 1}],
     }
-    assert info[1]["is_processing"] is False and s.n_busy == 1
+    assert params["n_predict"] == 100 and params["seed"] == -1  # type: ignore[index]
+    assert info[1] == {
+        "id": 1,
+        "n_ctx": 64,
+        "speculative": False,
+        "is_processing": False,
+        "id_task": None,
+        "state": "idle",
+        "n_past": 0,
+        "checkpoints": [],
+    }
+    assert s.n_busy == 1
 
 
 def test_pipelined_planning_skips_sessions_in_flight() -> None:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from mgserve.config import Settings
 from mgserve.core.engine.checkpoints import CheckpointBook
 from mgserve.core.engine.contract import Request, ScheduledBatch, StepResult, TokenEvent
-from mgserve.core.engine.metrics import Counter, Gauge, Histogram, Registry
+from mgserve.core.engine.metrics import EngineMetrics
 from mgserve.core.engine.scheduler import Scheduler
 from mgserve.core.engine.stream import QueueFull, RequestStream
 
@@ -85,50 +85,7 @@ class Engine:
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
 
-        self._metrics = Registry()
-        m = self._metrics
-        self._m_prompt = m.add(
-            Counter("mgserve_prompt_tokens_total", "prompt tokens processed (cache hits excluded)")
-        )
-        self._m_cached = m.add(
-            Counter(
-                "mgserve_prompt_tokens_cached_total", "prompt tokens reused from a slot's cache"
-            )
-        )
-        self._m_gen = m.add(Counter("mgserve_generated_tokens_total", "tokens generated"))
-        self._m_req = m.add(
-            Counter("mgserve_requests_total", "finished requests", label="finish_reason")
-        )
-        self._m_rejected = m.add(
-            Counter("mgserve_requests_rejected_total", "requests refused: the queue was full")
-        )
-        m.add(Gauge("mgserve_slots_busy", "slots serving a request", lambda: self._sched.n_busy))
-        m.add(Gauge("mgserve_slots_total", "slots", lambda: self.n_slots))
-        m.add(
-            Gauge(
-                "mgserve_requests_queued",
-                "requests waiting for a slot",
-                lambda: self.waiting,
-            )
-        )
-        self._m_ttft = m.add(
-            Histogram("mgserve_time_to_first_token_seconds", "submit to first generated token")
-        )
-        self._m_itl = m.add(
-            Histogram("mgserve_inter_token_latency_seconds", "between consecutive tokens")
-        )
-        self._m_step = m.add(Histogram("mgserve_step_seconds", "one model step on the runner"))
-        self._m_restores = m.add(
-            Counter("mgserve_checkpoint_restores_total", "recurrent-state checkpoints restored")
-        )
-        for tier, host in (("device", False), ("host", True)):
-            m.add(
-                Gauge(
-                    f"mgserve_checkpoint_{tier}_bytes",
-                    f"recurrent-state checkpoints held in {tier} memory",
-                    lambda host=host: self._sched.checkpoints.nbytes_in(host),  # type: ignore[misc]
-                )
-            )
+        self.metrics = EngineMetrics(self._sched, lambda: self.waiting)
 
     # -- the API side ----------------------------------------------------------------------------
 
@@ -140,11 +97,12 @@ class Engine:
         if req.id in self._streams:
             raise ValueError(f"request id {req.id!r} is already in use")
         if self._waiting(len(self._sched.queue) + 1) > self.max_queue:  # it would wait: room?
-            self._m_rejected.inc()
+            self.metrics.rejected += 1
             raise QueueFull(self.waiting, self._retry_after())
         stream = RequestStream(req, self._abort)
         self._streams[req.id] = stream
         self._sched.add(req, stream.t_submit)
+        self.metrics.submitted += 1
         self._wake.set()
         return stream
 
@@ -162,8 +120,8 @@ class Engine:
         held = self._slot_s or 0.0
         return max(1, min(RETRY_AFTER_MAX_S, math.ceil(held / self.n_slots)))
 
-    def _abort(self, request_id: str) -> None:
-        ev = self._sched.abort(request_id)
+    def _abort(self, request_id: str, finish_reason: str) -> None:
+        ev = self._sched.abort(request_id, finish_reason)
         if ev is not None:
             self._deliver([ev])
 
@@ -187,9 +145,6 @@ class Engine:
     def slots(self) -> list[dict[str, Any]]:
         return self._sched.slot_info()
 
-    def metrics_text(self) -> str:
-        return self._metrics.render()
-
     @property
     def stats(self) -> dict[str, Any]:
         return {
@@ -197,8 +152,8 @@ class Engine:
             "n_ctx": self.n_ctx,
             "busy_slots": self._sched.n_busy,
             "queued": self.waiting,
-            "prompt_tokens_total": int(self._m_prompt.value()),
-            "generated_tokens_total": int(self._m_gen.value()),
+            "prompt_tokens_total": self.metrics.prompt_tokens,
+            "generated_tokens_total": self.metrics.predicted_tokens,
         }
 
     # -- the actor -------------------------------------------------------------------------------
@@ -223,7 +178,7 @@ class Engine:
                 self._wake.clear()  # no await since schedule(): no submit was missed
                 await self._wake.wait()
                 continue
-            self._m_restores.inc(sum(w.restore for w in batch.work))
+            n_prompt = self._n_prompt(batch)
             self._deliver(self._started(batch))
             try:
                 result = await loop.run_in_executor(self._executor, self._runner.run, batch)
@@ -231,7 +186,7 @@ class Engine:
                 log.exception("step %d failed", batch.step)
                 events = self._sched.fail(batch.step, f"{type(e).__name__}: {e}")
             else:
-                self._m_step.observe(result.seconds)
+                self.metrics.on_step(batch, n_prompt, result)
                 events = self._progress(batch) + self._sched.apply(result)
             self._deliver(events)
             self._sched.observe(batch.step, time.monotonic() - t0)
@@ -243,9 +198,19 @@ class Engine:
             stream = self._streams.get(w.request_id)
             if w.new_sequence and stream is not None:
                 stream.started(w.start)
+                self.metrics.on_started(w.start)
                 if stream.req.progress:
                     events.append(stream.progress(w.slot, w.start))
         return events
+
+    def _n_prompt(self, batch: ScheduledBatch) -> int:
+        """The step's prompt tokens, read from the sessions just planned (no await since)."""
+        n = 0
+        for w in batch.work:
+            session = self._sched.slots[w.slot].session
+            assert session is not None
+            n += len(w.tokens) if w.start < len(session.req.prompt) else 0
+        return n
 
     def _progress(self, batch: ScheduledBatch) -> list[TokenEvent]:
         """Progress after the step's prompt chunks, for the requests that want it."""
@@ -263,16 +228,10 @@ class Engine:
             if stream is None:
                 continue
             if ev.token is not None:
-                self._m_gen.inc()
-                if ev.n_generated == 1:
-                    self._m_ttft.observe(now - stream.t_submit)
-                    self._m_prompt.inc(ev.n_prompt - ev.n_cached)
-                    self._m_cached.inc(ev.n_cached)
-                else:
-                    self._m_itl.observe(now - stream.t_last)
+                self.metrics.on_token(ev.n_generated == 1, now - stream.t_last)
                 stream.t_last = now
             if ev.finish_reason is not None:
-                self._m_req.inc(label=ev.finish_reason)
+                self.metrics.on_finish(ev.finish_reason)
                 del self._streams[ev.request_id]
                 if stream.t_start is not None:
                     held, avg = now - stream.t_start, self._slot_s

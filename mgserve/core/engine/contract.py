@@ -8,6 +8,7 @@ and, later, speculation (one token plus k drafts): see ``SeqWork``.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -41,6 +42,13 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    def as_json(self) -> dict[str, object]:
+        """As llama-server shows them (/props, /slots): ``logit_bias`` pairs, seed -1 for random."""
+        d = dataclasses.asdict(self)
+        d["logit_bias"] = [[t, b] for t, b in self.logit_bias]
+        d["seed"] = -1 if self.seed is None else self.seed
+        return d
 
 
 @dataclass

@@ -83,17 +83,20 @@ class Scheduler:
         assert 0 < len(req.prompt) < self.n_ctx and req.max_tokens >= 1, "unchecked request"
         self.queue.append((req, self._clock() if t_submit is None else t_submit))
 
-    def abort(self, request_id: str) -> TokenEvent | None:
-        """Drop a queued or running request; None if it is unknown (already finished)."""
+    def abort(self, request_id: str, finish_reason: str = "abort") -> TokenEvent | None:
+        """Drop a queued or running request, ending it with ``finish_reason``; None if it is
+        unknown (already finished)."""
         for i, (req, _) in enumerate(self.queue):
             if req.id == request_id:
                 del self.queue[i]
-                return TokenEvent(request_id, None, finish_reason="abort", n_prompt=len(req.prompt))
+                return TokenEvent(
+                    request_id, None, finish_reason=finish_reason, n_prompt=len(req.prompt)
+                )
         for slot in self.slots:
             s = slot.session
             if s is not None and s.req.id == request_id:
                 self._release(slot)
-                return self._event(slot, s, None, finish_reason="abort")
+                return self._event(slot, s, None, finish_reason=finish_reason)
         return None
 
     def fail(self, step: int, error: str) -> list[TokenEvent]:
@@ -277,21 +280,10 @@ class Scheduler:
     # -- introspection (for /slots and metrics) --------------------------------------------------
 
     def slot_info(self) -> list[dict[str, object]]:
-        out: list[dict[str, object]] = []
-        for slot in self.slots:
-            s = slot.session
-            out.append(
-                {
-                    "id": slot.id,
-                    "is_processing": s is not None,
-                    "id_task": s.req.id if s else None,
-                    "n_ctx": self.n_ctx,
-                    "n_prompt_tokens": len(s.req.prompt) if s else 0,
-                    "n_decoded": len(s.generated) if s else 0,
-                    "n_cached_tokens": len(slot.cached),
-                }
-            )
-        return out
+        held: list[dict[int, bool]] = [{} for _ in self.slots]
+        for (slot, pos), host in self.checkpoints.held.items():
+            held[slot][pos] = host
+        return [slot.info(self.n_ctx, held[slot.id]) for slot in self.slots]
 
     @property
     def n_busy(self) -> int:

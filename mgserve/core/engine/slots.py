@@ -1,4 +1,5 @@
-"""A scheduler's slots and the sessions placed in them (the scheduler's own records)."""
+"""A scheduler's slots and the sessions placed in them (the scheduler's own records), and how
+``/slots`` shows a slot."""
 
 from __future__ import annotations
 
@@ -37,6 +38,43 @@ class Slot:
     cached: list[int] = field(default_factory=list)  # token ids held by the cache, positions 0..
     session: Session | None = None
     last_used: int = -1  # step of the last assignment, to evict the least recently used cache
+
+    def info(self, n_ctx: int, checkpoints: dict[int, bool]) -> dict[str, object]:
+        """The slot as ``/slots`` shows it: llama-server's fields (``id``, ``n_ctx``,
+        ``speculative``, ``is_processing``, ``id_task``, ``n_prompt_tokens*``, ``params``,
+        ``next_token``), then mgserve's: ``state``, ``n_past`` (tokens in the slot's cache, the
+        running request's in-flight chunk included) and ``checkpoints`` (position -> in host
+        memory, the recurrent-state checkpoints the slot holds). README, Endpoints, says more."""
+        s = self.session
+        out: dict[str, object] = {
+            "id": self.id,
+            "n_ctx": n_ctx,
+            "speculative": False,
+            "is_processing": s is not None,
+            "id_task": None if s is None else s.req.id,
+            "state": "idle" if s is None else "generating" if s.generated else "prefilling",
+            "n_past": len(self.cached),
+            "checkpoints": [
+                {"pos": pos, "memory": "host" if host else "device"}
+                for pos, host in sorted(checkpoints.items())
+            ],
+        }
+        if s is not None:
+            out |= {
+                "n_prompt_tokens": len(s.req.prompt),
+                "n_prompt_tokens_cache": s.n_cached,
+                "n_prompt_tokens_processed": s.n_done - s.n_cached,
+                "params": s.req.sampling.as_json()
+                | {"n_predict": s.req.max_tokens, "ignore_eos": s.req.ignore_eos},
+                "next_token": [
+                    {
+                        "has_next_token": True,
+                        "n_remain": s.req.max_tokens - len(s.generated),
+                        "n_decoded": len(s.generated),
+                    }
+                ],
+            }
+        return out
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -24,7 +24,7 @@ class QueueFull(Exception):
 class RequestStream:
     """Async iterator of one request's ``TokenEvent``s; ends after the one with a finish_reason."""
 
-    def __init__(self, req: Request, abort: Callable[[str], None]) -> None:
+    def __init__(self, req: Request, abort: Callable[[str, str], None]) -> None:
         self.req = req
         self.request_id = req.id
         self._abort = abort  # the engine's: drops the request from its slot or the queue
@@ -47,12 +47,13 @@ class RequestStream:
             self._finished = True
         return ev
 
-    def abort(self) -> None:
-        """Free the request's slot (or queue place) now; iteration ends with an "abort" event
-        (if not finished first)."""
+    def abort(self, finish_reason: str = "abort") -> None:
+        """Free the request's slot (or queue place) now; iteration ends with an event of
+        ``finish_reason`` (if not finished first): "abort" for a client gone, "stop" where the
+        caller matched a stop string (so metrics do not count it as a cancellation)."""
         if not self._aborted:
             self._aborted = True
-            self._abort(self.request_id)
+            self._abort(self.request_id, finish_reason)
 
     def started(self, n_cache: int) -> None:
         """Its first work was planned, past ``n_cache`` prompt tokens its slot held."""
