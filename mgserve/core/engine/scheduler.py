@@ -14,6 +14,8 @@ the first work restores it), else from 0 (a reset). Their prompt chunks end on a
 of ``batch_size`` (and ``--checkpoint-every``), where checkpoints are taken (checkpoints.py).
 A request may ask to be served by one slot (``Request.slot``: it waits for that slot, keeping its
 place in the queue while later requests take other slots) or to reuse nothing (``reuse_prefix``).
+Slot save / restore / erase (slot_actions.py) wait for their slot to be idle and run in a batch
+of their own.
 
 A session's work is written into ``Slot.cached`` when it is scheduled, and the session is "in
 flight" until the step's result is applied; only sessions not in flight get new work. So the next
@@ -32,10 +34,12 @@ from mgserve.core.engine.contract import (
     ScheduledBatch,
     SeqResult,
     SeqWork,
+    SlotOp,
     StepResult,
     TokenEvent,
 )
 from mgserve.core.engine.reasoning import ReasoningTracker
+from mgserve.core.engine.slot_actions import SlotActions, undo
 from mgserve.core.engine.slots import Session, Slot, common_prefix
 
 
@@ -60,6 +64,7 @@ class Scheduler:
             self.checkpoints = checkpoints
         self.slots = [Slot(i) for i in range(n_slots)]
         self.queue: deque[tuple[Request, float]] = deque()
+        self.actions = SlotActions()
         self._clock = clock
         self._step = 0
         self._freed: list[int] = []
@@ -90,6 +95,8 @@ class Scheduler:
         """The runner failed on ``step``: end its sessions with an error and forget their caches."""
         batch = self._in_flight.pop(step, None)
         events: list[TokenEvent] = []
+        for op in batch.slot_ops if batch else ():
+            undo(op, self.slots[op.slot], self.checkpoints)
         for w in batch.work if batch else ():
             slot = self.slots[w.slot]
             s = slot.session
@@ -103,10 +110,13 @@ class Scheduler:
     # -- one step --------------------------------------------------------------------------------
 
     def has_work(self) -> bool:
-        return bool(self.queue) or any(s.session is not None for s in self.slots)
+        return bool(self.queue or self.actions.pending) or any(s.session for s in self.slots)
 
     def schedule(self) -> ScheduledBatch | None:
         """Plan the next step, or None if no session can make progress now."""
+        op = self.actions.take(self.slots, self.checkpoints, self._step)
+        if op is not None:
+            return self._batch((), (op,))
         self._admit()
         running = [s for s in self.slots if s.session is not None and not s.session.in_flight]
         work: list[SeqWork] = []
@@ -135,12 +145,16 @@ class Scheduler:
             work.append(self._work(slot, s, chunk, not s.prefilling, ckpt=ckpt))
         if not work:
             return None
+        return self._batch(tuple(sorted(work, key=lambda w: w.slot)), ())
+
+    def _batch(self, work: tuple[SeqWork, ...], ops: tuple[SlotOp, ...]) -> ScheduledBatch:
         self._step += 1
         batch = ScheduledBatch(
             self._step,
-            tuple(sorted(work, key=lambda w: w.slot)),
+            work,
             tuple(dict.fromkeys(self._freed)),
             self.checkpoints.take_moves(),
+            ops,
         )
         self._freed.clear()
         self._in_flight[batch.step] = batch
@@ -168,9 +182,10 @@ class Scheduler:
 
     def _admit(self) -> None:
         pinned: list[tuple[Request, float]] = []  # waiting for their busy slot, in queue order
-        while self.queue and any(s.session is None for s in self.slots):
+        idle = [s for s in self.slots if s.session is None and not self.actions.holds(s.id)]
+        while self.queue and any(s.session is None for s in idle):
             req, t_added = self.queue.popleft()
-            free = [s for s in self.slots if s.session is None and req.slot in (None, s.id)]
+            free = [s for s in idle if s.session is None and req.slot in (None, s.id)]
             if not free:  # pinned to a busy slot
                 pinned.append((req, t_added))
                 continue
