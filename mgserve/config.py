@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,12 @@ class Settings:
         "the least recently used are dropped (0: none)",
         "--cache-ram",
         "-cram",
+    )
+    slot_save_path: str | None = _opt(
+        None,
+        "directory of slot files: enables POST /slots/{id}?action=save|restore|erase "
+        "(llama-server's; file names are confined to it)",
+        "--slot-save-path",
     )
     max_queue: int = _opt(
         64,
@@ -142,6 +149,8 @@ class Settings:
             raise ValueError(f"ctx-checkpoints must be >= 0, got {self.ctx_checkpoints}")
         if self.cache_ram < 0:
             raise ValueError(f"cache-ram must be >= 0 MiB, got {self.cache_ram}")
+        if self.slot_save_path is not None and not os.path.isdir(self.slot_save_path):
+            raise ValueError(f"slot-save-path is not a directory: {self.slot_save_path!r}")
         if self.max_queue < 0:
             raise ValueError(f"max-queue must be >= 0, got {self.max_queue}")
         if self.reasoning_budget < -1:
