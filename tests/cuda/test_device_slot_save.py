@@ -1,11 +1,11 @@
 """Slot save / restore on the device runner: the conversation of tests/core/slot_turns.py (a slot
 saved, a restart, the slot restored) on tiny qwen3next, qwen4exp and qwen3 device models.
 
-Torch backend on the CPU (runs in CI): the restored slot (K/V rows, QSA block keys, the packed
-recurrent state, qwen4exp's PLE token history, the checkpoints) continues with the unsaved slot's
-bits, and the edited turn from the restored checkpoint gives the cold run's. On the GPU
-(gpu-marked), the CUDA backend with decode graphs and a q8_0 cache: the same turns, the largest
-logprob difference against the unsaved slot and the cold run printed.
+Torch backend on the CPU (runs in CI; f16 and q8_0 caches): the restored slot (K/V rows, QSA
+block keys, the packed recurrent state, qwen4exp's PLE token history, the checkpoints) continues
+with the unsaved slot's bits, and the edited turn from the restored checkpoint gives the cold
+run's. On the GPU (gpu-marked), the CUDA backend with decode graphs and a q8_0 cache: the same
+turns, the largest logprob difference against the unsaved slot and the cold run printed.
 """
 
 from __future__ import annotations
@@ -67,13 +67,15 @@ async def _turns(
     return turns, want, rewindable
 
 
+@pytest.mark.parametrize("cache", ["f16", "q8_0"])
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.usefixtures("stable_qsa_ties")
-async def test_device_slot_restored_after_a_restart(arch: str, tmp_path: Path) -> None:
+async def test_device_slot_restored_after_a_restart(arch: str, cache: str, tmp_path: Path) -> None:
     from mgserve.cuda.backend import torch_backend
 
     cpu = torch.device("cpu")
-    t, want, rewindable = await _turns(arch, tmp_path, torch_backend(), cpu, SETTINGS)
+    settings = dataclasses.replace(SETTINGS, cache_type_k=cache, cache_type_v=cache)
+    t, want, rewindable = await _turns(arch, tmp_path, torch_backend(), cpu, settings)
     assert t.n_saved == t.n_restored == t.n_held
     assert t.restored == t.live._replace(n_cached=t.n_held)
     assert t.edited.n_cached == EDITED_CACHED[rewindable]
