@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +93,12 @@ class Settings:
         "holds); prompt tokens go to the oldest request first, later prompts wait their turn",
         "--prefill-sessions",
     )
+    slot_save_path: str | None = _opt(
+        None,
+        "directory of slot files: enables POST /slots/{id}?action=save|restore|erase "
+        "(llama-server's; file names are confined to it)",
+        "--slot-save-path",
+    )
     max_queue: int = _opt(
         64,
         "requests that may wait for a slot; one more gets a 503 with Retry-After "
@@ -169,6 +176,8 @@ class Settings:
             raise ValueError(f"itl-target-ms must be >= 0, got {self.itl_target_ms}")
         if self.prefill_sessions < 0:
             raise ValueError(f"prefill-sessions must be >= 0, got {self.prefill_sessions}")
+        if self.slot_save_path is not None and not os.path.isdir(self.slot_save_path):
+            raise ValueError(f"slot-save-path is not a directory: {self.slot_save_path!r}")
         if self.max_queue < 0:
             raise ValueError(f"max-queue must be >= 0, got {self.max_queue}")
         if self.reasoning_budget < -1:

@@ -8,7 +8,13 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from mgserve.api import anthropic_routes, llama_routes, openai_routes, responses_routes
+from mgserve.api import (
+    anthropic_routes,
+    llama_routes,
+    openai_routes,
+    responses_routes,
+    slot_routes,
+)
 from mgserve.api.errors import Handler, error_middleware, error_response, is_anthropic
 from mgserve.api.http import SERVICE
 from mgserve.api.service import Service
@@ -65,4 +71,5 @@ def create_app(service: Service) -> web.Application:
     app.add_routes(llama_routes.ROUTES)
     app.add_routes(anthropic_routes.ROUTES)
     app.add_routes(responses_routes.ROUTES)
+    app.add_routes(slot_routes.ROUTES)
     return app

@@ -120,6 +120,7 @@ RESPONSES = (
 )
 TOKENIZE = frozenset({"content", "add_special", "parse_special", "with_pieces"})
 DETOKENIZE = frozenset({"tokens"})
+SLOT_FILE = frozenset({"filename"})  # POST /slots/{id}?action=save | restore
 APPLY_TEMPLATE = TEMPLATE | IGNORED
 
 

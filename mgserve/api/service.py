@@ -15,6 +15,7 @@ from mgserve.core.text.chat import ChatTemplate, load_chat_template
 
 if TYPE_CHECKING:
     from mgserve.core.engine.actor import Engine
+    from mgserve.core.engine.slot_store import SlotStore
     from mgserve.core.grammar import GrammarCompiler
     from mgserve.core.text.tokenizer import Tokenizer
 
@@ -46,6 +47,7 @@ class Service:
     # text longer than n_ctx times this cannot fit the context, whatever its tokens
     max_token_bytes: int = 0  # 0: measured from the vocabulary
     text: TextPool = field(default_factory=TextPool)  # rendering and tokenizing, off the loop
+    slot_store: SlotStore | None = None  # --slot-save-path: slot save / restore / erase
 
     def __post_init__(self) -> None:
         if self.max_token_bytes == 0:
@@ -83,6 +85,8 @@ def build_service(settings: Settings) -> Service:
     """The engine from the factory (model, runner, resolved settings), then the tokenizer and the
     chat template from the same GGUF."""
     from mgserve.core.engine.factory import load_engine
+    from mgserve.core.engine.slot_file import model_fingerprint
+    from mgserve.core.engine.slot_store import SlotStore
     from mgserve.core.text.tokenizer import Tokenizer
 
     engine, gguf_file, device = load_engine(settings)
@@ -115,4 +119,9 @@ def build_service(settings: Settings) -> Service:
         n_vocab=int(spec.n_vocab),
         architecture=str(spec.arch),
         model_path=str(gguf_file.path),
+        slot_store=(
+            SlotStore(engine, settings.slot_save_path, model_fingerprint(gguf_file))
+            if settings.slot_save_path
+            else None
+        ),
     )

@@ -14,7 +14,8 @@ running slot, what sampling needs on the host: the penalty window, the draw coun
 grammar, the matcher whose mask is computed while the device runs the step's forward. A forced
 token (``SeqWork.force``) is a mask of that one token, through the same path. A recurrent
 model's checkpoints (``snapshots.py``) are restored before the forward and taken after it, in the
-order the scheduler's book gives (core/engine/checkpoints.py).
+order the scheduler's book gives (core/engine/checkpoints.py); a slot save or restore copies a
+whole slot between steps (``snapshots.save_slot`` / ``load_slot``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from mgserve.core.engine.contract import (
     ScheduledBatch,
     SeqResult,
     SeqWork,
+    SlotLoad,
+    SlotSave,
+    SlotTensors,
     StepResult,
     TopLogprob,
 )
@@ -39,7 +43,7 @@ from mgserve.core.grammar import ForcedToken, Matcher, TokenMask
 from mgserve.cuda.graphs import BUCKETS, DecodeInputs, EagerDecode, GraphDecode
 from mgserve.cuda.models.base import DeviceLM, Span, Step
 from mgserve.cuda.sampling import DeviceSampler, HostBuffers, SamplingBatch, SamplingRow, seeded
-from mgserve.cuda.snapshots import DeviceCheckpoint, load, save, to_host
+from mgserve.cuda.snapshots import DeviceCheckpoint, load, load_slot, save, save_slot, to_host
 
 
 @dataclass
@@ -77,6 +81,8 @@ class DeviceRunner:
             partial(save, model), partial(load, model), to_host
         )
 
+    slot_format = "device"  # how a saved slot's tensors are laid out (slot files check it)
+
     @property
     def checkpoint_nbytes(self) -> int:
         return self.model.pools.recurrent_nbytes
@@ -95,6 +101,14 @@ class DeviceRunner:
             if w.start == 0:
                 self.model.begin_sequence(w.slot)
         self.checkpoints.before(batch)
+        if batch.slot_ops:  # a batch of its own, between steps
+            saved: dict[str, SlotTensors] = {}
+            for op in batch.slot_ops:
+                if isinstance(op, SlotSave):
+                    saved[op.id] = save_slot(self.model, self.checkpoints, op)
+                elif isinstance(op, SlotLoad):
+                    load_slot(self.model, self.checkpoints, op, self.pad_slot)
+            return StepResult(batch.step, seconds=time.perf_counter() - t0, saved=saved)
         decode = [w for w in batch.work if len(w.tokens) == 1 and w.start > 0 and w.sample]
         prefill = [w for w in batch.work if w not in decode]
         parts: list[tuple[list[SeqWork], torch.Tensor]] = []

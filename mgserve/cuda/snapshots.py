@@ -7,15 +7,25 @@ with the model's host-side state of the slot beside it (qwen4exp: the PLE token 
 copy is queued on the current stream, none waits for the device: a checkpoint is taken after a
 prompt step's forward, a move to host memory is one copy into pinned memory, and a restore (one
 copy back from there, then a scatter into the pools) runs before the step that continues from it.
+
+A slot save (``save_slot``) copies to host memory the slot's K/V rows and QSA block keys of its
+tokens, its live recurrent state and its checkpoints, each packed as a checkpoint is; a load
+checks all of them against the slot before it writes (core/engine/slot_state.py). Both wait for
+the device: they run between steps, when a client asks.
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
+from mgserve.core.engine.checkpoints import CheckpointStore
+from mgserve.core.engine.contract import SlotLoad, SlotSave
+from mgserve.core.engine.slot_state import Part, check, ckpt_name, copy_in, copy_out, layout
 from mgserve.cuda.models.base import DeviceLM
+from mgserve.cuda.pools import SlotPools
 
 
 class DeviceCheckpoint(NamedTuple):
@@ -42,3 +52,65 @@ def to_host(ckpt: DeviceCheckpoint) -> DeviceCheckpoint:
     host = torch.empty(ckpt.state.shape, dtype=ckpt.state.dtype, pin_memory=True)
     host.copy_(ckpt.state, non_blocking=True)
     return DeviceCheckpoint(host, ckpt.host)
+
+
+def _parts(pools: SlotPools, slot: int) -> dict[str, Part]:
+    """The slot's positional tensors: K/V (q8_0 scales too) and QSA block keys, by layer."""
+    parts: dict[str, Part] = {}
+    for side, layers in (("k", pools.k), ("v", pools.v)):
+        for il, kv in layers.items():
+            parts[f"{side}.{il}"] = Part(kv.values[slot])
+            if kv.quantized:
+                parts[f"{side}.{il}.scales"] = Part(kv.scales[slot])
+    for il, b in pools.blocks.items():
+        parts[f"blocks.{il}"] = Part(b[slot], pools.pending[il].shape[1])
+    return parts
+
+
+def _named(prefix: str, ckpt: DeviceCheckpoint) -> dict[str, torch.Tensor]:
+    out = {prefix + "state": ckpt.state.to("cpu", copy=True)}
+    if ckpt.host is not None:
+        out[prefix + "host"] = torch.from_numpy(np.array(ckpt.host, dtype=np.int64))
+    return out
+
+
+def save_slot(
+    model: DeviceLM, store: CheckpointStore[DeviceCheckpoint], op: SlotSave
+) -> dict[str, torch.Tensor]:
+    out = copy_out(_parts(model.pools, op.slot), len(op.tokens))
+    if model.pools.recurrent(op.slot):
+        out |= _named("", save(model, op.slot))
+        for pos, ckpt in store.of_slot(op.slot, op.checkpoints).items():
+            out |= _named(ckpt_name(pos, ""), ckpt)
+    return out
+
+
+def load_slot(
+    model: DeviceLM, store: CheckpointStore[DeviceCheckpoint], op: SlotLoad, spare: int
+) -> None:
+    """``spare``: a slot no session uses (the graphs' padding slot), to learn the shape of the
+    model's host-side state."""
+    pools, n = model.pools, len(op.tokens)
+    parts = _parts(pools, op.slot)
+    want = layout(parts, n)
+    views = pools.recurrent(op.slot)
+    if views:
+        model.begin_sequence(spare)
+        host = model.host_state(spare)
+        for prefix in ["", *(ckpt_name(p, "") for p in op.checkpoints)]:
+            want[prefix + "state"] = (views[0].dtype, (sum(v.numel() for v in views),))
+            if host is not None:
+                want[prefix + "host"] = (torch.int64, tuple(host.shape))
+    given = {k: t for k, t in op.tensors.items() if not k.startswith("ckpt.") or k in want}
+    check(given, want)
+    copy_in(parts, n, given)
+    if views:
+        device = views[0].device
+
+        def ckpt(prefix: str) -> DeviceCheckpoint:
+            host = given.get(prefix + "host")
+            state = given[prefix + "state"].to(device, copy=True)
+            return DeviceCheckpoint(state, None if host is None else host.numpy().copy())
+
+        load(model, op.slot, ckpt(""))
+        store.replace(op.slot, {p: ckpt(ckpt_name(p, "")) for p in op.checkpoints})

@@ -26,12 +26,13 @@ def fake_service(
     batch_size: int = 512,
     reasoning_budget: int = -1,
     engine: Any = None,
+    slot_store: Any = None,
     **engine_kw: Any,
 ) -> Service:
     """The fake engine (or ``engine``) behind the real API; ``chat_template`` a built-in name or a
     file, ``tokenizer`` a real one instead of the byte-level fake; ``seed``, ``n_predict``,
     ``reasoning_format``, ``batch_size``, ``reasoning_budget``: --seed, -n, --reasoning-format, -b,
-    --reasoning-budget."""
+    --reasoning-budget; ``slot_store``: --slot-save-path's (over ``engine``)."""
     settings = Settings(
         ctx_size=n_ctx,
         parallel=2,
@@ -57,6 +58,7 @@ def fake_service(
         architecture="gemma3",
         model_path="/fake/model.gguf",
         new_detokenizer=lambda keep: FakeDetokenizer(tok),
+        slot_store=slot_store,
     )
 
 

@@ -8,6 +8,7 @@ dropped as stale. Per step: plan, run the step in a worker thread (the event loo
 the model), apply the result, deliver events, and tell the scheduler how long all that took (its
 prefill pacing, pacing.py, fits step times). With nothing to do the task sleeps until a submit
 wakes it. A step that raises fails only the requests it carried; the engine keeps serving.
+Slot save / restore / erase (``slot_waiters``) are planned by the scheduler as steps of their own.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from mgserve.core.engine.checkpoints import CheckpointBook
 from mgserve.core.engine.contract import Request, ScheduledBatch, StepResult, TokenEvent
 from mgserve.core.engine.metrics import EngineMetrics
 from mgserve.core.engine.scheduler import Scheduler
+from mgserve.core.engine.slot_store import SlotWaiters
 from mgserve.core.engine.stream import QueueFull, RequestStream
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,8 @@ class Runner(Protocol):
     def checkpoint_nbytes(self) -> int:
         """Bytes of one recurrent-state checkpoint (0: the model's state rewinds)."""
         ...
+
+    slot_format: str  # the layout of a saved slot's tensors (slot files record it)
 
 
 class Engine:
@@ -79,6 +83,7 @@ class Engine:
         )
         self.max_queue = settings.max_queue
         self._wake = asyncio.Event()  # set by submit: the idle actor has work
+        self.slot_waiters = SlotWaiters(self._sched.actions, self._wake)
         self._streams: dict[str, RequestStream] = {}  # open requests
         self._slot_s: float | None = None  # moving average of the seconds a request holds a slot
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="mgserve-runner")
@@ -138,12 +143,17 @@ class Engine:
                 await self._task
             self._task = None
         await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown)
+        self.slot_waiters.close()
         for rid in list(self._streams):
             ev = self._sched.abort(rid) or TokenEvent(rid, None, finish_reason="abort")
             self._deliver([ev])
 
     def slots(self) -> list[dict[str, Any]]:
         return self._sched.slot_info()
+
+    @property
+    def slot_format(self) -> str:
+        return self._runner.slot_format
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -185,9 +195,12 @@ class Engine:
             except Exception as e:
                 log.exception("step %d failed", batch.step)
                 events = self._sched.fail(batch.step, f"{type(e).__name__}: {e}")
+                self.slot_waiters.settle(batch, e)
             else:
-                self.metrics.on_step(batch, n_prompt, result)
+                if batch.work:  # a slot save / restore / erase is a step of its own
+                    self.metrics.on_step(batch, n_prompt, result)
                 events = self._progress(batch) + self._sched.apply(result)
+                self.slot_waiters.settle(batch, result)
             self._deliver(events)
             self._sched.observe(batch.step, time.monotonic() - t0)
 

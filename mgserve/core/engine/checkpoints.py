@@ -116,6 +116,16 @@ class CheckpointBook:
         if (slot, n) in self._entries:
             self._entries[(slot, n)].used = self._tock()
 
+    def replace(self, slot: int, positions: tuple[int, ...]) -> tuple[int, ...]:
+        """A saved slot is loaded into ``slot``: its checkpoints replace the slot's in the runner
+        (no moves), the latest ``per_slot`` of them in device memory. Returns those kept."""
+        for key in [k for k in self._entries if k[0] == slot]:
+            del self._entries[key]
+        kept = tuple(sorted(positions)[-self.per_slot :]) if self.per_slot else ()
+        for pos in kept:
+            self._entries[(slot, pos)] = _Entry(on_host=False, used=self._tock())
+        return kept
+
     def take_moves(self) -> tuple[CheckpointMove, ...]:
         """The moves decided since the last call, for the next batch."""
         moves, self._moves = tuple(self._moves), []
@@ -155,6 +165,16 @@ class CheckpointStore(Generic[T]):
             ckpt = self.held.pop((m.slot, m.pos), None)  # None: its step failed, never taken
             if m.to_host and ckpt is not None:
                 self.held[(m.slot, m.pos)] = self._to_host(ckpt)
+
+    def of_slot(self, slot: int, positions: tuple[int, ...]) -> dict[int, T]:
+        """The checkpoints of ``slot`` at ``positions`` (a slot save copies them)."""
+        return {p: self.held[(slot, p)] for p in positions}
+
+    def replace(self, slot: int, ckpts: dict[int, T]) -> None:
+        """A loaded slot's checkpoints instead of those ``slot`` held (the book's ``replace``)."""
+        for key in [k for k in self.held if k[0] == slot]:
+            del self.held[key]
+        self.held.update({(slot, p): c for p, c in ckpts.items()})
 
     def after(self, batch: ScheduledBatch) -> None:
         """The checkpoints the step's chunks end on."""

@@ -9,12 +9,15 @@ and, later, speculation (one token plus k drafts): see ``SeqWork``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from mgserve.core.engine.reasoning import ReasoningBudget
 
 if TYPE_CHECKING:
+    import torch
+
     from mgserve.core.grammar import Grammar
 
 # the most top candidates a request may ask for per token: the API refuses more, and the device
@@ -139,17 +142,57 @@ class CheckpointMove(NamedTuple):
     to_host: bool  # True: from device memory to host memory; False: drop it
 
 
+# A slot's state in host memory, by name, in the runner's own layout (``Runner.slot_format``):
+# positional rows [0, n) (K/V, QSA block keys), the recurrent state after them, checkpoints.
+SlotTensors = Mapping[str, "torch.Tensor"]
+
+
+class SlotSave(NamedTuple):
+    """Copy an idle slot's state to host memory (a slot save); it comes back in
+    ``StepResult.saved[id]``."""
+
+    id: str
+    slot: int
+    tokens: tuple[int, ...]  # what the slot holds: its K/V rows [0, n) and the state after them
+    checkpoints: tuple[int, ...]  # positions of the slot's checkpoints to copy with it
+
+
+class SlotLoad(NamedTuple):
+    """Write a saved state (``SlotSave``'s tensors) into an idle slot; its checkpoints replace
+    the slot's. The runner checks every tensor against the slot's before it writes any."""
+
+    id: str
+    slot: int
+    tokens: tuple[int, ...]
+    checkpoints: tuple[int, ...]  # those of ``tensors`` to keep (the book holds these)
+    tensors: SlotTensors
+
+
+class SlotErase(NamedTuple):
+    """An idle slot's cache forgotten: nothing for the runner to do (the book's moves drop its
+    checkpoints); it rides a batch so that its answer comes in order with the steps."""
+
+    id: str
+    slot: int
+    n: int  # tokens the slot held
+
+
+SlotOp = SlotSave | SlotLoad | SlotErase
+
+
 @dataclass(frozen=True)
 class ScheduledBatch:
     """Everything the runner needs for one step. The runner never looks at the queue.
 
     The runner applies a step as: restores (``SeqWork.restore``), then ``checkpoint_moves`` in
-    order, then the forward, then new checkpoints (``SeqWork.checkpoint``)."""
+    order, then ``slot_ops``, then the forward, then new checkpoints (``SeqWork.checkpoint``).
+    A batch with slot ops carries no work."""
 
     step: int  # monotonically increasing; results carry it back
     work: tuple[SeqWork, ...]  # at most one entry per slot
     freed_slots: tuple[int, ...] = ()  # slots released since the last step: drop their state
     checkpoint_moves: tuple[CheckpointMove, ...] = ()
+    slot_ops: tuple[SlotOp, ...] = ()
 
 
 class SeqResult(NamedTuple):
@@ -166,3 +209,4 @@ class StepResult:
     results: list[SeqResult] = field(default_factory=list)  # one per SeqWork with sample=True
     n_tokens: int = 0  # tokens that went through the model this step
     seconds: float = 0.0  # wall time of the step on the runner
+    saved: dict[str, SlotTensors] = field(default_factory=dict)  # SlotSave.id -> its tensors

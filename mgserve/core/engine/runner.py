@@ -9,20 +9,32 @@ with the same prefix starts past them. A cache is positional (writing at ``start
 whatever was at ``start`` and later), which is what makes that reuse safe without clearing it.
 A recurrent model's checkpoints (checkpoints.py) are ``HybridState`` snapshots in CPU memory; the
 book's device and host tiers are both host memory here, so a move to the host keeps it as it is.
+A slot save copies the slot's K/V rows (and qwen4exp's QSA block keys) and, for a recurrent model,
+its live state and checkpoints as snapshots, named by field (slot_state.py).
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
 from mgserve.core.engine.checkpoints import CheckpointStore
-from mgserve.core.engine.contract import ScheduledBatch, SeqResult, StepResult
+from mgserve.core.engine.contract import (
+    ScheduledBatch,
+    SeqResult,
+    SlotLoad,
+    SlotSave,
+    SlotTensors,
+    StepResult,
+)
 from mgserve.core.engine.sampling import SeqSampler, logprobs_for
+from mgserve.core.engine.slot_state import Part, check, ckpt_name, copy_in, copy_out, layout
 from mgserve.core.models.base import CausalLM, SeqInput
 from mgserve.core.models.kvcache import KVCache
 from mgserve.core.models.state import HybridState, Snapshot
+from mgserve.core.models.state_qwen4exp import Qwen4ExpState
 
 
 class ReferenceRunner:
@@ -65,11 +77,19 @@ class ReferenceRunner:
         state = self._cache(0)
         return state.recurrent_nbytes if isinstance(state, HybridState) else 0
 
+    slot_format = "reference"  # how a saved slot's tensors are laid out (slot files check it)
+
     def run(self, batch: ScheduledBatch) -> StepResult:
         t0 = time.perf_counter()
         for slot in batch.freed_slots:
             self._samplers.pop(slot, None)
         self.checkpoints.before(batch)
+        if batch.slot_ops:
+            saved = {op.id: self._save(op) for op in batch.slot_ops if isinstance(op, SlotSave)}
+            for op in batch.slot_ops:
+                if isinstance(op, SlotLoad):
+                    self._load(op)
+            return StepResult(batch.step, seconds=time.perf_counter() - t0, saved=saved)
         seqs: list[SeqInput] = []
         for w in batch.work:
             if w.new_sequence:
@@ -102,3 +122,72 @@ class ReferenceRunner:
         ]
         n_tokens = sum(len(w.tokens) for w in batch.work)
         return StepResult(batch.step, results, n_tokens, time.perf_counter() - t0)
+
+    # -- slot save / restore ---------------------------------------------------------------------
+
+    def _parts(self, slot: int) -> dict[str, Part]:
+        """The slot's positional tensors, one per layer: K/V (scales too), QSA block keys."""
+        state = self._cache(slot)
+        kv = state.kv if isinstance(state, HybridState) else state
+        parts: dict[str, Part] = {}
+        for side, store in (("k", kv.k), ("v", kv.v)):
+            for il in range(store.values.shape[0]):
+                parts[f"{side}.{il}"] = Part(store.values[il])
+                if store.scales.numel():
+                    parts[f"{side}.{il}.scales"] = Part(store.scales[il])
+        if isinstance(state, Qwen4ExpState):
+            ratio = state.pending.shape[1]  # a block key per `ratio` positions
+            parts |= {f"blocks.{i}": Part(b, ratio) for i, b in enumerate(state.blocks)}
+        return parts
+
+    def _save(self, op: SlotSave) -> SlotTensors:
+        state = self._cache(op.slot)
+        out = copy_out(self._parts(op.slot), len(op.tokens))
+        if isinstance(state, HybridState):
+            out |= _flat("state", state.snapshot())
+            for pos, snap in self.checkpoints.of_slot(op.slot, op.checkpoints).items():
+                out |= _flat(ckpt_name(pos, "snap"), snap)
+        return out
+
+    def _load(self, op: SlotLoad) -> None:
+        state, n = self._cache(op.slot), len(op.tokens)
+        parts = self._parts(op.slot)
+        want = layout(parts, n)
+        template = state.snapshot() if isinstance(state, HybridState) else None
+        names = ["state", *(ckpt_name(p, "snap") for p in op.checkpoints)]
+        if template is not None:
+            for name in names:
+                want |= {k: (t.dtype, tuple(t.shape)) for k, t in _flat(name, template).items()}
+        given = {k: t for k, t in op.tensors.items() if not k.startswith("ckpt.") or k in want}
+        check(given, want)
+        copy_in(parts, n, given)
+        if isinstance(state, HybridState):
+            assert template is not None
+            state.restore(_rebuild("state", template, given, n))
+            ckpts = {p: _rebuild(ckpt_name(p, "snap"), template, given, p) for p in op.checkpoints}
+            self.checkpoints.replace(op.slot, ckpts)
+
+
+def _flat(prefix: str, snap: tuple[Any, ...]) -> dict[str, torch.Tensor]:
+    """A snapshot's tensors named ``prefix.field`` (nested snapshots: ``prefix.field.field``)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, v in zip(snap._fields, snap, strict=True):  # type: ignore[attr-defined]
+        if isinstance(v, torch.Tensor):
+            out[f"{prefix}.{name}"] = v
+        elif isinstance(v, tuple):
+            out |= _flat(f"{prefix}.{name}", v)
+    return out
+
+
+def _rebuild(prefix: str, template: Any, tensors: SlotTensors, pos: int) -> Any:
+    """The snapshot ``_flat(prefix, ...)`` gave ``tensors`` of, at position ``pos``."""
+    fields: list[Any] = []
+    for name, v in zip(template._fields, template, strict=True):
+        key = f"{prefix}.{name}"
+        if isinstance(v, torch.Tensor):
+            fields.append(tensors[key].clone())
+        elif isinstance(v, tuple):
+            fields.append(_rebuild(key, v, tensors, pos))
+        else:  # the position it was taken at
+            fields.append(pos)
+    return type(template)(*fields)

@@ -17,6 +17,8 @@ the first work restores it), else from 0 (a reset). Their prompt chunks end on a
 of ``batch_size`` (and ``--checkpoint-every``), where checkpoints are taken (checkpoints.py).
 A request may ask to be served by one slot (``Request.slot``: it waits for that slot, keeping its
 place in the queue while later requests take other slots) or to reuse nothing (``reuse_prefix``).
+Slot save / restore / erase (slot_actions.py) wait for their slot to be idle and run in a batch
+of their own.
 
 A session's work is written into ``Slot.cached`` when it is scheduled, and the session is "in
 flight" until the step's result is applied; only sessions not in flight get new work. So the next
@@ -35,11 +37,13 @@ from mgserve.core.engine.contract import (
     ScheduledBatch,
     SeqResult,
     SeqWork,
+    SlotOp,
     StepResult,
     TokenEvent,
 )
 from mgserve.core.engine.pacing import PrefillPacer
 from mgserve.core.engine.reasoning import ReasoningTracker
+from mgserve.core.engine.slot_actions import SlotActions, undo
 from mgserve.core.engine.slots import Session, Slot, common_prefix
 
 
@@ -70,6 +74,7 @@ class Scheduler:
             self.checkpoints = checkpoints
         self.slots = [Slot(i) for i in range(n_slots)]
         self.queue: deque[tuple[Request, float]] = deque()
+        self.actions = SlotActions()
         self._clock = clock
         self._step = 0
         self._freed: list[int] = []
@@ -96,7 +101,7 @@ class Scheduler:
             s = slot.session
             if s is not None and s.req.id == request_id:
                 self._release(slot)
-                return self._event(slot, s, None, finish_reason=finish_reason)
+                return s.event(slot.id, None, finish_reason=finish_reason)
         return None
 
     def fail(self, step: int, error: str) -> list[TokenEvent]:
@@ -104,6 +109,8 @@ class Scheduler:
         batch = self._in_flight.pop(step, None)
         self.pacer.discard(step)
         events: list[TokenEvent] = []
+        for op in batch.slot_ops if batch else ():
+            undo(op, self.slots[op.slot], self.checkpoints)
         for w in batch.work if batch else ():
             slot = self.slots[w.slot]
             s = slot.session
@@ -111,16 +118,19 @@ class Scheduler:
             self.checkpoints.keep(slot.id, -1)
             if s is not None and s.req.id == w.request_id:
                 self._release(slot)
-                events.append(self._event(slot, s, None, finish_reason="error", error=error))
+                events.append(s.event(slot.id, None, finish_reason="error", error=error))
         return events
 
     # -- one step --------------------------------------------------------------------------------
 
     def has_work(self) -> bool:
-        return bool(self.queue) or any(s.session is not None for s in self.slots)
+        return bool(self.queue or self.actions.pending) or any(s.session for s in self.slots)
 
     def schedule(self) -> ScheduledBatch | None:
         """Plan the next step, or None if no session can make progress now."""
+        op = self.actions.take(self.slots, self.checkpoints, self._step)
+        if op is not None:
+            return self._batch((), (op,))
         self._admit()
         running = [(sl, s) for sl in self.slots if (s := sl.session) and not s.in_flight]
         decoding = [(sl, s) for sl, s in running if not s.prefilling]
@@ -147,13 +157,18 @@ class Scheduler:
             work.append(self._work(slot, s, chunk, not s.prefilling, ckpt and stop == end))
         if not work:
             return None
+        batch = self._batch(tuple(sorted(work, key=lambda w: w.slot)), ())
+        self.pacer.planned(batch.step, n_decode, sum(len(w.tokens) for w in work) - n_decode)
+        return batch
+
+    def _batch(self, work: tuple[SeqWork, ...], ops: tuple[SlotOp, ...]) -> ScheduledBatch:
         self._step += 1
-        self.pacer.planned(self._step, n_decode, sum(len(w.tokens) for w in work) - n_decode)
         batch = ScheduledBatch(
             self._step,
-            tuple(sorted(work, key=lambda w: w.slot)),
+            work,
             tuple(dict.fromkeys(self._freed)),
             self.checkpoints.take_moves(),
+            ops,
         )
         self._freed.clear()
         self._in_flight[batch.step] = batch
@@ -185,9 +200,10 @@ class Scheduler:
 
     def _admit(self) -> None:
         pinned: list[tuple[Request, float]] = []  # waiting for their busy slot, in queue order
-        while self.queue and any(s.session is None for s in self.slots):
+        idle = [s for s in self.slots if s.session is None and not self.actions.holds(s.id)]
+        while self.queue and any(s.session is None for s in idle):
             req, t_added = self.queue.popleft()
-            free = [s for s in self.slots if s.session is None and req.slot in (None, s.id)]
+            free = [s for s in idle if s.session is None and req.slot in (None, s.id)]
             if not free:  # pinned to a busy slot
                 pinned.append((req, t_added))
                 continue
@@ -256,7 +272,7 @@ class Scheduler:
             reason = "stop"
         elif len(s.generated) >= s.req.max_tokens or len(slot.cached) >= self.n_ctx:
             reason = "length"  # max_tokens, or no room left to feed this token back
-        ev = self._event(slot, s, r.token, finish_reason=reason, logprob=r.logprob, top=r.top)
+        ev = s.event(slot.id, r.token, finish_reason=reason, logprob=r.logprob, top=r.top)
         if reason is not None:
             self._release(slot)
         return ev
@@ -264,18 +280,6 @@ class Scheduler:
     def _release(self, slot: Slot) -> None:
         slot.session = None
         self._freed.append(slot.id)
-
-    def _event(self, slot: Slot, s: Session, token: int | None, **kw: object) -> TokenEvent:
-        return TokenEvent(
-            request_id=s.req.id,
-            token=token,
-            slot=slot.id,
-            n_prompt=len(s.req.prompt),
-            n_cached=s.n_cached,
-            n_generated=len(s.generated),
-            t_prompt_done=s.t_prompt_done,
-            **kw,  # type: ignore[arg-type]
-        )
 
     # -- introspection (for /slots and metrics) --------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mgserve.core.engine.contract import Request
+from mgserve.core.engine.contract import Request, TokenEvent
 from mgserve.core.engine.reasoning import ReasoningTracker
 
 
@@ -30,6 +30,19 @@ class Session:
     @property
     def prefilling(self) -> bool:
         return self.n_done < len(self.req.prompt)
+
+    def event(self, slot: int, token: int | None, **kw: object) -> TokenEvent:
+        """An event of this session in ``slot``: a token, or its end (``finish_reason``)."""
+        return TokenEvent(
+            request_id=self.req.id,
+            token=token,
+            slot=slot,
+            n_prompt=len(self.req.prompt),
+            n_cached=self.n_cached,
+            n_generated=len(self.generated),
+            t_prompt_done=self.t_prompt_done,
+            **kw,  # type: ignore[arg-type]
+        )
 
 
 @dataclass
