@@ -36,20 +36,19 @@ __device__ __forceinline__ void act_row(const float* __restrict__ gate, long lon
     const float* ur = up + r * u_stride;
     float* orow = out + r * F;
     if (VEC) {
-        if (Q8 && i >= F / 4) {  // every lane takes part in q8_store4's shuffles
-            q8_store4(make_float4(0.0f, 0.0f, 0.0f, 0.0f), false, xq, xd, 0);
-            return;
+        const bool on = i < F / 4;
+        if (!Q8 && !on) return;  // with Q8 every lane takes part in q8_store4's shuffles
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (on) {
+            float4 g = reinterpret_cast<const float4*>(gr)[i];
+            float4 u = reinterpret_cast<const float4*>(ur)[i];
+            o.x = act_mul<ACT>(g.x, u.x);
+            o.y = act_mul<ACT>(g.y, u.y);
+            o.z = act_mul<ACT>(g.z, u.z);
+            o.w = act_mul<ACT>(g.w, u.w);
+            reinterpret_cast<float4*>(orow)[i] = o;
         }
-        if (i >= F / 4) return;
-        float4 g = reinterpret_cast<const float4*>(gr)[i];
-        float4 u = reinterpret_cast<const float4*>(ur)[i];
-        float4 o;
-        o.x = act_mul<ACT>(g.x, u.x);
-        o.y = act_mul<ACT>(g.y, u.y);
-        o.z = act_mul<ACT>(g.z, u.z);
-        o.w = act_mul<ACT>(g.w, u.w);
-        reinterpret_cast<float4*>(orow)[i] = o;
-        if (Q8) q8_store4(o, true, xq, xd, r * F + 4LL * i);
+        if (Q8) q8_store4(o, on, xq, xd, r * F + 4LL * (on ? i : 0));
     } else {
         if (i >= F) return;
         orow[i] = act_mul<ACT>(gr[i], ur[i]);

@@ -79,35 +79,33 @@ __device__ __forceinline__ void rms_norm_row(const float* __restrict__ x, long l
         const float4* x4 = reinterpret_cast<const float4*>(xr);
         const float4* w4 = reinterpret_cast<const float4*>(wr);
         float4* y4 = reinterpret_cast<float4*>(yr);
-        // with Q8 every lane runs each round (q8_store4 shuffles), live or not
+        // with Q8 every lane runs each round (q8_store4 shuffles), live (on) or not
         for (int i = t; Q8 ? i - t < D / 4 : i < D / 4; i += tpr) {
             const bool on = i < D / 4;
             float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (Q8 && !on) {
-                q8_store4(o, false, xq, xd, 0);
-                continue;
+            if (on) {
+                float4 v = x4[i], g = w4[i];
+                o.x = __fmul_rn(__fmul_rn(v.x, r), g.x);
+                o.y = __fmul_rn(__fmul_rn(v.y, r), g.y);
+                o.z = __fmul_rn(__fmul_rn(v.z, r), g.z);
+                o.w = __fmul_rn(__fmul_rn(v.w, r), g.w);
+                if (zr) {
+                    float4 zz = reinterpret_cast<const float4*>(zr)[i];
+                    o.x *= gate_act(zz.x, gate);
+                    o.y *= gate_act(zz.y, gate);
+                    o.z *= gate_act(zz.z, gate);
+                    o.w *= gate_act(zz.w, gate);
+                }
+                if (rr) {
+                    float4 q = reinterpret_cast<const float4*>(rr)[i];
+                    o.x = __fadd_rn(q.x, o.x);
+                    o.y = __fadd_rn(q.y, o.y);
+                    o.z = __fadd_rn(q.z, o.z);
+                    o.w = __fadd_rn(q.w, o.w);
+                }
+                y4[i] = o;
             }
-            float4 v = x4[i], g = w4[i];
-            o.x = __fmul_rn(__fmul_rn(v.x, r), g.x);
-            o.y = __fmul_rn(__fmul_rn(v.y, r), g.y);
-            o.z = __fmul_rn(__fmul_rn(v.z, r), g.z);
-            o.w = __fmul_rn(__fmul_rn(v.w, r), g.w);
-            if (zr) {
-                float4 zz = reinterpret_cast<const float4*>(zr)[i];
-                o.x *= gate_act(zz.x, gate);
-                o.y *= gate_act(zz.y, gate);
-                o.z *= gate_act(zz.z, gate);
-                o.w *= gate_act(zz.w, gate);
-            }
-            if (rr) {
-                float4 q = reinterpret_cast<const float4*>(rr)[i];
-                o.x = __fadd_rn(q.x, o.x);
-                o.y = __fadd_rn(q.y, o.y);
-                o.z = __fadd_rn(q.z, o.z);
-                o.w = __fadd_rn(q.w, o.w);
-            }
-            y4[i] = o;
-            if (Q8) q8_store4(o, true, xq, xd, out_row * D + 4LL * i);
+            if (Q8) q8_store4(o, on, xq, xd, out_row * D + 4LL * (on ? i : 0));
         }
     } else {
         for (int i = t; i < D; i += tpr) {
