@@ -103,6 +103,7 @@ def cuda_backend(
     pdl: bool = True,
     hgemm: HGemmTuning | None = None,
     kernels: Kernels | None = None,
+    fused_decode: bool = True,
 ) -> Backend:
     """The kernels of GPU ``device_index`` (compiled once; the cubin cache makes restarts fast).
     ``int8``: round activations to int8 groups in the decode products that have a dp4a kernel
@@ -114,7 +115,10 @@ def cuda_backend(
     after the previous one has finished (launch.py; for comparison: on GPUs before sm_90 it is off).
     ``hgemm``: the long prompts' f16 GEMM (ops/hgemm.py: tiles, and from how many rows it
     replaces qgemm.cu; the two give the same bits).
-    ``kernels``: an existing ``Kernels`` to share (its GPU, not ``device_index``, is used)."""
+    ``kernels``: an existing ``Kernels`` to share (its GPU, not ``device_index``, is used).
+    ``fused_decode``: decode steps run the fused kernels (int8 activations written by their
+    producers, QSA block keys and DeltaNet gates inside other kernels: fewer launches, the same
+    bits); False runs each piece as its own launch (tests compare the two)."""
     from mgserve.cuda.compiler import KernelCompiler
 
     if kernels is None:
@@ -126,6 +130,9 @@ def cuda_backend(
     linear.int8 = moe.int8 = int8
     linear.prefill_exact = moe.prefill_exact = prefill_exact
     linear.cublas_prefill = moe.cublas_prefill = cublas_prefill
+    linear.fused_decode = fused_decode
+    deltanet = DeltaNetCuda(kernels, DeltaNetTorch())
+    deltanet.fused = fused_decode
     norm, rope = NormCuda(kernels), RopeCuda(kernels, RopeTorch())
     attention = AttentionCuda(kernels, AttentionTorch())
     return Backend(
@@ -135,14 +142,14 @@ def cuda_backend(
         kv=KVCuda(kernels, KVTorch()),
         attention=attention,
         qsa=QsaCuda(kernels, QsaTorch(), attention),
-        qsa_keys=BlockKeys(norm, rope),
+        qsa_keys=BlockKeys(norm, rope, kernels if fused_decode else None),
         linear=linear,
         moe=moe,
         route=RouteCuda(kernels, RouteTorch()),
         norm=norm,
         rope=rope,
         act=ActCuda(kernels),
-        deltanet=DeltaNetCuda(kernels, DeltaNetTorch()),
+        deltanet=deltanet,
         hc=HCCuda(kernels, HCTorch(dense), linear, norm),
         ple=Ple(linear, norm),
         path=linear.path,

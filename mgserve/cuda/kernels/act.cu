@@ -5,7 +5,8 @@
 // Thread mapping: grid = (rows, ceil(F / (per-thread values * 256))), 256 threads per CTA; each
 // thread handles one float4 (the _v4 entries: F % 4 == 0, 16-byte aligned rows) or one float of
 // one row. Rows of gate and up start at r * g_stride / r * u_stride (so both may be column
-// slices of one fused [rows, 2F] projection); out is contiguous [rows, F].
+// slices of one fused [rows, 2F] projection); out is contiguous [rows, F]. The _q8 entries also
+// round out to int8 groups (q8_store4 in math.cuh).
 
 #include "math.cuh"
 #include "pdl.cuh"
@@ -23,25 +24,31 @@ __device__ __forceinline__ float act_mul(float g, float u) {
     return (ACT == 0 ? silu(g) : ACT == 1 ? gelu_tanh_f(g) : sigmoid(g)) * u;
 }
 
-template <int ACT, bool VEC>
+template <int ACT, bool VEC, bool Q8 = false>
 __device__ __forceinline__ void act_row(const float* __restrict__ gate, long long g_stride,
                                         const float* __restrict__ up, long long u_stride,
-                                        float* __restrict__ out, int F) {
+                                        float* __restrict__ out, int F,
+                                        signed char* __restrict__ xq = nullptr,
+                                        float* __restrict__ xd = nullptr) {
     const long long r = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     const float* gr = gate + r * g_stride;
     const float* ur = up + r * u_stride;
     float* orow = out + r * F;
     if (VEC) {
-        if (i >= F / 4) return;
-        float4 g = reinterpret_cast<const float4*>(gr)[i];
-        float4 u = reinterpret_cast<const float4*>(ur)[i];
-        float4 o;
-        o.x = act_mul<ACT>(g.x, u.x);
-        o.y = act_mul<ACT>(g.y, u.y);
-        o.z = act_mul<ACT>(g.z, u.z);
-        o.w = act_mul<ACT>(g.w, u.w);
-        reinterpret_cast<float4*>(orow)[i] = o;
+        const bool on = i < F / 4;
+        if (!Q8 && !on) return;  // with Q8 every lane takes part in q8_store4's shuffles
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (on) {
+            float4 g = reinterpret_cast<const float4*>(gr)[i];
+            float4 u = reinterpret_cast<const float4*>(ur)[i];
+            o.x = act_mul<ACT>(g.x, u.x);
+            o.y = act_mul<ACT>(g.y, u.y);
+            o.z = act_mul<ACT>(g.z, u.z);
+            o.w = act_mul<ACT>(g.w, u.w);
+            reinterpret_cast<float4*>(orow)[i] = o;
+        }
+        if (Q8) q8_store4(o, on, xq, xd, r * F + 4LL * (on ? i : 0));
     } else {
         if (i >= F) return;
         orow[i] = act_mul<ACT>(gr[i], ur[i]);
@@ -62,3 +69,17 @@ ACT_ENTRY(gelu_mul_f32, 1, false)
 ACT_ENTRY(gelu_mul_f32_v4, 1, true)
 ACT_ENTRY(sigmoid_mul_f32, 2, false)
 ACT_ENTRY(sigmoid_mul_f32_v4, 2, true)
+
+// The _v4 entries that also write out rounded to int8 as quantize_q8 would (xq [rows * F] int8,
+// xd [rows * F / 32]; F % 32 == 0): the int8 product of out skips its quantize launch.
+#define ACT_Q8_ENTRY(NAME, ACT)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256)                                           \
+        NAME(const float* __restrict__ gate, long long g_stride, const float* __restrict__ up,  \
+             long long u_stride, float* __restrict__ out, int F, signed char* __restrict__ xq,  \
+             float* __restrict__ xd) {                                                          \
+        grid_sync();                                                                            \
+        act_row<ACT, true, true>(gate, g_stride, up, u_stride, out, F, xq, xd);                 \
+    }
+
+ACT_Q8_ENTRY(silu_mul_q8_f32_v4, 0)
+ACT_Q8_ENTRY(sigmoid_mul_q8_f32_v4, 2)

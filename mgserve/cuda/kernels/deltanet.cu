@@ -23,6 +23,8 @@
 //   memory exactly once each way. The two column sums (S^T k, S^T q) add the warps' partial sums
 //   through shared memory in a fixed order (deterministic). Each warp L2-normalises q and k
 //   itself (shuffle reductions) and stages its rows of them in shared memory.
+//   delta_step_gates_f32: the same, g and beta made from their projections in place (the
+//   arithmetic of delta_gates_f32; one launch fewer per layer).
 
 #ifndef CONV_K
 #define CONV_K 4
@@ -73,12 +75,28 @@ extern "C" __global__ void __launch_bounds__(128)
     out[(long long)b * C + c] = silu(acc);
 }
 
-extern "C" __global__ void __launch_bounds__(DELTA_COLS * DELTA_SPLIT)
-    delta_step_f32(const float* __restrict__ y, const float* __restrict__ g,
-                   const float* __restrict__ beta, float* __restrict__ ssm,
-                   const int* __restrict__ slots, float* __restrict__ out, int n_k_heads,
-                   int n_v_heads, float eps, float q_scale) {
-    grid_sync();
+// The gates of one (token, head) from its projections (delta_gates_f32 below).
+__device__ __forceinline__ void delta_gate(float b, float alpha, float dt_bias, float a, float* g,
+                                           float* beta) {
+    const float x = __fadd_rn(alpha, dt_bias);
+    const float sp = x > 20.0f ? x : log1pf(expf(x));
+    *g = __fmul_rn(sp, a);
+    *beta = sigmoid(b);
+}
+
+// Where delta_step reads a (token, head)'s gates: g and beta [B, Hv] (delta_gates_f32's output),
+// or (RAW) the projections b, alpha (rows at n * b_stride, n * a_stride) with dt_bias and a [Hv],
+// turned into gates in place (delta_step_gates_f32: one launch fewer, the same bits).
+struct GateSource {
+    const float *g, *beta, *b, *alpha, *dt_bias, *a;
+    long long b_stride, a_stride;
+};
+
+template <bool RAW>
+__device__ __forceinline__ void delta_step(const float* __restrict__ y, GateSource gs,
+                                           float* __restrict__ ssm, const int* __restrict__ slots,
+                                           float* __restrict__ out, int n_k_heads,
+                                           int n_v_heads, float eps, float q_scale) {
     __shared__ float qs[HEAD_DIM], ks[HEAD_DIM];
     __shared__ float red_pred[DELTA_SPLIT][DELTA_COLS], red_out[DELTA_SPLIT][DELTA_COLS];
     const int t = threadIdx.x, wy = threadIdx.y, h = blockIdx.y, b = blockIdx.z;
@@ -113,7 +131,15 @@ extern "C" __global__ void __launch_bounds__(DELTA_COLS * DELTA_SPLIT)
     }
     __syncwarp();
 
-    const float a = expf(g[b * n_v_heads + h]), bt = beta[b * n_v_heads + h];
+    float gv, bt;
+    if (RAW) {
+        delta_gate(gs.b[b * gs.b_stride + h], gs.alpha[b * gs.a_stride + h], gs.dt_bias[h],
+                   gs.a[h], &gv, &bt);
+    } else {
+        gv = gs.g[b * n_v_heads + h];
+        bt = gs.beta[b * n_v_heads + h];
+    }
+    const float a = expf(gv);
     float pred = 0.0f;  // this warp's rows of (a S)^T k, for column col
 #pragma unroll
     for (int r = 0; r < DELTA_ROWS; ++r) {
@@ -148,6 +174,30 @@ extern "C" __global__ void __launch_bounds__(DELTA_COLS * DELTA_SPLIT)
     }
 }
 
+extern "C" __global__ void __launch_bounds__(DELTA_COLS * DELTA_SPLIT)
+    delta_step_f32(const float* __restrict__ y, const float* __restrict__ g,
+                   const float* __restrict__ beta, float* __restrict__ ssm,
+                   const int* __restrict__ slots, float* __restrict__ out, int n_k_heads,
+                   int n_v_heads, float eps, float q_scale) {
+    grid_sync();
+    const GateSource gs = {g, beta, nullptr, nullptr, nullptr, nullptr, 0, 0};
+    delta_step<false>(y, gs, ssm, slots, out, n_k_heads, n_v_heads, eps, q_scale);
+}
+
+// delta_step_f32 with the gates made from the projections inside (delta_gate): b, alpha rows at
+// n * b_stride, n * a_stride (column halves of one [B, 2 Hv] product), dt_bias and a [Hv].
+extern "C" __global__ void __launch_bounds__(DELTA_COLS * DELTA_SPLIT)
+    delta_step_gates_f32(const float* __restrict__ y, const float* __restrict__ b,
+                         long long b_stride, const float* __restrict__ alpha, long long a_stride,
+                         const float* __restrict__ dt_bias, const float* __restrict__ a,
+                         float* __restrict__ ssm, const int* __restrict__ slots,
+                         float* __restrict__ out, int n_k_heads, int n_v_heads, float eps,
+                         float q_scale) {
+    grid_sync();
+    const GateSource gs = {nullptr, nullptr, b, alpha, dt_bias, a, b_stride, a_stride};
+    delta_step<true>(y, gs, ssm, slots, out, n_k_heads, n_v_heads, eps, q_scale);
+}
+
 // delta_gates_f32: the per-head gates of one step's tokens from their projections:
 //   g[n, h] = softplus(alpha[n, h] + dt_bias[h]) * a[h]  (log decay; softplus as ATen: x past 20
 //   is x itself), beta[n, h] = sigmoid(b[n, h]) (write strength).
@@ -162,8 +212,5 @@ extern "C" __global__ void __launch_bounds__(128)
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n * hv) return;
     const int t = i / hv, h = i - t * hv;
-    const float x = __fadd_rn(alpha[t * a_stride + h], dt_bias[h]);
-    const float sp = x > 20.0f ? x : log1pf(expf(x));
-    g[i] = __fmul_rn(sp, a[h]);
-    beta[i] = sigmoid(b[t * b_stride + h]);
+    delta_gate(b[t * b_stride + h], alpha[t * a_stride + h], dt_bias[h], a[h], &g[i], &beta[i]);
 }

@@ -44,3 +44,24 @@ __device__ __forceinline__ float dot8(const float* w, float4 a, float4 b) {
 __device__ __forceinline__ float dot8(const float* w, const float* x) {
     return dot8(w, *(const float4*)x, *(const float4*)(x + 4));
 }
+
+// quantize_q8 (matvec_q8.cu) of 4 values, as the producer writes them: the 32 values of a group
+// sit in 8 consecutive lanes (4 each, aligned: lanes 8g..8g+7), d = max|x| / 127 over the group,
+// q = roundf(x / d). Every lane of the warp calls it (dead ones with live = false: the shuffles
+// need them); idx is the flat index of o.x in xq [n_tok, k] (a multiple of 4), xd [n_tok, k / 32].
+// max is exact in any order, so the bits are quantize_q8's on the stored fp32 values.
+__device__ __forceinline__ void q8_store4(float4 o, bool live, signed char* __restrict__ xq,
+                                          float* __restrict__ xd, long long idx) {
+    float m = live ? fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w))) : 0.0f;
+#pragma unroll
+    for (int off = 1; off < 8; off <<= 1) m = fmaxf(m, __shfl_xor_sync(FULL, m, off));
+    if (!live) return;
+    const float d = m / 127.f;
+    char4 q;
+    q.x = (signed char)(int)(d == 0.f ? 0.f : roundf(__fdiv_rn(o.x, d)));
+    q.y = (signed char)(int)(d == 0.f ? 0.f : roundf(__fdiv_rn(o.y, d)));
+    q.z = (signed char)(int)(d == 0.f ? 0.f : roundf(__fdiv_rn(o.z, d)));
+    q.w = (signed char)(int)(d == 0.f ? 0.f : roundf(__fdiv_rn(o.w, d)));
+    *reinterpret_cast<char4*>(xq + idx) = q;
+    if ((idx & 31) == 0) xd[idx >> 5] = d;
+}

@@ -34,13 +34,15 @@ __device__ __forceinline__ float gate_act(float z, int gate) {
     return gate == 1 ? silu(z) : sigmoid(z);
 }
 
-template <bool VEC>
+template <bool VEC, bool Q8 = false>
 __device__ __forceinline__ void rms_norm_row(const float* __restrict__ x, long long x_stride,
                                              const float* __restrict__ w, int n_groups,
                                              const float* __restrict__ z, int z_group,
                                              long long z_stride, const float* __restrict__ res,
                                              const int* __restrict__ dest, float* __restrict__ y,
-                                             int n_rows, int D, float eps, int gate) {
+                                             int n_rows, int D, float eps, int gate,
+                                             signed char* __restrict__ xq = nullptr,
+                                             float* __restrict__ xd = nullptr) {
     __shared__ float partial[32][MAX_ROW_WARPS];  // [row in CTA][warp in row]
     const int tpr = blockDim.x, t = threadIdx.x, ry = threadIdx.y;
     const int row = blockIdx.x * blockDim.y + ry;
@@ -77,27 +79,33 @@ __device__ __forceinline__ void rms_norm_row(const float* __restrict__ x, long l
         const float4* x4 = reinterpret_cast<const float4*>(xr);
         const float4* w4 = reinterpret_cast<const float4*>(wr);
         float4* y4 = reinterpret_cast<float4*>(yr);
-        for (int i = t; i < D / 4; i += tpr) {
-            float4 v = x4[i], g = w4[i], o;
-            o.x = __fmul_rn(__fmul_rn(v.x, r), g.x);
-            o.y = __fmul_rn(__fmul_rn(v.y, r), g.y);
-            o.z = __fmul_rn(__fmul_rn(v.z, r), g.z);
-            o.w = __fmul_rn(__fmul_rn(v.w, r), g.w);
-            if (zr) {
-                float4 zz = reinterpret_cast<const float4*>(zr)[i];
-                o.x *= gate_act(zz.x, gate);
-                o.y *= gate_act(zz.y, gate);
-                o.z *= gate_act(zz.z, gate);
-                o.w *= gate_act(zz.w, gate);
+        // with Q8 every lane runs each round (q8_store4 shuffles), live (on) or not
+        for (int i = t; Q8 ? i - t < D / 4 : i < D / 4; i += tpr) {
+            const bool on = i < D / 4;
+            float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (on) {
+                float4 v = x4[i], g = w4[i];
+                o.x = __fmul_rn(__fmul_rn(v.x, r), g.x);
+                o.y = __fmul_rn(__fmul_rn(v.y, r), g.y);
+                o.z = __fmul_rn(__fmul_rn(v.z, r), g.z);
+                o.w = __fmul_rn(__fmul_rn(v.w, r), g.w);
+                if (zr) {
+                    float4 zz = reinterpret_cast<const float4*>(zr)[i];
+                    o.x *= gate_act(zz.x, gate);
+                    o.y *= gate_act(zz.y, gate);
+                    o.z *= gate_act(zz.z, gate);
+                    o.w *= gate_act(zz.w, gate);
+                }
+                if (rr) {
+                    float4 q = reinterpret_cast<const float4*>(rr)[i];
+                    o.x = __fadd_rn(q.x, o.x);
+                    o.y = __fadd_rn(q.y, o.y);
+                    o.z = __fadd_rn(q.z, o.z);
+                    o.w = __fadd_rn(q.w, o.w);
+                }
+                y4[i] = o;
             }
-            if (rr) {
-                float4 q = reinterpret_cast<const float4*>(rr)[i];
-                o.x = __fadd_rn(q.x, o.x);
-                o.y = __fadd_rn(q.y, o.y);
-                o.z = __fadd_rn(q.z, o.z);
-                o.w = __fadd_rn(q.w, o.w);
-            }
-            y4[i] = o;
+            if (Q8) q8_store4(o, on, xq, xd, out_row * D + 4LL * (on ? i : 0));
         }
     } else {
         for (int i = t; i < D; i += tpr) {
@@ -129,6 +137,59 @@ extern "C" __global__ void __launch_bounds__(256)
                        eps, gate);
 }
 
+// cos / sin of the n_rot / 2 pairs at position pos (angles in double, rounded to float once)
+// into cs, sn: the CTA's threads (x) share the pairs; the caller syncs before reading them.
+__device__ __forceinline__ void rope_table(float* cs, float* sn, int pos, double scale,
+                                           const double* __restrict__ inv_freq,
+                                           const float* __restrict__ freq_factors, int half) {
+    const double p = (double)pos * scale;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        double inv = inv_freq[i];
+        if (freq_factors) inv = inv / (double)freq_factors[i];
+        double s, c;
+        sincos(p * inv, &s, &c);
+        cs[i] = (float)c;
+        sn[i] = (float)s;
+    }
+}
+
+// Value i of the rotated head row (dims >= n_rot pass through).
+__device__ __forceinline__ float rope_value(const float* row, const float* cs, const float* sn,
+                                            int i, int n_rot, int neox) {
+    if (i >= n_rot) return row[i];
+    const int half = n_rot / 2;
+    int j, first;  // pair index; whether i is the pair's first element
+    float x1, x2;
+    if (neox) {
+        first = i < half;
+        j = first ? i : i - half;
+        x1 = row[j];
+        x2 = row[j + half];
+    } else {
+        first = (i & 1) == 0;
+        j = i >> 1;
+        x1 = row[2 * j];
+        x2 = row[2 * j + 1];
+    }
+    const float c = cs[j], s = sn[j];
+    return first ? __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s))
+                 : __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+}
+
+// rms_norm_f32_v4 that also writes y rounded to int8 groups as quantize_q8 would (xq [rows * D]
+// int8, xd [rows * D / 32]; D % 32 == 0): the int8 products of y skip their quantize launch.
+extern "C" __global__ void __launch_bounds__(256)
+    rms_norm_q8_f32_v4(const float* __restrict__ x, long long x_stride,
+                       const float* __restrict__ w, int n_groups, const float* __restrict__ z,
+                       int z_group, long long z_stride, const float* __restrict__ res,
+                       const int* __restrict__ dest, float* __restrict__ y, int n_rows, int D,
+                       float eps, int gate, signed char* __restrict__ xq,
+                       float* __restrict__ xd) {
+    grid_sync();
+    rms_norm_row<true, true>(x, x_stride, w, n_groups, z, z_group, z_stride, res, dest, y,
+                             n_rows, D, eps, gate, xq, xd);
+}
+
 // x [N, H, D] with strides (x_sn, x_sh, 1); w [D] or null (no norm); y [N, H, D] contiguous;
 // pos [N] int32; inv_freq [n_rot / 2] double; freq_factors [n_rot / 2] float or null.
 // Dynamic shared memory: (n_rot + warps * D) floats.
@@ -145,15 +206,7 @@ extern "C" __global__ void __launch_bounds__(256)
     float* cs = smem;          // [half] cos
     float* sn = smem + half;   // [half] sin
     float* row = smem + n_rot + warp * D;  // this warp's head row
-    const double p = (double)pos[n] * scale;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        double inv = inv_freq[i];
-        if (freq_factors) inv = inv / (double)freq_factors[i];
-        double s, c;
-        sincos(p * inv, &s, &c);
-        cs[i] = (float)c;
-        sn[i] = (float)s;
-    }
+    rope_table(cs, sn, pos[n], scale, inv_freq, freq_factors, half);
     __syncthreads();
     const int h = blockIdx.y * warps + warp;
     if (h >= H) return;
@@ -174,27 +227,54 @@ extern "C" __global__ void __launch_bounds__(256)
     __syncwarp();
     float* yr = y + ((long long)n * H + h) * D;
     for (int i = lane; i < D; i += 32) {
-        float o;
-        if (i >= n_rot) {
-            o = row[i];
-        } else {
-            int j, first;  // pair index; whether i is the pair's first element
-            float x1, x2;
-            if (neox) {
-                first = i < half;
-                j = first ? i : i - half;
-                x1 = row[j];
-                x2 = row[j + half];
-            } else {
-                first = (i & 1) == 0;
-                j = i >> 1;
-                x1 = row[2 * j];
-                x2 = row[2 * j + 1];
-            }
-            const float c = cs[j], s = sn[j];
-            o = first ? __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s))
-                      : __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
-        }
-        yr[i] = o;
+        yr[i] = rope_value(row, cs, sn, i, n_rot, neox);
     }
+}
+
+// qsa_keys_decode_f32: one decode token of each of B sessions into its QSA pending block, and the
+// block's pooled key where the token completes it, in one launch (ops/qsa_keys.py; the unfused
+// path runs the same arithmetic as torch ops, rms_norm_f32 and rms_norm_rope_f32).
+//   pending[slot, pos % ratio] = raw[b]; when (pos + 1) % ratio == 0:
+//   blocks[slot, pos / ratio] = rope(rms_norm((sum_j pending[slot, j] in order) * inv_ratio),
+//                                    pos + 1 - ratio)
+// inv_ratio is 1 / ratio rounded to float (torch divides a CUDA tensor by a scalar that way).
+// grid = B, block = TPR threads: the row width rms_norm_f32 takes for D (NormCuda), so the norm
+// reduces in its order. pooled, normed [B, D] are scratch; VEC as rms_norm_f32_v4 (D % 4 == 0,
+// aligned). Dynamic shared memory: n_rot floats (cos, sin). A padding slot may repeat (its rows
+// are garbage either way); real slots are distinct.
+extern "C" __global__ void __launch_bounds__(256)
+    qsa_keys_decode_f32(const float* __restrict__ raw, float* __restrict__ pending,
+                        float* __restrict__ blocks, const int* __restrict__ slots,
+                        const int* __restrict__ pos, const float* __restrict__ k_norm,
+                        const double* __restrict__ inv_freq, float* __restrict__ pooled,
+                        float* __restrict__ normed, int B, int ratio, int n_blocks, int D,
+                        int n_rot, double scale, float eps, float inv_ratio, int vec) {
+    grid_sync();
+    extern __shared__ float smem[];
+    const int b = blockIdx.x, t = threadIdx.x, tpr = blockDim.x;
+    const int slot = slots[b], p = pos[b];
+    float* pend = pending + (long long)slot * ratio * D;  // this session's [ratio, D]
+    const float* xr = raw + (long long)b * D;
+    for (int i = t; i < D; i += tpr) pend[(long long)(p % ratio) * D + i] = xr[i];
+    if ((p + 1) % ratio != 0) return;  // the block is not complete (uniform over the CTA)
+    float* pr = pooled + (long long)b * D;
+    for (int i = t; i < D; i += tpr) {  // each thread re-reads only values it wrote or kept
+        float acc = pend[i];
+        for (int j = 1; j < ratio; ++j) acc = __fadd_rn(acc, pend[(long long)j * D + i]);
+        pr[i] = __fmul_rn(acc, inv_ratio);
+    }
+    __syncthreads();
+    if (vec)
+        rms_norm_row<true>(pooled, D, k_norm, 1, nullptr, 1, 0, nullptr, nullptr, normed, B, D,
+                           eps, 0);
+    else
+        rms_norm_row<false>(pooled, D, k_norm, 1, nullptr, 1, 0, nullptr, nullptr, normed, B, D,
+                            eps, 0);
+    const int half = n_rot / 2;
+    float *cs = smem, *sn = smem + half;
+    rope_table(cs, sn, p + 1 - ratio, scale, inv_freq, nullptr, half);
+    __syncthreads();  // also orders the norm's writes of normed before the reads below
+    const float* nr = normed + (long long)b * D;
+    float* out = blocks + ((long long)slot * n_blocks + p / ratio) * D;
+    for (int i = t; i < D; i += tpr) out[i] = rope_value(nr, cs, sn, i, n_rot, 1);
 }

@@ -114,14 +114,15 @@ def deltanet_forward(
     qkv = b.linear.matmul(h, w.qkv, xq=xq)  # [N, conv_dim]
     z = b.linear.matmul(h, w.z, xq=xq)  # [N, value_dim]
     beta_x, alpha_x = fused_matmul(b, h, w.ba, [hv, hv], xq)  # [N, H_v] each
-    g, beta = b.deltanet.gates(beta_x, alpha_x, w.dt_bias, w.a)
     conv, ssm = pools.conv[il], pools.ssm[il]
     if step.decode:
         y = b.deltanet.conv_step(qkv, conv, step.slots, w.conv)
-        o = b.deltanet.step(
-            y, g, beta, ssm, step.slots, n_k_heads=hk, n_v_heads=hv, head_dim=dh, eps=eps
-        )
+        o = b.deltanet.step_gates(
+            y, beta_x, alpha_x, w.dt_bias, w.a, ssm, step.slots, n_k_heads=hk, n_v_heads=hv,
+            head_dim=dh, eps=eps,
+        )  # fmt: skip
     else:
+        g, beta = b.deltanet.gates(beta_x, alpha_x, w.dt_bias, w.a)
         parts, off = [], 0
         for s in step.spans:
             sl = slice(off, off + s.n)
@@ -133,5 +134,6 @@ def deltanet_forward(
             )  # fmt: skip
             off += s.n
         o = torch.cat(parts)
-    out = b.norm.gated(o, z, w.norm, eps, w.sigmoid_gate, w.out_heads)
-    return b.linear.matmul(out, w.out, residual=residual)
+    fuse = b.linear.fused_xq(z.shape[0], z.shape[1])  # the norm writes ssm_out's int8 input
+    out, oq = b.norm.gated_xq(o, z, w.norm, eps, w.sigmoid_gate, w.out_heads, xq=fuse)
+    return b.linear.matmul(out, w.out, residual=residual, xq=oq)

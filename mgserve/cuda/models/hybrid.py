@@ -201,9 +201,12 @@ class HybridLM:
         b.kv.write(kc, k, step.slots, step.pos)
         b.kv.write(vc, v, step.slots, step.pos)
         out = self.attend(il, layer, q, kc, vc, h, step, xq)  # [N, H * D]
-        if gate is not None:
-            out = b.act.sigmoid_mul(gate, out.view(n, spec.n_head, dh)).view(n, -1)
-        return b.linear.matmul(out, w.wo, residual=residual)
+        oq = None
+        if gate is not None:  # the gate kernel writes wo's int8 input too
+            fuse = b.linear.fused_xq(n, spec.n_head * dh)
+            gated, oq = b.act.sigmoid_mul_xq(gate, out.view(n, spec.n_head, dh), xq=fuse)
+            out = gated.view(n, -1)
+        return b.linear.matmul(out, w.wo, residual=residual, xq=oq)
 
     def attend(self, il: int, layer: Layer, q: torch.Tensor, kc: KVLayer, vc: KVLayer,
                h: torch.Tensor, step: Step, xq: Q8Activations | None) -> torch.Tensor:  # fmt: skip

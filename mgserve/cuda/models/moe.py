@@ -68,5 +68,6 @@ def moe_ffn(
     y = b.moe.experts(h, w.experts, experts, weights, xq=xq)  # [N, d]
     sh = w.shexp_down.k
     g, u = fused_matmul(b, h, w.shexp_gate_up, [sh, sh], xq)
-    s = b.linear.matmul(b.act.silu_mul(g, u), w.shexp_down)
+    a, aq = b.act.silu_mul_xq(g, u, xq=b.linear.fused_xq(h.shape[0], sh))
+    s = b.linear.matmul(a, w.shexp_down, xq=aq)
     return b.moe.add_shared(y, s, h, w.shexp_gate_inp, residual)

@@ -4,7 +4,9 @@ over equal shapes.
 
 ``ActTorch`` is the reference's ``ops.swiglu`` / ``ops.geglu`` / ``out * rowwise.sigmoid(gate)``;
 ``ActCuda`` runs kernels/act.cu (float4 loads where rows allow; gate and up may be column slices
-of one projection, read in place).
+of one projection, read in place). The ``*_xq`` forms also return the output rounded to int8
+groups for the int8 products that read it (``linear.quantize``'s result, written by the same
+kernel: one launch fewer); the torch version has no int8 form and returns None.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 from mgserve.core.reference import ops, rowwise
 from mgserve.cuda.checks import check_f32, rows_view, vec4_ok
 from mgserve.cuda.launch import Kernels
+from mgserve.cuda.ops.linear_tuning import Q8_GROUP, Q8Activations
 
 ACT_SOURCE = "act.cu"
 ACT_THREADS = 256  # threads per CTA of the activation kernels (one float4 or float each)
@@ -45,6 +48,16 @@ class ActTorch:
         _check_pair(gate, up)
         return up * rowwise.sigmoid(gate)
 
+    def silu_mul_xq(
+        self, gate: torch.Tensor, up: torch.Tensor, *, xq: bool
+    ) -> tuple[torch.Tensor, None]:
+        return self.silu_mul(gate, up), None
+
+    def sigmoid_mul_xq(
+        self, gate: torch.Tensor, up: torch.Tensor, *, xq: bool
+    ) -> tuple[torch.Tensor, None]:
+        return self.sigmoid_mul(gate, up), None
+
 
 class ActCuda:
     """The activations on act.cu; float32 on this device, outputs new contiguous tensors."""
@@ -53,7 +66,11 @@ class ActCuda:
         self.kernels = kernels
         self.device = kernels.device
 
-    def _launch(self, name: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    def _launch(
+        self, name: str, gate: torch.Tensor, up: torch.Tensor, xq: bool = False
+    ) -> tuple[torch.Tensor, Q8Activations | None]:
+        """out, and with ``xq`` (_v4 rows of F % 32 == 0 only, else None) out rounded to int8
+        as [out.shape[0], the rest] (tokens first)."""
         _check_pair(gate, up)
         for t_name, t in (("gate", gate), ("up", up)):
             if t.device != self.device:
@@ -63,9 +80,18 @@ class ActCuda:
         up, _, u_stride = rows_view(up, f)
         out = torch.empty(shape, dtype=torch.float32, device=self.device)
         if out.numel() == 0:
-            return out
+            return out, None
         vec = f % 4 == 0 and vec4_ok((gate, g_stride), (up, u_stride), (out, f))
         per_row = f // 4 if vec else f
+        q, q8_args = None, tuple[int, ...]()
+        if xq and vec and f % Q8_GROUP == 0:
+            n_tok = shape[0]
+            k = out.numel() // n_tok
+            q = Q8Activations(
+                torch.empty(n_tok, k, dtype=torch.int8, device=self.device),
+                torch.empty(n_tok, k // Q8_GROUP, dtype=torch.float32, device=self.device),
+            )
+            name, q8_args = f"{name}_q8", (q.q.data_ptr(), q.d.data_ptr())
         self.kernels.launch(
             self.kernels.kernel(ACT_SOURCE, f"{name}_f32{'_v4' if vec else ''}"),
             (n_rows, (per_row + ACT_THREADS - 1) // ACT_THREADS),
@@ -76,14 +102,25 @@ class ActCuda:
             np.int64(u_stride),
             out.data_ptr(),
             np.int32(f),
+            *q8_args,
         )
-        return out
+        return out, q
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        return self._launch("silu_mul", gate, up)
+        return self._launch("silu_mul", gate, up)[0]
 
     def gelu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        return self._launch("gelu_mul", gate, up)
+        return self._launch("gelu_mul", gate, up)[0]
 
     def sigmoid_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        return self._launch("sigmoid_mul", gate, up)
+        return self._launch("sigmoid_mul", gate, up)[0]
+
+    def silu_mul_xq(
+        self, gate: torch.Tensor, up: torch.Tensor, *, xq: bool
+    ) -> tuple[torch.Tensor, Q8Activations | None]:
+        return self._launch("silu_mul", gate, up, xq)
+
+    def sigmoid_mul_xq(
+        self, gate: torch.Tensor, up: torch.Tensor, *, xq: bool
+    ) -> tuple[torch.Tensor, Q8Activations | None]:
+        return self._launch("sigmoid_mul", gate, up, xq)

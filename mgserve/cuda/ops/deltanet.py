@@ -104,14 +104,22 @@ def check_step(
     head_dim: int,
 ) -> int:
     """The shapes of a decode step's inputs (both twins); the number of sessions B."""
+    b = check_step_state(y, ssm, slots, n_k_heads, n_v_heads, head_dim)
+    check_gb(g, beta, b, n_v_heads)
+    return b
+
+
+def check_step_state(
+    y: torch.Tensor, ssm: torch.Tensor, slots: torch.Tensor, n_k_heads: int, n_v_heads: int,
+    head_dim: int,
+) -> int:  # fmt: skip
+    """``check_step`` without the gates."""
     c = deltanet_dims(n_k_heads, n_v_heads, head_dim)
     if y.dim() != 2 or y.shape[1] != c:
         raise shape_error("y", y, f"[B, {c}]")
-    b = y.shape[0]
-    check_gb(g, beta, b, n_v_heads)
     check_ssm(ssm, n_v_heads, head_dim)
-    check_index("slots", slots, b)
-    return b
+    check_index("slots", slots, y.shape[0])
+    return y.shape[0]
 
 
 def check_prefill(
@@ -198,6 +206,19 @@ class DeltaNetTorch:
         )
         ssm.index_copy_(0, idx, new)
         return o[:, 0]
+
+    def step_gates(
+        self, y: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, dt_bias: torch.Tensor,
+        a: torch.Tensor, ssm: torch.Tensor, slots: torch.Tensor, *, n_k_heads: int,
+        n_v_heads: int, head_dim: int, eps: float,
+    ) -> torch.Tensor:  # fmt: skip
+        """``step`` with g, beta = ``gates(b, alpha, dt_bias, a)`` (the CUDA version makes them
+        inside the step's kernel)."""
+        g, beta = self.gates(b, alpha, dt_bias, a)
+        return self.step(
+            y, g, beta, ssm, slots, n_k_heads=n_k_heads, n_v_heads=n_v_heads, head_dim=head_dim,
+            eps=eps,
+        )  # fmt: skip
 
     def prefill(
         self,

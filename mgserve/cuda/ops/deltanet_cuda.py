@@ -1,6 +1,7 @@
 """``DeltaNetCuda``: the deltanet family's decode steps on kernels/deltanet.cu (``conv_step_f32``:
 one thread per channel; ``delta_step_f32``: one CTA per (32 state columns, value head, session),
-the state column in registers; ``delta_gates_f32``: both gates of every token in one launch).
+the state column in registers; ``delta_gates_f32``: both gates of every token in one launch;
+``step_gates`` with ``fused``: ``delta_step_gates_f32``, the step making its gates itself).
 Prefill: kernels/deltanet_chunked.cu (deltanet_prefill_cuda.py) for head dim 128, the torch
 version (deltanet_chunked.py on the device) otherwise. Inputs must be float32 (int32 for slots)
 on this device."""
@@ -10,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mgserve.cuda.checks import check_cuda, check_index, check_vec4
+from mgserve.cuda.checks import check_cuda, check_index, check_vec4, shape_error
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.deltanet import (
     DeltaNetTorch,
@@ -18,6 +19,7 @@ from mgserve.cuda.ops.deltanet import (
     check_gates,
     check_prefill,
     check_step,
+    check_step_state,
 )
 from mgserve.cuda.ops.deltanet_prefill_cuda import PREFILL_HEAD_DIM, run_prefill
 
@@ -38,6 +40,7 @@ class DeltaNetCuda:
         self.kernels, self.fallback = kernels, fallback
         self.device = kernels.device
         self.prefill_kernels = True  # False: prefill runs the torch version (deltanet_chunked.py)
+        self.fused = True  # step_gates in one launch (False: gates, then step)
 
     def prefill(
         self,
@@ -147,10 +150,46 @@ class DeltaNetCuda:
     ) -> torch.Tensor:
         # per-token rows read in place; views (rowwise's padded outputs, slices) are copied
         y, g, beta = (t if t.is_contiguous() else t.contiguous() for t in (y, g, beta))
-        for name, t in (("y", y), ("g", g), ("beta", beta), ("ssm", ssm)):
+        for name, t in (("g", g), ("beta", beta)):
             check_cuda(name, t, self.device, torch.float32)
-        b = check_step(y, g, beta, ssm, slots, n_k_heads, n_v_heads, head_dim)
+        check_step(y, g, beta, ssm, slots, n_k_heads, n_v_heads, head_dim)
+        gates = (g.data_ptr(), beta.data_ptr())
+        return self._step("delta_step_f32", y, gates, ssm, slots, n_k_heads, n_v_heads, eps)
+
+    def step_gates(
+        self, y: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, dt_bias: torch.Tensor,
+        a: torch.Tensor, ssm: torch.Tensor, slots: torch.Tensor, *, n_k_heads: int,
+        n_v_heads: int, head_dim: int, eps: float,
+    ) -> torch.Tensor:  # fmt: skip
+        if not self.fused:  # two launches
+            g, beta = self.gates(b, alpha, dt_bias, a)
+            return self.step(
+                y, g, beta, ssm, slots, n_k_heads=n_k_heads, n_v_heads=n_v_heads,
+                head_dim=head_dim, eps=eps,
+            )  # fmt: skip
+        n, hv = check_gates(b, alpha, dt_bias, a)
+        for name, t in (("b", b), ("alpha", alpha)):
+            if t.device != self.device or t.stride(-1) != 1:
+                raise ValueError(f"{name} must be rows of unit stride on {self.device}")
+        check_cuda("dt_bias", dt_bias, self.device, torch.float32)
+        check_cuda("a", a, self.device, torch.float32)
+        y = y if y.is_contiguous() else y.contiguous()
+        if check_step_state(y, ssm, slots, n_k_heads, n_v_heads, head_dim) != n or hv != n_v_heads:
+            raise shape_error("b", b, f"[{y.shape[0]}, {n_v_heads}]")
+        gates = (b.data_ptr(), np.int64(b.stride(0)), alpha.data_ptr(), np.int64(alpha.stride(0)),
+                 dt_bias.data_ptr(), a.data_ptr())  # fmt: skip
+        return self._step("delta_step_gates_f32", y, gates, ssm, slots, n_k_heads, n_v_heads, eps)
+
+    def _step(
+        self, name: str, y: torch.Tensor, gates: tuple[object, ...], ssm: torch.Tensor,
+        slots: torch.Tensor, n_k_heads: int, n_v_heads: int, eps: float,
+    ) -> torch.Tensor:  # fmt: skip
+        """Launch ``name`` (delta_step_f32 or delta_step_gates_f32: ``gates`` are its gate
+        arguments) on checked shapes."""
+        for t_name, t in (("y", y), ("ssm", ssm)):
+            check_cuda(t_name, t, self.device, torch.float32)
         check_cuda("slots", slots, self.device, torch.int32)
+        b, head_dim = y.shape[0], ssm.shape[-1]
         if head_dim > 256:
             raise ValueError(
                 f"deltanet.step: head_dim {head_dim} > 256 (a state column sits in registers)"
@@ -159,12 +198,11 @@ class DeltaNetCuda:
         if b == 0:
             return o
         self.kernels.launch(
-            self.kernels.kernel(DELTANET_SOURCE, "delta_step_f32", (("HEAD_DIM", str(head_dim)),)),
+            self.kernels.kernel(DELTANET_SOURCE, name, (("HEAD_DIM", str(head_dim)),)),
             ((head_dim + DELTA_COLS - 1) // DELTA_COLS, n_v_heads, b),
             (DELTA_COLS, DELTA_SPLIT),
             y.data_ptr(),
-            g.data_ptr(),
-            beta.data_ptr(),
+            *gates,
             ssm.data_ptr(),
             slots.data_ptr(),
             o.data_ptr(),

@@ -92,6 +92,11 @@ class LinearTorch:
         """The int8 form of x that several ``matmul`` calls on x may share: none here (fp32)."""
         return None
 
+    def fused_xq(self, n: int, k: int) -> bool:
+        """Whether the producer of an [n, k] activation should write its int8 form (``quantize``'s
+        bits) for the products that read it: never here (fp32)."""
+        return False
+
     def dequantize(self, w: QuantWeight, row0: int, n_rows: int, out: torch.Tensor) -> torch.Tensor:
         """Rows [row0, row0 + n_rows) of W into ``out`` [n_rows, k] (f16 or fp32)."""
         check_rows(w, row0, n_rows, out)

@@ -42,9 +42,9 @@ from mgserve.cuda.ops.linear_tuning import (
     MATVEC_TOKEN_BUCKETS,
     MATVEC_WARPS_PER_CTA,
     MAX_MATVEC_TOKENS,
-    Q8_GROUP,
     MatvecTuning,
     Q8Activations,
+    q8_rows,
 )
 from mgserve.cuda.ops.qgemm import QGemm, f16_rows
 from mgserve.cuda.ops.rowpath import RowPath
@@ -84,6 +84,7 @@ class LinearCuda:
         self.int8 = False
         self.prefill_exact = False
         self.cublas_prefill = False
+        self.fused_decode = True  # producers write int8 activations (``fused_xq``)
         self.path = RowPath()  # decode kernels or GEMMs: set by the runner per step (rowpath.py)
         self.qgemm = QGemm(kernels)
         self.hgemm = HGemm(kernels, hgemm)  # prompts of >= hgemm.tuning.min_rows rows
@@ -166,10 +167,13 @@ class LinearCuda:
     def quantize(self, x: torch.Tensor) -> Q8Activations | None:
         """x [N, k] rounded to int8 once for every int8 ``matmul`` (and ``moe.experts``) of it;
         None where no product would read it (no ``int8``, N > 8, k % 32)."""
-        n, k = x.shape
-        if not self.int8 or not 1 <= n <= MAX_MATVEC_TOKENS or k % Q8_GROUP:
+        if not (self.int8 and q8_rows(*x.shape)):
             return None
         return self.q8.quantize(vec4_input("x", x, self.device))
+
+    def fused_xq(self, n: int, k: int) -> bool:
+        """Whether the producer of decode rows [n, k] writes their ``quantize`` too (fused)."""
+        return self.fused_decode and self.int8 and self.path.decode_kernels(n) and q8_rows(n, k)
 
     # -- prefill with cuBLAS: dequantized tiles ------------------------------------------------
 

@@ -21,6 +21,11 @@ Q8_GROUP = 32  # activation values per int8 scale
 INT8_TYPES = frozenset({"Q4_K", "Q6_K", "Q5_0", "Q8_0"})  # formats with an int8-activation kernel
 
 
+def q8_rows(n: int, k: int) -> bool:
+    """Whether int8 kernels take [n, k] activations: 1..8 tokens, whole groups of 32."""
+    return 1 <= n <= MAX_MATVEC_TOKENS and k % Q8_GROUP == 0
+
+
 @dataclass(frozen=True)
 class Q8Activations:
     """Activations rounded to int8 for the int8 matvec: x ~= d * q per group of 32 values.

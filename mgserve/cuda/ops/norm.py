@@ -15,9 +15,20 @@ import torch
 from mgserve.core.reference import ops, rowwise
 from mgserve.cuda.checks import check_cuda, check_f32, rows_view, shape_error, vec4_ok
 from mgserve.cuda.launch import Kernels
+from mgserve.cuda.ops.linear_tuning import Q8_GROUP, Q8Activations
 
 NORM_SOURCE = "norm.cu"
 _GATE_NONE, _GATE_SILU, _GATE_SIGMOID = 0, 1, 2  # gate modes of rms_norm_f32
+
+
+def row_threads(d: int, vec: bool) -> int:
+    """Threads per row of rms_norm_f32 for rows of d values (float4 loads when ``vec``): about
+    two loads per thread, 32..256. The row's sum of squares reduces in an order set by this."""
+    per_thread = d // 4 if vec else d
+    tpr = 32
+    while tpr < 256 and tpr * 2 <= per_thread:
+        tpr *= 2
+    return tpr
 
 
 def check_norm(x: torch.Tensor, w: torch.Tensor) -> None:
@@ -92,6 +103,13 @@ class NormTorch:
             y = torch.empty_like(y).index_copy_(1, heads.long(), y)
         return y.reshape(n, hv * dv)
 
+    def gated_xq(
+        self, o: torch.Tensor, z: torch.Tensor, w: torch.Tensor, eps: float, sigmoid: bool,
+        heads: torch.Tensor | None, *, xq: bool,
+    ) -> tuple[torch.Tensor, None]:  # fmt: skip
+        """``gated`` (activations stay fp32 here: no int8 form)."""
+        return self.gated(o, z, w, eps, sigmoid, heads), None
+
 
 class NormCuda:
     """The norms on rms_norm_f32. Inputs must be float32 on this device; outputs are new
@@ -111,7 +129,8 @@ class NormCuda:
         gate: int,
         res: torch.Tensor | None = None,  # [rows, D] contiguous, added after the norm
         dest: torch.Tensor | None = None,  # [z_group] int32: row r written as a permuted row
-    ) -> torch.Tensor:  # [rows * D] flat, contiguous
+        q8_tokens: int = 0,  # > 0: also y rounded to int8 as [q8_tokens, rows * D / q8_tokens]
+    ) -> tuple[torch.Tensor, Q8Activations | None]:  # [rows * D] flat, contiguous; int8 y
         d = w.shape[-1]
         x, n_rows, x_stride = rows_view(x, d)
         n_groups = w.numel() // d
@@ -120,16 +139,21 @@ class NormCuda:
             z, _, z_stride = rows_view(z, z.shape[-1])
         y = torch.empty(n_rows * d, dtype=torch.float32, device=self.device)
         if n_rows == 0 or d == 0:
-            return y
+            return y, None
         pairs = [(x, x_stride), (w, d), (y, d)] + ([(z, z_stride)] if z is not None else [])
         pairs += [(res, d)] if res is not None else []
         vec = d % 4 == 0 and vec4_ok(*pairs)
-        per_thread = d // 4 if vec else d
-        tpr = 32
-        while tpr < 256 and tpr * 2 <= per_thread:  # ~2 loads per thread, 32..256 per row
-            tpr *= 2
+        tpr = row_threads(d, vec)
         rpc = max(1, 256 // tpr)
         name = "rms_norm_f32_v4" if vec else "rms_norm_f32"
+        xq, q8_args = None, tuple[int, ...]()
+        if q8_tokens and vec and d % Q8_GROUP == 0:  # groups of 32 never straddle rows
+            k = n_rows * d // q8_tokens
+            xq = Q8Activations(
+                torch.empty(q8_tokens, k, dtype=torch.int8, device=self.device),
+                torch.empty(q8_tokens, k // Q8_GROUP, dtype=torch.float32, device=self.device),
+            )
+            name, q8_args = "rms_norm_q8_f32_v4", (xq.q.data_ptr(), xq.d.data_ptr())
         self.kernels.launch(
             self.kernels.kernel(NORM_SOURCE, name),
             (n_rows + rpc - 1) // rpc,
@@ -148,8 +172,9 @@ class NormCuda:
             np.int32(d),
             np.float32(eps),
             np.int32(gate),
+            *q8_args,
         )
-        return y
+        return y, xq
 
     def rms(
         self, x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.Tensor | None = None
@@ -161,12 +186,20 @@ class NormCuda:
             raise ValueError(f"x is on {x.device}, expected {self.device}")
         if residual is not None:
             check_cuda("residual", residual, self.device, torch.float32)
-        return self._rows(x, w, eps, None, 1, _GATE_NONE, res=residual).view(x.shape)
+        return self._rows(x, w, eps, None, 1, _GATE_NONE, res=residual)[0].view(x.shape)
 
     def gated(
         self, o: torch.Tensor, z: torch.Tensor, w: torch.Tensor, eps: float, sigmoid: bool,
         heads: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
+        return self.gated_xq(o, z, w, eps, sigmoid, heads, xq=False)[0]
+
+    def gated_xq(
+        self, o: torch.Tensor, z: torch.Tensor, w: torch.Tensor, eps: float, sigmoid: bool,
+        heads: torch.Tensor | None, *, xq: bool,
+    ) -> tuple[torch.Tensor, Q8Activations | None]:  # fmt: skip
+        """``gated``, and with ``xq`` its output rounded to int8 by the same kernel (what
+        ``linear.quantize`` would make of it; None where d_v % 32 or rows are not float4)."""
         check_cuda("o", o, self.device, torch.float32)
         check_cuda("w", w, self.device, torch.float32)
         if z.device != self.device or z.dtype != torch.float32:
@@ -175,4 +208,5 @@ class NormCuda:
         if heads is not None:
             check_cuda("heads", heads, self.device, torch.int32)
         gate = _GATE_SIGMOID if sigmoid else _GATE_SILU
-        return self._rows(o, w, eps, z, hv, gate, dest=heads).view(n, hv * dv)
+        y, yq = self._rows(o, w, eps, z, hv, gate, dest=heads, q8_tokens=n if xq else 0)
+        return y.view(n, hv * dv), yq

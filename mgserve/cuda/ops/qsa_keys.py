@@ -3,17 +3,23 @@ RMSNorm, then RoPE at the block's first position (``mgserve.core.reference.qsa.p
 
 Sessions keep the raw keys of their incomplete block (``pending`` [n_slots, ratio, D]) and the
 pooled keys of complete ones (``blocks`` [n_slots, n_ctx / ratio, D]); each step pools the blocks
-its tokens complete. No kernel of its own: the pooling runs on the backend's norm and rope
-families, so one class serves both backends. Decode is static-shape and sync-free (every row
-pools its slot's pending block and keeps the result only where the block is complete).
+its tokens complete. The pooling runs on the backend's norm and rope families, so one class
+serves both backends; given ``kernels`` (the CUDA backend with ``fused_decode``), a decode step
+instead runs ``qsa_keys_decode_f32`` (kernels/norm.cu): the same arithmetic (the norm and rope
+kernels' device code, the sum in order, torch's reciprocal for the mean) in one launch instead of
+about twenty. Decode is static-shape and sync-free (every row pools its slot's pending block and
+keeps the result only where the block is complete).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from mgserve.core.reference import rowwise
-from mgserve.cuda.ops.norm import NormCuda, NormTorch
+from mgserve.cuda.checks import check_cuda, vec4_ok
+from mgserve.cuda.launch import Kernels
+from mgserve.cuda.ops.norm import NORM_SOURCE, NormCuda, NormTorch, row_threads
 from mgserve.cuda.ops.rope import RopeCuda, RopeTorch
 
 
@@ -22,8 +28,10 @@ class BlockKeys:
     (decode: one token per session) and ``write_span`` (prefill: one session's chunk) take the
     same pooling arguments, passed through to ``pool``."""
 
-    def __init__(self, norm: NormTorch | NormCuda, rope: RopeTorch | RopeCuda) -> None:
-        self.norm, self.rope = norm, rope
+    def __init__(
+        self, norm: NormTorch | NormCuda, rope: RopeTorch | RopeCuda, kernels: Kernels | None = None
+    ) -> None:
+        self.norm, self.rope, self.kernels = norm, rope, kernels
 
     def pool(
         self,
@@ -59,6 +67,11 @@ class BlockKeys:
         scale: float,
     ) -> None:
         """Add one token per session to its pending block; pool the blocks this completes."""
+        if self.kernels is not None and isinstance(self.rope, RopeCuda):
+            self._decode_kernel(
+                raw, pending, blocks, slots, pos, k_norm, eps, n_rot=n_rot, base=base, scale=scale
+            )
+            return
         r = pending.shape[1]
         slots_l, pos_l = slots.long(), pos.long()
         pending[slots_l, pos_l % r] = raw
@@ -70,6 +83,44 @@ class BlockKeys:
         done = ((pos_l + 1) % r == 0)[:, None]
         b = pos_l // r
         blocks[slots_l, b] = torch.where(done, pooled, blocks[slots_l, b])
+
+    def _decode_kernel(
+        self, raw: torch.Tensor, pending: torch.Tensor, blocks: torch.Tensor,
+        slots: torch.Tensor, pos: torch.Tensor, k_norm: torch.Tensor, eps: float, *,
+        n_rot: int, base: float, scale: float,
+    ) -> None:  # fmt: skip
+        """``write_decode`` in one launch of qsa_keys_decode_f32 (same bits)."""
+        assert self.kernels is not None and isinstance(self.rope, RopeCuda)
+        dev = self.kernels.device
+        n, dim = raw.shape
+        r = pending.shape[1]
+        if tuple(pending.shape[2:]) != (dim,) or blocks.shape[2] != dim:
+            raise ValueError(f"qsa_keys: raw [{n}, {dim}] does not match the pools' key width")
+        if n_rot < 2 or n_rot % 2 or n_rot > dim:
+            raise ValueError(f"n_rot must be even and in 2..{dim}, got {n_rot}")
+        raw = raw.contiguous()
+        f32 = (("raw", raw), ("pending", pending), ("blocks", blocks), ("k_norm", k_norm))
+        for name, t in f32:
+            check_cuda(name, t, dev, torch.float32)
+        for name, t in (("slots", slots), ("pos", pos)):
+            check_cuda(name, t, dev, torch.int32)
+        if n == 0:
+            return
+        pooled = torch.empty(n, dim, dtype=torch.float32, device=dev)
+        normed = torch.empty_like(pooled)
+        vec = dim % 4 == 0 and vec4_ok((pooled, dim), (k_norm, dim), (normed, dim))
+        self.kernels.launch(
+            self.kernels.kernel(NORM_SOURCE, "qsa_keys_decode_f32"),
+            n,
+            row_threads(dim, vec),
+            raw.data_ptr(), pending.data_ptr(), blocks.data_ptr(), slots.data_ptr(),
+            pos.data_ptr(), k_norm.data_ptr(),
+            self.rope.fallback.inv_freq(n_rot, base, dev).data_ptr(),
+            pooled.data_ptr(), normed.data_ptr(), np.int32(n), np.int32(r),
+            np.int32(blocks.shape[1]), np.int32(dim), np.int32(n_rot), np.float64(scale),
+            np.float32(eps), np.float32(1) / np.float32(r), np.int32(vec),
+            shmem=n_rot * 4,
+        )  # fmt: skip
 
     def write_span(
         self,
