@@ -14,6 +14,8 @@
 // chunk of all R rows before any arithmetic, so R * 16 bytes per thread are in flight. Partial
 // sums meet through warp shuffles (and a small shared array when the group is the CTA).
 // The weights' exact value is kept: only the activations are rounded.
+// 2..8 tokens: matvec_q8mma_<type>_t<NT> (below) gives each token the one-token kernel's bits
+// with the integer sums from tensor cores.
 
 #include "gguf_blocks_q8.cuh"
 #include "math.cuh"
