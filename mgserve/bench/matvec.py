@@ -3,7 +3,8 @@ device-to-device copy rate measured in the same run (bytes read + written).
 
 Activation modes (--activations): fp32 runs the exact kernels; int8 quantizes x to int8 groups
 and runs the int8 kernel (two launches, as a lone matvec pays); int8-pre times the int8 kernel on
-x quantized beforehand (what each of several matvecs sharing one x pays).
+x quantized beforehand (what each of several matvecs sharing one x pays). --q8-mma picks the int8
+kernels of 2..8 tokens: tensor cores (on), dp4a (off), or both side by side (on,off).
 
 Each case cycles through enough weight copies (over 4x the 60 MB L2) that every launch streams its
 weights from HBM. Time per launch is the median over repeats of (events around ``--iters``
@@ -42,6 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="2,2,128",
         help='space-separated int8-kernel shapes "R1,RN,G" to compare: rows per group of G '
         "threads (32 or 128) for 1 token and for 2..8",
+    )
+    parser.add_argument(
+        "--q8-mma",
+        default="on",
+        help="comma-separated: on (int8 mma kernels for 2..8 tokens), off (dp4a kernels)",
     )
     parser.add_argument(
         "--activations",
@@ -135,13 +141,21 @@ def run(args: argparse.Namespace) -> int:
     tunings = [MatvecTuning.parse(t) for t in args.tunings.split()] or [MatvecTuning()]
     kernels, dense = Kernels(compiler), DenseWeights()
     all_ops = [LinearCuda(kernels, LinearTorch(dense), t) for t in tunings]
+    mmas = [m.strip() for m in args.q8_mma.split(",") if m.strip()]
+    if not mmas or any(m not in ("on", "off") for m in mmas):
+        raise ValueError(f"--q8-mma {args.q8_mma!r}: expected on, off or on,off")
     q8_ops = []
     for text in args.q8_rows.split():
         try:
             r1, rn, g = (int(v) for v in text.split(","))
         except ValueError:
             raise ValueError(f"--q8-rows {text!r}: expected R1,RN,G") from None
-        q8_ops.append(LinearCuda(kernels, LinearTorch(dense), q8_rows=(r1, rn), q8_group=g))
+        for m in mmas:
+            q8_ops.append(
+                LinearCuda(
+                    kernels, LinearTorch(dense), q8_rows=(r1, rn), q8_group=g, q8_mma=m == "on"
+                )
+            )
     stream = runtime.new_stream()
     ts = runtime.torch_stream(stream)
     copy_gbs = _copy_rate(torch)
@@ -186,7 +200,9 @@ def run(args: argparse.Namespace) -> int:
                     shape = (
                         f"{tu.rows_per_warp_1},{tu.rows_per_warp_n},{tu.unroll}"
                         if mode == "fp32"
-                        else "rows {},{} per {} threads".format(*ops.q8.rows, ops.q8.group)
+                        else "rows {},{} per {} threads{}".format(
+                            *ops.q8.rows, ops.q8.group, ", mma" if ops.q8.mma and n_tok > 1 else ""
+                        )
                     )
                     lines.append(
                         f"| {type_name} | {label} | {n_tok} | {mode} | {shape} "

@@ -1,7 +1,8 @@
 // Tensor-core and shared-memory helpers of the attention kernels (attention.cu,
-// attention_prefill.cu) and the prompt GEMMs (qgemm.cu, hgemm.cu): cp.async copies, ldmatrix, mma.sync m16n8k16 (f16 in, f32 accumulate)
-// and the exact int8 -> f16 conversion. Fragment layouts (PTX ISA; gid = lane / 4,
-// tig = lane % 4): A (16 x 16, row-major) a0 = (row gid, cols 2 tig, +1), a1 = (row gid + 8,
+// attention_prefill.cu), the prompt GEMMs (qgemm.cu, hgemm.cu) and the int8 matvec of several
+// tokens (matvec_q8.cu): cp.async copies, ldmatrix, mma.sync m16n8k16 (f16 in, f32 accumulate),
+// m16n8k32 (int8 in, int32 out) and the exact int8 -> f16 conversion. Fragment layouts (PTX
+// ISA; gid = lane / 4, tig = lane % 4): A (16 x 16, row-major) a0 = (row gid, cols 2 tig, +1), a1 = (row gid + 8,
 // same), a2 = (row gid, cols 2 tig + 8, +9), a3 = (row gid + 8, same); B (16 x 8) b0 = (rows
 // 2 tig, +1 of column gid), b1 = (rows 2 tig + 8, +9); C (16 x 8) c0, c1 = (row gid, cols 2 tig,
 // +1), c2, c3 = (row gid + 8, same). Low half of an f16x2 register = the lower index.
@@ -41,6 +42,17 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint4& a, unsigned
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+}
+
+// The exact int32 sums A (16 x 32 int8, row-major) . B (32 x 8 int8, column-major) of one
+// m16n8k32 tile, from zero. Fragments as m16n8k16's with 4 int8 per register: a0 = (row gid,
+// k 4 tig..+3), a1 = (row gid + 8, same), a2 = (row gid, k 16 + 4 tig..+3), a3 = (row gid + 8,
+// same); b0 = (k 4 tig..+3 of column gid), b1 = (k 16 + 4 tig..+3); c as above.
+__device__ __forceinline__ void mma_s8(int (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%10,%10,%10,%10};\n"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
 }
 
 // acc = 0 for MT x NT m16n8 accumulator tiles (the start of every k16 chain).

@@ -64,9 +64,9 @@ class LinearCuda:
     ``int8``: decode products of INT8_TYPES weights use int8 activations. ``prefill_exact``:
     prompt chunks multiply the dequantized fp32 weights of the torch version instead of f16 tiles
     (comparing whole models with the reference without the f16 rounding; slow).
-    ``cublas_prefill``: prompt chunks take the dequant + cuBLAS path. ``q8_rows``, ``q8_group``:
-    the int8 kernels' shape (``LinearQ8``). ``hgemm``: hgemm.cu's tiles and from how many prompt
-    rows it runs (``HGemmTuning``)."""
+    ``cublas_prefill``: prompt chunks take the dequant + cuBLAS path. ``q8_rows``, ``q8_group``,
+    ``q8_mma``: the int8 kernels' shape and whether 2..8 tokens use tensor cores (``LinearQ8``).
+    ``hgemm``: hgemm.cu's tiles and from how many prompt rows it runs (``HGemmTuning``)."""
 
     def __init__(
         self,
@@ -76,11 +76,12 @@ class LinearCuda:
         q8_rows: tuple[int, int] = (2, 2),
         q8_group: int = 128,
         hgemm: HGemmTuning | None = None,
+        q8_mma: bool = True,
     ) -> None:
         self.kernels, self.fallback = kernels, fallback
         self.device = kernels.device
         self.tuning = tuning or MatvecTuning()
-        self.q8 = LinearQ8(kernels, q8_rows, q8_group)
+        self.q8 = LinearQ8(kernels, q8_rows, q8_group, q8_mma)
         self.int8 = False
         self.prefill_exact = False
         self.cublas_prefill = False

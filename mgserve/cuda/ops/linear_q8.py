@@ -1,6 +1,7 @@
 """``LinearQ8``: the int8-activation products of the linear family (matvec_q8.cu): fp32
 activations rounded to int8 per 32 values (``quantize``, once per activation: ``Q8Activations``),
-then each quantized W read once with integer dot products (``matvec``), a bias and a residual
+then each quantized W read once with integer dot products (``matvec``: dp4a for one token,
+int8 tensor-core tiles for 2..8, giving each token the bits it gets alone), a bias and a residual
 added as each output is written. ``LinearCuda`` (linear_cuda.py) calls them in decode with
 ``int8``; ``MoeCuda`` rounds its expert inputs here too.
 """
@@ -21,6 +22,7 @@ from mgserve.cuda.ops.linear_tuning import (
     Q8_GROUP,
     Q8_SOURCE,
     Q8_THREADS,
+    Q8MMA_ROWS,
     Q8Activations,
 )
 from mgserve.cuda.weights import QuantWeight
@@ -46,15 +48,20 @@ class LinearQ8:
     """The int8 kernels with their shape: ``rows``, output rows per thread group for one token
     and for 2..8; ``group``, threads sharing those rows, 32 (a warp) or 128 (the CTA): the
     Q8_ROWS_1 / Q8_ROWS_N / Q8_GROUP_THREADS macros of matvec_q8.cu, measured by
-    ``bench matvec --q8-rows``."""
+    ``bench matvec --q8-rows``. ``mma``: 2..8 tokens take the tensor-core kernels
+    (matvec_q8mma_*, the same bits as the dp4a ones; only with ``group`` 128, whose reduction
+    order they mirror); False keeps dp4a (``bench matvec --q8-mma`` compares them)."""
 
-    def __init__(self, kernels: Kernels, rows: tuple[int, int] = (2, 2), group: int = 128) -> None:
+    def __init__(
+        self, kernels: Kernels, rows: tuple[int, int] = (2, 2), group: int = 128, mma: bool = True
+    ) -> None:
         if len(rows) != 2 or not all(1 <= r <= 8 for r in rows):
             raise ValueError(f"q8_rows must be two row counts in 1..8, got {rows}")
         if group not in (32, Q8_THREADS):
             raise ValueError(f"q8_group must be 32 or {Q8_THREADS}, got {group}")
         self.kernels, self.device = kernels, kernels.device
         self.rows, self.group = rows, group
+        self.mma = mma and group == Q8_THREADS
         self.defines = (
             ("Q8_ROWS_1", str(rows[0])),
             ("Q8_ROWS_N", str(rows[1])),
@@ -93,9 +100,15 @@ class LinearQ8:
         check_vec4("out", out, self.device, torch.float32)
         tail = epilogue_ptrs(w, out, bias, residual, self.device)
         bucket = next(b for b in MATVEC_TOKEN_BUCKETS if b >= xq.n_tok)
-        kernel = self.kernels.kernel(Q8_SOURCE, f"matvec_q8_{w.type_name}_t{bucket}", self.defines)
-        per_group = self.rows[0] if bucket == 1 else self.rows[1]
-        per_cta = per_group * (Q8_THREADS // self.group)
+        family = "q8mma" if self.mma and bucket > 1 else "q8"
+        kernel = self.kernels.kernel(
+            Q8_SOURCE, f"matvec_{family}_{w.type_name}_t{bucket}", self.defines
+        )
+        if family == "q8mma":
+            per_cta = Q8MMA_ROWS
+        else:
+            per_group = self.rows[0] if bucket == 1 else self.rows[1]
+            per_cta = per_group * (Q8_THREADS // self.group)
         args = (w.data.data_ptr(), xq.q.data_ptr(), xq.d.data_ptr(), out.data_ptr())
         self.kernels.launch(
             kernel, (w.rows + per_cta - 1) // per_cta, Q8_THREADS,

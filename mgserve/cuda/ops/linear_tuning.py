@@ -18,6 +18,7 @@ MAX_MATVEC_TOKENS = MATVEC_TOKEN_BUCKETS[-1]
 Q8_SOURCE = "matvec_q8.cu"
 Q8_THREADS = 128  # Q8_THREADS in matvec_q8.cu: threads per CTA of the int8 kernels
 Q8_GROUP = 32  # activation values per int8 scale
+Q8MMA_ROWS = 8  # Q8MMA_ROWS in matvec_q8.cu: rows per CTA of the int8-mma kernels
 INT8_TYPES = frozenset({"Q4_K", "Q6_K", "Q5_0", "Q8_0"})  # formats with an int8-activation kernel
 
 
