@@ -64,9 +64,8 @@ class LinearCuda:
     ``int8``: decode products of INT8_TYPES weights use int8 activations. ``prefill_exact``:
     prompt chunks multiply the dequantized fp32 weights of the torch version instead of f16 tiles
     (comparing whole models with the reference without the f16 rounding; slow).
-    ``cublas_prefill``: prompt chunks take the dequant + cuBLAS path. ``q8_rows``, ``q8_group``,
-    ``q8_mma``: the int8 kernels' shape and whether 2..8 tokens use tensor cores (``LinearQ8``).
-    ``hgemm``: hgemm.cu's tiles and from how many prompt rows it runs (``HGemmTuning``)."""
+    ``cublas_prefill``: prompt chunks take the dequant + cuBLAS path. ``q8_*``: the int8 kernels'
+    shape, 2..8 tokens on tensor cores (``LinearQ8``); ``hgemm``: long prompts' f16 GEMM tiles."""
 
     def __init__(
         self,
