@@ -15,7 +15,8 @@ grammar, the matcher whose mask is computed while the device runs the step's for
 token (``SeqWork.force``) is a mask of that one token, through the same path. A recurrent
 model's checkpoints (``snapshots.py``) are restored before the forward and taken after it, in the
 order the scheduler's book gives (core/engine/checkpoints.py); a slot save or restore copies a
-whole slot between steps (``snapshots.save_slot`` / ``load_slot``).
+whole slot between steps (``snapshots.save_slot`` / ``load_slot``); a prefix copy from one slot
+to another is queued first in its step (``snapshots.copy_prefix``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,15 @@ from mgserve.core.grammar import ForcedToken, Matcher, TokenMask
 from mgserve.cuda.graphs import BUCKETS, DecodeInputs, EagerDecode, GraphDecode
 from mgserve.cuda.models.base import DeviceLM, Span, Step
 from mgserve.cuda.sampling import DeviceSampler, HostBuffers, SamplingBatch, SamplingRow, seeded
-from mgserve.cuda.snapshots import DeviceCheckpoint, load, load_slot, save, save_slot, to_host
+from mgserve.cuda.snapshots import (
+    DeviceCheckpoint,
+    copy_prefix,
+    load,
+    load_slot,
+    save,
+    save_slot,
+    to_host,
+)
 
 
 @dataclass
@@ -91,9 +100,12 @@ class DeviceRunner:
         t0 = time.perf_counter()
         for slot in batch.freed_slots:
             self._slots.pop(slot, None)
+        for slot in [w.slot for w in batch.work] + [c.dst for c in batch.prefix_copies]:
+            if slot >= self.pad_slot:
+                raise ValueError(f"slot {slot} out of range (the model has {self.pad_slot})")
+        for copy in batch.prefix_copies:  # before a new sequence resets a source's state
+            copy_prefix(self.model, self.checkpoints, copy)
         for w in batch.work:
-            if w.slot >= self.pad_slot:
-                raise ValueError(f"slot {w.slot} out of range (the model has {self.pad_slot})")
             if w.new_sequence:
                 self._slots[w.slot] = _SlotSampling(seeded(w.sampling), list(w.history))
             if w.grammar is not None:

@@ -11,7 +11,9 @@ copy back from there, then a scatter into the pools) runs before the step that c
 A slot save (``save_slot``) copies to host memory the slot's K/V rows and QSA block keys of its
 tokens, its live recurrent state and its checkpoints, each packed as a checkpoint is; a load
 checks all of them against the slot before it writes (core/engine/slot_state.py). Both wait for
-the device: they run between steps, when a client asks.
+the device: they run between steps, when a client asks. A prefix copy (``copy_prefix``) copies a
+slot's first rows into another slot and the source's checkpoint (or live state) into the target's
+state, device to device on the current stream, queued before the step's forward.
 """
 
 from __future__ import annotations
@@ -22,8 +24,16 @@ import numpy as np
 import torch
 
 from mgserve.core.engine.checkpoints import CheckpointStore
-from mgserve.core.engine.contract import SlotLoad, SlotSave
-from mgserve.core.engine.slot_state import Part, check, ckpt_name, copy_in, copy_out, layout
+from mgserve.core.engine.contract import PrefixCopy, SlotLoad, SlotSave
+from mgserve.core.engine.slot_state import (
+    Part,
+    check,
+    ckpt_name,
+    copy_in,
+    copy_out,
+    copy_rows,
+    layout,
+)
 from mgserve.cuda.models.base import DeviceLM
 from mgserve.cuda.pools import SlotPools
 
@@ -65,6 +75,13 @@ def _parts(pools: SlotPools, slot: int) -> dict[str, Part]:
     for il, b in pools.blocks.items():
         parts[f"blocks.{il}"] = Part(b[slot], pools.pending[il].shape[1])
     return parts
+
+
+def copy_prefix(model: DeviceLM, store: CheckpointStore[DeviceCheckpoint], op: PrefixCopy) -> None:
+    pools = model.pools
+    copy_rows(_parts(pools, op.src), _parts(pools, op.dst), op.n)
+    if pools.recurrent(op.dst):
+        load(model, op.dst, save(model, op.src) if op.live else store.get(op.src, op.n))
 
 
 def _named(prefix: str, ckpt: DeviceCheckpoint) -> dict[str, torch.Tensor]:

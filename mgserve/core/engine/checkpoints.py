@@ -157,14 +157,17 @@ class CheckpointStore(Generic[T]):
         """Restores, then the book's moves: what the step does before its forward."""
         for w in batch.work:
             if w.restore:
-                ckpt = self.held.get((w.slot, w.start))
-                if ckpt is None:
-                    raise RuntimeError(f"no checkpoint of slot {w.slot} at position {w.start}")
-                self._load(w.slot, ckpt)
+                self._load(w.slot, self.get(w.slot, w.start))
         for m in batch.checkpoint_moves:
             ckpt = self.held.pop((m.slot, m.pos), None)  # None: its step failed, never taken
             if m.to_host and ckpt is not None:
                 self.held[(m.slot, m.pos)] = self._to_host(ckpt)
+
+    def get(self, slot: int, pos: int) -> T:
+        ckpt = self.held.get((slot, pos))
+        if ckpt is None:
+            raise RuntimeError(f"no checkpoint of slot {slot} at position {pos}")
+        return ckpt
 
     def of_slot(self, slot: int, positions: tuple[int, ...]) -> dict[int, T]:
         """The checkpoints of ``slot`` at ``positions`` (a slot save copies them)."""
