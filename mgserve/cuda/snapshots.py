@@ -23,17 +23,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from mgserve.core.engine import slot_state
 from mgserve.core.engine.checkpoints import CheckpointStore
 from mgserve.core.engine.contract import PrefixCopy, SlotLoad, SlotSave
-from mgserve.core.engine.slot_state import (
-    Part,
-    check,
-    ckpt_name,
-    copy_in,
-    copy_out,
-    copy_rows,
-    layout,
-)
+from mgserve.core.engine.slot_state import Part, check, ckpt_name, copy_in, copy_out, layout
 from mgserve.cuda.models.base import DeviceLM
 from mgserve.cuda.pools import SlotPools
 
@@ -79,7 +72,7 @@ def _parts(pools: SlotPools, slot: int) -> dict[str, Part]:
 
 def copy_prefix(model: DeviceLM, store: CheckpointStore[DeviceCheckpoint], op: PrefixCopy) -> None:
     pools = model.pools
-    copy_rows(_parts(pools, op.src), _parts(pools, op.dst), op.n)
+    slot_state.copy_rows(_parts(pools, op.src), _parts(pools, op.dst), op.n)
     if pools.recurrent(op.dst):
         load(model, op.dst, save(model, op.src) if op.live else store.get(op.src, op.n))
 

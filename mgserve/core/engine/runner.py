@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from mgserve.core.engine import slot_state
 from mgserve.core.engine.checkpoints import CheckpointStore
 from mgserve.core.engine.contract import (
     PrefixCopy,
@@ -33,15 +34,7 @@ from mgserve.core.engine.contract import (
     StepResult,
 )
 from mgserve.core.engine.sampling import SeqSampler, logprobs_for
-from mgserve.core.engine.slot_state import (
-    Part,
-    check,
-    ckpt_name,
-    copy_in,
-    copy_out,
-    copy_rows,
-    layout,
-)
+from mgserve.core.engine.slot_state import Part, check, ckpt_name, copy_in, copy_out, layout
 from mgserve.core.models.base import CausalLM, SeqInput
 from mgserve.core.models.kvcache import KVCache
 from mgserve.core.models.state import HybridState, Snapshot
@@ -139,7 +132,7 @@ class ReferenceRunner:
     # -- prefix copy, slot save / restore --------------------------------------------------------
 
     def _copy(self, op: PrefixCopy) -> None:
-        copy_rows(self._parts(op.src), self._parts(op.dst), op.n)
+        slot_state.copy_rows(self._parts(op.src), self._parts(op.dst), op.n)
         state = self._cache(op.dst)
         if isinstance(state, HybridState):
             src = self._state(op.src)
