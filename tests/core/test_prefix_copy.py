@@ -135,3 +135,28 @@ def test_aborting_the_source_leaves_the_planned_copy_and_the_target() -> None:
     assert b2.prefix_copies == () and work_of(b2, "c").start == 0
     assert work_of(b2, "b").start == 12
     assert s.slots[1].session is not None and s.slots[1].session.n_cached == 10
+
+
+def test_a_lent_checkpoint_becomes_the_most_recently_used() -> None:
+    book = CheckpointBook(every=4, per_slot=2, host_bytes=0, nbytes=1)
+    s = Scheduler(
+        n_slots=2, n_ctx=64, batch_size=4, rewindable=False, checkpoints=book, prefix_copy=4
+    )
+    s.add(req("a", list(range(1, 17))))  # checkpoints at 4, 8, 12: two kept in device memory
+    step(s)
+    step(s)
+    s.add(req("b", [*range(1, 7), 50, 51]))  # shares 6 tokens: a's checkpoint at 4 is lent
+    b, _ = step(s)  # a's chunk to 12 makes room: the least recently used, 8, goes
+    assert b.prefix_copies == (PrefixCopy("b", 0, 1, 4, False),)
+    assert {pos for slot, pos in s.checkpoints.held if slot == 0} == {4, 12}
+
+
+def test_a_request_that_reuses_nothing_takes_the_least_recently_used_slot() -> None:
+    s = Scheduler(n_slots=2, n_ctx=64, batch_size=64, prefix_copy=4)
+    s.add(req("a", [*SYS, 20, 21], max_tokens=1))
+    step(s)  # slot 0, the least recently used from now on
+    s.add(req("b", [40, 41], max_tokens=1))
+    step(s)  # slot 1: empty, it loses nothing
+    s.add(req("c", [*SYS, 30], reuse_prefix=False))
+    b, _ = step(s)
+    assert (b.work[0].slot, b.work[0].start, b.prefix_copies) == (0, 0, ())

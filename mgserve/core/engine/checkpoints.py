@@ -113,8 +113,13 @@ class CheckpointBook:
         the one at ``n``, if any (the request restores it), becomes the most recently used."""
         for key in [k for k in self._entries if k[0] == slot and k[1] > n]:
             self._drop(key)
-        if (slot, n) in self._entries:
-            self._entries[(slot, n)].used = self._tock()
+        self.touch(slot, n)
+
+    def touch(self, slot: int, pos: int) -> None:
+        """(slot, pos), if held, is about to be read (restored or copied): the most recently
+        used."""
+        if (slot, pos) in self._entries:
+            self._entries[(slot, pos)].used = self._tock()
 
     def replace(self, slot: int, positions: tuple[int, ...]) -> tuple[int, ...]:
         """A saved slot is loaded into ``slot``: its checkpoints replace the slot's in the runner

@@ -15,7 +15,8 @@ takes the copy when it reaches at least ``copy_min`` tokens further than the fre
 cache. Among free slots that reach as far, the one whose cache loses the fewest tokens goes
 (so a request sharing a system prompt with an idle conversation takes an empty slot and a copy
 rather than cutting that conversation back), then its own cache before a copy, then the least
-recently used.
+recently used. Without copies (or for a request that reuses nothing) the least recently used of
+those that reach as far goes, as llama-server does.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class Placer:
                         copy = PrefixCopy(req.id, src, slot.id, n_src, live)
                     break
             reach = copy.n if copy else n
-            loss = len(slot.cached) - n if self.copy_min else 0
+            loss = len(slot.cached) - n if lenders else 0
             key = (reach, -loss, copy is None, -slot.last_used)
             if best is None or key > best[0]:
                 restore = 0 < n < len(slot.cached) and not self.rewindable and copy is None

@@ -224,6 +224,7 @@ class Scheduler:
             else:  # the slot's own rows and checkpoints give way to the copy
                 slot.cached[:] = req.prompt[:n_cached]
                 self.checkpoints.keep(slot.id, -1)
+                self.checkpoints.touch(copy.src, copy.n)
                 self._copies.append(copy)
             rb, constrained = req.reasoning, req.grammar is not None
             slot.session = Session(
