@@ -11,10 +11,10 @@ a chunk, so the cuts stay where they are.
 Prefix reuse: every slot remembers the token ids its cache holds. A new request takes the free slot
 whose cache serves the longest prefix of its prompt and starts there (placement.py: a recurrent
 state, ``rewindable=False``, serves its whole history or its latest checkpoint in the common
-prefix, which the first work restores); with ``prefix_copy`` > 0 a prefix longer by that many
-tokens held by any other slot, busy or idle, is copied in first (a ``PrefixCopy`` in the next
-batch). Recurrent models' prompt chunks end on absolute multiples of ``batch_size`` (and
-``--checkpoint-every``), where checkpoints are taken (checkpoints.py).
+prefix, which the first work restores); with ``prefix_copy`` > 0 a prefix that many tokens
+longer held by any other slot, busy or idle, is copied in first (a ``PrefixCopy`` in the next
+batch). Recurrent models' prompts are cut on absolute multiples of ``batch_size`` and
+``--checkpoint-every``, where checkpoints are taken (checkpoints.py).
 A request may ask to be served by one slot (``Request.slot``: it waits for that slot, keeping its
 place in the queue while later requests take other slots) or to reuse nothing (``reuse_prefix``).
 Slot save / restore / erase (slot_actions.py) wait for their slot to be idle and run in a batch
@@ -179,8 +179,7 @@ class Scheduler:
             ops,
             tuple(self._copies),
         )
-        self._freed.clear()
-        self._copies.clear()
+        self._freed, self._copies = [], []
         self._in_flight[batch.step] = batch
         return batch
 
