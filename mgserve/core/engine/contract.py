@@ -186,13 +186,15 @@ class ScheduledBatch:
 
     The runner applies a step as: restores (``SeqWork.restore``), then ``checkpoint_moves`` in
     order, then ``slot_ops``, then the forward, then new checkpoints (``SeqWork.checkpoint``).
-    A batch with slot ops carries no work."""
+    A batch with slot ops carries no work. A runner with ``lanes`` (lanes.py) runs a ``lane``
+    batch (prompt chunks, slot ops, moves) beside one other batch (decode tokens only)."""
 
     step: int  # monotonically increasing; results carry it back
     work: tuple[SeqWork, ...]  # at most one entry per slot
     freed_slots: tuple[int, ...] = ()  # slots released since the last step: drop their state
     checkpoint_moves: tuple[CheckpointMove, ...] = ()
     slot_ops: tuple[SlotOp, ...] = ()
+    lane: bool = False  # the prefill lane's batch (lanes.py)
 
 
 class SeqResult(NamedTuple):
