@@ -17,14 +17,12 @@ import pytest
 
 from mgserve.config import Settings, settings_from
 from mgserve.core.engine.actor import Engine
-from mgserve.core.engine.contract import Request, SamplingParams, ScheduledBatch, StepResult
+from mgserve.core.engine.contract import ScheduledBatch, StepResult
 from mgserve.core.engine.runner import ReferenceRunner
 from mgserve.core.models import load_model
+from tests.core.mixed_load import LANE_CHUNKS, LANE_DECODE, LANE_PROMPT, LANE_SETTINGS, Out, serve
 
 DATA = Path(__file__).resolve().parent.parent / "data"
-GREEDY = SamplingParams(temperature=0.0, want_logprob=True)  # logprobs: equal to the bit
-SETTINGS = Settings(parallel=3, ctx_size=512, batch_size=64, checkpoint_every=128)
-N_PROMPT = 321  # chunks of 64 from 0, the last one a single token
 LAG = 2  # decode batches a lane batch waits for
 
 
@@ -66,49 +64,21 @@ class LaneRunner:
         return result
 
 
-Out = dict[str, list[tuple[int | None, float | None]]]
-
-
 async def _serve(model: Any, lanes: bool, fail: str = "") -> tuple[Out, list[int], Any]:
-    """Two decoders, then a long prompt beside them: every request's (token, logprob)s, the
-    lengths of the long prompt's chunks, and the lane runner (None without lanes)."""
-    ref = ReferenceRunner(model, SETTINGS.parallel, SETTINGS.ctx_size)
+    ref = ReferenceRunner(model, LANE_SETTINGS.parallel, LANE_SETTINGS.ctx_size)
     runner = LaneRunner(ref, fail=fail) if lanes else ref
-    engine = Engine(model, SETTINGS, runner=runner)  # type: ignore[arg-type]
-    works: list[int] = []
-    run = runner.run
-
-    def spy(batch: ScheduledBatch) -> StepResult:
-        works.extend(
-            len(w.tokens) for w in batch.work if w.request_id == "p" and w.start < N_PROMPT
-        )
-        return run(batch)
-
-    runner.run = spy  # type: ignore[method-assign]
-    await engine.start()
-    try:
-        assert engine.lanes == lanes
-        decoders = {
-            f"d{i}": engine.submit(Request(f"d{i}", [7 + i, 40, 41], GREEDY, max_tokens=80))
-            for i in range(2)
-        }
-        firsts = {rid: await anext(s) for rid, s in decoders.items()}  # both decode now
-        out: Out = {rid: [(ev.token, ev.logprob)] for rid, ev in firsts.items()}
-        prompt = [(13 * i) % 300 + 10 for i in range(N_PROMPT)]
-        streams = {**decoders, "p": engine.submit(Request("p", prompt, GREEDY, max_tokens=4))}
-        for rid, s in streams.items():
-            out.setdefault(rid, []).extend([(ev.token, ev.logprob) async for ev in s])
-    finally:
-        await engine.stop()
-    return out, works, runner if lanes else None
+    engine = Engine(model, LANE_SETTINGS, runner=runner)  # type: ignore[arg-type]
+    assert engine.lanes == lanes
+    out, chunks = await serve(engine, LANE_PROMPT, LANE_DECODE)
+    return out, chunks, runner
 
 
 async def test_decoders_stream_while_the_lane_computes_the_prompt(model: Any) -> None:
     seq, seq_works, _ = await _serve(model, lanes=False)
     got, works, runner = await _serve(model, lanes=True)
-    assert works == seq_works == [64] * 5 + [1]  # the same chunks, the last token alone
+    assert works == seq_works == LANE_CHUNKS  # the same chunks, the last token alone
     assert got == seq
-    assert [len(t) for t in got.values()] == [80, 80, 4]
+    assert [len(t) for t in got.values()] == [LANE_DECODE, LANE_DECODE, 4]
     chunks = [(t0, t1) for lane, _, ids, t0, t1 in runner.log if lane and "p" in ids]
     assert len(chunks) == 6
     for t0, t1 in chunks:  # every chunk in flight across LAG decode batches of both decoders

@@ -9,23 +9,11 @@ from __future__ import annotations
 import hashlib
 
 from mgserve.core.engine.checkpoints import CheckpointBook
-from mgserve.core.engine.contract import (
-    Request,
-    SamplingParams,
-    ScheduledBatch,
-    SeqResult,
-    StepResult,
-    TokenEvent,
-)
+from mgserve.core.engine.contract import Request, ScheduledBatch, SeqResult, StepResult, TokenEvent
 from mgserve.core.engine.lanes import LaneScheduler
 from mgserve.core.engine.scheduler import Scheduler
 from mgserve.core.engine.slot_actions import SlotAction
-
-GREEDY = SamplingParams(temperature=0.0)
-
-
-def req(rid: str, prompt: list[int], max_tokens: int = 6, **kw: object) -> Request:
-    return Request(rid, prompt, GREEDY, max_tokens, **kw)  # type: ignore[arg-type]
+from tests.core.test_scheduler import req
 
 
 class FakeRunner:
@@ -111,8 +99,8 @@ LONG = [(7 * i) % 90 + 5 for i in range(41)]  # 41 = 5 chunks of 8 and a last on
 def arrivals() -> dict[int, list[Request]]:
     return {
         0: [req("d0", [1, 2, 3], max_tokens=30), req("d1", [4, 5], max_tokens=30)],
-        3: [req("p", LONG)],
-        5: [req("q", LONG[:20] + [3, 3])],  # shares a prefix with p, waits for a slot
+        3: [req("p", LONG, max_tokens=6)],
+        5: [req("q", LONG[:20] + [3, 3], max_tokens=6)],  # shares a prefix with p, waits for a slot
     }
 
 
