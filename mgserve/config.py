@@ -73,6 +73,13 @@ class Settings:
         "--cache-ram",
         "-cram",
     )
+    prefix_copy_min: int = _opt(
+        256,
+        "a new request's slot takes a prompt prefix from another slot's cache (busy or idle: "
+        "its K/V rows and, for recurrent models, a checkpoint or its state) when that reuses at "
+        "least this many tokens more than the slot's own cache (0: off)",
+        "--prefix-copy-min",
+    )
     gpu_memory: str | None = _opt(
         None,
         "device memory the start-up memory plan may use, e.g. 24GiB, 80GB or 20000 (MiB); "
@@ -180,6 +187,8 @@ class Settings:
             raise ValueError(f"ctx-checkpoints must be >= 0, got {self.ctx_checkpoints}")
         if self.cache_ram < 0:
             raise ValueError(f"cache-ram must be >= 0 MiB, got {self.cache_ram}")
+        if self.prefix_copy_min < 0:
+            raise ValueError(f"prefix-copy-min must be >= 0, got {self.prefix_copy_min}")
         if self.gpu_memory is not None:
             parse_size(self.gpu_memory, "gpu-memory")
         if self.itl_target_ms < 0:

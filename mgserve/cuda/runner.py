@@ -15,7 +15,9 @@ grammar, the matcher whose mask is computed while the device runs the step's for
 token (``SeqWork.force``) is a mask of that one token, through the same path. A recurrent
 model's checkpoints (``snapshots.py``) are restored before the forward and taken after it, in the
 order the scheduler's book gives (core/engine/checkpoints.py); a slot save or restore copies a
-whole slot between steps (``snapshots.save_slot`` / ``load_slot``).
+whole slot between steps (``snapshots.save_slot`` / ``load_slot``; a save's copies run on a
+stream of their own, save_stream.py, and a later step writing that slot waits for them); a prefix
+copy from one slot to another is queued first in its step (``snapshots.copy_prefix``).
 
 With ``lanes`` (``--prefill-lane on``, core/engine/lanes.py) ``run`` takes the prefill lane's
 batches in one thread beside the decoders' in another. Each lane has a ``_Lane`` of its own: a
@@ -57,7 +59,16 @@ from mgserve.core.grammar import ForcedToken, Matcher, TokenMask
 from mgserve.cuda.graphs import BUCKETS, DecodeInputs, EagerDecode, GraphDecode
 from mgserve.cuda.models.base import DeviceLM, Span, Step
 from mgserve.cuda.sampling import DeviceSampler, HostBuffers, SamplingBatch, SamplingRow, seeded
-from mgserve.cuda.snapshots import DeviceCheckpoint, load, load_slot, save, save_slot, to_host
+from mgserve.cuda.save_stream import SaveStream
+from mgserve.cuda.snapshots import (
+    DeviceCheckpoint,
+    copy_prefix,
+    load,
+    load_slot,
+    save,
+    save_slot,
+    to_host,
+)
 
 
 @dataclass
@@ -116,6 +127,7 @@ class DeviceRunner:
         self.checkpoints: CheckpointStore[DeviceCheckpoint] = CheckpointStore(
             partial(save, model), partial(load, model), to_host
         )
+        self.saves = SaveStream(device)
 
     def _lane(self, priority: int) -> _Lane:
         gpu = self.device.type == "cuda"
@@ -148,9 +160,15 @@ class DeviceRunner:
         t0 = time.perf_counter()
         for slot in batch.freed_slots:
             self._slots.pop(slot, None)
+        written = [w.slot for w in batch.work] + [c.dst for c in batch.prefix_copies]
+        written += [op.slot for op in batch.slot_ops]
+        for slot in written:
+            if slot >= self.pad_slot:
+                raise ValueError(f"slot {slot} out of range (the model has {self.pad_slot})")
+        self.saves.before(written)  # a slot still being saved is read to the end first
+        for copy in batch.prefix_copies:  # before a new sequence resets a source's state
+            copy_prefix(self.model, self.checkpoints, copy)
         for w in batch.work:
-            if w.slot >= self.pad_slot:
-                raise ValueError(f"slot {w.slot} out of range (the model has {self.pad_slot})")
             if w.new_sequence:
                 self._slots[w.slot] = _SlotSampling(seeded(w.sampling), list(w.history))
             if w.grammar is not None:
@@ -162,7 +180,7 @@ class DeviceRunner:
             saved: dict[str, SlotTensors] = {}
             for op in batch.slot_ops:
                 if isinstance(op, SlotSave):
-                    saved[op.id] = save_slot(self.model, self.checkpoints, op)
+                    saved[op.id] = save_slot(self.model, self.checkpoints, op, self.saves)
                 elif isinstance(op, SlotLoad):
                     load_slot(self.model, self.checkpoints, op, self._host_state)
             return StepResult(batch.step, seconds=time.perf_counter() - t0, saved=saved)

@@ -9,9 +9,12 @@ prompt step's forward, a move to host memory is one copy into pinned memory, and
 copy back from there, then a scatter into the pools) runs before the step that continues from it.
 
 A slot save (``save_slot``) copies to host memory the slot's K/V rows and QSA block keys of its
-tokens, its live recurrent state and its checkpoints, each packed as a checkpoint is; a load
-checks all of them against the slot before it writes (core/engine/slot_state.py). Both wait for
-the device: they run between steps, when a client asks.
+tokens, its live recurrent state and its checkpoints, each packed as a checkpoint is, on a stream
+of its own (save_stream.py: decoders keep going meanwhile); a load checks all of them against the
+slot before it writes (core/engine/slot_state.py) and waits for the device. A prefix copy
+(``copy_prefix``) copies a slot's first rows into another slot and the source's checkpoint (or
+live state) into the target's state, device to device on the current stream, queued before the
+step's forward.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from mgserve.core.engine import slot_state
 from mgserve.core.engine.checkpoints import CheckpointStore
-from mgserve.core.engine.contract import SlotLoad, SlotSave
-from mgserve.core.engine.slot_state import Part, check, ckpt_name, copy_in, copy_out, layout
+from mgserve.core.engine.contract import PrefixCopy, SlotLoad, SlotSave, SlotTensors
+from mgserve.core.engine.slot_state import Part, check, ckpt_name, copy_in, layout, rows
 from mgserve.cuda.models.base import DeviceLM
 from mgserve.cuda.pools import SlotPools
+from mgserve.cuda.save_stream import SaveStream
 
 
 class DeviceCheckpoint(NamedTuple):
@@ -67,22 +72,30 @@ def _parts(pools: SlotPools, slot: int) -> dict[str, Part]:
     return parts
 
 
+def copy_prefix(model: DeviceLM, store: CheckpointStore[DeviceCheckpoint], op: PrefixCopy) -> None:
+    pools = model.pools
+    slot_state.copy_rows(_parts(pools, op.src), _parts(pools, op.dst), op.n)
+    if pools.recurrent(op.dst):
+        load(model, op.dst, save(model, op.src) if op.live else store.get(op.src, op.n))
+
+
 def _named(prefix: str, ckpt: DeviceCheckpoint) -> dict[str, torch.Tensor]:
-    out = {prefix + "state": ckpt.state.to("cpu", copy=True)}
+    out = {prefix + "state": ckpt.state}
     if ckpt.host is not None:
         out[prefix + "host"] = torch.from_numpy(np.array(ckpt.host, dtype=np.int64))
     return out
 
 
 def save_slot(
-    model: DeviceLM, store: CheckpointStore[DeviceCheckpoint], op: SlotSave
-) -> dict[str, torch.Tensor]:
-    out = copy_out(_parts(model.pools, op.slot), len(op.tokens))
+    model: DeviceLM, store: CheckpointStore[DeviceCheckpoint], op: SlotSave, saves: SaveStream
+) -> SlotTensors:
+    n = len(op.tokens)
+    out = {name: rows(p, n) for name, p in _parts(model.pools, op.slot).items()}
     if model.pools.recurrent(op.slot):
         out |= _named("", save(model, op.slot))
         for pos, ckpt in store.of_slot(op.slot, op.checkpoints).items():
             out |= _named(ckpt_name(pos, ""), ckpt)
-    return out
+    return saves.copy(op.slot, out)
 
 
 def load_slot(

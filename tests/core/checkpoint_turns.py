@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from mgserve.config import Settings
 from mgserve.core.engine.actor import Engine
-from mgserve.core.engine.contract import Request, SamplingParams
+from mgserve.core.engine.contract import Request, SamplingParams, TokenEvent
 
 SETTINGS = Settings(parallel=1, ctx_size=256, batch_size=32, checkpoint_every=64)
 PARAMS = SamplingParams(temperature=0.0, n_probs=3, want_logprob=True)
@@ -42,6 +42,11 @@ class Answer(NamedTuple):
 async def ask(engine: Engine, rid: str, prompt: list[int]) -> Answer:
     events = [ev async for ev in engine.submit(Request(rid, prompt, PARAMS, max_tokens=N_GEN))]
     assert events[-1].finish_reason == "length", events[-1]
+    return answer_of(events)
+
+
+def answer_of(events: list[TokenEvent]) -> Answer:
+    """A request's answer from its events, the last one included."""
     got = [ev for ev in events if ev.token is not None]
     return Answer(
         [ev.token for ev in got],  # type: ignore[misc]

@@ -97,3 +97,41 @@ async def test_gpu_slot_restored_after_a_restart(arch: str, tmp_path: Path, cuda
     assert _diff(t.restored, t.live) < 1e-3  # the same state and kernels: expected bit for bit
     assert t.edited.n_cached == EDITED_CACHED[rewindable]
     assert t.edited.tokens == want.tokens and _diff(t.edited, want) < 1e-3
+
+
+def test_save_stream_on_the_cpu_copies_at_once() -> None:
+    from mgserve.cuda.save_stream import SaveStream
+
+    src = torch.arange(8.0)
+    got = SaveStream(torch.device("cpu")).copy(0, {"x": src[:4]})
+    src.fill_(-1.0)
+    assert torch.equal(got["x"], torch.arange(4.0))
+
+
+@pytest.mark.gpu
+def test_gpu_slot_save_copies_beside_the_steps() -> None:
+    """512 MiB copied on the save stream: the call returns before the copy ends; a step writing
+    the slot afterwards (the compute stream) waits for it on the device, so the copy holds the
+    values from before."""
+    import time
+
+    from mgserve.cuda.save_stream import SaveStream
+
+    dev = torch.device("cuda", 0)
+    src = torch.arange(1 << 27, dtype=torch.int32, device=dev)
+    saves = SaveStream(dev)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    got = saves.copy(3, {"x": src})
+    queued = time.perf_counter() - t0
+    saves.before([3])
+    src.fill_(-1)  # queued on the compute stream behind the save
+    t1 = time.perf_counter()
+    x = got["x"]  # waits for the copy
+    waited = time.perf_counter() - t1
+    print(f"512 MiB save: queued in {queued * 1e3:.2f} ms, then {waited * 1e3:.2f} ms to the end")
+    assert x.is_pinned()
+    assert torch.equal(x[-3:], torch.arange((1 << 27) - 3, 1 << 27, dtype=torch.int32))
+    assert torch.equal(x[:3], torch.arange(3, dtype=torch.int32))
+    torch.cuda.synchronize()
+    assert bool((src == -1).all())

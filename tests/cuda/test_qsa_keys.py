@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 
 def test_keys_match_torch(cuda_ops, torch_ops) -> None:
     g = torch.Generator(device="cuda").manual_seed(3)
-    raw = torch.randn(30, DIM, generator=g, device="cuda")
+    raw = torch.randn(31, DIM, generator=g, device="cuda")  # row t + 1 of the last step too
     k_norm = torch.rand(DIM, generator=g, device="cuda") + 0.5
     got, want = [t.cuda() for t in pools(3)], [t.cuda() for t in pools(3)]
     for b, (pending, blocks) in ((cuda_ops, got), (torch_ops, want)):

@@ -90,6 +90,7 @@ class Engine:
             checkpoints=book,
             itl_target=0.0 if self.lanes else settings.itl_target_ms / 1e3,
             prefill_sessions=settings.prefill_sessions,
+            prefix_copy=settings.prefix_copy_min,
         )
         self.max_queue = settings.max_queue
         self._wake = asyncio.Event()  # set by submit: the idle actor has work
@@ -232,6 +233,7 @@ class Engine:
             events = self._sched.fail(batch.step, f"{type(e).__name__}: {e}")
             self.slot_waiters.settle(batch, e)
         else:
+            self.metrics.prefix_copies += len(batch.prefix_copies)
             if batch.work:  # a slot save / restore / erase is a step of its own
                 self.metrics.on_step(batch, n_prompt, result)
             events = self._progress(batch) + self._sched.apply(result)

@@ -113,8 +113,13 @@ class CheckpointBook:
         the one at ``n``, if any (the request restores it), becomes the most recently used."""
         for key in [k for k in self._entries if k[0] == slot and k[1] > n]:
             self._drop(key)
-        if (slot, n) in self._entries:
-            self._entries[(slot, n)].used = self._tock()
+        self.touch(slot, n)
+
+    def touch(self, slot: int, pos: int) -> None:
+        """(slot, pos), if held, is about to be read (restored or copied): the most recently
+        used."""
+        if (slot, pos) in self._entries:
+            self._entries[(slot, pos)].used = self._tock()
 
     def replace(self, slot: int, positions: tuple[int, ...]) -> tuple[int, ...]:
         """A saved slot is loaded into ``slot``: its checkpoints replace the slot's in the runner
@@ -157,14 +162,17 @@ class CheckpointStore(Generic[T]):
         """Restores, then the book's moves: what the step does before its forward."""
         for w in batch.work:
             if w.restore:
-                ckpt = self.held.get((w.slot, w.start))
-                if ckpt is None:
-                    raise RuntimeError(f"no checkpoint of slot {w.slot} at position {w.start}")
-                self._load(w.slot, ckpt)
+                self._load(w.slot, self.get(w.slot, w.start))
         for m in batch.checkpoint_moves:
             ckpt = self.held.pop((m.slot, m.pos), None)  # None: its step failed, never taken
             if m.to_host and ckpt is not None:
                 self.held[(m.slot, m.pos)] = self._to_host(ckpt)
+
+    def get(self, slot: int, pos: int) -> T:
+        ckpt = self.held.get((slot, pos))
+        if ckpt is None:
+            raise RuntimeError(f"no checkpoint of slot {slot} at position {pos}")
+        return ckpt
 
     def of_slot(self, slot: int, positions: tuple[int, ...]) -> dict[int, T]:
         """The checkpoints of ``slot`` at ``positions`` (a slot save copies them)."""

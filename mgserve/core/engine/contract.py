@@ -134,6 +134,19 @@ class SeqWork:
     checkpoint: bool = False
 
 
+class PrefixCopy(NamedTuple):
+    """A request placed in slot ``dst`` takes the first ``n`` positions of slot ``src``'s cache
+    (busy or idle; it only appends past them): their K/V rows and QSA block keys, and for a
+    recurrent model ``src``'s state at ``n`` into ``dst``'s live state, from its checkpoint at
+    ``n`` or (``live``) its own live state, which is at ``n`` when the step starts."""
+
+    request_id: str  # the request it serves in ``dst``
+    src: int
+    dst: int
+    n: int
+    live: bool = False
+
+
 class CheckpointMove(NamedTuple):
     """A checkpoint the runner holds, moved by the scheduler's book (checkpoints.py)."""
 
@@ -184,16 +197,19 @@ SlotOp = SlotSave | SlotLoad | SlotErase
 class ScheduledBatch:
     """Everything the runner needs for one step. The runner never looks at the queue.
 
-    The runner applies a step as: restores (``SeqWork.restore``), then ``checkpoint_moves`` in
-    order, then ``slot_ops``, then the forward, then new checkpoints (``SeqWork.checkpoint``).
-    A batch with slot ops carries no work. A runner with ``lanes`` (lanes.py) runs a ``lane``
-    batch (prompt chunks, slot ops, moves) beside one other batch (decode tokens only)."""
+    The runner applies a step as: ``prefix_copies`` in order (before anything else touches a
+    slot, so each reads its source as the previous steps left it), then restores
+    (``SeqWork.restore``), then ``checkpoint_moves`` in order, then ``slot_ops``, then the
+    forward, then new checkpoints (``SeqWork.checkpoint``). A batch with slot ops carries no
+    work. A runner with ``lanes`` (lanes.py) runs a ``lane`` batch (prompt chunks, prefix
+    copies, slot ops, moves) beside one other batch (decode tokens only)."""
 
     step: int  # monotonically increasing; results carry it back
     work: tuple[SeqWork, ...]  # at most one entry per slot
     freed_slots: tuple[int, ...] = ()  # slots released since the last step: drop their state
     checkpoint_moves: tuple[CheckpointMove, ...] = ()
     slot_ops: tuple[SlotOp, ...] = ()
+    prefix_copies: tuple[PrefixCopy, ...] = ()
     lane: bool = False  # the prefill lane's batch (lanes.py)
 
 

@@ -8,14 +8,16 @@ the chunk. With it, the scheduler plans two kinds of batches, each in flight on 
 - the lane's batches (``schedule_lane``, when the lane's last batch is applied): the slot ops,
   else the admissions and the prompt chunks, in whole ``batch_size`` chunks cut where the
   sequential scheduler cuts them (the pacer is off: a chunk no longer delays decoders), with the
-  book's moves and the freed slots. A chunk stays in flight across as many decode batches as it
-  takes.
+  book's moves, the prefix copies and the freed slots. A chunk stays in flight across as many
+  decode batches as it takes.
 
 A session is in one lane at a time: its prompt in the lane's batches, then its tokens in the
-decoders'. The checkpoint store and every slot op are the lane's alone, so they keep the
-sequential order among themselves and no decode batch touches them. A slot a batch in flight
-computes on (an aborted session's too) takes no other request and is freed for the runner only
-once that batch is applied (``Scheduler._held``), so two lanes never write one slot. Each lane
+decoders'. The checkpoint store, the slot ops and the prefix copies are the lane's alone, so they
+keep the sequential order among themselves and no decode batch touches them. A slot a batch in
+flight computes on (an aborted session's too) takes no other request, lends nothing and is freed
+for the runner only once that batch is applied (``Scheduler._held``), so two lanes never write
+one slot; a decoding session lends its K/V rows (the positions below its length, which its decode
+batches never write) and its checkpoints, not its live state (placement.py). Each lane
 computes what it would compute sequentially (the runner keeps decode rows on the decode kernels
 and prompt rows on the prompt path), so the tokens are the same; only when they come changes.
 
@@ -26,12 +28,18 @@ in flight.
 
 from __future__ import annotations
 
+from typing import Any
+
 from mgserve.core.engine.contract import ScheduledBatch
 from mgserve.core.engine.scheduler import Scheduler
 
 
 class LaneScheduler(Scheduler):
     """The scheduler with a prefill lane (see the module docstring); its pacer is off."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.placer.live_decoders = False
 
     def schedule(self) -> ScheduledBatch | None:
         """The decoders' next batch: one token each for sessions past their prompt, not in

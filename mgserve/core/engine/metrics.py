@@ -78,6 +78,7 @@ class EngineMetrics:
         self.cache_hits = 0  # requests that reused part of a slot's cache
         self.tokens_reused = 0
         self.restores = 0
+        self.prefix_copies = 0  # prompt prefixes copied from another slot (placement.py)
         self.ttft, self.itl = Buckets(), Buckets()
         self.steps = {p: Buckets() for p in PHASES}
         self.registry = CollectorRegistry(auto_describe=False)
@@ -154,7 +155,7 @@ class EngineMetrics:
                 ),
                 (
                     "mgserve_prompt_cache_hits_total",
-                    "requests that reused part of a slot's cache",
+                    "requests that reused part of a slot's cache (theirs or a copy)",
                     self.cache_hits,
                 ),
                 (
@@ -166,6 +167,11 @@ class EngineMetrics:
                     "mgserve_checkpoint_restores_total",
                     "recurrent-state checkpoints restored",
                     self.restores,
+                ),
+                (
+                    "mgserve_prefix_copies_total",
+                    "prompt prefixes copied from another slot's cache",
+                    self.prefix_copies,
                 ),
             )
         )

@@ -10,7 +10,9 @@ whatever was at ``start`` and later), which is what makes that reuse safe withou
 A recurrent model's checkpoints (checkpoints.py) are ``HybridState`` snapshots in CPU memory; the
 book's device and host tiers are both host memory here, so a move to the host keeps it as it is.
 A slot save copies the slot's K/V rows (and qwen4exp's QSA block keys) and, for a recurrent model,
-its live state and checkpoints as snapshots, named by field (slot_state.py).
+its live state and checkpoints as snapshots, named by field (slot_state.py). A prefix copy copies
+the first rows of one slot into another, and a recurrent source's checkpoint (or live state) into
+the target's state, before anything else in its step.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from typing import Any
 
 import torch
 
+from mgserve.core.engine import slot_state
 from mgserve.core.engine.checkpoints import CheckpointStore
 from mgserve.core.engine.contract import (
+    PrefixCopy,
     ScheduledBatch,
     SeqResult,
     SlotLoad,
@@ -83,6 +87,8 @@ class ReferenceRunner:
         t0 = time.perf_counter()
         for slot in batch.freed_slots:
             self._samplers.pop(slot, None)
+        for copy in batch.prefix_copies:
+            self._copy(copy)
         self.checkpoints.before(batch)
         if batch.slot_ops:
             saved = {op.id: self._save(op) for op in batch.slot_ops if isinstance(op, SlotSave)}
@@ -123,7 +129,16 @@ class ReferenceRunner:
         n_tokens = sum(len(w.tokens) for w in batch.work)
         return StepResult(batch.step, results, n_tokens, time.perf_counter() - t0)
 
-    # -- slot save / restore ---------------------------------------------------------------------
+    # -- prefix copy, slot save / restore --------------------------------------------------------
+
+    def _copy(self, op: PrefixCopy) -> None:
+        slot_state.copy_rows(self._parts(op.src), self._parts(op.dst), op.n)
+        state = self._cache(op.dst)
+        if isinstance(state, HybridState):
+            src = self._state(op.src)
+            if op.live and src.pos != op.n:
+                raise RuntimeError(f"slot {op.src}'s state is at {src.pos}, not {op.n}")
+            state.restore(src.snapshot() if op.live else self.checkpoints.get(op.src, op.n))
 
     def _parts(self, slot: int) -> dict[str, Part]:
         """The slot's positional tensors, one per layer: K/V (scales too), QSA block keys."""

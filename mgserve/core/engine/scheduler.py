@@ -1,20 +1,19 @@
 """The scheduler: slots, a FIFO queue, and one decision per step.
 
 Pure and synchronous (no asyncio, no torch): the engine actor wraps it, tests drive it with fake
-step results. Each step, per session: a decoding session feeds its last sampled token (1 token); a
-session still in its prompt feeds a chunk. Prompt tokens per step are bounded by ``batch_size`` and
-given oldest request first, to at most ``prefill_sessions`` sessions (0: any number), so
-decoders keep streaming while a long prompt is chunked beside them. With a latency target
+step results. Each step, per session: a decoding session feeds its last sampled token; a session
+in its prompt feeds a chunk. Prompt tokens per step are bounded by ``batch_size`` and given oldest
+request first, to at most ``prefill_sessions`` sessions (0: any number). With a latency target
 (``itl_target``, seconds) the budget beside decoders is the pacer's (pacing.py): whole pieces of
 a chunk, so the cuts stay where they are.
 
 Prefix reuse: every slot remembers the token ids its cache holds. A new request takes the free slot
-whose cache shares the longest prefix with its prompt and starts there; the last prompt token is
-always recomputed, since its logits give the first generated token. A recurrent state (Gated
-DeltaNet, ``rewindable=False``) cannot be cut back: such a slot is reused up to its whole history
-when that starts the prompt, else up to its latest checkpoint in the common prefix (checkpoints.py;
-the first work restores it), else from 0 (a reset). Their prompt chunks end on absolute multiples
-of ``batch_size`` (and ``--checkpoint-every``), where checkpoints are taken (checkpoints.py).
+whose cache serves the longest prefix of its prompt and starts there (placement.py: a recurrent
+state, ``rewindable=False``, serves its whole history or its latest checkpoint in the common
+prefix, which the first work restores); with ``prefix_copy`` > 0 a prefix that many tokens
+longer held by any other slot, busy or idle, is copied in first (a ``PrefixCopy`` in the next
+batch). Recurrent models' prompts are cut on absolute multiples of ``batch_size`` and
+``--checkpoint-every``, where checkpoints are taken (checkpoints.py).
 A request may ask to be served by one slot (``Request.slot``: it waits for that slot, keeping its
 place in the queue while later requests take other slots) or to reuse nothing (``reuse_prefix``).
 Slot save / restore / erase (slot_actions.py) wait for their slot to be idle and run in a batch
@@ -33,6 +32,7 @@ from collections.abc import Callable
 
 from mgserve.core.engine.checkpoints import CheckpointBook
 from mgserve.core.engine.contract import (
+    PrefixCopy,
     Request,
     ScheduledBatch,
     SeqResult,
@@ -42,9 +42,10 @@ from mgserve.core.engine.contract import (
     TokenEvent,
 )
 from mgserve.core.engine.pacing import PrefillPacer
+from mgserve.core.engine.placement import Placer
 from mgserve.core.engine.reasoning import ReasoningTracker
 from mgserve.core.engine.slot_actions import SlotActions, undo
-from mgserve.core.engine.slots import Session, Slot, common_prefix
+from mgserve.core.engine.slots import Session, Slot
 
 
 class Scheduler:
@@ -59,6 +60,7 @@ class Scheduler:
         checkpoints: CheckpointBook | None = None,
         itl_target: float = 0.0,
         prefill_sessions: int = 0,
+        prefix_copy: int = 0,
     ) -> None:
         if n_slots < 1 or n_ctx < 2 or batch_size < 1 or prefill_sessions < 0:
             raise ValueError(
@@ -68,16 +70,17 @@ class Scheduler:
         self.batch_size = batch_size
         self.prefill_sessions = prefill_sessions  # sessions given prompt tokens per step (0: any)
         self.pacer = PrefillPacer(itl_target, batch_size)
-        self.rewindable = rewindable  # a slot's state can be cut back to any prefix of its history
         self.checkpoints = CheckpointBook.off()  # a KV cache rewinds without them
         if checkpoints is not None and not rewindable:
             self.checkpoints = checkpoints
+        self.placer = Placer(rewindable, self.checkpoints, prefix_copy)
         self.slots = [Slot(i) for i in range(n_slots)]
         self.queue: deque[tuple[Request, float]] = deque()
         self.actions = SlotActions()
         self._clock = clock
         self._step = 0
         self._freed: list[int] = []
+        self._copies: list[PrefixCopy] = []  # planned, for the next batch
         self._in_flight: dict[int, ScheduledBatch] = {}
 
     # -- requests in and out ---------------------------------------------------------------------
@@ -108,15 +111,19 @@ class Scheduler:
         """The runner failed on ``step``: end its sessions with an error and forget their caches."""
         batch = self._in_flight.pop(step, None)
         self.pacer.discard(step)
+        if batch is None:
+            return []
         events: list[TokenEvent] = []
-        for op in batch.slot_ops if batch else ():
+        for op in batch.slot_ops:
             undo(op, self.slots[op.slot], self.checkpoints)
-        for w in batch.work if batch else ():
-            slot = self.slots[w.slot]
+        # what the targets of copies and the sessions that worked hold is unknown now
+        touched = [(c.dst, c.request_id) for c in batch.prefix_copies]
+        for slot_id, request_id in touched + [(w.slot, w.request_id) for w in batch.work]:
+            slot = self.slots[slot_id]
             s = slot.session
-            slot.cached.clear()  # what the cache holds is unknown now
+            slot.cached.clear()
             self.checkpoints.keep(slot.id, -1)
-            if s is not None and s.req.id == w.request_id:
+            if s is not None and s.req.id == request_id:
                 self._release(slot)
                 events.append(s.event(slot.id, None, finish_reason="error", error=error))
         return events
@@ -147,11 +154,9 @@ class Scheduler:
         return [(sl, s) for sl, s in sessions if s.prefilling == prefilling]
 
     def _prompt_work(self, prompts: list[tuple[Slot, Session]], budget: int) -> list[SeqWork]:
-        """Prompt chunks of ``prompts``, oldest request first, within ``budget`` tokens. A prompt
-        is always cut at the same places (every batch_size tokens from where its computation
-        starts; with checkpoints, on absolute multiples; with a target, in pieces of those):
-        what does not fit waits for the next step instead of being cut shorter, so a session's
-        numbers never depend on its neighbours (DESIGN.md: concurrency never changes results)."""
+        """Prompt chunks of ``prompts``, oldest request first, within ``budget`` tokens, cut where
+        they always are (a chunk that does not fit waits instead of being cut shorter, so a
+        session's numbers never depend on its neighbours: DESIGN.md)."""
         work = []
         for slot, s in sorted(prompts, key=lambda p: p[1].t_added)[: self.prefill_sessions or None]:
             if s.n_done >= s.chunk[1]:  # the next chunk
@@ -175,13 +180,14 @@ class Scheduler:
         freed = tuple(s for s in dict.fromkeys(self._freed) if s not in held)
         self._freed = [s for s in self._freed if s in held]
         moves = self.checkpoints.take_moves() if chores else ()
-        batch = ScheduledBatch(self._step, work, freed, moves, ops, lane)
+        copies, self._copies = (tuple(self._copies), []) if chores else ((), self._copies)
+        batch = ScheduledBatch(self._step, work, freed, moves, ops, copies, lane)
         self._in_flight[batch.step] = batch
         return batch
 
     def _held(self) -> set[int]:
-        """Slots a batch in flight computes on: until it is applied (it may run beside the next,
-        lanes.py), they take no other request and are not freed for the runner."""
+        """Slots a batch in flight computes on: they take no request, lend nothing, stay unfreed
+        for the runner until it is applied (it may run beside the next: lanes.py)."""
         return {w.slot for b in self._in_flight.values() for w in b.work}
 
     def observe(self, step: int, seconds: float) -> None:
@@ -219,24 +225,22 @@ class Scheduler:
             if not free:  # pinned to a busy slot
                 pinned.append((req, t_added))
                 continue
-            n_of = {sl.id: self._reusable(sl, req.prompt) if req.reuse_prefix else 0 for sl in free}
-            # longest reusable prefix wins; among equals, the least recently used cache is given up
-            slot = max(free, key=lambda sl: (n_of[sl.id], -sl.last_used))
-            n_cached = n_of[slot.id]
-            restore = 0 < n_cached < len(slot.cached) and not self.rewindable
-            del slot.cached[n_cached:]
-            self.checkpoints.keep(slot.id, n_cached)
+            lenders = [sl for sl in self.slots if sl.id not in held]
+            slot, n_cached, restore, copy = self.placer.place(req, free, lenders)
+            if copy is None:
+                del slot.cached[n_cached:]
+                self.checkpoints.keep(slot.id, n_cached)
+            else:  # the slot's own rows and checkpoints give way to the copy
+                slot.cached[:] = req.prompt[:n_cached]
+                self.checkpoints.keep(slot.id, -1)
+                self.checkpoints.touch(copy.src, copy.n)
+                self._copies.append(copy)
             rb, constrained = req.reasoning, req.grammar is not None
             think = None if rb is None else ReasoningTracker(rb, constrained)
             slot.session = Session(req, t_added, n_cached, n_done=n_cached, restore=restore,
                                    reasoning=think, grammar_pending=constrained)  # fmt: skip
             slot.last_used = self._step
         self.queue.extendleft(reversed(pinned))
-
-    def _reusable(self, slot: Slot, prompt: list[int]) -> int:
-        """Prompt tokens a request can take from ``slot``'s cache (the last one is recomputed)."""
-        n = min(common_prefix(slot.cached, prompt), len(prompt) - 1)
-        return n if self.rewindable or n == len(slot.cached) else self.checkpoints.best(slot.id, n)
 
     def _work(
         self, slot: Slot, s: Session, tokens: tuple[int, ...], sample: bool, ckpt: bool = False
@@ -246,20 +250,11 @@ class Scheduler:
         grammar = None  # the grammar constrains the answer: it waits for the reasoning to close
         if sample and s.grammar_pending and (think is None or think.closed):
             grammar, s.grammar_pending = s.req.grammar, False
-        w = SeqWork(
-            slot=slot.id,
-            request_id=s.req.id,
-            tokens=tokens,
-            start=start,
-            sample=sample,
-            sampling=s.req.sampling,
-            new_sequence=s.new_sequence,
-            history=tuple(slot.cached) if s.new_sequence else (),
-            grammar=grammar,
-            force=think.forced() if think is not None else None,
-            restore=s.restore and s.new_sequence,
-            checkpoint=ckpt,
-        )
+        w = SeqWork(slot.id, s.req.id, tokens, start, sample, s.req.sampling,
+                    new_sequence=s.new_sequence,
+                    history=tuple(slot.cached) if s.new_sequence else (),
+                    grammar=grammar, force=think.forced() if think is not None else None,
+                    restore=s.restore and s.new_sequence, checkpoint=ckpt)  # fmt: skip
         if ckpt:
             self.checkpoints.add(slot.id, start + len(tokens))
         slot.cached.extend(tokens)

@@ -1,4 +1,5 @@
-"""A slot's state copied out of a runner and back (slot save / restore): what both runners share.
+"""A slot's state copied out of a runner and back (slot save / restore), or into another slot (a
+prefix copy): what both runners share.
 
 Each runner names the tensors of a slot (``Part``s: K/V and QSA block keys, whose first axis is
 positions, cut to a state of n tokens; the recurrent state and checkpoints whole). A save copies
@@ -57,3 +58,10 @@ def layout(parts: Mapping[str, Part], n: int) -> dict[str, tuple[torch.dtype, tu
 def copy_in(parts: Mapping[str, Part], n: int, tensors: SlotTensors) -> None:
     for name, p in parts.items():
         rows(p, n).copy_(tensors[name])
+
+
+def copy_rows(src: Mapping[str, Part], dst: Mapping[str, Part], n: int) -> None:
+    """The rows of a state of ``n`` tokens from one slot's parts into another's (a prefix copy),
+    where they live, on the current stream."""
+    for name, p in dst.items():
+        rows(p, n).copy_(rows(src[name], n))

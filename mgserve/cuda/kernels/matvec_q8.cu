@@ -246,14 +246,21 @@ __device__ void matvec_q8mma(const u8* __restrict__ w, const i8* __restrict__ xq
         matvec_q8mma<TYPE, NT>(w, xq, xd, y, n_rows, k, n_tok, bias, res);                    \
     }
 
-#define MATVEC_Q8_TYPE(TYPE)    \
-    MATVEC_Q8_ENTRY(TYPE, 1)    \
-    MATVEC_Q8_ENTRY(TYPE, 2)    \
-    MATVEC_Q8_ENTRY(TYPE, 4)    \
-    MATVEC_Q8_ENTRY(TYPE, 8)    \
+#if Q8_GROUP_THREADS == Q8_THREADS  // the mma kernels mirror the 128-thread groups only
+#define MATVEC_Q8MMA_TYPE(TYPE)     \
     MATVEC_Q8MMA_ENTRY(TYPE, 2) \
     MATVEC_Q8MMA_ENTRY(TYPE, 4) \
     MATVEC_Q8MMA_ENTRY(TYPE, 8)
+#else
+#define MATVEC_Q8MMA_TYPE(TYPE)
+#endif
+
+#define MATVEC_Q8_TYPE(TYPE) \
+    MATVEC_Q8_ENTRY(TYPE, 1) \
+    MATVEC_Q8_ENTRY(TYPE, 2) \
+    MATVEC_Q8_ENTRY(TYPE, 4) \
+    MATVEC_Q8_ENTRY(TYPE, 8) \
+    MATVEC_Q8MMA_TYPE(TYPE)
 
 MATVEC_Q8_TYPE(Q4_K)
 MATVEC_Q8_TYPE(Q6_K)

@@ -65,7 +65,7 @@ class LinearCuda:
     prompt chunks multiply the dequantized fp32 weights of the torch version instead of f16 tiles
     (comparing whole models with the reference without the f16 rounding; slow).
     ``cublas_prefill``: prompt chunks take the dequant + cuBLAS path. ``q8_*``: the int8 kernels'
-    shape, 2..8 tokens on tensor cores (``LinearQ8``); ``hgemm``: long prompts' f16 GEMM tiles."""
+    shape, tensor cores for 2..8 tokens (``LinearQ8``); ``hgemm``: long prompts' f16 GEMM tiles."""
 
     def __init__(
         self,
@@ -75,7 +75,7 @@ class LinearCuda:
         q8_rows: tuple[int, int] = (2, 2),
         q8_group: int = 128,
         hgemm: HGemmTuning | None = None,
-        q8_mma: bool = True,
+        q8_mma: bool = False,
     ) -> None:
         self.kernels, self.fallback = kernels, fallback
         self.device = kernels.device

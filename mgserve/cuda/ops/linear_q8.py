@@ -50,10 +50,12 @@ class LinearQ8:
     Q8_ROWS_1 / Q8_ROWS_N / Q8_GROUP_THREADS macros of matvec_q8.cu, measured by
     ``bench matvec --q8-rows``. ``mma``: 2..8 tokens take the tensor-core kernels
     (matvec_q8mma_*, the same bits as the dp4a ones; only with ``group`` 128, whose reduction
-    order they mirror); False keeps dp4a (``bench matvec --q8-mma`` compares them)."""
+    order they mirror). Off by default: on the H200 (2026-12-03) they were slower than dp4a for
+    5 tokens (Q4_K 10240 x 2560: 36.3 us against 25.0; in a full-width decode step 5.29 ms
+    against 2.81), so ``bench matvec --q8-mma on,off`` keeps them measurable."""
 
     def __init__(
-        self, kernels: Kernels, rows: tuple[int, int] = (2, 2), group: int = 128, mma: bool = True
+        self, kernels: Kernels, rows: tuple[int, int] = (2, 2), group: int = 128, mma: bool = False
     ) -> None:
         if len(rows) != 2 or not all(1 <= r <= 8 for r in rows):
             raise ValueError(f"q8_rows must be two row counts in 1..8, got {rows}")

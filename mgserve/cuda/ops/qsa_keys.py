@@ -104,6 +104,8 @@ class BlockKeys:
             check_cuda(name, t, dev, torch.float32)
         for name, t in (("slots", slots), ("pos", pos)):
             check_cuda(name, t, dev, torch.int32)
+            if tuple(t.shape) != (n,):
+                raise ValueError(f"qsa_keys: {name} must be [{n}], one per raw key, got {t.shape}")
         if n == 0:
             return
         pooled = torch.empty(n, dim, dtype=torch.float32, device=dev)
