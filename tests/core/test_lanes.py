@@ -9,7 +9,15 @@ from __future__ import annotations
 import hashlib
 
 from mgserve.core.engine.checkpoints import CheckpointBook
-from mgserve.core.engine.contract import Request, ScheduledBatch, SeqResult, StepResult, TokenEvent
+from mgserve.core.engine.contract import (
+    PrefixCopy,
+    Request,
+    ScheduledBatch,
+    SeqResult,
+    SeqWork,
+    StepResult,
+    TokenEvent,
+)
 from mgserve.core.engine.lanes import LaneScheduler
 from mgserve.core.engine.scheduler import Scheduler
 from mgserve.core.engine.slot_actions import SlotAction
@@ -214,3 +222,33 @@ def test_a_failed_chunk_fails_only_its_request() -> None:
     assert [(e.request_id, e.finish_reason) for e in events] == [("p", "error")]
     assert {e.request_id for e in s.apply(runner.run(d))} == {"d0", "d1"}
     assert s.slots[2].session is None and s.slots[2].cached == []
+
+
+def test_prefix_copies_ride_the_lane_and_decoders_lend_no_live_state() -> None:
+    book = CheckpointBook(every=0, per_slot=4, host_bytes=0, nbytes=1)
+    s = LaneScheduler(3, 64, 4, rewindable=False, checkpoints=book, prefix_copy=4)
+    runner = FakeRunner()
+    s.add(req("a", [*range(1, 11), 20, 21]))  # chunks end at 4, 8, 12; a checkpoint at 8
+    while (lane := s.schedule_lane()) is not None:
+        s.apply(runner.run(lane))
+    d = s.schedule()  # a decodes: its live state is at its history's length when d is applied
+    assert d is not None
+    s.apply(runner.run(d))
+    history = list(s.slots[0].cached)
+    s.add(req("b", [*history, 50], slot=1))  # sequentially: a's live state, copied
+    d = s.schedule()
+    assert d is not None and not d.prefix_copies  # decode batches carry none
+    lane = s.schedule_lane()  # with a's decode batch in flight: a lends nothing
+    assert lane is not None and not lane.prefix_copies and work_of(lane, "b").start == 0
+    s.apply(runner.run(d))
+    s.apply(runner.run(lane))
+    s.abort("b")
+    history = list(s.slots[0].cached)  # a's state is after all of it, a is not in flight
+    s.add(req("c", [*history, 60], slot=2))
+    lane = s.schedule_lane()  # a lends its checkpoint at 8, not its live state
+    assert lane is not None and lane.prefix_copies == (PrefixCopy("c", 0, 2, 8, False),)
+    assert work_of(lane, "c").start == 8
+
+
+def work_of(batch: ScheduledBatch, rid: str) -> SeqWork:
+    return next(w for w in batch.work if w.request_id == rid)

@@ -15,7 +15,7 @@ A session is in one lane at a time: its prompt in the lane's batches, then its t
 decoders'. The checkpoint store, the slot ops and the prefix copies are the lane's alone, so they
 keep the sequential order among themselves and no decode batch touches them. A slot a batch in
 flight computes on (an aborted session's too) takes no other request, lends nothing and is freed
-for the runner only once that batch is applied (``Scheduler._held``), so two lanes never write
+for the runner only once that batch is applied (``_held``), so two lanes never write
 one slot; a decoding session lends its K/V rows (the positions below its length, which its decode
 batches never write) and its checkpoints, not its live state (placement.py). Each lane
 computes what it would compute sequentially (the runner keeps decode rows on the decode kernels
@@ -40,6 +40,11 @@ class LaneScheduler(Scheduler):
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.placer.live_decoders = False
+
+    def _held(self) -> set[int]:
+        """Slots a batch in flight computes on (it may run beside the next): they take no
+        request, lend nothing and are not freed for the runner until it is applied."""
+        return {w.slot for b in self._in_flight.values() for w in b.work}
 
     def schedule(self) -> ScheduledBatch | None:
         """The decoders' next batch: one token each for sessions past their prompt, not in

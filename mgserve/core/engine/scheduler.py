@@ -20,8 +20,9 @@ Slot save / restore / erase (slot_actions.py) wait for their slot to be idle and
 of their own.
 
 A session's work is written into ``Slot.cached`` when it is scheduled, and the session is "in
-flight" until the step's result is applied; only sessions not in flight get new work, and a slot
-a batch in flight computes on takes no other request (lanes.py runs prompt chunks beside decode).
+flight" until the step's result is applied; only sessions not in flight get new work. So the next
+step can be planned while the runner executes the current one; the runner runs steps in order
+(lanes.py: prompt chunks beside decode steps).
 """
 
 from __future__ import annotations
@@ -186,9 +187,9 @@ class Scheduler:
         return batch
 
     def _held(self) -> set[int]:
-        """Slots a batch in flight computes on: they take no request, lend nothing, stay unfreed
-        for the runner until it is applied (it may run beside the next: lanes.py)."""
-        return {w.slot for b in self._in_flight.values() for w in b.work}
+        """Slots a batch in flight holds: none here, the runner runs the steps in order (lanes.py
+        runs two at once)."""
+        return set()
 
     def observe(self, step: int, seconds: float) -> None:
         """The engine measured ``step``: from its planning to its tokens delivered."""
