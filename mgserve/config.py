@@ -100,6 +100,16 @@ class Settings:
         "holds); prompt tokens go to the oldest request first, later prompts wait their turn",
         "--prefill-sessions",
     )
+    prefill_lane: str = _opt(
+        "off",
+        "on: on a GPU, prompt chunks run on a low-priority CUDA stream of their own beside the "
+        "decoders' steps on a high-priority one, a chunk in flight across several decode steps "
+        "(whole --batch-size chunks; --itl-target-ms then does nothing); the results do not "
+        "change. off: a step computes its prompt chunk and then its decode tokens. The CPU "
+        "reference runner always runs steps one after another",
+        "--prefill-lane",
+        choices=("on", "off"),
+    )
     slot_save_path: str | None = _opt(
         None,
         "directory of slot files: enables POST /slots/{id}?action=save|restore|erase "

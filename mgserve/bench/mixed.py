@@ -9,7 +9,9 @@ their caches hold those tokens, so their requests start decoding at once.
 
 Runs, each from fresh sessions: the decoders alone (their inter-token latency, ITL), the prompt
 alone (its prefill rate), then both together without a target and with each ``--itl-target-ms``
-(a number of ms, or ``1.5x``: that multiple of the solo decode p50). Columns: the decoders' ITL
+(a number of ms, or ``1.5x``: that multiple of the solo decode p50), and with ``--prefill-lane``
+both together through the prefill lane (core/engine/lanes.py: the prompt's chunks on a stream of
+their own, each in flight across the decode steps beside it). Columns: the decoders' ITL
 p50 and p99 while the prompt prefills, p99 over the solo decode p50, the prompt's tokens/s and
 that over solo prefill's rate for the same tokens (``--time-limit`` cuts a run short: the
 comparison is then over the tokens it computed). Issue 12 asks for p99 under 1.5x the solo decode
@@ -22,11 +24,14 @@ from __future__ import annotations
 import argparse
 import bisect
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import Any
 
 from mgserve.bench.model.args import add_model_arguments
 from mgserve.bench.model.harness import ModelBench
-from mgserve.core.engine.contract import Request, SamplingParams
+from mgserve.core.engine.contract import Request, SamplingParams, StepResult
+from mgserve.core.engine.lanes import LaneScheduler
 from mgserve.core.engine.scheduler import Scheduler
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -50,6 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--time-limit", type=float, default=0.0, help="seconds a mixed run may take (0: no limit)"
     )
+    parser.add_argument(
+        "--prefill-lane",
+        action="store_true",
+        help="also run both together through the prefill lane (its own runner, lanes=True)",
+    )
 
 
 @dataclass
@@ -68,20 +78,26 @@ class Mixed:
         self.decoders = list(range(args.decoders))
         self.prompt_slot = args.decoders  # the slot after the decoders'
 
+    def start(self, sched: Scheduler, decode: bool, prompt: bool) -> None:
+        """Fresh sessions in ``sched``: the decoders (``decode``) at their depth, the prompt."""
+        a, b = self.args, self.b
+        for slot in self.decoders if decode else ():
+            toks = b.tokens(a.depth, 50 + slot)
+            b.fill(slot, a.depth - 1)  # the state of the first depth - 1 tokens ...
+            sched.slots[slot].cached = list(toks[:-1])  # ... which the scheduler reuses
+            sched.add(Request(f"d{slot}", list(toks), GREEDY, a.ctx, slot=slot))
+        if prompt:
+            sched.add(Request("p", list(b.tokens(a.prompt, 7)), GREEDY, 1, slot=self.prompt_slot))
+        b.sync()
+
     def run(self, target_ms: float, decode: bool, prompt: bool, steps: int = 0) -> Run:
         """One run from fresh sessions: the decoders (``decode``) for ``steps`` steps or while
         the prompt (``prompt``) prefills, at latency target ``target_ms`` (0: none)."""
         a, b = self.args, self.b
         sched = Scheduler(a.slots, a.ctx, a.ubatch, rewindable=b.model.rewindable,
                           itl_target=target_ms / 1e3, prefill_sessions=1)  # fmt: skip
-        for slot in self.decoders if decode else ():
-            toks = b.tokens(a.depth, 50 + slot)
-            b.fill(slot, a.depth - 1)  # the state of the first depth - 1 tokens ...
-            sched.slots[slot].cached = list(toks[:-1])  # ... which the scheduler reuses
-            sched.add(Request(f"d{slot}", list(toks), GREEDY, a.ctx, slot=slot))
+        self.start(sched, decode, prompt)
         run, last = Run(), {f"d{s}": 0.0 for s in self.decoders}
-        if prompt:
-            sched.add(Request("p", list(b.tokens(a.prompt, 7)), GREEDY, 1, slot=self.prompt_slot))
         t_start, n_done, n_steps = time.perf_counter(), 0, 0
         while True:
             t0 = time.perf_counter()
@@ -106,6 +122,42 @@ class Mixed:
                     return run
             elif n_steps >= steps + 3:
                 return run
+
+    def lanes(self, runner: Any) -> Run:
+        """The decoders while the prompt prefills through the prefill lane: its batches in a
+        thread of their own on ``runner`` (lanes=True), the decoders' batches one after another
+        meanwhile; a chunk's tokens count when its batch is applied."""
+        a, b = self.args, self.b
+        sched = LaneScheduler(a.slots, a.ctx, a.ubatch, rewindable=b.model.rewindable,
+                              prefill_sessions=1)  # fmt: skip
+        self.start(sched, True, True)
+        run, last = Run(), {f"d{s}": 0.0 for s in self.decoders}
+        lane: Future[StepResult] | None = None
+        t_start, n_done, n_steps = time.perf_counter(), 0, 0
+        with ThreadPoolExecutor(1) as pool:
+            while n_done < a.prompt and not (a.time_limit and run.done and
+                                             run.done[-1][0] > a.time_limit):  # fmt: skip
+                if lane is None and (batch := sched.schedule_lane()) is not None:
+                    lane = pool.submit(runner.run, batch)
+                    n_lane = sum(len(w.tokens) for w in batch.work if w.request_id == "p")
+                if (batch := sched.schedule()) is not None:
+                    events = sched.apply(runner.run(batch))
+                    now = time.perf_counter()
+                    n_steps += 1
+                    for ev in events:
+                        if last[ev.request_id] and n_steps > 3:  # warm-up: graph capture
+                            run.itl.append(now - last[ev.request_id])
+                        last[ev.request_id] = now
+                elif lane is not None:
+                    wait((lane,))
+                if lane is not None and lane.done():
+                    sched.apply(lane.result())
+                    n_done += n_lane
+                    run.done.append((time.perf_counter() - t_start, n_done))
+                    lane = None
+            if lane is not None:  # past the time limit: let the chunk finish
+                lane.result()
+        return run
 
 
 def _target(text: str, solo_ms: float) -> float:
@@ -166,6 +218,8 @@ def run(args: argparse.Namespace) -> int:
         ms = _target(text, solo_ms)
         r = m.run(ms, decode=True, prompt=True)
         row(f"mixed, --itl-target-ms {ms:.1f} ({text})", r, solo_ms, solo)
+    if args.prefill_lane:
+        row("mixed, --prefill-lane on", m.lanes(b.new_runner(lanes=True)), solo_ms, solo)
     lines.append("")
     lines.append(f"- ITL: seconds between a decoder's tokens (planned to applied, synced); solo "
                  f"decode p99 {_p(alone.itl, 0.99):.2f} ms")  # fmt: skip

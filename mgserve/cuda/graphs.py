@@ -101,6 +101,10 @@ class GraphDecode:
     def captured(self) -> tuple[int, ...]:
         return tuple(sorted(self._graphs))
 
+    def ready(self, n: int) -> bool:
+        """Whether a step of ``n`` sessions replays a graph already captured."""
+        return bucket_for(n, self.buckets) in self._graphs
+
     def __call__(self, inp: DecodeInputs) -> torch.Tensor:
         b = bucket_for(len(inp.tokens), self.buckets)
         g = self._graphs.get(b)

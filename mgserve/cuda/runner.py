@@ -18,10 +18,24 @@ order the scheduler's book gives (core/engine/checkpoints.py); a slot save or re
 whole slot between steps (``snapshots.save_slot`` / ``load_slot``; a save's copies run on a
 stream of their own, save_stream.py, and a later step writing that slot waits for them); a prefix
 copy from one slot to another is queued first in its step (``snapshots.copy_prefix``).
+
+With ``lanes`` (``--prefill-lane on``, core/engine/lanes.py) ``run`` takes the prefill lane's
+batches in one thread beside the decoders' in another. Each lane has a ``_Lane`` of its own: a
+CUDA stream (the decoders' at the highest priority, the prompts' at the lowest, so a decode step's
+kernels get SMs first as a chunk's blocks retire) and the pinned buffers and event its sampled ids
+come through. The decode graphs (their memory pool, static inputs and padding rows in the spare
+slot) are the decoders' alone: a prompt's last token in the prefill lane takes the same decode
+kernels eagerly, on its own row. A lane batch ends with its stream synchronized, so its result
+(and a slot's state, before the session decodes) is complete when it returns. Scratch buffers
+are per stream (``LinearCuda.scratch``), the row path per thread (ops/rowpath.py); a graph is
+captured only while the lane is idle (a capture forbids other threads' allocations and syncs):
+``_capture`` orders it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -58,6 +72,20 @@ from mgserve.cuda.snapshots import (
 
 
 @dataclass
+class _Lane:
+    """What one lane has to itself (the module docstring says why)."""
+
+    stream: torch.cuda.Stream | None  # None: the caller's current stream
+    host: HostBuffers
+    done: torch.cuda.Event | None  # None off the GPU
+
+    def sync(self) -> None:
+        if self.done is not None:
+            self.done.record()
+            self.done.synchronize()
+
+
+@dataclass
 class _SlotSampling:
     params: SamplingParams  # with a seed (drawn once on the host when the request had none)
     history: list[int] = field(default_factory=list)  # the tokens the penalty window may read
@@ -73,25 +101,39 @@ class DeviceRunner:
         *,
         graphs: bool = True,
         buckets: tuple[int, ...] = BUCKETS,
+        lanes: bool = False,
     ) -> None:
         self.model = model
         self.device = device
+        self.lanes = lanes  # run a lane batch and a decode batch at once, from two threads
         self.pad_slot = model.pools.n_slots - 1  # the spare slot: padding rows of graph buckets
-        use_graphs = graphs and device.type == "cuda"
+        model.begin_sequence(self.pad_slot)  # the shape of a slot's host state (load_slot)
+        self._host_state = model.host_state(self.pad_slot)
+        gpu = device.type == "cuda"
         extra = getattr(model, "decode_extra_shape", None)
         self.decode = (
             GraphDecode(model, device, self.pad_slot, extra, buckets)
-            if use_graphs
+            if graphs and gpu
             else EagerDecode(model, device)
         )
+        self._eager = EagerDecode(model, device)  # a prompt's last token, in the prefill lane
+        self._decoders = self._lane(-100)  # the highest priority there is
+        self._prompts = self._lane(0) if lanes else self._decoders
+        if lanes and gpu:  # the lanes' streams do not wait for the default one: what ran there
+            torch.cuda.synchronize(device)
+        self._capture = threading.Lock()
         self.sampler = DeviceSampler()
-        self._host = HostBuffers.allocate(model.pools.n_slots, MAX_N_PROBS)
         self._slots: dict[int, _SlotSampling] = {}
-        self._done = torch.cuda.Event() if device.type == "cuda" else None
         self.checkpoints: CheckpointStore[DeviceCheckpoint] = CheckpointStore(
             partial(save, model), partial(load, model), to_host
         )
         self.saves = SaveStream(device)
+
+    def _lane(self, priority: int) -> _Lane:
+        gpu = self.device.type == "cuda"
+        stream = torch.cuda.Stream(self.device, priority=priority) if gpu and self.lanes else None
+        host = HostBuffers.allocate(self.model.pools.n_slots, MAX_N_PROBS)
+        return _Lane(stream, host, torch.cuda.Event() if gpu else None)
 
     slot_format = "device"  # how a saved slot's tensors are laid out (slot files check it)
 
@@ -100,6 +142,21 @@ class DeviceRunner:
         return self.model.pools.recurrent_nbytes
 
     def run(self, batch: ScheduledBatch) -> StepResult:
+        lane = self._prompts if batch.lane else self._decoders
+        n, graphs = len(_decode_rows(batch)), self.decode
+        # the lane holds the lock through its batch; the decoders take it to capture a graph
+        hold = batch.lane or (n > 0 and isinstance(graphs, GraphDecode) and not graphs.ready(n))
+        with self._capture if hold else contextlib.nullcontext():
+            if lane.stream is None:
+                return self._run(batch, lane)
+            lane.stream.wait_stream(torch.cuda.default_stream(self.device))  # e.g. a bench's fill
+            with torch.cuda.stream(lane.stream):
+                result = self._run(batch, lane)
+                if batch.lane:
+                    lane.sync()
+                return result
+
+    def _run(self, batch: ScheduledBatch, lane: _Lane) -> StepResult:
         t0 = time.perf_counter()
         for slot in batch.freed_slots:
             self._slots.pop(slot, None)
@@ -125,15 +182,16 @@ class DeviceRunner:
                 if isinstance(op, SlotSave):
                     saved[op.id] = save_slot(self.model, self.checkpoints, op, self.saves)
                 elif isinstance(op, SlotLoad):
-                    load_slot(self.model, self.checkpoints, op, self.pad_slot)
+                    load_slot(self.model, self.checkpoints, op, self._host_state)
             return StepResult(batch.step, seconds=time.perf_counter() - t0, saved=saved)
-        decode = [w for w in batch.work if len(w.tokens) == 1 and w.start > 0 and w.sample]
+        decode = _decode_rows(batch)
         prefill = [w for w in batch.work if w not in decode]
         parts: list[tuple[list[SeqWork], torch.Tensor]] = []
         if prefill:
             parts.append(([w for w in prefill if w.sample], self._prefill(prefill)))
         if decode:
-            parts.append((decode, self._decode(decode)))
+            step = self._eager if batch.lane else self.decode
+            parts.append((decode, self._decode(decode, step)))
         self.checkpoints.after(batch)
         sampled = [w for ws, _ in parts for w in ws]
         for w in batch.work:  # the step's tokens enter each session's penalty window
@@ -141,7 +199,7 @@ class DeviceRunner:
         results: list[SeqResult] = []
         if sampled:
             logits = torch.cat([lg for _, lg in parts if lg.shape[0]])  # [S, V]
-            results = self._sample(logits, sampled)
+            results = self._sample(logits, sampled, lane)
         n_tokens = sum(len(w.tokens) for w in batch.work)
         return StepResult(batch.step, results, n_tokens, time.perf_counter() - t0)
 
@@ -169,7 +227,7 @@ class DeviceRunner:
         with self.model.backend.path.step("prompt"):  # GEMMs at any size (ops/rowpath.py)
             return self.model.forward(step)
 
-    def _decode(self, work: list[SeqWork]) -> torch.Tensor:
+    def _decode(self, work: list[SeqWork], decode: GraphDecode | EagerDecode) -> torch.Tensor:
         extra = self.model.step_extra([list(w.tokens) for w in work], [w.slot for w in work])
         inp = DecodeInputs(
             tokens=[w.tokens[0] for w in work],
@@ -178,9 +236,9 @@ class DeviceRunner:
             extra=extra,
         )
         with self.model.backend.path.step("decode"):  # decode kernels at any batch size
-            return self.decode(inp)
+            return decode(inp)
 
-    def _sample(self, logits: torch.Tensor, work: list[SeqWork]) -> list[SeqResult]:
+    def _sample(self, logits: torch.Tensor, work: list[SeqWork], lane: _Lane) -> list[SeqResult]:
         states = [self._slots[w.slot] for w in work]
         v = self.model.spec.n_vocab
         masks: list[TokenMask | None] = [
@@ -193,10 +251,8 @@ class DeviceRunner:
         ]
         batch = SamplingBatch.build(rows, v, self.device)
         out = self.sampler.sample(logits, batch)
-        host = out.to_host(self._host)
-        if self._done is not None:
-            self._done.record()
-            self._done.synchronize()  # the step's one wait: ids are in pinned memory after it
+        host = out.to_host(lane.host)
+        lane.sync()  # the step's one wait: ids are in pinned memory after it
         tokens = host.tokens.tolist()
         logprobs = host.logprob.tolist() if host.logprob is not None else None
         results = []
@@ -212,3 +268,8 @@ class DeviceRunner:
             lp = logprobs[i] if logprobs is not None and st.params.want_logprob else None
             results.append(SeqResult(w.slot, w.request_id, tokens[i], lp, top))
         return results
+
+
+def _decode_rows(batch: ScheduledBatch) -> list[SeqWork]:
+    """The work that takes the decode step: one token at a position past 0, sampled."""
+    return [w for w in batch.work if len(w.tokens) == 1 and w.start > 0 and w.sample]

@@ -99,17 +99,15 @@ def save_slot(
 
 
 def load_slot(
-    model: DeviceLM, store: CheckpointStore[DeviceCheckpoint], op: SlotLoad, spare: int
+    model: DeviceLM, store: CheckpointStore[DeviceCheckpoint], op: SlotLoad, host: Any
 ) -> None:
-    """``spare``: a slot no session uses (the graphs' padding slot), to learn the shape of the
-    model's host-side state."""
+    """``host``: the model's host-side state of a fresh sequence (``DeviceLM.host_state``), whose
+    shape a saved one must have."""
     pools, n = model.pools, len(op.tokens)
     parts = _parts(pools, op.slot)
     want = layout(parts, n)
     views = pools.recurrent(op.slot)
     if views:
-        model.begin_sequence(spare)
-        host = model.host_state(spare)
         for prefix in ["", *(ckpt_name(p, "") for p in op.checkpoints)]:
             want[prefix + "state"] = (views[0].dtype, (sum(v.numel() for v in views),))
             if host is not None:

@@ -1,6 +1,6 @@
 """``mgserve bench mixed``: decoders beside a long prefill through the scheduler and the device
-runner, on the CPU (torch backend) and, marked, on a GPU; its rows, the refusal of too few slots
-and the record."""
+runner, on the CPU (torch backend) and, marked, on a GPU; its rows (the prefill lane's too), the
+refusal of too few slots and the record."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from mgserve.cli import main
 DATA = Path(__file__).resolve().parent.parent / "data"
 ARGS = ["bench", "mixed", "--ctx", "512", "--slots", "3", "--depth", "100", "--prompt", "300",
         "--ubatch", "128", "--decode-steps", "3", "--itl-target-ms", "2x,40",
-        "--cache-type", "f16"]  # fmt: skip
+        "--cache-type", "f16", "--prefill-lane"]  # fmt: skip
 
 
 def _check(out: str) -> None:
@@ -26,6 +26,7 @@ def _check(out: str) -> None:
         "mixed, no target",
         *(k for k in rows if k.startswith("mixed, --itl-target-ms") and k.endswith("(2x)")),
         "mixed, --itl-target-ms 40.0 (40)",
+        "mixed, --prefill-lane on",
     ]
     for name, cols in rows.items():
         itl_p50, itl_p99, _, rate, share = (c.strip() for c in cols.split("|")[:5])

@@ -12,12 +12,11 @@ import pytest
 
 from mgserve.config import Settings, settings_from
 from mgserve.core.engine.actor import Engine
-from mgserve.core.engine.contract import Request, SamplingParams, ScheduledBatch, StepResult
 from mgserve.core.engine.pacing import QUANTUM
 from mgserve.core.models import load_model
+from tests.core.mixed_load import Out, serve
 
 DATA = Path(__file__).resolve().parent.parent / "data"
-GREEDY = SamplingParams(temperature=0.0, want_logprob=True)  # logprobs: equal to the bit
 N_PROMPT = 300  # chunks [0, 256) and [256, 300) of --batch-size 256; pieces of 64 with a target
 
 
@@ -26,38 +25,11 @@ def model(request: pytest.FixtureRequest, one_thread: None) -> Any:
     return load_model(DATA / f"converted_{request.param}.gguf", threads=1)
 
 
-Out = dict[str, list[tuple[int | None, float | None]]]
-
-
 async def _serve(model: Any, target_ms: int) -> tuple[Out, list[int], Engine]:
-    """Two decoders, then a long prompt beside them: every request's (token, logprob)s, and the
-    lengths of the long prompt's works."""
     settings = Settings(parallel=3, ctx_size=512, batch_size=256, itl_target_ms=target_ms)
     engine = Engine(model, settings)
-    batches: list[ScheduledBatch] = []
-    run = engine._runner.run
-
-    def spy(batch: ScheduledBatch) -> StepResult:
-        batches.append(batch)
-        return run(batch)
-
-    engine._runner.run = spy  # type: ignore[method-assign]
-    await engine.start()
-    try:
-        decoders = {
-            f"d{i}": engine.submit(Request(f"d{i}", [7 + i, 40, 41], GREEDY, max_tokens=60))
-            for i in range(2)
-        }
-        firsts = {rid: await anext(s) for rid, s in decoders.items()}  # both decode now
-        out: Out = {rid: [(ev.token, ev.logprob)] for rid, ev in firsts.items()}
-        prompt = [(13 * i) % 300 + 10 for i in range(N_PROMPT)]
-        streams = {**decoders, "p": engine.submit(Request("p", prompt, GREEDY, max_tokens=4))}
-        for rid, s in streams.items():
-            out.setdefault(rid, []).extend([(ev.token, ev.logprob) async for ev in s])
-    finally:
-        await engine.stop()
-    works = [len(w.tokens) for b in batches for w in b.work if w.request_id == "p"]
-    return out, works, engine
+    out, chunks = await serve(engine, N_PROMPT, 60)
+    return out, chunks, engine
 
 
 async def test_pieces_beside_decoders_give_the_bits_of_whole_chunks(model: Any) -> None:

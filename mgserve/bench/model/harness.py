@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from functools import partial
 from typing import Any
 
 
@@ -56,12 +57,14 @@ class ModelBench:
             release_pools()
         self.sync()
         self.load_s = time.perf_counter() - t0
-        self.runner = DeviceRunner(
+        self.new_runner = partial(
+            DeviceRunner,
             self.model,
             self.device,
             graphs=not args.no_graphs,
             buckets=POW2_BUCKETS if args.pow2_buckets else BUCKETS,
-        )
+        )  # another runner on the model: ``lanes=True`` for the prefill lane (bench mixed)
+        self.runner = self.new_runner()
         self.args = args
         self.step = 0
         self.vocab = self.model.spec.n_vocab

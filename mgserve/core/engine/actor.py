@@ -9,6 +9,10 @@ the model), apply the result, deliver events, and tell the scheduler how long al
 prefill pacing, pacing.py, fits step times). With nothing to do the task sleeps until a submit
 wakes it. A step that raises fails only the requests it carried; the engine keeps serving.
 Slot save / restore / erase (``slot_waiters``) are planned by the scheduler as steps of their own.
+With a runner that has ``lanes`` (lanes.py) the actor keeps two batches in flight, each in a
+worker thread of its own: the decoders' and the prefill lane's; it plans the next of a kind as
+soon as the last one is applied, so decoders get a token every decode step while a prompt chunk
+is computed.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any, Protocol
 from mgserve.config import Settings
 from mgserve.core.engine.checkpoints import CheckpointBook
 from mgserve.core.engine.contract import Request, ScheduledBatch, StepResult, TokenEvent
+from mgserve.core.engine.lanes import LaneScheduler
 from mgserve.core.engine.metrics import EngineMetrics
 from mgserve.core.engine.scheduler import Scheduler
 from mgserve.core.engine.slot_store import SlotWaiters
@@ -43,6 +48,8 @@ class Runner(Protocol):
         ...
 
     slot_format: str  # the layout of a saved slot's tensors (slot files record it)
+    # optional ``lanes``: True if ``run`` takes a lane batch in one thread beside a decode batch
+    # in another (lanes.py)
 
 
 class Engine:
@@ -72,13 +79,16 @@ class Engine:
                 settings.cache_ram << 20,
                 runner.checkpoint_nbytes,
             )
-        self._sched = Scheduler(
+        self.lanes: bool = getattr(runner, "lanes", False)
+        if self.lanes and settings.itl_target_ms:
+            log.info("--itl-target-ms is not used: prompt chunks run in the prefill lane")
+        self._sched = (LaneScheduler if self.lanes else Scheduler)(
             self.n_slots,
             self.n_ctx,
             settings.batch_size,
             rewindable=model.rewindable,
             checkpoints=book,
-            itl_target=settings.itl_target_ms / 1e3,
+            itl_target=0.0 if self.lanes else settings.itl_target_ms / 1e3,
             prefill_sessions=settings.prefill_sessions,
             prefix_copy=settings.prefix_copy_min,
         )
@@ -88,6 +98,7 @@ class Engine:
         self._streams: dict[str, RequestStream] = {}  # open requests
         self._slot_s: float | None = None  # moving average of the seconds a request holds a slot
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="mgserve-runner")
+        self._lane_executor = ThreadPoolExecutor(1, thread_name_prefix="mgserve-lane")
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
 
@@ -143,7 +154,9 @@ class Engine:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown)
+        loop = asyncio.get_running_loop()
+        for ex in (self._executor, self._lane_executor):
+            await loop.run_in_executor(None, ex.shutdown)
         self.slot_waiters.close()
         for rid in list(self._streams):
             ev = self._sched.abort(rid) or TokenEvent(rid, None, finish_reason="abort")
@@ -182,29 +195,51 @@ class Engine:
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
+        running: dict[asyncio.Future[StepResult], tuple[ScheduledBatch, int, float]] = {}
         while True:
-            t0 = time.monotonic()  # a step's time, as its decoders see it: planned to delivered
-            batch = self._sched.schedule()
-            if batch is None:
+            busy = {b.lane for b, _, _ in running.values()}
+            for lane in (True, False) if self.lanes else (False,):
+                if lane in busy:
+                    continue
+                t0 = time.monotonic()  # a step's time, as its decoders see it: planned to delivered
+                sched = self._sched
+                batch = (
+                    sched.schedule_lane()
+                    if isinstance(sched, LaneScheduler) and lane
+                    else sched.schedule()
+                )
+                if batch is None:
+                    continue
+                n_prompt = self._n_prompt(batch)
+                self._deliver(self._started(batch))
+                ex = self._lane_executor if lane else self._executor
+                running[loop.run_in_executor(ex, self._runner.run, batch)] = (batch, n_prompt, t0)
+            if not running:
                 self._wake.clear()  # no await since schedule(): no submit was missed
                 await self._wake.wait()
                 continue
-            n_prompt = self._n_prompt(batch)
-            self._deliver(self._started(batch))
-            try:
-                result = await loop.run_in_executor(self._executor, self._runner.run, batch)
-            except Exception as e:
-                log.exception("step %d failed", batch.step)
-                events = self._sched.fail(batch.step, f"{type(e).__name__}: {e}")
-                self.slot_waiters.settle(batch, e)
-            else:
-                self.metrics.prefix_copies += len(batch.prefix_copies)
-                if batch.work:  # a slot save / restore / erase is a step of its own
-                    self.metrics.on_step(batch, n_prompt, result)
-                events = self._progress(batch) + self._sched.apply(result)
-                self.slot_waiters.settle(batch, result)
-            self._deliver(events)
-            self._sched.observe(batch.step, time.monotonic() - t0)
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for fut in done:
+                self._finish(fut, *running.pop(fut))
+
+    def _finish(
+        self, fut: asyncio.Future[StepResult], batch: ScheduledBatch, n_prompt: int, t0: float
+    ) -> None:
+        """Apply a step's result (or its failure: only its requests fail) and deliver events."""
+        try:
+            result = fut.result()
+        except Exception as e:
+            log.exception("step %d failed", batch.step)
+            events = self._sched.fail(batch.step, f"{type(e).__name__}: {e}")
+            self.slot_waiters.settle(batch, e)
+        else:
+            self.metrics.prefix_copies += len(batch.prefix_copies)
+            if batch.work:  # a slot save / restore / erase is a step of its own
+                self.metrics.on_step(batch, n_prompt, result)
+            events = self._progress(batch) + self._sched.apply(result)
+            self.slot_waiters.settle(batch, result)
+        self._deliver(events)
+        self._sched.observe(batch.step, time.monotonic() - t0)
 
     def _started(self, batch: ScheduledBatch) -> list[TokenEvent]:
         """Note the requests whose first work this is; 0% progress for those that want it."""

@@ -201,7 +201,8 @@ class ScheduledBatch:
     slot, so each reads its source as the previous steps left it), then restores
     (``SeqWork.restore``), then ``checkpoint_moves`` in order, then ``slot_ops``, then the
     forward, then new checkpoints (``SeqWork.checkpoint``). A batch with slot ops carries no
-    work."""
+    work. A runner with ``lanes`` (lanes.py) runs a ``lane`` batch (prompt chunks, prefix
+    copies, slot ops, moves) beside one other batch (decode tokens only)."""
 
     step: int  # monotonically increasing; results carry it back
     work: tuple[SeqWork, ...]  # at most one entry per slot
@@ -209,6 +210,7 @@ class ScheduledBatch:
     checkpoint_moves: tuple[CheckpointMove, ...] = ()
     slot_ops: tuple[SlotOp, ...] = ()
     prefix_copies: tuple[PrefixCopy, ...] = ()
+    lane: bool = False  # the prefill lane's batch (lanes.py)
 
 
 class SeqResult(NamedTuple):

@@ -35,6 +35,8 @@ def load_engine(settings: Settings) -> LoadedEngine:
     if device == "cuda":
         return _on_gpu(g, settings)
     model = load_model(g, threads=settings.threads)
+    if settings.prefill_lane == "on":
+        log.info("--prefill-lane on is for the GPU: the CPU runner computes steps in order")
     return LoadedEngine(Engine(model, settings.for_model(model.spec.n_ctx_train)), g, device)
 
 
@@ -70,5 +72,6 @@ def _on_gpu(g: GGUFFile, settings: Settings) -> LoadedEngine:
         settings.cache_type_k,
         settings.cache_type_v,
     )
-    engine = Engine(model, settings, runner=DeviceRunner(model, device))
+    runner = DeviceRunner(model, device, lanes=settings.prefill_lane == "on")
+    engine = Engine(model, settings, runner=runner)
     return LoadedEngine(engine, g, "cuda")

@@ -10,7 +10,8 @@ Prefix copy (``copy_min`` > 0): any other slot, busy or idle, may lend its prefi
 below its length never change while it runs (it only appends), so a ``PrefixCopy`` planned now
 reads them at the start of the next step, before that step's forward. A recurrent source lends
 its checkpoint at the copied length, or its live state when the whole history is copied and the
-state is there when the step starts (an idle slot, or a session past its first work). A request
+state is there when the step starts (an idle slot, or a session past its first work; with the
+prefill lane not a decoding one, and no slot a batch in flight computes on lends at all). A request
 takes the copy when it reaches at least ``copy_min`` tokens further than the free slot's own
 cache. Among free slots that reach as far, the one whose cache loses the fewest tokens goes
 (so a request sharing a system prompt with an idle conversation takes an empty slot and a copy
@@ -42,6 +43,9 @@ class Placer:
         self.rewindable = rewindable
         self.book = book
         self.copy_min = copy_min  # 0: no copies
+        # a decoding session lends its live state (not with the prefill lane: its decode batches
+        # advance that state while the lane's batch copies it, lanes.py)
+        self.live_decoders = True
 
     def reusable(self, slot: Slot, prompt: list[int]) -> int:
         """Prompt tokens a request can take from ``slot``'s own (idle) cache."""
@@ -55,6 +59,7 @@ class Placer:
             return n, False
         s = slot.session
         at_n = n == len(slot.cached) and (s is None or not (s.in_flight or s.new_sequence))
+        at_n = at_n and (s is None or s.prefilling or self.live_decoders)
         if at_n and (slot.id, n) not in self.book.held:
             return n, True
         return self.book.best(slot.id, n), False

@@ -1,10 +1,9 @@
 """The scheduler: slots, a FIFO queue, and one decision per step.
 
 Pure and synchronous (no asyncio, no torch): the engine actor wraps it, tests drive it with fake
-step results. Each step, per session: a decoding session feeds its last sampled token (1 token); a
-session still in its prompt feeds a chunk. Prompt tokens per step are bounded by ``batch_size`` and
-given oldest request first, to at most ``prefill_sessions`` sessions (0: any number), so
-decoders keep streaming while a long prompt is chunked beside them. With a latency target
+step results. Each step, per session: a decoding session feeds its last sampled token; a session
+in its prompt feeds a chunk. Prompt tokens per step are bounded by ``batch_size`` and given oldest
+request first, to at most ``prefill_sessions`` sessions (0: any number). With a latency target
 (``itl_target``, seconds) the budget beside decoders is the pacer's (pacing.py): whole pieces of
 a chunk, so the cuts stay where they are.
 
@@ -22,7 +21,8 @@ of their own.
 
 A session's work is written into ``Slot.cached`` when it is scheduled, and the session is "in
 flight" until the step's result is applied; only sessions not in flight get new work. So the next
-step can be planned while the runner executes the current one; the runner runs steps in order.
+step can be planned while the runner executes the current one; the runner runs steps in order
+(lanes.py: prompt chunks beside decode steps).
 """
 
 from __future__ import annotations
@@ -136,22 +136,30 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch | None:
         """Plan the next step, or None if no session can make progress now."""
-        op = self.actions.take(self.slots, self.checkpoints, self._step)
+        op = self.actions.take(self.slots, self.checkpoints, self._step, self._held())
         if op is not None:
             return self._batch((), (op,))
         self._admit()
-        running = [(sl, s) for sl in self.slots if (s := sl.session) and not s.in_flight]
-        decoding = [(sl, s) for sl, s in running if not s.prefilling]
-        work = [self._work(sl, s, (s.generated[-1],), sample=True) for sl, s in decoding]
-        n_decode = len(work)
-        # Oldest request first. A prompt is always cut at the same places (every batch_size tokens
-        # from where its computation starts; with checkpoints, on absolute multiples; with a target,
-        # in pieces of those), whatever else runs: what does not fit the budget waits for the next
-        # step instead of being cut shorter, so a session's numbers never depend on its neighbours
-        # (DESIGN.md: concurrency never changes results).
-        prefilling = sorted((p for p in running if p[1].prefilling), key=lambda p: p[1].t_added)
-        budget = self.pacer.budget(n_decode) if prefilling else 0
-        for slot, s in prefilling[: self.prefill_sessions or None]:
+        work = [self._work(sl, s, (s.generated[-1],), True) for sl, s in self._ready(False)]
+        n_decode, prompts = len(work), self._ready(True)
+        work += self._prompt_work(prompts, self.pacer.budget(n_decode) if prompts else 0)
+        if not work:
+            return None
+        batch = self._batch(tuple(sorted(work, key=lambda w: w.slot)), ())
+        self.pacer.planned(batch.step, n_decode, sum(len(w.tokens) for w in work) - n_decode)
+        return batch
+
+    def _ready(self, prefilling: bool) -> list[tuple[Slot, Session]]:
+        """The sessions that may get work (none in flight), in their prompt or past it."""
+        sessions = [(sl, s) for sl in self.slots if (s := sl.session) and not s.in_flight]
+        return [(sl, s) for sl, s in sessions if s.prefilling == prefilling]
+
+    def _prompt_work(self, prompts: list[tuple[Slot, Session]], budget: int) -> list[SeqWork]:
+        """Prompt chunks of ``prompts``, oldest request first, within ``budget`` tokens, cut where
+        they always are (a chunk that does not fit waits instead of being cut shorter, so a
+        session's numbers never depend on its neighbours: DESIGN.md)."""
+        work = []
+        for slot, s in sorted(prompts, key=lambda p: p[1].t_added)[: self.prefill_sessions or None]:
             if s.n_done >= s.chunk[1]:  # the next chunk
                 cut = self.checkpoints.chunk_end(s.n_done, len(s.req.prompt), self.batch_size)
                 s.chunk = (s.n_done, *cut)
@@ -163,25 +171,25 @@ class Scheduler:
             budget -= len(chunk)
             s.n_done = stop
             work.append(self._work(slot, s, chunk, not s.prefilling, ckpt and stop == end))
-        if not work:
-            return None
-        batch = self._batch(tuple(sorted(work, key=lambda w: w.slot)), ())
-        self.pacer.planned(batch.step, n_decode, sum(len(w.tokens) for w in work) - n_decode)
-        return batch
+        return work
 
-    def _batch(self, work: tuple[SeqWork, ...], ops: tuple[SlotOp, ...]) -> ScheduledBatch:
+    def _batch(self, work: tuple[SeqWork, ...], ops: tuple[SlotOp, ...], lane: bool = False,
+               chores: bool = True) -> ScheduledBatch:  # fmt: skip
+        """The next step, in flight from now; with ``chores`` the moves and freed slots ride it."""
         self._step += 1
-        batch = ScheduledBatch(
-            self._step,
-            work,
-            tuple(dict.fromkeys(self._freed)),
-            self.checkpoints.take_moves(),
-            ops,
-            tuple(self._copies),
-        )
-        self._freed, self._copies = [], []
+        held = self._held() if chores else set(self._freed)
+        freed = tuple(s for s in dict.fromkeys(self._freed) if s not in held)
+        self._freed = [s for s in self._freed if s in held]
+        moves = self.checkpoints.take_moves() if chores else ()
+        copies, self._copies = (tuple(self._copies), []) if chores else ((), self._copies)
+        batch = ScheduledBatch(self._step, work, freed, moves, ops, copies, lane)
         self._in_flight[batch.step] = batch
         return batch
+
+    def _held(self) -> set[int]:
+        """Slots a batch in flight holds: none here, the runner runs the steps in order (lanes.py
+        runs two at once)."""
+        return set()
 
     def observe(self, step: int, seconds: float) -> None:
         """The engine measured ``step``: from its planning to its tokens delivered."""
@@ -209,14 +217,17 @@ class Scheduler:
 
     def _admit(self) -> None:
         pinned: list[tuple[Request, float]] = []  # waiting for their busy slot, in queue order
-        idle = [s for s in self.slots if s.session is None and not self.actions.holds(s.id)]
+        held = self._held()
+        idle = [s for s in self.slots if s.session is None and s.id not in held]
+        idle = [s for s in idle if not self.actions.holds(s.id)]
         while self.queue and any(s.session is None for s in idle):
             req, t_added = self.queue.popleft()
             free = [s for s in idle if s.session is None and req.slot in (None, s.id)]
             if not free:  # pinned to a busy slot
                 pinned.append((req, t_added))
                 continue
-            slot, n_cached, restore, copy = self.placer.place(req, free, self.slots)
+            lenders = [sl for sl in self.slots if sl.id not in held]
+            slot, n_cached, restore, copy = self.placer.place(req, free, lenders)
             if copy is None:
                 del slot.cached[n_cached:]
                 self.checkpoints.keep(slot.id, n_cached)
@@ -226,15 +237,9 @@ class Scheduler:
                 self.checkpoints.touch(copy.src, copy.n)
                 self._copies.append(copy)
             rb, constrained = req.reasoning, req.grammar is not None
-            slot.session = Session(
-                req,
-                t_added,
-                n_cached,
-                n_done=n_cached,
-                restore=restore,
-                reasoning=None if rb is None else ReasoningTracker(rb, constrained),
-                grammar_pending=constrained,
-            )
+            think = None if rb is None else ReasoningTracker(rb, constrained)
+            slot.session = Session(req, t_added, n_cached, n_done=n_cached, restore=restore,
+                                   reasoning=think, grammar_pending=constrained)  # fmt: skip
             slot.last_used = self._step
         self.queue.extendleft(reversed(pinned))
 
@@ -246,20 +251,11 @@ class Scheduler:
         grammar = None  # the grammar constrains the answer: it waits for the reasoning to close
         if sample and s.grammar_pending and (think is None or think.closed):
             grammar, s.grammar_pending = s.req.grammar, False
-        w = SeqWork(
-            slot=slot.id,
-            request_id=s.req.id,
-            tokens=tokens,
-            start=start,
-            sample=sample,
-            sampling=s.req.sampling,
-            new_sequence=s.new_sequence,
-            history=tuple(slot.cached) if s.new_sequence else (),
-            grammar=grammar,
-            force=think.forced() if think is not None else None,
-            restore=s.restore and s.new_sequence,
-            checkpoint=ckpt,
-        )
+        w = SeqWork(slot.id, s.req.id, tokens, start, sample, s.req.sampling,
+                    new_sequence=s.new_sequence,
+                    history=tuple(slot.cached) if s.new_sequence else (),
+                    grammar=grammar, force=think.forced() if think is not None else None,
+                    restore=s.restore and s.new_sequence, checkpoint=ckpt)  # fmt: skip
         if ckpt:
             self.checkpoints.add(slot.id, start + len(tokens))
         slot.cached.extend(tokens)
@@ -290,10 +286,10 @@ class Scheduler:
     # -- introspection (for /slots and metrics) --------------------------------------------------
 
     def slot_info(self) -> list[dict[str, object]]:
-        held: list[dict[int, bool]] = [{} for _ in self.slots]
-        for (slot, pos), host in self.checkpoints.held.items():
-            held[slot][pos] = host
-        return [slot.info(self.n_ctx, held[slot.id]) for slot in self.slots]
+        held = self.checkpoints.held.items()
+        return [
+            sl.info(self.n_ctx, {p: h for (i, p), h in held if i == sl.id}) for sl in self.slots
+        ]
 
     @property
     def n_busy(self) -> int:

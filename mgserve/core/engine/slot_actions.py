@@ -53,11 +53,14 @@ class SlotActions:
     def pending(self) -> int:
         return len(self._pending)
 
-    def take(self, slots: list[Slot], book: CheckpointBook, step: int) -> SlotOp | None:
-        """The first action whose slot is idle, planned; None if every one still waits."""
+    def take(
+        self, slots: list[Slot], book: CheckpointBook, step: int, held: set[int]
+    ) -> SlotOp | None:
+        """The first action whose slot is idle (and not ``held`` by a batch in flight), planned;
+        None if every one still waits."""
         for i, action in enumerate(self._pending):
             slot = slots[action.slot]
-            if slot.session is None:
+            if slot.session is None and slot.id not in held:
                 del self._pending[i]
                 return _plan(action, slot, book, step)
         return None

@@ -7,11 +7,13 @@ would take the matvecs and beside a longer prompt the GEMMs; six decoding sessio
 ten the GEMMs. So the runner says what kind of step runs (``RowPath.step``): a prompt step takes
 the GEMMs at any size, a decode step the decode kernels at any size (the linear and MoE families
 run them in groups of up to MAX_MATVEC_TOKENS tokens, each token's row the same in any group).
-Outside a runner step (direct calls, tests, benchmarks of one op) the size decides.
+Outside a runner step (direct calls, tests, benchmarks of one op) the size decides. The kind is
+per thread: with the prefill lane (cuda/runner.py) a prompt step and a decode step run at once.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Literal
@@ -21,8 +23,8 @@ from mgserve.cuda.ops.linear_tuning import MAX_MATVEC_TOKENS
 StepKind = Literal["prompt", "decode"]
 
 
-class RowPath:
-    """The kind of step now running on one backend (None: none, choose by size)."""
+class RowPath(threading.local):
+    """The kind of step this thread runs on one backend (None: none, choose by size)."""
 
     def __init__(self) -> None:
         self.kind: StepKind | None = None

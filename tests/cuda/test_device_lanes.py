@@ -1,0 +1,112 @@
+"""The device runner's prefill lane (``DeviceRunner(lanes=True)``, cuda/runner.py) on tiny
+qwen3next and qwen4exp models, under tests/core/mixed_load.py's load: two sessions decode while a
+third's long prompt is chunked in the lane (checkpoints moved to host memory by the lane's
+batches; the last prompt token alone, on the decode kernels in the lane).
+
+Torch backend on the CPU (runs in CI): the two lanes' threads really run at once, and every
+request's tokens and logprobs are bitwise those of the sequential runner. On the GPU (gpu-marked),
+the CUDA backend with decode graphs on the decoders' high-priority stream: the same equality, and
+the decode steps complete while a chunk is still running on the lane's stream, by CUDA events
+(each chunk is made to last ``SPIN_MS`` longer by a spinning kernel queued before it, so the
+overlap does not depend on how fast a tiny model is)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from mgserve.core.engine.actor import Engine
+from mgserve.core.gguf.reader import GGUFFile
+from tests.core.mixed_load import LANE_CHUNKS, LANE_DECODE, LANE_PROMPT, LANE_SETTINGS, Out, serve
+
+ARCHS = ("qwen3next", "qwen4exp")
+SPIN_MS = 200
+
+
+def _model(arch: str, root: Path, backend: Any, device: torch.device) -> Any:
+    from mgserve.cuda.backend import load_device_model
+    from tests.cuda.test_device_models import _export
+
+    g = GGUFFile(_export(arch, root))
+    return load_device_model(g, backend, device, LANE_SETTINGS.parallel, LANE_SETTINGS.ctx_size)
+
+
+async def _serve(model: Any, device: torch.device, lanes: bool) -> tuple[Out, list[int], Any]:
+    from mgserve.cuda.runner import DeviceRunner
+
+    runner = DeviceRunner(model, device, graphs=device.type == "cuda", lanes=lanes)
+    engine = Engine(model, LANE_SETTINGS, runner=runner)
+    assert engine.lanes == lanes
+    out, chunks = await serve(engine, LANE_PROMPT, LANE_DECODE)
+    return out, chunks, runner
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.usefixtures("stable_qsa_ties")
+async def test_the_lane_gives_the_sequential_bits_on_the_cpu(arch: str, tmp_path: Path) -> None:
+    from mgserve.cuda.backend import torch_backend
+
+    cpu = torch.device("cpu")
+    model = _model(arch, tmp_path, torch_backend(), cpu)
+    seq, seq_chunks, _ = await _serve(model, cpu, lanes=False)
+    got, chunks, _ = await _serve(model, cpu, lanes=True)
+    assert chunks == seq_chunks == LANE_CHUNKS
+    assert got == seq
+    assert [len(t) for t in got.values()] == [LANE_DECODE, LANE_DECODE, 4]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ARCHS)
+async def test_gpu_decode_steps_complete_while_a_chunk_runs(
+    arch: str, tmp_path: Path, cuda_ops: Any, spin: Any
+) -> None:
+    dev = torch.device("cuda", 0)
+    model = _model(arch, tmp_path, cuda_ops, dev)
+    seq, _, _ = await _serve(model, dev, lanes=False)
+
+    from mgserve.cuda.runner import DeviceRunner
+
+    runner = DeviceRunner(model, dev, lanes=True)
+    chunks: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+    decoded: list[torch.cuda.Event] = []
+
+    def event() -> torch.cuda.Event:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()  # on the calling thread's current stream: its lane's
+        return ev
+
+    prefill, decode = runner._prefill, runner._decode
+
+    def spun_prefill(work: Any) -> torch.Tensor:
+        start = event()
+        spin(cuda_ops.kernels.stream(), SPIN_MS * 1_000_000)
+        logits = prefill(work)
+        chunks.append((start, event()))
+        return logits
+
+    def timed_decode(work: Any, step: Any) -> torch.Tensor:
+        logits = decode(work, step)
+        if step is runner.decode:  # the decoders' graphs (not a prompt's last token)
+            decoded.append(event())
+        return logits
+
+    runner._prefill = spun_prefill  # type: ignore[method-assign]
+    runner._decode = timed_decode  # type: ignore[method-assign]
+    engine = Engine(model, LANE_SETTINGS, runner=runner)
+    got, _ = await serve(engine, LANE_PROMPT, LANE_DECODE)
+    torch.cuda.synchronize()
+    assert got == seq  # the lanes change when tokens come, not which
+
+    origin = chunks[0][0]
+    t_decoded = [origin.elapsed_time(ev) for ev in decoded]
+    for i, (start, end) in enumerate(chunks[1:]):  # p's chunks (the first: the decoders' prompts)
+        t0, t1 = origin.elapsed_time(start), origin.elapsed_time(end)
+        inside = [t for t in t_decoded if t0 < t < t1]
+        gaps = [b - a for a, b in zip(inside, inside[1:], strict=False)]
+        print(f"{arch} chunk {i}: {t1 - t0:.1f} ms on the GPU, {len(inside)} decode steps "
+              f"completed inside, the longest gap {max(gaps, default=0):.1f} ms")  # fmt: skip
+        assert t1 - t0 >= SPIN_MS and len(inside) >= 5
+        assert max(gaps) < SPIN_MS / 4
