@@ -22,6 +22,7 @@ BENCHMARKS = (
     "grammar",
     "structured",
     "mixed",
+    "turn",
 )
 
 

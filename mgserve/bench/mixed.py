@@ -182,13 +182,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--depth and --prompt must be in 2..{args.ctx - 1} (--ctx {args.ctx})")
     b = ModelBench(args)
     m = Mixed(b, args)
-    where = "the torch backend on the CPU"
-    if b.device.type == "cuda":
-        from mgserve.cuda import runtime
-
-        where = f"{runtime.gpu_info().name}, int8 {args.int8}, graphs {not args.no_graphs}"
     lines = [
-        f"model: {b.source}, {b.model.spec.arch}, {b.model.spec.n_layer} layers, on {where}",
+        f"model: {b.source}, {b.model.spec.arch}, {b.model.spec.n_layer} layers, on {b.where()}",
         f"{args.decoders} sessions decoding at depth {args.depth} (synthetic state) beside a "
         f"{args.prompt}-token prompt; ubatch {args.ubatch}, ctx {args.ctx}, one prompt at a time",
         "",

@@ -159,13 +159,8 @@ def run(args: argparse.Namespace) -> int:
     grammar = compiler.json_schema(schema(args.warmup + args.steps))
     vocab_s = time.perf_counter() - t0
     gpu = b.device.type == "cuda"
-    where = "the torch backend on the CPU"
-    if gpu:
-        from mgserve.cuda import runtime
-
-        where = f"{runtime.gpu_info().name}, graphs {not args.no_graphs}, pdl {not args.no_pdl}"
     lines = [
-        f"model: {b.source}, {b.model.spec.arch}, n_vocab {b.vocab}, on {where}",
+        f"model: {b.source}, {b.model.spec.arch}, n_vocab {b.vocab}, on {b.where()}",
         f"schema: an array of >= {schema(args.warmup + args.steps)['minItems']} objects of 3 "
         f"free strings (llguidance; vocabulary built and schema compiled in {vocab_s:.2f} s); "
         f"{args.warmup} + {args.steps} decode steps, the server's default sampling",

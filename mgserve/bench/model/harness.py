@@ -81,6 +81,17 @@ class ModelBench:
             self.run_step([self.work(0, (t,), ub + 43 + i, True)])
         self.sync()
 
+    def where(self) -> str:
+        """Where the model runs, for a bench's header: the GPU and the backend's modes, or the
+        CPU."""
+        if self.device.type != "cuda":
+            return "the torch backend on the CPU"
+        from mgserve.cuda import runtime
+
+        a = self.args
+        gpu = runtime.gpu_info().name
+        return f"{gpu}, int8 {a.int8}, graphs {not a.no_graphs}, pdl {not a.no_pdl}"
+
     def sync(self) -> None:
         """Wait for the GPU (nothing to wait for on the CPU)."""
         if self.device.type == "cuda":
