@@ -20,6 +20,7 @@ from mgserve.api.anthropic_inputs import MessagesInput, messages_input
 from mgserve.api.chat_response import ChatOutput, chat_output_for
 from mgserve.api.generate import Chunk, Generation
 from mgserve.api.http import SERVICE, body_size, json_response, read_body
+from mgserve.api.message_cuts import message_cuts
 from mgserve.api.prompts import encode_text, render_chat
 from mgserve.api.protocol import GenParams, anthropic_params
 from mgserve.api.reasoning import chat_request, resolve, switch_off
@@ -33,6 +34,7 @@ class _Prompt(NamedTuple):
     out: ChatOutput  # how the output is read (reasoning into thinking blocks, calls into tool_use)
     forced: GrammarSpec | None  # tool_choice any / tool: the grammar of the forced calls
     budget: int  # the thinking budget (-1: none)
+    hints: tuple[int, ...]  # message cuts (message_cuts.py)
 
 
 def _prompt(service: Service, body: dict[str, Any]) -> _Prompt:
@@ -42,7 +44,8 @@ def _prompt(service: Service, body: dict[str, Any]) -> _Prompt:
     text = render_chat(service, chat) + inputs.prefill
     out = chat_output_for(service, chat, text)
     ids = encode_text(service, text, param="messages")
-    return _Prompt(ids, out, forced_call_spec(service, chat, text), budget)
+    hints = message_cuts(service, chat, text, ids)
+    return _Prompt(ids, out, forced_call_spec(service, chat, text), budget, hints)
 
 
 def _stop_reason(gen: Generation, blocks: Blocks, params: GenParams) -> str:
@@ -86,8 +89,11 @@ async def messages(request: web.Request) -> web.StreamResponse:
     def work() -> tuple[GenParams, _Prompt]:  # render and tokenize: on the text pool
         return anthropic_params(body, service), _prompt(service, body)
 
-    params, (ids, out, forced, budget) = await service.text.run(await body_size(request), work)
-    params, req = await chat_request(service, params, ids, out, forced, budget, "messages")
+    params, p = await service.text.run(await body_size(request), work)
+    params, req = await chat_request(
+        service, params, p.ids, p.out, p.forced, p.budget, "messages", p.hints
+    )
+    out = p.out
     msg_id = "msg_" + uuid.uuid4().hex
     blocks = Blocks(out.parser())
     with Generation(service, req, params, request, keep=out.keep) as gen:

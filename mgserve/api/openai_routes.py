@@ -16,6 +16,7 @@ from mgserve.api.choices import Choices
 from mgserve.api.errors import ApiError
 from mgserve.api.generate import Chunk, TokenOut, piece_text
 from mgserve.api.http import SERVICE, body_size, json_response, read_body
+from mgserve.api.message_cuts import message_cuts
 from mgserve.api.prompts import echo_text, encode_text, openai_prompt, render_chat
 from mgserve.api.protocol import GenParams, engine_request, openai_params
 from mgserve.api.reasoning import chat_request, request_budget, switch_off
@@ -130,16 +131,17 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     inputs = switch_off(chat_inputs(body), budget, service)
     grammar = await request_grammar(service, body, forced=inputs.tool_choice == "required")
 
-    def work() -> tuple[GenParams, list[int], ChatOutput, GrammarSpec | None]:
+    def work() -> tuple[GenParams, list[int], ChatOutput, GrammarSpec | None, tuple[int, ...]]:
         # render and tokenize: on the text pool
         params = openai_params(body, True, service, grammar)
         text = render_chat(service, inputs)
         out = chat_output_for(service, inputs, text)
         ids = encode_text(service, text, param="messages")
-        return params, ids, out, forced_call_spec(service, inputs, text)
+        hints = message_cuts(service, inputs, text, ids)
+        return params, ids, out, forced_call_spec(service, inputs, text), hints
 
-    params, ids, out, forced = await service.text.run(await body_size(request), work)
-    params, req = await chat_request(service, params, ids, out, forced, budget, "messages")
+    params, ids, out, forced, hints = await service.text.run(await body_size(request), work)
+    params, req = await chat_request(service, params, ids, out, forced, budget, "messages", hints)
     return await respond_chat(request, service, req, params, out, _Shape(service, True, params))
 
 

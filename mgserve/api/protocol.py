@@ -214,10 +214,11 @@ def engine_request(
     prompt: list[int],
     param: str = "prompt",
     reasoning: ReasoningBudget | None = None,
+    cut_hints: tuple[int, ...] = (),
 ) -> Request:
     """The ``Request`` the engine runs, trusted there: the prompt checked against the context,
     ``max_tokens`` resolved (the request's, else --n-predict, else up to the context end);
-    ``reasoning``: a chat request's (api/reasoning.py)."""
+    ``reasoning`` and ``cut_hints``: a chat request's (api/reasoning.py, api/message_cuts.py)."""
     n_ctx = service.engine.n_ctx
     if not prompt:
         raise ApiError("the prompt is empty", param=param)
@@ -242,4 +243,5 @@ def engine_request(
         slot=params.slot,
         reuse_prefix=params.reuse_prefix,
         progress=params.progress,
+        cut_hints=cut_hints,
     )

@@ -75,14 +75,16 @@ async def chat_request(
     forced: GrammarSpec | None,
     budget: int,
     param: str,
+    hints: tuple[int, ...] = (),
 ) -> tuple[GenParams, Request]:
     """A chat-shaped route's engine request for prompt ``ids`` read as ``out``: the grammar of
     forced calls (``forced``) compiled off the loop into ``params``, and the reasoning budget the
-    engine enforces (it holds the grammar back while a block the prompt opened is open)."""
+    engine enforces (it holds the grammar back while a block the prompt opened is open);
+    ``hints``: the prompt's message cuts (api/message_cuts.py)."""
     if forced is not None:
         params = replace(params, grammar=await compile_grammar(service, forced, "tools"))
     reasoning = engine_budget(service, out, budget, params.grammar)
-    return params, engine_request(service, params, ids, param, reasoning)
+    return params, engine_request(service, params, ids, param, reasoning, hints)
 
 
 def _ids(service: Service, text: str) -> tuple[int, ...]:

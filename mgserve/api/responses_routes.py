@@ -24,6 +24,7 @@ from mgserve.api.chat_response import ChatOutput, chat_output_for
 from mgserve.api.errors import ApiError
 from mgserve.api.generate import Chunk, Generation
 from mgserve.api.http import SERVICE, body_size, json_response, read_body
+from mgserve.api.message_cuts import message_cuts
 from mgserve.api.prompts import encode_text, render_chat
 from mgserve.api.protocol import GenParams, responses_params
 from mgserve.api.reasoning import chat_request
@@ -106,14 +107,16 @@ def _status(gen: Generation) -> str:
 
 def _prepare(
     service: Service, body: dict[str, Any], inputs: ResponsesInput, grammar: Any
-) -> tuple[GenParams, list[int], ChatOutput, GrammarSpec | None]:
+) -> tuple[GenParams, list[int], ChatOutput, GrammarSpec | None, tuple[int, ...]]:
     """Render and tokenize (on the text pool): the parameters, the prompt's ids, how the output
-    is read, and the grammar of forced tool calls (None when none are forced)."""
+    is read, the grammar of forced tool calls (None when none are forced) and the message cuts
+    (message_cuts.py)."""
     params = responses_params(body, service, grammar)
     text = render_chat(service, inputs.chat)
     out = chat_output_for(service, inputs.chat, text)
     ids = encode_text(service, text, param="input")
-    return params, ids, out, forced_call_spec(service, inputs.chat, text)
+    hints = message_cuts(service, inputs.chat, text, ids)
+    return params, ids, out, forced_call_spec(service, inputs.chat, text), hints
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
@@ -123,11 +126,11 @@ async def responses(request: web.Request) -> web.StreamResponse:
     inputs = responses_input(body, switch, service.chat_format.think is not None)
     grammar = await request_grammar(service, body, forced=inputs.chat.tool_choice == "required")
     size = await body_size(request)
-    params, ids, out, forced = await service.text.run(
+    params, ids, out, forced, hints = await service.text.run(
         size, _prepare, service, body, inputs, grammar
     )
     budget = service.settings.reasoning_budget  # the server's: Responses has no budget field
-    params, req = await chat_request(service, params, ids, out, forced, budget, "input")
+    params, req = await chat_request(service, params, ids, out, forced, budget, "input", hints)
     shape = _Response(service, body, params, inputs)
     items = Items(out.parser())
     with Generation(service, req, params, request, keep=out.keep) as gen:

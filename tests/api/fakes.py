@@ -150,6 +150,7 @@ class FakeEngine:
     ) -> None:
         self.n_slots = n_slots
         self.n_ctx = n_ctx
+        self.cut_hints = False  # a dense model: no message cut hints (api/message_cuts.py)
         self.reply = reply
         self.step_s = step_s
         self.fail_at = fail_at  # after this many tokens a request ends with an "error" event

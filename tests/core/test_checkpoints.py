@@ -231,3 +231,30 @@ def test_slot_info_shows_progress_and_the_checkpoints_held() -> None:
     (info,) = s.slot_info()
     assert (info["state"], info["is_processing"], info["n_past"]) == ("idle", False, 21)
     assert "params" not in info and len(info["checkpoints"]) == 2  # kept for a later request
+
+
+def test_cut_hints_end_chunks_and_take_checkpoints() -> None:
+    s, r = sched(every=0), Recorder()
+    # 11 inside the prompt; 16 is a chunk end anyway, 0 and 40 are not inside it
+    s.add(req("a", list(range(1, 41)), max_tokens=1, cut_hints=(40, 11, 16, 0)))
+    assert s.queue[0][0].cut_hints == (11,)
+    got = chunks(run_all(s, r))
+    assert got == [(0, 11, True, False), (11, 16, False, False), (16, 32, True, False),
+                   (32, 40, False, False)]  # fmt: skip
+    assert sorted(s.checkpoints.held) == [(0, 11), (0, 32)]
+
+
+def test_a_state_is_reused_only_before_the_first_hint_the_requests_differ_on() -> None:
+    s, r = sched(every=0), Recorder()
+    a = list(range(1, 41))
+    s.add(req("a", a, max_tokens=1, cut_hints=(11,)))
+    run_all(s, r)
+    s.add(req("b", a[:36] + [99, 98], max_tokens=1, cut_hints=(11,)))  # the same cut: 32
+    assert chunks(run_all(s, r))[0] == (32, 38, False, True)
+    s.add(req("c", a[:36] + [97, 96], max_tokens=1, cut_hints=(11,)))
+    run_all(s, r)
+    s.add(req("d", a[:36] + [95, 94], max_tokens=1))  # no cut at 11: 11 and 32 were shaped by it
+    assert chunks(run_all(s, r))[0] == (0, 16, False, False)
+    s.add(req("e", a[:36] + [93], max_tokens=1, cut_hints=(12,)))  # only below 12 agrees: none
+    assert chunks(run_all(s, r))[0] == (0, 12, True, False)
+    assert s.slots[0].cuts == (12,)

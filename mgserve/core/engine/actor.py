@@ -79,6 +79,7 @@ class Engine:
                 settings.cache_ram << 20,
                 runner.checkpoint_nbytes,
             )
+        self.cut_hints = book is not None  # prompts are cut at Request.cut_hints (checkpoints.py)
         self.lanes: bool = getattr(runner, "lanes", False)
         if self.lanes and settings.itl_target_ms:
             log.info("--itl-target-ms is not used: prompt chunks run in the prefill lane")

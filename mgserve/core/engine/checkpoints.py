@@ -7,13 +7,18 @@ token position p. K/V (and QSA block keys) are positional in the slot, so loadin
 at p into the same slot and computing on from p gives exactly the state a cold run would have.
 
 Checkpoints are taken at the end of prompt chunks, which for these models end on absolute
-multiples of the batch size and of ``every``: at every multiple of ``every``, and at the last
-chunk end before the prompt's end (at most a chunk before ``len(prompt) - 1``, the most a request
-may reuse, since the last prompt token is always recomputed for its logits). So a second turn, an
-edited turn or a shared system prompt starts from the nearest one, no step is split further for
-one, and a request restored from one cuts the rest of its prompt exactly where a cold run does:
-it computes the cold run's bits (the chunked delta rule rounds differently under another split;
-a session continued from its live state, past decoded tokens, agrees only up to rounding).
+multiples of the batch size and of ``every``, and at the request's cut hints (message
+boundaries the API found, ``Request.cut_hints``): at every multiple of ``every``, at every hint,
+and at the last chunk end before the prompt's end (at most a chunk before ``len(prompt) - 1``,
+the most a request may reuse, since the last prompt token is always recomputed for its logits).
+So a second turn, an edited turn or a shared system prompt starts from the nearest one, only a
+hint splits a step further, and a request restored from one cuts the rest of its prompt exactly
+where a cold run does: it computes the cold run's bits (the chunked delta rule rounds differently
+under another split; a session continued from its live state, past decoded tokens, agrees only
+up to rounding). Hints are not multiples, so a state at ``p`` is the cold run's only for a
+request with the same hints up to ``p``: each slot records the hints its state was computed
+under (``Slot.cuts``), and a request reuses it only before the first hint where the two differ
+(``agree``).
 
 Two halves, one per side of the contract:
 
@@ -74,21 +79,33 @@ class CheckpointBook:
     def nbytes_in(self, host: bool) -> int:
         return self.nbytes * sum(e.on_host == host for e in self._entries.values())
 
-    def chunk_end(self, done: int, n_prompt: int, batch_size: int) -> tuple[int, bool]:
+    def cuts(self, hints: tuple[int, ...], n_prompt: int, batch_size: int) -> tuple[int, ...]:
+        """The cuts ``hints`` add to a prompt's chunking: those inside it that are not multiples
+        of ``batch_size`` or ``every`` already, sorted (none without checkpoints)."""
+        if not self.per_slot:
+            return ()
+        grid = [n for n in (batch_size, self.every) if n]
+        return tuple(sorted({h for h in hints if 0 < h < n_prompt and all(h % n for n in grid)}))
+
+    def chunk_end(
+        self, done: int, n_prompt: int, batch_size: int, cuts: tuple[int, ...] = ()
+    ) -> tuple[int, bool]:
         """Where a prompt chunk computed from position ``done`` ends, and whether a checkpoint is
-        taken there. Without checkpoints: ``batch_size`` tokens on (or the prompt's end)."""
+        taken there (``cuts``: the request's, from ``cuts()``). Without checkpoints:
+        ``batch_size`` tokens on (or the prompt's end)."""
         if not self.per_slot:
             return min(done + batch_size, n_prompt), False
-        end = self._boundary(done, batch_size, n_prompt)
+        end = self._boundary(done, batch_size, n_prompt, cuts)
         if end == n_prompt:
             return end, False
-        last = self._boundary(end, batch_size, n_prompt) == n_prompt
-        return end, last or (self.every > 0 and end % self.every == 0)
+        last = self._boundary(end, batch_size, n_prompt, cuts) == n_prompt
+        return end, last or end in cuts or (self.every > 0 and end % self.every == 0)
 
-    def _boundary(self, pos: int, batch_size: int, n_prompt: int) -> int:
-        """The first multiple of ``batch_size`` or ``every`` after ``pos``, at most ``n_prompt``."""
+    def _boundary(self, pos: int, batch_size: int, n_prompt: int, cuts: tuple[int, ...]) -> int:
+        """The first multiple of ``batch_size`` or ``every``, or cut, after ``pos``, at most
+        ``n_prompt``."""
         ends = [(pos // n + 1) * n for n in (batch_size, self.every) if n]
-        return min(*ends, n_prompt)
+        return min(*ends, *(c for c in cuts if c > pos), n_prompt)
 
     # -- the scheduler's decisions ---------------------------------------------------------------
 
@@ -143,6 +160,12 @@ class CheckpointBook:
     def _tock(self) -> int:
         self._tick += 1
         return self._tick
+
+
+def agree(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
+    """The first position where two cut lists differ (None: they are the same): a state computed
+    under cuts ``a`` is the one cuts ``b`` compute only at positions before it."""
+    return min(set(a) ^ set(b), default=None)
 
 
 class CheckpointStore(Generic[T]):

@@ -75,6 +75,9 @@ class Request:
     slot: int | None = None  # 0 <= slot < n_slots: wait for this slot (llama-server's id_slot)
     reuse_prefix: bool = True  # False: compute the whole prompt, whatever a slot holds
     progress: bool = False  # send a ``PromptProgress`` event after each prompt chunk
+    # prompt positions where leading messages end (api/message_cuts.py): a recurrent model's
+    # prompt chunks also end, and checkpoints are taken, there (checkpoints.py)
+    cut_hints: tuple[int, ...] = ()
 
 
 class TopLogprob(NamedTuple):
@@ -168,6 +171,7 @@ class SlotSave(NamedTuple):
     slot: int
     tokens: tuple[int, ...]  # what the slot holds: its K/V rows [0, n) and the state after them
     checkpoints: tuple[int, ...]  # positions of the slot's checkpoints to copy with it
+    cuts: tuple[int, ...] = ()  # the hint cuts the slot's state was computed under
 
 
 class SlotLoad(NamedTuple):

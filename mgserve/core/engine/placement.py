@@ -4,7 +4,8 @@ own cache, its checkpoint, or another slot's prefix copied in). Pure; the schedu
 A slot's cache serves a prompt up to their common prefix (the last prompt token is always
 recomputed, its logits give the first token). A recurrent state cannot be cut back: such a slot
 serves its whole history when that starts the prompt (its live state), else its latest checkpoint
-in the common prefix (checkpoints.py), else nothing.
+in the common prefix (checkpoints.py), else nothing; either only up to the first cut hint where
+the slot's state and the request's cuts differ (``checkpoints.agree``).
 
 Prefix copy (``copy_min`` > 0): any other slot, busy or idle, may lend its prefix. Its positions
 below its length never change while it runs (it only appends), so a ``PrefixCopy`` planned now
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from mgserve.core.engine.checkpoints import CheckpointBook
+from mgserve.core.engine.checkpoints import CheckpointBook, agree
 from mgserve.core.engine.contract import PrefixCopy, Request
 from mgserve.core.engine.slots import Slot, common_prefix
 
@@ -47,14 +48,21 @@ class Placer:
         # advance that state while the lane's batch copies it, lanes.py)
         self.live_decoders = True
 
-    def reusable(self, slot: Slot, prompt: list[int]) -> int:
+    def _shared(self, slot: Slot, req: Request) -> int:
+        """Prompt positions ``slot``'s state serves: the common prefix, short of the last prompt
+        token, and (a recurrent state) before the first cut where the two differ."""
+        n = min(common_prefix(slot.cached, req.prompt), len(req.prompt) - 1)
+        differ = None if self.rewindable else agree(slot.cuts, req.cut_hints)
+        return n if differ is None else min(n, differ - 1)
+
+    def reusable(self, slot: Slot, req: Request) -> int:
         """Prompt tokens a request can take from ``slot``'s own (idle) cache."""
-        n = min(common_prefix(slot.cached, prompt), len(prompt) - 1)
+        n = self._shared(slot, req)
         return n if self.rewindable or n == len(slot.cached) else self.book.best(slot.id, n)
 
-    def lendable(self, slot: Slot, prompt: list[int]) -> tuple[int, bool]:
+    def lendable(self, slot: Slot, req: Request) -> tuple[int, bool]:
         """Prompt tokens ``slot`` can lend another slot, and whether from its live state."""
-        n = min(common_prefix(slot.cached, prompt), len(prompt) - 1)
+        n = self._shared(slot, req)
         if self.rewindable:
             return n, False
         s = slot.session
@@ -67,10 +75,10 @@ class Placer:
     def place(self, req: Request, free: list[Slot], slots: list[Slot]) -> Placement:
         """The free slot ``req`` goes to (``free`` not empty), among all ``slots``."""
         reuse = req.reuse_prefix
-        own = {sl.id: self.reusable(sl, req.prompt) if reuse else 0 for sl in free}
+        own = {sl.id: self.reusable(sl, req) if reuse else 0 for sl in free}
         lenders = (
             sorted(
-                ((*self.lendable(sl, req.prompt), sl.id) for sl in slots),
+                ((*self.lendable(sl, req), sl.id) for sl in slots),
                 key=lambda x: -x[0],
             )
             if reuse and self.copy_min

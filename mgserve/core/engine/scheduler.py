@@ -13,7 +13,8 @@ state, ``rewindable=False``, serves its whole history or its latest checkpoint i
 prefix, which the first work restores); with ``prefix_copy`` > 0 a prefix that many tokens
 longer held by any other slot, busy or idle, is copied in first (a ``PrefixCopy`` in the next
 batch). Recurrent models' prompts are cut on absolute multiples of ``batch_size`` and
-``--checkpoint-every``, where checkpoints are taken (checkpoints.py).
+``--checkpoint-every`` and at the request's cut hints, where checkpoints are taken
+(checkpoints.py).
 A request may ask to be served by one slot (``Request.slot``: it waits for that slot, keeping its
 place in the queue while later requests take other slots) or to reuse nothing (``reuse_prefix``).
 Slot save / restore / erase (slot_actions.py) wait for their slot to be idle and run in a batch
@@ -90,6 +91,7 @@ class Scheduler:
         """Queue ``req``, checked at the API boundary (contract.Request says what holds)."""
         # what the slot arithmetic relies on: a prompt chunk to compute and room to sample after it
         assert 0 < len(req.prompt) < self.n_ctx and req.max_tokens >= 1, "unchecked request"
+        req.cut_hints = self.checkpoints.cuts(req.cut_hints, len(req.prompt), self.batch_size)
         self.queue.append((req, self._clock() if t_submit is None else t_submit))
 
     def abort(self, request_id: str, finish_reason: str = "abort") -> TokenEvent | None:
@@ -161,7 +163,8 @@ class Scheduler:
         work = []
         for slot, s in sorted(prompts, key=lambda p: p[1].t_added)[: self.prefill_sessions or None]:
             if s.n_done >= s.chunk[1]:  # the next chunk
-                cut = self.checkpoints.chunk_end(s.n_done, len(s.req.prompt), self.batch_size)
+                n, cuts = len(s.req.prompt), s.req.cut_hints
+                cut = self.checkpoints.chunk_end(s.n_done, n, self.batch_size, cuts)
                 s.chunk = (s.n_done, *cut)
             start, end, ckpt = s.chunk
             stop = self.pacer.piece_end(start, s.n_done, end, budget)
@@ -238,6 +241,7 @@ class Scheduler:
                 self._copies.append(copy)
             rb, constrained = req.reasoning, req.grammar is not None
             think = None if rb is None else ReasoningTracker(rb, constrained)
+            slot.cuts = req.cut_hints  # it agrees with them up to n_cached (placement.py)
             slot.session = Session(req, t_added, n_cached, n_done=n_cached, restore=restore,
                                    reasoning=think, grammar_pending=constrained)  # fmt: skip
             slot.last_used = self._step

@@ -18,11 +18,13 @@ from mgserve.core.engine.slots import Slot
 
 
 class SavedSlot(NamedTuple):
-    """A slot's state as a save wrote it: its tokens, checkpoint positions and tensors."""
+    """A slot's state as a save wrote it: its tokens, checkpoint positions, tensors and the hint
+    cuts it was computed under (``Slot.cuts``)."""
 
     tokens: tuple[int, ...]
     checkpoints: tuple[int, ...]
     tensors: SlotTensors
+    cuts: tuple[int, ...]
 
 
 class SlotAction(NamedTuple):
@@ -69,7 +71,7 @@ class SlotActions:
 def _plan(action: SlotAction, slot: Slot, book: CheckpointBook, step: int) -> SlotOp:
     if action.kind == "save":
         mine = tuple(sorted(p for s, p in book.held if s == slot.id))
-        return SlotSave(action.id, slot.id, tuple(slot.cached), mine)
+        return SlotSave(action.id, slot.id, tuple(slot.cached), mine, slot.cuts)
     if action.kind == "erase":
         n = len(slot.cached)
         slot.cached.clear()
@@ -78,6 +80,7 @@ def _plan(action: SlotAction, slot: Slot, book: CheckpointBook, step: int) -> Sl
     saved = action.saved
     assert saved is not None
     slot.cached[:] = saved.tokens
+    slot.cuts = saved.cuts
     slot.last_used = step  # a restored cache is the last one to give up
     kept = book.replace(slot.id, saved.checkpoints)
     return SlotLoad(action.id, slot.id, saved.tokens, kept, saved.tensors)

@@ -24,7 +24,7 @@ from mgserve.core.engine.slot_actions import SavedSlot
 from mgserve.core.gguf.reader import GGUFFile
 
 MAGIC = b"MGSLOT"
-VERSION = 1
+VERSION = 2
 _DTYPES = {
     "f32": torch.float32,
     "f16": torch.float16,
@@ -70,6 +70,7 @@ def write(path: Path, identity: SlotIdentity, n_ctx: int, saved: SavedSlot) -> i
         "n_ctx": n_ctx,
         "tokens": list(saved.tokens),
         "checkpoints": list(saved.checkpoints),
+        "cuts": list(saved.cuts),
         "tensors": [[k, _NAMES[t.dtype], list(t.shape)] for k, t in tensors.items()],
     }
     head = json.dumps(header).encode()
@@ -107,7 +108,9 @@ def read(path: Path, identity: SlotIdentity, n_ctx: int) -> tuple[SavedSlot, int
                 raise ValueError(f"{path.name} was cut short (in {name!r})")
             tensors[name] = t
         n_read = f.tell()
-    saved = SavedSlot(tuple(header["tokens"]), tuple(header["checkpoints"]), tensors)
+    saved = SavedSlot(
+        tuple(header["tokens"]), tuple(header["checkpoints"]), tensors, tuple(header["cuts"])
+    )
     return saved, n_read
 
 
@@ -117,7 +120,9 @@ def _header(raw: bytes, name: str) -> dict[str, Any]:
         ok = (
             isinstance(h["version"], int)
             and isinstance(h["identity"], dict)
-            and all(isinstance(t, int) and t >= 0 for t in h["tokens"] + h["checkpoints"])
+            and all(
+                isinstance(t, int) and t >= 0 for t in h["tokens"] + h["checkpoints"] + h["cuts"]
+            )
             and all(
                 isinstance(n, str)
                 and d in _DTYPES

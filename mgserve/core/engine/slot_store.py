@@ -116,7 +116,7 @@ class SlotStore:
         t0 = time.perf_counter()
         op, tensors = await self.engine.slot_waiters.run(slot, "save")
         assert isinstance(op, SlotSave) and tensors is not None
-        saved = SavedSlot(op.tokens, op.checkpoints, tensors)
+        saved = SavedSlot(op.tokens, op.checkpoints, tensors, op.cuts)
         n_ctx = self.engine.n_ctx
         size = await asyncio.to_thread(slot_file.write, path, self.identity, n_ctx, saved)
         return SlotFileDone(len(op.tokens), size, (time.perf_counter() - t0) * 1e3)

@@ -51,6 +51,7 @@ class Slot:
     cached: list[int] = field(default_factory=list)  # token ids held by the cache, positions 0..
     session: Session | None = None
     last_used: int = -1  # step of the last assignment, to evict the least recently used cache
+    cuts: tuple[int, ...] = ()  # the hint cuts its state was computed under (checkpoints.py)
 
     def info(self, n_ctx: int, checkpoints: dict[int, bool]) -> dict[str, object]:
         """The slot as ``/slots`` shows it: llama-server's fields (``id``, ``n_ctx``,
