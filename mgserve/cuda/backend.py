@@ -104,7 +104,6 @@ def cuda_backend(
     hgemm: HGemmTuning | None = None,
     kernels: Kernels | None = None,
     fused_decode: bool = True,
-    token_grid: bool = True,
 ) -> Backend:
     """The kernels of GPU ``device_index`` (compiled once; the cubin cache makes restarts fast).
     ``int8``: round activations to int8 groups in the decode products that have a dp4a kernel
@@ -119,17 +118,14 @@ def cuda_backend(
     ``kernels``: an existing ``Kernels`` to share (its GPU, not ``device_index``, is used).
     ``fused_decode``: decode steps run the fused kernels (int8 activations written by their
     producers, QSA block keys and DeltaNet gates inside other kernels: fewer launches, the same
-    bits); False runs each piece as its own launch (tests compare the two). ``token_grid``: decode
-    products of 2..8 tokens (linear, int8, hyper-connections) run the one-token kernels with the
-    token on the grid; False: the t2/t4/t8 kernels whose threads serve every token (the same
-    bits; for comparison)."""
+    bits); False runs each piece as its own launch (tests compare the two)."""
     from mgserve.cuda.compiler import KernelCompiler
 
     if kernels is None:
         kernels = Kernels(KernelCompiler(device_index))
     kernels.pdl = kernels.pdl and pdl
     dense = DenseWeights()
-    linear = LinearCuda(kernels, LinearTorch(dense), hgemm=hgemm, token_grid=token_grid)
+    linear = LinearCuda(kernels, LinearTorch(dense), hgemm=hgemm)
     moe = MoeCuda(kernels, MoeTorch(dense), linear)
     linear.int8 = moe.int8 = int8
     linear.prefill_exact = moe.prefill_exact = prefill_exact
@@ -154,7 +150,7 @@ def cuda_backend(
         rope=rope,
         act=ActCuda(kernels),
         deltanet=deltanet,
-        hc=HCCuda(kernels, HCTorch(dense), linear, norm, token_grid=token_grid),
+        hc=HCCuda(kernels, HCTorch(dense), linear, norm),
         ple=Ple(linear, norm),
         path=linear.path,
     )

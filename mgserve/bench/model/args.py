@@ -56,12 +56,6 @@ def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) 
         help="decode graphs for 1, 2, 4, 8, 16 sessions only, padding the rest (compare)",
     )
     parser.add_argument(
-        "--token-tiles",
-        action="store_true",
-        help="decode products of 2..8 tokens on the t2/t4/t8 kernels instead of the one-token "
-        "kernels with the token on the grid (the same bits; compare)",
-    )
-    parser.add_argument(
         "--no-pdl",
         action="store_true",
         help="launch each kernel after the previous one ends (no programmatic dependent launch)",

@@ -45,7 +45,6 @@ class ModelBench:
                 cublas_prefill=args.cublas_prefill,
                 hgemm=hgemm,
                 pdl=not args.no_pdl,
-                token_grid=not args.token_tiles,
             )
         else:
             self.ops = torch_backend()

@@ -29,7 +29,6 @@ def run(args: argparse.Namespace) -> int:
         f"{per_tok / 1e9:.2f} GB of weights read per decode token",
         f"slots {args.slots} x ctx {args.ctx}, cache {args.cache_type}, ubatch {args.ubatch}, "
         f"int8 {args.int8}, cublas prefill {args.cublas_prefill}, pdl {not args.no_pdl}, "
-        f"decode tokens {'t2/t4/t8 tiles' if args.token_tiles else 'on the grid'}, "
         f"hgemm {args.hgemm or 'default'}, "
         f"graphs {not args.no_graphs}"
         f"{' (buckets 1, 2, 4, 8, 16)' if args.pow2_buckets else ''}, "
@@ -114,7 +113,6 @@ def run(args: argparse.Namespace) -> int:
             "int8": args.int8,
             "cublas_prefill": args.cublas_prefill,
             "pdl": not args.no_pdl,
-            "token_grid": not args.token_tiles,
         }
         Path(args.json).write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
     if args.record:

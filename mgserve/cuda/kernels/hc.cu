@@ -16,17 +16,14 @@
 // factor per stream, down . flat(xn) = sum_s inv[t, s] * (down[:, stream s] . (x * gamma)[t, s]),
 // so each CTA computes one stream's partial products P[s, t, row] of x * gamma (no norm needed
 // yet) and the sum of squares SS[s, t] of its stream; hc_up combines them.
-//   grid = row blocks * hc * token groups of NT, block = DOWN_WARPS warps. blockIdx.x % groups
-//   is the token group, then (blockIdx.x / groups) % hc the stream s and / hc the row block
-//   (DOWN_WARPS * DOWN_ROWS rows of [down | inject]). The group varies fastest, so the groups'
-//   CTAs of a row block run together: only group 0 prefetches, the rest read the rows from L2.
-//   NT = 1 with one group per token (the token grid) runs each token alone, bit for bit.
+//   grid = (row blocks * hc, token groups of NT), block = DOWN_WARPS warps. blockIdx.x % hc is
+//   the stream s, blockIdx.x / hc the row block (DOWN_WARPS * DOWN_ROWS rows of [down | inject]).
 //   The stream's d values are walked in parts of `part` values (part % 256 == 0 unless it is all
 //   of d, so a lane visits the same runs in the same order whatever the part size): the CTA
 //   stages x * gamma of the part for its NT tokens in shared memory, then each warp owns
 //   DOWN_ROWS rows, each lane 8-value runs lane, lane + 32, ... of them (one 16-byte BF16 load
 //   per run), DOWN_BATCH runs' loads issued before any is used, fp32 accumulation, a shuffle
-//   tree at the end. Before staging, group 0 prefetches the weight rows into L2.
+//   tree at the end. Before staging, the CTA prefetches its weight rows into L2.
 //   Row block 0 of each stream also sums squares while staging (thread i takes the stream's
 //   float4s i (mod blockDim) in order; lanes, then warps in order: independent of NT) and writes
 //   SS[s, t]; when fused with the previous combine it also writes x_new = x + inj_prev * out_prev
@@ -35,12 +32,11 @@
 //   half 1 = values 4..7, so the lanes' float4 reads are consecutive (no bank conflicts).
 //
 // hc_up_<T>_t<NT>: the up product fused with its sigmoid, * xn and the mean over streams.
-//   grid = ceil(d / (UP_WARPS * UP_COLS)) column blocks * token groups (the group fastest, as
-//   in hc_down), block = UP_WARPS warps.
-//   Prologue (every CTA, redundantly: a few KB of L2 reads, after group 0's L2 prefetch of its
-//   up rows): low[t, :] = silu(sum_s inv[t, s] * P[s, t, :r] / hc) into shared memory (same
-//   half/run layout), inv recomputed from SS wherever needed; column block 0 also writes inj.
-//   Main loop: a warp owns UP_COLS output columns c; its lanes form 4 groups of 8, group g reads row
+//   grid = (ceil(d / (UP_WARPS * UP_COLS)), token groups), block = UP_WARPS warps.
+//   Prologue (every CTA, redundantly: a few KB of L2 reads, after an L2 prefetch of its up
+//   rows): low[t, :] = silu(sum_s inv[t, s] * P[s, t, :r] / hc) into shared memory (same
+//   half/run layout), inv recomputed from SS wherever needed; CTA 0 also writes inj. Main loop:
+//   a warp owns UP_COLS output columns c; its lanes form 4 groups of 8, group g reads row
 //   (s0 + g) * d + c of up (stream s0 + g), lane j of the group runs j, j + 8, ... of the
 //   r-wide row (8 lanes read 128 contiguous bytes per step; UP_BATCH runs per batch of loads).
 //   After a shuffle tree inside each group, lane j of group g holds token j's gate for stream
@@ -191,9 +187,8 @@ __device__ void hc_down(const float* __restrict__ x, const float* __restrict__ g
     constexpr int R = Tune<NT>::DOWN_ROWS_NT, U = Tune<NT>::DOWN_BATCH_NT;
     extern __shared__ float4 xs4[];  // [NT][2][part / 8]: x * gamma of the staged part
     __shared__ float red[DOWN_WARPS][NT];  // per-warp sums of squares
-    const int groups = (n_tok + NT - 1) / NT, grp = blockIdx.x % groups;  // token group fastest
-    const int s = blockIdx.x / groups % hc, rb = blockIdx.x / groups / hc;
-    const int tok0 = grp * NT, nt = min(NT, n_tok - tok0);
+    const int s = blockIdx.x % hc, rb = blockIdx.x / hc;
+    const int tok0 = blockIdx.y * NT, nt = min(NT, n_tok - tok0);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n_rows = rows_a + rows_b;
     const size_t row_bytes = (size_t)hc * d / T::BLOCK * T::BYTES;
@@ -211,9 +206,8 @@ __device__ void hc_down(const float* __restrict__ x, const float* __restrict__ g
     const int runs = part / 8;  // runs per part
     for (int p0 = 0; p0 < d; p0 += part) {
         const size_t first = (size_t)s * d + p0;  // first value of the part within a row
-        if (grp == 0)  // once per row block: the other groups' CTAs start beside it
-            prefetch_rows(wa, rows_a, wb, row_bytes, cta_row0, cta_n, first / T::BLOCK * T::BYTES,
-                          (first + part + T::BLOCK - 1) / T::BLOCK * T::BYTES);
+        prefetch_rows(wa, rows_a, wb, row_bytes, cta_row0, cta_n, first / T::BLOCK * T::BYTES,
+                      (first + part + T::BLOCK - 1) / T::BLOCK * T::BYTES);
         if (p0 == 0) grid_sync();  // only weights were read before (pdl.cuh)
         __syncthreads();  // the previous part's reads of xs4 are done
         // Stage x * gamma. Thread i takes the stream's float4s c = i (mod blockDim), in order,
@@ -287,18 +281,16 @@ __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
     extern __shared__ float4 smem4[];
     const float4* low4 = smem4;  // [NT][2][r / 8]: low in the run-half layout
     float* lowf = (float*)smem4;
-    const int groups = (n_tok + NT - 1) / NT, grp = blockIdx.x % groups;  // token group fastest
-    const int cb = blockIdx.x / groups;  // column block
-    const int tok0 = grp * NT, nt = min(NT, n_tok - tok0);
+    const int tok0 = blockIdx.y * NT, nt = min(NT, n_tok - tok0);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 3, j = lane & 7;  // lane group (stream within a quad), lane in group
     const int runs = r / 8;
     const size_t row_bytes = (size_t)(r / T::BLOCK) * T::BYTES;
-    const int c0 = (cb * UP_WARPS + warp) * C;  // this warp's columns c0 .. c0 + C - 1
+    const int c0 = (blockIdx.x * UP_WARPS + warp) * C;  // this warp's columns c0 .. c0 + C - 1
 
 #if PREFETCH
-    if (grp == 0) {  // this column block's rows of up: per stream, UP_WARPS * C consecutive rows
-        const int cta_c0 = cb * UP_WARPS * C;
+    {  // this CTA's rows of up: for each stream, UP_WARPS * C consecutive rows
+        const int cta_c0 = blockIdx.x * UP_WARPS * C;
         const int n_c = min(UP_WARPS * C, d - cta_c0);
         const size_t span = (size_t)n_c * row_bytes, lines = (span + 127) / 128;
         for (size_t i = threadIdx.x; i < lines * hc; i += blockDim.x) {
@@ -323,7 +315,7 @@ __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
         }
         lowf[((t * 2 + ((k >> 2) & 1)) * runs + (k >> 3)) * 4 + (k & 3)] = v;
     }
-    if (inj != nullptr && cb == 0) {
+    if (inj != nullptr && blockIdx.x == 0) {
         for (int i = threadIdx.x; i < nt * hc; i += blockDim.x) {
             const int t = i / hc, q = i - t * hc;
             const float* p = P + (size_t)(tok0 + t) * p_stride + r + q;

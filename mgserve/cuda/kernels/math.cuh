@@ -65,17 +65,3 @@ __device__ __forceinline__ void q8_store4(float4 o, bool live, signed char* __re
     *reinterpret_cast<char4*>(xq + idx) = q;
     if ((idx & 31) == 0) xd[idx >> 5] = d;
 }
-
-// The token grid of the matvecs' one-token instances (NT == 1) over n_tok tokens: CTA b runs the
-// one-token code on token b % n_tok for row block b / n_tok, so each token gets the bits it gets
-// alone. The token varies fastest: the n_tok CTAs of a row block start together, the first to
-// ask reads the rows from DRAM and the others find them in L2, whatever the product's size. With
-// NT > 1 a CTA serves all tokens: token 0, row block blockIdx.x.
-struct TokenCta {
-    int block, tok;
-};
-template <int NT>
-__device__ __forceinline__ TokenCta token_cta(int n_tok) {
-    if (NT == 1) return {(int)blockIdx.x / n_tok, (int)blockIdx.x % n_tok};
-    return {(int)blockIdx.x, 0};
-}

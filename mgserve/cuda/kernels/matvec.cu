@@ -33,8 +33,7 @@
 #endif
 
 // w: [n_rows, k / BLOCK * BYTES] bytes; x: fp32 [n_tok, k]; y: fp32 [n_tok, n_rows].
-// n_rows: output rows; k: inputs per row, a multiple of BLOCK; n_tok: tokens, 1..NT, or any for
-// NT = 1 on the token grid (math.cuh token_cta: one CTA per row block and token).
+// n_rows: output rows; k: inputs per row, a multiple of BLOCK; n_tok: tokens, 1..NT.
 // bias [n_rows] and res [n_tok, n_rows] (null when absent): y = res + (W x + bias).
 template <typename T, int NT>
 __device__ void matvec(const u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
@@ -43,18 +42,10 @@ __device__ void matvec(const u8* __restrict__ w, const float* __restrict__ x, fl
     constexpr int R = NT == 1 ? ROWS_PER_WARP_1 : ROWS_PER_WARP_N;
     constexpr int RUNS = T::BLOCK / 8;  // 8-value runs per block
     const int lane = threadIdx.x & 31;
-    const TokenCta cta = token_cta<NT>(n_tok);
-    if (NT == 1) {  // the token grid (math.cuh): this CTA's token alone
-        x += (size_t)cta.tok * k;
-        y += (size_t)cta.tok * n_rows;
-        if (res != nullptr) res += (size_t)cta.tok * n_rows;
-        n_tok = 1;
-    }
-    const int row0 = (cta.block * WARPS_PER_CTA + (threadIdx.x >> 5)) * R;
+    const int row0 = (blockIdx.x * WARPS_PER_CTA + (threadIdx.x >> 5)) * R;
     const size_t row_bytes = (size_t)(k / T::BLOCK) * T::BYTES;
-    // the CTA's rows into L2 while the kernel before still runs (pdl.cuh; once per row block)
-    if (cta.tok == 0)
-        prefetch_rows_l2(w, row_bytes, cta.block * WARPS_PER_CTA * R, WARPS_PER_CTA * R, n_rows);
+    // the CTA's rows into L2 while the kernel before still runs (pdl.cuh)
+    prefetch_rows_l2(w, row_bytes, blockIdx.x * WARPS_PER_CTA * R, WARPS_PER_CTA * R, n_rows);
     grid_sync();
     if (row0 >= n_rows) return;
     const u8* wrow[R];

@@ -14,10 +14,8 @@
 // chunk of all R rows before any arithmetic, so R * 16 bytes per thread are in flight. Partial
 // sums meet through warp shuffles (and a small shared array when the group is the CTA).
 // The weights' exact value is kept: only the activations are rounded.
-// 2..8 tokens: the one-token kernel on the token grid (math.cuh token_cta: the default), the
-// t2/t4/t8 instances (each thread's chunk serves every token: fewer CTAs, more serial work per
-// thread), or matvec_q8mma_<type>_t<NT> (below: the integer sums from tensor cores); all give
-// each token the one-token kernel's bits.
+// 2..8 tokens: matvec_q8mma_<type>_t<NT> (below) gives each token the one-token kernel's bits
+// with the integer sums from tensor cores.
 
 #include "gguf_blocks_q8.cuh"
 #include "math.cuh"
@@ -53,9 +51,8 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restri
 // ---- the kernel --------------------------------------------------------------------------------
 
 // w: [n_rows, k / BLOCK * BYTES] bytes; xq: int8 [n_tok, k]; xd: fp32 [n_tok, k / 32];
-// y: fp32 [n_tok, n_rows]. k is a multiple of BLOCK; n_tok is 1..NT, or any for NT = 1 on the
-// token grid (math.cuh: one CTA per row block and token). bias [n_rows] and res [n_tok, n_rows]
-// (null when absent): y = res + (W x + bias).
+// y: fp32 [n_tok, n_rows]. k is a multiple of BLOCK; n_tok is 1..NT. bias [n_rows] and
+// res [n_tok, n_rows] (null when absent): y = res + (W x + bias).
 template <typename T, int NT>
 __device__ void matvec_q8(const u8* __restrict__ w, const i8* __restrict__ xq,
                           const float* __restrict__ xd, float* __restrict__ y, int n_rows, int k,
@@ -66,15 +63,7 @@ __device__ void matvec_q8(const u8* __restrict__ w, const i8* __restrict__ xq,
     static_assert(G == 32 || G == Q8_THREADS, "Q8_GROUP_THREADS: 32 or Q8_THREADS");
     // (threadIdx.x % G written out: the plain modulo made ptxas use 2.6x the registers at NT=8)
     const int tid = G == Q8_THREADS ? (int)threadIdx.x : (int)(threadIdx.x & 31);
-    const TokenCta cta = token_cta<NT>(n_tok);
-    if (NT == 1) {  // the token grid (math.cuh): this CTA's token alone
-        xq += (size_t)cta.tok * k;
-        xd += (size_t)cta.tok * (k / 32);
-        y += (size_t)cta.tok * n_rows;
-        if (res != nullptr) res += (size_t)cta.tok * n_rows;
-        n_tok = 1;
-    }
-    const int row0 = (cta.block * GROUPS + threadIdx.x / G) * R;
+    const int row0 = (blockIdx.x * GROUPS + threadIdx.x / G) * R;
     const size_t n_blocks = k / T::BLOCK, row_bytes = n_blocks * T::BYTES;
     const u8* wrow[R];
 #pragma unroll
@@ -83,8 +72,8 @@ __device__ void matvec_q8(const u8* __restrict__ w, const i8* __restrict__ xq,
         const int row = min(row0 + rr, n_rows - 1);
         wrow[rr] = w + (size_t)row * row_bytes;
     }
-    // the CTA's rows into L2 while the kernel before still runs (pdl.cuh; once per row block)
-    if (cta.tok == 0) prefetch_rows_l2(w, row_bytes, cta.block * GROUPS * R, GROUPS * R, n_rows);
+    // the CTA's rows into L2 while the kernel before still runs (pdl.cuh)
+    prefetch_rows_l2(w, row_bytes, blockIdx.x * GROUPS * R, GROUPS * R, n_rows);
     grid_sync();
     float acc[R][NT] = {};
     const int n_chunks = (int)n_blocks * T::CHUNKS;

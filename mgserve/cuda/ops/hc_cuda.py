@@ -33,9 +33,7 @@ class HCCuda:
     """The mix and combine on kernels/hc.cu (see the module docstring). Activations must be
     float32 on this device; weights of every format in weights.FORMATS run on the kernels, shapes
     the kernels cannot stage on the torch version. ``tuning`` sets the kernels' compile-time
-    shape. ``token_grid``: decode rows run the one-token kernels, one CTA per token (its token
-    group of 1) beside the other tokens' CTAs of the same weight rows, which then come from L2;
-    False: groups of up to 8 tokens share each CTA (hc.py token_group). The same bits either way."""
+    shape."""
 
     def __init__(
         self,
@@ -44,12 +42,10 @@ class HCCuda:
         linear: LinearCuda,
         norm: NormCuda,
         tuning: HCTuning | None = None,
-        token_grid: bool = True,
     ) -> None:
         self.kernels, self.fallback, self.linear, self.norm = kernels, fallback, linear, norm
         self.device = kernels.device
         self.tuning = tuning or HCTuning()
-        self.token_grid = token_grid
 
     # -- helpers --
 
@@ -163,7 +159,7 @@ class HCCuda:
             inj_prev = vec4_input("inject", inj_prev, self.device)
             x_new = torch.empty_like(x)
         tune = self.tuning
-        nt = 1 if self.token_grid else token_group(n)
+        nt = token_group(n)
         groups = (n + nt - 1) // nt
         part = down_part(d, nt)
         assert part is not None  # hc_kernels_apply checked the largest group
@@ -188,7 +184,7 @@ class HCCuda:
                 self.kernels.kernel(
                     HC_SOURCE, f"hc_down_{wa.type_name}_t{nt}", tune.defines(wa.type_name)
                 ),
-                ((rows + per_cta - 1) // per_cta) * hc * groups,  # hc.cu: the group fastest
+                (((rows + per_cta - 1) // per_cta) * hc, groups),
                 32 * tune.down_warps,
                 x.data_ptr(),
                 norm.data_ptr(),
@@ -217,7 +213,7 @@ class HCCuda:
             self.kernels.kernel(
                 HC_SOURCE, f"hc_up_{up.type_name}_t{nt}", tune.defines(up.type_name)
             ),
-            (d + per_cta - 1) // per_cta * groups,
+            ((d + per_cta - 1) // per_cta, groups),
             32 * tune.up_warps,
             up.data.data_ptr(),
             partial.data_ptr(),

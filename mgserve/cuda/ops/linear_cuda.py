@@ -39,12 +39,12 @@ from mgserve.cuda.ops.linear_q8 import LinearQ8, epilogue_ptrs
 from mgserve.cuda.ops.linear_tuning import (
     INT8_TYPES,
     MATVEC_SOURCE,
+    MATVEC_TOKEN_BUCKETS,
     MATVEC_WARPS_PER_CTA,
     MAX_MATVEC_TOKENS,
     MatvecTuning,
     Q8Activations,
     q8_rows,
-    token_launch,
 )
 from mgserve.cuda.ops.qgemm import QGemm, f16_rows
 from mgserve.cuda.ops.rowpath import RowPath
@@ -65,9 +65,7 @@ class LinearCuda:
     prompt chunks multiply the dequantized fp32 weights of the torch version instead of f16 tiles
     (comparing whole models with the reference without the f16 rounding; slow).
     ``cublas_prefill``: prompt chunks take the dequant + cuBLAS path. ``q8_*``: the int8 kernels'
-    shape, tensor cores for 2..8 tokens (``LinearQ8``); ``hgemm``: long prompts' f16 GEMM tiles.
-    ``token_grid``: 2..8 tokens run the one-token kernels with the token on the grid, else the
-    t2/t4/t8 tiles (linear_tuning.token_launch)."""
+    shape, tensor cores for 2..8 tokens (``LinearQ8``); ``hgemm``: long prompts' f16 GEMM tiles."""
 
     def __init__(
         self,
@@ -78,12 +76,11 @@ class LinearCuda:
         q8_group: int = 128,
         hgemm: HGemmTuning | None = None,
         q8_mma: bool = False,
-        token_grid: bool = True,
     ) -> None:
         self.kernels, self.fallback = kernels, fallback
         self.device = kernels.device
-        self.tuning, self.token_grid = tuning or MatvecTuning(), token_grid
-        self.q8 = LinearQ8(kernels, q8_rows, q8_group, q8_mma, token_grid)
+        self.tuning = tuning or MatvecTuning()
+        self.q8 = LinearQ8(kernels, q8_rows, q8_group, q8_mma)
         self.int8 = False
         self.prefill_exact = False
         self.cublas_prefill = False
@@ -147,16 +144,24 @@ class LinearCuda:
             self.q8.matvec(w, xq, stream, out.view(n_tok, rows), bias, residual)
             return out
 
-        bucket, per_block = token_launch(n_tok, self.token_grid)
+        bucket = next(b for b in MATVEC_TOKEN_BUCKETS if b >= n_tok)
         kernel = self.kernels.kernel(
             MATVEC_SOURCE, f"matvec_{w.type_name}_t{bucket}", self.tuning.defines()
         )
         per_cta = self.tuning.rows_per_cta(bucket)
         self.kernels.launch(
-            kernel, (rows + per_cta - 1) // per_cta * per_block, 32 * MATVEC_WARPS_PER_CTA,
-            w.data.data_ptr(), x.data_ptr(), out.data_ptr(),
-            np.int32(rows), np.int32(k), np.int32(n_tok), *tail, stream=stream,
-        )  # fmt: skip
+            kernel,
+            (rows + per_cta - 1) // per_cta,
+            32 * MATVEC_WARPS_PER_CTA,
+            w.data.data_ptr(),
+            x.data_ptr(),
+            out.data_ptr(),
+            np.int32(rows),
+            np.int32(k),
+            np.int32(n_tok),
+            *tail,
+            stream=stream,
+        )
         return out
 
     def quantize(self, x: torch.Tensor) -> Q8Activations | None:

@@ -1,9 +1,8 @@
 """``LinearQ8``: the int8-activation products of the linear family (matvec_q8.cu): fp32
 activations rounded to int8 per 32 values (``quantize``, once per activation: ``Q8Activations``),
-then each quantized W read once with integer dot products (``matvec``: dp4a, 2..8 tokens on the
-one-token kernel with the token on the grid, or on tiles of several tokens by dp4a or int8 tensor
-cores, each token getting the bits it gets alone), a bias and a residual added as each output is
-written. ``LinearCuda`` (linear_cuda.py) calls them in decode with
+then each quantized W read once with integer dot products (``matvec``: dp4a for one token,
+int8 tensor-core tiles for 2..8, giving each token the bits it gets alone), a bias and a residual
+added as each output is written. ``LinearCuda`` (linear_cuda.py) calls them in decode with
 ``int8``; ``MoeCuda`` rounds its expert inputs here too.
 """
 
@@ -18,13 +17,13 @@ from mgserve.cuda.checks import check_cuda, check_vec4
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.linear_tuning import (
     INT8_TYPES,
+    MATVEC_TOKEN_BUCKETS,
     MAX_MATVEC_TOKENS,
     Q8_GROUP,
     Q8_SOURCE,
     Q8_THREADS,
     Q8MMA_ROWS,
     Q8Activations,
-    token_launch,
 )
 from mgserve.cuda.weights import QuantWeight
 
@@ -53,14 +52,11 @@ class LinearQ8:
     (matvec_q8mma_*, the same bits as the dp4a ones; only with ``group`` 128, whose reduction
     order they mirror). Off by default: on the H200 (2026-12-03) they were slower than dp4a for
     5 tokens (Q4_K 10240 x 2560: 36.3 us against 25.0; in a full-width decode step 5.29 ms
-    against 2.81), so ``bench matvec --q8-mma on,off`` keeps them measurable. ``token_grid``
-    (default; takes precedence over ``mma``): 2..8 tokens run the one-token kernel, one CTA per
-    row block and token (linear_tuning.token_launch); False: the t2/t4/t8 tiles."""
+    against 2.81), so ``bench matvec --q8-mma on,off`` keeps them measurable."""
 
     def __init__(
-        self, kernels: Kernels, rows: tuple[int, int] = (2, 2), group: int = 128,
-        mma: bool = False, token_grid: bool = True,
-    ) -> None:  # fmt: skip
+        self, kernels: Kernels, rows: tuple[int, int] = (2, 2), group: int = 128, mma: bool = False
+    ) -> None:
         if len(rows) != 2 or not all(1 <= r <= 8 for r in rows):
             raise ValueError(f"q8_rows must be two row counts in 1..8, got {rows}")
         if group not in (32, Q8_THREADS):
@@ -68,7 +64,6 @@ class LinearQ8:
         self.kernels, self.device = kernels, kernels.device
         self.rows, self.group = rows, group
         self.mma = mma and group == Q8_THREADS
-        self.token_grid = token_grid
         self.defines = (
             ("Q8_ROWS_1", str(rows[0])),
             ("Q8_ROWS_N", str(rows[1])),
@@ -106,7 +101,7 @@ class LinearQ8:
             raise ValueError(f"{w.name}: out has shape {list(out.shape)}")
         check_vec4("out", out, self.device, torch.float32)
         tail = epilogue_ptrs(w, out, bias, residual, self.device)
-        bucket, per_block = token_launch(xq.n_tok, self.token_grid)
+        bucket = next(b for b in MATVEC_TOKEN_BUCKETS if b >= xq.n_tok)
         family = "q8mma" if self.mma and bucket > 1 else "q8"
         kernel = self.kernels.kernel(
             Q8_SOURCE, f"matvec_{family}_{w.type_name}_t{bucket}", self.defines
@@ -118,7 +113,7 @@ class LinearQ8:
             per_cta = per_group * (Q8_THREADS // self.group)
         args = (w.data.data_ptr(), xq.q.data_ptr(), xq.d.data_ptr(), out.data_ptr())
         self.kernels.launch(
-            kernel, (w.rows + per_cta - 1) // per_cta * per_block, Q8_THREADS,
+            kernel, (w.rows + per_cta - 1) // per_cta, Q8_THREADS,
             *args, np.int32(w.rows), np.int32(w.k), np.int32(xq.n_tok), *tail, stream=stream,
         )  # fmt: skip
         return out

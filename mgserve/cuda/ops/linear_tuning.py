@@ -22,17 +22,6 @@ Q8MMA_ROWS = 8  # Q8MMA_ROWS in matvec_q8.cu: rows per CTA of the int8-mma kerne
 INT8_TYPES = frozenset({"Q4_K", "Q6_K", "Q5_0", "Q8_0"})  # formats with an int8-activation kernel
 
 
-def token_launch(n_tok: int, token_grid: bool) -> tuple[int, int]:
-    """(kernel instance NT, CTAs per row block) of a decode product of n_tok tokens: with
-    ``token_grid`` the one-token kernel, one CTA per row block and token (the token fastest, so
-    the rows come from DRAM once and from L2 for the other tokens; math.cuh ``token_cta``), each
-    token bitwise its result alone; else the smallest NT instance holding them, one CTA per row
-    block whose threads serve every token (fewer CTAs, more serial work per thread)."""
-    if token_grid:
-        return 1, n_tok
-    return next(b for b in MATVEC_TOKEN_BUCKETS if b >= n_tok), 1
-
-
 def q8_rows(n: int, k: int) -> bool:
     """Whether int8 kernels take [n, k] activations: 1..8 tokens, whole groups of 32."""
     return 1 <= n <= MAX_MATVEC_TOKENS and k % Q8_GROUP == 0
