@@ -102,11 +102,15 @@ async def test_gpu_decode_steps_complete_while_a_chunk_runs(
 
     origin = chunks[0][0]
     t_decoded = [origin.elapsed_time(ev) for ev in decoded]
+    overlapped = 0
     for i, (start, end) in enumerate(chunks[1:]):  # p's chunks (the first: the decoders' prompts)
         t0, t1 = origin.elapsed_time(start), origin.elapsed_time(end)
         inside = [t for t in t_decoded if t0 < t < t1]
+        later = [t for t in t_decoded if t > t0]  # the decoders may be done before a late chunk
         gaps = [b - a for a, b in zip(inside, inside[1:], strict=False)]
         print(f"{arch} chunk {i}: {t1 - t0:.1f} ms on the GPU, {len(inside)} decode steps "
               f"completed inside, the longest gap {max(gaps, default=0):.1f} ms")  # fmt: skip
-        assert t1 - t0 >= SPIN_MS and len(inside) >= 5
-        assert max(gaps) < SPIN_MS / 4
+        assert t1 - t0 >= SPIN_MS and len(inside) >= min(5, len(later))
+        assert max(gaps, default=0) < SPIN_MS / 4
+        overlapped += len(inside) >= 5
+    assert overlapped  # at least one chunk ran beside the decoders
