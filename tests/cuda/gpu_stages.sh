@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Issue 10 on the GPU (device tool, nvidia-h200): what the 2026-12-03 session could not run, in
-# stages that each fit one call (10 minutes). Carry [".whl"] plus, for `tests`, the tiny models
+# GPU work for the open issues (device tool, nvidia-h200), in stages that each fit one call (10
+# minutes). Carry [".whl"] plus, for `tests`, the tiny models
 # (.tiny/qwen4exp.gguf, qwen3moe, llama, gemma3, qwen3: ~37 MB; qwen3next does not fit beside them).
-#   bash tests/cuda/issue10_gpu.sh tests       the GPU tests touched since (batch invariance first;
+#   bash tests/cuda/gpu_stages.sh tests       the GPU tests touched since (batch invariance first;
 #                                              TESTS="name:seconds ..." picks others)
-#   bash tests/cuda/issue10_gpu.sh quick       full-width invariance and the headline rows
-#   bash tests/cuda/issue10_gpu.sh pdl         the headline rows with and without PDL, invariance
-#   bash tests/cuda/issue10_gpu.sh hgemm       long-prompt GEMM tests and prefill with and without it
-#   bash tests/cuda/issue10_gpu.sh table       the issue's qwen4exp table, profiles, invariance
-#   bash tests/cuda/issue10_gpu.sh sweep       1 and 5 sessions at 4k..250k, JSON + PNG
-#   bash tests/cuda/issue10_gpu.sh qwen3next   the qwen3next rows (Qwen3-Next-80B-A3B shapes)
-#   bash tests/cuda/issue10_gpu.sh agents      issue 11's GPU tests and figures: grammar masks on the
+#   bash tests/cuda/gpu_stages.sh quick       full-width invariance and the headline rows
+#   bash tests/cuda/gpu_stages.sh pdl         the headline rows with and without PDL, invariance
+#   bash tests/cuda/gpu_stages.sh hgemm       long-prompt GEMM tests and prefill with and without it
+#   bash tests/cuda/gpu_stages.sh table       the issue's qwen4exp table, profiles, invariance
+#   bash tests/cuda/gpu_stages.sh sweep       1 and 5 sessions at 4k..250k, JSON + PNG
+#   bash tests/cuda/gpu_stages.sh qwen3next   the qwen3next rows (Qwen3-Next-80B-A3B shapes)
+#   bash tests/cuda/gpu_stages.sh agents      issue 11's GPU tests and figures: grammar masks on the
 #                                              device sampler, decode under a schema at full width
+#   bash tests/cuda/gpu_stages.sh sched       issue 12: the lane and plan tests, the 250k next turn,
+#                                              mixed load with the prefill lane
 # Logs and files land in $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/mgserve-out}; mkdir -p "$OUT"
@@ -80,6 +82,14 @@ case "${1:-tests}" in
     bench grammar 50 grammar --engines llguidance --record
     bench structured 270 structured $Q4X --ctx 8192 --slots 4 --int8 --sessions 1,4 --steps 64 \
       --device cuda --record ;;
+  sched)  # issue 12: carry .tiny/qwen4exp.gguf, qwen3.gguf, qwen3next.gguf
+    timeout 100 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfEs -m gpu \
+      tests/cuda/test_device_lanes.py tests/cuda/test_plan.py > "$OUT/t_sched.log" 2>&1
+    echo "== sched tests rc=$?"; grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed|chunk|planned" "$OUT/t_sched.log"
+    bench turn 200 turn $Q4X --int8 --ctx 262144 --slots 2 --prompt 250000 --generated 16 \
+      --user 200 --edit 1000 --record
+    bench mixed 250 mixed $Q4X --int8 --ctx 262144 --slots 3 --depth 131072 --prompt 65536 \
+      --ubatch 4096 --itl-target-ms 1.5x --time-limit 60 --prefill-lane --record ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac
 cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
