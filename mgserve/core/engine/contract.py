@@ -3,7 +3,7 @@
 ``Request`` goes from the API to the scheduler; ``TokenEvent`` comes back. Each step the scheduler
 hands the runner one ``ScheduledBatch`` and gets one ``StepResult``. The single rule "per session,
 how many tokens go through the model this step" covers prefill (a prompt chunk), decode (one token)
-and, later, speculation (one token plus k drafts): see ``SeqWork``.
+and speculation (one token plus k draft tokens to verify): see ``SeqWork``.
 """
 
 from __future__ import annotations
@@ -135,6 +135,15 @@ class SeqWork:
     # after it, keep one of the state at start + len(tokens)
     restore: bool = False
     checkpoint: bool = False
+    # speculation (mgserve/spec/): the last ``n_draft`` of ``tokens`` are drafts, tokens[0] the
+    # session's real next input. The runner samples after each of the 1 + n_draft positions as
+    # if they were decoded one by one (the same draw counters, the same penalty windows) and
+    # returns, in order, the sampled tokens while each equals the next draft, plus the first that
+    # does not (or the one after the last draft): 1 to 1 + n_draft ``SeqResult``s. The slot then
+    # holds tokens[: accepted + 1] past ``start``; later positions are as if never written (a
+    # recurrent model's state rolls back to there). Only with ``sample``, never with ``force``,
+    # ``grammar`` or ``checkpoint``, and only for a runner whose ``supports_drafts`` is True.
+    n_draft: int = 0
 
 
 class PrefixCopy(NamedTuple):
@@ -228,7 +237,9 @@ class SeqResult(NamedTuple):
 @dataclass
 class StepResult:
     step: int
-    results: list[SeqResult] = field(default_factory=list)  # one per SeqWork with sample=True
+    # one per SeqWork with sample=True, in work order; a SeqWork with drafts gives 1 + the
+    # accepted drafts, consecutive and in order (``SeqWork.n_draft``)
+    results: list[SeqResult] = field(default_factory=list)
     n_tokens: int = 0  # tokens that went through the model this step
     seconds: float = 0.0  # wall time of the step on the runner
     saved: dict[str, SlotTensors] = field(default_factory=dict)  # SlotSave.id -> its tensors
