@@ -78,6 +78,12 @@ class Request:
     # prompt positions where leading messages end (api/message_cuts.py): a recurrent model's
     # prompt chunks also end, and checkpoints are taken, there (checkpoints.py)
     cut_hints: tuple[int, ...] = ()
+    # n-gram speculation (mgserve/spec/): False never drafts for this request ("speculative":
+    # false); draft_max / draft_min bound a step's drafts (llama-server's speculative.n_max /
+    # n_min; None: the server's --spec-k)
+    speculative: bool = True
+    draft_max: int | None = None
+    draft_min: int = 0
 
 
 class TopLogprob(NamedTuple):
