@@ -24,6 +24,8 @@ from mgserve.cuda.models.base import DeviceLM, Step
 
 BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
 POW2_BUCKETS = (1, 2, 4, 8, 16)  # the buckets before 2026-12-03 (bench comparisons)
+# speculation's verify steps: 1 + k rows per drafting session (cuda/runner.py), k up to 48
+DRAFT_BUCKETS = (20, 24, 28, 32, 40, 48, 56, 64, 80, 98)
 
 
 def bucket_for(n: int, buckets: tuple[int, ...] = BUCKETS) -> int:

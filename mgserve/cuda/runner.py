@@ -19,6 +19,15 @@ whole slot between steps (``snapshots.save_slot`` / ``load_slot``; a save's copi
 stream of their own, save_stream.py, and a later step writing that slot waits for them); a prefix
 copy from one slot to another is queued first in its step (``snapshots.copy_prefix``).
 
+Speculation (``SeqWork.n_draft``): a session's 1 + k tokens become 1 + k decode rows of its slot
+at consecutive positions, in the same decode step (graph) as everyone else's rows. A decode step
+writes every row's K/V before any row attends, and each row attends up to its own position, so
+row i sees exactly what the i-th of k + 1 plain decode steps would, and decode kernels compute
+each row alone (batch-invariant): its logits are bitwise the plain decode's. Each row samples with
+plain decode's draw counter and penalty window; the host accepts while the sampled token is the
+next draft. Only a KV cache rewinds by itself (later rows are rewritten before they are read): a
+recurrent model has no ``supports_drafts`` (its per-position state is not built yet).
+
 With ``lanes`` (``--prefill-lane on``, core/engine/lanes.py) ``run`` takes the prefill lane's
 batches in one thread beside the decoders' in another. Each lane has a ``_Lane`` of its own: a
 CUDA stream (the decoders' at the highest priority, the prompts' at the lowest, so a decode step's
@@ -56,7 +65,7 @@ from mgserve.core.engine.contract import (
     TopLogprob,
 )
 from mgserve.core.grammar import ForcedToken, Matcher, TokenMask
-from mgserve.cuda.graphs import BUCKETS, DecodeInputs, EagerDecode, GraphDecode
+from mgserve.cuda.graphs import BUCKETS, DRAFT_BUCKETS, DecodeInputs, EagerDecode, GraphDecode
 from mgserve.cuda.models.base import DeviceLM, Span, Step
 from mgserve.cuda.sampling import DeviceSampler, HostBuffers, SamplingBatch, SamplingRow, seeded
 from mgserve.cuda.save_stream import SaveStream
@@ -100,10 +109,12 @@ class DeviceRunner:
         device: torch.device,
         *,
         graphs: bool = True,
-        buckets: tuple[int, ...] = BUCKETS,
+        buckets: tuple[int, ...] = BUCKETS + DRAFT_BUCKETS,
         lanes: bool = False,
     ) -> None:
         self.model = model
+        self.supports_drafts = model.rewindable
+        self._max_rows = buckets[-1]
         self.device = device
         self.lanes = lanes  # run a lane batch and a decode batch at once, from two threads
         self.pad_slot = model.pools.n_slots - 1  # the spare slot: padding rows of graph buckets
@@ -132,7 +143,8 @@ class DeviceRunner:
     def _lane(self, priority: int) -> _Lane:
         gpu = self.device.type == "cuda"
         stream = torch.cuda.Stream(self.device, priority=priority) if gpu and self.lanes else None
-        host = HostBuffers.allocate(self.model.pools.n_slots, MAX_N_PROBS)
+        rows = max(self.model.pools.n_slots, self._max_rows)  # verify steps: a row per draft
+        host = HostBuffers.allocate(rows, MAX_N_PROBS)
         return _Lane(stream, host, torch.cuda.Event() if gpu else None)
 
     slot_format = "device"  # how a saved slot's tensors are laid out (slot files check it)
@@ -143,7 +155,7 @@ class DeviceRunner:
 
     def run(self, batch: ScheduledBatch) -> StepResult:
         lane = self._prompts if batch.lane else self._decoders
-        n, graphs = len(_decode_rows(batch)), self.decode
+        n, graphs = _n_rows(_decode_rows(batch)), self.decode
         # the lane holds the lock through its batch; the decoders take it to capture a graph
         hold = batch.lane or (n > 0 and isinstance(graphs, GraphDecode) and not graphs.ready(n))
         with self._capture if hold else contextlib.nullcontext():
@@ -194,8 +206,8 @@ class DeviceRunner:
             parts.append((decode, self._decode(decode, step)))
         self.checkpoints.after(batch)
         sampled = [w for ws, _ in parts for w in ws]
-        for w in batch.work:  # the step's tokens enter each session's penalty window
-            self._slots[w.slot].history.extend(w.tokens)
+        for w in batch.work:  # the step's tokens enter the penalty windows (drafts: _sample)
+            self._slots[w.slot].history.extend(w.tokens[: len(w.tokens) - w.n_draft])
         results: list[SeqResult] = []
         if sampled:
             logits = torch.cat([lg for _, lg in parts if lg.shape[0]])  # [S, V]
@@ -228,27 +240,29 @@ class DeviceRunner:
             return self.model.forward(step)
 
     def _decode(self, work: list[SeqWork], decode: GraphDecode | EagerDecode) -> torch.Tensor:
-        extra = self.model.step_extra([list(w.tokens) for w in work], [w.slot for w in work])
-        inp = DecodeInputs(
-            tokens=[w.tokens[0] for w in work],
-            pos=[w.start for w in work],
-            slots=[w.slot for w in work],
-            extra=extra,
-        )
+        """One row per token: a session's own, and its drafts' after it (module docstring)."""
+        rows = [(t, w.start + i, w.slot) for w in work for i, t in enumerate(w.tokens)]
+        tokens, pos, slots = (list(c) for c in zip(*rows, strict=True))
+        extra = self.model.step_extra([[t] for t in tokens], slots)
+        inp = DecodeInputs(tokens=tokens, pos=pos, slots=slots, extra=extra)
         with self.model.backend.path.step("decode"):  # decode kernels at any batch size
             return decode(inp)
 
     def _sample(self, logits: torch.Tensor, work: list[SeqWork], lane: _Lane) -> list[SeqResult]:
+        """Logits [rows, V] of ``work`` (1 + n_draft rows each) -> the sessions' tokens, drafts
+        accepted while each row's token is the next draft (module docstring)."""
         states = [self._slots[w.slot] for w in work]
         v = self.model.spec.n_vocab
-        masks: list[TokenMask | None] = [
-            st.matcher if w.force is None else ForcedToken(w.force, v)
-            for w, st in zip(work, states, strict=True)
-        ]
-        rows = [
-            SamplingRow(st.params, st.history, st.counter, matcher=m)
-            for st, m in zip(states, masks, strict=True)
-        ]
+        rows: list[SamplingRow] = []
+        for w, st in zip(work, states, strict=True):
+            m: TokenMask | None = st.matcher if w.force is None else ForcedToken(w.force, v)
+            rows.append(SamplingRow(st.params, st.history, st.counter, matcher=m))
+            if w.n_draft:  # row i: as the i-th plain decode step would sample
+                n = st.params.repeat_last_n
+                tail = st.history if n < 0 else st.history[max(0, len(st.history) - n) :]
+                for i in range(1, 1 + w.n_draft):
+                    window = [*tail, *w.tokens[1 : i + 1]]
+                    rows.append(SamplingRow(st.params, window, st.counter + i))
         batch = SamplingBatch.build(rows, v, self.device)
         out = self.sampler.sample(logits, batch)
         host = out.to_host(lane.host)
@@ -256,20 +270,31 @@ class DeviceRunner:
         tokens = host.tokens.tolist()
         logprobs = host.logprob.tolist() if host.logprob is not None else None
         results = []
-        for i, (w, st) in enumerate(zip(work, states, strict=True)):
-            st.counter += 1
-            if st.matcher is not None and w.force is None:
-                st.matcher.advance(tokens[i])
-            top: tuple[TopLogprob, ...] = ()
-            n = min(st.params.n_probs, MAX_N_PROBS)
-            if n and host.top_ids is not None and host.top_logprobs is not None:
-                ids, lps = host.top_ids[i, :n].tolist(), host.top_logprobs[i, :n].tolist()
-                top = tuple(TopLogprob(a, b) for a, b in zip(ids, lps, strict=True))
-            lp = logprobs[i] if logprobs is not None and st.params.want_logprob else None
-            results.append(SeqResult(w.slot, w.request_id, tokens[i], lp, top))
+        r = 0  # the work's first row
+        for w, st in zip(work, states, strict=True):
+            k = 0  # drafts accepted
+            while k < w.n_draft and tokens[r + k] == w.tokens[1 + k]:
+                k += 1
+            st.history.extend(w.tokens[1 : 1 + k])
+            for i in range(r, r + k + 1):
+                st.counter += 1
+                if st.matcher is not None and w.force is None:
+                    st.matcher.advance(tokens[i])
+                top: tuple[TopLogprob, ...] = ()
+                n = min(st.params.n_probs, MAX_N_PROBS)
+                if n and host.top_ids is not None and host.top_logprobs is not None:
+                    ids, lps = host.top_ids[i, :n].tolist(), host.top_logprobs[i, :n].tolist()
+                    top = tuple(TopLogprob(a, b) for a, b in zip(ids, lps, strict=True))
+                lp = logprobs[i] if logprobs is not None and st.params.want_logprob else None
+                results.append(SeqResult(w.slot, w.request_id, tokens[i], lp, top))
+            r += 1 + w.n_draft
         return results
 
 
 def _decode_rows(batch: ScheduledBatch) -> list[SeqWork]:
-    """The work that takes the decode step: one token at a position past 0, sampled."""
-    return [w for w in batch.work if len(w.tokens) == 1 and w.start > 0 and w.sample]
+    """The work that takes the decode step: one token past position 0 (+ drafts), sampled."""
+    return [w for w in batch.work if len(w.tokens) == 1 + w.n_draft and w.start > 0 and w.sample]
+
+
+def _n_rows(work: list[SeqWork]) -> int:
+    return sum(len(w.tokens) for w in work)
