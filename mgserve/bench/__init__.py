@@ -23,6 +23,7 @@ BENCHMARKS = (
     "structured",
     "mixed",
     "turn",
+    "spec",
 )
 
 
