@@ -192,6 +192,5 @@ def run(a: argparse.Namespace) -> int:
             f"model {model}, device {a.device}, greedy chat requests of at most {a.max_tokens} "
             f"tokens, context {a.ctx}\n\n{out}",
         )
-    same = all(r.text == off.text for r in rows for off in rows
-               if r.spec and not off.spec and (off.workload, off.users) == (r.workload, r.users))  # fmt: skip
-    return 0 if same else 1
+    off = {(r.workload, r.users): r.text for r in rows if not r.spec}
+    return 0 if all(r.text == off[(r.workload, r.users)] for r in rows if r.spec) else 1
