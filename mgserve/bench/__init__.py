@@ -24,6 +24,7 @@ BENCHMARKS = (
     "mixed",
     "turn",
     "spec",
+    "verify",
 )
 
 

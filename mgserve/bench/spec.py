@@ -84,7 +84,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--users", type=int, default=3, help="concurrent sessions of the last rows")
     p.add_argument("--repeat", type=int, default=1, help="runs of each row (the best is kept)")
     p.add_argument("--workloads", default="rewrite,explain,prose")
-    p.add_argument("--record", action="store_true", help="append the table to BENCHMARKS.md")
 
 
 def _metric(text: str, name: str) -> int:

@@ -3,8 +3,8 @@
 The twin of ``mgserve/core/engine/runner.py`` (same contract, ``Engine(runner=...)``). One step:
 
 1. prompt chunks (and first tokens at position 0) run as one eager prefill step;
-2. sessions decoding one token (a last prompt token too) run as one decode step, a CUDA-graph
-   replay of their batch-size bucket on a GPU (``graphs.py``);
+2. decoding sessions' tokens (drafts too) run as one decode step, a CUDA-graph replay of their
+   row count's bucket on a GPU (``graphs.py``);
 3. the logits of every row that samples go through the device sampler together, and the token ids
    come back through pinned memory behind ONE event, the only host-device synchronisation of the
    step (DESIGN.md).
@@ -25,8 +25,8 @@ writes every row's K/V before any row attends, and each row attends up to its ow
 row i sees exactly what the i-th of k + 1 plain decode steps would, and decode kernels compute
 each row alone (batch-invariant): its logits are bitwise the plain decode's. Each row samples with
 plain decode's draw counter and penalty window; the host accepts while the sampled token is the
-next draft. Only a KV cache rewinds by itself (later rows are rewritten before they are read): a
-recurrent model has no ``supports_drafts`` (its per-position state is not built yet).
+next draft. Only a KV cache rewinds by itself (later rows are rewritten before read): recurrent
+models have no ``supports_drafts`` (per-position state is not built yet).
 
 With ``lanes`` (``--prefill-lane on``, core/engine/lanes.py) ``run`` takes the prefill lane's
 batches in one thread beside the decoders' in another. Each lane has a ``_Lane`` of its own: a
@@ -65,19 +65,11 @@ from mgserve.core.engine.contract import (
     TopLogprob,
 )
 from mgserve.core.grammar import ForcedToken, Matcher, TokenMask
+from mgserve.cuda import snapshots as snap
 from mgserve.cuda.graphs import BUCKETS, DRAFT_BUCKETS, DecodeInputs, EagerDecode, GraphDecode
 from mgserve.cuda.models.base import DeviceLM, Span, Step
 from mgserve.cuda.sampling import DeviceSampler, HostBuffers, SamplingBatch, SamplingRow, seeded
 from mgserve.cuda.save_stream import SaveStream
-from mgserve.cuda.snapshots import (
-    DeviceCheckpoint,
-    copy_prefix,
-    load,
-    load_slot,
-    save,
-    save_slot,
-    to_host,
-)
 
 
 @dataclass
@@ -135,8 +127,8 @@ class DeviceRunner:
         self._capture = threading.Lock()
         self.sampler = DeviceSampler()
         self._slots: dict[int, _SlotSampling] = {}
-        self.checkpoints: CheckpointStore[DeviceCheckpoint] = CheckpointStore(
-            partial(save, model), partial(load, model), to_host
+        self.checkpoints: CheckpointStore[snap.DeviceCheckpoint] = CheckpointStore(
+            partial(snap.save, model), partial(snap.load, model), snap.to_host
         )
         self.saves = SaveStream(device)
 
@@ -179,8 +171,10 @@ class DeviceRunner:
                 raise ValueError(f"slot {slot} out of range (the model has {self.pad_slot})")
         self.saves.before(written)  # a slot still being saved is read to the end first
         for copy in batch.prefix_copies:  # before a new sequence resets a source's state
-            copy_prefix(self.model, self.checkpoints, copy)
+            snap.copy_prefix(self.model, self.checkpoints, copy)
         for w in batch.work:
+            if w.n_draft and not self.supports_drafts:
+                raise ValueError("drafts to verify, but a recurrent state cannot roll back here")
             if w.new_sequence:
                 self._slots[w.slot] = _SlotSampling(seeded(w.sampling), list(w.history))
             if w.grammar is not None:
@@ -192,9 +186,9 @@ class DeviceRunner:
             saved: dict[str, SlotTensors] = {}
             for op in batch.slot_ops:
                 if isinstance(op, SlotSave):
-                    saved[op.id] = save_slot(self.model, self.checkpoints, op, self.saves)
+                    saved[op.id] = snap.save_slot(self.model, self.checkpoints, op, self.saves)
                 elif isinstance(op, SlotLoad):
-                    load_slot(self.model, self.checkpoints, op, self._host_state)
+                    snap.load_slot(self.model, self.checkpoints, op, self._host_state)
             return StepResult(batch.step, seconds=time.perf_counter() - t0, saved=saved)
         decode = _decode_rows(batch)
         prefill = [w for w in batch.work if w not in decode]
@@ -296,5 +290,5 @@ def _decode_rows(batch: ScheduledBatch) -> list[SeqWork]:
     return [w for w in batch.work if len(w.tokens) == 1 + w.n_draft and w.start > 0 and w.sample]
 
 
-def _n_rows(work: list[SeqWork]) -> int:
+def _n_rows(work: list[SeqWork]) -> int:  # a row per token: drafts too
     return sum(len(w.tokens) for w in work)

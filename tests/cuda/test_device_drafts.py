@@ -94,16 +94,20 @@ def test_drafts_give_plain_decodes_tokens_cpu(arch: str, tmp_path: Path) -> None
     _check(runner)
 
 
-def test_a_recurrent_model_verifies_no_drafts(tmp_path: Path) -> None:
-    from mgserve.cuda.backend import torch_backend
-
-    runner = _runner("qwen3next", tmp_path, torch.device("cpu"), torch_backend(), graphs=False)
-    assert not runner.supports_drafts
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
 def test_drafts_give_plain_decodes_tokens_gpu(arch: str, tmp_path: Path, cuda_ops) -> None:
     runner = _runner(arch, tmp_path, torch.device("cuda", 0), cuda_ops, graphs=True)
     _check(runner)
     assert any(b > 8 for b in runner.decode.captured)  # verify rows went through graphs too
+
+
+def test_a_recurrent_runner_refuses_drafts(tmp_path: Path) -> None:
+    from mgserve.cuda.backend import torch_backend
+
+    runner = _runner("qwen3next", tmp_path, torch.device("cpu"), torch_backend(), graphs=False)
+    assert not runner.supports_drafts
+    drive = _Driver(runner)
+    (r,) = drive.run(SeqWork(0, "r", (5, 6, 7), 0, True, GREEDY, new_sequence=True))
+    with pytest.raises(ValueError, match="cannot roll back"):
+        drive.run(SeqWork(0, "r", (r.token, 9, 9), 3, True, GREEDY, n_draft=2))

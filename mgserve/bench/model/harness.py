@@ -14,7 +14,7 @@ class ModelBench:
         import torch
 
         from mgserve.cuda.backend import cuda_backend, load_device_model, torch_backend
-        from mgserve.cuda.graphs import BUCKETS, POW2_BUCKETS
+        from mgserve.cuda.graphs import BUCKETS, DRAFT_BUCKETS, POW2_BUCKETS
         from mgserve.cuda.ops.hgemm import HGemmTuning
         from mgserve.cuda.runner import DeviceRunner
 
@@ -62,7 +62,7 @@ class ModelBench:
             self.model,
             self.device,
             graphs=not args.no_graphs,
-            buckets=POW2_BUCKETS if args.pow2_buckets else BUCKETS,
+            buckets=(POW2_BUCKETS if args.pow2_buckets else BUCKETS) + DRAFT_BUCKETS,
         )  # another runner on the model: ``lanes=True`` for the prefill lane (bench mixed)
         self.runner = self.new_runner()
         self.args = args
