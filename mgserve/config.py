@@ -110,6 +110,12 @@ class Settings:
         "--prefill-lane",
         choices=("on", "off"),
     )
+    prefill_lane_sms: int = _opt(
+        0,
+        "with --prefill-lane on: the prompt lane's kernels run on this many of the GPU's SMs (a "
+        "CUDA green context), so decode steps always find the others free; 0: no partition",
+        "--prefill-lane-sms",
+    )
     slot_save_path: str | None = _opt(
         None,
         "directory of slot files: enables POST /slots/{id}?action=save|restore|erase "

@@ -60,6 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also run both together through the prefill lane (its own runner, lanes=True)",
     )
+    parser.add_argument(
+        "--lane-sms",
+        default="",
+        help="with --prefill-lane: also run the lane confined to N SMs (a green context), for "
+        "each N of this comma-separated list",
+    )
 
 
 @dataclass
@@ -215,6 +221,9 @@ def run(args: argparse.Namespace) -> int:
         row(f"mixed, --itl-target-ms {ms:.1f} ({text})", r, solo_ms, solo)
     if args.prefill_lane:
         row("mixed, --prefill-lane on", m.lanes(b.new_runner(lanes=True)), solo_ms, solo)
+        for n in filter(None, (x.strip() for x in args.lane_sms.split(","))):
+            lane = b.new_runner(lanes=True, lane_sms=int(n))
+            row(f"mixed, --prefill-lane on, --prefill-lane-sms {n}", m.lanes(lane), solo_ms, solo)
     lines.append("")
     lines.append(f"- ITL: seconds between a decoder's tokens (planned to applied, synced); solo "
                  f"decode p99 {_p(alone.itl, 0.99):.2f} ms")  # fmt: skip

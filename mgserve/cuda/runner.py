@@ -67,6 +67,7 @@ from mgserve.core.engine.contract import (
 from mgserve.core.grammar import ForcedToken, Matcher, TokenMask
 from mgserve.cuda import snapshots as snap
 from mgserve.cuda.graphs import BUCKETS, DRAFT_BUCKETS, DecodeInputs, EagerDecode, GraphDecode
+from mgserve.cuda.green import green_stream
 from mgserve.cuda.models.base import DeviceLM, Span, Step
 from mgserve.cuda.sampling import DeviceSampler, HostBuffers, SamplingBatch, SamplingRow, seeded
 from mgserve.cuda.save_stream import SaveStream
@@ -103,6 +104,7 @@ class DeviceRunner:
         graphs: bool = True,
         buckets: tuple[int, ...] = BUCKETS + DRAFT_BUCKETS,
         lanes: bool = False,
+        lane_sms: int = 0,  # the prefill lane's SMs (a green context; 0: all, shared)
     ) -> None:
         self.model = model
         self.supports_drafts = model.rewindable
@@ -121,7 +123,7 @@ class DeviceRunner:
         )
         self._eager = EagerDecode(model, device)  # a prompt's last token, in the prefill lane
         self._decoders = self._lane(-100)  # the highest priority there is
-        self._prompts = self._lane(0) if lanes else self._decoders
+        self._prompts = self._lane(0, lane_sms) if lanes else self._decoders
         if lanes and gpu:  # the lanes' streams do not wait for the default one: what ran there
             torch.cuda.synchronize(device)
         self._capture = threading.Lock()
@@ -132,9 +134,11 @@ class DeviceRunner:
         )
         self.saves = SaveStream(device)
 
-    def _lane(self, priority: int) -> _Lane:
+    def _lane(self, priority: int, sms: int = 0) -> _Lane:
         gpu = self.device.type == "cuda"
         stream = torch.cuda.Stream(self.device, priority=priority) if gpu and self.lanes else None
+        if stream is not None and sms:
+            self._green, stream = green_stream(self.device, sms)
         rows = max(self.model.pools.n_slots, self._max_rows)  # verify steps: a row per draft
         host = HostBuffers.allocate(rows, MAX_N_PROBS)
         return _Lane(stream, host, torch.cuda.Event() if gpu else None)

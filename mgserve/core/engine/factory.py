@@ -72,6 +72,7 @@ def _on_gpu(g: GGUFFile, settings: Settings) -> LoadedEngine:
         settings.cache_type_k,
         settings.cache_type_v,
     )
-    runner = DeviceRunner(model, device, lanes=settings.prefill_lane == "on")
+    lanes = settings.prefill_lane == "on"
+    runner = DeviceRunner(model, device, lanes=lanes, lane_sms=settings.prefill_lane_sms)
     engine = Engine(model, settings, runner=runner)
     return LoadedEngine(engine, g, "cuda")

@@ -1,0 +1,25 @@
+"""A stream whose kernels run on a fixed part of the GPU's SMs: a CUDA green context
+(``--prefill-lane-sms``). The prefill lane's chunks run there, so the decoders' steps, launched
+in the primary context at the highest priority, always find the remaining SMs free instead of
+waiting for a long prompt GEMM's blocks to retire (core/engine/lanes.py, cuda/runner.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def green_stream(device: torch.device, n_sms: int) -> tuple[Any, torch.cuda.Stream]:
+    """(the green context, keep it alive; its stream) of ``n_sms`` SMs on ``device``;
+    ValueError when this torch, driver or GPU cannot make one."""
+    total = torch.cuda.get_device_properties(device).multi_processor_count
+    if not 0 < n_sms < total:
+        raise ValueError(f"--prefill-lane-sms {n_sms}: the GPU has {total} SMs (0 < N < {total})")
+    try:
+        from torch.cuda.green_contexts import GreenContext
+
+        ctx: Any = GreenContext.create(num_sms=n_sms, device_id=device.index or 0)
+        return ctx, ctx.Stream()
+    except (ImportError, RuntimeError, TypeError, AttributeError) as e:
+        raise ValueError(f"--prefill-lane-sms {n_sms}: no green context here ({e})") from e
