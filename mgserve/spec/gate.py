@@ -45,19 +45,15 @@ class _Cell:
     def __init__(self) -> None:
         self.warm = False
         self.samples: deque[tuple[float, int]] = deque(maxlen=SAMPLES)
+        self.seconds = 0.0  # the median of the samples (0.0 while there are none)
+        self.drafts = 0.0  # their mean drafts per session
 
     def add(self, seconds: float, n_draft: int) -> None:
         if self.warm:
             self.samples.append((seconds, n_draft))
+            self.seconds = statistics.median(s for s, _ in self.samples)
+            self.drafts = sum(d for _, d in self.samples) / len(self.samples)
         self.warm = True
-
-    @property
-    def seconds(self) -> float:
-        return statistics.median(s for s, _ in self.samples)
-
-    @property
-    def drafts(self) -> float:
-        return sum(d for _, d in self.samples) / len(self.samples)
 
 
 @dataclass
@@ -127,26 +123,18 @@ class SpecGate:
         c0 = self._plain_cost(db, n_generating)
         if c0 is None:
             return 0  # measure a plain step of this many sessions first
-        if self._best(1.0, db, n_generating, c0, limit) == 0:
+        slopes = self._slopes(db, n_generating, c0)
+        costs = [(k, _cost(slopes, k, c0)) for k in _candidates(limit)]
+        if _best(1.0, c0, costs) == 0:
             return 0  # verifying costs more than even accepted drafts save
         a = self.acceptance(request_id)
-        k = self._best(a, db, n_generating, c0, limit) if a >= self.min_acceptance else 0
+        k = _best(a, c0, costs) if a >= self.min_acceptance else 0
         if k == 0:
             s.idle += 1
             if s.idle < self.probe_every:
                 return 0
             k = min(self.probe_k, limit)
         return max(k, draft_min)
-
-    def _best(self, a: float, db: int, n_sessions: int, c0: float, limit: int) -> int:
-        """The draft length with the most expected tokens per second (the shortest of ties)."""
-        best, best_rate = 0, 1.0 / c0
-        for k in _candidates(limit):
-            emitted = sum(a**i for i in range(k + 1))
-            rate = emitted / self.cost(k, db, n_sessions, c0)
-            if rate > best_rate:
-                best, best_rate = k, rate
-        return best
 
     # -- the cost table --------------------------------------------------------------------------
 
@@ -160,25 +148,28 @@ class SpecGate:
 
     def cost(self, k: int, db: int, n_sessions: int, c0: float) -> float:
         """Estimated seconds of a step with ``k`` drafts per session at depth bucket ``db``,
-        whose plain step costs ``c0``: c0 * (1 + slope * k), the slope (a draft's share of a
-        plain step) from the nearest measured draft bucket at the nearest depth bucket that has
-        one, else ``COST_SLOPE``."""
-        if k == 0:
-            return c0
-        kb = k.bit_length()
-        measured = [
-            (abs(d - db), -d, abs(b - kb), -b, cell, d)
+        whose plain step costs ``c0``."""
+        return _cost(self._slopes(db, n_sessions, c0), k, c0)
+
+    def _slopes(self, db: int, n_sessions: int, c0: float) -> dict[int, float]:
+        """Draft bucket -> a draft's cost as a share of a plain step, measured at the nearest
+        depth bucket to ``db`` (whose plain step costs ``c0``) that has draft measurements; {}:
+        none has."""
+        depths = [
+            (abs(d - db), -d)
             for (d, s), cells in self._cells.items()
-            if s == n_sessions
-            for b, cell in cells.items()
-            if b > 0 and cell.samples
+            if s == n_sessions and any(b > 0 and c.samples for b, c in cells.items())
         ]
-        if not measured:
-            return c0 * (1.0 + COST_SLOPE * k)
-        *_, cell, d = min(measured, key=lambda m: m[:4])
+        if not depths:
+            return {}
+        d = -min(depths)[1]
         plain = c0 if d == db else self._plain_cost(d, n_sessions)
         assert plain is not None  # a plain step of this many sessions was measured (c0)
-        return c0 * (1.0 + max(0.0, (cell.seconds / plain - 1.0) / cell.drafts) * k)
+        return {
+            b: max(0.0, (cell.seconds / plain - 1.0) / cell.drafts)
+            for b, cell in self._cells[(d, n_sessions)].items()
+            if b > 0 and cell.samples
+        }
 
     def _plain_cost(self, db: int, n_sessions: int) -> float | None:
         """A plain step's seconds at depth bucket ``db``, else at the nearest measured one."""
@@ -188,6 +179,27 @@ class SpecGate:
             if s == n_sessions and 0 in cells and cells[0].samples
         ]
         return min(plain)[2] if plain else None
+
+
+def _best(a: float, c0: float, costs: list[tuple[int, float]]) -> int:
+    """Of the draft lengths and their step costs, the one with the most expected tokens per
+    second at acceptance ``a``, the shortest of ties (0: a plain step, costing ``c0``)."""
+    best, best_rate = 0, 1.0 / c0
+    for k, cost in costs:
+        emitted = k + 1.0 if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)  # sum_{i<=k} a^i
+        if emitted / cost > best_rate:
+            best, best_rate = k, emitted / cost
+    return best
+
+
+def _cost(slopes: dict[int, float], k: int, c0: float) -> float:
+    """c0 * (1 + slope * k), the slope of the nearest measured draft bucket (else the prior)."""
+    if k == 0:
+        return c0
+    if not slopes:
+        return c0 * (1.0 + COST_SLOPE * k)
+    kb = k.bit_length()
+    return c0 * (1.0 + slopes[min(slopes, key=lambda b: (abs(b - kb), -b))] * k)
 
 
 def _candidates(limit: int) -> list[int]:

@@ -41,6 +41,7 @@ class NgramIndex:
         # tables[n - n_min]: hash of an n-gram -> the position after its most recent occurrence
         self._tables: list[dict[int, int]] = [{} for _ in range(n_max - n_min + 1)]
         self._pow = [pow(BASE, i, 1 << 64) for i in range(n_max)]
+        self._last: tuple[int, list[int]] = (-1, [])  # the last suffix hashes: (end, hashes)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -79,11 +80,14 @@ class NgramIndex:
     def _suffix_hashes(self, end: int) -> list[int]:
         """The hashes of the n-grams ending just before ``end``, for n = 1 .. n_max (as far as
         the history goes)."""
+        if self._last[0] == end:  # propose's, which the next token's indexing needs again
+            return self._last[1]
         toks, pw = self.tokens, self._pow
         out, h = [], 0
         for i in range(min(self.n_max, end)):
             h = (h + toks[end - 1 - i] * pw[i]) & MASK
             out.append(h)
+        self._last = (end, out)
         return out
 
     def _index_at(self, length: int) -> None:
