@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from mgserve import env
+from mgserve.sizes import parse_size
 
 # KV cache types, as llama.cpp names them (their storage: core/models/kvcache.py)
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0")
@@ -116,6 +116,22 @@ class Settings:
         "CUDA green context), so decode steps always find the others free; 0: no partition",
         "--prefill-lane-sms",
     )
+    spec: str = _opt(
+        "on",
+        "n-gram speculation (output unchanged); its gates keep it off where it does not pay: "
+        "more users than --spec-max-users, low acceptance, a verify measured too dear",
+        "--spec",
+        choices=("on", "off"),
+    )
+    spec_max_users: int = _opt(
+        2, "draft only while at most N sessions generate", "--spec-max-users"
+    )
+    spec_k: int = _opt(16, "most drafts per step (0: no speculation)", "--spec-k", "--draft-max")
+    spec_ngram_max: int = _opt(8, "longest suffix looked up for drafts", "--spec-ngram-max")
+    spec_ngram_min: int = _opt(2, "shortest suffix looked up for drafts", "--spec-ngram-min")
+    spec_min_acceptance: float = _opt(
+        0.2, "below this running acceptance a session only probes", "--spec-min-acceptance"
+    )
     slot_save_path: str | None = _opt(
         None,
         "directory of slot files: enables POST /slots/{id}?action=save|restore|erase "
@@ -203,6 +219,16 @@ class Settings:
             raise ValueError(f"prefill-sessions must be >= 0, got {self.prefill_sessions}")
         if self.slot_save_path is not None and not os.path.isdir(self.slot_save_path):
             raise ValueError(f"slot-save-path is not a directory: {self.slot_save_path!r}")
+        if min(self.spec_max_users, self.spec_k) < 0:
+            raise ValueError(
+                f"spec-max-users and spec-k must be >= 0, got {self.spec_max_users}, {self.spec_k}"
+            )
+        if not 1 <= self.spec_ngram_min <= self.spec_ngram_max:
+            raise ValueError("spec-ngram-min and spec-ngram-max need 1 <= min <= max")
+        if not 0.0 <= self.spec_min_acceptance <= 1.0:
+            raise ValueError(
+                f"spec-min-acceptance must be in [0, 1], got {self.spec_min_acceptance}"
+            )
         if self.max_queue < 0:
             raise ValueError(f"max-queue must be >= 0, got {self.max_queue}")
         if self.reasoning_budget < -1:
@@ -224,26 +250,9 @@ class Settings:
         return self if self.ctx_size else dataclasses.replace(self, ctx_size=n_ctx_train)
 
 
-_UNITS = {"": 1 << 20, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": 1 << 20,
-          "mib": 1 << 20, "mb": 10**6, "g": 1 << 30, "gib": 1 << 30, "gb": 10**9, "t": 1 << 40,
-          "tib": 1 << 40, "tb": 10**12}  # fmt: skip
-
-
-def parse_size(text: str, name: str) -> int:
-    """Bytes of a size such as ``24GiB``, ``24G`` (binary), ``80GB`` (decimal) or ``20000``
-    (MiB); ValueError naming the setting ``name`` otherwise."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    unit = m and _UNITS.get(m.group(2).lower())
-    if not m or not unit or float(m.group(1)) <= 0:
-        raise ValueError(
-            f"{name} must be a positive size such as 24GiB, 80GB or 20000 (MiB), got {text!r}"
-        )
-    return int(float(m.group(1)) * unit)
-
-
 def _field_type(f: dataclasses.Field[Any]) -> type:
     t = str(f.type)
-    return int if t.startswith("int") else str
+    return int if t.startswith("int") else float if t.startswith("float") else str
 
 
 def env_name(name: str) -> str:

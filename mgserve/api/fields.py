@@ -40,6 +40,9 @@ IGNORED = frozenset({"model", "user"})
 # llama-server's slot pinning, prefix-reuse switch and prompt progress (protocol._admission), on
 # its /completion and the OpenAI completions routes, as llama-server takes them
 ADMISSION = frozenset({"id_slot", "cache_prompt", "return_progress"})
+# n-gram speculation (protocol._speculation): off for this request, llama-server's bounds on a
+# step's drafts
+SPECULATION = frozenset({"speculative", "speculative.n_max", "speculative.n_min"})
 TEMPLATE = frozenset(
     {"messages", "tools", "tool_choice", "chat_template_kwargs", "add_generation_prompt"}
 )
@@ -49,6 +52,7 @@ CHAT = (
     | IGNORED
     | TEMPLATE
     | ADMISSION
+    | SPECULATION
     | {
         "max_tokens",
         "max_completion_tokens",
@@ -67,6 +71,7 @@ COMPLETIONS = (
     SAMPLING
     | IGNORED
     | ADMISSION
+    | SPECULATION
     | {"prompt", "max_tokens", "logprobs", "echo", "stream_options", "response_format"}
 )
 # llama-server's /completion
@@ -74,6 +79,7 @@ LLAMA_COMPLETION = (
     SAMPLING
     | IGNORED
     | ADMISSION
+    | SPECULATION
     | {"prompt", "n_predict", "max_tokens", "n_probs", "return_tokens", "grammar", "json_schema"}
 )
 # llama-server's /infill: /completion's fields and the text around the cursor (api/infill.py)

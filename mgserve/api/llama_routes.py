@@ -69,6 +69,10 @@ def _settings(service: Service, params: GenParams) -> dict[str, Any]:
         ignore_eos=params.ignore_eos,
         stream=params.stream,
     )
+    d["speculative.n_max"] = (
+        service.settings.spec_k if params.draft_max is None else params.draft_max
+    )
+    d["speculative.n_min"] = params.draft_min
     return {"n_ctx": service.engine.n_ctx, "params": d}
 
 

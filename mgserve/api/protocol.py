@@ -2,8 +2,9 @@
 
 Every field is type- and range-checked here (the sampling fields in ``sampling_fields.py``), once,
 and every default resolved here (the seed, ``max_tokens``, the sampling stages, llama-server's
-``id_slot`` / ``cache_prompt`` / ``return_progress``): anything wrong raises ``ApiError`` (HTTP
-400, OpenAI's error shape, ``param`` naming the field), so handlers never see an unchecked value
+``id_slot`` / ``cache_prompt`` / ``return_progress``, ``speculative*``): anything wrong raises
+``ApiError`` (HTTP 400, OpenAI's error shape, ``param`` naming the field), so handlers never see an
+unchecked value
 and the engine checks nothing again. Every dialect lands on one ``GenParams``: OpenAI's names
 (``max_tokens``, ``logprobs``/``top_logprobs``, the Responses API's ``max_output_tokens``),
 llama-server's (``n_predict``, ``n_probs``) and Anthropic's (``stop_sequences``); the grammar
@@ -45,6 +46,10 @@ class GenParams:
     slot: int | None = None
     reuse_prefix: bool = True
     progress: bool = False
+    # n-gram speculation: "speculative", "speculative.n_max" (None: --spec-k), "speculative.n_min"
+    speculative: bool = True
+    draft_max: int | None = None
+    draft_min: int = 0
 
 
 def _stop(f: Fields, name: str = "stop") -> tuple[str, ...]:
@@ -110,6 +115,28 @@ def _admission(f: Fields, n_slots: int, stream: bool, n: int = 1) -> dict[str, A
     }
 
 
+def _speculation(f: Fields, spec_k: int) -> dict[str, Any]:
+    """``speculative`` and llama-server's ``speculative.n_max`` / ``n_min``, as GenParams
+    fields; a step never carries more drafts than the server's --spec-k."""
+    n_max = f.get_int("speculative.n_max", spec_k, lo=0)
+    if n_max > spec_k:
+        raise ApiError(
+            f"'speculative.n_max' must be at most {spec_k} (the server's --spec-k), got {n_max}",
+            param="speculative.n_max",
+        )
+    n_min = f.get_int("speculative.n_min", 0, lo=0)
+    if n_min > n_max:
+        raise ApiError(
+            f"'speculative.n_min' must be at most speculative.n_max ({n_max}), got {n_min}",
+            param="speculative.n_min",
+        )
+    return {
+        "speculative": f.get_bool("speculative", True),
+        "draft_max": n_max if f.has("speculative.n_max") else None,
+        "draft_min": n_min,
+    }
+
+
 def openai_params(
     body: dict[str, Any], chat: bool, service: Service, grammar: Grammar | None = None
 ) -> GenParams:
@@ -149,6 +176,7 @@ def openai_params(
         echo=not chat and echo,
         n=n,
         **_admission(f, service.engine.n_slots, stream, n),
+        **_speculation(f, service.settings.spec_k),
     )
 
 
@@ -169,6 +197,7 @@ def llama_params(
         include_usage=False,
         grammar=grammar,
         **_admission(f, service.engine.n_slots, stream),
+        **_speculation(f, service.settings.spec_k),
     )
 
 
@@ -244,4 +273,7 @@ def engine_request(
         reuse_prefix=params.reuse_prefix,
         progress=params.progress,
         cut_hints=cut_hints,
+        speculative=params.speculative,
+        draft_max=params.draft_max,
+        draft_min=params.draft_min,
     )

@@ -11,6 +11,9 @@ queue, cache depth, checkpoint bytes) are read from it at scrape time, never sta
 Step time is the runner's wall time per step. A step may carry prompt chunks and decode tokens
 together (chunked prefill beside decoders): its seconds are shared between prompt and generation
 in proportion to the tokens of each, and the step histogram labels it ``mixed``.
+
+With a speculator, its ``SpecStats`` (mgserve/spec/stats.py, handed in as ``spec``) adds the
+``mgserve_spec_*`` counters.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from mgserve.core.engine.contract import ScheduledBatch, StepResult
 
 if TYPE_CHECKING:
     from mgserve.core.engine.scheduler import Scheduler
+    from mgserve.spec.stats import SpecStats
 
 # seconds; from 1 ms (a fast GPU decode step) to a minute (a long CPU prompt)
 LATENCY_BUCKETS = (
@@ -62,9 +66,12 @@ class Buckets:
 class EngineMetrics:
     """One engine's numbers and the collector that exposes them (``registry``)."""
 
-    def __init__(self, sched: Scheduler, waiting: Callable[[], int]) -> None:
+    def __init__(
+        self, sched: Scheduler, waiting: Callable[[], int], spec: SpecStats | None = None
+    ) -> None:
         self._sched = sched
         self._waiting = waiting  # requests queued beyond the free slots (Engine.waiting)
+        self.spec = spec  # the speculator's counters (mgserve/spec/stats.py); None: no speculator
         self.prompt_tokens = 0  # computed, cache hits excluded
         self.prompt_seconds = 0.0
         self.predicted_tokens = 0
@@ -237,3 +244,32 @@ class EngineMetrics:
         for phase, b in self.steps.items():
             b.add_to(steps, [phase])
         yield steps
+        if self.spec is not None:
+            yield from _spec_families(self.spec)
+
+
+def _spec_families(spec: SpecStats) -> Iterator[Metric]:
+    """n-gram speculation's counters (mgserve/spec/stats.py says what each counts)."""
+    yield from (
+        CounterMetricFamily(f"mgserve_spec_{name}", help, value=v)
+        for name, help, v in (
+            ("draft_proposed", "draft tokens verified", spec.proposed),
+            ("draft_accepted", "draft tokens that held", spec.accepted),
+            ("steps", "model steps that carried drafts", spec.steps),
+            ("verifies", "session steps that carried drafts", spec.verifies),
+            ("tokens_emitted", "tokens emitted by session steps with drafts", spec.emitted),
+        )
+    )
+    for name, help, counts in (
+        ("proposed", "drafts proposed at position i (from 0)", spec.proposed_by_position),
+        ("accepted", "drafts i (from 0) that held, all before it too", spec.accepted_by_position),
+    ):
+        family = CounterMetricFamily(f"mgserve_spec_{name}_by_position", help, labels=["position"])
+        for i, n in enumerate(counts):
+            family.add_metric([str(i)], n)
+        yield family
+    yield GaugeMetricFamily(
+        "mgserve_spec_tokens_per_step",
+        "mean tokens a session step with drafts emitted (1 + the drafts that held)",
+        value=spec.tokens_per_step,
+    )
