@@ -7,6 +7,7 @@ qwen4exp). A partly accepted verify step leaves a recurrent state where plain de
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,13 @@ import torch
 
 from mgserve.config import Settings
 from mgserve.core.engine.actor import Engine
-from mgserve.core.engine.contract import Request, SamplingParams, ScheduledBatch, SeqWork
+from mgserve.core.engine.contract import (
+    Request,
+    SamplingParams,
+    ScheduledBatch,
+    SeqWork,
+    TokenEvent,
+)
 from mgserve.core.engine.runner import ReferenceRunner
 from mgserve.core.models import load_model
 from mgserve.core.models.base import SeqInput
@@ -94,6 +101,19 @@ def test_output_is_identical_with_drafts_accepted_rejected_and_mixed(
         else:
             assert any(accepted) and any(a < n for _, n, a in verified)
         assert sorted(r for (r,) in drafter.of("finish")) == ["r0", "r1", "r2"]
+
+
+def test_logprobs_of_verified_tokens_are_those_of_plain_decode() -> None:
+    model = FakeModel()  # exact: a row's logits do not depend on the chunk it came in
+    p = SamplingParams(temperature=0.7, seed=5, want_logprob=True, n_probs=3, repeat_penalty=1.2)
+    off = serve(model, requests(p))
+    want = {rid: [t for t in toks if t is not None] for rid, toks in tokens(off).items()}
+    on = serve(model, requests(p), Replay(want, k=3, wrong=MODES["mixed"]))
+
+    def strip(evs: dict[str, list[TokenEvent]]) -> dict[str, list[TokenEvent]]:
+        return {r: [dataclasses.replace(e, t_prompt_done=None) for e in v] for r, v in evs.items()}
+
+    assert strip(on) == strip(off)  # every event: token, logprob, top candidates, counts
 
 
 def test_a_stop_token_inside_an_accepted_run_ends_the_request_there() -> None:
