@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from mgserve.config import Settings
 from mgserve.core.engine.checkpoints import CheckpointBook
 from mgserve.core.engine.contract import Request, ScheduledBatch, StepResult, TokenEvent
+from mgserve.core.engine.drafting import Drafter
 from mgserve.core.engine.lanes import LaneScheduler
 from mgserve.core.engine.metrics import EngineMetrics
 from mgserve.core.engine.scheduler import Scheduler
@@ -49,7 +50,7 @@ class Runner(Protocol):
 
     slot_format: str  # the layout of a saved slot's tensors (slot files record it)
     # optional ``lanes``: True if ``run`` takes a lane batch in one thread beside a decode batch
-    # in another (lanes.py)
+    # in another (lanes.py); optional ``supports_drafts``: True if it verifies SeqWork.n_draft
 
 
 class Engine:
@@ -57,9 +58,17 @@ class Engine:
 
     ``settings`` come resolved for the model (``Settings.for_model``). ``runner`` defaults to the
     CPU ``ReferenceRunner``; the device runner plugs in the same way (``factory.py`` picks).
+    ``drafter`` (speculation) is used only with a runner whose ``supports_drafts`` is True.
     """
 
-    def __init__(self, model: Any, settings: Settings, *, runner: Runner | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        settings: Settings,
+        *,
+        runner: Runner | None = None,
+        drafter: Drafter | None = None,
+    ) -> None:
         self.settings = settings
         self.n_slots = settings.parallel
         self.n_ctx = settings.ctx_size
@@ -92,6 +101,7 @@ class Engine:
             itl_target=0.0 if self.lanes else settings.itl_target_ms / 1e3,
             prefill_sessions=settings.prefill_sessions,
             prefix_copy=settings.prefix_copy_min,
+            drafter=drafter if getattr(runner, "supports_drafts", False) else None,
         )
         self.max_queue = settings.max_queue
         self._wake = asyncio.Event()  # set by submit: the idle actor has work

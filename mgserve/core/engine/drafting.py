@@ -1,8 +1,10 @@
 """What the scheduler asks of a speculator (``Drafter``): drafts for a decoding session's next
 step, and what became of them. The n-gram speculator (mgserve/spec/) is one; the scheduler works
-without any (``drafter=None``). The scheduler never drafts for a request under a grammar, a
-reasoning budget or a forced token, nor past its ``max_tokens`` or the slot's context; the
-drafter decides everything else (its gates: sessions generating, acceptance, measured cost)."""
+without any (``drafter=None``). The scheduler never drafts for a request under a grammar, nor
+where a reasoning budget could force a token inside the run, nor past its ``max_tokens``, the
+slot's context or ``draft_max``, and sends none when fewer than ``draft_min`` come
+(speculation.py); the drafter decides everything else (its gates: sessions generating,
+acceptance, measured cost)."""
 
 from __future__ import annotations
 

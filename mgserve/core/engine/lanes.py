@@ -49,7 +49,7 @@ class LaneScheduler(Scheduler):
     def schedule(self) -> ScheduledBatch | None:
         """The decoders' next batch: one token each for sessions past their prompt, not in
         flight; None if there are none."""
-        work = [self._work(sl, s, (s.generated[-1],), True) for sl, s in self._ready(False)]
+        work = self.spec.decode_work(self, self._ready(False))
         return self._batch(tuple(work), (), chores=False) if work else None
 
     def schedule_lane(self) -> ScheduledBatch | None:

@@ -12,7 +12,8 @@ book's device and host tiers are both host memory here, so a move to the host ke
 A slot save copies the slot's K/V rows (and qwen4exp's QSA block keys) and, for a recurrent model,
 its live state and checkpoints as snapshots, named by field (slot_state.py). A prefix copy copies
 the first rows of one slot into another, and a recurrent source's checkpoint (or live state) into
-the target's state, before anything else in its step.
+the target's state, before anything else in its step. A session's verify entry (``n_draft``
+drafts) gets logits at all its positions; verify.py samples them and rolls a recurrent state back.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from typing import Any
 
 import torch
 
-from mgserve.core.engine import slot_state
+from mgserve.core.engine import slot_state, verify
 from mgserve.core.engine.checkpoints import CheckpointStore
 from mgserve.core.engine.contract import (
     PrefixCopy,
+    SamplingParams,
     ScheduledBatch,
     SeqResult,
     SlotLoad,
@@ -42,6 +44,8 @@ from mgserve.core.models.state_qwen4exp import Qwen4ExpState
 
 
 class ReferenceRunner:
+    supports_drafts = True  # verifies SeqWork.n_draft drafts (verify.py)
+
     # n_ctx and the cache types are the slot caches' own (CausalLM.new_cache), passed through
     def __init__(
         self,
@@ -97,35 +101,53 @@ class ReferenceRunner:
                     self._load(op)
             return StepResult(batch.step, seconds=time.perf_counter() - t0, saved=saved)
         seqs: list[SeqInput] = []
+        kept: dict[int, verify.Kept] = {}  # slot -> its recurrent state before a verify forward
         for w in batch.work:
             if w.new_sequence:
                 self._samplers[w.slot] = SeqSampler(w.sampling, w.history)
             if w.grammar is not None:
                 self._samplers[w.slot].start_grammar(w.grammar)
+            verify.check(w, self._samplers[w.slot])
+            cache = self._cache(w.slot)
+            if (k := verify.keep(cache, w)) is not None:
+                kept[w.slot] = k
             seqs.append(
                 SeqInput(
-                    cache=self._cache(w.slot),
+                    cache=cache,
                     tokens=torch.tensor(w.tokens, dtype=torch.int64),  # [T]
                     start=w.start,
-                    n_logits=1 if w.sample else 0,
+                    n_logits=1 + w.n_draft if w.sample else 0,
                 )
             )
-        logits = self.model.forward(seqs)  # [n_sample, V] float32, in work order
+        logits = self.model.forward(seqs)  # [rows, V] float32: 1 + n_draft per sampling work
         self.checkpoints.after(batch)
 
         sampled = [w for w in batch.work if w.sample]
-        assert logits.shape[0] == len(sampled), (logits.shape, len(sampled))
-        tokens: list[int] = []
+        assert logits.shape[0] == sum(1 + w.n_draft for w in sampled), logits.shape
+        results: list[SeqResult] = []
+        rows: list[int] = []  # the logits row of each result
+        params: list[SamplingParams] = []
+        back: list[tuple[verify.Kept, tuple[int, ...]]] = []  # states to roll back
+        r = 0  # the work's first logits row
         for w in batch.work:
             sampler = self._samplers[w.slot]
-            sampler.accept(w.tokens)  # they are in the context now: the penalty window sees them
-            if w.sample:
-                tokens.append(sampler.sample(logits[len(tokens)], w.force))
-        extras = logprobs_for(logits, tokens, [w.sampling for w in sampled])
-        results = [
-            SeqResult(w.slot, w.request_id, tok, lp, top)
-            for w, tok, (lp, top) in zip(sampled, tokens, extras, strict=True)
-        ]
+            if not w.sample:
+                sampler.accept(w.tokens)  # in the context now: the penalty window sees them
+                continue
+            if w.n_draft:
+                got = verify.sample_drafted(sampler, logits[r : r + 1 + w.n_draft], w.tokens)
+                if len(got) < len(w.tokens) and w.slot in kept:
+                    back.append((kept[w.slot], w.tokens[: len(got)]))
+            else:
+                sampler.accept(w.tokens)
+                got = [sampler.sample(logits[r], w.force)]
+            rows += range(r, r + len(got))
+            params += [w.sampling] * len(got)
+            results += [SeqResult(w.slot, w.request_id, tok, None, ()) for tok in got]
+            r += 1 + w.n_draft
+        verify.roll_back(self.model, back)
+        extras = logprobs_for(logits[rows], [x.token for x in results], params)
+        results = [x._replace(logprob=e[0], top=e[1]) for x, e in zip(results, extras, strict=True)]
         n_tokens = sum(len(w.tokens) for w in batch.work)
         return StepResult(batch.step, results, n_tokens, time.perf_counter() - t0)
 

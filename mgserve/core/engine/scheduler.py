@@ -1,11 +1,12 @@
 """The scheduler: slots, a FIFO queue, and one decision per step.
 
 Pure and synchronous (no asyncio, no torch): the engine actor wraps it, tests drive it with fake
-step results. Each step, per session: a decoding session feeds its last sampled token; a session
-in its prompt feeds a chunk. Prompt tokens per step are bounded by ``batch_size`` and given oldest
-request first, to at most ``prefill_sessions`` sessions (0: any number). With a latency target
-(``itl_target``, seconds) the budget beside decoders is the pacer's (pacing.py): whole pieces of
-a chunk, so the cuts stay where they are.
+step results. Each step, per session: a decoding session feeds its last sampled token (with a
+``drafter``, drafts after it to verify: speculation.py); a session in its prompt feeds a chunk.
+Prompt tokens per step are bounded by ``batch_size`` and given oldest request first, to at most
+``prefill_sessions`` sessions (0: any number). With a latency target (``itl_target``, seconds)
+the budget beside decoders is the pacer's (pacing.py): whole pieces of a chunk, so the cuts stay
+where they are.
 
 Prefix reuse: every slot remembers the token ids its cache holds. A new request takes the free slot
 whose cache serves the longest prefix of its prompt and starts there (placement.py: a recurrent
@@ -43,11 +44,13 @@ from mgserve.core.engine.contract import (
     StepResult,
     TokenEvent,
 )
+from mgserve.core.engine.drafting import Drafter
 from mgserve.core.engine.pacing import PrefillPacer
 from mgserve.core.engine.placement import Placer
 from mgserve.core.engine.reasoning import ReasoningTracker
 from mgserve.core.engine.slot_actions import SlotActions, undo
 from mgserve.core.engine.slots import Session, Slot
+from mgserve.core.engine.speculation import Speculation
 
 
 class Scheduler:
@@ -63,6 +66,7 @@ class Scheduler:
         itl_target: float = 0.0,
         prefill_sessions: int = 0,
         prefix_copy: int = 0,
+        drafter: Drafter | None = None,  # only for a runner whose supports_drafts is True
     ) -> None:
         if n_slots < 1 or n_ctx < 2 or batch_size < 1 or prefill_sessions < 0:
             raise ValueError(
@@ -79,6 +83,7 @@ class Scheduler:
         self.slots = [Slot(i) for i in range(n_slots)]
         self.queue: deque[tuple[Request, float]] = deque()
         self.actions = SlotActions()
+        self.spec = Speculation(drafter)  # drafts for decoding sessions (speculation.py)
         self._clock = clock
         self._step = 0
         self._freed: list[int] = []
@@ -142,7 +147,7 @@ class Scheduler:
         if op is not None:
             return self._batch((), (op,))
         self._admit()
-        work = [self._work(sl, s, (s.generated[-1],), True) for sl, s in self._ready(False)]
+        work = self.spec.decode_work(self, self._ready(False))
         n_decode, prompts = len(work), self._ready(True)
         work += self._prompt_work(prompts, self.pacer.budget(n_decode) if prompts else 0)
         if not work:
@@ -199,22 +204,9 @@ class Scheduler:
         self.pacer.observe(step, seconds)
 
     def apply(self, result: StepResult) -> list[TokenEvent]:
-        """Apply sampled tokens; returns one event per token for requests still running."""
-        batch = self._in_flight.pop(result.step)
-        by_slot: dict[int, SeqResult] = {r.slot: r for r in result.results}
-        events: list[TokenEvent] = []
-        for w in batch.work:
-            slot = self.slots[w.slot]
-            s = slot.session
-            if s is None or s.req.id != w.request_id:
-                continue  # aborted meanwhile (and maybe reassigned): the result is stale
-            s.in_flight = False
-            if not w.sample:
-                continue
-            r = by_slot[w.slot]
-            assert r.request_id == w.request_id
-            events.append(self._on_token(slot, s, r))
-        return events
+        """Apply sampled tokens (1 + accepted drafts per session: speculation.py); returns one
+        event per token for requests still running."""
+        return self.spec.apply(self, self._in_flight.pop(result.step), result)
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -245,6 +237,7 @@ class Scheduler:
             slot.session = Session(req, t_added, n_cached, n_done=n_cached, restore=restore,
                                    reasoning=think, grammar_pending=constrained)  # fmt: skip
             slot.last_used = self._step
+            self.spec.start(req)
         self.queue.extendleft(reversed(pinned))
 
     def _work(
@@ -284,6 +277,8 @@ class Scheduler:
         return ev
 
     def _release(self, slot: Slot) -> None:
+        if slot.session is not None:
+            self.spec.finish(slot.session.req.id)
         slot.session = None
         self._freed.append(slot.id)
 
