@@ -112,8 +112,8 @@ class Engine:
         self._lane_executor = ThreadPoolExecutor(1, thread_name_prefix="mgserve-lane")
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
-
-        self.metrics = EngineMetrics(self._sched, lambda: self.waiting)
+        spec = getattr(self._sched.spec.drafter, "stats", None)  # mgserve.spec's SpecStats
+        self.metrics = EngineMetrics(self._sched, lambda: self.waiting, spec=spec)
 
     # -- the API side ----------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from mgserve.config import Settings
 from mgserve.core.builtin_models import resolve_model
 from mgserve.core.engine.actor import Engine
 from mgserve.core.gguf.reader import GGUFFile
+from mgserve.spec import speculator_from
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,8 @@ def load_engine(settings: Settings) -> LoadedEngine:
     model = load_model(g, threads=settings.threads)
     if settings.prefill_lane == "on":
         log.info("--prefill-lane on is for the GPU: the CPU runner computes steps in order")
-    return LoadedEngine(Engine(model, settings.for_model(model.spec.n_ctx_train)), g, device)
+    settings = settings.for_model(model.spec.n_ctx_train)
+    return LoadedEngine(Engine(model, settings, drafter=speculator_from(settings)), g, device)
 
 
 def memory_plan(g: GGUFFile, settings: Settings, check: bool) -> str:
@@ -74,5 +76,7 @@ def _on_gpu(g: GGUFFile, settings: Settings) -> LoadedEngine:
     )
     lanes = settings.prefill_lane == "on"
     runner = DeviceRunner(model, device, lanes=lanes, lane_sms=settings.prefill_lane_sms)
-    engine = Engine(model, settings, runner=runner)
+    engine = Engine(model, settings, runner=runner, drafter=speculator_from(settings))
+    if settings.spec == "on" and not runner.supports_drafts:
+        log.info("--spec: the GPU runner does not verify drafts for %s yet", g.architecture)
     return LoadedEngine(engine, g, "cuda")

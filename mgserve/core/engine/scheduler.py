@@ -286,8 +286,10 @@ class Scheduler:
 
     def slot_info(self) -> list[dict[str, object]]:
         held = self.checkpoints.held.items()
+        spec = self.spec.drafter is not None
         return [
-            sl.info(self.n_ctx, {p: h for (i, p), h in held if i == sl.id}) for sl in self.slots
+            sl.info(self.n_ctx, {p: h for (i, p), h in held if i == sl.id}, spec)
+            for sl in self.slots
         ]
 
     @property

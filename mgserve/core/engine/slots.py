@@ -53,17 +53,20 @@ class Slot:
     last_used: int = -1  # step of the last assignment, to evict the least recently used cache
     cuts: tuple[int, ...] = ()  # the hint cuts its state was computed under (checkpoints.py)
 
-    def info(self, n_ctx: int, checkpoints: dict[int, bool]) -> dict[str, object]:
+    def info(
+        self, n_ctx: int, checkpoints: dict[int, bool], spec: bool = False
+    ) -> dict[str, object]:
         """The slot as ``/slots`` shows it: llama-server's fields (``id``, ``n_ctx``,
         ``speculative``, ``is_processing``, ``id_task``, ``n_prompt_tokens*``, ``params``,
         ``next_token``), then mgserve's: ``state``, ``n_past`` (tokens in the slot's cache, the
         running request's in-flight chunk included) and ``checkpoints`` (position -> in host
-        memory, the recurrent-state checkpoints the slot holds). README, Endpoints, says more."""
+        memory, the recurrent-state checkpoints the slot holds). ``spec``: the engine drafts
+        (speculation), for this slot's request if it allows. README, Endpoints, says more."""
         s = self.session
         out: dict[str, object] = {
             "id": self.id,
             "n_ctx": n_ctx,
-            "speculative": False,
+            "speculative": spec and (s is None or s.req.speculative),
             "is_processing": s is not None,
             "id_task": None if s is None else s.req.id,
             "state": "idle" if s is None else "generating" if s.generated else "prefilling",
