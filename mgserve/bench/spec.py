@@ -181,6 +181,9 @@ def run(a: argparse.Namespace) -> int:
     rows = asyncio.run(_bench(a))
     out = table(rows)
     print(out)
+    for r in rows:  # what the model wrote: a workload's figures mean little if it looped
+        if r.spec and r.users == 1:
+            print(f"\n--- {r.workload}: {r.text[:600]!r}")
     print(f"({time.perf_counter() - t0:.0f} s)")
     if a.record:
         from mgserve.bench import record
