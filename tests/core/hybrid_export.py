@@ -291,6 +291,20 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def require_reference_file(path: Path, ref: dict[str, Any], maker: str) -> None:
+    """Skip a comparison with a recorded llama.cpp reference when the tiny model exported here is
+    not the file it was recorded on: transformers' random initialisation goes through torch's
+    vectorised math, whose last bits differ between CPU instruction sets (AVX2 vs AVX-512), so
+    the same seed gives another file on another kind of CPU. Rerun ``maker`` to compare here."""
+    import pytest
+
+    if file_sha256(path) != ref["gguf_sha256"]:
+        pytest.skip(
+            f"the tiny model exported on this CPU is not the file the llama.cpp reference "
+            f"was recorded on (random init differs by instruction set); rerun {maker}"
+        )
+
+
 def write_synth_qwen3next(path: Path) -> Path:
     """A tiny qwen3next in the real files' layout and quant mix (Q4_K, Q6_K, Q8_0 ssm_ba, F32
     norms and 1-D shared-expert gate), random weights, by ``mgserve synth``'s writer."""

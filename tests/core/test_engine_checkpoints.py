@@ -26,6 +26,7 @@ from tests.core.checkpoint_turns import (
     cold,
     conversation,
 )
+from tests.core.conftest import require_chunk_invariance
 from tests.prom import metric
 
 MAKERS: dict[str, Callable[[Path], Path]] = {
@@ -62,6 +63,7 @@ def model(
 
 
 async def test_turns_compute_only_past_the_nearest_checkpoint(model: Any) -> None:
+    require_chunk_invariance(model)
     rec = Recording(model)
     engine = Engine(rec, SETTINGS)
     await engine.start()

@@ -14,6 +14,7 @@ from mgserve.config import Settings, settings_from
 from mgserve.core.engine.actor import Engine
 from mgserve.core.engine.pacing import QUANTUM
 from mgserve.core.models import load_model
+from tests.core.conftest import require_chunk_invariance
 from tests.core.mixed_load import Out, serve
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -33,6 +34,7 @@ async def _serve(model: Any, target_ms: int) -> tuple[Out, list[int], Engine]:
 
 
 async def test_pieces_beside_decoders_give_the_bits_of_whole_chunks(model: Any) -> None:
+    require_chunk_invariance(model)
     whole, whole_works, _ = await _serve(model, 0)
     # 1 ms: less than a decode step takes, so each step carries at most a piece
     paced, paced_works, engine = await _serve(model, 1)

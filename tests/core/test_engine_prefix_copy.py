@@ -14,6 +14,7 @@ from mgserve.core.engine.actor import Engine
 from mgserve.core.engine.contract import Request
 from tests.core import test_engine_checkpoints
 from tests.core.checkpoint_turns import PARAMS
+from tests.core.conftest import require_chunk_invariance
 from tests.core.copy_turns import COPIED, COPY_SETTINGS, N_A, N_B, A, B, alone, beside, pinned
 from tests.prom import metric
 
@@ -24,6 +25,7 @@ model = test_engine_checkpoints.model  # the tiny qwen3next, qwen4exp and qwen3,
 
 
 async def test_a_second_session_copies_a_running_ones_system_prompt(model: Any) -> None:
+    require_chunk_invariance(model)
     engine = Engine(model, COPY_SETTINGS)
     await engine.start()
     try:
@@ -57,6 +59,7 @@ async def test_a_copy_must_reuse_the_threshold_more(model: Any) -> None:
 
 
 async def test_aborting_the_source_while_the_copy_runs_is_harmless(model: Any) -> None:
+    require_chunk_invariance(model)
     engine = Engine(model, COPY_SETTINGS)
     await engine.start()
     try:  # the source's slot goes to OTHER the step after the copy

@@ -29,6 +29,7 @@ from tests.core.hybrid_export import (
     file_sha256,
     hf_logits,
     rel_error,
+    require_reference_file,
     run_chunks,
 )
 from tests.core.qwen4exp_export import (
@@ -249,7 +250,7 @@ def test_matches_llama_cpp_blocks_of_one(refs: dict[str, Any], tmp_path: Path) -
     tokens (F32 weights and KV: only float rounding order differs, observed ~6e-6)."""
     ref = refs["r1"]
     path = export(hf_model(indexer_compress_ratio=1, indexer_n_heads=8), tmp_path / "r1.gguf")
-    assert file_sha256(path) == ref["gguf_sha256"], "rerun tests/data/make_qwen4exp_reference.py"
+    require_reference_file(path, ref, "tests/data/make_qwen4exp_reference.py")
     got = _llama_run(load_hybrid(path), ref)
     top5, top5_logits = torch.tensor(ref["top5"]), torch.tensor(ref["top5_logits"])
     assert torch.equal(got.argmax(dim=1), top5[:, 0])
@@ -267,7 +268,7 @@ def test_matches_llama_cpp_blocks_of_four(
     after, we bound the drift by what llama.cpp shows against transformers itself (max ~0.21,
     top-1 agreement 0.93) and ask that mgserve be the one that matches transformers."""
     ref = refs["r4"]
-    assert file_sha256(gguf_path) == ref["gguf_sha256"], "rerun make_qwen4exp_reference.py"
+    require_reference_file(gguf_path, ref, "tests/data/make_qwen4exp_reference.py")
     got = _llama_run(lm, ref)
     top5, top5_logits = torch.tensor(ref["top5"]), torch.tensor(ref["top5_logits"])
     ours = torch.gather(got, 1, top5)

@@ -99,7 +99,7 @@ def test_drafts_give_plain_decodes_tokens_cpu(arch: str, tmp_path: Path) -> None
 def test_drafts_give_plain_decodes_tokens_gpu(arch: str, tmp_path: Path, cuda_ops) -> None:
     runner = _runner(arch, tmp_path, torch.device("cuda", 0), cuda_ops, graphs=True)
     _check(runner)
-    assert any(b > 8 for b in runner.decode.captured)  # verify rows went through graphs too
+    assert max(runner.decode.captured) >= 4  # verify rows (1 + up to 5) went through graphs
 
 
 def test_a_recurrent_runner_refuses_drafts(tmp_path: Path) -> None:

@@ -17,7 +17,27 @@ from mgserve.core.gguf.hparams import ModelSpec
 from mgserve.core.reference import rowwise
 
 _QUERY_CHUNK = 512  # bounds the [H, T, S] score matrix of a long prompt chunk
-_ROW_BLOCK = 2  # every token-wise product runs on blocks of exactly this many rows (see linear)
+_ROW_BLOCKS = (2, 4, 8)  # block sizes tried for a product's shape, the cheapest first (linear)
+_row_block: dict[tuple[int, int, torch.dtype], int] = {}  # (in, out, dtype) -> the block in use
+
+
+def _block_for(w: torch.Tensor) -> int:
+    """The smallest block size whose rows BLAS computes alike wherever they sit in the block, for
+    products with ``w``'s shape on this CPU (probed once per shape: which kernel a BLAS takes for
+    M rows, and whether its tail rows round like the others, differs by CPU: on an AMD EPYC with
+    MKL's AVX2 path 2-row blocks are not position-independent, 4-row ones are)."""
+    key = (w.shape[1], w.shape[0], w.dtype)
+    if key not in _row_block:
+        g = torch.Generator().manual_seed(0)
+        probe = torch.randn(8, w.shape[1], generator=g, dtype=w.dtype)
+        _row_block[key] = _ROW_BLOCKS[-1]
+        for r in _ROW_BLOCKS:
+            blk = probe[:r] @ w.T
+            alone = [(F.pad(probe[i : i + 1], (0, 0, 0, r - 1)) @ w.T)[0] for i in range(r)]
+            if all(torch.equal(blk[i], a) for i, a in enumerate(alone)):
+                _row_block[key] = r
+                break
+    return _row_block[key]
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -25,9 +45,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
 
     BLAS picks its kernel, and so its rounding, by the number of rows: the same token gives
     slightly different numbers alone (1 row) than beside three other sessions (4 rows), enough to
-    change a greedy continuation. Running every product on blocks of exactly ``_ROW_BLOCK`` rows
-    (the last one zero-padded) makes each row's result a function of that row alone, so
-    concurrency never changes a session's results (DESIGN.md). Two rows per block (measured on the
+    change a greedy continuation. Running every product on blocks of exactly R rows (the last one
+    zero-padded), R chosen per shape so that a row rounds the same in every place of a block
+    (``_block_for``), makes each row's result a function of that row alone, so concurrency never
+    changes a session's results (DESIGN.md). Two rows per block where that holds (measured on the
     2-core CI machine with Gemma 3 270M): one decode step costs about what a lone matrix-vector
     product does, four sessions' logits cost half of four separate products, and a 500-token
     prefill stays within ~1.5x of one big product since each block re-reads a cache-resident matrix.
@@ -35,11 +56,11 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     if w.shape[0] == 1:  # BLAS turns [N, in] @ [in, 1] into a matrix-vector product over the
         y = (x * w[0]).sum(dim=-1, keepdim=True)  # rows, which mixes them: reduce each row alone
         return y if b is None else y + b
-    n = x.shape[0]
-    pad = (-n) % _ROW_BLOCK
+    n, r = x.shape[0], _block_for(w)
+    pad = (-n) % r
     if pad:
         x = F.pad(x, (0, 0, 0, pad))
-    y = torch.cat([blk @ w.T for blk in x.split(_ROW_BLOCK)])[:n]  # [N, out]
+    y = torch.cat([blk @ w.T for blk in x.split(r)])[:n]  # [N, out]
     return y if b is None else y + b
 
 
@@ -170,7 +191,11 @@ def attention(
     window: int = 0,  # > 0: query at p sees keys at p - window + 1 .. p
     softcap: float = 0.0,
 ) -> torch.Tensor:  # [T, H * D]
-    """Causal (optionally sliding-window) multi-head attention with grouped KV heads."""
+    """Causal (optionally sliding-window) multi-head attention with grouped KV heads.
+
+    Batched over a chunk's queries: fast, but on CPUs whose BLAS rounds a row of a batched
+    product by its place in the batch (MKL's AVX2 path on AMD EPYC) a query's bits depend on the
+    chunk it is in; tests of bitwise equality across chunkings check ``chunk_invariant()``."""
     n_head, n_kv = q.shape[1], k.shape[1]
     k = k.repeat_interleave(n_head // n_kv, dim=1)  # [S, H, D]: query head h reads KV head h // g
     v = v.repeat_interleave(n_head // n_kv, dim=1)
@@ -188,6 +213,17 @@ def attention(
         probs = torch.softmax(scores, dim=-1)
         outs.append(torch.einsum("hts,shd->thd", probs, v))  # [Tc, H, D]
     return torch.cat(outs).flatten(1)
+
+
+@functools.lru_cache(maxsize=1)
+def chunk_invariant() -> bool:
+    """Whether ``attention`` gives a query the same bits alone as beside others on this CPU."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, h, 32, generator=g) for n, h in ((8, 4), (40, 2), (40, 2)))
+    pos = torch.arange(32, 40)
+    both = attention(q, k, v, pos, scale=0.2)
+    alone = [attention(q[i : i + 1], k, v, pos[i : i + 1], scale=0.2) for i in range(8)]
+    return torch.equal(both, torch.cat(alone))
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
