@@ -14,6 +14,7 @@ from mgserve.config import Settings
 from mgserve.core.builtin_models import resolve_model
 from mgserve.core.engine.actor import Engine
 from mgserve.core.gguf.reader import GGUFFile
+from mgserve.machine import choose_gpu
 from mgserve.spec import speculator_from
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,8 @@ def load_engine(settings: Settings) -> LoadedEngine:
     from mgserve.core.models import load_model
     from mgserve.cuda import resolve_device
 
+    if settings.device != "cpu":
+        choose_gpu()  # several GPUs, none named: the freest becomes GPU 0 (before CUDA starts)
     device = resolve_device(settings.device)  # "cpu" or "cuda"; ValueError says why not cuda
     g = GGUFFile(resolve_model(settings.model, settings.cache_dir))
     if device == "cuda":
@@ -56,18 +59,22 @@ def _on_gpu(g: GGUFFile, settings: Settings) -> LoadedEngine:
     context comes from the file's hyperparameters first."""
     import torch
 
+    from mgserve import env
     from mgserve.core.gguf.hparams import spec_from_gguf
     from mgserve.core.gguf.hparams_hybrid import HYBRID_ARCHS, hybrid_spec_from_gguf
     from mgserve.cuda.backend import cuda_backend, load_device_model
+    from mgserve.cuda.compiler import KernelCompiler
+    from mgserve.cuda.launch import Kernels
     from mgserve.cuda.runner import DeviceRunner
 
     spec = hybrid_spec_from_gguf(g)[0] if g.architecture in HYBRID_ARCHS else spec_from_gguf(g)
     settings = settings.for_model(spec.n_ctx_train)
     log.info("%s", memory_plan(g, settings, check=True))  # refuses a plan that does not fit
     device = torch.device("cuda", 0)
+    kernels = Kernels(KernelCompiler(0, env.cache_dir(settings.cache_dir)))  # <cache>/kernels
     model = load_device_model(
         g,
-        cuda_backend(0),
+        cuda_backend(0, kernels=kernels),
         device,
         settings.parallel,
         settings.ctx_size,
