@@ -63,18 +63,15 @@ def _on_gpu(g: GGUFFile, settings: Settings) -> LoadedEngine:
     from mgserve.core.gguf.hparams import spec_from_gguf
     from mgserve.core.gguf.hparams_hybrid import HYBRID_ARCHS, hybrid_spec_from_gguf
     from mgserve.cuda.backend import cuda_backend, load_device_model
-    from mgserve.cuda.compiler import KernelCompiler
-    from mgserve.cuda.launch import Kernels
     from mgserve.cuda.runner import DeviceRunner
 
     spec = hybrid_spec_from_gguf(g)[0] if g.architecture in HYBRID_ARCHS else spec_from_gguf(g)
     settings = settings.for_model(spec.n_ctx_train)
     log.info("%s", memory_plan(g, settings, check=True))  # refuses a plan that does not fit
     device = torch.device("cuda", 0)
-    kernels = Kernels(KernelCompiler(0, env.cache_dir(settings.cache_dir)))  # <cache>/kernels
     model = load_device_model(
         g,
-        cuda_backend(0, kernels=kernels),
+        cuda_backend(0, cache_dir=env.cache_dir(settings.cache_dir)),  # cubins: <cache>/kernels
         device,
         settings.parallel,
         settings.ctx_size,
