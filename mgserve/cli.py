@@ -9,7 +9,9 @@ import sys
 from mgserve import config
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(serve_only: bool = False) -> argparse.ArgumentParser:
+    """The command line; ``serve_only``: just ``serve`` (the other commands' options import torch
+    and the benchmarks, seconds that would pass before the server's port opens)."""
     p = argparse.ArgumentParser(
         prog="mgserve",
         description="Serve GGUF language models over HTTP (OpenAI- and llama-server-compatible).",
@@ -18,6 +20,8 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="serve a GGUF model over HTTP")
     config.add_arguments(serve)
+    if serve_only:
+        return p
 
     info = sub.add_parser(
         "info", help="describe a GGUF file and plan the GPU memory serving it takes"
@@ -49,7 +53,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser(serve_only=argv[:1] == ["serve"]).parse_args(argv)
     try:
         if args.command == "serve":
             from mgserve.api.server import serve

@@ -176,7 +176,7 @@ class Settings:
         "f16", "KV cache type for V", "-ctv", "--cache-type-v", choices=CACHE_TYPES
     )
     device: str = _opt("auto", "where the model runs", "--device", choices=DEVICES)
-    threads: int = _opt(0, "CPU threads for the reference path (0: all cores)", "-t", "--threads")
+    threads: int = _opt(0, "CPU threads (0: the cores it may use)", "-t", "--threads")
     n_predict: int = _opt(
         -1,
         "default max tokens to generate when a request gives none (-1: to context end)",
@@ -190,7 +190,8 @@ class Settings:
     )
     cache_dir: str | None = _opt(
         None,
-        "where the built-in model and compiled kernels are kept (default: ~/.cache/mgserve)",
+        "where compiled kernels and the assembled built-in model are kept "
+        "(default: $XDG_CACHE_HOME/mgserve, else ~/.cache/mgserve)",
         "--cache-dir",
     )
 

@@ -1,7 +1,9 @@
 """The only place mgserve reads the process environment.
 
 Settings come from ``MGSERVE_<NAME>`` variables named in ``mgserve/config.py``; a few non-setting
-variables (the user's cache directory) are read here too, so a grep finds every one.
+variables (the user's cache directory, ``CUDA_VISIBLE_DEVICES``) are read here too, and the one
+variable mgserve writes (``CUDA_VISIBLE_DEVICES``, ``machine.choose_gpu``), so a grep finds every
+one.
 """
 
 from __future__ import annotations
@@ -13,6 +15,16 @@ from pathlib import Path
 def get(name: str) -> str | None:
     value = os.environ.get(name)
     return value if value not in (None, "") else None
+
+
+def is_set(name: str) -> bool:
+    """Whether ``name`` is set at all (``CUDA_VISIBLE_DEVICES=""`` names no GPU: it is set)."""
+    return name in os.environ
+
+
+def show_only_gpu(gpu: str) -> None:
+    """Make CUDA see only ``gpu`` (an index or a UUID) from its first use in this process."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
 
 
 def cache_dir(configured: str | None = None) -> Path:

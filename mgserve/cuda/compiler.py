@@ -10,6 +10,7 @@ process never leaves a torn cubin behind.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import tempfile
@@ -18,13 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mgserve import env
+from mgserve import env, progress
 from mgserve.cuda import runtime
 
 if TYPE_CHECKING:
     from cuda.core import Kernel, ObjectCode
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
+log = logging.getLogger(__name__)
 
 
 _INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)"[ \t]*$', re.MULTILINE)
@@ -117,10 +119,13 @@ class KernelCompiler:
             self.stats.compiles += 1
             self.stats.seconds_compiling += time.perf_counter() - t0
             how = "nvrtc"
+            log.info("compiled kernels/%s (sm_%s) in %.1f s", source, opts.arch,
+                     time.perf_counter() - t0)  # fmt: skip
         mod = ObjectCode.from_cubin(cubin, name=source)
         self._modules[(source, opts)] = mod
         ms = (time.perf_counter() - t0) * 1e3
         self.stats.log.append(f"{source} sm_{opts.arch} {how} {ms:.1f} ms -> {cubin_path.name}")
+        progress.kernel_ready(source, sum(1 for _ in KERNEL_DIR.glob("*.cu")))
         return mod
 
     def kernel(self, source: str, name: str, opts: CompileOptions | None = None) -> Kernel:

@@ -14,6 +14,7 @@ from mgserve.config import Settings
 from mgserve.core.builtin_models import resolve_model
 from mgserve.core.engine.actor import Engine
 from mgserve.core.gguf.reader import GGUFFile
+from mgserve.machine import choose_gpu
 from mgserve.spec import speculator_from
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,8 @@ def load_engine(settings: Settings) -> LoadedEngine:
     from mgserve.core.models import load_model
     from mgserve.cuda import resolve_device
 
+    if settings.device != "cpu":
+        choose_gpu()  # several GPUs, none named: the freest becomes GPU 0 (before CUDA starts)
     device = resolve_device(settings.device)  # "cpu" or "cuda"; ValueError says why not cuda
     g = GGUFFile(resolve_model(settings.model, settings.cache_dir))
     if device == "cuda":
@@ -56,6 +59,7 @@ def _on_gpu(g: GGUFFile, settings: Settings) -> LoadedEngine:
     context comes from the file's hyperparameters first."""
     import torch
 
+    from mgserve import env
     from mgserve.core.gguf.hparams import spec_from_gguf
     from mgserve.core.gguf.hparams_hybrid import HYBRID_ARCHS, hybrid_spec_from_gguf
     from mgserve.cuda.backend import cuda_backend, load_device_model
@@ -67,7 +71,7 @@ def _on_gpu(g: GGUFFile, settings: Settings) -> LoadedEngine:
     device = torch.device("cuda", 0)
     model = load_device_model(
         g,
-        cuda_backend(0),
+        cuda_backend(0, cache_dir=env.cache_dir(settings.cache_dir)),  # cubins: <cache>/kernels
         device,
         settings.parallel,
         settings.ctx_size,

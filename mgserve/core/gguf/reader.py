@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
 
+from mgserve import progress
+
 
 class GGUFError(ValueError):
     """A GGUF file that mgserve cannot use; the message names the file and the key or tensor."""
@@ -167,6 +169,7 @@ class GGUFFile:
     def tensor(self, name: str) -> TensorInfo:
         if name not in self.tensors:
             raise GGUFError(f"{self.path}: required tensor {name!r} is missing")
+        progress.tensor_read(name, len(self.tensors))  # the loaders ask for each tensor here
         return self.tensors[name]
 
     def __iter__(self) -> Iterator[TensorInfo]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -13,6 +12,7 @@ from mgserve.core.models.base import CausalLM, SeqInput
 from mgserve.core.models.gemma3 import Gemma3
 from mgserve.core.models.hybrid import HYBRID_MODELS, load_hybrid
 from mgserve.core.models.llama import Llama
+from mgserve.machine import available_cpus
 
 __all__ = ["ARCHITECTURES", "CausalLM", "SeqInput", "load_model"]
 
@@ -26,10 +26,11 @@ ARCHITECTURES: dict[str, type[Llama]] = {
 
 
 def set_threads(threads: int) -> None:
-    """Torch's intra-op threads for the reference path (0: all cores). Process-wide."""
+    """Torch's intra-op threads for the reference path (0: the cores this process may use, its
+    affinity mask and cgroup quota: ``machine.available_cpus``). Process-wide."""
     if threads < 0:
         raise ValueError(f"threads must be >= 0, got {threads}")
-    torch.set_num_threads(threads or os.cpu_count() or 1)
+    torch.set_num_threads(threads or available_cpus())
 
 
 def load_model(path_or_file: str | Path | GGUFFile, *, threads: int = 0) -> CausalLM:
