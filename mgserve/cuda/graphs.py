@@ -93,11 +93,14 @@ class GraphDecode:
 
     def __init__(self, model: DeviceLM, device: torch.device, pad_slot: int,
                  extra_shape: tuple[int, ...] | None = None,
-                 buckets: tuple[int, ...] = BUCKETS) -> None:  # fmt: skip
+                 buckets: tuple[int, ...] = BUCKETS, upfront: int = 0) -> None:  # fmt: skip
+        """``upfront``: capture the buckets of 1..upfront rows now, not at their first step."""
         self.model, self.device, self.pad_slot = model, device, pad_slot
         self.extra_shape, self.buckets = extra_shape, buckets
         self._graphs: dict[int, _Captured] = {}
         self._pool = torch.cuda.graph_pool_handle()  # buckets share one memory pool
+        for b in sorted({bucket_for(n, buckets) for n in range(1, upfront + 1)}):
+            self._graphs[b] = _Captured(model, b, pad_slot, extra_shape, device, self._pool)
 
     @property
     def captured(self) -> tuple[int, ...]:

@@ -117,10 +117,10 @@ class DeviceRunner:
         gpu = device.type == "cuda"
         extra = getattr(model, "decode_extra_shape", None)
         self.decode = (
-            GraphDecode(model, device, self.pad_slot, extra, buckets)
+            GraphDecode(model, device, self.pad_slot, extra, buckets, upfront=self.pad_slot * lanes)
             if graphs and gpu
             else EagerDecode(model, device)
-        )
+        )  # with lanes, every bucket of up to n_slots rows now: a capture waits for an idle lane
         self._eager = EagerDecode(model, device)  # a prompt's last token, in the prefill lane
         self._decoders = self._lane(-100)  # the highest priority there is
         self._prompts = self._lane(0, lane_sms) if lanes else self._decoders
