@@ -9,6 +9,8 @@ import signal
 from aiohttp import web
 
 from mgserve.api.app import create_app
+from mgserve.api.drain import Drain
+from mgserve.api.http import SERVICE
 from mgserve.api.service import build_service
 from mgserve.config import Settings
 
@@ -26,16 +28,28 @@ async def run_until_signal(app: web.Application, host: str, port: int) -> None:
         site = web.TCPSite(runner, host, port)
         await site.start()
         log.info("mgserve listening on http://%s:%d", host, port)
-        stop = asyncio.Event()
+        stop, force = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal: stop without waiting
+            loop.add_signal_handler(sig, lambda: force.set() if stop.is_set() else stop.set())
         await stop.wait()
-        log.info("shutting down")
+        await drain(runner, app[SERVICE].drain, force)
     finally:
         # aiohttp's order: stop listening, close idle connections, wait for handlers, then run
         # the cleanup contexts (the engine stops last)
         await runner.cleanup()
+
+
+async def drain(runner: web.AppRunner, gens: Drain, force: asyncio.Event) -> None:
+    """Stop listening (a new connection is refused), refuse new generations on open connections
+    (503), give those in flight SHUTDOWN_TIMEOUT_S to finish, then end the rest with an error."""
+    for site in list(runner.sites):
+        await site.stop()
+    gens.close()
+    log.info("shutting down: %d generations in flight", len(gens.running()))
+    cut = await gens.wait(SHUTDOWN_TIMEOUT_S, force)
+    if cut:
+        log.warning("shut down %d generations still running", cut)
 
 
 def serve(settings: Settings) -> int:
