@@ -141,6 +141,9 @@ def check_fields(body: dict[str, Any], allowed: frozenset[str]) -> None:
         )
 
 
+INT_MIN, INT_MAX = -(2**63), 2**64 - 1  # what an integer field may hold at most
+
+
 def _is_int(v: Any) -> bool:
     # 5.0 is an integer too: JSON has one number type, and some clients write every number so
     return (isinstance(v, int) and not isinstance(v, bool)) or (
@@ -166,7 +169,11 @@ class Fields:
         return default if v is None else bool(v)
 
     def get_int(self, name: str, default: int, lo: int | None = None, hi: int | None = None) -> int:
+        """An integer in [lo, hi], and in any case one that 64 bits hold (what the engine, torch
+        and the JSON writer take: 1e30 is refused here, not in a step or an answer)."""
         v = self._get(name, _is_int, "an integer")
+        lo = INT_MIN if lo is None else max(lo, INT_MIN)
+        hi = INT_MAX if hi is None else min(hi, INT_MAX)
         return default if v is None else int(self._range(name, int(v), lo, hi))
 
     def get_float(

@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from mgserve.api.drain import SHUTTING_DOWN
 from mgserve.api.errors import ApiError
 from mgserve.api.protocol import GenParams
 from mgserve.api.service import Service
@@ -109,6 +110,8 @@ class Generation:
         self.t_submit = time.perf_counter()
         self.t_prompt_done: float | None = None  # seconds after submit
         self.t_end: float | None = None
+        self._shutting_down = False
+        service.drain.admit(self)  # a 503 once the server is shutting down
         try:
             self.stream = service.engine.submit(request)
         except QueueFull as e:
@@ -161,8 +164,11 @@ class Generation:
                     self.stream.abort("stop")
                     yield Chunk(out, toks, "stop", self.index)
                     return
+                error = ev.error
+                if fin == "abort" and self._shutting_down:  # ended by shut_down, not the client
+                    fin, error = "error", SHUTTING_DOWN
                 if fin is not None:
-                    self.error = ev.error
+                    self.error = error
                     self._finish(fin)
                     yield Chunk(out + self._stops.flush(), toks, fin, self.index)
                     return
@@ -177,6 +183,13 @@ class Generation:
     def _finish(self, reason: str) -> None:
         self.finish_reason = reason
         self.t_end = time.perf_counter()
+        self.service.drain.ended()
+
+    def shut_down(self) -> None:
+        """End the request for a server that is stopping: its stream closes with an error event,
+        ``collect`` answers 503 (drain.py)."""
+        self._shutting_down = True
+        self.stream.abort()
 
     def close(self) -> None:
         """Abort the request unless it already finished; idempotent."""
@@ -203,7 +216,7 @@ class Generation:
             parts.append(c.text)
             tokens.extend(c.tokens)
         if self.finish_reason == "error":
-            raise ApiError(self.failure, status=500)
+            raise ApiError(self.failure, status=503 if self._shutting_down else 500)
         return "".join(parts), tokens
 
     def usage(self) -> dict[str, Any]:

@@ -9,12 +9,13 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from mgserve import progress
+from mgserve.api.drain import Drain
 from mgserve.api.loading import load_in_thread, loading_app
 from mgserve.config import Settings
 
@@ -79,11 +80,12 @@ async def serve_async(
     """Serve until ``stop`` is set (default: SIGINT or SIGTERM). ``load`` builds the Service
     (default: ``build_service(settings)``); tests pass a fake, their own sockets and a stop."""
     load = load or (lambda: _build(settings))
+    force = asyncio.Event()  # a second signal: stop without waiting for generations in flight
     if stop is None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, lambda: force.set() if stop.is_set() else stop.set())
     socks = socks if socks is not None else listen(settings.host, settings.port)
     state = state or progress.terminal()
     front: web.AppRunner | None = web.AppRunner(loading_app(state), shutdown_timeout=1.0)
@@ -118,7 +120,7 @@ async def serve_async(
         front = None
         log.info("model ready after %.1f s; serving", time.perf_counter() - t0)
         await stop.wait()
-        log.info("shutting down")
+        await drain(runner, service.drain, force, socks)
         return 0
     finally:
         # aiohttp's order: stop listening, close idle connections, wait for handlers, then run
@@ -136,6 +138,22 @@ def _build(settings: Settings) -> Service:
     from mgserve.api.service import build_service
 
     return build_service(settings)
+
+
+async def drain(
+    runner: web.AppRunner, gens: Drain, force: asyncio.Event, socks: Sequence[socket.socket] = ()
+) -> None:
+    """Stop listening (a new connection is refused), refuse new generations on open connections
+    (503), give those in flight SHUTDOWN_TIMEOUT_S to finish, then end the rest with an error."""
+    for site in list(runner.sites):
+        await site.stop()
+    for s in socks:  # the sites listened on duplicates: close the port itself too
+        s.close()
+    gens.close()
+    log.info("shutting down: %d generations in flight", len(gens.running()))
+    cut = await gens.wait(SHUTDOWN_TIMEOUT_S, force)
+    if cut:
+        log.warning("shut down %d generations still running", cut)
 
 
 def serve(settings: Settings) -> int:

@@ -9,6 +9,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mgserve.api.chat_output.formats import ChatFormat, detect_format
+from mgserve.api.drain import Drain
 from mgserve.api.textwork import TextPool
 from mgserve.config import Settings
 from mgserve.core.text.chat import ChatTemplate, load_chat_template
@@ -48,6 +49,7 @@ class Service:
     max_token_bytes: int = 0  # 0: measured from the vocabulary
     text: TextPool = field(default_factory=TextPool)  # rendering and tokenizing, off the loop
     slot_store: SlotStore | None = None  # --slot-save-path: slot save / restore / erase
+    drain: Drain = field(default_factory=Drain)  # generations in flight; shutdown refuses new ones
 
     def __post_init__(self) -> None:
         if self.max_token_bytes == 0:

@@ -27,6 +27,7 @@ def _mix(h: int, token: int) -> int:
 class FakeSpec:
     n_vocab: int = 64
     n_ctx_train: int = 256
+    arch: str = "fake"  # what slot files record (slot_store.py)
 
 
 class FakeCache:

@@ -98,14 +98,14 @@ class Call(NamedTuple):
 
 def arguments_json(args: Any) -> str | None:
     """Arguments as OpenAI's JSON string: an object, or a string holding one; None otherwise."""
-    if isinstance(args, str):
-        try:
+    try:
+        if isinstance(args, str):
             args = json.loads(args)
-        except ValueError:
+        if not isinstance(args, dict):
             return None
-    if not isinstance(args, dict):
+        return json.dumps(args, ensure_ascii=False)
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python goes
         return None
-    return json.dumps(args, ensure_ascii=False)
 
 
 def call_from(obj: Any, keys: tuple[str, ...] = ("arguments", "parameters")) -> Call | None:
@@ -124,5 +124,5 @@ def load_json(text: str) -> Any:
     """The JSON value of ``text``, or None when it is not JSON."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None

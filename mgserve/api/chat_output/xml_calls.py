@@ -52,7 +52,7 @@ def typed_value(text: str, schema: Any) -> Any:
         return text.strip() == "True"
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python goes
         return text
     return value if not types or any(_CHECKS[t](value) for t in types if t in _CHECKS) else text
 

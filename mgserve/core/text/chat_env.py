@@ -161,12 +161,23 @@ class ChatSandbox(SandboxedEnvironment):
         return super().is_safe_attribute(obj, attr, value)
 
 
+class NoLoader(jinja2.BaseLoader):
+    """``{% include %}``, ``{% import %}``, ``{% from %}`` and ``{% extends %}`` name files: a chat
+    template is one self-contained text and reads none (``/etc/passwd`` neither)."""
+
+    def get_source(self, environment: jinja2.Environment, template: str) -> Any:
+        raise SecurityError(
+            f"a chat template may not include, import or extend another template ({template!r})"
+        )
+
+
 def chat_environment() -> ChatSandbox:
     """A fresh environment, set as transformers sets it (trim_blocks, lstrip_blocks, loops)."""
     env = ChatSandbox(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[jinja2.ext.loopcontrols, GenerationTag],
+        loader=NoLoader(),
     )
     env.filters["tojson"] = tojson
     env.filters["from_json"] = from_json

@@ -84,7 +84,7 @@ def _arguments(args: Any) -> Any:
         return args
     try:
         parsed = json.loads(args)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python goes
         return args  # not JSON: the template gets what the client sent
     return parsed if isinstance(parsed, dict) else args
 

@@ -1,0 +1,203 @@
+"""Soak: a mixed load on `mgserve serve` for a given time; errors, requests, and the server's
+memory (RSS) at the start (after a warm-up) and at the end.
+
+    python loadtest/soak.py --duration 1800 -- -c 1024 -np 2 -t 1 --max-queue 4
+    python loadtest/soak.py --duration 600 --url http://127.0.0.1:8080 --pid 1234
+
+With ``--`` and server arguments it starts `mgserve serve` itself (on a free port) and stops it with
+SIGTERM at the end (its exit code is reported); with --url (and --pid for the RSS) it loads a
+running one. The mix, by --users concurrent clients: streamed chat read to the end (half), plain
+completions, streams dropped after a few events, bursts past the queue (a 503 with Retry-After is
+expected there), tokenize, and a /metrics scrape a second. An error is any other non-200, a stream
+that breaks or ends without its last event, or a request that takes longer than --timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+MSG = [{"role": "user", "content": "Write two sentences about caching."}]
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class Soak:
+    def __init__(self, url: str, timeout: float, max_tokens: int) -> None:
+        self.url = url
+        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        self.max_tokens = max_tokens
+        self.counts: Counter[str] = Counter()
+        self.errors: list[str] = []
+
+    def error(self, what: str) -> None:
+        self.counts["errors"] += 1
+        if len(self.errors) < 20:
+            self.errors.append(what)
+
+    async def chat_stream(self, s: aiohttp.ClientSession, drop: bool) -> None:
+        body = {"messages": MSG, "max_tokens": self.max_tokens, "stream": True}
+        async with s.post(self.url + "/v1/chat/completions", json=body) as r:
+            if await self.busy(r, expect_503=False):
+                return
+            if r.status != 200:
+                return self.error(f"chat stream {r.status}: {(await r.text())[:200]}")
+            done = False
+            n = 0
+            async for line in r.content:
+                n += 1
+                if drop and n >= 3:
+                    self.counts["dropped"] += 1
+                    return  # leaving the block closes the connection mid-stream
+                if line.strip() == b"data: [DONE]":
+                    done = True
+                elif b'"error"' in line:
+                    return self.error(f"stream error event: {line[:200]!r}")
+            if not done:
+                self.error("stream ended without [DONE]")
+            self.counts["chat streamed"] += 1
+
+    async def completion(self, s: aiohttp.ClientSession, expect_503: bool = False) -> None:
+        body = {"prompt": "The capital of France is", "n_predict": self.max_tokens // 2}
+        async with s.post(self.url + "/completion", json=body) as r:
+            if await self.busy(r, expect_503):
+                return
+            if r.status != 200:
+                return self.error(f"completion {r.status}: {(await r.text())[:200]}")
+            await r.json()
+            self.counts["completions"] += 1
+
+    async def busy(self, r: aiohttp.ClientResponse, expect_503: bool) -> bool:
+        """A 503 with Retry-After (the queue is full): expected in a burst, else waited out (the
+        user's next request comes after it)."""
+        if r.status != 503 or not r.headers.get("Retry-After"):
+            return False
+        self.counts["503 expected" if expect_503 else "503 waited out"] += 1
+        if not expect_503:
+            await asyncio.sleep(float(r.headers["Retry-After"]))
+        return True
+
+    async def burst(self, s: aiohttp.ClientSession, n: int) -> None:
+        await asyncio.gather(*(self.completion(s, expect_503=True) for _ in range(n)))
+        self.counts["bursts"] += 1
+
+    async def tokenize(self, s: aiohttp.ClientSession) -> None:
+        async with s.post(self.url + "/tokenize", json={"content": "hello " * 50}) as r:
+            if r.status != 200:
+                return self.error(f"tokenize {r.status}")
+            await r.json()
+            self.counts["tokenize"] += 1
+
+    async def user(self, s: aiohttp.ClientSession, end: float, rng: random.Random) -> None:
+        while time.monotonic() < end:
+            pick = rng.random()
+            try:
+                if pick < 0.5:
+                    await self.chat_stream(s, drop=False)
+                elif pick < 0.7:
+                    await self.completion(s)
+                elif pick < 0.85:
+                    await self.chat_stream(s, drop=True)
+                elif pick < 0.95:
+                    await self.tokenize(s)
+                else:
+                    await self.burst(s, 8)
+            except (TimeoutError, aiohttp.ClientError) as e:
+                self.error(f"{type(e).__name__}: {e}")
+            await asyncio.sleep(rng.uniform(0.1, 1.0))
+
+    async def scraper(self, s: aiohttp.ClientSession, end: float) -> None:
+        while time.monotonic() < end:
+            try:
+                async with s.get(self.url + "/metrics") as r:
+                    if r.status != 200:
+                        self.error(f"metrics {r.status}")
+                    await r.read()
+                    self.counts["metrics"] += 1
+            except (TimeoutError, aiohttp.ClientError) as e:
+                self.error(f"metrics: {type(e).__name__}: {e}")
+            await asyncio.sleep(1.0)
+
+    async def run(self, users: int, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        conn = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=conn, timeout=self.timeout) as s:
+            rngs = [random.Random(i) for i in range(users)]
+            await asyncio.gather(self.scraper(s, end), *(self.user(s, end, r) for r in rngs))
+
+
+def start_server(args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    sys.path.insert(0, str(ROOT))
+    from tests.api.serve_process import ServeProcess
+
+    server = ServeProcess(args, log)
+    server.wait_ready()
+    return server.proc, server.base
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--duration", type=float, default=300.0, help="seconds of load")
+    p.add_argument("--warmup", type=float, default=30.0, help="seconds before the first RSS")
+    p.add_argument("--users", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--timeout", type=float, default=300.0, help="longest a request may take")
+    p.add_argument("--url", help="a running server (else one is started with the args after --)")
+    p.add_argument("--pid", type=int, help="the running server's pid, for its RSS")
+    p.add_argument("--log", default="soak-serve.log", help="the started server's output")
+    p.add_argument("--json", help="write the report here too")
+    p.add_argument("server_args", nargs="*", help="after --: `mgserve serve` arguments")
+    a = p.parse_args()
+    proc = None
+    if a.url:
+        url, pid = a.url.rstrip("/"), a.pid
+    else:
+        proc, url = start_server(a.server_args, Path(a.log))
+        pid = proc.pid
+    soak = Soak(url, a.timeout, a.max_tokens)
+    t0 = time.monotonic()
+    asyncio.run(soak.run(a.users, a.warmup))
+    rss0 = rss_mb(pid) if pid else None
+    asyncio.run(soak.run(a.users, a.duration))
+    rss1 = rss_mb(pid) if pid else None
+    report: dict[str, Any] = {
+        "seconds": round(time.monotonic() - t0, 1),
+        "users": a.users,
+        "counts": dict(soak.counts),
+        "errors": soak.errors,
+        "rss_mb_start": rss0 and round(rss0, 1),
+        "rss_mb_end": rss1 and round(rss1, 1),
+    }
+    if proc is not None:
+        proc.send_signal(signal.SIGTERM)
+        report["exit_code"] = proc.wait(timeout=60)
+    text = json.dumps(report, indent=1)
+    print(text)
+    if a.json:
+        Path(a.json).write_text(text)
+    ok = not soak.counts["errors"] and report.get("exit_code", 0) == 0
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
