@@ -31,7 +31,8 @@ def _parser(serve_only: bool = False) -> argparse.ArgumentParser:
         "--plan",
         action="store_true",
         help="print the memory plan of `mgserve serve` with these options, item by item, and "
-        "check it against the GPU's free memory (or --gpu-memory)",
+        "check it against the GPU's free memory (or --gpu-memory); with several GPUs "
+        "(--device-list, or a --gpu-memory size per GPU) the stage plan of the layer pipeline",
     )
     config.add_arguments(info)
 
@@ -45,7 +46,7 @@ def _parser(serve_only: bool = False) -> argparse.ArgumentParser:
     from mgserve.bench import BENCHMARKS
 
     for name in BENCHMARKS:
-        mod = importlib.import_module(f"mgserve.bench.{name}")
+        mod = importlib.import_module(f"mgserve.bench.{name.replace('-', '_')}")
         bp = bsub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
         bp.add_argument("--record", action="store_true", help="append the result to BENCHMARKS.md")
         mod.add_arguments(bp)
@@ -58,17 +59,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             from mgserve.api.server import serve
+            from mgserve.devices import refuse_several
 
-            return serve(config.settings_from(args))
+            settings = config.settings_from(args)
+            refuse_several(settings.device_list, settings.tensor_split, settings.gpu_memory)
+            return serve(settings)
         if args.command == "info":
-            from mgserve.core.gguf.info import main as info_main
+            from mgserve.pipeline.report import info_main
 
             return info_main(args)
         if args.command == "synth":
             from mgserve.core.synth import write as synth
 
             return synth.run(args)
-        mod = importlib.import_module(f"mgserve.bench.{args.bench}")
+        mod = importlib.import_module(f"mgserve.bench.{args.bench.replace('-', '_')}")
         return int(mod.run(args))
     except ValueError as e:  # user errors (bad settings, bad GGUF) get one clear line, no trace
         print(f"mgserve: error: {e}", file=sys.stderr)

@@ -14,11 +14,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mgserve import env
-from mgserve.sizes import parse_size
+from mgserve.devices import check_devices
 
 # KV cache types, as llama.cpp names them (their storage: core/models/kvcache.py)
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0")
 DEVICES = ("auto", "cpu", "cuda")
+# the least value of a whole-number setting
+_MINIMUM = {"ctx_size": 0, "parallel": 1, "batch_size": 1, "checkpoint_every": -1,
+            "ctx_checkpoints": 0, "cache_ram": 0, "prefix_copy_min": 0, "itl_target_ms": 0,
+            "prefill_sessions": 0, "max_queue": 0, "reasoning_budget": -1, "threads": 0,
+            "max_body_mb": 1}  # fmt: skip
 
 
 def _opt(default: Any, help: str, *flags: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -82,9 +87,23 @@ class Settings:
     )
     gpu_memory: str | None = _opt(
         None,
-        "device memory the start-up memory plan may use, e.g. 24GiB, 80GB or 20000 (MiB); "
-        "default: what the GPU reports free (mgserve info --plan: plan without a GPU)",
+        "device memory the start-up memory plan may use, e.g. 24GiB, 80GB or 20000 (MiB), one "
+        "size for every GPU or one per --device-list entry (24GiB,24GiB,16GiB); default: what "
+        "each GPU reports free (mgserve info --plan: plan without a GPU)",
         "--gpu-memory",
+    )
+    device_list: str | None = _opt(
+        None,
+        "GPUs to split the layers over, in pipeline order: CUDA ordinals as CUDA_VISIBLE_DEVICES "
+        "leaves them (0,1,2) or all; default: one GPU",
+        "--device-list",
+    )
+    tensor_split: str | None = _opt(
+        None,
+        "share of the layers per --device-list GPU, e.g. 3,3,2,1,2,2 (llama.cpp's); default: "
+        "balanced by each layer's decode bytes within each GPU's memory",
+        "--tensor-split",
+        "-ts",
     )
     itl_target_ms: int = _opt(
         0,
@@ -198,26 +217,11 @@ class Settings:
     def __post_init__(self) -> None:
         if not (0 < self.port < 65536):
             raise ValueError(f"port must be in 1..65535, got {self.port}")
-        if self.ctx_size < 0:
-            raise ValueError(f"ctx-size must be >= 0, got {self.ctx_size}")
-        if self.parallel < 1:
-            raise ValueError(f"parallel must be >= 1, got {self.parallel}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch-size must be >= 1, got {self.batch_size}")
-        if self.checkpoint_every < -1:
-            raise ValueError(f"checkpoint-every must be >= -1, got {self.checkpoint_every}")
-        if self.ctx_checkpoints < 0:
-            raise ValueError(f"ctx-checkpoints must be >= 0, got {self.ctx_checkpoints}")
-        if self.cache_ram < 0:
-            raise ValueError(f"cache-ram must be >= 0 MiB, got {self.cache_ram}")
-        if self.prefix_copy_min < 0:
-            raise ValueError(f"prefix-copy-min must be >= 0, got {self.prefix_copy_min}")
-        if self.gpu_memory is not None:
-            parse_size(self.gpu_memory, "gpu-memory")
-        if self.itl_target_ms < 0:
-            raise ValueError(f"itl-target-ms must be >= 0, got {self.itl_target_ms}")
-        if self.prefill_sessions < 0:
-            raise ValueError(f"prefill-sessions must be >= 0, got {self.prefill_sessions}")
+        for name, low in _MINIMUM.items():
+            if getattr(self, name) < low:
+                flag = name.replace("_", "-")
+                raise ValueError(f"{flag} must be >= {low}, got {getattr(self, name)}")
+        check_devices(self.device_list, self.tensor_split, self.gpu_memory)
         if self.slot_save_path is not None and not os.path.isdir(self.slot_save_path):
             raise ValueError(f"slot-save-path is not a directory: {self.slot_save_path!r}")
         if min(self.spec_max_users, self.spec_k) < 0:
@@ -230,14 +234,6 @@ class Settings:
             raise ValueError(
                 f"spec-min-acceptance must be in [0, 1], got {self.spec_min_acceptance}"
             )
-        if self.max_queue < 0:
-            raise ValueError(f"max-queue must be >= 0, got {self.max_queue}")
-        if self.reasoning_budget < -1:
-            raise ValueError(f"reasoning-budget must be >= -1, got {self.reasoning_budget}")
-        if self.threads < 0:
-            raise ValueError(f"threads must be >= 0, got {self.threads}")
-        if self.max_body_mb < 1:
-            raise ValueError(f"max-body-mb must be >= 1, got {self.max_body_mb}")
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:

@@ -1,4 +1,5 @@
-"""Sizes as users write them (``24GiB``, ``80GB``, ``20000`` MiB), in bytes: ``--gpu-memory``."""
+"""Sizes as users write them (``24GiB``, ``80GB``, ``20000`` MiB), in bytes: ``--gpu-memory``, one
+size or one per GPU."""
 
 from __future__ import annotations
 
@@ -19,3 +20,8 @@ def parse_size(text: str, name: str) -> int:
             f"{name} must be a positive size such as 24GiB, 80GB or 20000 (MiB), got {text!r}"
         )
     return int(float(m.group(1)) * unit)
+
+
+def parse_sizes(text: str, name: str) -> list[int]:
+    """Bytes of a comma-separated list of sizes (``24GiB,24GiB,16GiB``): one per GPU."""
+    return [parse_size(part, name) for part in text.split(",")]

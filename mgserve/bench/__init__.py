@@ -10,6 +10,7 @@ import platform
 import sys
 from pathlib import Path
 
+# command names; the module of ``a-b`` is ``mgserve.bench.a_b``
 BENCHMARKS = (
     "tokenize",
     "decode",
@@ -25,6 +26,7 @@ BENCHMARKS = (
     "turn",
     "spec",
     "verify",
+    "pipeline-model",
 )
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from mgserve.config import Settings, parse_size
+from mgserve.config import Settings
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.cuda.plan import Item, ModelSizes, device_total, human, plan
+from mgserve.sizes import parse_sizes
 
 CTX_STEP = 256  # a suggested --ctx-size is a multiple of this
 FIXED = ("weights", "output head", "token embedding")  # items no serve setting changes
@@ -20,17 +21,20 @@ class PlanError(ValueError):
     """The plan needs more device memory than there is."""
 
 
-def free_memory(settings: Settings) -> tuple[int | None, str]:
-    """(bytes the plan may use, where that number comes from): ``--gpu-memory``, else what GPU 0
-    reports free (after the CUDA context), else (None, why not)."""
+def free_memory(settings: Settings, device: int = 0, index: int = 0) -> tuple[int | None, str]:
+    """(bytes the plan may use on GPU ``device``, where that number comes from): ``--gpu-memory``
+    (its ``index``-th size when it gives one per GPU), else what the GPU reports free (after the
+    CUDA context), else (None, why not)."""
     if settings.gpu_memory is not None:
-        return parse_size(settings.gpu_memory, "gpu-memory"), f"--gpu-memory {settings.gpu_memory}"
+        sizes = parse_sizes(settings.gpu_memory, "gpu-memory")
+        text = settings.gpu_memory.split(",")[index if len(sizes) > 1 else 0].strip()
+        return sizes[index if len(sizes) > 1 else 0], f"--gpu-memory {text}"
     import torch
 
     if not torch.cuda.is_available():
         return None, "no GPU here: give --gpu-memory to check the fit"
-    free, _ = torch.cuda.mem_get_info(0)
-    return free, f"free on {torch.cuda.get_device_name(0)}"
+    free, _ = torch.cuda.mem_get_info(device)
+    return free, f"free on {torch.cuda.get_device_name(device)}"
 
 
 def render(sizes: ModelSizes, settings: Settings, items: list[Item], free: int | None,
@@ -71,7 +75,7 @@ def check(sizes: ModelSizes, settings: Settings, free: int, source: str) -> None
         what = f"KV for {settings.parallel} slots x {settings.ctx_size} (and the spare slot) needs"
     else:
         what = f"{largest.name} ({largest.detail}) needs"
-    options = _options(sizes, settings, free)
+    options = lowering(settings, _fits(sizes, free), sizes.rewindable)
     raise PlanError(
         f"{head}: {what} {human(largest.nbytes)}; {human(free - fixed)} free after weights: "
         + (", or ".join(options) if options else "no setting makes it fit; use a smaller quant")
@@ -96,9 +100,12 @@ def _round(ctx: int) -> int:
     return ctx // CTX_STEP * CTX_STEP if ctx >= CTX_STEP else ctx
 
 
-def _options(sizes: ModelSizes, s: Settings, free: int) -> list[str]:
-    """What would make ``s`` fit, each change alone."""
-    fits, new = _fits(sizes, free), lambda **kw: dataclasses.replace(s, **kw)
+def lowering(s: Settings, fits: Callable[[Settings], bool], rewindable: bool) -> list[str]:
+    """What would make ``s`` fit (``fits``: whether settings do), each change alone."""
+
+    def new(**kw: object) -> Settings:
+        return dataclasses.replace(s, **kw)  # type: ignore[arg-type]
+
     out = []
     ctx = _largest(1, s.ctx_size, lambda c: fits(new(ctx_size=c)))
     if ctx is not None:
@@ -112,7 +119,7 @@ def _options(sizes: ModelSizes, s: Settings, free: int) -> list[str]:
             out.append("use --cache-type-k q8_0 --cache-type-v q8_0")
         elif c := _largest(1, s.ctx_size, lambda c: fits(dataclasses.replace(q8, ctx_size=c))):
             out.append(f"use --cache-type-k/-v q8_0 with --ctx-size {_round(c)}")
-    if not sizes.rewindable and s.ctx_checkpoints:
+    if not rewindable and s.ctx_checkpoints:
         n = _largest(0, s.ctx_checkpoints, lambda n: fits(new(ctx_checkpoints=n)))
         if n is not None:
             out.append(f"lower --ctx-checkpoints to {n}")

@@ -8,7 +8,7 @@ from collections import defaultdict
 from typing import Any
 
 from mgserve.config import Settings, settings_from
-from mgserve.core.gguf.hparams import spec_from_gguf
+from mgserve.core.gguf.hparams import ModelSpec, spec_from_gguf
 from mgserve.core.gguf.hparams_hybrid import HYBRID_ARCHS, hybrid_spec_from_gguf
 from mgserve.core.gguf.hparams_qwen4exp import qwen4exp_spec_from_gguf
 from mgserve.core.gguf.reader import GGUFFile
@@ -52,13 +52,18 @@ def _hyperparameters(g: GGUFFile) -> list[str]:
     return lines
 
 
+def model_spec(g: GGUFFile) -> ModelSpec:
+    """The file's model hyperparameters (of the hybrid families too)."""
+    return hybrid_spec_from_gguf(g)[0] if g.architecture in HYBRID_ARCHS else spec_from_gguf(g)
+
+
 def describe(g: GGUFFile, settings: Settings, with_plan: bool = False) -> str:
     """What ``g`` holds and what ``settings.parallel`` sessions of its context need on the GPU
     (the memory plan's numbers, ``mgserve/cuda/plan.py``; ``with_plan``: its whole table, checked
     against the GPU's free memory or ``--gpu-memory``: ValueError when it does not fit)."""
     from mgserve.core.engine.factory import memory_plan
 
-    spec = hybrid_spec_from_gguf(g)[0] if g.architecture in HYBRID_ARCHS else spec_from_gguf(g)
+    spec = model_spec(g)
     lines = [
         f"file:          {g.path} ({_mib(g.path.stat().st_size)})",
         f"architecture:  {spec.arch}",
