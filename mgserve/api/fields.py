@@ -172,9 +172,11 @@ class Fields:
         """An integer in [lo, hi], and in any case one that 64 bits hold (what the engine, torch
         and the JSON writer take: 1e30 is refused here, not in a step or an answer)."""
         v = self._get(name, _is_int, "an integer")
-        lo = INT_MIN if lo is None else max(lo, INT_MIN)
-        hi = INT_MAX if hi is None else min(hi, INT_MAX)
-        return default if v is None else int(self._range(name, int(v), lo, hi))
+        if v is None:
+            return default
+        if not INT_MIN <= int(v) <= INT_MAX:
+            raise ApiError(f"'{name}' is out of range: {int(v)} needs over 64 bits", param=name)
+        return int(self._range(name, int(v), lo, hi))
 
     def get_float(
         self, name: str, default: float, lo: float | None = None, hi: float | None = None
