@@ -207,6 +207,10 @@ async def apply_template(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
+    """200 ok; 503 "shutting down" once a signal began the drain (api/drain.py), so a load
+    balancer stops sending while the requests in flight finish."""
+    if request.app[SERVICE].drain.closed:
+        return json_response({"status": "shutting down"}, status=503)
     return json_response({"status": "ok"})
 
 

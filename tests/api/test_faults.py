@@ -258,3 +258,18 @@ async def test_shutdown_with_nothing_in_flight_is_immediate() -> None:
             await asyncio.open_connection("127.0.0.1", port)
     finally:
         await runner.cleanup()
+
+
+async def test_health_says_shutting_down_once_the_drain_began() -> None:
+    service = fake_service(engine=real_engine())
+    srv = TestServer(create_app(service))
+    await srv.start_server()
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(srv.make_url("/health")) as r:
+                assert r.status == 200 and (await r.json())["status"] == "ok"
+            service.drain.close()  # what server.drain does after the sites stop
+            async with http.get(srv.make_url("/health")) as r:
+                assert r.status == 503 and (await r.json())["status"] == "shutting down"
+    finally:
+        await srv.close()
