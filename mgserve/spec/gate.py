@@ -21,8 +21,9 @@ Three gates, in order:
    drafts to drafts that were tried (a draft after a rejected one was never tried), starting
    optimistic. Below ``min_acceptance``, or where the cost table's choice at this acceptance is 0
    though at full acceptance it would not be, the session drafts nothing but a probe of
-   ``probe_k`` drafts after every ``probe_every`` steps without any, so it can recover when the
-   text turns repetitive. Where even full acceptance would not pay, there is no probe.
+   ``probe_k`` drafts after ``probe_every`` steps without any, so it can recover when the text
+   turns repetitive; each probe that misses doubles the wait for the next (up to ``MAX_WAIT``),
+   so prose pays ever less for them. Where even full acceptance would not pay, there is no probe.
 
 Pure and deterministic: no clock, no randomness; the scheduler's numbers are its only input.
 """
@@ -35,6 +36,9 @@ from dataclasses import dataclass
 
 COST_SLOPE = 0.02  # prior: each draft adds 2% of a plain step, until measured
 SAMPLES = 5  # step times a cost table cell keeps (its estimate is their median)
+
+
+MAX_WAIT = 256  # the longest a held-back session waits between probes, in steps
 
 
 class _Cell:
@@ -61,6 +65,7 @@ class _Session:
     accepted: float  # decayed drafts that held
     tried: float  # decayed drafts that were checked: those that held, and the first that did not
     idle: int = 0  # steps held back by the acceptance gate since the last verified drafts
+    wait: int = 0  # steps to hold back before the next probe (0: probe_every); doubles on a miss
 
 
 class SpecGate:
@@ -108,6 +113,10 @@ class SpecGate:
             return
         s.accepted = self.decay * s.accepted + n_accepted
         s.tried = self.decay * s.tried + n_accepted + (n_accepted < n_draft)
+        if s.idle:  # a probe: held back, wait twice as long for the next (text that never
+            # repeats costs ever fewer probes: 16, 32, ... steps apart, at most MAX_WAIT)
+            missed = self.acceptance(request_id) < self.min_acceptance
+            s.wait = min(2 * (s.wait or self.probe_every), MAX_WAIT) if missed else 0
         s.idle = 0
 
     # -- the decision ----------------------------------------------------------------------------
@@ -131,7 +140,7 @@ class SpecGate:
         k = _best(a, c0, costs) if a >= self.min_acceptance else 0
         if k == 0:
             s.idle += 1
-            if s.idle < self.probe_every:
+            if s.idle < (s.wait or self.probe_every):
                 return 0
             k = min(self.probe_k, limit)
         return max(k, draft_min)

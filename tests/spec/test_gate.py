@@ -113,8 +113,10 @@ def test_low_acceptance_stops_drafts_and_a_probe_brings_them_back() -> None:
     ks = [gate.draft_length("r", 1, DEPTH, 16) for _ in range(5)]
     assert ks == [0, 0, 0, 0, 3]  # held back, then one short probe
     assert gate.draft_length("r", 1, DEPTH, 16) == 3  # the probe found no drafts: again
-    gate.verified("r", 3, 0)  # a failed probe: wait again
-    assert [gate.draft_length("r", 1, DEPTH, 16) for _ in range(5)] == [0, 0, 0, 0, 3]
+    gate.verified("r", 3, 0)  # a failed probe: wait twice as long
+    assert [gate.draft_length("r", 1, DEPTH, 16) for _ in range(10)] == [0] * 9 + [3]
+    gate.verified("r", 3, 0)  # and again: four times
+    assert [gate.draft_length("r", 1, DEPTH, 16) for _ in range(20)] == [0] * 19 + [3]
     gate.verified("r", 3, 3)  # the text turned repetitive: the probe held
     assert gate.acceptance("r") >= gate.min_acceptance
     assert gate.draft_length("r", 1, DEPTH, 16) > 0
