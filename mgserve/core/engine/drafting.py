@@ -38,3 +38,41 @@ class Drafter(Protocol):
 
     def finish(self, request_id: str) -> None:
         """The request ended (any reason): forget its index."""
+
+
+class GreedyOnly:
+    """A drafter that drafts for greedy requests only: for the CPU reference runner, whose verify
+    forward computes a session's 1 + k positions as one chunk, rounding them otherwise than plain
+    decode does. A greedy token moves only at a near-tie of its top two logits; a sampled token
+    moves whenever its draw falls near a boundary, which a long sampled answer meets. (The GPU
+    runner's verify rows are plain decode's bits: it needs no such wrapper.)"""
+
+    def __init__(self, inner: Drafter) -> None:
+        self.inner = inner
+        self.stats = getattr(inner, "stats", None)
+        self._greedy: set[str] = set()
+
+    def start(self, req: Request, context: Sequence[int]) -> None:
+        if req.sampling.greedy:
+            self._greedy.add(req.id)
+        self.inner.start(req, context)
+
+    def extend(self, request_id: str, tokens: Sequence[int]) -> None:
+        self.inner.extend(request_id, tokens)
+
+    def propose(
+        self, request_id: str, n_generating: int, depth: int, limit: int
+    ) -> tuple[int, ...]:
+        if request_id not in self._greedy:
+            return ()
+        return self.inner.propose(request_id, n_generating, depth, limit)
+
+    def verified(self, request_id: str, n_draft: int, n_accepted: int) -> None:
+        self.inner.verified(request_id, n_draft, n_accepted)
+
+    def observe_step(self, n_draft: int, depth: int, n_sessions: int, seconds: float) -> None:
+        self.inner.observe_step(n_draft, depth, n_sessions, seconds)
+
+    def finish(self, request_id: str) -> None:
+        self._greedy.discard(request_id)
+        self.inner.finish(request_id)

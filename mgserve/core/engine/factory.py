@@ -13,6 +13,7 @@ from typing import NamedTuple
 from mgserve.config import Settings
 from mgserve.core.builtin_models import resolve_model
 from mgserve.core.engine.actor import Engine
+from mgserve.core.engine.drafting import GreedyOnly
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.machine import choose_gpu
 from mgserve.spec import speculator_from
@@ -42,7 +43,9 @@ def load_engine(settings: Settings) -> LoadedEngine:
     if settings.prefill_lane == "on":
         log.info("--prefill-lane on is for the GPU: the CPU runner computes steps in order")
     settings = settings.for_model(model.spec.n_ctx_train)
-    return LoadedEngine(Engine(model, settings, drafter=speculator_from(settings)), g, device)
+    drafter = speculator_from(settings)  # greedy requests only on the CPU (drafting.GreedyOnly)
+    engine = Engine(model, settings, drafter=GreedyOnly(drafter) if drafter else None)
+    return LoadedEngine(engine, g, device)
 
 
 def memory_plan(g: GGUFFile, settings: Settings, check: bool) -> str:
