@@ -105,7 +105,7 @@ def test_pathological_input_is_not_quadratic() -> None:
             for n in (10_000, 40_000):
                 text = unit * (n // len(unit)) + "5"
                 best = float("inf")
-                for _ in range(2):
+                for _ in range(4):  # the best of 4: a lone pause on a shared CI core is not it
                     t0 = time.perf_counter()
                     pre.split(text)
                     best = min(best, time.perf_counter() - t0)
