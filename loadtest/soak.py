@@ -8,8 +8,15 @@ With ``--`` and server arguments it starts `mgserve serve` itself (on a free por
 SIGTERM at the end (its exit code is reported); with --url (and --pid for the RSS) it loads a
 running one. The mix, by --users concurrent clients: streamed chat read to the end (half), plain
 completions, streams dropped after a few events, bursts past the queue (a 503 with Retry-After is
-expected there), tokenize, and a /metrics scrape a second. An error is any other non-200, a stream
+expected there), tokenize, and a /metrics scrape a second. With --long-words N, a quarter of the
+chats are instead turns of a long conversation of the user's own (a system prompt of about N
+words, each turn adding the answer and a new question, a fresh conversation after a few turns):
+prompt processing at depth and prefix reuse between turns. An error is any other non-200, a stream
 that breaks or ends without its last event, or a request that takes longer than --timeout.
+With --gpu the server process's GPU memory (nvidia-smi) is reported beside its RSS.
+
+    python loadtest/soak.py --duration 600 --users 6 --long-words 6000 --gpu -- \
+        -m model.gguf --device cuda -c 65536 -np 4 --max-queue 8
 """
 
 from __future__ import annotations
@@ -41,11 +48,31 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def gpu_mb(pid: int) -> float | None:
+    """The process's GPU memory by nvidia-smi (None without one or without the process there)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rows = [line.split(",") for line in out.splitlines() if "," in line]
+    used = [float(mb) for p, mb in rows if p.strip() == str(pid)]
+    return sum(used) if used else None
+
+
+def words(n: int, rng: random.Random) -> str:
+    vocab = "cache slot prefix token layer state expert router query key value block chunk".split()
+    return " ".join(rng.choice(vocab) for _ in range(n))
+
+
 class Soak:
-    def __init__(self, url: str, timeout: float, max_tokens: int) -> None:
+    def __init__(self, url: str, timeout: float, max_tokens: int, long_words: int = 0) -> None:
         self.url = url
         self.timeout = aiohttp.ClientTimeout(total=timeout)
         self.max_tokens = max_tokens
+        self.long_words = long_words
         self.counts: Counter[str] = Counter()
         self.errors: list[str] = []
 
@@ -75,6 +102,25 @@ class Soak:
             if not done:
                 self.error("stream ended without [DONE]")
             self.counts["chat streamed"] += 1
+
+    async def long_turn(
+        self, s: aiohttp.ClientSession, conv: list[dict[str, str]], rng: random.Random
+    ) -> None:
+        """One turn of the user's long conversation ``conv`` (kept between calls)."""
+        if not conv or len(conv) > 8:
+            conv[:] = [{"role": "system", "content": words(self.long_words, rng)}]
+        conv.append({"role": "user", "content": words(12, rng) + "?"})
+        body = {"messages": conv, "max_tokens": self.max_tokens}
+        async with s.post(self.url + "/v1/chat/completions", json=body) as r:
+            if await self.busy(r, expect_503=False):
+                conv.pop()
+                return
+            if r.status != 200:
+                conv.clear()
+                return self.error(f"long turn {r.status}: {(await r.text())[:200]}")
+            answer = (await r.json())["choices"][0]["message"]["content"] or ""
+            conv.append({"role": "assistant", "content": answer})
+            self.counts["long turns"] += 1
 
     async def completion(self, s: aiohttp.ClientSession, expect_503: bool = False) -> None:
         body = {"prompt": "The capital of France is", "n_predict": self.max_tokens // 2}
@@ -108,10 +154,13 @@ class Soak:
             self.counts["tokenize"] += 1
 
     async def user(self, s: aiohttp.ClientSession, end: float, rng: random.Random) -> None:
+        conv: list[dict[str, str]] = []
         while time.monotonic() < end:
             pick = rng.random()
             try:
-                if pick < 0.5:
+                if pick < 0.25 and self.long_words:
+                    await self.long_turn(s, conv, rng)
+                elif pick < 0.5:
                     await self.chat_stream(s, drop=False)
                 elif pick < 0.7:
                     await self.completion(s)
@@ -145,12 +194,12 @@ class Soak:
             await asyncio.gather(self.scraper(s, end), *(self.user(s, end, r) for r in rngs))
 
 
-def start_server(args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(args: list[str], log: Path, timeout: float) -> tuple[subprocess.Popen[bytes], str]:
     sys.path.insert(0, str(ROOT))
     from tests.api.serve_process import ServeProcess
 
     server = ServeProcess(args, log)
-    server.wait_ready()
+    server.wait_ready(timeout)
     return server.proc, server.base
 
 
@@ -161,6 +210,9 @@ def main() -> int:
     p.add_argument("--users", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--timeout", type=float, default=300.0, help="longest a request may take")
+    p.add_argument("--long-words", type=int, default=0, help="long conversations of ~N words")
+    p.add_argument("--gpu", action="store_true", help="report the server's GPU memory too")
+    p.add_argument("--ready-timeout", type=float, default=180.0, help="a started server's start")
     p.add_argument("--url", help="a running server (else one is started with the args after --)")
     p.add_argument("--pid", type=int, help="the running server's pid, for its RSS")
     p.add_argument("--log", default="soak-serve.log", help="the started server's output")
@@ -171,14 +223,18 @@ def main() -> int:
     if a.url:
         url, pid = a.url.rstrip("/"), a.pid
     else:
-        proc, url = start_server(a.server_args, Path(a.log))
+        t_start = time.monotonic()
+        proc, url = start_server(a.server_args, Path(a.log), a.ready_timeout)
         pid = proc.pid
-    soak = Soak(url, a.timeout, a.max_tokens)
+        print(f"server ready in {time.monotonic() - t_start:.1f} s", flush=True)
+    soak = Soak(url, a.timeout, a.max_tokens, a.long_words)
     t0 = time.monotonic()
     asyncio.run(soak.run(a.users, a.warmup))
     rss0 = rss_mb(pid) if pid else None
+    gpu0 = gpu_mb(pid) if pid and a.gpu else None
     asyncio.run(soak.run(a.users, a.duration))
     rss1 = rss_mb(pid) if pid else None
+    gpu1 = gpu_mb(pid) if pid and a.gpu else None
     report: dict[str, Any] = {
         "seconds": round(time.monotonic() - t0, 1),
         "users": a.users,
@@ -187,6 +243,8 @@ def main() -> int:
         "rss_mb_start": rss0 and round(rss0, 1),
         "rss_mb_end": rss1 and round(rss1, 1),
     }
+    if a.gpu:
+        report |= {"gpu_mb_start": gpu0, "gpu_mb_end": gpu1}
     if proc is not None:
         proc.send_signal(signal.SIGTERM)
         report["exit_code"] = proc.wait(timeout=60)

@@ -32,7 +32,8 @@ class ServeProcess:
         self.log = log
         code = "import sys; from mgserve.cli import main; sys.exit(main(sys.argv[1:]))"
         cmd = [sys.executable, "-c", code, "serve", *args, "--port", str(self.port)]
-        env = os.environ | {"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        env = os.environ | {"PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
 
