@@ -25,8 +25,8 @@ writes every row's K/V before any row attends, and each row attends up to its ow
 row i sees exactly what the i-th of k + 1 plain decode steps would, and decode kernels compute
 each row alone (batch-invariant): its logits are bitwise the plain decode's. Each row samples with
 plain decode's draw counter and penalty window; the host accepts while the sampled token is the
-next draft. Only a KV cache rewinds by itself (later rows are rewritten before read): recurrent
-models have no ``supports_drafts`` (per-position state is not built yet).
+next draft. A KV cache rewinds by itself (later rows are rewritten before read); a recurrent
+state takes a session's rows in order (a run, ops/chains.py) and rolls back by verify.py.
 
 With ``lanes`` (``--prefill-lane on``, core/engine/lanes.py) ``run`` takes the prefill lane's
 batches in one thread beside the decoders' in another. Each lane has a ``_Lane`` of its own: a
@@ -66,6 +66,7 @@ from mgserve.core.engine.contract import (
 )
 from mgserve.core.grammar import ForcedToken, Matcher, TokenMask
 from mgserve.cuda import snapshots as snap
+from mgserve.cuda import verify
 from mgserve.cuda.graphs import BUCKETS, DRAFT_BUCKETS, DecodeInputs, EagerDecode, GraphDecode
 from mgserve.cuda.green import green_stream
 from mgserve.cuda.models.base import DeviceLM, Span, Step
@@ -107,7 +108,6 @@ class DeviceRunner:
         lane_sms: int = 0,  # the prefill lane's SMs (a green context; 0: all, shared)
     ) -> None:
         self.model = model
-        self.supports_drafts = model.rewindable
         self._max_rows = buckets[-1]
         self.device = device
         self.lanes = lanes  # run a lane batch and a decode batch at once, from two threads
@@ -122,6 +122,7 @@ class DeviceRunner:
             else EagerDecode(model, device)
         )  # with lanes, every bucket of up to n_slots rows now: a capture waits for an idle lane
         self._eager = EagerDecode(model, device)  # a prompt's last token, in the prefill lane
+        self.supports_drafts = verify.supported(model, isinstance(self.decode, GraphDecode))
         self._decoders = self._lane(-100)  # the highest priority there is
         self._prompts = self._lane(0, lane_sms) if lanes else self._decoders
         if lanes and gpu:  # the lanes' streams do not wait for the default one: what ran there
@@ -177,8 +178,7 @@ class DeviceRunner:
         for copy in batch.prefix_copies:  # before a new sequence resets a source's state
             snap.copy_prefix(self.model, self.checkpoints, copy)
         for w in batch.work:
-            if w.n_draft and not self.supports_drafts:
-                raise ValueError("drafts to verify, but a recurrent state cannot roll back here")
+            verify.check(self.model, w, self.supports_drafts)
             if w.new_sequence:
                 self._slots[w.slot] = _SlotSampling(seeded(w.sampling), list(w.history))
             if w.grammar is not None:
@@ -199,8 +199,9 @@ class DeviceRunner:
         parts: list[tuple[list[SeqWork], torch.Tensor]] = []
         if prefill:
             parts.append(([w for w in prefill if w.sample], self._prefill(prefill)))
+        kept = verify.keep(self.model, decode)  # recurrent states a verify step may roll back
+        step = self._eager if batch.lane else self.decode
         if decode:
-            step = self._eager if batch.lane else self.decode
             parts.append((decode, self._decode(decode, step)))
         self.checkpoints.after(batch)
         sampled = [w for ws, _ in parts for w in ws]
@@ -210,6 +211,7 @@ class DeviceRunner:
         if sampled:
             logits = torch.cat([lg for _, lg in parts if lg.shape[0]])  # [S, V]
             results = self._sample(logits, sampled, lane)
+        verify.roll_back(self.model, kept, results, step.log, self.device)
         n_tokens = sum(len(w.tokens) for w in batch.work)
         return StepResult(batch.step, results, n_tokens, time.perf_counter() - t0)
 
