@@ -31,7 +31,7 @@ import torch
 from mgserve.core.engine.contract import SeqResult, SeqWork
 from mgserve.cuda import snapshots as snap
 from mgserve.cuda.models.base import DeviceLM, Replay
-from mgserve.cuda.ops.chains import Chains
+from mgserve.cuda.ops.chains import Chains, to_device
 
 
 @dataclass
@@ -101,8 +101,8 @@ def roll_back(
         n = accepted[k.slot] + 1  # rows 0..a
         rows += range(k.first, k.first + n)
         slots += [k.slot] * n
-    rows_t = torch.tensor(rows, dtype=torch.int64).to(device)
-    slots_t = torch.tensor(slots, dtype=torch.int32).to(device)
+    rows_t = to_device(torch.tensor(rows, dtype=torch.int64), device)
+    slots_t = to_device(torch.tensor(slots, dtype=torch.int32), device)
     chains = Chains.of(slots, device)
     for replay in log:
         replay(rows_t, slots_t, chains)

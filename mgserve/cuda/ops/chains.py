@@ -43,6 +43,14 @@ def runs_of(slots: list[int]) -> tuple[list[int], list[int], list[int]]:
     return runs, depth, last
 
 
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on ``device``, queued on the current stream (through pinned memory on
+    a GPU: no wait for the device)."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 @dataclass
 class Chains:
     runs: torch.Tensor  # [B] int32: at a run's first row its row count, 0 at the run's others
@@ -53,7 +61,7 @@ class Chains:
     @staticmethod
     def of(slots: list[int], device: torch.device) -> Chains:
         runs, depth, last = runs_of(slots)
-        t = torch.tensor([runs, depth, last], dtype=torch.int32).to(device)
+        t = to_device(torch.tensor([runs, depth, last], dtype=torch.int32), device)
         return Chains(t[0], t[1], t[2], max(runs, default=1))
 
     @staticmethod
