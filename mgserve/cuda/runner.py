@@ -152,9 +152,10 @@ class DeviceRunner:
 
     def run(self, batch: ScheduledBatch) -> StepResult:
         lane = self._prompts if batch.lane else self._decoders
-        n, graphs = _n_rows(_decode_rows(batch)), self.decode
+        rows = _decode_rows(batch)  # a row per token, drafts too (a graph of their own)
+        g, n, runs = self.decode, sum(len(w.tokens) for w in rows), any(w.n_draft for w in rows)
         # the lane holds the lock through its batch; the decoders take it to capture a graph
-        hold = batch.lane or (n > 0 and isinstance(graphs, GraphDecode) and not graphs.ready(n))
+        hold = batch.lane or (n > 0 and isinstance(g, GraphDecode) and not g.ready(n, runs))
         with self._capture if hold else contextlib.nullcontext():
             if lane.stream is None:
                 return self._run(batch, lane)
@@ -294,7 +295,3 @@ class DeviceRunner:
 def _decode_rows(batch: ScheduledBatch) -> list[SeqWork]:
     """The work that takes the decode step: one token past position 0 (+ drafts), sampled."""
     return [w for w in batch.work if len(w.tokens) == 1 + w.n_draft and w.start > 0 and w.sample]
-
-
-def _n_rows(work: list[SeqWork]) -> int:  # a row per token: drafts too
-    return sum(len(w.tokens) for w in work)

@@ -27,6 +27,11 @@ from dataclasses import dataclass
 import torch
 
 
+def has_runs(slots: list[int]) -> bool:
+    """Whether some consecutive rows share their slot (form a run)."""
+    return any(a == b for a, b in zip(slots, slots[1:], strict=False))
+
+
 def runs_of(slots: list[int]) -> tuple[list[int], list[int], list[int]]:
     """(runs, depth, last) of rows whose consecutive equal slots form runs (module docstring)."""
     n = len(slots)
