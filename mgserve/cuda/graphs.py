@@ -15,7 +15,8 @@ logs how to re-run its state updates (``Step.log``, the runner's rollback: cuda/
 steps replay a graph of their own per bucket (captured at the bucket's first verify step), which
 logged at its capture and keeps the logged tensors (the recurrent layers' inputs, e.g.
 [B, conv_dim + 2 H_v] per DeltaNet layer) alive in the pool, rewritten by each replay; plain
-steps keep graphs that log nothing (no memory held past the step).
+steps keep graphs that log nothing (no memory held past the step) and whose recurrent ops take
+every row alone, as before runs existed.
 
 On a device without graphs (the CPU, or ``graphs=False`` for debugging) ``EagerDecode`` runs the
 same forward directly, so tests of the step logic run anywhere.
@@ -67,7 +68,7 @@ class _Captured:
             if extra_shape is not None
             else None
         )
-        self.chains = Chains.buffers(b, device)
+        self.chains = Chains.buffers(b, device, runs=logged)
         step = Step(
             self.tokens, self.pos, self.slots, decode=True, extra=self.extra, lengths=self.lengths,
             chains=self.chains,

@@ -97,6 +97,8 @@ class _SlotSampling:
 
 
 class DeviceRunner:
+    supports_drafts = True  # verifies SeqWork.n_draft drafts, recurrent models too (verify.py)
+
     def __init__(
         self,
         model: DeviceLM,
@@ -122,7 +124,6 @@ class DeviceRunner:
             else EagerDecode(model, device)
         )  # with lanes, every bucket of up to n_slots rows now: a capture waits for an idle lane
         self._eager = EagerDecode(model, device)  # a prompt's last token, in the prefill lane
-        self.supports_drafts = verify.supported(model, isinstance(self.decode, GraphDecode))
         self._decoders = self._lane(-100)  # the highest priority there is
         self._prompts = self._lane(0, lane_sms) if lanes else self._decoders
         if lanes and gpu:  # the lanes' streams do not wait for the default one: what ran there
@@ -179,7 +180,7 @@ class DeviceRunner:
         for copy in batch.prefix_copies:  # before a new sequence resets a source's state
             snap.copy_prefix(self.model, self.checkpoints, copy)
         for w in batch.work:
-            verify.check(self.model, w, self.supports_drafts)
+            verify.check(self.model, w)
             if w.new_sequence:
                 self._slots[w.slot] = _SlotSampling(seeded(w.sampling), list(w.history))
             if w.grammar is not None:

@@ -44,24 +44,9 @@ class Kept:
     tokens: tuple[int, ...]  # its 1 + k tokens
 
 
-def supported(model: DeviceLM, graphs: bool) -> bool:
-    """Whether a runner of ``model`` verifies drafts: a KV cache rewinds by itself; a recurrent
-    state rolls back here, but for the torch backend's delta rule in decode graphs, which cannot
-    loop over a run there (ops/chains.py): with it, drafts are verified eagerly only."""
-    return model.rewindable or not graphs or model.backend.kernels is not None
-
-
-def check(model: DeviceLM, w: SeqWork, supported: bool) -> None:
-    """ValueError for a verify entry the runner cannot serve (before anything runs);
-    ``supported``: the runner's ``supports_drafts``."""
-    if not w.n_draft:
-        return
-    if not supported:
-        raise ValueError(
-            "drafts to verify, but a recurrent state cannot roll back here (the torch backend "
-            "in decode graphs: run it with graphs off)"
-        )
-    if not model.rewindable and w.checkpoint:
+def check(model: DeviceLM, w: SeqWork) -> None:
+    """ValueError for a verify entry this rollback cannot serve (before anything runs)."""
+    if w.n_draft and not model.rewindable and w.checkpoint:
         raise ValueError(f"slot {w.slot}: drafts with a checkpoint (it would hold the drafts)")
 
 

@@ -3,8 +3,9 @@ whose rows form runs (one slot's consecutive positions), bitwise the outputs and
 the same rows run one at a time through the single-row op, in order. DeltaNet conv and delta
 rule (plain and with its gates), the PLE conv, QSA pending and block keys.
 
-On the CPU with the torch backend (and its graph form, ``longest`` None, for the gathers); with
-``-m gpu`` the CUDA kernels against single-row launches of themselves (and QSA's unfused path).
+On the CPU with the torch backend (also with a graph's bound on the runs, ``longest`` = the row
+count, above the longest run); with ``-m gpu`` the CUDA kernels against single-row launches of
+themselves (and QSA's unfused path).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ def _same(make_state: Callable[[], Any], op: Op, device: torch.device, graph: bo
     chained = make_state()
     chains = Chains.of(SLOTS, device)
     assert chains.longest == 5
-    if graph:  # a graph's buffers: the host does not know the runs
-        chains = dataclasses.replace(chains, longest=None)
+    if graph:  # a graph's buffers: the host knows a bound on the runs, not the longest
+        chains = dataclasses.replace(chains, longest=len(SLOTS))
     got = op(chained, list(range(len(SLOTS))), chains)
     for i, want in enumerate(outs):
         assert torch.equal(got[i : i + 1], want), f"row {i} differs"
@@ -114,11 +115,12 @@ def test_runs_of() -> None:
     assert runs_of([]) == ([], [], [])
 
 
+@pytest.mark.parametrize("graph", [False, True])
 @pytest.mark.parametrize("gates", [False, True])
-def test_deltanet_torch(gates: bool) -> None:
+def test_deltanet_torch(gates: bool, graph: bool) -> None:
     from mgserve.cuda.backend import torch_backend
 
-    _deltanet(torch_backend(), torch.device("cpu"), False, gates)
+    _deltanet(torch_backend(), torch.device("cpu"), graph, gates)
 
 
 @pytest.mark.parametrize("graph", [False, True])
@@ -133,21 +135,6 @@ def test_qsa_keys_torch(graph: bool) -> None:
     from mgserve.cuda.backend import torch_backend
 
     _qsa_keys(torch_backend(), torch.device("cpu"), graph)
-
-
-def test_deltanet_conv_torch_graph() -> None:
-    """The conv's gather serves a graph's chains (the delta rule needs the host's count)."""
-    from mgserve.cuda.backend import torch_backend
-
-    b, device = torch_backend(), torch.device("cpu")
-    c = (2 * 2 + 4) * 8
-    x, weight = _rand(device, len(SLOTS), c, seed=31), _rand(device, c, 4, seed=32)
-
-    def op(st: tuple[torch.Tensor], rows: list[int], ch: Chains | None) -> torch.Tensor:
-        r, slots = torch.tensor(rows), _int([SLOTS[i] for i in rows], device)
-        return b.deltanet.conv_step(x[r], st[0], slots, weight, ch)
-
-    _same(lambda: (_rand(device, N_SLOTS, 3, c, seed=33),), op, device, True)
 
 
 @pytest.mark.gpu

@@ -170,25 +170,14 @@ def test_rollback_leaves_plain_decodes_state_gpu(arch: str, tmp_path: Path, cuda
         _check_state(runner, p)
 
 
-def test_recurrent_drafts_need_what_rolls_back(tmp_path: Path) -> None:
-    """The torch backend's delta rule cannot take runs in a decode graph: no drafts there; a
-    verify entry with a checkpoint is refused (the checkpoint would hold the drafts)."""
-    from types import SimpleNamespace
-
-    from mgserve.cuda import verify
+def test_recurrent_drafts_with_a_checkpoint_are_refused(tmp_path: Path) -> None:
+    """A verify entry of a recurrent model with a checkpoint: the checkpoint would be taken after
+    the drafts, rejected or not."""
     from mgserve.cuda.backend import torch_backend
 
-    model = SimpleNamespace(rewindable=False, backend=SimpleNamespace(kernels=None))
-    assert not verify.supported(model, graphs=True)
-    assert verify.supported(model, graphs=False)
-    model.backend.kernels = object()
-    assert verify.supported(model, graphs=True)
     runner = _runner("qwen3next", tmp_path, torch.device("cpu"), torch_backend(), graphs=False)
     drive = _Driver(runner)
     (r,) = drive.run(SeqWork(0, "r", (5, 6, 7), 0, True, GREEDY, new_sequence=True))
     work = SeqWork(0, "r", (r.token, 9, 9), 3, True, GREEDY, n_draft=2, checkpoint=True)
     with pytest.raises(ValueError, match="checkpoint"):
         drive.run(work)
-    runner.supports_drafts = False
-    with pytest.raises(ValueError, match="cannot roll back"):
-        drive.run(SeqWork(0, "r", (r.token, 9, 9), 3, True, GREEDY, n_draft=2))

@@ -8,12 +8,12 @@ state after the step is the state after the run's last row. A single row is a ru
 ``Chains`` describes the runs of a step as static-shape device tensors made on the host (so a
 decode graph captures once per row count): per row, its run's length where the run starts (0
 inside a run; the CUDA kernels loop over a run in the CTA of its first row), its index in the
-run and the row index of the run's last row (the torch twins gather with them). ``longest`` is
-the longest run where the host knows it (an eager step): the torch delta rule loops that many
-times, and 1 keeps every torch twin on its single-row code. A graph's buffers serve any runs
-(``longest`` None): the gathers always run there, but the torch delta rule cannot loop an
-unknown number of times and takes every row alone, so the torch backend verifies a recurrent
-model's drafts eagerly only (runner.py); the CUDA kernels loop on the device and need no bound.
+run and the row index of the run's last row (the torch twins gather with them). ``longest`` is,
+on the host, a bound on the runs' length: the torch delta rule loops that many times, and 1 keeps
+every torch twin on its single-row code. An eager step knows its longest run; a decode graph's
+buffers serve the steps of its bucket, so a graph for steps with runs has the bucket's row count
+as the bound and a graph for plain steps 1 (graphs.py keeps the two apart). The CUDA kernels
+loop on the device and need no bound.
 
 The helpers are the torch twins' gathers: ``histories`` (a shift-register state such as a conv's
 previous inputs, as it stands before each row) and ``pending_after`` (QSA's block of raw keys
@@ -61,7 +61,7 @@ class Chains:
     runs: torch.Tensor  # [B] int32: at a run's first row its row count, 0 at the run's others
     depth: torch.Tensor  # [B] int32: the row's index in its run
     last: torch.Tensor  # [B] int32: the row index of the run's last row
-    longest: int | None  # host: the longest run (1: every row alone; None: unknown, a graph's)
+    longest: int  # host: no run is longer (1: every row alone)
 
     @staticmethod
     def of(slots: list[int], device: torch.device) -> Chains:
@@ -70,11 +70,11 @@ class Chains:
         return Chains(t[0], t[1], t[2], max(runs, default=1))
 
     @staticmethod
-    def buffers(n: int, device: torch.device) -> Chains:
-        """A graph's static buffers (``longest`` None), every row alone until a replay fills
-        them."""
+    def buffers(n: int, device: torch.device, runs: bool) -> Chains:
+        """A graph's static buffers, every row alone until a replay fills them; ``runs``: its
+        steps may have runs (of up to ``n`` rows)."""
         rows = torch.arange(n, dtype=torch.int32, device=device)
-        return Chains(torch.ones_like(rows), torch.zeros_like(rows), rows, None)
+        return Chains(torch.ones_like(rows), torch.zeros_like(rows), rows, n if runs else 1)
 
     @property
     def alone(self) -> bool:

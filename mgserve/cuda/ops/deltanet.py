@@ -206,14 +206,13 @@ class DeltaNetTorch:
         """One decode token of the gated delta rule for B sessions: q, k L2-normed per key head
         (q scaled by head_dim^-0.5), then S <- exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q
         on ssm[slots[b]] in place. Sync-free. With ``chains``: ``chains.longest`` waves over
-        all rows, wave j advancing the rows j of the runs from their predecessor's state (in a
-        graph, longest None, every row alone: ops/chains.py)."""
+        all rows, wave j advancing the rows j of the runs from their predecessor's state."""
         check_f32("y", y)
         check_step(y, g, beta, ssm, slots, n_k_heads, n_v_heads, head_dim)
         idx = slots.long()
         q, k, v = split_qkv(y[:, None], n_k_heads, n_v_heads, head_dim, eps)  # [B, 1, H_v, d]
         state = ssm.index_select(0, idx)
-        if chains is None or chains.longest is None or chains.alone:
+        if chains is None or chains.alone:
             o, new = deltanet.delta_rule_recurrent(q, k, v, g[:, None], beta[:, None], state)
             ssm.index_copy_(0, idx, new)
             return o[:, 0]
