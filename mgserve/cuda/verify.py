@@ -89,7 +89,8 @@ def roll_back(
     rows_t = to_device(torch.tensor(rows, dtype=torch.int64), device)
     slots_t = to_device(torch.tensor(slots, dtype=torch.int32), device)
     chains = Chains.of(slots, device)
-    for replay in log:
-        replay(rows_t, slots_t, chains)
+    with model.backend.path.step("decode"):  # as the verify step ran them (ops/rowpath.py)
+        for replay in log:
+            replay(rows_t, slots_t, chains)
     for k in back:  # the host state (the PLE token history) past the accepted tokens again
         model.step_extra([list(k.tokens[: accepted[k.slot] + 1])], [k.slot])

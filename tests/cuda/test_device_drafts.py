@@ -67,6 +67,33 @@ def _runner(arch: str, tmp_path: Path, device: torch.device, backend, graphs: bo
 def _check(runner) -> None:
     for p in (GREEDY, SAMPLED):
         _check_params(_Driver(runner), p)
+        _check_together(_Driver(runner), p)
+
+
+def _check_together(drive: _Driver, p: SamplingParams) -> None:
+    """Three sessions in the same steps: one plain, one whose drafts are half right, one whose
+    drafts are all right: several runs in a step, rolled back together or not at all."""
+    prompt = list(range(30, 50))
+    plain = drive.generate(0, prompt, p, None)
+    drafts: dict[int, Drafts] = {
+        0: lambda out: [],
+        1: lambda out: plain[len(out) : len(out) + 2] + [(plain[len(out)] + 5) % 90 + 3] * 2,
+        2: lambda out: plain[len(out) : len(out) + 3],
+    }
+    outs: dict[int, list[int]] = {}
+    for slot in drafts:
+        (r,) = drive.run(SeqWork(slot, "r", tuple(prompt), 0, True, p, new_sequence=True))
+        outs[slot] = [r.token]
+    while any(len(o) < N_GEN for o in outs.values()):
+        work = []
+        for slot, out in outs.items():
+            if len(out) < N_GEN:
+                d = drafts[slot](out)[: N_GEN - len(out) - 1]
+                start = len(prompt) + len(out) - 1
+                work.append(SeqWork(slot, "r", (out[-1], *d), start, True, p, n_draft=len(d)))
+        for res in drive.run(*work):
+            outs[res.slot].append(res.token)
+    assert outs == {slot: plain for slot in drafts}
 
 
 def _check_params(drive: _Driver, p: SamplingParams) -> None:
