@@ -213,7 +213,8 @@ class DeviceRunner:
         if sampled:
             logits = torch.cat([lg for _, lg in parts if lg.shape[0]])  # [S, V]
             results = self._sample(logits, sampled, lane)
-        verify.roll_back(self.model, kept, results, step.log, self.device)
+        if kept:  # drafting sessions of a recurrent model
+            verify.roll_back(self.model, kept, results, step.log, self.device)
         n_tokens = sum(len(w.tokens) for w in batch.work)
         return StepResult(batch.step, results, n_tokens, time.perf_counter() - t0)
 
