@@ -4,14 +4,14 @@ On the model ``mgserve bench model`` loads (``--model`` or a synthetic ``--shape
 filled to each depth of ``--depths`` (synthetic fill). A plain decode step is one row; a verify
 step with k drafts is 1 + k rows of the same slot at consecutive positions (cuda/runner.py), for
 each k of ``--drafts``. Both are timed as the median of ``--steps`` steps after warm-up (graph
-capture). For a model whose runner verifies drafts (``supports_drafts``: a KV cache only) the
-steps are whole runner steps (forward, sampling of every row, the one sync); for a recurrent
-model, whose runner does not verify drafts yet, only the decode forward (the graph replay) is
-timed, for both, and the table says so: its rows are what verification would cost, the figures
-the speculator's gate needs (spec/gate.py).
+capture). For a runner that verifies drafts (``supports_drafts``: every device runner now; a
+recurrent model's verify step includes its rollback, cuda/verify.py, as drafts of random tokens
+are mostly rejected) the steps are whole runner steps (forward, sampling of every row, the one
+sync); otherwise only the decode forward (the graph replay) is timed, for both, and the table
+says so. Its rows are the figures the speculator's gate needs (spec/gate.py).
 
 The ceiling column is the tokens/s if every draft were accepted: (1 + k) / verify step. Then, for
-a rewindable model, ``--forced`` runs forced acceptance for real: the model's own greedy
+a runner that verifies drafts, ``--forced`` runs forced acceptance for real: the model's own greedy
 continuation of ``--forced-tokens`` tokens, replayed as drafts k at a time, must give the same
 tokens, at the tokens/s shown against plain decode of the same continuation.
 """

@@ -9,6 +9,15 @@ given to a session), whose state nobody reads. Every B up to 8 is its own bucket
 costs a real token's work (its ten experts' weights above all: five sessions padded to eight read
 60% more expert bytes), while a graph costs only its capture, once, at the first step of its B.
 
+A speculation verify step gives a drafting session a run of rows (consecutive rows of one slot,
+``ops/chains.py``): the runs travel as three more [B] inputs. A recurrent model's verify step
+logs how to re-run its state updates (``Step.log``, the runner's rollback: cuda/verify.py): such
+steps replay a graph of their own per bucket (captured at the bucket's first verify step), which
+logged at its capture and keeps the logged tensors (the recurrent layers' inputs, e.g.
+[B, conv_dim + 2 H_v] per DeltaNet layer) alive in the pool, rewritten by each replay; plain
+steps keep graphs that log nothing (no memory held past the step) and whose recurrent ops take
+every row alone, as before runs existed.
+
 On a device without graphs (the CPU, or ``graphs=False`` for debugging) ``EagerDecode`` runs the
 same forward directly, so tests of the step logic run anywhere.
 """
@@ -20,7 +29,8 @@ from typing import Any
 
 import torch
 
-from mgserve.cuda.models.base import DeviceLM, Step
+from mgserve.cuda.models.base import DeviceLM, Replay, Step
+from mgserve.cuda.ops.chains import Chains, has_runs, runs_of
 
 BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
 POW2_BUCKETS = (1, 2, 4, 8, 16)  # the buckets before 2026-12-03 (bench comparisons)
@@ -47,7 +57,7 @@ class DecodeInputs:
 
 class _Captured:
     def __init__(self, model: DeviceLM, b: int, pad_slot: int, extra_shape: tuple[int, ...] | None,
-                 device: torch.device, pool: Any) -> None:  # fmt: skip
+                 device: torch.device, pool: Any, logged: bool = False) -> None:  # fmt: skip
         self.b = b
         self.tokens = torch.zeros(b, dtype=torch.int64, device=device)
         self.pos = torch.ones(b, dtype=torch.int32, device=device)  # position 1: never a start
@@ -58,14 +68,18 @@ class _Captured:
             if extra_shape is not None
             else None
         )
+        self.chains = Chains.buffers(b, device, runs=logged)
         step = Step(
-            self.tokens, self.pos, self.slots, decode=True, extra=self.extra, lengths=self.lengths
-        )
+            self.tokens, self.pos, self.slots, decode=True, extra=self.extra, lengths=self.lengths,
+            chains=self.chains,
+        )  # fmt: skip
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):  # warm up: kernels compiled, workspaces allocated
             model.forward(step)
         torch.cuda.current_stream(device).wait_stream(stream)
+        self.log: list[Replay] = []
+        step.log = self.log if logged else None  # the capture's log: its tensors, every replay's
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
             self.logits = model.forward(step)  # [b, V], rewritten by every replay
@@ -74,14 +88,19 @@ class _Captured:
         n = len(inp.tokens)
         pad = self.b - n
         lengths = [p + 1 for p in inp.pos] + [2] * pad
+        runs, depth, last = runs_of(inp.slots)  # padding rows: each alone
         host = torch.tensor(
-            [inp.tokens + [0] * pad, inp.pos + [1] * pad, inp.slots + [pad_slot] * pad, lengths],
+            [inp.tokens + [0] * pad, inp.pos + [1] * pad, inp.slots + [pad_slot] * pad, lengths,
+             runs + [1] * pad, depth + [0] * pad, last + list(range(n, self.b))],
             dtype=torch.int64,
-        ).pin_memory()
+        ).pin_memory()  # fmt: skip
         self.tokens.copy_(host[0], non_blocking=True)
         self.pos.copy_(host[1], non_blocking=True)
         self.slots.copy_(host[2], non_blocking=True)
         self.lengths.copy_(host[3], non_blocking=True)
+        self.chains.runs.copy_(host[4], non_blocking=True)
+        self.chains.depth.copy_(host[5], non_blocking=True)
+        self.chains.last.copy_(host[6], non_blocking=True)
         if self.extra is not None and inp.extra is not None:
             self.extra[:n].copy_(inp.extra.pin_memory(), non_blocking=True)
         self.graph.replay()
@@ -97,37 +116,47 @@ class GraphDecode:
         """``upfront``: capture the buckets of 1..upfront rows now, not at their first step."""
         self.model, self.device, self.pad_slot = model, device, pad_slot
         self.extra_shape, self.buckets = extra_shape, buckets
-        self._graphs: dict[int, _Captured] = {}
+        self._graphs: dict[tuple[int, bool], _Captured] = {}  # (bucket, logged) -> graph
+        self.log: list[Replay] = []  # the last step's (its graph's)
         self._pool = torch.cuda.graph_pool_handle()  # buckets share one memory pool
         for b in sorted({bucket_for(n, buckets) for n in range(1, upfront + 1)}):
-            self._graphs[b] = _Captured(model, b, pad_slot, extra_shape, device, self._pool)
+            self._graphs[b, False] = _Captured(model, b, pad_slot, extra_shape, device, self._pool)
 
     @property
     def captured(self) -> tuple[int, ...]:
-        return tuple(sorted(self._graphs))
+        return tuple(sorted({b for b, _ in self._graphs}))
 
-    def ready(self, n: int) -> bool:
-        """Whether a step of ``n`` sessions replays a graph already captured."""
-        return bucket_for(n, self.buckets) in self._graphs
+    def _key(self, n: int, runs: bool) -> tuple[int, bool]:
+        """The graph of ``n`` rows, ``runs``: some rows form runs (a recurrent model logs)."""
+        return bucket_for(n, self.buckets), runs and not self.model.rewindable
+
+    def ready(self, n: int, runs: bool = False) -> bool:
+        """Whether a step of ``n`` rows (``runs``: with drafts) replays a graph captured."""
+        return self._key(n, runs) in self._graphs
 
     def __call__(self, inp: DecodeInputs) -> torch.Tensor:
-        b = bucket_for(len(inp.tokens), self.buckets)
-        g = self._graphs.get(b)
+        key = self._key(len(inp.tokens), has_runs(inp.slots))
+        g = self._graphs.get(key)
         if g is None:
-            g = self._graphs[b] = _Captured(
-                self.model, b, self.pad_slot, self.extra_shape, self.device, self._pool
-            )
+            g = self._graphs[key] = _Captured(
+                self.model, key[0], self.pad_slot, self.extra_shape, self.device, self._pool,
+                logged=key[1],
+            )  # fmt: skip
+        self.log = g.log
         return g.run(inp, self.pad_slot)
 
 
 class EagerDecode:
-    """The same step without graphs."""
+    """The same step without graphs (it logs only a step with runs)."""
 
     def __init__(self, model: DeviceLM, device: torch.device) -> None:
         self.model, self.device = model, device
+        self.log: list[Replay] = []  # the last step's
 
     def __call__(self, inp: DecodeInputs) -> torch.Tensor:
         d = self.device
+        chains = Chains.of(inp.slots, d)
+        self.log = []
         step = Step(
             torch.tensor(inp.tokens, dtype=torch.int64, device=d),
             torch.tensor(inp.pos, dtype=torch.int32, device=d),
@@ -135,5 +164,7 @@ class EagerDecode:
             decode=True,
             extra=None if inp.extra is None else inp.extra.to(d),
             lengths=torch.tensor([p + 1 for p in inp.pos], dtype=torch.int32, device=d),
+            chains=chains,
+            log=None if chains.alone else self.log,
         )
         return self.model.forward(step)

@@ -25,8 +25,8 @@ writes every row's K/V before any row attends, and each row attends up to its ow
 row i sees exactly what the i-th of k + 1 plain decode steps would, and decode kernels compute
 each row alone (batch-invariant): its logits are bitwise the plain decode's. Each row samples with
 plain decode's draw counter and penalty window; the host accepts while the sampled token is the
-next draft. Only a KV cache rewinds by itself (later rows are rewritten before read): recurrent
-models have no ``supports_drafts`` (per-position state is not built yet).
+next draft. A KV cache rewinds by itself (later rows are rewritten before read); a recurrent
+state takes a session's rows in order (a run, ops/chains.py) and rolls back by verify.py.
 
 With ``lanes`` (``--prefill-lane on``, core/engine/lanes.py) ``run`` takes the prefill lane's
 batches in one thread beside the decoders' in another. Each lane has a ``_Lane`` of its own: a
@@ -66,6 +66,7 @@ from mgserve.core.engine.contract import (
 )
 from mgserve.core.grammar import ForcedToken, Matcher, TokenMask
 from mgserve.cuda import snapshots as snap
+from mgserve.cuda import verify
 from mgserve.cuda.graphs import BUCKETS, DRAFT_BUCKETS, DecodeInputs, EagerDecode, GraphDecode
 from mgserve.cuda.green import green_stream
 from mgserve.cuda.models.base import DeviceLM, Span, Step
@@ -96,6 +97,8 @@ class _SlotSampling:
 
 
 class DeviceRunner:
+    supports_drafts = True  # verifies SeqWork.n_draft drafts, recurrent models too (verify.py)
+
     def __init__(
         self,
         model: DeviceLM,
@@ -107,7 +110,6 @@ class DeviceRunner:
         lane_sms: int = 0,  # the prefill lane's SMs (a green context; 0: all, shared)
     ) -> None:
         self.model = model
-        self.supports_drafts = model.rewindable
         self._max_rows = buckets[-1]
         self.device = device
         self.lanes = lanes  # run a lane batch and a decode batch at once, from two threads
@@ -151,9 +153,10 @@ class DeviceRunner:
 
     def run(self, batch: ScheduledBatch) -> StepResult:
         lane = self._prompts if batch.lane else self._decoders
-        n, graphs = _n_rows(_decode_rows(batch)), self.decode
+        rows = _decode_rows(batch)  # a row per token, drafts too (a graph of their own)
+        g, n, runs = self.decode, sum(len(w.tokens) for w in rows), any(w.n_draft for w in rows)
         # the lane holds the lock through its batch; the decoders take it to capture a graph
-        hold = batch.lane or (n > 0 and isinstance(graphs, GraphDecode) and not graphs.ready(n))
+        hold = batch.lane or (n > 0 and isinstance(g, GraphDecode) and not g.ready(n, runs))
         with self._capture if hold else contextlib.nullcontext():
             if lane.stream is None:
                 return self._run(batch, lane)
@@ -177,8 +180,7 @@ class DeviceRunner:
         for copy in batch.prefix_copies:  # before a new sequence resets a source's state
             snap.copy_prefix(self.model, self.checkpoints, copy)
         for w in batch.work:
-            if w.n_draft and not self.supports_drafts:
-                raise ValueError("drafts to verify, but a recurrent state cannot roll back here")
+            verify.check(self.model, w)
             if w.new_sequence:
                 self._slots[w.slot] = _SlotSampling(seeded(w.sampling), list(w.history))
             if w.grammar is not None:
@@ -199,8 +201,9 @@ class DeviceRunner:
         parts: list[tuple[list[SeqWork], torch.Tensor]] = []
         if prefill:
             parts.append(([w for w in prefill if w.sample], self._prefill(prefill)))
+        kept = verify.keep(self.model, decode)  # recurrent states a verify step may roll back
+        step = self._eager if batch.lane else self.decode
         if decode:
-            step = self._eager if batch.lane else self.decode
             parts.append((decode, self._decode(decode, step)))
         self.checkpoints.after(batch)
         sampled = [w for ws, _ in parts for w in ws]
@@ -210,6 +213,8 @@ class DeviceRunner:
         if sampled:
             logits = torch.cat([lg for _, lg in parts if lg.shape[0]])  # [S, V]
             results = self._sample(logits, sampled, lane)
+        if kept:  # drafting sessions of a recurrent model
+            verify.roll_back(self.model, kept, results, step.log, self.device)
         n_tokens = sum(len(w.tokens) for w in batch.work)
         return StepResult(batch.step, results, n_tokens, time.perf_counter() - t0)
 
@@ -292,7 +297,3 @@ class DeviceRunner:
 def _decode_rows(batch: ScheduledBatch) -> list[SeqWork]:
     """The work that takes the decode step: one token past position 0 (+ drafts), sampled."""
     return [w for w in batch.work if len(w.tokens) == 1 + w.n_draft and w.start > 0 and w.sample]
-
-
-def _n_rows(work: list[SeqWork]) -> int:  # a row per token: drafts too
-    return sum(len(w.tokens) for w in work)

@@ -24,7 +24,8 @@ keys: ``HybridState.snapshot``) only goes forward, so the runner takes a snapsho
 forward and, when a draft was rejected, restores it and computes tokens[: accepted + 1] again
 (no logits). The reference forward keeps no per-position state (its chunked delta rule gives only
 the final one), and re-running at most k tokens is cheap next to keeping a state per position on
-the CPU; the device runner keeps per-position states instead (issue 13). The recomputed state is
+the CPU; the device runner re-runs only the recurrent ops, on their logged inputs
+(cuda/verify.py). The recomputed state is
 that of the accepted tokens computed as one chunk, which equals plain decode's up to rounding,
 as a state continued past decoded tokens does (checkpoints.py).
 """

@@ -2,6 +2,13 @@
 // Sessions b = 0..B-1 own state slots slots[b] (distinct); nothing depends on B or on the other
 // sessions, so a session's results are the same alone or in a batch.
 //
+// Runs (speculation's verify rows, ops/chains.py): runs[b] (int32 [B], or null: every row alone)
+// is the row count of the run starting at row b, 0 for a run's later rows. A run's rows share
+// their slot and consecutive positions; the CTA(s) of its first row go through its rows in order,
+// the state in registers between rows, each row with the single-row arithmetic (the same code),
+// and store the state after the last row; the other rows' CTAs exit at once. So row r of a run
+// gives bitwise what r + 1 single-row launches give.
+//
 // Channel layout of the conv input/output (llama.cpp's attn_qkv rows), C = (2 Hk + Hv) d:
 //   [q (Hk key heads of d) | k (Hk key heads) | v (Hv value heads)]; value head h reads key head
 //   h / (Hv / Hk).
@@ -47,15 +54,16 @@
 extern "C" __global__ void __launch_bounds__(128)
     conv_step_f32(const float* __restrict__ x, float* __restrict__ conv,
                   const int* __restrict__ slots, const float* __restrict__ w,
-                  float* __restrict__ out, int C) {
+                  float* __restrict__ out, int C, const int* __restrict__ runs) {
     grid_sync();
-    const int c = blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.y;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x, b0 = blockIdx.y;
     if (c >= C) return;
-    float* st = conv + (long long)slots[b] * (CONV_K - 1) * C + c;
+    const int n = runs ? runs[b0] : 1;  // rows of the run starting here (0: a later row of one)
+    if (n == 0) return;
+    float* st = conv + (long long)slots[b0] * (CONV_K - 1) * C + c;
     float xp[CONV_K];
 #pragma unroll
     for (int j = 0; j < CONV_K - 1; ++j) xp[j] = st[(long long)j * C];
-    xp[CONV_K - 1] = x[(long long)b * C + c];
     float wc[CONV_K];
     if (CONV_K == 4 && CONV_VEC) {  // one 16-byte load of the channel's weights
         float4 v = reinterpret_cast<const float4*>(w)[c];
@@ -67,12 +75,17 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
         for (int j = 0; j < CONV_K; ++j) wc[j] = w[(long long)c * CONV_K + j];
     }
-    float acc = 0.0f;
+    for (int b = b0; b < b0 + n; ++b) {
+        xp[CONV_K - 1] = x[(long long)b * C + c];
+        float acc = 0.0f;
 #pragma unroll
-    for (int j = 0; j < CONV_K; ++j) acc = __fadd_rn(acc, __fmul_rn(wc[j], xp[j]));
+        for (int j = 0; j < CONV_K; ++j) acc = __fadd_rn(acc, __fmul_rn(wc[j], xp[j]));
+        out[(long long)b * C + c] = silu(acc);
 #pragma unroll
-    for (int j = 0; j < CONV_K - 1; ++j) st[(long long)j * C] = xp[j + 1];
-    out[(long long)b * C + c] = silu(acc);
+        for (int j = 0; j < CONV_K - 1; ++j) xp[j] = xp[j + 1];  // the history after row b
+    }
+#pragma unroll
+    for (int j = 0; j < CONV_K - 1; ++j) st[(long long)j * C] = xp[j];
 }
 
 // The gates of one (token, head) from its projections (delta_gates_f32 below).
@@ -96,92 +109,100 @@ template <bool RAW>
 __device__ __forceinline__ void delta_step(const float* __restrict__ y, GateSource gs,
                                            float* __restrict__ ssm, const int* __restrict__ slots,
                                            float* __restrict__ out, int n_k_heads,
-                                           int n_v_heads, float eps, float q_scale) {
+                                           int n_v_heads, float eps, float q_scale,
+                                           const int* __restrict__ runs) {
     __shared__ float qs[HEAD_DIM], ks[HEAD_DIM];
     __shared__ float red_pred[DELTA_SPLIT][DELTA_COLS], red_out[DELTA_SPLIT][DELTA_COLS];
-    const int t = threadIdx.x, wy = threadIdx.y, h = blockIdx.y, b = blockIdx.z;
+    const int t = threadIdx.x, wy = threadIdx.y, h = blockIdx.y, b0 = blockIdx.z;
+    const int n = runs ? runs[b0] : 1;  // rows of the run starting here (0: a later row of one)
+    if (n == 0) return;                  // uniform over the CTA
     const int col = blockIdx.x * DELTA_COLS + t;
     const bool active = col < HEAD_DIM;
     const int i0 = wy * DELTA_ROWS;  // this warp's rows: i0 .. i0 + DELTA_ROWS - 1 (< HEAD_DIM)
     const int kh = h / (n_v_heads / n_k_heads);
     const long long C = (long long)(2 * n_k_heads + n_v_heads) * HEAD_DIM;
-    const float* yb = y + b * C;
 
     // Issue the loads of this thread's part of the state column first: they are the long pole.
-    float* S = ssm + ((long long)slots[b] * n_v_heads + h) * (HEAD_DIM * HEAD_DIM) + col;
+    float* S = ssm + ((long long)slots[b0] * n_v_heads + h) * (HEAD_DIM * HEAD_DIM) + col;
     float s[DELTA_ROWS];
 #pragma unroll
     for (int r = 0; r < DELTA_ROWS; ++r)
         s[r] = (active && i0 + r < HEAD_DIM) ? S[(i0 + r) * HEAD_DIM] : 0.0f;
 
-    // q and k of key head kh, L2-normalised: x * rsqrt(sum(x^2) + eps). Every warp reduces the
-    // whole rows itself (same order, same result) and stores its own rows' values.
-    const float* qr = yb + kh * HEAD_DIM;
-    const float* kr = yb + (long long)(n_k_heads + kh) * HEAD_DIM;
-    float qq = 0.0f, kk = 0.0f;
-    for (int i = t; i < HEAD_DIM; i += 32) {
-        float a = qr[i], c = kr[i];
-        qq += a * a;
-        kk += c * c;
-    }
-    const float qn = rsqrtf(warp_sum(qq) + eps), kn = rsqrtf(warp_sum(kk) + eps);
-    for (int i = i0 + t; i < i0 + DELTA_ROWS && i < HEAD_DIM; i += 32) {
-        qs[i] = __fmul_rn(__fmul_rn(qr[i], qn), q_scale);
-        ks[i] = __fmul_rn(kr[i], kn);
-    }
-    __syncwarp();
+    for (int b = b0; b < b0 + n; ++b) {  // the run's rows in order, the state in registers
+        const float* yb = y + b * C;
+        // q and k of key head kh, L2-normalised: x * rsqrt(sum(x^2) + eps). Every warp reduces
+        // the whole rows itself (same order, same result) and stores its own rows' values.
+        const float* qr = yb + kh * HEAD_DIM;
+        const float* kr = yb + (long long)(n_k_heads + kh) * HEAD_DIM;
+        float qq = 0.0f, kk = 0.0f;
+        for (int i = t; i < HEAD_DIM; i += 32) {
+            float a = qr[i], c = kr[i];
+            qq += a * a;
+            kk += c * c;
+        }
+        const float qn = rsqrtf(warp_sum(qq) + eps), kn = rsqrtf(warp_sum(kk) + eps);
+        for (int i = i0 + t; i < i0 + DELTA_ROWS && i < HEAD_DIM; i += 32) {
+            qs[i] = __fmul_rn(__fmul_rn(qr[i], qn), q_scale);
+            ks[i] = __fmul_rn(kr[i], kn);
+        }
+        __syncwarp();
 
-    float gv, bt;
-    if (RAW) {
-        delta_gate(gs.b[b * gs.b_stride + h], gs.alpha[b * gs.a_stride + h], gs.dt_bias[h],
-                   gs.a[h], &gv, &bt);
-    } else {
-        gv = gs.g[b * n_v_heads + h];
-        bt = gs.beta[b * n_v_heads + h];
-    }
-    const float a = expf(gv);
-    float pred = 0.0f;  // this warp's rows of (a S)^T k, for column col
-#pragma unroll
-    for (int r = 0; r < DELTA_ROWS; ++r) {
-        if (i0 + r < HEAD_DIM) {
-            s[r] = __fmul_rn(s[r], a);
-            pred = fmaf(s[r], ks[i0 + r], pred);
+        float gv, bt;
+        if (RAW) {
+            delta_gate(gs.b[b * gs.b_stride + h], gs.alpha[b * gs.a_stride + h], gs.dt_bias[h],
+                       gs.a[h], &gv, &bt);
+        } else {
+            gv = gs.g[b * n_v_heads + h];
+            bt = gs.beta[b * n_v_heads + h];
         }
-    }
-    red_pred[wy][t] = pred;
-    __syncthreads();
-    pred = 0.0f;
+        const float a = expf(gv);
+        float pred = 0.0f;  // this warp's rows of (a S)^T k, for column col
 #pragma unroll
-    for (int w = 0; w < DELTA_SPLIT; ++w) pred += red_pred[w][t];
-    const float v = active ? yb[(long long)(2 * n_k_heads + h) * HEAD_DIM + col] : 0.0f;
-    const float delta = __fmul_rn(__fsub_rn(v, pred), bt);
-    float o = 0.0f;
-#pragma unroll
-    for (int r = 0; r < DELTA_ROWS; ++r) {
-        if (i0 + r < HEAD_DIM) {
-            s[r] = __fadd_rn(s[r], __fmul_rn(ks[i0 + r], delta));
-            o = fmaf(s[r], qs[i0 + r], o);
-            if (active) S[(i0 + r) * HEAD_DIM] = s[r];
+        for (int r = 0; r < DELTA_ROWS; ++r) {
+            if (i0 + r < HEAD_DIM) {
+                s[r] = __fmul_rn(s[r], a);
+                pred = fmaf(s[r], ks[i0 + r], pred);
+            }
         }
-    }
-    red_out[wy][t] = o;
-    __syncthreads();
-    if (wy == 0 && active) {
-        o = 0.0f;
+        red_pred[wy][t] = pred;
+        __syncthreads();
+        pred = 0.0f;
 #pragma unroll
-        for (int w = 0; w < DELTA_SPLIT; ++w) o += red_out[w][t];
-        out[((long long)b * n_v_heads + h) * HEAD_DIM + col] = o;
+        for (int w = 0; w < DELTA_SPLIT; ++w) pred += red_pred[w][t];
+        const float v = active ? yb[(long long)(2 * n_k_heads + h) * HEAD_DIM + col] : 0.0f;
+        const float delta = __fmul_rn(__fsub_rn(v, pred), bt);
+        float o = 0.0f;
+#pragma unroll
+        for (int r = 0; r < DELTA_ROWS; ++r) {
+            if (i0 + r < HEAD_DIM) {
+                s[r] = __fadd_rn(s[r], __fmul_rn(ks[i0 + r], delta));
+                o = fmaf(s[r], qs[i0 + r], o);
+            }
+        }
+        red_out[wy][t] = o;
+        __syncthreads();
+        if (wy == 0 && active) {
+            o = 0.0f;
+#pragma unroll
+            for (int w = 0; w < DELTA_SPLIT; ++w) o += red_out[w][t];
+            out[((long long)b * n_v_heads + h) * HEAD_DIM + col] = o;
+        }
+        __syncthreads();  // the next row rewrites qs, ks, red_pred and red_out
     }
+#pragma unroll
+    for (int r = 0; r < DELTA_ROWS; ++r)
+        if (active && i0 + r < HEAD_DIM) S[(i0 + r) * HEAD_DIM] = s[r];
 }
 
 extern "C" __global__ void __launch_bounds__(DELTA_COLS * DELTA_SPLIT)
     delta_step_f32(const float* __restrict__ y, const float* __restrict__ g,
                    const float* __restrict__ beta, float* __restrict__ ssm,
                    const int* __restrict__ slots, float* __restrict__ out, int n_k_heads,
-                   int n_v_heads, float eps, float q_scale) {
+                   int n_v_heads, float eps, float q_scale, const int* __restrict__ runs) {
     grid_sync();
     const GateSource gs = {g, beta, nullptr, nullptr, nullptr, nullptr, 0, 0};
-    delta_step<false>(y, gs, ssm, slots, out, n_k_heads, n_v_heads, eps, q_scale);
+    delta_step<false>(y, gs, ssm, slots, out, n_k_heads, n_v_heads, eps, q_scale, runs);
 }
 
 // delta_step_f32 with the gates made from the projections inside (delta_gate): b, alpha rows at
@@ -192,10 +213,10 @@ extern "C" __global__ void __launch_bounds__(DELTA_COLS * DELTA_SPLIT)
                          const float* __restrict__ dt_bias, const float* __restrict__ a,
                          float* __restrict__ ssm, const int* __restrict__ slots,
                          float* __restrict__ out, int n_k_heads, int n_v_heads, float eps,
-                         float q_scale) {
+                         float q_scale, const int* __restrict__ runs) {
     grid_sync();
     const GateSource gs = {nullptr, nullptr, b, alpha, dt_bias, a, b_stride, a_stride};
-    delta_step<true>(y, gs, ssm, slots, out, n_k_heads, n_v_heads, eps, q_scale);
+    delta_step<true>(y, gs, ssm, slots, out, n_k_heads, n_v_heads, eps, q_scale, runs);
 }
 
 // delta_gates_f32: the per-head gates of one step's tokens from their projections:

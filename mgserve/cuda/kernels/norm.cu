@@ -241,40 +241,52 @@ extern "C" __global__ void __launch_bounds__(256)
 // grid = B, block = TPR threads: the row width rms_norm_f32 takes for D (NormCuda), so the norm
 // reduces in its order. pooled, normed [B, D] are scratch; VEC as rms_norm_f32_v4 (D % 4 == 0,
 // aligned). Dynamic shared memory: n_rot floats (cos, sin). A padding slot may repeat (its rows
-// are garbage either way); real slots are distinct.
+// are garbage either way); real slots are distinct, but for runs: runs[b] (int32 [B], or null:
+// every row alone) is the row count of the run of one slot's consecutive positions starting at
+// row b (0 at its later rows, whose CTAs exit): the first row's CTA takes the run's rows in
+// order, each with the single-row code (ops/chains.py).
 extern "C" __global__ void __launch_bounds__(256)
     qsa_keys_decode_f32(const float* __restrict__ raw, float* __restrict__ pending,
                         float* __restrict__ blocks, const int* __restrict__ slots,
                         const int* __restrict__ pos, const float* __restrict__ k_norm,
                         const double* __restrict__ inv_freq, float* __restrict__ pooled,
                         float* __restrict__ normed, int B, int ratio, int n_blocks, int D,
-                        int n_rot, double scale, float eps, float inv_ratio, int vec) {
+                        int n_rot, double scale, float eps, float inv_ratio, int vec,
+                        const int* __restrict__ runs) {
     grid_sync();
     extern __shared__ float smem[];
-    const int b = blockIdx.x, t = threadIdx.x, tpr = blockDim.x;
-    const int slot = slots[b], p = pos[b];
+    const int b0 = blockIdx.x, t = threadIdx.x, tpr = blockDim.x;
+    const int n = runs ? runs[b0] : 1;  // rows of the run starting here (0: a later row of one)
+    if (n == 0) return;
+    const int slot = slots[b0];
     float* pend = pending + (long long)slot * ratio * D;  // this session's [ratio, D]
-    const float* xr = raw + (long long)b * D;
-    for (int i = t; i < D; i += tpr) pend[(long long)(p % ratio) * D + i] = xr[i];
-    if ((p + 1) % ratio != 0) return;  // the block is not complete (uniform over the CTA)
-    float* pr = pooled + (long long)b * D;
-    for (int i = t; i < D; i += tpr) {  // each thread re-reads only values it wrote or kept
-        float acc = pend[i];
-        for (int j = 1; j < ratio; ++j) acc = __fadd_rn(acc, pend[(long long)j * D + i]);
-        pr[i] = __fmul_rn(acc, inv_ratio);
+    for (int b = b0; b < b0 + n; ++b) {
+        const int p = pos[b];
+        const float* xr = raw + (long long)b * D;
+        for (int i = t; i < D; i += tpr) pend[(long long)(p % ratio) * D + i] = xr[i];
+        if ((p + 1) % ratio != 0) continue;  // the block is not complete (uniform over the CTA)
+        float* pr = pooled + (long long)b * D;
+        for (int i = t; i < D; i += tpr) {  // each thread re-reads only values it wrote or kept
+            float acc = pend[i];
+            for (int j = 1; j < ratio; ++j) acc = __fadd_rn(acc, pend[(long long)j * D + i]);
+            pr[i] = __fmul_rn(acc, inv_ratio);
+        }
+        __syncthreads();
+        // rms_norm_row normalises row blockIdx.x (b0): its pointers move on to row b
+        const long long shift = (long long)(b - b0) * D;
+        if (vec)
+            rms_norm_row<true>(pooled + shift, D, k_norm, 1, nullptr, 1, 0, nullptr, nullptr,
+                               normed + shift, B, D, eps, 0);
+        else
+            rms_norm_row<false>(pooled + shift, D, k_norm, 1, nullptr, 1, 0, nullptr, nullptr,
+                                normed + shift, B, D, eps, 0);
+        const int half = n_rot / 2;
+        float *cs = smem, *sn = smem + half;
+        rope_table(cs, sn, p + 1 - ratio, scale, inv_freq, nullptr, half);
+        __syncthreads();  // also orders the norm's writes of normed before the reads below
+        const float* nr = normed + (long long)b * D;
+        float* out = blocks + ((long long)slot * n_blocks + p / ratio) * D;
+        for (int i = t; i < D; i += tpr) out[i] = rope_value(nr, cs, sn, i, n_rot, 1);
+        __syncthreads();  // the next row rewrites cs, sn and the norm's partial sums
     }
-    __syncthreads();
-    if (vec)
-        rms_norm_row<true>(pooled, D, k_norm, 1, nullptr, 1, 0, nullptr, nullptr, normed, B, D,
-                           eps, 0);
-    else
-        rms_norm_row<false>(pooled, D, k_norm, 1, nullptr, 1, 0, nullptr, nullptr, normed, B, D,
-                            eps, 0);
-    const int half = n_rot / 2;
-    float *cs = smem, *sn = smem + half;
-    rope_table(cs, sn, p + 1 - ratio, scale, inv_freq, nullptr, half);
-    __syncthreads();  // also orders the norm's writes of normed before the reads below
-    const float* nr = normed + (long long)b * D;
-    float* out = blocks + ((long long)slot * n_blocks + p / ratio) * D;
-    for (int i = t; i < D; i += tpr) out[i] = rope_value(nr, cs, sn, i, n_rot, 1);
 }

@@ -2,9 +2,11 @@
 
 A step is either
 
-- decode: B sessions, one token each, none at position 0. Everything the step reads is in device
+- decode: B rows, one token each, none at position 0. Everything the step reads is in device
   tensors of shape [B] (tokens, positions, slots), so the same code captures into one CUDA graph
-  per B and replays for any sessions, slots and depths; or
+  per B and replays for any sessions, slots and depths. A session has one row, or (a speculation
+  verify step) a run of consecutive rows at consecutive positions, which the ops that keep a
+  recurrent state take in order (``chains``, ops/chains.py); or
 - prefill: one or more prompt chunks (``spans``), token-wise work on all their tokens at once and
   the per-session work (attention over the session's cache, recurrences) span by span. Prefill
   runs eagerly and may read host-side span data.
@@ -24,6 +26,7 @@ import torch
 
 from mgserve.core.gguf.hparams import ModelSpec
 from mgserve.cuda.loader import Loader
+from mgserve.cuda.ops.chains import Chains
 from mgserve.cuda.pools import SlotPools
 from mgserve.cuda.weights import QuantWeight
 
@@ -47,6 +50,17 @@ class Step:
     logit_rows: torch.Tensor | None = None  # [R] int64 rows wanting logits; None: every row
     extra: Any = None  # model-specific host-made inputs (qwen4exp: PLE rows [N, n_heads * dim])
     lengths: torch.Tensor | None = None  # [N] int32 pos + 1; decode inputs carry it (key_lengths)
+    chains: Chains | None = None  # decode: the runs of a slot's rows (None: every row alone)
+    # decode: where a recurrent model logs, layer by layer, how to re-run its state updates on
+    # some of the step's rows (``Replay``; the runner's rollback after a verify step: verify.py)
+    log: list[Replay] | None = None
+
+
+class Replay(Protocol):
+    def __call__(self, rows: torch.Tensor, slots: torch.Tensor, chains: Chains) -> None:
+        """Re-run one layer's state updates of the step's ``rows`` [R] int64 (their logged
+        inputs) on ``slots`` [R] int32, runs as ``chains`` say."""
+        ...
 
 
 class DeviceLM(Protocol):

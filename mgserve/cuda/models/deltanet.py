@@ -10,11 +10,16 @@ in the file's order instead.
 
 The beta and alpha projections are one weight (rows [beta | alpha]) where their formats allow, and
 one ``deltanet.gates`` op turns them into the decay and write strength.
+
+Decode passes the step's runs (``Step.chains``) to the conv and delta-rule steps and, when the
+step logs (``Step.log``), logs how to re-run them on some rows from their inputs (qkv, beta and
+alpha projections): a verify step's rollback (cuda/verify.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -24,6 +29,7 @@ from mgserve.core.gguf.reader import GGUFError
 from mgserve.core.models.hybrid_weights import ssm_in_rows
 from mgserve.cuda.loader import Loader, fuse_rows, select_rows
 from mgserve.cuda.models.base import Step, fused_matmul
+from mgserve.cuda.ops.chains import Chains
 from mgserve.cuda.pools import SlotPools
 from mgserve.cuda.weights import QuantWeight
 
@@ -116,11 +122,9 @@ def deltanet_forward(
     beta_x, alpha_x = fused_matmul(b, h, w.ba, [hv, hv], xq)  # [N, H_v] each
     conv, ssm = pools.conv[il], pools.ssm[il]
     if step.decode:
-        y = b.deltanet.conv_step(qkv, conv, step.slots, w.conv)
-        o = b.deltanet.step_gates(
-            y, beta_x, alpha_x, w.dt_bias, w.a, ssm, step.slots, n_k_heads=hk, n_v_heads=hv,
-            head_dim=dh, eps=eps,
-        )  # fmt: skip
+        o = _decode(b, w, conv, ssm, qkv, beta_x, alpha_x, step.slots, step.chains, hp, eps)
+        if step.log is not None:
+            step.log.append(partial(_replay, b, w, conv, ssm, qkv, beta_x, alpha_x, hp, eps))
     else:
         g, beta = b.deltanet.gates(beta_x, alpha_x, w.dt_bias, w.a)
         parts, off = [], 0
@@ -137,3 +141,26 @@ def deltanet_forward(
     fuse = b.linear.fused_xq(z.shape[0], z.shape[1])  # the norm writes ssm_out's int8 input
     out, oq = b.norm.gated_xq(o, z, w.norm, eps, w.sigmoid_gate, w.out_heads, xq=fuse)
     return b.linear.matmul(out, w.out, residual=residual, xq=oq)
+
+
+def _decode(
+    b: Backend, w: DeltaNet, conv: torch.Tensor, ssm: torch.Tensor, qkv: torch.Tensor,
+    beta_x: torch.Tensor, alpha_x: torch.Tensor, slots: torch.Tensor, chains: Chains | None,
+    hp: HybridSpec, eps: float,
+) -> torch.Tensor:  # fmt: skip
+    """The decode rows' conv and delta-rule steps: o [N, H_v, d_v]."""
+    y = b.deltanet.conv_step(qkv, conv, slots, w.conv, chains)
+    return b.deltanet.step_gates(
+        y, beta_x, alpha_x, w.dt_bias, w.a, ssm, slots, n_k_heads=hp.ssm_k_heads,
+        n_v_heads=hp.ssm_v_heads, head_dim=hp.ssm_head_dim, eps=eps, chains=chains,
+    )  # fmt: skip
+
+
+def _replay(
+    b: Backend, w: DeltaNet, conv: torch.Tensor, ssm: torch.Tensor, qkv: torch.Tensor,
+    beta_x: torch.Tensor, alpha_x: torch.Tensor, hp: HybridSpec, eps: float,
+    rows: torch.Tensor, slots: torch.Tensor, chains: Chains,
+) -> None:  # fmt: skip
+    """``_decode`` again on the logged inputs of ``rows`` (a ``Replay``)."""
+    qkv, beta_x, alpha_x = (t.index_select(0, rows) for t in (qkv, beta_x, alpha_x))
+    _decode(b, w, conv, ssm, qkv, beta_x, alpha_x, slots, chains, hp, eps)

@@ -5,10 +5,15 @@ core/models/qwen4exp.py).
 
 Decode reads only [B]-shaped device inputs: QSA's block keys are pooled on the device as blocks
 complete (``backend.qsa_keys``); PLE rows are hashed and gathered on the host and handed over as
-``Step.extra`` (``step_extra``, which advances each slot's token history).
+``Step.extra`` (``step_extra``, which advances each slot's token history). The QSA pending keys
+and the PLE conv take the step's runs (``Step.chains``) and log their re-runs (``Step.log``) as
+the DeltaNet layers do (models/deltanet.py).
 """
 
 from __future__ import annotations
+
+from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,6 +26,7 @@ from mgserve.cuda.models.base import Step, key_lengths, rows
 from mgserve.cuda.models.hybrid import HybridLM, Layer
 from mgserve.cuda.models.moe import load_moe, moe_ffn
 from mgserve.cuda.models.qwen4exp_weights import HC, Indexer, Ple, load_hc, load_indexer, load_ple
+from mgserve.cuda.ops.chains import Chains
 from mgserve.cuda.ops.linear_tuning import Q8Activations
 from mgserve.cuda.pools import KVLayer
 
@@ -169,10 +175,13 @@ class Qwen4ExpLM(HybridLM):
         n_rot, base, rope_scale = spec.n_rot, spec.rope_base, spec.rope_scale
         ratio, budget, scale = qp.ratio, qp.idx_budget, spec.attn_scale
         if step.decode:
-            b.qsa_keys.write_decode(
-                raw, pending, blocks, step.slots, step.pos, w.k_norm, eps, n_rot=n_rot,
-                base=base, scale=rope_scale,
+            write = partial(
+                b.qsa_keys.write_decode, pending=pending, blocks=blocks, k_norm=w.k_norm, eps=eps,
+                n_rot=n_rot, base=base, scale=rope_scale,
             )  # fmt: skip
+            write(raw=raw, slots=step.slots, pos=step.pos, chains=step.chains)
+            if step.log is not None:
+                step.log.append(partial(_replay_keys, write, raw, step.pos))
             return b.qsa.decode(
                 q, iq, kc, vc, blocks, step.slots, key_lengths(step), ratio=ratio, budget=budget,
                 scale=scale,
@@ -205,7 +214,10 @@ class Qwen4ExpLM(HybridLM):
             self.spec.rms_eps,
         )  # fmt: skip
         if step.decode:
-            conv_out = b.ple.conv_decode(conv_in, hist, step.slots, w.conv, dilation)
+            conv = partial(b.ple.conv_decode, history=hist, weight=w.conv, dilation=dilation)
+            conv_out = conv(conv_in, slots=step.slots, chains=step.chains)
+            if step.log is not None:
+                step.log.append(partial(_replay_ple, conv, conv_in))
         else:
             parts, off = [], 0
             for s in step.spans:
@@ -214,3 +226,15 @@ class Qwen4ExpLM(HybridLM):
                 off += s.n
             conv_out = torch.cat(parts)
         return gated + conv_out.view(n, hc, d)
+
+
+def _replay_keys(write: Any, raw: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
+                 slots: torch.Tensor, chains: Chains) -> None:  # fmt: skip
+    """A decode step's QSA key writes again, on the logged keys of ``rows`` (a ``Replay``)."""
+    write(raw=raw.index_select(0, rows), slots=slots, pos=pos.index_select(0, rows), chains=chains)
+
+
+def _replay_ple(conv: Any, conv_in: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
+                chains: Chains) -> None:  # fmt: skip
+    """A decode step's PLE conv again, on the logged inputs of ``rows`` (a ``Replay``)."""
+    conv(conv_in.index_select(0, rows), slots=slots, chains=chains)

@@ -2,8 +2,10 @@
 delta rule) for decode (B sessions, one token each) and prefill (one session's chunk).
 
 State lives in per-layer pools indexed by slot: ``conv`` [n_slots, K - 1, C] and ``ssm``
-[n_slots, H_v, d_k, d_v]; the decode ops take ``slots`` [B] int32 (distinct) and update only those
-slots, in place, static-shape and sync-free (CUDA-graph capturable); ``prefill`` may synchronise.
+[n_slots, H_v, d_k, d_v]; the decode ops take ``slots`` [B] int32 and update only those slots, in
+place, static-shape and sync-free (CUDA-graph capturable); ``prefill`` may synchronise. Slots are
+distinct, but for ``chains`` (ops/chains.py): the rows of a run share their slot and go through
+the recurrence in order, each with the single-row arithmetic.
 Channel layout of the conv input / output (llama.cpp's ``attn_qkv``): [q (all key heads) | k (all
 key heads) | v (all value heads)], C = (2 H_k + H_v) d; value head j reads key head
 j // (H_v / H_k).
@@ -19,6 +21,7 @@ import torch
 
 from mgserve.core.reference import deltanet, rowwise
 from mgserve.cuda.checks import check_f32, check_index, shape_error
+from mgserve.cuda.ops.chains import Chains, histories
 from mgserve.cuda.ops.deltanet_chunked import delta_rule_chunked_device
 
 
@@ -169,16 +172,21 @@ class DeltaNetTorch:
         self,
         x: torch.Tensor,  # [B, C] this token's raw qkv of each session
         conv: torch.Tensor,  # [n_slots, K - 1, C] previous inputs, oldest first (updated)
-        slots: torch.Tensor,  # [B] int32, distinct
+        slots: torch.Tensor,  # [B] int32, distinct (but for chains' runs)
         weight: torch.Tensor,  # [C, K] depthwise conv weight
+        chains: Chains | None = None,
     ) -> torch.Tensor:  # [B, C] silu(causal conv)
         """One decode token of the depthwise causal conv + silu; shifts conv[slots[b]] (drops the
-        oldest input, appends x[b]). Sync-free."""
+        oldest input, appends x[b]); a run's rows one after the other. Sync-free."""
         check_conv(x, conv, weight)
         check_index("slots", slots, x.shape[0])
         idx = slots.long()
-        y, new = deltanet.causal_conv(x[:, None], conv.index_select(0, idx), weight)
-        conv.index_copy_(0, idx, new)
+        if chains is None or chains.alone:
+            y, new = deltanet.causal_conv(x[:, None], conv.index_select(0, idx), weight)
+            conv.index_copy_(0, idx, new)
+        else:  # each row's own history: the slot's, then its run's rows before it
+            y, new = deltanet.causal_conv(x[:, None], histories(conv, x, slots, chains), weight)
+            conv.index_copy_(0, idx, chains.select(new))  # a run's rows write the same state
         return rowwise.silu(y[:, 0]).contiguous()
 
     def step(
@@ -187,37 +195,49 @@ class DeltaNetTorch:
         g: torch.Tensor,  # [B, H_v] log decay
         beta: torch.Tensor,  # [B, H_v] write strength
         ssm: torch.Tensor,  # [n_slots, H_v, d_k, d_v] (updated)
-        slots: torch.Tensor,  # [B] int32, distinct
+        slots: torch.Tensor,  # [B] int32, distinct (but for chains' runs)
         *,
         n_k_heads: int,
         n_v_heads: int,
         head_dim: int,
         eps: float,
+        chains: Chains | None = None,
     ) -> torch.Tensor:  # o [B, H_v, d_v]
         """One decode token of the gated delta rule for B sessions: q, k L2-normed per key head
         (q scaled by head_dim^-0.5), then S <- exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q
-        on ssm[slots[b]] in place. Sync-free."""
+        on ssm[slots[b]] in place. Sync-free. With ``chains``: ``chains.longest`` waves over
+        all rows, wave j advancing the rows j of the runs from their predecessor's state."""
         check_f32("y", y)
         check_step(y, g, beta, ssm, slots, n_k_heads, n_v_heads, head_dim)
         idx = slots.long()
         q, k, v = split_qkv(y[:, None], n_k_heads, n_v_heads, head_dim, eps)  # [B, 1, H_v, d]
-        o, new = deltanet.delta_rule_recurrent(
-            q, k, v, g[:, None], beta[:, None], ssm.index_select(0, idx)
-        )
-        ssm.index_copy_(0, idx, new)
-        return o[:, 0]
+        state = ssm.index_select(0, idx)
+        if chains is None or chains.alone:
+            o, new = deltanet.delta_rule_recurrent(q, k, v, g[:, None], beta[:, None], state)
+            ssm.index_copy_(0, idx, new)
+            return o[:, 0]
+        depth = chains.depth.long()[:, None, None, None]  # [B, 1, 1, 1]
+        out, after = torch.zeros_like(v), state  # [B, 1, H_v, d]; each row's state after it
+        for j in range(chains.longest):
+            o, new = deltanet.delta_rule_recurrent(q, k, v, g[:, None], beta[:, None], state)
+            out = torch.where(depth == j, o, out)
+            after = torch.where(depth == j, new, after)
+            before_next = torch.cat((new[:1], new[:-1]))  # row i - 1's new state, at row i
+            state = torch.where(depth == j + 1, before_next, state)
+        ssm.index_copy_(0, idx, chains.select(after))  # a run's rows write the same state
+        return out[:, 0]
 
     def step_gates(
         self, y: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, dt_bias: torch.Tensor,
         a: torch.Tensor, ssm: torch.Tensor, slots: torch.Tensor, *, n_k_heads: int,
-        n_v_heads: int, head_dim: int, eps: float,
+        n_v_heads: int, head_dim: int, eps: float, chains: Chains | None = None,
     ) -> torch.Tensor:  # fmt: skip
         """``step`` with g, beta = ``gates(b, alpha, dt_bias, a)`` (the CUDA version makes them
         inside the step's kernel)."""
         g, beta = self.gates(b, alpha, dt_bias, a)
         return self.step(
             y, g, beta, ssm, slots, n_k_heads=n_k_heads, n_v_heads=n_v_heads, head_dim=head_dim,
-            eps=eps,
+            eps=eps, chains=chains,
         )  # fmt: skip
 
     def prefill(

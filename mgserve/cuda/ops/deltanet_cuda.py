@@ -1,7 +1,9 @@
 """``DeltaNetCuda``: the deltanet family's decode steps on kernels/deltanet.cu (``conv_step_f32``:
 one thread per channel; ``delta_step_f32``: one CTA per (32 state columns, value head, session),
 the state column in registers; ``delta_gates_f32``: both gates of every token in one launch;
-``step_gates`` with ``fused``: ``delta_step_gates_f32``, the step making its gates itself).
+``step_gates`` with ``fused``: ``delta_step_gates_f32``, the step making its gates itself). With
+``chains`` (ops/chains.py) the decode kernels take the runs: a run's rows go through the conv and
+the recurrence in order, in the CTAs of its first row.
 Prefill: kernels/deltanet_chunked.cu (deltanet_prefill_cuda.py) for head dim 128, the torch
 version (deltanet_chunked.py on the device) otherwise. Inputs must be float32 (int32 for slots)
 on this device."""
@@ -13,6 +15,7 @@ import torch
 
 from mgserve.cuda.checks import check_cuda, check_index, check_vec4, shape_error
 from mgserve.cuda.launch import Kernels
+from mgserve.cuda.ops.chains import Chains
 from mgserve.cuda.ops.deltanet import (
     DeltaNetTorch,
     check_conv,
@@ -106,8 +109,9 @@ class DeltaNetCuda:
         return g, beta
 
     def conv_step(
-        self, x: torch.Tensor, conv: torch.Tensor, slots: torch.Tensor, weight: torch.Tensor
-    ) -> torch.Tensor:
+        self, x: torch.Tensor, conv: torch.Tensor, slots: torch.Tensor, weight: torch.Tensor,
+        chains: Chains | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         k = check_conv(x, conv, weight)
         for name, t in (("x", x), ("conv", conv), ("weight", weight)):
             check_cuda(name, t, self.device, torch.float32)
@@ -132,6 +136,7 @@ class DeltaNetCuda:
             weight.data_ptr(),
             out.data_ptr(),
             np.int32(c),
+            _runs(chains, b, self.device),
         )
         return out
 
@@ -147,6 +152,7 @@ class DeltaNetCuda:
         n_v_heads: int,
         head_dim: int,
         eps: float,
+        chains: Chains | None = None,
     ) -> torch.Tensor:
         # per-token rows read in place; views (rowwise's padded outputs, slices) are copied
         y, g, beta = (t if t.is_contiguous() else t.contiguous() for t in (y, g, beta))
@@ -154,18 +160,18 @@ class DeltaNetCuda:
             check_cuda(name, t, self.device, torch.float32)
         check_step(y, g, beta, ssm, slots, n_k_heads, n_v_heads, head_dim)
         gates = (g.data_ptr(), beta.data_ptr())
-        return self._step("delta_step_f32", y, gates, ssm, slots, n_k_heads, n_v_heads, eps)
+        return self._step("delta_step_f32", y, gates, ssm, slots, n_k_heads, n_v_heads, eps, chains)
 
     def step_gates(
         self, y: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, dt_bias: torch.Tensor,
         a: torch.Tensor, ssm: torch.Tensor, slots: torch.Tensor, *, n_k_heads: int,
-        n_v_heads: int, head_dim: int, eps: float,
+        n_v_heads: int, head_dim: int, eps: float, chains: Chains | None = None,
     ) -> torch.Tensor:  # fmt: skip
         if not self.fused:  # two launches
             g, beta = self.gates(b, alpha, dt_bias, a)
             return self.step(
                 y, g, beta, ssm, slots, n_k_heads=n_k_heads, n_v_heads=n_v_heads,
-                head_dim=head_dim, eps=eps,
+                head_dim=head_dim, eps=eps, chains=chains,
             )  # fmt: skip
         n, hv = check_gates(b, alpha, dt_bias, a)
         for name, t in (("b", b), ("alpha", alpha)):
@@ -178,11 +184,13 @@ class DeltaNetCuda:
             raise shape_error("b", b, f"[{y.shape[0]}, {n_v_heads}]")
         gates = (b.data_ptr(), np.int64(b.stride(0)), alpha.data_ptr(), np.int64(alpha.stride(0)),
                  dt_bias.data_ptr(), a.data_ptr())  # fmt: skip
-        return self._step("delta_step_gates_f32", y, gates, ssm, slots, n_k_heads, n_v_heads, eps)
+        return self._step(
+            "delta_step_gates_f32", y, gates, ssm, slots, n_k_heads, n_v_heads, eps, chains
+        )
 
     def _step(
         self, name: str, y: torch.Tensor, gates: tuple[object, ...], ssm: torch.Tensor,
-        slots: torch.Tensor, n_k_heads: int, n_v_heads: int, eps: float,
+        slots: torch.Tensor, n_k_heads: int, n_v_heads: int, eps: float, chains: Chains | None,
     ) -> torch.Tensor:  # fmt: skip
         """Launch ``name`` (delta_step_f32 or delta_step_gates_f32: ``gates`` are its gate
         arguments) on checked shapes."""
@@ -210,5 +218,15 @@ class DeltaNetCuda:
             np.int32(n_v_heads),
             np.float32(eps),
             np.float32(head_dim**-0.5),
+            _runs(chains, b, self.device),
         )
         return o
+
+
+def _runs(chains: Chains | None, n: int, device: torch.device) -> int:
+    """The kernels' ``runs`` argument: chains.runs' pointer, or null (every row alone)."""
+    if chains is None:
+        return 0
+    check_cuda("runs", chains.runs, device, torch.int32)
+    check_index("runs", chains.runs, n)
+    return chains.runs.data_ptr()

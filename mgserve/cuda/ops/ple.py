@@ -4,7 +4,8 @@ token's table rows (hashed and gathered on the host, ``mgserve.core.reference.pl
 There is no PLE kernel: the arithmetic is the reference's (``ple.gate_values``,
 ``ple.dilated_conv``), run on the backend's own linear and norm families, so one class serves
 both backends. The decode conv gathers the slots' histories and runs all B sessions as one batch
-of the reference conv (static shapes, sync-free: it captures into a CUDA graph).
+of the reference conv (static shapes, sync-free: it captures into a CUDA graph); with ``chains``
+(ops/chains.py) each row's history is gathered as it stands before that row of its run.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from mgserve.core.reference import ple
+from mgserve.cuda.ops.chains import Chains, histories
 from mgserve.cuda.ops.linear import LinearTorch
 from mgserve.cuda.ops.linear_cuda import LinearCuda
 from mgserve.cuda.ops.norm import NormCuda, NormTorch
@@ -43,14 +45,20 @@ class Ple:
         self,
         x: torch.Tensor,  # [B, C] each session's new conv input
         history: torch.Tensor,  # [n_slots, (K - 1) * dilation, C] (history[slots] advanced)
-        slots: torch.Tensor,  # [B] int32, distinct
+        slots: torch.Tensor,  # [B] int32, distinct (but for chains' runs)
         weight: torch.Tensor,  # [C, K]
         dilation: int,
+        chains: Chains | None = None,
     ) -> torch.Tensor:  # [B, C] silu(conv)
-        """One token of ``ple.dilated_conv`` for each of B sessions."""
+        """One token of ``ple.dilated_conv`` for each of B sessions (a run's rows in order)."""
         idx = slots.long()
-        y, new = ple.dilated_conv(x[:, None], history.index_select(0, idx), weight, dilation)
-        history.index_copy_(0, idx, new)
+        if chains is None or chains.alone:
+            y, new = ple.dilated_conv(x[:, None], history.index_select(0, idx), weight, dilation)
+            history.index_copy_(0, idx, new)
+        else:
+            before = histories(history, x, slots, chains)
+            y, new = ple.dilated_conv(x[:, None], before, weight, dilation)
+            history.index_copy_(0, idx, chains.select(new))  # a run's rows write the same
         return y[:, 0]
 
     def conv_prefill(

@@ -8,7 +8,11 @@ serves both backends; given ``kernels`` (the CUDA backend with ``fused_decode``)
 instead runs ``qsa_keys_decode_f32`` (kernels/norm.cu): the same arithmetic (the norm and rope
 kernels' device code, the sum in order, torch's reciprocal for the mean) in one launch instead of
 about twenty. Decode is static-shape and sync-free (every row pools its slot's pending block and
-keeps the result only where the block is complete).
+keeps the result only where the block is complete). With ``chains`` (ops/chains.py) the rows of
+a run (one slot's consecutive positions) go in order: each pools its block as it stands after
+it, and the slot keeps the pending block after the run's last row (the kernel loops over the run;
+the torch version gathers each row's block, ``chains.pending_after``, and every row of a run
+writes the same values: the block's key where the run completes it, the pending block after it).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 from mgserve.core.reference import rowwise
 from mgserve.cuda.checks import check_cuda, vec4_ok
 from mgserve.cuda.launch import Kernels
+from mgserve.cuda.ops.chains import Chains, pending_after
 from mgserve.cuda.ops.norm import NORM_SOURCE, NormCuda, NormTorch, row_threads
 from mgserve.cuda.ops.rope import RopeCuda, RopeTorch
 
@@ -65,29 +70,40 @@ class BlockKeys:
         n_rot: int,
         base: float,
         scale: float,
+        chains: Chains | None = None,
     ) -> None:
         """Add one token per session to its pending block; pool the blocks this completes."""
         if self.kernels is not None and isinstance(self.rope, RopeCuda):
             self._decode_kernel(
-                raw, pending, blocks, slots, pos, k_norm, eps, n_rot=n_rot, base=base, scale=scale
-            )
+                raw, pending, blocks, slots, pos, k_norm, eps, n_rot=n_rot, base=base,
+                scale=scale, chains=chains,
+            )  # fmt: skip
             return
         r = pending.shape[1]
         slots_l, pos_l = slots.long(), pos.long()
-        pending[slots_l, pos_l % r] = raw
+        if chains is None or chains.alone:
+            pending[slots_l, pos_l % r] = raw
+            after = pending.index_select(0, slots_l)
+        else:
+            after = pending_after(pending, raw, slots, pos, chains)
         first = (pos_l + 1 - r).clamp_min(0)  # the block's first position, once complete
-        pooled = self.pool(
-            pending.index_select(0, slots_l), first, k_norm, eps, n_rot=n_rot, base=base,
-            scale=scale,
-        )  # fmt: skip
-        done = ((pos_l + 1) % r == 0)[:, None]
+        pooled = self.pool(after, first, k_norm, eps, n_rot=n_rot, base=base, scale=scale)
         b = pos_l // r
-        blocks[slots_l, b] = torch.where(done, pooled, blocks[slots_l, b])
+        if chains is None or chains.alone:
+            done = ((pos_l + 1) % r == 0)[:, None]
+            blocks[slots_l, b] = torch.where(done, pooled, blocks[slots_l, b])
+            return
+        # the row of the run that completes this row's block, if the run reaches it
+        end = torch.arange(raw.shape[0], device=raw.device) + (r - 1 - pos_l % r)
+        done = (end <= chains.last.long())[:, None]
+        got = pooled.index_select(0, torch.minimum(end, chains.last.long()))
+        blocks[slots_l, b] = torch.where(done, got, blocks[slots_l, b])
+        pending.index_copy_(0, slots_l, chains.select(after))
 
     def _decode_kernel(
         self, raw: torch.Tensor, pending: torch.Tensor, blocks: torch.Tensor,
         slots: torch.Tensor, pos: torch.Tensor, k_norm: torch.Tensor, eps: float, *,
-        n_rot: int, base: float, scale: float,
+        n_rot: int, base: float, scale: float, chains: Chains | None,
     ) -> None:  # fmt: skip
         """``write_decode`` in one launch of qsa_keys_decode_f32 (same bits)."""
         assert self.kernels is not None and isinstance(self.rope, RopeCuda)
@@ -106,6 +122,10 @@ class BlockKeys:
             check_cuda(name, t, dev, torch.int32)
             if tuple(t.shape) != (n,):
                 raise ValueError(f"qsa_keys: {name} must be [{n}], one per raw key, got {t.shape}")
+        if chains is not None:
+            check_cuda("runs", chains.runs, dev, torch.int32)
+            if tuple(chains.runs.shape) != (n,):
+                raise ValueError(f"qsa_keys: runs must be [{n}], got {chains.runs.shape}")
         if n == 0:
             return
         pooled = torch.empty(n, dim, dtype=torch.float32, device=dev)
@@ -121,6 +141,7 @@ class BlockKeys:
             pooled.data_ptr(), normed.data_ptr(), np.int32(n), np.int32(r),
             np.int32(blocks.shape[1]), np.int32(dim), np.int32(n_rot), np.float64(scale),
             np.float32(eps), np.float32(1) / np.float32(r), np.int32(vec),
+            0 if chains is None else chains.runs.data_ptr(),
             shmem=n_rot * 4,
         )  # fmt: skip
 
