@@ -6,6 +6,7 @@ file system, and a slot file name cannot leave the --slot-save-path directory.""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 from mgserve.api.app import PUBLIC_PATHS, create_app
 from mgserve.core.engine.slot_store import SlotStore
+from mgserve.core.text import chat_limits
 from mgserve.core.text.chat import load_chat_template
 from tests.api.conftest import fake_service
 from tests.api.test_admission import real_engine
@@ -109,6 +111,59 @@ async def test_a_gguf_template_cannot_reach_python_or_files(src: str) -> None:
                 assert r.status == 200, text
             for leak in ("root:", "<class", "<function", "<module", "<built-in", os.getcwd()):
                 assert leak not in text, (src, text)
+
+
+# templates that would run for hours or build gigabytes: each ends in a clear error, fast
+NS = "{% set ns = namespace(s='x', l=[1]) %}"
+RUNAWAY = [
+    ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", "longer"),
+    ("{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}",
+     "longer"),
+    (NS + "{% for i in range(99) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}", "text"),
+    (NS + "{% for i in range(99) %}{% set ns.s = ns.s + ns.s %}{% endfor %}", "sequence"),
+    (NS + "{% for i in range(99) %}{% set ns.l = ns.l + ns.l %}{% endfor %}", "sequence"),
+    ("{% macro m() %}{% for i in range(99999) %}{{ 'x' * 1000000 }}{% endfor %}{% endmacro %}"
+     "{% set t = m() %}", "output"),
+    ("{% set t %}{% for i in range(99999) %}{{ 'y' * 1000000 }}{% endfor %}{% endset %}", "output"),
+    ("{% for i in range(99999) %}{{ 'z' * 1000 }} text {{ i }}{% endfor %}", "output"),
+    ("{{ (['x' * 1000000] * 1000) | join }}", "joined"),
+    ("{{ ''.join(['x' * 1000000] * 1000) }}", "joined"),
+    ("{{ ('x' * 100000) | replace('x', 'x' * 100000) }}", "replaced"),
+    ("{{ ('x' * 100000).replace('x', 'y' * 100000) }}", "replaced"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("src", "why"), RUNAWAY, ids=[f"{i}-{w}" for i, (_, w) in enumerate(RUNAWAY)]
+)
+async def test_a_runaway_template_ends_in_a_clear_error(
+    src: str, why: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(chat_limits, "RENDER_SECONDS", 1.0)
+    monkeypatch.setattr(chat_limits, "MAX_TEXT", 1 << 24)  # 16 M characters: fast to hit
+    service = fake_service()
+    service.chat = load_chat_template(None, src, "gemma3", bos_token="<bos>", eos_token="<eos>")
+    async with TestClient(TestServer(create_app(service))) as client:
+        t0 = time.monotonic()
+        body = {"messages": [{"role": "user", "content": "x"}]}
+        r = await client.post("/apply-template", json=body)
+        assert time.monotonic() - t0 < 8.0
+        assert r.status == 400, await r.text()
+        msg = (await r.json())["error"]["message"]
+        assert msg.startswith("chat template error: SecurityError") and why in msg, msg
+        assert (await client.get("/health")).status == 200  # and the server goes on
+
+
+def test_the_budget_leaves_real_templates_alone() -> None:
+    """Loops, macros, joins and replaces of ordinary size render as before, budget or not."""
+    src = (
+        "{% macro r(m) %}{{ m.role | upper }}: {{ m.content | replace('a', 'A') }}{% endmacro %}"
+        "{% for m in messages %}{{ r(m) ~ '|' }}{% endfor %}{{ messages | map(attribute='role') "
+        "| join(',') }}{{ ['p', 'q'] + ['s'] }}{{ 'ab' + 'c' }}{{ ', '.join(['u', 'v']) }}"
+    )
+    chat = load_chat_template(None, src, "gemma3")
+    msgs = [{"role": "user", "content": "banana"}, {"role": "assistant", "content": "a"}]
+    assert chat.apply(msgs) == "USER: bAnAnA|ASSISTANT: A|user,assistant['p', 'q', 's']abcu, v"
 
 
 @pytest.fixture

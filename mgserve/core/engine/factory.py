@@ -67,6 +67,7 @@ def _on_gpu(g: GGUFFile, settings: Settings) -> LoadedEngine:
     from mgserve.core.gguf.hparams_hybrid import HYBRID_ARCHS, hybrid_spec_from_gguf
     from mgserve.cuda.backend import cuda_backend, load_device_model
     from mgserve.cuda.runner import DeviceRunner
+    from mgserve.cuda.warmup import warm_up
 
     spec = hybrid_spec_from_gguf(g)[0] if g.architecture in HYBRID_ARCHS else spec_from_gguf(g)
     settings = settings.for_model(spec.n_ctx_train)
@@ -83,6 +84,9 @@ def _on_gpu(g: GGUFFile, settings: Settings) -> LoadedEngine:
     )
     lanes = settings.prefill_lane == "on"
     runner = DeviceRunner(model, device, lanes=lanes, lane_sms=settings.prefill_lane_sms)
+    spec_k = settings.spec_k if settings.spec == "on" else 0
+    n_prompt = min(settings.batch_size, settings.ctx_size - spec_k - 8)
+    warm_up(runner, model.spec.n_vocab, n_prompt, spec_k)  # compiles, captures: still loading
     engine = Engine(model, settings, runner=runner, drafter=speculator_from(settings))
     if settings.spec == "on" and not runner.supports_drafts:
         log.info("--spec: the GPU runner does not verify drafts for %s yet", g.architecture)

@@ -21,6 +21,7 @@ import jinja2
 
 from mgserve.core.text.chat_builtin import BUILTIN, builtin_for
 from mgserve.core.text.chat_env import TemplateError, chat_environment
+from mgserve.core.text.chat_limits import render_budget
 from mgserve.core.text.chat_messages import normalize_messages, normalize_tools, plain
 
 __all__ = [
@@ -64,14 +65,15 @@ def _probe_messages(arguments: Any) -> list[dict[str, Any]]:
 
 def _shows_arguments(compiled: jinja2.Template, arguments: Any) -> bool:
     try:
-        text = compiled.render(
-            messages=_probe_messages(arguments),
-            tools=_PROBE_TOOLS,
-            add_generation_prompt=True,
-            bos_token="",
-            eos_token="",
-        )
-    except Exception:  # a template that refuses the probe tells nothing
+        with render_budget():
+            text = compiled.render(
+                messages=_probe_messages(arguments),
+                tools=_PROBE_TOOLS,
+                add_generation_prompt=True,
+                bos_token="",
+                eos_token="",
+            )
+    except Exception:  # a template that refuses the probe (or runs out of budget) tells nothing
         return False
     return _PROBE_VALUE in text
 
@@ -127,7 +129,8 @@ class ChatTemplate:
         if tool_list is not None:
             context["tools"] = tool_list
         try:
-            text: str = self._compiled.render(context)  # type: ignore[attr-defined]
+            with render_budget():  # time and text bounds (chat_limits.py)
+                text: str = self._compiled.render(context)  # type: ignore[attr-defined]
         except TemplateError:
             raise
         except jinja2.UndefinedError as e:  # say how a template's own variables can be given

@@ -26,6 +26,8 @@ import jinja2.utils
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import SandboxedEnvironment
 
+from mgserve.core.text import chat_limits as limits
+
 MAX_REPEAT = 1 << 20  # longest string or list that `*` may build in a template
 MAX_POW_BITS = 4096  # largest integer `**` may build
 MAX_WIDTH = 1 << 16  # largest width for str padding methods and json indents
@@ -140,13 +142,27 @@ def _bounded_width(f: Callable[..., str], name: str) -> Callable[..., str]:
     return bounded
 
 
-_BINOPS: dict[str, Callable[[Any, Any], Any]] = {"*": _repeat, "**": _power}
+_BINOPS: dict[str, Callable[[Any, Any], Any]] = {"*": _repeat, "**": _power, "+": limits.add}
 
 
 class ChatSandbox(SandboxedEnvironment):
-    """jinja2's sandbox with mutable lists and dicts, and bounded output-building operators."""
+    """jinja2's sandbox with mutable lists and dicts, bounded output-building operators, and the
+    render budget of chat_limits.py (time and text) on every loop, call and output."""
 
     intercepted_binops = frozenset(_BINOPS)
+
+    def _parse(self, source: str, name: str | None, filename: str | None) -> jinja2.nodes.Template:
+        return limits.guard_tree(super()._parse(source, name, filename))
+
+    def call(
+        __self,  # noqa: N805 -- jinja's signature: a call's kwargs may be named self, context, obj
+        __context: jinja2.runtime.Context,
+        __obj: Any,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        limits.check_call(__obj, args)
+        return super().call(__context, __obj, *args, **kwargs)
 
     def call_binop(
         self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any
@@ -185,6 +201,11 @@ def chat_environment() -> ChatSandbox:
     env.globals["strftime_now"] = strftime_now
     env.globals["namespace"] = Namespace
     env.globals.pop("lipsum", None)  # text generation no template needs
+    env.filters[limits.LOOP_FILTER] = limits.loop_guard
+    env.filters[limits.TEXT_FILTER] = limits.text_guard
+    env.filters[limits.OUT_FILTER] = limits.out_guard
+    env.filters["join"] = limits.bounded_join(env.filters["join"])
+    env.filters["replace"] = limits.bounded_replace(env.filters["replace"])
     env.filters["center"] = _bounded_width(env.filters["center"], "center")
     env.filters["indent"] = _bounded_width(env.filters["indent"], "indent")
     return env

@@ -1,0 +1,52 @@
+"""The server's warm-up: before it says ready, one prompt and a few decode steps through the runner.
+
+Kernel modules compile (or load from the cubin cache) on first use, and a decode bucket's CUDA
+graph is captured at its first step. Without a warm-up the first request pays for all of it: on a
+first start with a full-width qwen4exp that is two minutes of compilation (matvec.cu alone takes
+about a minute) while ``/health`` already says ok. So the server runs, while it is still loading
+(``/health`` 503 with the "kernels" phase of its progress): a prompt of one batch of tokens in
+slot 0, three decode steps and, where the runner verifies drafts, one verify step of ``spec_k``
+drafts; then it frees the slot. The next request in slot 0 starts a new sequence there (its state
+is reset, and the engine's book never saw these tokens), so the warm-up leaves no trace in any
+answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from mgserve.core.engine.contract import SamplingParams, ScheduledBatch, SeqWork
+
+log = logging.getLogger(__name__)
+SLOT = 0
+REQUEST = "mgserve-warm-up"
+DECODE_STEPS = 3
+
+
+def warm_up(runner: Any, n_vocab: int, n_prompt: int, spec_k: int = 0) -> float:
+    """Run the warm-up through ``runner`` (a DeviceRunner); returns its seconds."""
+    t0 = time.perf_counter()
+    greedy = SamplingParams(temperature=0.0)
+    prompt = tuple((7 + 31 * i) % n_vocab for i in range(max(2, n_prompt)))
+    step = 0
+
+    def run(*work: SeqWork, freed: tuple[int, ...] = ()) -> int:
+        nonlocal step
+        step += 1
+        results = runner.run(ScheduledBatch(step, work, freed)).results
+        return results[-1].token if results else 0
+
+    token = run(SeqWork(SLOT, REQUEST, prompt, 0, True, greedy, new_sequence=True))
+    pos = len(prompt)
+    for _ in range(DECODE_STEPS):
+        token = run(SeqWork(SLOT, REQUEST, (token,), pos, True, greedy))
+        pos += 1
+    if spec_k and getattr(runner, "supports_drafts", False):
+        drafts = tuple((token + 1 + i) % n_vocab for i in range(spec_k))
+        run(SeqWork(SLOT, REQUEST, (token, *drafts), pos, True, greedy, n_draft=spec_k))
+    run(freed=(SLOT,))
+    seconds = time.perf_counter() - t0
+    log.info("warm-up: kernels ready and decode graphs captured in %.1f s", seconds)
+    return seconds

@@ -1,0 +1,45 @@
+"""The server's warm-up (cuda/warmup.py): a prompt, decode steps and a verify step through the
+device runner in slot 0 before the server says ready. It must leave no trace: a request afterwards
+in the same slot gets exactly the tokens it gets from a fresh runner. On the CPU with the torch
+backend; with ``-m gpu`` on CUDA with decode graphs, where it must also have captured them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from mgserve.core.engine.contract import SamplingParams
+from mgserve.cuda.warmup import warm_up
+from tests.cuda.test_device_drafts import GREEDY, SAMPLED, _Driver, _runner
+
+PROMPT = [11 + i * 5 % 53 for i in range(30)]
+
+
+def _tokens(runner, p: SamplingParams) -> list[int]:
+    return _Driver(runner).generate(0, PROMPT, p, None)
+
+
+def _check(arch: str, tmp_path: Path, device: torch.device, backend, graphs: bool) -> None:
+    fresh = _runner(arch, tmp_path, device, backend, graphs)
+    want = {p: _tokens(fresh, p) for p in (GREEDY, SAMPLED)}
+    warmed = _runner(arch, tmp_path, device, backend, graphs)
+    warm_up(warmed, warmed.model.spec.n_vocab, 40, spec_k=4)
+    for p in (GREEDY, SAMPLED):
+        assert _tokens(warmed, p) == want[p]
+    if graphs:
+        assert 1 in warmed.decode.captured
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen4exp"])
+def test_warm_up_leaves_no_trace_cpu(arch: str, tmp_path: Path) -> None:
+    from mgserve.cuda.backend import torch_backend
+
+    _check(arch, tmp_path, torch.device("cpu"), torch_backend(), graphs=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["qwen3", "qwen4exp"])
+def test_warm_up_leaves_no_trace_gpu(arch: str, tmp_path: Path, cuda_ops) -> None:
+    _check(arch, tmp_path, torch.device("cuda", 0), cuda_ops, graphs=True)
