@@ -43,3 +43,36 @@ def test_warm_up_leaves_no_trace_cpu(arch: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("arch", ["qwen3", "qwen4exp"])
 def test_warm_up_leaves_no_trace_gpu(arch: str, tmp_path: Path, cuda_ops) -> None:
     _check(arch, tmp_path, torch.device("cuda", 0), cuda_ops, graphs=True)
+
+
+@pytest.mark.gpu
+def test_the_gpu_server_engine_warms_up_before_ready(tmp_path: Path) -> None:
+    """``load_engine`` on CUDA (what ``mgserve serve --device cuda`` loads while /health says
+    loading): the warm-up compiled and captured before it returned, and a request afterwards gets
+    the tokens of a runner that never warmed up."""
+    import asyncio
+
+    from mgserve.config import Settings
+    from mgserve.core.engine.contract import Request
+    from mgserve.core.engine.factory import load_engine
+    from mgserve.cuda.backend import cuda_backend
+    from tests.cuda.test_device_models import _export
+
+    path = _export("qwen3", tmp_path)
+    loaded = load_engine(Settings(model=str(path), device="cuda", parallel=2, ctx_size=128))
+    runner = loaded.engine._runner
+    assert 1 in runner.decode.captured  # the bucket of one decode row, before any request
+
+    async def ask() -> list[int]:
+        await loaded.engine.start()
+        try:
+            req = Request("a", PROMPT, GREEDY, 8, ignore_eos=True)
+            stream = loaded.engine.submit(req)
+            return [e.token async for e in stream if e.token is not None]
+        finally:
+            await loaded.engine.stop()
+
+    got = asyncio.run(ask())
+    fresh = _runner("qwen3", tmp_path, torch.device("cuda", 0), cuda_backend(0), graphs=True)
+    want = _Driver(fresh).generate(0, PROMPT, GREEDY, None)[: len(got)]
+    assert got == want and len(got) == 8
