@@ -75,6 +75,7 @@ class Soak:
         self.long_words = long_words
         self.counts: Counter[str] = Counter()
         self.errors: list[str] = []
+        self.seconds: dict[str, list[float]] = {}  # each action's wall time, by kind
 
     def error(self, what: str) -> None:
         self.counts["errors"] += 1
@@ -157,19 +158,27 @@ class Soak:
         conv: list[dict[str, str]] = []
         while time.monotonic() < end:
             pick = rng.random()
+            t0 = time.monotonic()
             try:
                 if pick < 0.25 and self.long_words:
+                    kind = "long turn"
                     await self.long_turn(s, conv, rng)
                 elif pick < 0.5:
+                    kind = "chat stream"
                     await self.chat_stream(s, drop=False)
                 elif pick < 0.7:
+                    kind = "completion"
                     await self.completion(s)
                 elif pick < 0.85:
+                    kind = "dropped stream"
                     await self.chat_stream(s, drop=True)
                 elif pick < 0.95:
+                    kind = "tokenize"
                     await self.tokenize(s)
                 else:
+                    kind = "burst"
                     await self.burst(s, 8)
+                self.seconds.setdefault(kind, []).append(time.monotonic() - t0)
             except (TimeoutError, aiohttp.ClientError) as e:
                 self.error(f"{type(e).__name__}: {e}")
             await asyncio.sleep(rng.uniform(0.1, 1.0))
@@ -185,6 +194,20 @@ class Soak:
             except (TimeoutError, aiohttp.ClientError) as e:
                 self.error(f"metrics: {type(e).__name__}: {e}")
             await asyncio.sleep(1.0)
+
+    def latency(self) -> dict[str, dict[str, float]]:
+        """Each kind's wall seconds: median, 90th percentile, longest, count."""
+        out = {}
+        for kind, times in sorted(self.seconds.items()):
+            xs = sorted(times)
+            p50, p90 = (round(xs[min(len(xs) - 1, int(q * len(xs)))], 2) for q in (0.5, 0.9))
+            out[kind] = {"p50": p50, "p90": p90, "max": round(xs[-1], 2), "n": len(xs)}
+        return out
+
+    async def metrics_text(self) -> str:
+        async with aiohttp.ClientSession(timeout=self.timeout) as s:
+            async with s.get(self.url + "/metrics") as r:
+                return await r.text()
 
     async def run(self, users: int, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -217,6 +240,7 @@ def main() -> int:
     p.add_argument("--pid", type=int, help="the running server's pid, for its RSS")
     p.add_argument("--log", default="soak-serve.log", help="the started server's output")
     p.add_argument("--json", help="write the report here too")
+    p.add_argument("--metrics-out", help="write the server's /metrics at the end here")
     p.add_argument("server_args", nargs="*", help="after --: `mgserve serve` arguments")
     a = p.parse_args()
     proc = None
@@ -232,14 +256,18 @@ def main() -> int:
     asyncio.run(soak.run(a.users, a.warmup))
     rss0 = rss_mb(pid) if pid else None
     gpu0 = gpu_mb(pid) if pid and a.gpu else None
+    soak.seconds.clear()  # the warm-up's (first compiles, first captures) are not the soak's
     asyncio.run(soak.run(a.users, a.duration))
     rss1 = rss_mb(pid) if pid else None
+    if a.metrics_out:
+        Path(a.metrics_out).write_text(asyncio.run(soak.metrics_text()))
     gpu1 = gpu_mb(pid) if pid and a.gpu else None
     report: dict[str, Any] = {
         "seconds": round(time.monotonic() - t0, 1),
         "users": a.users,
         "counts": dict(soak.counts),
         "errors": soak.errors,
+        "seconds_by_kind": soak.latency(),
         "rss_mb_start": rss0 and round(rss0, 1),
         "rss_mb_end": rss1 and round(rss1, 1),
     }

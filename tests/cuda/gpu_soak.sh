@@ -14,7 +14,7 @@ D=/tmp/soak; mkdir -p "$D"
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 XDG_CACHE_HOME=/tmp/xdg-cache
 SERVE=${SERVE:---device cuda -c 65536 -np 4 -ctk q8_0 -ctv q8_0 --max-queue 8}
 report() {
-  for f in synth.log soak.log report.json; do [ -f "$D/$f" ] && cp "$D/$f" "$OUT/"; done
+  for f in synth.log soak.log report.json metrics.txt; do [ -f "$D/$f" ] && cp "$D/$f" "$OUT/"; done
   [ -f "$D/serve.log" ] && tail -c 200000 "$D/serve.log" > "$OUT/serve.log"
   tail -n 5 "$D/synth.log" 2>/dev/null; tail -n 40 "$D/soak.log" 2>/dev/null
   nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader
@@ -34,7 +34,8 @@ case "${1:-}" in
     # shellcheck disable=SC2086
     setsid nohup bash -c "PYTHONPATH=/tmp/site:$D/repo python3 loadtest/soak.py \
       --duration ${SOAK_S:-600} --warmup 60 --users 6 --long-words 6000 --max-tokens 64 --gpu \
-      --ready-timeout 900 --log $D/serve.log --json $D/report.json -- -m $D/q4x.gguf $SERVE \
+      --ready-timeout 900 --log $D/serve.log --json $D/report.json --metrics-out $D/metrics.txt \
+      -- -m $D/q4x.gguf $SERVE \
       > $D/soak.log 2>&1" < /dev/null > /dev/null 2>&1 &
     sleep 30; report ;;
   wait)
