@@ -150,3 +150,45 @@ def test_acceptance_is_per_session_and_forgotten_at_finish() -> None:
 )
 def test_bounds(limit: int, draft_min: int, expected: int) -> None:
     assert ready().draft_length("r", 1, DEPTH, limit, draft_min) == expected
+
+
+# verify step / plain step for k = 4, 8, 16, as measured on an H100 (BENCHMARKS.md, 2026-12-05):
+# full-width qwen4exp at 4k (whole runner steps, rollback included), and Gemma 3 270M
+MEASURED = {"qwen4exp": {4: 4.41, 8: 5.66, 16: 8.26}, "gemma3-270m": {4: 1.51, 8: 2.14, 16: 3.46}}
+
+
+def gate_with(model: str) -> SpecGate:
+    gate = ready()
+    for k, ratio in MEASURED[model].items():
+        measured(gate, k, PLAIN * ratio)
+    return gate
+
+
+def settle(gate: SpecGate, n_draft: int, n_accepted: int) -> None:
+    """Verify steps until the session's acceptance is that pattern's (n_accepted / (n + 1))."""
+    for _ in range(60):
+        gate.verified("r", n_draft, n_accepted)
+
+
+@pytest.mark.parametrize(
+    ("model", "accepted_of_4", "expected"),
+    [
+        ("qwen4exp", 2, 0),  # acceptance 2/3, the Gemma rewrite's (0.63): a verify costs more
+        ("qwen4exp", 4, 16),  # everything holds: 17 tokens for 8.26 plain steps
+        ("gemma3-270m", 2, 4),  # at 2/3 a short draft pays on the small dense model
+        ("gemma3-270m", 4, 16),
+    ],
+)
+def test_the_measured_verify_costs_decide(model: str, accepted_of_4: int, expected: int) -> None:
+    """The gate's choices from the H100 figures: what drafting is worth on each model."""
+    gate = gate_with(model)
+    settle(gate, 4, accepted_of_4)
+    picks = []
+    for _ in range(64):
+        picks.append(gate.draft_length("r", 1, DEPTH, 16))
+        if picks[-1]:  # the step verifies them, holding as before
+            gate.verified("r", picks[-1], min(picks[-1], picks[-1] * accepted_of_4 // 4))
+    if expected:
+        assert picks == [expected] * 64
+    else:  # only the acceptance probes, every 16 steps at most
+        assert sum(p > 0 for p in picks) <= 64 // 16 and set(picks) <= {0, gate.probe_k}
