@@ -64,7 +64,7 @@ from mgserve.core.engine.contract import (
     StepResult,
     TopLogprob,
 )
-from mgserve.core.grammar import ForcedToken, Matcher, TokenMask
+from mgserve.core.grammar import ForcedToken, Isolated, TokenMask, failures
 from mgserve.cuda import snapshots as snap
 from mgserve.cuda import verify
 from mgserve.cuda.graphs import BUCKETS, DRAFT_BUCKETS, DecodeInputs, EagerDecode, GraphDecode
@@ -93,7 +93,7 @@ class _SlotSampling:
     params: SamplingParams  # with a seed (drawn once on the host when the request had none)
     history: list[int] = field(default_factory=list)  # the tokens the penalty window may read
     counter: int = 0  # draws made so far: (seed, counter) names the next draw's noise
-    matcher: Matcher | None = None  # under a grammar: its mask fills the session's row
+    matcher: Isolated | None = None  # under a grammar: its mask fills the session's row
 
 
 class DeviceRunner:
@@ -184,7 +184,7 @@ class DeviceRunner:
             if w.new_sequence:
                 self._slots[w.slot] = _SlotSampling(seeded(w.sampling), list(w.history))
             if w.grammar is not None:
-                self._slots[w.slot].matcher = w.grammar.matcher()
+                self._slots[w.slot].matcher = Isolated(w.grammar.matcher, w.grammar.n_vocab)
             if w.start == 0:
                 self.model.begin_sequence(w.slot)
         self.checkpoints.before(batch)
@@ -216,7 +216,8 @@ class DeviceRunner:
         if kept:  # drafting sessions of a recurrent model
             verify.roll_back(self.model, kept, results, step.log, self.device)
         n_tokens = sum(len(w.tokens) for w in batch.work)
-        return StepResult(batch.step, results, n_tokens, time.perf_counter() - t0)
+        failed = failures((w.request_id, self._slots[w.slot].matcher) for w in sampled)
+        return StepResult(batch.step, results, n_tokens, time.perf_counter() - t0, failed=failed)
 
     def _prefill(self, work: list[SeqWork]) -> torch.Tensor:
         d = self.device

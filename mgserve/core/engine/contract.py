@@ -249,3 +249,6 @@ class StepResult:
     n_tokens: int = 0  # tokens that went through the model this step
     seconds: float = 0.0  # wall time of the step on the runner
     saved: dict[str, SlotTensors] = field(default_factory=dict)  # SlotSave.id -> its tensors
+    # request id -> why that session alone failed this step (its grammar's matcher: see
+    # grammar.matcher.Isolated); it ends with that error, its results here are dropped
+    failed: dict[str, str] = field(default_factory=dict)

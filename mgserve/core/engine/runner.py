@@ -37,6 +37,7 @@ from mgserve.core.engine.contract import (
 )
 from mgserve.core.engine.sampling import SeqSampler, logprobs_for
 from mgserve.core.engine.slot_state import Part, check, ckpt_name, copy_in, copy_out, layout
+from mgserve.core.grammar import failures
 from mgserve.core.models.base import CausalLM, SeqInput
 from mgserve.core.models.kvcache import KVCache
 from mgserve.core.models.state import HybridState, Snapshot
@@ -149,7 +150,8 @@ class ReferenceRunner:
         extras = logprobs_for(logits[rows], [x.token for x in results], params)
         results = [x._replace(logprob=e[0], top=e[1]) for x, e in zip(results, extras, strict=True)]
         n_tokens = sum(len(w.tokens) for w in batch.work)
-        return StepResult(batch.step, results, n_tokens, time.perf_counter() - t0)
+        failed = failures((w.request_id, self._samplers[w.slot].matcher) for w in sampled)
+        return StepResult(batch.step, results, n_tokens, time.perf_counter() - t0, failed=failed)
 
     # -- prefix copy, slot save / restore --------------------------------------------------------
 

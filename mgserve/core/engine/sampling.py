@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from mgserve.core.engine.contract import SamplingParams, TopLogprob
-from mgserve.core.grammar import ForcedToken, Grammar, TokenMask
+from mgserve.core.grammar import ForcedToken, Grammar, Isolated, TokenMask
 
 
 class PenaltyWindow:
@@ -138,11 +138,11 @@ class SeqSampler:
         self.seed = params.seed if params.seed is not None else new_seed()
         self.generator = torch.Generator().manual_seed(self.seed)
         self.window = PenaltyWindow(params.repeat_last_n, history)
-        self.matcher = grammar.matcher() if grammar is not None else None
+        self.matcher = Isolated(grammar.matcher, grammar.n_vocab) if grammar is not None else None
 
     def start_grammar(self, grammar: Grammar) -> None:
         """From the next draw on, tokens are the grammar's (the scheduler says when)."""
-        self.matcher = grammar.matcher()
+        self.matcher = Isolated(grammar.matcher, grammar.n_vocab)
 
     def accept(self, tokens: Iterable[int]) -> None:
         """Tokens that entered the session's context (prompt chunks, fed decode tokens)."""

@@ -104,7 +104,9 @@ class Speculation:
                     self.settle(slot, w, len(by_slot.get(w.slot, ())))
                 continue
             s.in_flight = False
-            if w.sample:
+            if w.request_id in result.failed:  # its own sampling failed: it alone ends
+                events.append(_failed(sched, slot, s, result.failed[w.request_id]))
+            elif w.sample:
                 events += self._tokens(sched, slot, s, w, by_slot[w.slot])
         return events
 
@@ -153,6 +155,15 @@ class Speculation:
         n_draft = max(w.n_draft for w in batch.work)
         depth = max(w.start for w in batch.work)
         self.drafter.observe_step(n_draft, depth, len(batch.work), result.seconds)
+
+
+def _failed(sched: Scheduler, slot: Slot, s: Session, error: str) -> TokenEvent:
+    """End a session whose own sampling failed (StepResult.failed; the step's others go on). What
+    its slot holds is not trusted afterwards: as after a failed step, its cache is forgotten."""
+    slot.cached.clear()
+    sched.checkpoints.keep(slot.id, -1)
+    sched._release(slot)
+    return s.event(slot.id, None, finish_reason="error", error=error)
 
 
 def _unforced(s: Session) -> int:

@@ -3,8 +3,8 @@ per-session matchers that give the allowed-token mask of the next token (llguida
 
     vocab.py     every token id's bytes, special tokens marked, as the grammar engine sees them
     compiler.py  GrammarSpec -> Grammar (validated, cached by its text); GrammarCompiler
-    matcher.py   Matcher: one session's state; ForcedToken; bitmask rows and how the samplers
-                 apply them
+    matcher.py   Matcher: one session's state; Isolated: a matcher whose failure is the session's
+                 alone; ForcedToken; bitmask rows and how the samplers apply them
 """
 
 from __future__ import annotations
@@ -12,16 +12,19 @@ from __future__ import annotations
 from mgserve.core.grammar.compiler import Grammar, GrammarCompiler, GrammarError, GrammarSpec
 from mgserve.core.grammar.matcher import (
     ForcedToken,
+    Isolated,
     Matcher,
     TokenMask,
     apply_allowed,
     bitmask_words,
+    failures,
     unpack_bitmask,
 )
 
 __all__ = [
     "ForcedToken",
     "Grammar",
+    "Isolated",
     "GrammarCompiler",
     "GrammarError",
     "GrammarSpec",
@@ -29,5 +32,6 @@ __all__ = [
     "TokenMask",
     "apply_allowed",
     "bitmask_words",
+    "failures",
     "unpack_bitmask",
 ]

@@ -10,7 +10,8 @@ decides, such as a reasoning budget's close marker).
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 import llguidance
 import numpy as np
@@ -108,3 +109,46 @@ class Matcher:
         # the samplers only draw allowed tokens, so this is a bug, never the client's fault
         if self._ll.is_error():
             raise RuntimeError(f"grammar matcher failed: {self._ll.get_error()}")
+
+
+class Isolated:
+    """A session's matcher whose failure stays its own.
+
+    A matcher can fail mid-generation on a grammar the compiler took (llguidance's limits on a
+    step's work, an internal error). Raised inside a step, that would fail every session of the
+    step. Wrapped here, the failure is kept in ``error`` instead, the mask allows every token so
+    the step's sampling goes on, and the runner reports the session as failed (``StepResult
+    .failed``): it ends with that error while the others carry on. ``make`` builds the matcher
+    (``Grammar.matcher``), so a failure to start one is caught the same way.
+    """
+
+    def __init__(self, make: Callable[[], Any], n_vocab: int) -> None:
+        self.n_vocab = n_vocab
+        self.error: str | None = None
+        self._m: Any = None
+        self._guard(lambda: setattr(self, "_m", make()))
+
+    def _guard(self, f: Callable[[], Any]) -> Any:
+        if self.error is None:
+            try:
+                return f()
+            except Exception as e:  # the session's grammar, not the step, failed
+                self.error = f"grammar matcher failed: {type(e).__name__}: {e}"
+        return None
+
+    def fill(self, row: np.ndarray) -> None:
+        self._guard(lambda: self._m.fill(row))
+        if self.error is not None:
+            row[:] = -1  # every token: the draw is discarded with the session
+
+    def allowed(self) -> torch.Tensor:
+        ids = self._guard(lambda: self._m.allowed())
+        return ids if self.error is None else torch.arange(self.n_vocab)
+
+    def advance(self, token: int) -> None:
+        self._guard(lambda: self._m.advance(token))
+
+
+def failures(sessions: Iterable[tuple[str, Isolated | None]]) -> dict[str, str]:
+    """Request id -> its matcher's error, for the sessions (id, matcher) whose matcher failed."""
+    return {rid: m.error for rid, m in sessions if m is not None and m.error is not None}
