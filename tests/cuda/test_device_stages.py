@@ -1,0 +1,89 @@
+"""Virtual stages (``--virtual-stages``, mgserve/pipeline/staged.py): the device model run as 2, 3
+and 6 stages of a layer pipeline on one device, hand-offs copied through host staging buffers,
+gives bitwise the one-stage run's logits at every step and so its greedy tokens, for a dense model
+(gemma3: 7 layers; qwen3: 2, so 2 stages at most) and qwen4exp (8 layers: the hyper-connection
+streams cross the links, the PLE rows reach the PLE layer's stage), with 1 and 3 sessions whose
+prompt chunks share steps with the others' decode tokens.
+
+On the CPU with the torch backend (CI); with ``-m gpu`` on the CUDA backend, where each stage has
+a stream of its own and the copies go through pinned memory ordered by events, against the
+one-stage run with its decode graphs (what ``serve`` runs without ``--virtual-stages``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from mgserve.core.gguf.reader import GGUFFile
+from mgserve.pipeline.staged import StagedLM, balanced_ranges, check_ranges, virtual_stages
+from mgserve.pipeline.stages import split_shares
+from tests.cuda.stages_drive import greedy, record_logits
+
+N_DECODE = 8
+CASES = [("qwen3", 2), ("gemma3", 2), ("gemma3", 3), ("gemma3", 6), ("qwen4exp", 2),
+         ("qwen4exp", 3), ("qwen4exp", 6)]  # fmt: skip
+
+
+def _run(path: Path, backend, device: torch.device, stages: int, sessions: int, graphs: bool):
+    """(tokens, logits per step) of the greedy run on ``stages`` stages (1: the model itself)."""
+    from mgserve.cuda.backend import load_device_model
+    from mgserve.cuda.runner import DeviceRunner
+
+    g = GGUFFile(path)
+    model = load_device_model(g, backend, device, 3, 64)
+    if stages > 1:
+        model = virtual_stages(model, balanced_ranges(g, stages), device)
+    logits = record_logits(model)
+    runner = DeviceRunner(model, device, graphs=graphs)
+    return greedy(runner, sessions, N_DECODE), logits
+
+
+def _check(arch: str, stages: int, tmp_path: Path, backend, device: torch.device) -> None:
+    from tests.cuda.test_device_models import _export
+
+    path = _export(arch, tmp_path)
+    for sessions in (1, 3):
+        gpu = device.type == "cuda"
+        want, want_logits = _run(path, backend, device, 1, sessions, graphs=gpu)
+        got, got_logits = _run(path, backend, device, stages, sessions, graphs=False)
+        assert got == want, (arch, stages, sessions)
+        assert len(got_logits) == len(want_logits)
+        for a, b in zip(got_logits, want_logits, strict=True):
+            assert torch.equal(a, b), (arch, stages, sessions, (a - b).abs().max())
+
+
+@pytest.mark.parametrize(("arch", "stages"), CASES)
+def test_virtual_stages_are_bitwise_one_stage_cpu(arch: str, stages: int, tmp_path: Path) -> None:
+    from mgserve.cuda.backend import torch_backend
+
+    _check(arch, stages, tmp_path, torch_backend(), torch.device("cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("arch", "stages"), CASES)
+def test_virtual_stages_are_bitwise_one_stage_gpu(
+    arch: str, stages: int, tmp_path: Path, cuda_ops
+) -> None:
+    _check(arch, stages, tmp_path, cuda_ops, torch.device("cuda", 0))
+
+
+def test_stage_ranges(tmp_path: Path) -> None:
+    """The balanced split covers the layers, a stage per layer at most; bad ranges are refused;
+    a model without stages is refused."""
+    from tests.cuda.test_device_models import _export
+
+    g = GGUFFile(_export("qwen4exp", tmp_path))
+    for n in (1, 2, 3, 8):
+        r = balanced_ranges(g, n)
+        assert len(r) == n and check_ranges(r, 8) == r
+    with pytest.raises(ValueError, match="1 to 8"):
+        balanced_ranges(g, 9)
+    assert check_ranges(split_shares(8, [1, 1, 1]), 8) == [(0, 3), (3, 5), (5, 8)]
+    for bad in ([(0, 3), (4, 8)], [(0, 4), (4, 4), (4, 8)], [(0, 7)]):
+        with pytest.raises(ValueError, match="stage ranges"):
+            check_ranges(bad, 8)
+    with pytest.raises(ValueError, match="does not run as pipeline stages"):
+        StagedLM(object(), [(0, 8)], None)  # type: ignore[arg-type]
