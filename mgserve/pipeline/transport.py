@@ -73,6 +73,7 @@ class LocalTransport:
         ]
         self.turn = [0] * links  # the buffer a link's next hand-off takes
         self.sent: list[tuple[int, int]] = [(0, 0)] * links  # (buffer, elements) in flight
+        self.link_bytes = [0] * links  # bytes each link has carried (a first per-link metric)
         if self.gpu:
             self.streams = [torch.cuda.Stream(device) for _ in range(n_stages)]
             self.out_streams = [torch.cuda.Stream(device) for _ in range(links)]
@@ -111,6 +112,7 @@ class LocalTransport:
         k = self.turn[link]
         self.turn[link] ^= 1
         self.sent[link] = (k, n)
+        self.link_bytes[link] += n * x.element_size()
         if not self.gpu:
             self._staging(link, k, n).copy_(x.reshape(-1))
             return
