@@ -31,6 +31,7 @@ import torch
 
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.cuda.models.base import Staged, Step
+from mgserve.pipeline.stages import StagePlan
 from mgserve.pipeline.transport import LocalTransport, Transport
 
 log = logging.getLogger(__name__)
@@ -49,14 +50,19 @@ def check_ranges(ranges: Sequence[tuple[int, int]], n_layer: int) -> list[tuple[
 
 
 class StagedLM:
-    """The model's forward over ``ranges`` (one per stage) through ``transport``; every other
-    attribute is the model's. In a process that does not run the last stage, ``forward`` returns
-    the logits the transport brings (``DistTransport``: broadcast from the last stage)."""
+    """The model's forward over ``ranges`` (one per stage, or a ``StagePlan``'s) through
+    ``transport``; every other attribute is the model's. In a process that does not run the last
+    stage, ``forward`` returns the logits the transport brings (``DistTransport``: broadcast from
+    the last stage)."""
 
-    def __init__(self, model: Any, ranges: Sequence[tuple[int, int]], transport: Transport):
+    def __init__(
+        self, model: Any, ranges: Sequence[tuple[int, int]] | StagePlan, transport: Transport
+    ) -> None:
         if not isinstance(model, Staged):
             raise ValueError(f"{type(model).__name__} does not run as pipeline stages")
         self.model = model
+        if isinstance(ranges, StagePlan):
+            ranges = ranges.ranges
         self.ranges = check_ranges(ranges, model.spec.n_layer)
         if transport.n_stages != len(self.ranges):
             raise ValueError(f"a transport of {transport.n_stages} stages for {len(ranges)}")

@@ -89,6 +89,30 @@ def test_virtual_stages_are_bitwise_one_stage_gpu(
     _check(arch, stages, tmp_path, cuda_ops, torch.device("cuda", 0))
 
 
+def test_stages_of_a_stage_plan_cpu(tmp_path: Path) -> None:
+    """The ranges of a ``StagePlan`` (here qwen4exp over 3 GPUs, --tensor-split 1,2,1: layers
+    0-1, 2-5, 6-7, the PLE layer's rows on stage 0) run as stages: the one-stage tokens."""
+    from mgserve.config import Settings
+    from mgserve.cuda.backend import load_device_model, torch_backend
+    from mgserve.cuda.runner import DeviceRunner
+    from mgserve.pipeline.costs import ModelCosts
+    from mgserve.pipeline.stages import stage_plan
+    from mgserve.pipeline.transport import LocalTransport
+    from tests.cuda.test_device_models import _export
+
+    path, cpu = _export("qwen4exp", tmp_path), torch.device("cpu")
+    g = GGUFFile(path)
+    s = Settings(parallel=3, ctx_size=64)
+    plan = stage_plan(ModelCosts.of(g), s, range(3), [(1 << 30, "test")] * 3, split=[1, 2, 1])
+    assert plan.ranges == [(0, 2), (2, 6), (6, 8)]
+    model = StagedLM(
+        load_device_model(g, torch_backend(), cpu, 3, 64), plan, LocalTransport(3, cpu)
+    )
+    got = greedy(DeviceRunner(model, cpu, graphs=False), 3, N_DECODE)
+    want = greedy(DeviceRunner(load_device_model(g, torch_backend(), cpu, 3, 64), cpu), 3, N_DECODE)
+    assert got == want
+
+
 def test_stage_ranges(tmp_path: Path) -> None:
     """The balanced split covers the layers, a stage per layer at most; bad ranges are refused;
     a model without stages is refused."""
@@ -106,3 +130,54 @@ def test_stage_ranges(tmp_path: Path) -> None:
             check_ranges(bad, 8)
     with pytest.raises(ValueError, match="does not run as pipeline stages"):
         StagedLM(object(), [(0, 8)], None)  # type: ignore[arg-type]
+
+
+def test_virtual_stages_setting(tmp_path: Path) -> None:
+    """--virtual-stages is at least 1, and only for the GPU runner: the CPU engine refuses it."""
+    from mgserve.config import Settings
+    from mgserve.core.engine.factory import load_engine
+    from tests.cuda.test_device_models import _export
+
+    assert Settings().virtual_stages == 1
+    with pytest.raises(ValueError, match="virtual-stages must be >= 1"):
+        Settings(virtual_stages=0)
+    path = str(_export("qwen3", tmp_path))
+    with pytest.raises(ValueError, match="--virtual-stages is for the GPU runner"):
+        load_engine(Settings(model=path, device="cpu", virtual_stages=2))
+
+
+@pytest.mark.gpu
+def test_serve_engine_with_virtual_stages_gpu(tmp_path: Path) -> None:
+    """``load_engine`` with --virtual-stages 3 on the GPU: the runner's model is 3 stages of
+    qwen4exp (no decode graphs), and a request's greedy tokens are the one-stage engine's."""
+    import asyncio
+
+    from mgserve.config import Settings
+    from mgserve.core.engine.contract import Request
+    from mgserve.core.engine.factory import load_engine
+    from mgserve.cuda.graphs import EagerDecode
+    from tests.cuda.stages_drive import GREEDY, prompt
+    from tests.cuda.test_device_models import _export
+
+    path = str(_export("qwen4exp", tmp_path))
+
+    def tokens(stages: int) -> list[int]:
+        s = Settings(model=path, device="cuda", parallel=2, ctx_size=128, virtual_stages=stages)
+        loaded = load_engine(s)
+        runner = loaded.engine._runner
+        if stages > 1:
+            assert isinstance(runner.model, StagedLM) and len(runner.model.ranges) == stages
+            assert isinstance(runner.decode, EagerDecode)
+
+        async def ask() -> list[int]:
+            await loaded.engine.start()
+            try:
+                req = Request("a", prompt(0, 9, 300), GREEDY, 8, ignore_eos=True)
+                return [e.token async for e in loaded.engine.submit(req) if e.token is not None]
+            finally:
+                await loaded.engine.stop()
+
+        return asyncio.run(ask())
+
+    want = tokens(1)
+    assert tokens(3) == want and len(want) == 8
