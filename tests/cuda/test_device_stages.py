@@ -181,3 +181,18 @@ def test_serve_engine_with_virtual_stages_gpu(tmp_path: Path) -> None:
 
     want = tokens(1)
     assert tokens(3) == want and len(want) == 8
+
+
+def test_drafts_across_virtual_stages_cpu(tmp_path: Path) -> None:
+    """Speculation's verify steps through 3 stages of qwen4exp (recurrent: a partly accepted
+    step rolls back the states the stages' layers logged): the tokens are plain decode's, greedy
+    and sampled (test_device_drafts.py's checks on the staged runner; the plain tokens are the
+    one-stage ones by the tests above)."""
+    from mgserve.cuda.backend import load_device_model, torch_backend
+    from mgserve.cuda.runner import DeviceRunner
+    from tests.cuda.test_device_drafts import _check as check_drafts
+    from tests.cuda.test_device_models import _export
+
+    g, cpu = GGUFFile(_export("qwen4exp", tmp_path)), torch.device("cpu")
+    model = load_device_model(g, torch_backend(), cpu, 3, 128)
+    check_drafts(DeviceRunner(virtual_stages(model, balanced_ranges(g, 3), cpu), cpu, graphs=False))
