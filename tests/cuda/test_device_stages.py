@@ -133,7 +133,8 @@ def test_stage_ranges(tmp_path: Path) -> None:
 
 
 def test_virtual_stages_setting(tmp_path: Path) -> None:
-    """--virtual-stages is at least 1, and only for the GPU runner: the CPU engine refuses it."""
+    """--virtual-stages is at least 1, only for the GPU runner (the CPU engine refuses it) and
+    not beside the prefill lane (whose thread would run steps through the stages at once)."""
     from mgserve.config import Settings
     from mgserve.core.engine.factory import load_engine
     from tests.cuda.test_device_models import _export
@@ -144,6 +145,8 @@ def test_virtual_stages_setting(tmp_path: Path) -> None:
     path = str(_export("qwen3", tmp_path))
     with pytest.raises(ValueError, match="--virtual-stages is for the GPU runner"):
         load_engine(Settings(model=path, device="cpu", virtual_stages=2))
+    with pytest.raises(ValueError, match="does not run with --prefill-lane on"):
+        load_engine(Settings(model=path, device="cpu", virtual_stages=2, prefill_lane="on"))
 
 
 @pytest.mark.gpu

@@ -33,6 +33,8 @@ def load_engine(settings: Settings) -> LoadedEngine:
     from mgserve.core.models import load_model
     from mgserve.cuda import resolve_device
 
+    if settings.virtual_stages > 1 and settings.prefill_lane == "on":  # two threads' steps at once
+        raise ValueError("--virtual-stages does not run with --prefill-lane on yet")
     if settings.device != "cpu":
         choose_gpu()  # several GPUs, none named: the freest becomes GPU 0 (before CUDA starts)
     device = resolve_device(settings.device)  # "cpu" or "cuda"; ValueError says why not cuda
