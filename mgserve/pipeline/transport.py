@@ -68,9 +68,8 @@ class LocalTransport:
         self.n_stages, self.device = n_stages, device
         self.gpu = device.type == "cuda"
         links = n_stages - 1
-        self.buffers: list[list[torch.Tensor]] = [
-            [torch.empty(0, pin_memory=self.gpu) for _ in range(2)] for _ in range(links)
-        ]
+        none = torch.empty(0, dtype=HANDOFF_DTYPE)  # each buffer is made at its first hand-off
+        self.buffers: list[list[torch.Tensor]] = [[none, none] for _ in range(links)]
         self.turn = [0] * links  # the buffer a link's next hand-off takes
         self.sent: list[tuple[int, int]] = [(0, 0)] * links  # (buffer, elements) in flight
         self.link_bytes = [0] * links  # bytes each link has carried (a first per-link metric)
@@ -103,7 +102,7 @@ class LocalTransport:
     def _staging(self, link: int, k: int, n: int) -> torch.Tensor:
         buf = self.buffers[link][k]
         if buf.numel() < n:  # grown once per larger step (a prompt chunk)
-            buf = self.buffers[link][k] = torch.empty(n, pin_memory=self.gpu)
+            buf = self.buffers[link][k] = torch.empty(n, dtype=HANDOFF_DTYPE, pin_memory=self.gpu)
         return buf[:n]
 
     def send(self, stage: int, x: torch.Tensor) -> None:
