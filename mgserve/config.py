@@ -23,7 +23,7 @@ DEVICES = ("auto", "cpu", "cuda")
 _MINIMUM = {"ctx_size": 0, "parallel": 1, "batch_size": 1, "checkpoint_every": -1,
             "ctx_checkpoints": 0, "cache_ram": 0, "prefix_copy_min": 0, "itl_target_ms": 0,
             "prefill_sessions": 0, "max_queue": 0, "reasoning_budget": -1, "threads": 0,
-            "max_body_mb": 1}  # fmt: skip
+            "max_body_mb": 1, "virtual_stages": 1}  # fmt: skip
 
 
 def _opt(default: Any, help: str, *flags: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -104,6 +104,13 @@ class Settings:
         "balanced by each layer's decode bytes within each GPU's memory",
         "--tensor-split",
         "-ts",
+    )
+    virtual_stages: int = _opt(
+        1,
+        "on a GPU: run the model as N stages of a layer pipeline on that one GPU (layers split "
+        "by decode weight bytes, a stream each, hand-offs copied through pinned host buffers), "
+        "to test and measure the pipeline on one card; no decode graphs when N > 1",
+        "--virtual-stages",
     )
     itl_target_ms: int = _opt(
         0,

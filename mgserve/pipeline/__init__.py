@@ -1,8 +1,12 @@
-"""The layer pipeline over several GPUs (issue 14): its plan and its performance model.
+"""The layer pipeline over several GPUs (issue 14): its plan, its performance model, and the
+first runtime piece (a model's stages run one after another, through a transport).
 
 costs.py      per layer: weight bytes read and FLOPs per step, per-session bytes at depth
 stages.py     the stage plan: contiguous layer ranges per GPU, by memory and balance
 report.py     the stage plan as ``mgserve info --plan`` prints it
 perfmodel.py  prefill and decode throughput of a pipeline from stage times and links
 gpumodel.py   stage times and PCIe links of a GPU we do not have (a roofline)
+staged.py     a device model run as stages (StagedLM); --virtual-stages
+transport.py  the hand-off between stages: LocalTransport (one process), DistTransport
+              (torch.distributed)
 """

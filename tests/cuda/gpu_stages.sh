@@ -14,6 +14,8 @@
 #                                              device sampler, decode under a schema at full width
 #   bash tests/cuda/gpu_stages.sh sched       issue 12: the lane and plan tests, the 250k next turn,
 #                                              mixed load with the prefill lane
+#   bash tests/cuda/gpu_stages.sh pipeline    issue 14: virtual stages bitwise one stage on the GPU
+#                                              (and two GPUs over NCCL where there are two)
 # Logs and files land in $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/mgserve-out}; mkdir -p "$OUT"
@@ -35,6 +37,8 @@ case "${1:-tests}" in
         "tests/cuda/test_$n.py" > "$OUT/t_$n.log" 2>&1
       echo "== $n rc=$?"; grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/t_$n.log" | head -8
     done ;;
+  pipeline)  # virtual stages (streams, pinned staging, events) and the engine with them
+    TESTS="device_stages:300 device_stages_dist:200" bash "$0" tests ;;
   table)
     bench invariance 150 invariance $Q4X --int8 --record
     bench model 420 model $Q4X --ctx 262144 --slots 5 --int8 --prefill 4096@0,4096@32768 \

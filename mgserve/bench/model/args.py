@@ -51,6 +51,13 @@ def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) 
     parser.add_argument("--int8", action="store_true", help="int8-activation matvecs")
     parser.add_argument("--no-graphs", action="store_true", help="decode without CUDA graphs")
     parser.add_argument(
+        "--virtual-stages",
+        type=int,
+        default=1,
+        help="run the model as N layer-pipeline stages on the one GPU (pipeline/staged.py; "
+        "no decode graphs when N > 1): the pipeline machinery's overhead against N = 1",
+    )
+    parser.add_argument(
         "--pow2-buckets",
         action="store_true",
         help="decode graphs for 1, 2, 4, 8, 16 sessions only, padding the rest (compare)",

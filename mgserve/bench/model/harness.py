@@ -57,9 +57,16 @@ class ModelBench:
             release_pools()
         self.sync()
         self.load_s = time.perf_counter() - t0
+        run_model: Any = self.model
+        if args.virtual_stages > 1:  # the runner's model: the stages (the pools are the model's)
+            from mgserve.pipeline.staged import balanced_ranges, virtual_stages
+
+            ranges = balanced_ranges(g, args.virtual_stages, args.cache_type, args.cache_type)
+            run_model = virtual_stages(self.model, ranges, self.device)
+            args.no_graphs = True
         self.new_runner = partial(
             DeviceRunner,
-            self.model,
+            run_model,
             self.device,
             graphs=not args.no_graphs,
             buckets=(POW2_BUCKETS if args.pow2_buckets else BUCKETS) + DRAFT_BUCKETS,
@@ -90,7 +97,8 @@ class ModelBench:
 
         a = self.args
         gpu = runtime.gpu_info().name
-        return f"{gpu}, int8 {a.int8}, graphs {not a.no_graphs}, pdl {not a.no_pdl}"
+        stages = f", {a.virtual_stages} virtual stages" if a.virtual_stages > 1 else ""
+        return f"{gpu}, int8 {a.int8}, graphs {not a.no_graphs}, pdl {not a.no_pdl}{stages}"
 
     def sync(self) -> None:
         """Wait for the GPU (nothing to wait for on the CPU)."""

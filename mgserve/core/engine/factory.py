@@ -33,12 +33,16 @@ def load_engine(settings: Settings) -> LoadedEngine:
     from mgserve.core.models import load_model
     from mgserve.cuda import resolve_device
 
+    if settings.virtual_stages > 1 and settings.prefill_lane == "on":  # two threads' steps at once
+        raise ValueError("--virtual-stages does not run with --prefill-lane on yet")
     if settings.device != "cpu":
         choose_gpu()  # several GPUs, none named: the freest becomes GPU 0 (before CUDA starts)
     device = resolve_device(settings.device)  # "cpu" or "cuda"; ValueError says why not cuda
     g = GGUFFile(resolve_model(settings.model, settings.cache_dir))
     if device == "cuda":
         return _on_gpu(g, settings)
+    if settings.virtual_stages > 1:
+        raise ValueError("--virtual-stages is for the GPU runner (--device cuda)")
     model = load_model(g, threads=settings.threads)
     if settings.prefill_lane == "on":
         log.info("--prefill-lane on is for the GPU: the CPU runner computes steps in order")
@@ -83,7 +87,16 @@ def _on_gpu(g: GGUFFile, settings: Settings) -> LoadedEngine:
         settings.cache_type_v,
     )
     lanes = settings.prefill_lane == "on"
-    runner = DeviceRunner(model, device, lanes=lanes, lane_sms=settings.prefill_lane_sms)
+    n_stages = settings.virtual_stages
+    run_model = model
+    if n_stages > 1:  # the layer pipeline on this GPU (pipeline/staged.py): no decode graphs
+        from mgserve.pipeline.staged import balanced_ranges, virtual_stages
+
+        ranges = balanced_ranges(g, n_stages, settings.cache_type_k, settings.cache_type_v)
+        run_model = virtual_stages(model, ranges, device)
+    runner = DeviceRunner(
+        run_model, device, graphs=n_stages == 1, lanes=lanes, lane_sms=settings.prefill_lane_sms
+    )
     spec_k = settings.spec_k if settings.spec == "on" else 0
     n_prompt = min(settings.batch_size, settings.ctx_size - spec_k - 8)
     warm_up(runner, model.spec.n_vocab, n_prompt, spec_k)  # compiles, captures: still loading

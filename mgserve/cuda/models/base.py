@@ -14,7 +14,7 @@ A step is either
 Both write the state of the slots they touch (``SlotPools``) and return logits for the rows asked.
 Models run every op through their ``Backend`` (``backend.<family>.<op>``); the helpers here load
 and run what every architecture shares: the token embedding and output projection, the logit rows
-and the attention lengths of a step.
+and the attention lengths of a step, and the forward as stages of a layer pipeline (``Staged``).
 """
 
 from __future__ import annotations
@@ -91,6 +91,32 @@ class DeviceLM(Protocol):
     def set_host_state(self, slot: int, state: Any) -> None:
         """Put back what ``host_state`` returned (a checkpoint is restored)."""
         ...
+
+
+class Staged:
+    """A model's forward as stages of a layer pipeline (mgserve/pipeline/staged.py runs them
+    apart): ``stage_in`` (the first stage: the embedding, whatever the architecture feeds its
+    first layer), ``stage_layers`` (a stage's contiguous layers, on what the previous stage handed
+    off: [N, *handoff_shape] float32 per step, the residual stream), ``stage_out`` (the last
+    stage: the head, the logits of the step's logit rows). ``forward`` is the one-stage pipeline,
+    the code path of every step when nothing is split."""
+
+    spec: ModelSpec
+    handoff_shape: tuple[int, ...]  # what crosses a link per token
+
+    def stage_in(self, step: Step) -> torch.Tensor:
+        raise NotImplementedError
+
+    def stage_layers(self, x: torch.Tensor, step: Step, start: int, stop: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def stage_out(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, step: Step) -> torch.Tensor:
+        """[R, n_vocab] float32 logits of the step's logit rows: every layer as one stage."""
+        x = self.stage_layers(self.stage_in(step), step, 0, self.spec.n_layer)
+        return self.stage_out(x, step)
 
 
 def rows(x: torch.Tensor, step: Step) -> torch.Tensor:

@@ -19,7 +19,7 @@ from mgserve.core.gguf.hparams_hybrid import dense_moe
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.reference import rowwise
 from mgserve.cuda.loader import Loader
-from mgserve.cuda.models.base import Step, key_lengths, load_embeddings, rows
+from mgserve.cuda.models.base import Staged, Step, key_lengths, load_embeddings, rows
 from mgserve.cuda.models.moe import Moe, load_moe, moe_ffn
 from mgserve.cuda.pools import PoolSize, SlotPools
 from mgserve.cuda.weights import QuantWeight
@@ -53,7 +53,7 @@ class DenseLayer:
     moe: Moe | None = None  # llama with experts
 
 
-class DenseLM:
+class DenseLM(Staged):
     rewindable = True
 
     def __init__(
@@ -65,6 +65,7 @@ class DenseLM:
         size: PoolSize,
     ) -> None:
         self.spec, self.backend, self.device = spec, backend, device
+        self.handoff_shape = (spec.n_embd,)
         ld = Loader(g, device)
         d, q, kv, ff = spec.n_embd, spec.q_dim, spec.kv_dim, spec.n_ff
         self.tok_embd, self.output = load_embeddings(ld, spec, backend)
@@ -124,12 +125,20 @@ class DenseLM:
     def set_host_state(self, slot: int, state: None) -> None:
         """Nothing on the host (and no checkpoints: a KV cache rewinds)."""
 
-    def forward(self, step: Step) -> torch.Tensor:
+    # the forward as stages (models/base.py ``Staged``): forward runs all three on every layer
+
+    def stage_in(self, step: Step) -> torch.Tensor:
+        """The token embedding [N, d] (scaled by sqrt(d) in gemma)."""
+        scale = math.sqrt(self.spec.n_embd) if self.spec.gemma else 1.0
+        return self.backend.embed.gather(self.tok_embd, step.tokens, scale=scale)
+
+    def stage_layers(self, x: torch.Tensor, step: Step, start: int, stop: int) -> torch.Tensor:
+        for il in range(start, stop):
+            x = self.block(il, self.layers[il], x, step)
+        return x
+
+    def stage_out(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         spec, b = self.spec, self.backend
-        scale = math.sqrt(spec.n_embd) if spec.gemma else 1.0
-        x = b.embed.gather(self.tok_embd, step.tokens, scale=scale)  # [N, d]
-        for il, layer in enumerate(self.layers):
-            x = self.block(il, layer, x, step)
         h = b.norm.rms(rows(x, step), self.output_norm, spec.rms_eps)
         logits = b.linear.matmul(h, self.output, bias=self.output_b)
         if spec.final_softcap > 0.0:  # gemma2-style files only

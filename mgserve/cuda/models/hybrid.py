@@ -20,7 +20,7 @@ from mgserve.core.gguf.hparams import ModelSpec
 from mgserve.core.gguf.hparams_hybrid import HybridSpec
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.cuda.loader import Loader
-from mgserve.cuda.models.base import Step, key_lengths, load_embeddings, rows
+from mgserve.cuda.models.base import Staged, Step, key_lengths, load_embeddings, rows
 from mgserve.cuda.models.deltanet import DeltaNet, deltanet_forward, load_deltanet
 from mgserve.cuda.models.moe import Moe, load_moe, moe_ffn
 from mgserve.cuda.models.qwen4exp_weights import HC, Indexer, Ple
@@ -71,7 +71,7 @@ def load_attn(ld: Loader, il: int, spec: ModelSpec, hp: HybridSpec) -> Attn:
     )
 
 
-class HybridLM:
+class HybridLM(Staged):
     decode_extra_shape: tuple[int, ...] | None = None  # [...] of Step.extra rows in decode
 
     def __init__(
@@ -85,6 +85,7 @@ class HybridLM:
     ) -> None:
         self.spec, self.hp, self.backend, self.device = spec, hp, backend, device
         self.arch = spec.arch
+        self.handoff_shape: tuple[int, ...] = (spec.n_embd,)  # per token, between stages
         self.rewindable = not any(hp.recurrent)
         self.read_extras(g)
         ld = Loader(g, device)
@@ -146,10 +147,17 @@ class HybridLM:
 
     # -- the forward -------------------------------------------------------------------------
 
-    def forward(self, step: Step) -> torch.Tensor:
-        x = self.embed(step)
-        for il in range(self.spec.n_layer):
+    # as stages (models/base.py ``Staged``: forward runs all three on every layer)
+
+    def stage_in(self, step: Step) -> torch.Tensor:
+        return self.embed(step)
+
+    def stage_layers(self, x: torch.Tensor, step: Step, start: int, stop: int) -> torch.Tensor:
+        for il in range(start, stop):
             x = self.block(il, x, step)
+        return x
+
+    def stage_out(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         return self.backend.linear.matmul(self.head(rows(x, step)), self.output)
 
     def embed(self, step: Step) -> torch.Tensor:

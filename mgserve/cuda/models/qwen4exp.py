@@ -22,7 +22,7 @@ from mgserve.core.gguf.hparams_qwen4exp import qwen4exp_spec_from_gguf
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.reference import ple as ple_ref
 from mgserve.cuda.loader import Loader
-from mgserve.cuda.models.base import Step, key_lengths, rows
+from mgserve.cuda.models.base import Step, key_lengths
 from mgserve.cuda.models.hybrid import HybridLM, Layer
 from mgserve.cuda.models.moe import load_moe, moe_ffn
 from mgserve.cuda.models.qwen4exp_weights import HC, Indexer, Ple, load_hc, load_indexer, load_ple
@@ -42,6 +42,7 @@ class Qwen4ExpLM(HybridLM):
             ple_ref.check_table(self.ple_table, qp.ple, g.path)
             ple_ref.advise_random(self.ple_table)
             self.decode_extra_shape = (qp.ple.n_heads * qp.ple.head_dim,)
+        self.handoff_shape = (qp.hc, self.spec.n_embd)  # the residual streams
         # the last ngram - 1 tokens of each slot, for the host-side n-gram hash
         self._ple_tokens: dict[int, np.ndarray] = {}
 
@@ -107,14 +108,15 @@ class Qwen4ExpLM(HybridLM):
 
     # -- the forward -------------------------------------------------------------------------
 
-    def forward(self, step: Step) -> torch.Tensor:
+    def stage_layers(self, x: torch.Tensor, step: Step, start: int, stop: int) -> torch.Tensor:
         """As HybridLM's, except that each block's output is added to the streams by the next
-        mix (``hc.combine_mix``: one kernel and one pass over the streams fewer per block)."""
-        x, pending = self.embed(step), None
-        for il in range(self.spec.n_layer):
+        mix (``hc.combine_mix``: one kernel and one pass over the streams fewer per block); the
+        last one's is added at the end, so a stage hands off the settled streams [N, hc, d]
+        (combine then mix is bitwise combine_mix: both round the combine the same way)."""
+        pending: Pending = None
+        for il in range(start, stop):
             x, pending = self.block_pending(il, x, step, pending)
-        x = self.settle(x, pending)
-        return self.backend.linear.matmul(self.head(rows(x, step)), self.output)
+        return self.settle(x, pending)
 
     def settle(self, x: torch.Tensor, pending: Pending) -> torch.Tensor:
         """The streams with the pending block output added."""

@@ -1,0 +1,117 @@
+"""A device model run as the stages of a layer pipeline: ``StagedLM`` is the model with its
+forward split at the stages' layer ranges, the hand-offs going through a ``Transport``
+(transport.py); everything else (pools, host state, PLE rows, checkpoints) is the model's own, so
+a ``DeviceRunner`` runs it as it runs the model.
+
+One step goes through the stages in order: the first embeds (``stage_in``: the token embedding,
+or qwen4exp's hyper-connection streams; the step's host-made inputs such as qwen4exp's PLE rows
+ride on the ``Step``, which every stage reads), each runs its layers (``stage_layers``), hands off
+the residual stream, and the last applies the head (``stage_out``). The arithmetic is the
+one-stage forward's, op for op, so the tokens are bitwise the same for any split
+(tests/pipeline/test_staged.py).
+
+``--virtual-stages N`` (``virtual_stages``) runs N stages on one device with ``LocalTransport``;
+the layers are split by the stage plan's balance (decode weight bytes per layer and the head's on
+the last stage: ``stages.best_split``). Decode CUDA graphs are off when N > 1 (the factory logs
+it): a capture across the stages' streams and the host staging copies is not written yet.
+
+Not done yet: the stages of one step run one after another (no micro-batches of a prompt or of
+decoding sessions in flight at once, so no overlap of stages); no per-stage metrics; each process
+of a ``DistTransport`` pipeline loads the whole model (only its stages' layers run); ``mgserve
+serve`` does not start a pipeline across processes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from mgserve.core.gguf.reader import GGUFFile
+from mgserve.cuda.models.base import Staged, Step
+from mgserve.pipeline.stages import StagePlan
+from mgserve.pipeline.transport import LocalTransport, Transport
+
+log = logging.getLogger(__name__)
+
+
+def check_ranges(ranges: Sequence[tuple[int, int]], n_layer: int) -> list[tuple[int, int]]:
+    """``ranges`` if they cover layers 0..n_layer - 1 contiguously, a layer or more each."""
+    out, at = [(int(a), int(b)) for a, b in ranges], 0
+    for a, b in out:
+        if a != at or b <= a:
+            raise ValueError(f"stage ranges {out} do not split {n_layer} layers contiguously")
+        at = b
+    if at != n_layer:
+        raise ValueError(f"stage ranges {out} do not cover the {n_layer} layers")
+    return out
+
+
+class StagedLM:
+    """The model's forward over ``ranges`` (one per stage, or a ``StagePlan``'s) through
+    ``transport``; every other attribute is the model's. In a process that does not run the last
+    stage, ``forward`` returns the logits the transport brings (``DistTransport``: broadcast from
+    the last stage)."""
+
+    def __init__(
+        self, model: Any, ranges: Sequence[tuple[int, int]] | StagePlan, transport: Transport
+    ) -> None:
+        if not isinstance(model, Staged):
+            raise ValueError(f"{type(model).__name__} does not run as pipeline stages")
+        self.model = model
+        if isinstance(ranges, StagePlan):
+            ranges = ranges.ranges
+        self.ranges = check_ranges(ranges, model.spec.n_layer)
+        if transport.n_stages != len(self.ranges):
+            raise ValueError(f"a transport of {transport.n_stages} stages for {len(ranges)}")
+        self.transport = transport
+
+    def __getattr__(self, name: str) -> Any:  # the model's pools, spec, backend, ...
+        return getattr(self.__dict__["model"], name)
+
+    def forward(self, step: Step) -> torch.Tensor:
+        m, t = self.model, self.transport
+        n, last = step.tokens.shape[0], len(self.ranges) - 1
+        dev = step.tokens.device
+        t.begin()
+        logits = None
+        for i, (a, b) in enumerate(self.ranges):
+            if not t.runs(i):
+                continue
+            with t.on(i):
+                x = m.stage_in(step) if i == 0 else t.recv(i, (n, *m.handoff_shape), dev)
+                x = m.stage_layers(x, step, a, b)
+                if i < last:
+                    t.send(i, x)
+                else:
+                    logits = m.stage_out(x, step)
+        r = n if step.logit_rows is None else step.logit_rows.shape[0]
+        return t.logits(logits, (r, m.spec.n_vocab), dev)
+
+
+def balanced_ranges(g: GGUFFile, n_stages: int, type_k: str = "f16",
+                    type_v: str = "f16") -> list[tuple[int, int]]:  # fmt: skip
+    """``n_stages`` contiguous layer ranges of ``g``'s model whose busiest stage reads the fewest
+    weight bytes per decode token (the stage plan's default balance), memory not considered."""
+    from mgserve.pipeline.costs import ModelCosts
+    from mgserve.pipeline.stages import Balance, best_split
+
+    costs = ModelCosts.of(g, type_k, type_v)
+    n = costs.sizes.spec.n_layer
+    if not 1 <= n_stages <= n:
+        raise ValueError(f"{n_stages} virtual stages for {n} layers: 1 to {n}")
+    found = best_split(n, n_stages, Balance.decode_bytes(costs).cost, lambda *_: True)
+    assert found is not None  # nothing refuses a split
+    return found
+
+
+def virtual_stages(model: Any, ranges: Sequence[tuple[int, int]], device: torch.device) -> StagedLM:
+    """``model`` as len(ranges) stages on its one ``device`` (``--virtual-stages``)."""
+    staged = StagedLM(model, ranges, LocalTransport(len(ranges), device))
+    log.info(
+        "%d virtual stages on %s: layers %s; decode without CUDA graphs",
+        len(ranges), device, ", ".join(f"{a}-{b - 1}" for a, b in staged.ranges),
+    )  # fmt: skip
+    return staged

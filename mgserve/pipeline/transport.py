@@ -1,0 +1,197 @@
+"""How a layer pipeline's stages hand a step's activations to the next one (``Transport``).
+
+A step's hand-off from stage i to stage i + 1 is one float32 tensor [N, *handoff_shape] (the
+residual stream of its N tokens: 4 x hidden for qwen4exp's hyper-connection streams); the last
+stage's logits go to whoever samples. ``staged.py`` drives a transport; two are here:
+
+- ``LocalTransport``: every stage in this process (``--virtual-stages``, or several GPUs of one
+  host). On a GPU each stage computes on a CUDA stream of its own, and a hand-off goes through
+  pinned host staging buffers, two per link used in turn (double-buffered: step s + 1's copy out
+  may start while step s's copy in still reads the other): the device-to-host copy on the link's
+  out stream after the sender's work (an event), the host-to-device copy on the link's in stream
+  after that one (an event), the receiving stage's stream after it (an event), and a buffer is
+  written again only after its last copy in (an event). No host wait anywhere. On the CPU the
+  same hand-off is a real copy through the staging buffer. Peer copies between GPUs that reach
+  each other, and a link bandwidth throttle, are not written yet.
+- ``DistTransport``: stages in other processes (other hosts), over ``torch.distributed``
+  point-to-point ``send`` / ``recv`` (gloo on the CPU, NCCL on GPUs); the last stage's logits are
+  broadcast so that every process samples the same tokens (its runner stays in step with the
+  others: the same sampler, seeds and states on every rank).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+import torch
+
+HANDOFF_DTYPE = torch.float32
+
+
+class Transport(Protocol):
+    n_stages: int
+
+    def runs(self, stage: int) -> bool:
+        """Whether this process computes ``stage``."""
+        ...
+
+    def on(self, stage: int) -> contextlib.AbstractContextManager[None]:
+        """Where ``stage``'s work is issued (its CUDA stream; nothing off the GPU)."""
+        ...
+
+    def begin(self) -> None:
+        """A step starts (its inputs are ready on the caller's stream)."""
+        ...
+
+    def send(self, stage: int, x: torch.Tensor) -> None:
+        """Hand ``stage``'s output x to stage + 1."""
+        ...
+
+    def recv(self, stage: int, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        """``stage``'s input, handed off by stage - 1."""
+        ...
+
+    def logits(
+        self, logits: torch.Tensor | None, shape: tuple[int, int], device: torch.device
+    ) -> torch.Tensor:
+        """The last stage's logits [R, V] where the caller samples (``logits``: this process's,
+        None when another process ran the last stage); the caller's stream waits for them."""
+        ...
+
+
+class LocalTransport:
+    """Every stage in this process, on one device (the module docstring)."""
+
+    def __init__(self, n_stages: int, device: torch.device) -> None:
+        self.n_stages, self.device = n_stages, device
+        self.gpu = device.type == "cuda"
+        links = n_stages - 1
+        none = torch.empty(0, dtype=HANDOFF_DTYPE)  # each buffer is made at its first hand-off
+        self.buffers: list[list[torch.Tensor]] = [[none, none] for _ in range(links)]
+        self.turn = [0] * links  # the buffer a link's next hand-off takes
+        self.sent: list[tuple[int, int]] = [(0, 0)] * links  # (buffer, elements) in flight
+        self.link_bytes = [0] * links  # bytes each link has carried (a first per-link metric)
+        if self.gpu:
+            self.streams = [torch.cuda.Stream(device) for _ in range(n_stages)]
+            self.out_streams = [torch.cuda.Stream(device) for _ in range(links)]
+            self.in_streams = [torch.cuda.Stream(device) for _ in range(links)]
+            self.written = [[torch.cuda.Event() for _ in range(2)] for _ in range(links)]
+            self.read = [[torch.cuda.Event() for _ in range(2)] for _ in range(links)]
+            self.used = [[False, False] for _ in range(links)]
+            self.arrived = [torch.cuda.Event() for _ in range(links)]
+
+    def runs(self, stage: int) -> bool:
+        return True
+
+    @contextlib.contextmanager
+    def on(self, stage: int) -> Iterator[None]:
+        if not self.gpu:
+            yield
+            return
+        with torch.cuda.stream(self.streams[stage]):
+            yield
+
+    def begin(self) -> None:
+        if self.gpu:
+            caller = torch.cuda.current_stream(self.device)
+            for s in self.streams:  # the step's inputs, and whatever ran before it
+                s.wait_stream(caller)
+
+    def _staging(self, link: int, k: int, n: int) -> torch.Tensor:
+        buf = self.buffers[link][k]
+        if buf.numel() < n:  # grown once per larger step (a prompt chunk)
+            buf = self.buffers[link][k] = torch.empty(n, dtype=HANDOFF_DTYPE, pin_memory=self.gpu)
+        return buf[:n]
+
+    def send(self, stage: int, x: torch.Tensor) -> None:
+        assert x.dtype == HANDOFF_DTYPE, x.dtype
+        link, n = stage, x.numel()
+        k = self.turn[link]
+        self.turn[link] ^= 1
+        self.sent[link] = (k, n)
+        self.link_bytes[link] += n * x.element_size()
+        if not self.gpu:
+            self._staging(link, k, n).copy_(x.reshape(-1))
+            return
+        out = self.out_streams[link]
+        out.wait_stream(self.streams[stage])  # x is computed
+        if self.used[link][k]:  # the buffer's previous copy in has read it
+            out.wait_event(self.read[link][k])
+        with torch.cuda.stream(out):
+            self._staging(link, k, n).copy_(x.reshape(-1), non_blocking=True)
+            self.written[link][k].record(out)
+        x.record_stream(out)  # x's memory is not reused before the copy has read it
+
+    def recv(self, stage: int, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        link = stage - 1
+        k, n = self.sent[link]
+        if not self.gpu:
+            return self._staging(link, k, n).clone().view(shape)
+        inn = self.in_streams[link]
+        inn.wait_event(self.written[link][k])
+        with torch.cuda.stream(inn):
+            y = torch.empty(shape, dtype=HANDOFF_DTYPE, device=device)
+            y.view(-1).copy_(self._staging(link, k, n), non_blocking=True)
+            self.read[link][k].record(inn)
+            self.arrived[link].record(inn)
+        self.used[link][k] = True
+        here = torch.cuda.current_stream(device)  # the receiving stage's (``on``)
+        here.wait_event(self.arrived[link])
+        y.record_stream(here)
+        return y
+
+    def logits(
+        self, logits: torch.Tensor | None, shape: tuple[int, int], device: torch.device
+    ) -> torch.Tensor:
+        assert logits is not None
+        if self.gpu:
+            caller = torch.cuda.current_stream(device)
+            caller.wait_stream(self.streams[-1])
+            logits.record_stream(caller)
+        return logits
+
+
+class DistTransport:
+    """Stages in several processes joined by ``torch.distributed`` (the module docstring):
+    ``ranks[i]`` is the rank that computes stage i; the process group is initialized."""
+
+    def __init__(self, ranks: Sequence[int], rank: int | None = None) -> None:
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.ranks, self.n_stages = list(ranks), len(ranks)
+        self.rank = dist.get_rank() if rank is None else rank
+        self.local: dict[int, torch.Tensor] = {}  # hand-offs between stages of this rank
+
+    def runs(self, stage: int) -> bool:
+        return self.ranks[stage] == self.rank
+
+    def on(self, stage: int) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def begin(self) -> None:
+        """Nothing: each process runs its stages in order on its current stream."""
+
+    def send(self, stage: int, x: torch.Tensor) -> None:
+        assert x.dtype == HANDOFF_DTYPE, x.dtype
+        dst = self.ranks[stage + 1]
+        if dst == self.rank:
+            self.local[stage + 1] = x
+        else:
+            self.dist.send(x.contiguous(), dst=dst)
+
+    def recv(self, stage: int, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        if stage in self.local:
+            return self.local.pop(stage)
+        y = torch.empty(shape, dtype=HANDOFF_DTYPE, device=device)
+        self.dist.recv(y, src=self.ranks[stage - 1])
+        return y
+
+    def logits(
+        self, logits: torch.Tensor | None, shape: tuple[int, int], device: torch.device
+    ) -> torch.Tensor:
+        out = torch.empty(shape, dtype=torch.float32, device=device) if logits is None else logits
+        self.dist.broadcast(out.contiguous(), src=self.ranks[-1])
+        return out

@@ -1,0 +1,47 @@
+"""``bench model --virtual-stages N``: the bench's runner runs the model as N stages (the pools
+stay the model's), and its steps give the one-stage bench's tokens (on the CPU, torch backend)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from mgserve.bench.model.args import add_arguments
+from mgserve.pipeline.staged import StagedLM
+
+
+def _bench(path: Path, stages: int):
+    from mgserve.bench.model.harness import ModelBench
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(
+        ["--model", str(path), "--device", "cpu", "--ctx", "128", "--slots", "2", "--ubatch",
+         "16", "--virtual-stages", str(stages)]
+    )  # fmt: skip
+    return ModelBench(args)
+
+
+def _tokens(bench) -> list[int]:
+    toks = bench.tokens(12, 5)
+    out = [bench.run_step([bench.work(1, toks, 0, True)]).results[0].token]
+    for i in range(4):
+        out.append(bench.run_step([bench.work(1, (out[-1],), 12 + i, True)]).results[0].token)
+    return out
+
+
+def test_bench_model_virtual_stages(tmp_path: Path) -> None:
+    from tests.cuda.test_device_models import _export
+
+    path = _export("qwen4exp", tmp_path)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # the torch backend on a busy 2-core machine
+    try:
+        one, three = _bench(path, 1), _bench(path, 3)
+        assert isinstance(three.runner.model, StagedLM) and len(three.runner.model.ranges) == 3
+        assert three.args.no_graphs and not isinstance(one.runner.model, StagedLM)
+        assert _tokens(three) == _tokens(one)
+    finally:
+        torch.set_num_threads(n)

@@ -1,0 +1,94 @@
+"""Two pipeline stages in two processes joined by ``torch.distributed`` (``DistTransport``, gloo on
+the CPU): stage 0 (the first half of the layers, the embedding) in rank 0, stage 1 (the rest and
+the head) in rank 1, each rank driving a ``DeviceRunner`` through the same steps; the logits
+rank 1 broadcasts, and so the greedy tokens both ranks sample, are bitwise the one-process run's
+(qwen4exp: the hyper-connection streams cross between the processes; and a dense model).
+Small: a few prompt tokens and 8 decode steps, two sessions. With ``-m gpu`` on a machine of two
+GPUs or more, the same over NCCL with rank r on GPU r and the CUDA backend."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.cuda.stages_drive import greedy, record_logits
+
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+N_DECODE, SESSIONS = 8, 2
+
+
+def _runner(path: str, device: torch.device, transport_ranks: list[int] | None):
+    """The runner of ``path``'s model on ``device``: one process, or this rank's stages."""
+    from mgserve.core.gguf.reader import GGUFFile
+    from mgserve.cuda.backend import cuda_backend, load_device_model, torch_backend
+    from mgserve.cuda.runner import DeviceRunner
+    from mgserve.pipeline.staged import StagedLM, balanced_ranges
+    from mgserve.pipeline.transport import DistTransport
+
+    g = GGUFFile(path)
+    backend = torch_backend() if device.type == "cpu" else cuda_backend(device.index or 0)
+    model = load_device_model(g, backend, device, 3, 64)
+    if transport_ranks is not None:
+        model = StagedLM(model, balanced_ranges(g, 2), DistTransport(transport_ranks))
+    logits = record_logits(model)
+    return DeviceRunner(model, device, graphs=False), logits
+
+
+def _worker(rank: int, path: str, rendezvous: str, out: str, kind: str) -> None:
+    torch.set_num_threads(1)
+    device = torch.device("cpu")
+    if kind == "nccl":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    dist.init_process_group(kind, init_method=rendezvous, rank=rank, world_size=2)
+    try:
+        runner, logits = _runner(path, device, [0, 1])
+        tokens = greedy(runner, SESSIONS, N_DECODE)
+        torch.save({"tokens": tokens, "logits": logits}, f"{out}.{rank}")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _check(arch: str, tmp_path: Path, kind: str) -> None:
+    import torch.multiprocessing as mp
+
+    from tests.cuda.test_device_models import _export
+
+    path = str(_export(arch, tmp_path))
+    rendezvous = f"file://{tmp_path / 'rendezvous'}"
+    out = str(tmp_path / "result")
+    mp.spawn(_worker, args=(path, rendezvous, out, kind), nprocs=2, join=True)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        device = torch.device("cpu") if kind == "gloo" else torch.device("cuda", 0)
+        runner, want_logits = _runner(path, device, None)
+        want = greedy(runner, SESSIONS, N_DECODE)
+    finally:
+        torch.set_num_threads(n)
+    for rank in (0, 1):
+        got = torch.load(f"{out}.{rank}")
+        assert got["tokens"] == want, (rank, json.dumps(got["tokens"]), json.dumps(want))
+        assert len(got["logits"]) == len(want_logits)
+        for a, b in zip(got["logits"], want_logits, strict=True):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("arch", ["qwen4exp", "llama"])
+def test_two_processes_give_one_process_tokens(arch: str, tmp_path: Path) -> None:
+    _check(arch, tmp_path, "gloo")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["qwen4exp", "llama"])
+def test_two_gpus_over_nccl_give_one_gpu_tokens(arch: str, tmp_path: Path) -> None:
+    if torch.cuda.device_count() < 2 or not dist.is_nccl_available():
+        pytest.skip("needs two GPUs and NCCL")
+    _check(arch, tmp_path, "nccl")
