@@ -25,6 +25,7 @@ BENCHMARKS = (
     "mixed",
     "turn",
     "spec",
+    "spec-sim",
     "verify",
     "pipeline-model",
 )
