@@ -25,11 +25,15 @@ REQUEST = "mgserve-warm-up"
 DECODE_STEPS = 3
 
 
-def warm_up(runner: Any, n_vocab: int, n_prompt: int, spec_k: int = 0) -> float:
-    """Run the warm-up through ``runner`` (a DeviceRunner); returns its seconds."""
+def warm_up(runner: Any, n_vocab: int, n_ctx: int, n_prompt: int, spec_k: int = 0) -> float:
+    """Run the warm-up through ``runner`` (a DeviceRunner) in a slot of ``n_ctx`` positions,
+    with a prompt of at most ``n_prompt`` tokens (and, room left, ``spec_k`` drafts); returns its
+    seconds."""
     t0 = time.perf_counter()
     greedy = SamplingParams(temperature=0.0)
-    prompt = tuple((7 + 31 * i) % n_vocab for i in range(max(2, n_prompt)))
+    n_prompt = max(1, min(n_prompt, n_ctx // 2))
+    spec_k = max(0, min(spec_k, n_ctx - n_prompt - DECODE_STEPS - 1))
+    prompt = tuple((7 + 31 * i) % n_vocab for i in range(n_prompt))
     step = 0
 
     def run(*work: SeqWork, freed: tuple[int, ...] = ()) -> int:

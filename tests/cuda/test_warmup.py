@@ -25,11 +25,23 @@ def _check(arch: str, tmp_path: Path, device: torch.device, backend, graphs: boo
     fresh = _runner(arch, tmp_path, device, backend, graphs)
     want = {p: _tokens(fresh, p) for p in (GREEDY, SAMPLED)}
     warmed = _runner(arch, tmp_path, device, backend, graphs)
-    warm_up(warmed, warmed.model.spec.n_vocab, 40, spec_k=4)
+    warm_up(warmed, warmed.model.spec.n_vocab, 128, 40, spec_k=4)
     for p in (GREEDY, SAMPLED):
         assert _tokens(warmed, p) == want[p]
     if graphs:
         assert 1 in warmed.decode.captured
+
+
+def test_warm_up_fits_a_small_context(tmp_path: Path) -> None:
+    """A context smaller than a batch: the prompt and drafts shrink to fit its positions."""
+    from mgserve.cuda.backend import torch_backend
+
+    runner = _runner("qwen3", tmp_path, torch.device("cpu"), torch_backend(), graphs=False)
+    seen: list[int] = []
+    run = runner.run
+    runner.run = lambda b: seen.extend(w.start + len(w.tokens) for w in b.work) or run(b)
+    warm_up(runner, runner.model.spec.n_vocab, 12, 512, spec_k=16)
+    assert seen and max(seen) <= 12
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen4exp"])

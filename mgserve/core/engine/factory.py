@@ -98,8 +98,7 @@ def _on_gpu(g: GGUFFile, settings: Settings) -> LoadedEngine:
         run_model, device, graphs=n_stages == 1, lanes=lanes, lane_sms=settings.prefill_lane_sms
     )
     spec_k = settings.spec_k if settings.spec == "on" else 0
-    n_prompt = min(settings.batch_size, settings.ctx_size - spec_k - 8)
-    warm_up(runner, model.spec.n_vocab, n_prompt, spec_k)  # compiles, captures: still loading
+    warm_up(runner, model.spec.n_vocab, settings.ctx_size, settings.batch_size, spec_k)
     engine = Engine(model, settings, runner=runner, drafter=speculator_from(settings))
     if settings.spec == "on" and not runner.supports_drafts:
         log.info("--spec: the GPU runner does not verify drafts for %s yet", g.architecture)
