@@ -8,7 +8,7 @@ or qwen4exp's hyper-connection streams; the step's host-made inputs such as qwen
 ride on the ``Step``, which every stage reads), each runs its layers (``stage_layers``), hands off
 the residual stream, and the last applies the head (``stage_out``). The arithmetic is the
 one-stage forward's, op for op, so the tokens are bitwise the same for any split
-(tests/pipeline/test_staged.py).
+(tests/cuda/test_device_stages.py, test_device_stages_dist.py).
 
 ``--virtual-stages N`` (``virtual_stages``) runs N stages on one device with ``LocalTransport``;
 the layers are split by the stage plan's balance (decode weight bytes per layer and the head's on
