@@ -12,6 +12,7 @@ from mgserve.api import (
     anthropic_routes,
     llama_routes,
     openai_routes,
+    openapi,
     responses_routes,
     slot_routes,
 )
@@ -72,4 +73,5 @@ def create_app(service: Service) -> web.Application:
     app.add_routes(anthropic_routes.ROUTES)
     app.add_routes(responses_routes.ROUTES)
     app.add_routes(slot_routes.ROUTES)
+    app.add_routes(openapi.ROUTES)
     return app

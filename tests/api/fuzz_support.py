@@ -89,7 +89,10 @@ ROUTES: dict[str, tuple[frozenset[str], dict[str, Any]]] = {
     # save and restore need a model whose cache can be written (test_slot_routes.py has them)
     "/slots/0?action=erase": (frozenset(), {}),
 }
-GET_ROUTES = ["/health", "/v1/health", "/props", "/slots", "/metrics", "/v1/models", "/models"]
+GET_ROUTES = [
+    "/health", "/v1/health", "/props", "/slots", "/metrics", "/v1/models", "/models",
+    "/openapi.json",
+]  # fmt: skip
 
 
 def value_for(name: str) -> st.SearchStrategy[Any]:
