@@ -57,6 +57,7 @@ def tojson(
     # with json.dumps' options, which templates use to match the model's training data
     if isinstance(indent, int) and indent > MAX_WIDTH:
         raise SecurityError(f"tojson indent {indent} is larger than {MAX_WIDTH}")
+    limits.check_size(limits.text_bound(value), "a JSON text")
     if separators is not None:
         separators = (str(separators[0]), str(separators[1]))
     return json.dumps(

@@ -77,16 +77,36 @@ def loop_guard(value: Any) -> Iterator[Any]:
         yield item
 
 
+def text_bound(value: Any, memo: dict[int, int] | None = None) -> int:
+    """At least how long ``str(value)`` is, without building it: a container's items are walked
+    once each however often they are referenced (``[[0] * 10**6] * 1000`` is 1000 references to
+    one list, whose text would be 3 GB)."""
+    if isinstance(value, str):
+        return len(value)
+    if not isinstance(value, list | tuple | dict):
+        return 1
+    memo = {} if memo is None else memo
+    if id(value) not in memo:
+        memo[id(value)] = 0  # a cycle counts once
+        items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+        memo[id(value)] = 2 * len(items) + sum(
+            text_bound(x, memo) for x in items if memo.get(id(x), -1) != 0
+        )
+        check_size(memo[id(value)], "a text")
+    return memo[id(value)]
+
+
 def out_guard(value: Any) -> Any:
-    """What ``{{ ... }}`` and template text output: counted against MAX_TEXT."""
-    BUDGET.emitted += len(value) if isinstance(value, str) else 8
+    """What ``{{ ... }}`` and template text output: counted against MAX_TEXT (a container by
+    what its text will be, before it is made)."""
+    BUDGET.emitted += text_bound(value)
     check_size(BUDGET.emitted, "output")
     return value
 
 
 def text_guard(value: Any) -> Any:
-    if isinstance(value, str | list | tuple):
-        check_size(len(value), "a text")
+    """A ``~`` operand or result: at most MAX_TEXT characters of text."""
+    check_size(text_bound(value), "a text")
     return value
 
 
@@ -100,8 +120,15 @@ def add(a: Any, b: Any) -> Any:
 def join_size(sep: str, items: Any) -> None:
     if isinstance(items, list | tuple):
         n = len(sep) * max(len(items) - 1, 0)
-        n += sum(len(x) if isinstance(x, str) else 8 for x in items)
+        n += sum(_text_size(x) for x in items)
         check_size(n, "a joined text")
+
+
+def _text_size(x: Any) -> int:
+    """At least how long ``str(x)`` is: a list's text has 3 characters an item or more."""
+    if isinstance(x, str):
+        return len(x)
+    return 3 * len(x) if isinstance(x, list | tuple | dict) else 8
 
 
 def replace_size(s: str, old: str, new: str, count: int = -1) -> None:
@@ -143,22 +170,25 @@ def bounded_replace(f: Any) -> Any:
     return replace
 
 
+def _filtered(node: nodes.Node, name: str) -> nodes.Filter:
+    return nodes.Filter(node, name, [], [], None, None, lineno=node.lineno)  # node: an Expr
+
+
 class _Guard(NodeTransformer):
     def visit_For(self, node: nodes.For) -> nodes.Node:  # noqa: N802 -- jinja's visitor names
         self.generic_visit(node)
-        node.iter = nodes.Filter(node.iter, LOOP_FILTER, [], [], None, None, lineno=node.lineno)
+        node.iter = _filtered(node.iter, LOOP_FILTER)
         return node
 
     def visit_Output(self, node: nodes.Output) -> nodes.Node:  # noqa: N802
         self.generic_visit(node)
-        node.nodes = [
-            nodes.Filter(n, OUT_FILTER, [], [], None, None, lineno=n.lineno) for n in node.nodes
-        ]
+        node.nodes = [_filtered(n, OUT_FILTER) for n in node.nodes]
         return node
 
     def visit_Concat(self, node: nodes.Concat) -> nodes.Node:  # noqa: N802
         self.generic_visit(node)
-        return nodes.Filter(node, TEXT_FILTER, [], [], None, None, lineno=node.lineno)
+        node.nodes = [_filtered(n, TEXT_FILTER) for n in node.nodes]  # before str() of each
+        return _filtered(node, TEXT_FILTER)
 
 
 def guard_tree(tree: nodes.Template) -> nodes.Template:
