@@ -15,8 +15,11 @@ the layers are split by the stage plan's balance (decode weight bytes per layer 
 the last stage: ``stages.best_split``). Decode CUDA graphs are off when N > 1 (the factory logs
 it): a capture across the stages' streams and the host staging copies is not written yet.
 
+Per-stage figures (busy seconds and fraction, bubbles, bytes and seconds per link) are recorded
+by ``timing.py`` and shown in /metrics.
+
 Not done yet: the stages of one step run one after another (no micro-batches of a prompt or of
-decoding sessions in flight at once, so no overlap of stages); no per-stage metrics; each process
+decoding sessions in flight at once, so no overlap of stages); each process
 of a ``DistTransport`` pipeline loads the whole model (only its stages' layers run); ``mgserve
 serve`` does not start a pipeline across processes.
 """
@@ -24,14 +27,16 @@ serve`` does not start a pipeline across processes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
+from prometheus_client.metrics_core import Metric
 
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.cuda.models.base import Staged, Step
 from mgserve.pipeline.stages import StagePlan
+from mgserve.pipeline.timing import StageTiming
 from mgserve.pipeline.transport import LocalTransport, Transport
 
 log = logging.getLogger(__name__)
@@ -67,6 +72,16 @@ class StagedLM:
         if transport.n_stages != len(self.ranges):
             raise ValueError(f"a transport of {transport.n_stages} stages for {len(ranges)}")
         self.transport = transport
+        links = len(self.ranges) - 1
+        self.timing = StageTiming(
+            len(self.ranges),
+            bool(getattr(transport, "gpu", False)),
+            lambda: list(getattr(transport, "link_bytes", [0] * links)),
+        )
+
+    def metric_families(self) -> Iterator[Metric]:
+        """Per-stage figures for /metrics (timing.py)."""
+        return self.timing.families()
 
     def __getattr__(self, name: str) -> Any:  # the model's pools, spec, backend, ...
         return getattr(self.__dict__["model"], name)
@@ -76,17 +91,24 @@ class StagedLM:
         n, last = step.tokens.shape[0], len(self.ranges) - 1
         dev = step.tokens.device
         t.begin()
+        timing = self.timing
+        timing.begin()
         logits = None
         for i, (a, b) in enumerate(self.ranges):
             if not t.runs(i):
                 continue
             with t.on(i):
-                x = m.stage_in(step) if i == 0 else t.recv(i, (n, *m.handoff_shape), dev)
-                x = m.stage_layers(x, step, a, b)
+                received = t.recv(i, (n, *m.handoff_shape), dev) if i else None
+                if i:
+                    timing.arrived(i - 1)
+                with timing.stage(i):
+                    x = m.stage_in(step) if received is None else received
+                    x = m.stage_layers(x, step, a, b)
+                    if i == last:
+                        logits = m.stage_out(x, step)
                 if i < last:
+                    timing.sent(i)
                     t.send(i, x)
-                else:
-                    logits = m.stage_out(x, step)
         r = n if step.logit_rows is None else step.logit_rows.shape[0]
         return t.logits(logits, (r, m.spec.n_vocab), dev)
 

@@ -199,3 +199,41 @@ def test_drafts_across_virtual_stages_cpu(tmp_path: Path) -> None:
     g, cpu = GGUFFile(_export("qwen4exp", tmp_path)), torch.device("cpu")
     model = load_device_model(g, torch_backend(), cpu, 3, 128)
     check_drafts(DeviceRunner(virtual_stages(model, balanced_ranges(g, 3), cpu), cpu, graphs=False))
+
+
+def test_per_stage_figures_reach_metrics(tmp_path: Path) -> None:
+    """The staged model's timing (pipeline/timing.py) through EngineMetrics' collector: steps,
+    each stage busy and its bubbles, bytes and seconds per link (CPU: by the clock)."""
+    from prometheus_client import generate_latest
+
+    from mgserve.core.engine.metrics import EngineMetrics
+    from mgserve.core.engine.scheduler import Scheduler
+    from mgserve.cuda.backend import load_device_model, torch_backend
+    from mgserve.cuda.runner import DeviceRunner
+    from tests.cuda.test_device_models import _export
+
+    g = GGUFFile(_export("qwen4exp", tmp_path))
+    device = torch.device("cpu")
+    model = virtual_stages(
+        load_device_model(g, torch_backend(), device, 3, 64), [(0, 3), (3, 8)], device
+    )
+    runner = DeviceRunner(model, device, graphs=False)
+    greedy(runner, 2, 4)
+    metrics = EngineMetrics(Scheduler(3, 64, 16), lambda: 0, None, runner)
+    text = generate_latest(metrics.registry).decode()
+
+    def value(name: str) -> float:
+        line = next(
+            x for x in text.splitlines() if x.startswith(name + " ") or x.startswith(name + "{")
+        )
+        return float(line.rsplit(" ", 1)[1])
+
+    steps = value("mgserve_pipeline_steps_total")
+    assert steps == model.timing.steps >= 4
+    for stage in ("0", "1"):
+        busy = value(f'mgserve_pipeline_stage_busy_seconds_total{{stage="{stage}"}}')
+        frac = value(f'mgserve_pipeline_stage_busy_fraction{{stage="{stage}"}}')
+        bubble = value(f'mgserve_pipeline_bubble_fraction{{stage="{stage}"}}')
+        assert busy > 0 and 0 < frac <= 1 and bubble == pytest.approx(1 - frac)
+    assert value('mgserve_pipeline_link_bytes_total{link="0-1"}') == model.transport.link_bytes[0]
+    assert value('mgserve_pipeline_link_seconds_total{link="0-1"}') > 0

@@ -113,7 +113,7 @@ class Engine:
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         spec = getattr(self._sched.spec.drafter, "stats", None)  # mgserve.spec's SpecStats
-        self.metrics = EngineMetrics(self._sched, lambda: self.waiting, spec=spec)
+        self.metrics = EngineMetrics(self._sched, lambda: self.waiting, spec, runner)
 
     # -- the API side ----------------------------------------------------------------------------
 

@@ -67,9 +67,14 @@ class EngineMetrics:
     """One engine's numbers and the collector that exposes them (``registry``)."""
 
     def __init__(
-        self, sched: Scheduler, waiting: Callable[[], int], spec: SpecStats | None = None
+        self,
+        sched: Scheduler,
+        waiting: Callable[[], int],
+        spec: SpecStats | None = None,
+        runner: object = None,  # its model's own families, if any (runner_families)
     ) -> None:
         self._sched = sched
+        self._extra = runner_families(runner)
         self._waiting = waiting  # requests queued beyond the free slots (Engine.waiting)
         self.spec = spec  # the speculator's counters (mgserve/spec/stats.py); None: no speculator
         self.prompt_tokens = 0  # computed, cache hits excluded
@@ -246,6 +251,8 @@ class EngineMetrics:
         yield steps
         if self.spec is not None:
             yield from _spec_families(self.spec)
+        if self._extra is not None:
+            yield from self._extra()
 
 
 def _spec_families(spec: SpecStats) -> Iterator[Metric]:
@@ -273,3 +280,9 @@ def _spec_families(spec: SpecStats) -> Iterator[Metric]:
         "mean tokens a session step with drafts emitted (1 + the drafts that held)",
         value=spec.tokens_per_step,
     )
+
+
+def runner_families(runner: object) -> Callable[[], Iterator[Metric]] | None:
+    """The metric families of a runner's model where it has some (a staged model's per-stage
+    figures: mgserve/pipeline/timing.py), else None."""
+    return getattr(getattr(runner, "model", None), "metric_families", None)

@@ -1,0 +1,130 @@
+"""Per-stage figures of a layer pipeline: how busy each stage is, what its links carry and how
+long a hand-off takes, and the bubbles (the share of a step a stage waits).
+
+``StageTiming`` records intervals of a step: each stage's work (``stage``) and each link's
+hand-off, from the sender's last kernel to the receiver having the data (``link``). On a GPU an
+interval is a pair of CUDA events recorded on the stream doing the work; a pair is read only once
+its end event has completed (``Event.query``), at the next step or a scrape, so nothing ever waits
+for the GPU. On the CPU it is the clock. A step's span runs from its start to its last stage's
+end; a stage's busy fraction is its busy seconds over the steps' spans, its bubble fraction the
+rest. ``families`` gives them as Prometheus metrics (``mgserve_pipeline_*``), which /metrics shows
+for a staged model (``--virtual-stages``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+
+class _Mark:
+    """A point in a step: a CUDA event on the current stream, or the clock."""
+
+    def __init__(self, gpu: bool) -> None:
+        self.event = torch.cuda.Event(enable_timing=True) if gpu else None
+        if self.event is not None:
+            self.event.record()
+        self.t = time.perf_counter()
+
+    def done(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def seconds_since(self, start: _Mark) -> float:
+        if self.event is None or start.event is None:
+            return self.t - start.t
+        return float(start.event.elapsed_time(self.event)) / 1000.0
+
+
+class StageTiming:
+    def __init__(self, n_stages: int, gpu: bool, link_bytes: Callable[[], list[int]]) -> None:
+        self.n_stages, self.gpu = n_stages, gpu
+        self._link_bytes = link_bytes  # the transport's bytes per link
+        self.steps = 0
+        self.span = 0.0  # seconds of the steps read so far, start to last stage end
+        self.busy = [0.0] * n_stages
+        self.link = [0.0] * max(n_stages - 1, 0)
+        self._pending: list[tuple[str, int, _Mark, _Mark]] = []  # (kind, index, start, end)
+        self._begin: _Mark | None = None
+        self._last_start: dict[int, _Mark] = {}
+
+    def begin(self) -> None:
+        self._settle()
+        self._begin = _Mark(self.gpu)
+        self.steps += 1
+
+    @contextlib.contextmanager
+    def stage(self, i: int) -> Iterator[None]:
+        """``stage``'s work (on its stream, where ``Transport.on`` put it)."""
+        start = _Mark(self.gpu)
+        yield
+        end = _Mark(self.gpu)
+        self._pending.append(("stage", i, start, end))
+        if i == self.n_stages - 1 and self._begin is not None:
+            self._pending.append(("span", 0, self._begin, end))
+
+    def sent(self, link: int) -> None:
+        """Stage ``link`` has issued its last kernel: the hand-off on ``link`` starts."""
+        self._last_start[link] = _Mark(self.gpu)
+
+    def arrived(self, link: int) -> None:
+        """The receiving stage has the hand-off (after ``Transport.recv``, on its stream)."""
+        start = self._last_start.pop(link, None)
+        if start is not None:
+            self._pending.append(("link", link, start, _Mark(self.gpu)))
+
+    def _settle(self) -> None:
+        """Add the intervals whose end has completed (the others wait for a later look)."""
+        left = []
+        for kind, i, start, end in self._pending:
+            if not end.done():
+                left.append((kind, i, start, end))
+                continue
+            s = end.seconds_since(start)
+            if kind == "stage":
+                self.busy[i] += s
+            elif kind == "link":
+                self.link[i] += s
+            else:
+                self.span += s
+        self._pending = left
+
+    def families(self) -> Iterator[Metric]:
+        self._settle()
+        yield CounterMetricFamily(
+            "mgserve_pipeline_steps", "steps through the pipeline's stages", value=self.steps
+        )
+        busy = CounterMetricFamily(
+            "mgserve_pipeline_stage_busy_seconds", "seconds a stage computed", labels=["stage"]
+        )
+        frac = GaugeMetricFamily(
+            "mgserve_pipeline_stage_busy_fraction",
+            "a stage's busy seconds over the steps' spans (1 - its bubble fraction)",
+            labels=["stage"],
+        )
+        bubble = GaugeMetricFamily(
+            "mgserve_pipeline_bubble_fraction",
+            "the share of the steps' spans a stage waited",
+            labels=["stage"],
+        )
+        for i, b in enumerate(self.busy):
+            busy.add_metric([str(i)], b)
+            f = b / self.span if self.span > 0 else 0.0
+            frac.add_metric([str(i)], f)
+            bubble.add_metric([str(i)], 1.0 - f if self.span > 0 else 0.0)
+        links = CounterMetricFamily(
+            "mgserve_pipeline_link_bytes", "bytes handed from stage i to i + 1", labels=["link"]
+        )
+        secs = CounterMetricFamily(
+            "mgserve_pipeline_link_seconds",
+            "seconds from a stage's last kernel to the next stage having its hand-off",
+            labels=["link"],
+        )
+        for i, (n, s) in enumerate(zip(self._link_bytes(), self.link, strict=True)):
+            links.add_metric([f"{i}-{i + 1}"], n)
+            secs.add_metric([f"{i}-{i + 1}"], s)
+        yield from (busy, frac, bubble, links, secs)
