@@ -83,11 +83,13 @@ class _TimedMatcher:
 
 
 class _TimedGrammar:
-    """What the runner reads of a Grammar (``matcher()``), handing out timed matchers."""
+    """What the runner reads of a Grammar (``matcher()``, ``n_vocab``), handing out timed
+    matchers."""
 
     def __init__(self, g: Grammar, clock: _Clock) -> None:
         self._g = g
         self._clock = clock
+        self.n_vocab = g.n_vocab
 
     def matcher(self) -> Matcher:
         return cast(Matcher, _TimedMatcher(self._g.matcher(), self._clock))

@@ -1,6 +1,6 @@
-"""``mgserve bench verify`` on the CPU (torch backend, tiny models): the cost table's rows, what
-is timed for a rewindable and a recurrent model, and forced acceptance giving plain decode's
-tokens."""
+"""``mgserve bench verify`` on the CPU (torch backend, tiny models): the cost table's rows, timed
+as whole runner steps for a rewindable and a recurrent model, and forced acceptance giving plain
+decode's tokens."""
 
 from __future__ import annotations
 
@@ -31,10 +31,17 @@ def test_verify_rows_and_forced_acceptance(tmp_path: Path, capsys: pytest.Captur
     assert re.search(r"^\| 3 \| [\d.]+ \| [\d.]+ \| [\d.]+ \| yes \|$", out, re.M)
 
 
-def test_a_recurrent_model_times_the_forward_only(
+def test_a_recurrent_model_verifies_through_the_runner_too(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
+    """Every device runner verifies drafts (rollback included), so a recurrent model's rows time
+    whole runner steps and its forced acceptance gives plain decode's tokens."""
     path = _export("qwen3next", tmp_path)
-    assert main([*ARGS, "--model", str(path), "--depths", "8", "--drafts", "2"]) == 0
+    args = [*ARGS, "--model", str(path), "--depths", "8", "--drafts", "2"]
+    assert main([*args, "--forced", "2", "--forced-tokens", "8"]) == 0
     out = capsys.readouterr().out
-    assert "timed: the decode forward only" in out and "forced acceptance" not in out
+    assert "timed: whole runner steps" in out
+    assert re.findall(r"^\| (\d+) \| (\d+) \| [\d.]+ \| [\d.]+ \| [\d.]+ \|", out, re.M) == [
+        ("8", "2")
+    ]
+    assert re.search(r"^\| 2 \| [\d.]+ \| [\d.]+ \| [\d.]+ \| yes \|$", out, re.M)
