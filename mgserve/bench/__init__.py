@@ -41,7 +41,21 @@ def machine() -> str:
                     break
     except OSError:
         pass
-    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, {cpu}"
+    gpu = gpu_name()
+    host = f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, {cpu}"
+    return f"{host}; GPU: {gpu}" if gpu else host
+
+
+def gpu_name() -> str:
+    """The first GPU's name where the bench has loaded torch and it sees one, else "" (a CPU
+    bench does not import torch for this)."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available():
+            return str(torch.cuda.get_device_name(0))
+    except Exception:  # a broken driver: the line names the host only
+        pass
+    return ""
 
 
 def record(title: str, body: str, path: str | Path = "BENCHMARKS.md") -> None:
