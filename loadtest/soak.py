@@ -159,25 +159,18 @@ class Soak:
         while time.monotonic() < end:
             pick = rng.random()
             t0 = time.monotonic()
+            long = 0.25 if self.long_words else 0.0
+            actions = (  # (the pick below which it is chosen, its kind, the action)
+                (long, "long turn", lambda: self.long_turn(s, conv, rng)),
+                (0.5, "chat stream", lambda: self.chat_stream(s, drop=False)),
+                (0.7, "completion", lambda: self.completion(s)),
+                (0.85, "dropped stream", lambda: self.chat_stream(s, drop=True)),
+                (0.95, "tokenize", lambda: self.tokenize(s)),
+                (1.0, "burst", lambda: self.burst(s, 8)),
+            )
+            kind, act = next((k, a) for p, k, a in actions if pick < p)
             try:
-                if pick < 0.25 and self.long_words:
-                    kind = "long turn"
-                    await self.long_turn(s, conv, rng)
-                elif pick < 0.5:
-                    kind = "chat stream"
-                    await self.chat_stream(s, drop=False)
-                elif pick < 0.7:
-                    kind = "completion"
-                    await self.completion(s)
-                elif pick < 0.85:
-                    kind = "dropped stream"
-                    await self.chat_stream(s, drop=True)
-                elif pick < 0.95:
-                    kind = "tokenize"
-                    await self.tokenize(s)
-                else:
-                    kind = "burst"
-                    await self.burst(s, 8)
+                await act()
                 self.seconds.setdefault(kind, []).append(time.monotonic() - t0)
             except (TimeoutError, aiohttp.ClientError) as e:
                 self.error(f"{type(e).__name__}: {e}")

@@ -120,15 +120,10 @@ def add(a: Any, b: Any) -> Any:
 def join_size(sep: str, items: Any) -> None:
     if isinstance(items, list | tuple):
         n = len(sep) * max(len(items) - 1, 0)
-        n += sum(_text_size(x) for x in items)
+        memo: dict[int, int] = {}  # items shared by reference are walked once
+        sized = (str, list, tuple, dict)
+        n += sum(text_bound(x, memo) if isinstance(x, sized) else 8 for x in items)
         check_size(n, "a joined text")
-
-
-def _text_size(x: Any) -> int:
-    """At least how long ``str(x)`` is: a list's text has 3 characters an item or more."""
-    if isinstance(x, str):
-        return len(x)
-    return 3 * len(x) if isinstance(x, list | tuple | dict) else 8
 
 
 def replace_size(s: str, old: str, new: str, count: int = -1) -> None:
