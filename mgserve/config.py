@@ -109,7 +109,7 @@ class Settings:
         1,
         "on a GPU: run the model as N stages of a layer pipeline on that one GPU (layers split "
         "by decode weight bytes, a stream each, hand-offs copied through pinned host buffers), "
-        "to test and measure the pipeline on one card; no decode graphs when N > 1",
+        "to test and measure the pipeline on one card; decode graphs span the stages",
         "--virtual-stages",
     )
     itl_target_ms: int = _opt(

@@ -143,7 +143,11 @@ class GraphDecode:
                 logged=key[1],
             )  # fmt: skip
         self.log = g.log
-        return g.run(inp, self.pad_slot)
+        logits = g.run(inp, self.pad_slot)
+        replayed = getattr(self.model, "replayed", None)  # a pipeline's per-step figures
+        if replayed is not None:
+            replayed(key[0])
+        return logits
 
 
 class EagerDecode:

@@ -12,11 +12,14 @@ one-stage forward's, op for op, so the tokens are bitwise the same for any split
 
 ``--virtual-stages N`` (``virtual_stages``) runs N stages on one device with ``LocalTransport``;
 the layers are split by the stage plan's balance (decode weight bytes per layer and the head's on
-the last stage: ``stages.best_split``). Decode CUDA graphs are off when N > 1 (the factory logs
-it): a capture across the stages' streams and the host staging copies is not written yet.
+the last stage: ``stages.best_split``). A decode step is captured into a CUDA graph as one
+stage is: the capture takes in every stage's stream and the host staging copies between them
+(transport.py).
 
 Per-stage figures (busy seconds and fraction, bubbles, bytes and seconds per link) are recorded
-by ``timing.py`` and shown in /metrics.
+by ``timing.py`` and shown in /metrics. A graph's replay counts as a step and its links' bytes
+(``replayed``), but its stage times are measured only in steps run without a graph (prompt
+chunks, and every step with ``graphs=False``).
 
 Not done yet: the stages of one step run one after another (no micro-batches of a prompt or of
 decoding sessions in flight at once, so no overlap of stages); each process
@@ -27,6 +30,7 @@ serve`` does not start a pipeline across processes.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -92,6 +96,8 @@ class StagedLM:
         dev = step.tokens.device
         t.begin()
         timing = self.timing
+        if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            timing = StageTiming(len(self.ranges), False, list)  # no events inside a graph
         timing.begin()
         logits = None
         for i, (a, b) in enumerate(self.ranges):
@@ -111,6 +117,16 @@ class StagedLM:
                     t.send(i, x)
         r = n if step.logit_rows is None else step.logit_rows.shape[0]
         return t.logits(logits, (r, m.spec.n_vocab), dev)
+
+    def replayed(self, rows: int) -> None:
+        """A captured decode step of ``rows`` rows ran again (graphs.py): a step whose links each
+        carried the rows' hand-offs. Its stage times are not measured (no events in a graph)."""
+        self.timing.steps += 1
+        carried = getattr(self.transport, "link_bytes", None)
+        if carried is not None:
+            per_row = 4 * math.prod(self.model.handoff_shape)
+            for i in range(len(carried)):
+                carried[i] += rows * per_row
 
 
 def balanced_ranges(g: GGUFFile, n_stages: int, type_k: str = "f16",
@@ -133,7 +149,7 @@ def virtual_stages(model: Any, ranges: Sequence[tuple[int, int]], device: torch.
     """``model`` as len(ranges) stages on its one ``device`` (``--virtual-stages``)."""
     staged = StagedLM(model, ranges, LocalTransport(len(ranges), device))
     log.info(
-        "%d virtual stages on %s: layers %s; decode without CUDA graphs",
+        "%d virtual stages on %s: layers %s",
         len(ranges), device, ", ".join(f"{a}-{b - 1}" for a, b in staged.ranges),
     )  # fmt: skip
     return staged

@@ -11,8 +11,12 @@ stage's logits go to whoever samples. ``staged.py`` drives a transport; two are 
   out stream after the sender's work (an event), the host-to-device copy on the link's in stream
   after that one (an event), the receiving stage's stream after it (an event), and a buffer is
   written again only after its last copy in (an event). No host wait anywhere. On the CPU the
-  same hand-off is a real copy through the staging buffer. Peer copies between GPUs that reach
-  each other, and a link bandwidth throttle, are not written yet.
+  same hand-off is a real copy through the staging buffer. A step may be captured into a CUDA
+  graph (the decode graphs, graphs.py): the capture takes in the stage and link streams (they wait
+  on the capturing stream), its copies read and write the staging buffers it saw, which are kept
+  for the graph's life (a larger step takes new ones beside them), and a replay is ordered after
+  everything before it on the replaying stream, so it needs no buffer events. Peer copies between
+  GPUs that reach each other, and a link bandwidth throttle, are not written yet.
 - ``DistTransport``: stages in other processes (other hosts), over ``torch.distributed``
   point-to-point ``send`` / ``recv`` (gloo on the CPU, NCCL on GPUs); the last stage's logits are
   broadcast so that every process samples the same tokens (its runner stays in step with the
@@ -73,6 +77,7 @@ class LocalTransport:
         self.turn = [0] * links  # the buffer a link's next hand-off takes
         self.sent: list[tuple[int, int]] = [(0, 0)] * links  # (buffer, elements) in flight
         self.link_bytes = [0] * links  # bytes each link has carried (a first per-link metric)
+        self.kept: list[torch.Tensor] = []  # staging buffers a captured graph may read or write
         if self.gpu:
             self.streams = [torch.cuda.Stream(device) for _ in range(n_stages)]
             self.out_streams = [torch.cuda.Stream(device) for _ in range(links)]
@@ -81,6 +86,7 @@ class LocalTransport:
             self.read = [[torch.cuda.Event() for _ in range(2)] for _ in range(links)]
             self.used = [[False, False] for _ in range(links)]
             self.arrived = [torch.cuda.Event() for _ in range(links)]
+            self.last_written = [torch.cuda.Event() for _ in range(links)]  # the latest send's
 
     def runs(self, stage: int) -> bool:
         return True
@@ -102,8 +108,13 @@ class LocalTransport:
     def _staging(self, link: int, k: int, n: int) -> torch.Tensor:
         buf = self.buffers[link][k]
         if buf.numel() < n:  # grown once per larger step (a prompt chunk)
+            if buf.numel():
+                self.kept.append(buf)  # a graph may have captured it
             buf = self.buffers[link][k] = torch.empty(n, dtype=HANDOFF_DTYPE, pin_memory=self.gpu)
         return buf[:n]
+
+    def _capturing(self) -> bool:
+        return self.gpu and torch.cuda.is_current_stream_capturing()
 
     def send(self, stage: int, x: torch.Tensor) -> None:
         assert x.dtype == HANDOFF_DTYPE, x.dtype
@@ -111,17 +122,22 @@ class LocalTransport:
         k = self.turn[link]
         self.turn[link] ^= 1
         self.sent[link] = (k, n)
-        self.link_bytes[link] += n * x.element_size()
+        capturing = self._capturing()
+        if not capturing:  # a graph's replays count theirs (StagedLM.replayed)
+            self.link_bytes[link] += n * x.element_size()
         if not self.gpu:
             self._staging(link, k, n).copy_(x.reshape(-1))
             return
         out = self.out_streams[link]
         out.wait_stream(self.streams[stage])  # x is computed
-        if self.used[link][k]:  # the buffer's previous copy in has read it
+        if self.used[link][k] and not capturing:  # the buffer's previous copy in has read it
             out.wait_event(self.read[link][k])
         with torch.cuda.stream(out):
             self._staging(link, k, n).copy_(x.reshape(-1), non_blocking=True)
-            self.written[link][k].record(out)
+            # in a capture, an event of its own: the persistent ones keep their real recordings
+            written = torch.cuda.Event() if capturing else self.written[link][k]
+            written.record(out)
+            self.last_written[link] = written
         x.record_stream(out)  # x's memory is not reused before the copy has read it
 
     def recv(self, stage: int, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
@@ -129,16 +145,19 @@ class LocalTransport:
         k, n = self.sent[link]
         if not self.gpu:
             return self._staging(link, k, n).clone().view(shape)
+        capturing = self._capturing()
         inn = self.in_streams[link]
-        inn.wait_event(self.written[link][k])
+        inn.wait_event(self.last_written[link])
         with torch.cuda.stream(inn):
             y = torch.empty(shape, dtype=HANDOFF_DTYPE, device=device)
             y.view(-1).copy_(self._staging(link, k, n), non_blocking=True)
-            self.read[link][k].record(inn)
-            self.arrived[link].record(inn)
-        self.used[link][k] = True
+            arrived = torch.cuda.Event() if capturing else self.arrived[link]
+            if not capturing:  # a replay is ordered after all before it: no buffer events
+                self.read[link][k].record(inn)
+                self.used[link][k] = True
+            arrived.record(inn)
         here = torch.cuda.current_stream(device)  # the receiving stage's (``on``)
-        here.wait_event(self.arrived[link])
+        here.wait_event(arrived)
         y.record_stream(here)
         return y
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import pytest
 import torch
 
 from mgserve.bench.model.args import add_arguments
 from mgserve.pipeline.staged import StagedLM
 
 
-def _bench(path: Path, stages: int):
+def _bench(path: Path, stages: int | str):
     from mgserve.bench.model.harness import ModelBench
 
     p = argparse.ArgumentParser()
@@ -41,7 +42,21 @@ def test_bench_model_virtual_stages(tmp_path: Path) -> None:
     try:
         one, three = _bench(path, 1), _bench(path, 3)
         assert isinstance(three.runner.model, StagedLM) and len(three.runner.model.ranges) == 3
-        assert three.args.no_graphs and not isinstance(one.runner.model, StagedLM)
+        assert not isinstance(one.runner.model, StagedLM)
         assert _tokens(three) == _tokens(one)
+        both = _bench(path, "1,3")  # one model, a runner per stage count in turn
+        assert not isinstance(both.runner.model, StagedLM)
+        first = _tokens(both)
+        both.use_stages(3)
+        assert isinstance(both.runner.model, StagedLM) and _tokens(both) == first == _tokens(one)
     finally:
         torch.set_num_threads(n)
+
+
+def test_stage_counts_are_checked() -> None:
+    from mgserve.bench.model.harness import stage_counts
+
+    assert stage_counts(argparse.Namespace(virtual_stages="1,3,6")) == [1, 3, 6]
+    for bad in ("0", "x", ""):
+        with pytest.raises(ValueError, match="--virtual-stages"):
+            stage_counts(argparse.Namespace(virtual_stages=bad))

@@ -7,7 +7,9 @@ prompt chunks share steps with the others' decode tokens.
 
 On the CPU with the torch backend (CI); with ``-m gpu`` on the CUDA backend, where each stage has
 a stream of its own and the copies go through pinned memory ordered by events, against the
-one-stage run with its decode graphs (what ``serve`` runs without ``--virtual-stages``).
+one-stage run (whose tokens equal those of its decode graphs, what ``serve`` runs without
+``--virtual-stages``), and the stages' own decode graphs (one capture across their streams and
+copies) give the same tokens.
 """
 
 from __future__ import annotations
@@ -48,10 +50,10 @@ def _run(path: Path, backend, device: torch.device, stages: int, sessions: int, 
     model = load_device_model(g, backend, device, 3, 64)
     if stages > 1:
         model = virtual_stages(model, balanced_ranges(g, stages), device)
-    logits = record_logits(model)
+    logits = [] if graphs else record_logits(model)  # a captured graph replays unseen
     runner = DeviceRunner(model, device, graphs=graphs)
     tokens = greedy(runner, sessions, N_DECODE)
-    if stages > 1:  # every link carried every token's residual stream
+    if stages > 1 and not graphs:  # every link carried every token's residual stream
         rows = sum(7 + 2 * s + N_DECODE for s in range(sessions))
         per_token = 4 * math.prod(model.handoff_shape)
         assert model.transport.link_bytes == [rows * per_token] * (stages - 1)
@@ -65,10 +67,16 @@ def _check(arch: str, stages: int, tmp_path: Path, backend, device: torch.device
     for sessions in (1, 3):
         key = (arch, sessions, device.type)  # the one-stage run, once per module
         if key not in _ONE_STAGE:
-            _ONE_STAGE[key] = _run(path, backend, device, 1, sessions, device.type == "cuda")
+            _ONE_STAGE[key] = _run(path, backend, device, 1, sessions, graphs=False)
+            if device.type == "cuda":  # what serve runs: its tokens, from decode graphs
+                graphed, _ = _run(path, backend, device, 1, sessions, graphs=True)
+                assert graphed == _ONE_STAGE[key][0], (arch, sessions)
         want, want_logits = _ONE_STAGE[key]
         got, got_logits = _run(path, backend, device, stages, sessions, graphs=False)
         assert got == want, (arch, stages, sessions)
+        if device.type == "cuda":  # one decode graph across the stages' streams and copies
+            graphed, _ = _run(path, backend, device, stages, sessions, graphs=True)
+            assert graphed == want, (arch, stages, sessions, "graphs")
         assert len(got_logits) == len(want_logits)
         for a, b in zip(got_logits, want_logits, strict=True):
             assert torch.equal(a, b), (arch, stages, sessions, (a - b).abs().max())
@@ -152,13 +160,14 @@ def test_virtual_stages_setting(tmp_path: Path) -> None:
 @pytest.mark.gpu
 def test_serve_engine_with_virtual_stages_gpu(tmp_path: Path) -> None:
     """``load_engine`` with --virtual-stages 3 on the GPU: the runner's model is 3 stages of
-    qwen4exp (no decode graphs), and a request's greedy tokens are the one-stage engine's."""
+    qwen4exp (decode graphs across them), and a request's greedy tokens are the one-stage
+    engine's."""
     import asyncio
 
     from mgserve.config import Settings
     from mgserve.core.engine.contract import Request
     from mgserve.core.engine.factory import load_engine
-    from mgserve.cuda.graphs import EagerDecode
+    from mgserve.cuda.graphs import GraphDecode
     from tests.cuda.stages_drive import GREEDY, prompt
     from tests.cuda.test_device_models import _export
 
@@ -170,7 +179,7 @@ def test_serve_engine_with_virtual_stages_gpu(tmp_path: Path) -> None:
         runner = loaded.engine._runner
         if stages > 1:
             assert isinstance(runner.model, StagedLM) and len(runner.model.ranges) == stages
-            assert isinstance(runner.decode, EagerDecode)
+            assert isinstance(runner.decode, GraphDecode)
 
         async def ask() -> list[int]:
             await loaded.engine.start()
@@ -237,3 +246,22 @@ def test_per_stage_figures_reach_metrics(tmp_path: Path) -> None:
         assert busy > 0 and 0 < frac <= 1 and bubble == pytest.approx(1 - frac)
     assert value('mgserve_pipeline_link_bytes_total{link="0-1"}') == model.transport.link_bytes[0]
     assert value('mgserve_pipeline_link_seconds_total{link="0-1"}') > 0
+
+
+def test_a_replayed_graph_counts_its_step_and_link_bytes(tmp_path: Path) -> None:
+    """A decode graph's replay runs no Python of the stages: ``StagedLM.replayed`` (called by
+    GraphDecode) counts the step and each link's bytes for the replayed rows, as an eager step of
+    those rows would have."""
+    from mgserve.cuda.backend import load_device_model, torch_backend
+    from mgserve.cuda.runner import DeviceRunner
+    from tests.cuda.test_device_models import _export
+
+    g, cpu = GGUFFile(_export("qwen4exp", tmp_path)), torch.device("cpu")
+    ranges = [(0, 3), (3, 5), (5, 8)]
+    model = virtual_stages(load_device_model(g, torch_backend(), cpu, 3, 64), ranges, cpu)
+    greedy(DeviceRunner(model, cpu, graphs=False), 2, 2)
+    steps, carried = model.timing.steps, list(model.transport.link_bytes)
+    model.replayed(3)
+    per_row = 4 * math.prod(model.handoff_shape)
+    assert model.timing.steps == steps + 1
+    assert model.transport.link_bytes == [b + 3 * per_row for b in carried]

@@ -52,10 +52,10 @@ def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) 
     parser.add_argument("--no-graphs", action="store_true", help="decode without CUDA graphs")
     parser.add_argument(
         "--virtual-stages",
-        type=int,
-        default=1,
-        help="run the model as N layer-pipeline stages on the one GPU (pipeline/staged.py; "
-        "no decode graphs when N > 1): the pipeline machinery's overhead against N = 1",
+        default="1",
+        help="run the model as N layer-pipeline stages on the one GPU (pipeline/staged.py); "
+        "a list (1,3,6) runs every workload for each N in turn on the one loaded model: the "
+        "pipeline machinery's overhead against N = 1, side by side",
     )
     parser.add_argument(
         "--pow2-buckets",

@@ -9,6 +9,18 @@ from functools import partial
 from typing import Any
 
 
+def stage_counts(args: argparse.Namespace) -> list[int]:
+    """``--virtual-stages``: the stage counts to run, in order (``1,3,6``)."""
+    text = str(getattr(args, "virtual_stages", "1"))
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise ValueError(f"--virtual-stages {text!r}: stage counts >= 1, e.g. 1 or 1,3,6")
+    return counts
+
+
 class ModelBench:
     def __init__(self, args: argparse.Namespace) -> None:
         import torch
@@ -16,7 +28,6 @@ class ModelBench:
         from mgserve.cuda.backend import cuda_backend, load_device_model, torch_backend
         from mgserve.cuda.graphs import BUCKETS, DRAFT_BUCKETS, POW2_BUCKETS
         from mgserve.cuda.ops.hgemm import HGemmTuning
-        from mgserve.cuda.runner import DeviceRunner
 
         self.torch = torch
         self.device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
@@ -57,24 +68,34 @@ class ModelBench:
             release_pools()
         self.sync()
         self.load_s = time.perf_counter() - t0
-        run_model: Any = self.model
-        if args.virtual_stages > 1:  # the runner's model: the stages (the pools are the model's)
-            from mgserve.pipeline.staged import balanced_ranges, virtual_stages
-
-            ranges = balanced_ranges(g, args.virtual_stages, args.cache_type, args.cache_type)
-            run_model = virtual_stages(self.model, ranges, self.device)
-            args.no_graphs = True
-        self.new_runner = partial(
-            DeviceRunner,
-            run_model,
-            self.device,
-            graphs=not args.no_graphs,
-            buckets=(POW2_BUCKETS if args.pow2_buckets else BUCKETS) + DRAFT_BUCKETS,
-        )  # another runner on the model: ``lanes=True`` for the prefill lane (bench mixed)
-        self.runner = self.new_runner()
+        self.g = g
+        self._buckets = (POW2_BUCKETS if args.pow2_buckets else BUCKETS) + DRAFT_BUCKETS
+        self._graphs = not args.no_graphs
         self.args = args
+        self.n_stages = 0
         self.step = 0
         self.vocab = self.model.spec.n_vocab
+        self.use_stages(stage_counts(args)[0])
+
+    def use_stages(self, n: int) -> None:
+        """A new runner on the model run as ``n`` virtual stages (1: the model itself; the pools
+        are the model's, shared), warmed up."""
+        from mgserve.cuda.runner import DeviceRunner
+
+        run_model: Any = self.model
+        if n > 1:
+            from mgserve.pipeline.staged import balanced_ranges, virtual_stages
+
+            a = self.args
+            run_model = virtual_stages(
+                self.model, balanced_ranges(self.g, n, a.cache_type, a.cache_type), self.device
+            )
+        self.__dict__.pop("runner", None)  # the last runner's graphs go before the next ones
+        self.new_runner = partial(
+            DeviceRunner, run_model, self.device, graphs=self._graphs, buckets=self._buckets
+        )  # another runner on the model: ``lanes=True`` for the prefill lane (bench mixed)
+        self.runner = self.new_runner()
+        self.n_stages = n
         self.warm_up()
 
     def warm_up(self) -> None:
@@ -97,7 +118,7 @@ class ModelBench:
 
         a = self.args
         gpu = runtime.gpu_info().name
-        stages = f", {a.virtual_stages} virtual stages" if a.virtual_stages > 1 else ""
+        stages = f", {self.n_stages} virtual stages" if self.n_stages > 1 else ""
         return f"{gpu}, int8 {a.int8}, graphs {not a.no_graphs}, pdl {not a.no_pdl}{stages}"
 
     def sync(self) -> None:

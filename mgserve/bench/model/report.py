@@ -7,7 +7,7 @@ import argparse
 
 from mgserve.bench.model import workloads
 from mgserve.bench.model.args import depths, pairs
-from mgserve.bench.model.harness import ModelBench
+from mgserve.bench.model.harness import ModelBench, stage_counts
 from mgserve.bench.model.profile import bytes_per_token, profile_decode, profile_prefill
 
 
@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
         f"slots {args.slots} x ctx {args.ctx}, cache {args.cache_type}, ubatch {args.ubatch}, "
         f"int8 {args.int8}, cublas prefill {args.cublas_prefill}, pdl {not args.no_pdl}, "
         f"hgemm {args.hgemm or 'default'}, "
-        f"graphs {not args.no_graphs}"
+        f"graphs {not args.no_graphs}, virtual stages {args.virtual_stages}"
         f"{' (buckets 1, 2, 4, 8, 16)' if args.pow2_buckets else ''}, "
         f"depth fill {args.fill}",
         "",
@@ -43,57 +43,66 @@ def run(args: argparse.Namespace) -> int:
     def row(name: str, tps: float, note: str = "", **what: object) -> None:
         """One workload: a table line now, and ``what`` it was (kind, sessions, depth, tokens,
         ms) for ``--json``."""
-        lines.append(f"| {name} | {tps:.1f} | {note} |")
-        rows.append({"workload": name, "tokens_per_s": tps, **what})
+        lines.append(f"| {name}{at} | {tps:.1f} | {note} |")
+        rows.append({"workload": name, "tokens_per_s": tps, "stages": b.n_stages, **what})
         print(lines[-1], flush=True)
 
     print("\n".join(head), flush=True)
-    for n, depth in pairs(args.prefill):
-        tps = workloads.time_prefill(b, n, depth)
-        row(f"prefill {n} tokens at depth {depth}", tps, kind="prefill", sessions=1, depth=depth)
-    if args.long_prefill:
-        row(
-            f"prefill of a {args.long_prefill}-token prompt (average)",
-            workloads.time_prefill(b, args.long_prefill, 0),
-            kind="prompt",
-            sessions=1,
-            tokens=args.long_prefill,
-        )
-    for sessions, n in pairs(args.multi_prefill):
-        row(
-            f"prefill, {sessions} sessions of {n} tokens, aggregate",
-            workloads.time_multi_prefill(b, sessions, n),
-            kind="prompt",
-            sessions=sessions,
-            tokens=n,
-        )
-    for sessions, n in pairs(args.sampled_prefill):
-        tps, note = workloads.time_sampled_prefill(b, sessions, n)
-        what = "a prompt" if sessions == 1 else f"{sessions} sessions' prompts"
-        row(f"prefill of {what} of {n} tokens (estimate)", tps, note, kind="prompt",
-            sessions=sessions, tokens=n, estimate=True)  # fmt: skip
-    for depth in depths(args.decode):
-        tps, ms = workloads.time_decode(b, 1, depth)
-        row(
-            f"decode, 1 session at depth {depth}",
-            tps,
-            f"{ms:.2f} ms/step, weights {per_tok / ms / 1e6:.0f} GB/s",
-            kind="decode",
-            sessions=1,
-            depth=depth,
-            ms=ms,
-        )
-    for sessions, depth in pairs(args.multi_decode):
-        tps, ms = workloads.time_decode(b, sessions, depth)
-        row(
-            f"decode, {sessions} sessions at depth {depth}, aggregate",
-            tps,
-            f"{ms:.2f} ms/step",
-            kind="decode",
-            sessions=sessions,
-            depth=depth,
-            ms=ms,
-        )
+    counts = stage_counts(args)
+    for n_stages in counts:
+        if n_stages != b.n_stages:
+            b.use_stages(n_stages)
+        at = f" ({n_stages} virtual stages)" if len(counts) > 1 or n_stages > 1 else ""
+        for n, depth in pairs(args.prefill):
+            tps = workloads.time_prefill(b, n, depth)
+            row(f"prefill {n} tokens at depth {depth}", tps, kind="prefill", sessions=1,
+                depth=depth)  # fmt: skip
+        if args.long_prefill:
+            row(
+                f"prefill of a {args.long_prefill}-token prompt (average)",
+                workloads.time_prefill(b, args.long_prefill, 0),
+                kind="prompt",
+                sessions=1,
+                tokens=args.long_prefill,
+            )
+        for sessions, n in pairs(args.multi_prefill):
+            row(
+                f"prefill, {sessions} sessions of {n} tokens, aggregate",
+                workloads.time_multi_prefill(b, sessions, n),
+                kind="prompt",
+                sessions=sessions,
+                tokens=n,
+            )
+        for sessions, n in pairs(args.sampled_prefill):
+            tps, note = workloads.time_sampled_prefill(b, sessions, n)
+            what = "a prompt" if sessions == 1 else f"{sessions} sessions' prompts"
+            row(f"prefill of {what} of {n} tokens (estimate)", tps, note, kind="prompt",
+                sessions=sessions, tokens=n, estimate=True)  # fmt: skip
+        for depth in depths(args.decode):
+            tps, ms = workloads.time_decode(b, 1, depth)
+            row(
+                f"decode, 1 session at depth {depth}",
+                tps,
+                f"{ms:.2f} ms/step, weights {per_tok / ms / 1e6:.0f} GB/s",
+                kind="decode",
+                sessions=1,
+                depth=depth,
+                ms=ms,
+            )
+        for sessions, depth in pairs(args.multi_decode):
+            tps, ms = workloads.time_decode(b, sessions, depth)
+            row(
+                f"decode, {sessions} sessions at depth {depth}, aggregate",
+                tps,
+                f"{ms:.2f} ms/step",
+                kind="decode",
+                sessions=sessions,
+                depth=depth,
+                ms=ms,
+            )
+        if n_stages > 1:
+            lines.append(stage_figures(b.runner.model))
+            print(lines[-1], flush=True)
     if args.profile:
         depth = max(depths(args.decode) or [0])
         lines += [""] + profile_decode(b, depth)
@@ -120,3 +129,18 @@ def run(args: argparse.Namespace) -> int:
 
         record(f"model on the GPU ({m.spec.arch})", body)
     return 0
+
+
+def stage_figures(staged: object) -> str:
+    """A staged model's timing (pipeline/timing.py) over the steps run without a graph: each
+    stage's busy fraction of the steps' spans, and each link's hand-off ms per step."""
+    t = staged.timing  # type: ignore[attr-defined]
+    t.families()  # settles the intervals whose events have completed
+    spans = t.span or 1.0
+    busy = ", ".join(f"{b / spans:.2f}" for b in t.busy)
+    n = max(t.steps, 1)
+    links = ", ".join(f"{s / n * 1e3:.2f}" for s in t.link)
+    return (
+        f"|  (stages' busy fraction of eager steps: {busy}; hand-off ms per step: {links}; "
+        f"{t.steps} steps) | | |"
+    )

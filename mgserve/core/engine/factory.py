@@ -89,14 +89,12 @@ def _on_gpu(g: GGUFFile, settings: Settings) -> LoadedEngine:
     lanes = settings.prefill_lane == "on"
     n_stages = settings.virtual_stages
     run_model = model
-    if n_stages > 1:  # the layer pipeline on this GPU (pipeline/staged.py): no decode graphs
+    if n_stages > 1:  # the layer pipeline on this GPU (pipeline/staged.py)
         from mgserve.pipeline.staged import balanced_ranges, virtual_stages
 
         ranges = balanced_ranges(g, n_stages, settings.cache_type_k, settings.cache_type_v)
         run_model = virtual_stages(model, ranges, device)
-    runner = DeviceRunner(
-        run_model, device, graphs=n_stages == 1, lanes=lanes, lane_sms=settings.prefill_lane_sms
-    )
+    runner = DeviceRunner(run_model, device, lanes=lanes, lane_sms=settings.prefill_lane_sms)
     spec_k = settings.spec_k if settings.spec == "on" else 0
     warm_up(runner, model.spec.n_vocab, settings.ctx_size, settings.batch_size, spec_k)
     engine = Engine(model, settings, runner=runner, drafter=speculator_from(settings))
