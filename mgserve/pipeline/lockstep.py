@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import signal
 from typing import Any, NamedTuple
 
@@ -195,6 +196,8 @@ def follow(settings: Settings, rv: Rendezvous) -> int:
 
     from mgserve.core.builtin_models import resolve_model
     from mgserve.cuda import resolve_device
+    from mgserve.machine import choose_gpu
+    from mgserve.pipeline.rendezvous import join, local_gpu
 
     logging.basicConfig(
         level=settings.log_level.upper(),
@@ -203,13 +206,10 @@ def follow(settings: Settings, rv: Rendezvous) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):  # rank 0's stop ends this rank (docstring)
         signal.signal(sig, signal.SIG_IGN)
     refuse(settings)
-    device = resolve_device(settings.device)
-    if device == "cuda":
-        from mgserve.pipeline.rendezvous import local_gpu
-
+    if settings.device != "cpu":  # before CUDA starts, as the factory does for rank 0
         local_gpu(rv)
-    from mgserve.pipeline.rendezvous import join
-
+        choose_gpu()
+    device = resolve_device(settings.device)
     control = join(rv, device)
     g = GGUFFile(resolve_model(settings.model, settings.cache_dir))
     runner, _, resolved = stage_runner(g, settings, device, rv)
@@ -222,7 +222,8 @@ def follow(settings: Settings, rv: Rendezvous) -> int:
             dist.broadcast_object_list(box, src=0, group=control)
         except RuntimeError as e:
             log.error("rank %d: rank 0 is gone (%s)", rv.rank, e)
-            return 1
+            logging.shutdown()
+            os._exit(1)  # torch.distributed's teardown with a peer gone may abort the process
         batch = box[0]
         if batch is STOP:
             break

@@ -70,14 +70,18 @@ def _wait_ready(base: str, procs: list[subprocess.Popen[bytes]], tmp: Path) -> N
         time.sleep(0.3)
 
 
-def _complete(base: str, prompt: list[int]) -> list[int]:
-    body = {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0, "ignore_eos": True,
-            "return_tokens": True, "cache_prompt": False}  # fmt: skip
+def _post(base: str, body: dict[str, object]) -> dict[str, object]:
     req = urllib.request.Request(
         base + "/completion", json.dumps(body).encode(), {"Content-Type": "application/json"}
     )
     with urllib.request.urlopen(req, timeout=30) as r:
-        return list(json.loads(r.read())["tokens"])
+        return json.loads(r.read())  # type: ignore[no-any-return]
+
+
+def _complete(base: str, prompt: list[int]) -> list[int]:
+    body = {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0, "ignore_eos": True,
+            "return_tokens": True, "cache_prompt": False}  # fmt: skip
+    return list(_post(base, body)["tokens"])  # type: ignore[call-overload]
 
 
 def _one_process(model: Path) -> list[list[int]]:
@@ -124,10 +128,34 @@ def test_two_processes_serve_the_one_process_tokens(arch: str, tmp_path: Path) -
             text = r.read().decode()
         drafts = metric(text, "mgserve_spec_draft_proposed_total")
         assert drafts, "no step carried drafts: the verify path across processes was not run"
+        # a grammar stays on rank 0 (its matcher cannot cross); the step runs on both ranks
+        body = {
+            "prompt": [5, 6, 7],
+            "n_predict": 4,
+            "temperature": 0,
+            "json_schema": {"type": "object"},
+        }
+        assert _post(base, body)["content"].startswith("{")
         procs[0].send_signal(signal.SIGTERM)
         codes = [p.wait(timeout=30) for p in procs]
         assert codes == [0, 0], _logs(tmp_path)
-        assert "rank 0 stopped after" in (tmp_path / "rank1.log").read_text()
+        follower = (tmp_path / "rank1.log").read_text()
+        assert "rank 0 stopped after" in follower and "failed" not in follower, follower
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_a_follower_whose_rank_0_dies_exits_with_an_error(tmp_path: Path) -> None:
+    port = free_port()
+    procs = _ranks(DATA / "converted_llama.gguf", tmp_path, port)
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}", procs, tmp_path)
+        procs[0].kill()
+        assert procs[1].wait(timeout=30) == 1, _logs(tmp_path)
+        assert "rank 0 is gone" in (tmp_path / "rank1.log").read_text()
     finally:
         for p in procs:
             if p.poll() is None:
