@@ -63,6 +63,13 @@ def main(argv: list[str] | None = None) -> int:
 
             settings = config.settings_from(args)
             refuse_several(settings.device_list, settings.tensor_split, settings.gpu_memory)
+            from mgserve.pipeline.rendezvous import rendezvous
+
+            rv = rendezvous(settings)  # a pipeline across processes: ranks > 0 follow rank 0
+            if rv is not None and rv.rank > 0:
+                from mgserve.pipeline.lockstep import follow
+
+                return follow(settings, rv)
             return serve(settings)
         if args.command == "info":
             from mgserve.pipeline.report import info_main

@@ -9,21 +9,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from mgserve import env
-from mgserve.devices import check_devices
+from mgserve.settings_checks import check_settings
 
 # KV cache types, as llama.cpp names them (their storage: core/models/kvcache.py)
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0")
 DEVICES = ("auto", "cpu", "cuda")
-# the least value of a whole-number setting
-_MINIMUM = {"ctx_size": 0, "parallel": 1, "batch_size": 1, "checkpoint_every": -1,
-            "ctx_checkpoints": 0, "cache_ram": 0, "prefix_copy_min": 0, "itl_target_ms": 0,
-            "prefill_sessions": 0, "max_queue": 0, "reasoning_budget": -1, "threads": 0,
-            "max_body_mb": 1, "virtual_stages": 1}  # fmt: skip
 
 
 def _opt(default: Any, help: str, *flags: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -112,6 +106,26 @@ class Settings:
         "to test and measure the pipeline on one card; decode graphs span the stages",
         "--virtual-stages",
     )
+    dist_world_size: int = _opt(
+        0,
+        "processes of a layer pipeline across hosts (torch.distributed), one stage each; rank 0 "
+        "serves HTTP, the others follow its steps (0: torchrun's WORLD_SIZE, else one process)",
+        "--dist-world-size",
+    )
+    dist_rank: int = _opt(
+        -1, "this process's rank in the pipeline, 0 to world size - 1 (-1: torchrun's RANK)",
+        "--dist-rank",
+    )  # fmt: skip
+    dist_init: str | None = _opt(
+        None,
+        "where the pipeline's processes meet: tcp://HOST:PORT (rank 0's host) or file:///shared "
+        "(default: env://, torchrun's MASTER_ADDR and MASTER_PORT)",
+        "--dist-init",
+    )
+    dist_backend: str = _opt(
+        "auto", "torch.distributed backend (auto: nccl on GPUs, gloo on the CPU)",
+        "--dist-backend", choices=("auto", "gloo", "nccl"),
+    )  # fmt: skip
     itl_target_ms: int = _opt(
         0,
         "inter-token latency target in ms while sessions decode: each step's prompt tokens are "
@@ -222,31 +236,7 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
-        if not (0 < self.port < 65536):
-            raise ValueError(f"port must be in 1..65535, got {self.port}")
-        for name, low in _MINIMUM.items():
-            if getattr(self, name) < low:
-                flag = name.replace("_", "-")
-                raise ValueError(f"{flag} must be >= {low}, got {getattr(self, name)}")
-        check_devices(self.device_list, self.tensor_split, self.gpu_memory)
-        if self.slot_save_path is not None and not os.path.isdir(self.slot_save_path):
-            raise ValueError(f"slot-save-path is not a directory: {self.slot_save_path!r}")
-        if min(self.spec_max_users, self.spec_k) < 0:
-            raise ValueError(
-                f"spec-max-users and spec-k must be >= 0, got {self.spec_max_users}, {self.spec_k}"
-            )
-        if not 1 <= self.spec_ngram_min <= self.spec_ngram_max:
-            raise ValueError("spec-ngram-min and spec-ngram-max need 1 <= min <= max")
-        if not 0.0 <= self.spec_min_acceptance <= 1.0:
-            raise ValueError(
-                f"spec-min-acceptance must be in [0, 1], got {self.spec_min_acceptance}"
-            )
-        for f in dataclasses.fields(self):
-            choices = f.metadata.get("choices")
-            if choices and getattr(self, f.name) not in choices:
-                raise ValueError(
-                    f"{f.name} must be one of {choices}, got {getattr(self, f.name)!r}"
-                )
+        check_settings(self)
 
     def for_model(self, n_ctx_train: int) -> Settings:
         """These settings for a model trained on ``n_ctx_train`` tokens: a ctx_size of 0 (the

@@ -1,7 +1,8 @@
 """The only place mgserve reads the process environment.
 
 Settings come from ``MGSERVE_<NAME>`` variables named in ``mgserve/config.py``; a few non-setting
-variables (the user's cache directory, ``CUDA_VISIBLE_DEVICES``) are read here too, and the one
+variables (the user's cache directory, ``CUDA_VISIBLE_DEVICES``, torchrun's ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``) are read here too, and the one
 variable mgserve writes (``CUDA_VISIBLE_DEVICES``, ``machine.choose_gpu``), so a grep finds every
 one.
 """
@@ -25,6 +26,15 @@ def is_set(name: str) -> bool:
 def show_only_gpu(gpu: str) -> None:
     """Make CUDA see only ``gpu`` (an index or a UUID) from its first use in this process."""
     os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+
+
+TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def torchrun() -> dict[str, str]:
+    """The rendezvous variables torchrun (or a user) set for this process: those of TORCHRUN that
+    are set. torch.distributed's ``env://`` reads MASTER_ADDR and MASTER_PORT itself."""
+    return {name: v for name in TORCHRUN if (v := get(name)) is not None}
 
 
 def cache_dir(configured: str | None = None) -> Path:

@@ -26,6 +26,14 @@ SHAPES = [
     ("expert down 2560x640", 2560, 640),
 ]
 DEFAULT_TYPES = "Q4_K,Q5_K,Q6_K,Q8_0,Q5_0,Q4_0,IQ4_XS,F16"
+# the built-in Gemma 3 270M (n_embd 640, ffn 2048, 4 x 256 query heads): its head is most bytes
+GEMMA_SHAPES = [
+    ("gemma head 262144x640", 262144, 640),
+    ("gemma up 2048x640", 2048, 640),
+    ("gemma down 640x2048", 640, 2048),
+    ("gemma q 1024x640", 1024, 640),
+]
+SHAPE_SETS = {"qwen4exp": SHAPES, "gemma": GEMMA_SHAPES}
 L2_SPAN = 256 << 20  # bytes of distinct weights cycled per case
 
 
@@ -38,6 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help='space-separated matvec tunings "R1,RN,UNROLL" to compare (default: the built-in one)',
     )
     parser.add_argument("--iters", type=int, default=200, help="launches per timed repeat")
+    parser.add_argument(
+        "--shapes",
+        default="qwen4exp",
+        help=f"comma-separated shape sets: {', '.join(SHAPE_SETS)}",
+    )
     parser.add_argument(
         "--q8-rows",
         default="2,2,128",
@@ -137,6 +150,10 @@ def run(args: argparse.Namespace) -> int:
     for t in types:
         if t not in FORMATS:
             raise ValueError(f"--types: unknown or unsupported type {t!r}")
+    try:
+        shapes = [x for name in args.shapes.split(",") for x in SHAPE_SETS[name.strip()]]
+    except KeyError as e:
+        raise ValueError(f"--shapes: unknown set {e} (known: {', '.join(SHAPE_SETS)})") from None
     compiler = KernelCompiler(0)
     tunings = [MatvecTuning.parse(t) for t in args.tunings.split()] or [MatvecTuning()]
     kernels, dense = Kernels(compiler), DenseWeights()
@@ -168,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     ]
     for type_name in types:
         fmt = FORMATS[type_name]
-        for label, rows, k in SHAPES:
+        for label, rows, k in shapes:
             if k % fmt.block:
                 continue
             w_bytes = rows * k // fmt.block * fmt.nbytes

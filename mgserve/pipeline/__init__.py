@@ -9,4 +9,6 @@ gpumodel.py   stage times and PCIe links of a GPU we do not have (a roofline)
 staged.py     a device model run as stages (StagedLM); --virtual-stages
 transport.py  the hand-off between stages: LocalTransport (one process), DistTransport
               (torch.distributed)
+rendezvous.py where a pipeline's processes meet (--dist-*, torchrun's variables)
+lockstep.py   serve across processes: rank 0 broadcasts each step, the other ranks follow
 """

@@ -23,8 +23,8 @@ chunks, and every step with ``graphs=False``).
 
 Not done yet: the stages of one step run one after another (no micro-batches of a prompt or of
 decoding sessions in flight at once, so no overlap of stages); each process
-of a ``DistTransport`` pipeline loads the whole model (only its stages' layers run); ``mgserve
-serve`` does not start a pipeline across processes.
+of a ``DistTransport`` pipeline loads the whole model (only its stages' layers run). ``mgserve
+serve`` across processes: lockstep.py.
 """
 
 from __future__ import annotations

@@ -32,13 +32,21 @@ def load_engine(settings: Settings) -> LoadedEngine:
     settings ask for; ValueError when that cannot be (no GPU, a missing built-in, a bad file)."""
     from mgserve.core.models import load_model
     from mgserve.cuda import resolve_device
+    from mgserve.pipeline.rendezvous import local_gpu, rendezvous
 
     if settings.virtual_stages > 1 and settings.prefill_lane == "on":  # two threads' steps at once
         raise ValueError("--virtual-stages does not run with --prefill-lane on yet")
+    rv = rendezvous(settings)  # several processes: this one is rank 0 (cli.py runs the others)
     if settings.device != "cpu":
+        if rv is not None:
+            local_gpu(rv)  # torchrun's LOCAL_RANK names the GPU
         choose_gpu()  # several GPUs, none named: the freest becomes GPU 0 (before CUDA starts)
     device = resolve_device(settings.device)  # "cpu" or "cuda"; ValueError says why not cuda
     g = GGUFFile(resolve_model(settings.model, settings.cache_dir))
+    if rv is not None:  # a layer pipeline across processes, on the device runner
+        from mgserve.pipeline.lockstep import leader_engine
+
+        return LoadedEngine(leader_engine(g, settings, device, rv), g, device)
     if device == "cuda":
         return _on_gpu(g, settings)
     if settings.virtual_stages > 1:

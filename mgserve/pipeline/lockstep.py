@@ -1,0 +1,237 @@
+"""``mgserve serve`` as a layer pipeline across processes: rank 0 serves HTTP and schedules as
+one process does; every step its runner takes is first broadcast to the other ranks, which run
+the same step through runners of their own, so the stages' send / recv and the logits'
+broadcast (``DistTransport``) meet in the same order everywhere.
+
+Every rank loads the model and builds the same ``DeviceRunner`` over a ``StagedLM`` of one stage
+per rank (``ranks[i] = i``; the layers split by decode weight bytes, ``balanced_ranges``). Rank
+0's runner is wrapped in a ``Leader``: ``run`` broadcasts the ``ScheduledBatch`` on the control
+group (rendezvous.py), then runs it. A batch crosses as it is, but for two things: a new
+session's sampling seed is drawn on rank 0 before it goes (every rank draws the same tokens from
+the broadcast logits, so their runners' penalty windows, draw counters and draft acceptances stay
+the same), and a grammar stays on rank 0 (its matcher cannot cross; the others' masks do not
+matter, as their tokens are thrown away and a grammar's session never drafts). The warm-up goes
+through the same ``run``. When rank 0's engine stops (a ``LeaderEngine``; SIGTERM: after the
+drain) the ``Leader`` broadcasts the stop, and the followers leave their loop and exit 0; they
+ignore SIGTERM and SIGINT themselves (torchrun sends them to every rank at once, and rank 0's
+drain still needs them). A rank that dies ends the others' waits with an error.
+
+Not across processes (refused at start, ``refuse``): ``--prefill-lane on`` (two threads' steps
+at once), ``--slot-save-path`` (a slot's tensors are spread over the ranks), ``--virtual-stages``
+and ``--device-list``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+from typing import Any, NamedTuple
+
+import torch
+
+from mgserve.config import Settings
+from mgserve.core.engine.actor import Engine
+from mgserve.core.engine.contract import ScheduledBatch, SlotLoad, SlotSave, StepResult
+from mgserve.core.gguf.reader import GGUFFile
+from mgserve.pipeline.rendezvous import Rendezvous
+
+log = logging.getLogger(__name__)
+
+STOP = None  # the control message that ends the followers
+
+
+def refuse(settings: Settings) -> None:
+    """ValueError for what does not run across processes (the module docstring)."""
+    refused = {
+        "--prefill-lane on": settings.prefill_lane == "on",
+        "--slot-save-path": settings.slot_save_path is not None,
+        "--virtual-stages": settings.virtual_stages > 1,
+        "--device-list": settings.device_list is not None,
+    }
+    named = [k for k, v in refused.items() if v]
+    if named:
+        raise ValueError(f"not supported across processes (--dist-*, torchrun): {', '.join(named)}")
+
+
+class StageRunner(NamedTuple):
+    runner: Any  # DeviceRunner over this rank's StagedLM
+    model: Any  # the device model (its spec, pools)
+    settings: Settings  # resolved for the model (ctx_size)
+
+
+def stage_runner(g: GGUFFile, settings: Settings, device: str, rv: Rendezvous) -> StageRunner:
+    """This rank's runner: the whole model loaded, its stage's layers run (the module docstring)."""
+    from mgserve import env
+    from mgserve.core.gguf.hparams import spec_from_gguf
+    from mgserve.core.gguf.hparams_hybrid import HYBRID_ARCHS, hybrid_spec_from_gguf
+    from mgserve.core.models import set_threads
+    from mgserve.cuda.backend import cuda_backend, load_device_model, torch_backend
+    from mgserve.cuda.runner import DeviceRunner
+    from mgserve.pipeline.staged import StagedLM, balanced_ranges
+    from mgserve.pipeline.transport import DistTransport
+
+    spec = hybrid_spec_from_gguf(g)[0] if g.architecture in HYBRID_ARCHS else spec_from_gguf(g)
+    settings = settings.for_model(spec.n_ctx_train)
+    if device == "cuda":
+        from mgserve.cuda.plan_fit import checked_plan
+
+        log.info("%s", checked_plan(g, settings))  # the whole model: every rank loads it all
+        dev = torch.device("cuda", 0)
+        backend = cuda_backend(0, cache_dir=env.cache_dir(settings.cache_dir))
+    else:
+        set_threads(settings.threads)
+        dev, backend = torch.device("cpu"), torch_backend()
+    kv = (settings.cache_type_k, settings.cache_type_v)
+    model = load_device_model(g, backend, dev, settings.parallel, settings.ctx_size, *kv)
+    ranges = balanced_ranges(g, rv.world_size, *kv)
+    staged = StagedLM(model, ranges, DistTransport(list(range(rv.world_size)), rv.rank))
+    a, b = staged.ranges[rv.rank]
+    log.info("rank %d of %d: stage %d, layers %d-%d", rv.rank, rv.world_size, rv.rank, a, b - 1)
+    return StageRunner(DeviceRunner(staged, dev, graphs=False), model, settings)
+
+
+def agree(control: Any, settings: Settings, g: GGUFFile) -> None:
+    """Every rank serves the same model with the same slots: ValueError on all ranks if not."""
+    import torch.distributed as dist
+
+    mine = (g.architecture, g.path.name, settings.parallel, settings.ctx_size,
+            settings.cache_type_k, settings.cache_type_v, settings.batch_size)  # fmt: skip
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine, group=control)
+    if any(x != every[0] for x in every):
+        raise ValueError(
+            "the pipeline's processes differ in (architecture, model file, --parallel, "
+            f"--ctx-size, cache types, --batch-size): {every}"
+        )
+
+
+def _crossing(batch: ScheduledBatch) -> ScheduledBatch:
+    """``batch`` with its new sessions' seeds drawn (it runs on rank 0 so too)."""
+    from mgserve.cuda.sampling import seeded
+
+    work = tuple(
+        dataclasses.replace(w, sampling=seeded(w.sampling)) if w.new_sequence else w
+        for w in batch.work
+    )
+    return dataclasses.replace(batch, work=work)
+
+
+class Leader:
+    """Rank 0's runner: each step broadcast to the other ranks, then run (module docstring)."""
+
+    lanes = False
+
+    def __init__(self, runner: Any, control: Any) -> None:
+        self.inner = runner
+        self.model = runner.model  # /metrics reads the staged model's per-stage figures
+        self.control = control
+        self.supports_drafts = runner.supports_drafts
+        self.slot_format = runner.slot_format
+        self.closed = False
+
+    @property
+    def checkpoint_nbytes(self) -> int:
+        return int(self.inner.checkpoint_nbytes)
+
+    def run(self, batch: ScheduledBatch) -> StepResult:
+        if any(isinstance(op, SlotSave | SlotLoad) for op in batch.slot_ops):
+            raise ValueError("slot save and restore do not run across processes")
+        if self.closed:
+            raise RuntimeError("the pipeline's followers have stopped")
+        batch = _crossing(batch)
+        sent = tuple(dataclasses.replace(w, grammar=None) if w.grammar else w for w in batch.work)
+        self._send(dataclasses.replace(batch, work=sent))
+        return self.inner.run(batch)  # type: ignore[no-any-return]
+
+    def _send(self, message: ScheduledBatch | None) -> None:
+        import torch.distributed as dist
+
+        dist.broadcast_object_list([message], src=0, group=self.control)
+
+    def close(self) -> None:
+        """Stop the followers (after the engine's last step) and leave the process group."""
+        import torch.distributed as dist
+
+        if self.closed:
+            return
+        self.closed = True
+        self._send(STOP)
+        dist.destroy_process_group()
+        log.info("rank 0: the pipeline's followers are told to stop")
+
+
+class LeaderEngine(Engine):
+    """Rank 0's engine: when it stops (its last step done), its ``Leader`` stops the others."""
+
+    async def stop(self) -> None:
+        await super().stop()
+        assert isinstance(self._runner, Leader)
+        await asyncio.get_running_loop().run_in_executor(None, self._runner.close)
+
+
+def leader_engine(g: GGUFFile, settings: Settings, device: str, rv: Rendezvous) -> Engine:
+    """Rank 0's engine: its runner a ``Leader`` over this rank's stage, warmed up through it."""
+    from mgserve.cuda.warmup import warm_up
+    from mgserve.pipeline.rendezvous import join
+    from mgserve.spec import speculator_from
+
+    if rv.rank != 0:
+        raise ValueError(f"rank {rv.rank} follows rank 0: start it with `mgserve serve`")
+    refuse(settings)
+    control = join(rv, device)
+    runner, model, settings = stage_runner(g, settings, device, rv)
+    agree(control, settings, g)
+    leader = Leader(runner, control)
+    spec_k = settings.spec_k if settings.spec == "on" else 0
+    warm_up(leader, model.spec.n_vocab, settings.ctx_size, settings.batch_size, spec_k)
+    return LeaderEngine(model, settings, runner=leader, drafter=speculator_from(settings))
+
+
+def follow(settings: Settings, rv: Rendezvous) -> int:
+    """A rank other than 0: load, then run rank 0's steps until it stops; the exit status."""
+    import torch.distributed as dist
+
+    from mgserve.core.builtin_models import resolve_model
+    from mgserve.cuda import resolve_device
+    from mgserve.machine import choose_gpu
+    from mgserve.pipeline.rendezvous import join, local_gpu
+
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s rank {rv.rank} %(name)s: %(message)s",
+    )
+    for sig in (signal.SIGTERM, signal.SIGINT):  # rank 0's stop ends this rank (docstring)
+        signal.signal(sig, signal.SIG_IGN)
+    refuse(settings)
+    if settings.device != "cpu":  # before CUDA starts, as the factory does for rank 0
+        local_gpu(rv)
+        choose_gpu()
+    device = resolve_device(settings.device)
+    control = join(rv, device)
+    g = GGUFFile(resolve_model(settings.model, settings.cache_dir))
+    runner, _, resolved = stage_runner(g, settings, device, rv)
+    agree(control, resolved, g)
+    log.info("rank %d: following rank 0's steps", rv.rank)
+    steps = 0
+    while True:
+        box: list[Any] = [None]
+        try:
+            dist.broadcast_object_list(box, src=0, group=control)
+        except RuntimeError as e:
+            log.error("rank %d: rank 0 is gone (%s)", rv.rank, e)
+            logging.shutdown()
+            os._exit(1)  # torch.distributed's teardown with a peer gone may abort the process
+        batch = box[0]
+        if batch is STOP:
+            break
+        try:
+            runner.run(batch)
+        except Exception:  # rank 0 fails the same step's requests and serves on; so does this
+            log.exception("rank %d: step %d failed", rv.rank, batch.step)
+        steps += 1
+    dist.destroy_process_group()
+    log.info("rank %d: rank 0 stopped after %d steps; exiting", rv.rank, steps)
+    return 0
