@@ -99,6 +99,15 @@ class Settings:
         "--tensor-split",
         "-ts",
     )
+    activations: str = _opt(
+        "auto",
+        "on a GPU, what decode's quantized products multiply: int8 (activations rounded to "
+        "int8 per 32 values, integer dot products: faster on large models, relative error "
+        "about 1e-3), exact (fp32), or auto: int8 for models of 1 GiB of weights or more, exact "
+        "below (the rounding's extra launches cost more than they save on a small model)",
+        "--activations",
+        choices=("auto", "exact", "int8"),
+    )
     virtual_stages: int = _opt(
         1,
         "on a GPU: run the model as N stages of a layer pipeline on that one GPU (layers split "

@@ -96,6 +96,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="gemma-3-270m", help="GGUF file or built-in model name")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda (the server's --device)")
     p.add_argument("--max-tokens", type=int, default=320)
+    p.add_argument(
+        "--activations", default="auto", choices=("auto", "exact", "int8"),
+        help="the server's --activations (GPU decode products on int8 or fp32 activations)",
+    )  # fmt: skip
     p.add_argument("--ctx", type=int, default=4096, help="context per slot")
     p.add_argument("--users", type=int, default=3, help="concurrent sessions of the last rows")
     p.add_argument("--repeat", type=int, default=3, help="runs of each row (the best is kept)")
@@ -158,7 +162,9 @@ async def _bench(a: argparse.Namespace) -> list[Row]:
     from mgserve.config import Settings
 
     users = max(a.users, 1)
-    settings = Settings(model=a.model, device=a.device, ctx_size=a.ctx, parallel=users)
+    settings = Settings(
+        model=a.model, device=a.device, ctx_size=a.ctx, parallel=users, activations=a.activations
+    )
     client = TestClient(TestServer(create_app(build_service(settings))))
     await client.start_server()
     try:
@@ -211,9 +217,9 @@ def run(a: argparse.Namespace) -> int:
         model = a.model or "built-in Gemma 3 270M Q4_K_M"
         record(
             "n-gram speculation, end to end",
-            f"model {model}, device {a.device}, completion requests of at most {a.max_tokens} "
-            f"tokens (rewrite, explain greedy; prose sampled at 0.8, seed 1234), context "
-            f"{a.ctx}, best of {a.repeat}\n\n{out}",
+            f"model {model}, device {a.device}, activations {a.activations}, completion requests "
+            f"of at most {a.max_tokens} tokens (rewrite, explain greedy; prose sampled at 0.8, "
+            f"seed 1234), context {a.ctx}, best of {a.repeat}\n\n{out}",
         )
     off = {(r.workload, r.users): r.text for r in rows if not r.spec}
     return 0 if all(r.text == off[(r.workload, r.users)] for r in rows if r.spec) else 1

@@ -159,6 +159,16 @@ def cuda_backend(
     )
 
 
+INT8_MIN_BYTES = 1 << 30  # --activations auto: int8 from this many bytes of weights
+
+
+def int8_activations(g: GGUFFile, activations: str) -> bool:
+    """Whether decode's products take int8 activations for ``g`` under ``--activations``."""
+    if activations != "auto":
+        return activations == "int8"
+    return sum(t.n_bytes for t in g.tensors.values()) >= INT8_MIN_BYTES
+
+
 def load_device_model(
     g: GGUFFile,
     backend: Backend,

@@ -68,7 +68,12 @@ def stage_runner(g: GGUFFile, settings: Settings, device: str, rv: Rendezvous) -
     from mgserve.core.gguf.hparams import spec_from_gguf
     from mgserve.core.gguf.hparams_hybrid import HYBRID_ARCHS, hybrid_spec_from_gguf
     from mgserve.core.models import set_threads
-    from mgserve.cuda.backend import cuda_backend, load_device_model, torch_backend
+    from mgserve.cuda.backend import (
+        cuda_backend,
+        int8_activations,
+        load_device_model,
+        torch_backend,
+    )
     from mgserve.cuda.runner import DeviceRunner
     from mgserve.pipeline.staged import StagedLM, balanced_ranges
     from mgserve.pipeline.transport import DistTransport
@@ -80,7 +85,8 @@ def stage_runner(g: GGUFFile, settings: Settings, device: str, rv: Rendezvous) -
 
         log.info("%s", checked_plan(g, settings))  # the whole model: every rank loads it all
         dev = torch.device("cuda", 0)
-        backend = cuda_backend(0, cache_dir=env.cache_dir(settings.cache_dir))
+        int8 = int8_activations(g, settings.activations)
+        backend = cuda_backend(0, int8=int8, cache_dir=env.cache_dir(settings.cache_dir))
     else:
         set_threads(settings.threads)
         dev, backend = torch.device("cpu"), torch_backend()

@@ -51,6 +51,8 @@ def load_engine(settings: Settings) -> LoadedEngine:
         return _on_gpu(g, settings)
     if settings.virtual_stages > 1:
         raise ValueError("--virtual-stages is for the GPU runner (--device cuda)")
+    if settings.activations == "int8":
+        raise ValueError("--activations int8 is for the GPU runner (--device cuda)")
     model = load_model(g, threads=settings.threads)
     if settings.prefill_lane == "on":
         log.info("--prefill-lane on is for the GPU: the CPU runner computes steps in order")
@@ -77,7 +79,7 @@ def _on_gpu(g: GGUFFile, settings: Settings) -> LoadedEngine:
     from mgserve import env
     from mgserve.core.gguf.hparams import spec_from_gguf
     from mgserve.core.gguf.hparams_hybrid import HYBRID_ARCHS, hybrid_spec_from_gguf
-    from mgserve.cuda.backend import cuda_backend, load_device_model
+    from mgserve.cuda.backend import cuda_backend, int8_activations, load_device_model
     from mgserve.cuda.runner import DeviceRunner
     from mgserve.cuda.warmup import warm_up
 
@@ -85,9 +87,12 @@ def _on_gpu(g: GGUFFile, settings: Settings) -> LoadedEngine:
     settings = settings.for_model(spec.n_ctx_train)
     log.info("%s", memory_plan(g, settings, check=True))  # refuses a plan that does not fit
     device = torch.device("cuda", 0)
+    int8 = int8_activations(g, settings.activations)
+    log.info("decode products: %s activations (--activations %s)",
+             "int8" if int8 else "fp32", settings.activations)  # fmt: skip
     model = load_device_model(
         g,
-        cuda_backend(0, cache_dir=env.cache_dir(settings.cache_dir)),  # cubins: <cache>/kernels
+        cuda_backend(0, int8=int8, cache_dir=env.cache_dir(settings.cache_dir)),  # cubins
         device,
         settings.parallel,
         settings.ctx_size,
