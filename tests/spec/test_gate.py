@@ -152,9 +152,12 @@ def test_bounds(limit: int, draft_min: int, expected: int) -> None:
     assert ready().draft_length("r", 1, DEPTH, limit, draft_min) == expected
 
 
-# verify step / plain step for k = 4, 8, 16, as measured on an H100 (BENCHMARKS.md, 2026-12-05):
-# full-width qwen4exp at 4k (whole runner steps, rollback included), and Gemma 3 270M
-MEASURED = {"qwen4exp": {4: 4.41, 8: 5.66, 16: 8.26}, "gemma3-270m": {4: 1.51, 8: 2.14, 16: 3.46}}
+# verify step / plain step for k = 4, 8, 16, 48, as measured on an H100 (BENCHMARKS.md,
+# 2026-12-05): full-width qwen4exp at 4k (whole runner steps, rollback included), Gemma 3 270M
+MEASURED = {
+    "qwen4exp": {4: 4.41, 8: 5.66, 16: 8.26, 48: 17.88},
+    "gemma3-270m": {4: 1.51, 8: 2.14, 16: 3.46, 48: 8.0},
+}
 
 
 def gate_with(model: str) -> SpecGate:
@@ -171,21 +174,25 @@ def settle(gate: SpecGate, n_draft: int, n_accepted: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("model", "accepted_of_4", "expected"),
+    ("model", "accepted_of_4", "limit", "expected"),
     [
-        ("qwen4exp", 2, 0),  # acceptance 2/3, the Gemma rewrite's (0.63): a verify costs more
-        ("qwen4exp", 4, 16),  # everything holds: 17 tokens for 8.26 plain steps
-        ("gemma3-270m", 2, 4),  # at 2/3 a short draft pays on the small dense model
-        ("gemma3-270m", 4, 16),
+        ("qwen4exp", 2, 16, 0),  # acceptance 2/3, the Gemma rewrite's (0.63): a verify costs more
+        ("qwen4exp", 4, 16, 16),  # everything holds: 17 tokens for 8.26 plain steps
+        ("qwen4exp", 4, 48, 48),  # and 49 for 17.88 where 48 drafts are allowed
+        ("qwen4exp", 2, 48, 0),
+        ("gemma3-270m", 2, 16, 4),  # at 2/3 a short draft pays on the small dense model
+        ("gemma3-270m", 4, 16, 16),
     ],
 )
-def test_the_measured_verify_costs_decide(model: str, accepted_of_4: int, expected: int) -> None:
+def test_the_measured_verify_costs_decide(
+    model: str, accepted_of_4: int, limit: int, expected: int
+) -> None:
     """The gate's choices from the H100 figures: what drafting is worth on each model."""
     gate = gate_with(model)
     settle(gate, 4, accepted_of_4)
     picks = []
     for _ in range(64):
-        picks.append(gate.draft_length("r", 1, DEPTH, 16))
+        picks.append(gate.draft_length("r", 1, DEPTH, limit))
         if picks[-1]:  # the step verifies them, holding as before
             gate.verified("r", picks[-1], min(picks[-1], picks[-1] * accepted_of_4 // 4))
     if expected:
