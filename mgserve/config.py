@@ -81,17 +81,14 @@ class Settings:
     )
     gpu_memory: str | None = _opt(
         None,
-        "device memory the start-up memory plan may use, e.g. 24GiB, 80GB or 20000 (MiB), one "
-        "size for every GPU or one per --device-list entry (24GiB,24GiB,16GiB); default: what "
-        "each GPU reports free (mgserve info --plan: plan without a GPU)",
+        "device memory the start-up memory plan may use, e.g. 24GiB, 80GB or 20000 (MiB), for "
+        "every GPU or one per --device-list entry; default: what each GPU reports free",
         "--gpu-memory",
     )
     device_list: str | None = _opt(
-        None,
-        "GPUs to split the layers over, in pipeline order: CUDA ordinals as CUDA_VISIBLE_DEVICES "
-        "leaves them (0,1,2) or all; default: one GPU",
-        "--device-list",
-    )
+        None, "GPUs to split the layers over, in pipeline order: CUDA ordinals (0,1,2) or all; "
+        "default: one GPU", "--device-list",
+    )  # fmt: skip
     tensor_split: str | None = _opt(
         None,
         "share of the layers per --device-list GPU, e.g. 3,3,2,1,2,2 (llama.cpp's); default: "
@@ -101,10 +98,8 @@ class Settings:
     )
     activations: str = _opt(
         "auto",
-        "on a GPU, what decode's quantized products multiply: int8 (activations rounded to "
-        "int8 per 32 values, integer dot products: faster on large models, relative error "
-        "about 1e-3), exact (fp32), or auto: int8 for models of 1 GiB of weights or more, exact "
-        "below (the rounding's extra launches cost more than they save on a small model)",
+        "GPU decode products on int8 activations (faster on large models, relative error "
+        "~1e-3), exact fp32 ones, or auto: int8 for models of 1 GiB of weights or more",
         "--activations",
         choices=("auto", "exact", "int8"),
     )
@@ -114,6 +109,12 @@ class Settings:
         "by decode weight bytes, a stream each, hand-offs copied through pinned host buffers), "
         "to test and measure the pipeline on one card; decode graphs span the stages",
         "--virtual-stages",
+    )
+    pipeline_micro_batches: int = _opt(
+        1,
+        "a layer pipeline's decode steps split their sessions into this many groups that follow "
+        "one another through the stages, several stages computing at once (same tokens)",
+        "--pipeline-micro-batches",
     )
     dist_world_size: int = _opt(
         0,
@@ -293,7 +294,6 @@ def settings_from(args: argparse.Namespace | None = None, **overrides: Any) -> S
                 try:
                     values[f.name] = conv(raw)
                 except ValueError:
-                    raise ValueError(
-                        f"{env_name(f.name)}={raw!r} is not a valid {conv.__name__}"
-                    ) from None
+                    what = f"{env_name(f.name)}={raw!r} is not a valid {conv.__name__}"
+                    raise ValueError(what) from None
     return Settings(**values)

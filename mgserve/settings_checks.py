@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 MINIMUM = {"ctx_size": 0, "parallel": 1, "batch_size": 1, "checkpoint_every": -1,
            "ctx_checkpoints": 0, "cache_ram": 0, "prefix_copy_min": 0, "itl_target_ms": 0,
            "prefill_sessions": 0, "max_queue": 0, "reasoning_budget": -1, "threads": 0,
-           "max_body_mb": 1, "virtual_stages": 1, "dist_rank": -1,
+           "max_body_mb": 1, "virtual_stages": 1, "pipeline_micro_batches": 1, "dist_rank": -1,
            "dist_world_size": 0}  # fmt: skip
 INIT_SCHEMES = ("tcp://", "file://", "env://")  # torch.distributed's init_method URLs
 

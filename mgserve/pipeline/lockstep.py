@@ -93,7 +93,8 @@ def stage_runner(g: GGUFFile, settings: Settings, device: str, rv: Rendezvous) -
     kv = (settings.cache_type_k, settings.cache_type_v)
     model = load_device_model(g, backend, dev, settings.parallel, settings.ctx_size, *kv)
     ranges = balanced_ranges(g, rv.world_size, *kv)
-    staged = StagedLM(model, ranges, DistTransport(list(range(rv.world_size)), rv.rank))
+    transport = DistTransport(list(range(rv.world_size)), rv.rank)
+    staged = StagedLM(model, ranges, transport, settings.pipeline_micro_batches)
     a, b = staged.ranges[rv.rank]
     log.info("rank %d of %d: stage %d, layers %d-%d", rv.rank, rv.world_size, rv.rank, a, b - 1)
     return StageRunner(DeviceRunner(staged, dev, graphs=False), model, settings)

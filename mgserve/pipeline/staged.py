@@ -21,10 +21,12 @@ by ``timing.py`` and shown in /metrics. A graph's replay counts as a step and it
 (``replayed``), but its stage times are measured only in steps run without a graph (prompt
 chunks, and every step with ``graphs=False``).
 
-Not done yet: the stages of one step run one after another (no micro-batches of a prompt or of
-decoding sessions in flight at once, so no overlap of stages); each process
-of a ``DistTransport`` pipeline loads the whole model (only its stages' layers run). ``mgserve
-serve`` across processes: lockstep.py.
+With ``micro_batches`` > 1 a plain decode step's sessions go through the stages in groups
+(micro.py), stage i computing group j + 1 while stage i + 1 computes group j: the stages overlap.
+Not done yet: a prompt chunk's stages still run one after another (no micro-batches of a prompt,
+and the next step's chunk waits for this one's last stage); each process of a ``DistTransport``
+pipeline loads the whole model (only its stages' layers run). ``mgserve serve`` across
+processes: lockstep.py.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from prometheus_client.metrics_core import Metric
 
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.cuda.models.base import Staged, Step
+from mgserve.pipeline.micro import groups, splittable, sub_step
 from mgserve.pipeline.stages import StagePlan
 from mgserve.pipeline.timing import StageTiming
 from mgserve.pipeline.transport import LocalTransport, Transport
@@ -65,7 +68,11 @@ class StagedLM:
     the last stage)."""
 
     def __init__(
-        self, model: Any, ranges: Sequence[tuple[int, int]] | StagePlan, transport: Transport
+        self,
+        model: Any,
+        ranges: Sequence[tuple[int, int]] | StagePlan,
+        transport: Transport,
+        micro_batches: int = 1,
     ) -> None:
         if not isinstance(model, Staged):
             raise ValueError(f"{type(model).__name__} does not run as pipeline stages")
@@ -76,6 +83,9 @@ class StagedLM:
         if transport.n_stages != len(self.ranges):
             raise ValueError(f"a transport of {transport.n_stages} stages for {len(ranges)}")
         self.transport = transport
+        if micro_batches < 1:
+            raise ValueError(f"micro-batches must be >= 1, got {micro_batches}")
+        self.micro_batches = micro_batches  # decode steps' session groups in flight (micro.py)
         links = len(self.ranges) - 1
         self.timing = StageTiming(
             len(self.ranges),
@@ -94,27 +104,36 @@ class StagedLM:
         m, t = self.model, self.transport
         n, last = step.tokens.shape[0], len(self.ranges) - 1
         dev = step.tokens.device
-        t.begin()
+        parts = [(0, n)]
+        if self.micro_batches > 1 and splittable(step):
+            parts = groups(n, self.micro_batches)
+        steps = [step] if len(parts) == 1 else [sub_step(step, a, b) for a, b in parts]
+        t.begin()  # after the sub-steps' inputs: the stages wait for them
         timing = self.timing
         if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
             timing = StageTiming(len(self.ranges), False, list)  # no events inside a graph
         timing.begin()
-        logits = None
-        for i, (a, b) in enumerate(self.ranges):
-            if not t.runs(i):
-                continue
-            with t.on(i):
-                received = t.recv(i, (n, *m.handoff_shape), dev) if i else None
-                if i:
-                    timing.arrived(i - 1)
-                with timing.stage(i):
-                    x = m.stage_in(step) if received is None else received
-                    x = m.stage_layers(x, step, a, b)
-                    if i == last:
-                        logits = m.stage_out(x, step)
-                if i < last:
-                    timing.sent(i)
-                    t.send(i, x)
+        outs: list[torch.Tensor] = []
+        for j, sub in enumerate(steps):  # group j + 1 enters stage 0 as group j moves on
+            rows = sub.tokens.shape[0]
+            for i, (a, b) in enumerate(self.ranges):
+                if not t.runs(i):
+                    continue
+                with t.on(i):
+                    received = t.recv(i, (rows, *m.handoff_shape), dev) if i else None
+                    if i:
+                        timing.arrived(i - 1)
+                    with timing.stage(i, final=j == len(steps) - 1):
+                        x = m.stage_in(sub) if received is None else received
+                        x = m.stage_layers(x, sub, a, b)
+                        if i == last:
+                            outs.append(m.stage_out(x, sub))
+                            if len(outs) == len(steps) > 1:
+                                outs = [torch.cat(outs)]
+                    if i < last:
+                        timing.sent(i)
+                        t.send(i, x)
+        logits = outs[0] if outs else None
         r = n if step.logit_rows is None else step.logit_rows.shape[0]
         return t.logits(logits, (r, m.spec.n_vocab), dev)
 
@@ -145,11 +164,13 @@ def balanced_ranges(g: GGUFFile, n_stages: int, type_k: str = "f16",
     return found
 
 
-def virtual_stages(model: Any, ranges: Sequence[tuple[int, int]], device: torch.device) -> StagedLM:
-    """``model`` as len(ranges) stages on its one ``device`` (``--virtual-stages``)."""
-    staged = StagedLM(model, ranges, LocalTransport(len(ranges), device))
+def virtual_stages(model: Any, ranges: Sequence[tuple[int, int]], device: torch.device,
+                   micro_batches: int = 1) -> StagedLM:  # fmt: skip
+    """``model`` as len(ranges) stages on its one ``device`` (``--virtual-stages``), decode steps
+    in ``micro_batches`` groups of sessions."""
+    staged = StagedLM(model, ranges, LocalTransport(len(ranges), device), micro_batches)
     log.info(
-        "%d virtual stages on %s: layers %s",
-        len(ranges), device, ", ".join(f"{a}-{b - 1}" for a, b in staged.ranges),
+        "%d virtual stages on %s: layers %s; decode in %d micro-batches",
+        len(ranges), device, ", ".join(f"{a}-{b - 1}" for a, b in staged.ranges), micro_batches,
     )  # fmt: skip
     return staged

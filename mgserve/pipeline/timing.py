@@ -7,7 +7,8 @@ interval is a pair of CUDA events recorded on the stream doing the work; a pair 
 its end event has completed (``Event.query``), at the next step or a scrape, so nothing ever waits
 for the GPU. On the CPU it is the clock. A step's span runs from its start to its last stage's
 end; a stage's busy fraction is its busy seconds over the steps' spans, its bubble fraction the
-rest. ``families`` gives them as Prometheus metrics (``mgserve_pipeline_*``), which /metrics shows
+rest; their busy seconds together over the spans are the stages' overlap (1: one stage at a
+time). ``families`` gives them as Prometheus metrics (``mgserve_pipeline_*``), which /metrics shows
 for a staged model (``--virtual-stages``).
 """
 
@@ -58,13 +59,14 @@ class StageTiming:
         self.steps += 1
 
     @contextlib.contextmanager
-    def stage(self, i: int) -> Iterator[None]:
-        """``stage``'s work (on its stream, where ``Transport.on`` put it)."""
+    def stage(self, i: int, final: bool = True) -> Iterator[None]:
+        """``stage``'s work (on its stream, where ``Transport.on`` put it); ``final``: the step's
+        last micro-batch (the last stage's end of it ends the step's span)."""
         start = _Mark(self.gpu)
         yield
         end = _Mark(self.gpu)
         self._pending.append(("stage", i, start, end))
-        if i == self.n_stages - 1 and self._begin is not None:
+        if final and i == self.n_stages - 1 and self._begin is not None:
             self._pending.append(("span", 0, self._begin, end))
 
     def sent(self, link: int) -> None:
@@ -110,6 +112,12 @@ class StageTiming:
             "mgserve_pipeline_bubble_fraction",
             "the share of the steps' spans a stage waited",
             labels=["stage"],
+        )
+        yield GaugeMetricFamily(
+            "mgserve_pipeline_overlap",
+            "the stages' busy seconds over the steps' spans, all stages together: 1 when they "
+            "take turns, up to the stage count when all compute at once (micro-batches)",
+            value=sum(self.busy) / self.span if self.span > 0 else 0.0,
         )
         for i, b in enumerate(self.busy):
             busy.add_metric([str(i)], b)

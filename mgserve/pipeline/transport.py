@@ -15,8 +15,9 @@ stage's logits go to whoever samples. ``staged.py`` drives a transport; two are 
   graph (the decode graphs, graphs.py): the capture takes in the stage and link streams (they wait
   on the capturing stream), its copies read and write the staging buffers it saw, which are kept
   for the graph's life (a larger step takes new ones beside them), and a replay is ordered after
-  everything before it on the replaying stream, so it needs no buffer events. Peer copies between
-  GPUs that reach each other, and a link bandwidth throttle, are not written yet.
+  everything before it on the replaying stream, so it waits on no event recorded outside it
+  (within it, a micro-batch's copy out waits for the copy in that last read its buffer). Peer
+  copies between GPUs that reach each other, and a link bandwidth throttle, are not written yet.
 - ``DistTransport``: stages in other processes (other hosts), over ``torch.distributed``
   point-to-point ``send`` / ``recv`` (gloo on the CPU, NCCL on GPUs); the last stage's logits are
   broadcast so that every process samples the same tokens (its runner stays in step with the
@@ -78,6 +79,7 @@ class LocalTransport:
         self.sent: list[tuple[int, int]] = [(0, 0)] * links  # (buffer, elements) in flight
         self.link_bytes = [0] * links  # bytes each link has carried (a first per-link metric)
         self.kept: list[torch.Tensor] = []  # staging buffers a captured graph may read or write
+        self.captured_reads: dict[tuple[int, int], torch.cuda.Event] = {}  # (link, buffer)
         if self.gpu:
             self.streams = [torch.cuda.Stream(device) for _ in range(n_stages)]
             self.out_streams = [torch.cuda.Stream(device) for _ in range(links)]
@@ -101,6 +103,7 @@ class LocalTransport:
 
     def begin(self) -> None:
         if self.gpu:
+            self.captured_reads = {}  # this step's, if it is captured
             caller = torch.cuda.current_stream(self.device)
             for s in self.streams:  # the step's inputs, and whatever ran before it
                 s.wait_stream(caller)
@@ -130,7 +133,11 @@ class LocalTransport:
             return
         out = self.out_streams[link]
         out.wait_stream(self.streams[stage])  # x is computed
-        if self.used[link][k] and not capturing:  # the buffer's previous copy in has read it
+        if capturing:  # a micro-batch before, in this capture, read the buffer: after its read
+            read = self.captured_reads.get((link, k))
+            if read is not None:
+                out.wait_event(read)
+        elif self.used[link][k]:  # the buffer's previous copy in has read it
             out.wait_event(self.read[link][k])
         with torch.cuda.stream(out):
             self._staging(link, k, n).copy_(x.reshape(-1), non_blocking=True)
@@ -152,7 +159,10 @@ class LocalTransport:
             y = torch.empty(shape, dtype=HANDOFF_DTYPE, device=device)
             y.view(-1).copy_(self._staging(link, k, n), non_blocking=True)
             arrived = torch.cuda.Event() if capturing else self.arrived[link]
-            if not capturing:  # a replay is ordered after all before it: no buffer events
+            if capturing:  # events of the capture's own (a replay follows all before it)
+                self.captured_reads[link, k] = read = torch.cuda.Event()
+                read.record(inn)
+            else:
                 self.read[link][k].record(inn)
                 self.used[link][k] = True
             arrived.record(inn)

@@ -56,7 +56,7 @@ def test_bench_model_virtual_stages(tmp_path: Path) -> None:
 def test_stage_counts_are_checked() -> None:
     from mgserve.bench.model.harness import stage_counts
 
-    assert stage_counts(argparse.Namespace(virtual_stages="1,3,6")) == [1, 3, 6]
-    for bad in ("0", "x", ""):
+    assert stage_counts(argparse.Namespace(virtual_stages="1,3,6x3")) == [(1, 1), (3, 1), (6, 3)]
+    for bad in ("0", "x", "", "3x0"):
         with pytest.raises(ValueError, match="--virtual-stages"):
             stage_counts(argparse.Namespace(virtual_stages=bad))

@@ -41,15 +41,17 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
-def _run(path: Path, backend, device: torch.device, stages: int, sessions: int, graphs: bool):
-    """(tokens, logits per step) of the greedy run on ``stages`` stages (1: the model itself)."""
+def _run(path: Path, backend, device: torch.device, stages: int, sessions: int, graphs: bool,
+         micro: int = 1):  # fmt: skip
+    """(tokens, logits per step) of the greedy run on ``stages`` stages (1: the model itself),
+    decode steps in ``micro`` micro-batches."""
     from mgserve.cuda.backend import load_device_model
     from mgserve.cuda.runner import DeviceRunner
 
     g = GGUFFile(path)
     model = load_device_model(g, backend, device, 3, 64)
     if stages > 1:
-        model = virtual_stages(model, balanced_ranges(g, stages), device)
+        model = virtual_stages(model, balanced_ranges(g, stages), device, micro)
     logits = [] if graphs else record_logits(model)  # a captured graph replays unseen
     runner = DeviceRunner(model, device, graphs=graphs)
     tokens = greedy(runner, sessions, N_DECODE)
@@ -77,6 +79,12 @@ def _check(arch: str, stages: int, tmp_path: Path, backend, device: torch.device
         if device.type == "cuda":  # one decode graph across the stages' streams and copies
             graphed, _ = _run(path, backend, device, stages, sessions, graphs=True)
             assert graphed == want, (arch, stages, sessions, "graphs")
+        if sessions > 1:  # decode steps as micro-batches of sessions in flight (micro.py)
+            for graphs in (False, True) if device.type == "cuda" else (False,):
+                micro, micro_logits = _run(path, backend, device, stages, sessions, graphs, 3)
+                assert micro == want, (arch, stages, sessions, "micro-batches", graphs)
+                for a, b in zip(micro_logits, want_logits, strict=not graphs):
+                    assert torch.equal(a, b), (arch, stages, "micro-batches", (a - b).abs().max())
         assert len(got_logits) == len(want_logits)
         for a, b in zip(got_logits, want_logits, strict=True):
             assert torch.equal(a, b), (arch, stages, sessions, (a - b).abs().max())

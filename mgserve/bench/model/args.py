@@ -53,9 +53,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) 
     parser.add_argument(
         "--virtual-stages",
         default="1",
-        help="run the model as N layer-pipeline stages on the one GPU (pipeline/staged.py); "
-        "a list (1,3,6) runs every workload for each N in turn on the one loaded model: the "
-        "pipeline machinery's overhead against N = 1, side by side",
+        help="run the model as N layer-pipeline stages on the one GPU (pipeline/staged.py), "
+        "NxM with decode in M micro-batches; a list (1,3,6x3) runs every workload for each in "
+        "turn on the one loaded model: the pipeline machinery's overhead against N = 1",
     )
     parser.add_argument(
         "--pow2-buckets",

@@ -9,16 +9,17 @@ from functools import partial
 from typing import Any
 
 
-def stage_counts(args: argparse.Namespace) -> list[int]:
-    """``--virtual-stages``: the stage counts to run, in order (``1,3,6``)."""
+def stage_counts(args: argparse.Namespace) -> list[tuple[int, int]]:
+    """``--virtual-stages``: the (stages, micro-batches) to run, in order (``1,3,6x3``: 6 stages
+    whose decode steps run as 3 micro-batches)."""
     text = str(getattr(args, "virtual_stages", "1"))
     try:
-        counts = [int(x) for x in text.split(",") if x.strip()]
+        counts = [tuple(int(v) for v in (x + "x1").split("x")[:2]) for x in text.split(",") if x]
     except ValueError:
         counts = []
-    if not counts or min(counts) < 1:
-        raise ValueError(f"--virtual-stages {text!r}: stage counts >= 1, e.g. 1 or 1,3,6")
-    return counts
+    if not counts or min(min(c) for c in counts) < 1:
+        raise ValueError(f"--virtual-stages {text!r}: stage counts >= 1, e.g. 1 or 1,3,6x3")
+    return counts  # type: ignore[return-value]
 
 
 class ModelBench:
@@ -72,14 +73,14 @@ class ModelBench:
         self._buckets = (POW2_BUCKETS if args.pow2_buckets else BUCKETS) + DRAFT_BUCKETS
         self._graphs = not args.no_graphs
         self.args = args
-        self.n_stages = 0
+        self.n_stages, self.micro = 0, 1
         self.step = 0
         self.vocab = self.model.spec.n_vocab
-        self.use_stages(stage_counts(args)[0])
+        self.use_stages(*stage_counts(args)[0])
 
-    def use_stages(self, n: int) -> None:
+    def use_stages(self, n: int, micro: int = 1) -> None:
         """A new runner on the model run as ``n`` virtual stages (1: the model itself; the pools
-        are the model's, shared), warmed up."""
+        are the model's, shared), decode steps in ``micro`` micro-batches, warmed up."""
         from mgserve.cuda.runner import DeviceRunner
 
         run_model: Any = self.model
@@ -87,15 +88,14 @@ class ModelBench:
             from mgserve.pipeline.staged import balanced_ranges, virtual_stages
 
             a = self.args
-            run_model = virtual_stages(
-                self.model, balanced_ranges(self.g, n, a.cache_type, a.cache_type), self.device
-            )
+            ranges = balanced_ranges(self.g, n, a.cache_type, a.cache_type)
+            run_model = virtual_stages(self.model, ranges, self.device, micro)
         self.__dict__.pop("runner", None)  # the last runner's graphs go before the next ones
         self.new_runner = partial(
             DeviceRunner, run_model, self.device, graphs=self._graphs, buckets=self._buckets
         )  # another runner on the model: ``lanes=True`` for the prefill lane (bench mixed)
         self.runner = self.new_runner()
-        self.n_stages = n
+        self.n_stages, self.micro = n, micro
         self.warm_up()
 
     def warm_up(self) -> None:

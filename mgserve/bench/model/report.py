@@ -44,15 +44,17 @@ def run(args: argparse.Namespace) -> int:
         """One workload: a table line now, and ``what`` it was (kind, sessions, depth, tokens,
         ms) for ``--json``."""
         lines.append(f"| {name}{at} | {tps:.1f} | {note} |")
-        rows.append({"workload": name, "tokens_per_s": tps, "stages": b.n_stages, **what})
+        rows.append({"workload": name, "tokens_per_s": tps, "stages": b.n_stages,
+                     "micro_batches": b.micro, **what})  # fmt: skip
         print(lines[-1], flush=True)
 
     print("\n".join(head), flush=True)
     counts = stage_counts(args)
-    for n_stages in counts:
-        if n_stages != b.n_stages:
-            b.use_stages(n_stages)
+    for n_stages, micro in counts:
+        if (n_stages, micro) != (b.n_stages, b.micro):
+            b.use_stages(n_stages, micro)
         at = f" ({n_stages} virtual stages)" if len(counts) > 1 or n_stages > 1 else ""
+        at = at if micro == 1 else f" ({n_stages} virtual stages, {micro} micro-batches)"
         for n, depth in pairs(args.prefill):
             tps = workloads.time_prefill(b, n, depth)
             row(f"prefill {n} tokens at depth {depth}", tps, kind="prefill", sessions=1,
@@ -138,9 +140,10 @@ def stage_figures(staged: object) -> str:
     t.families()  # settles the intervals whose events have completed
     spans = t.span or 1.0
     busy = ", ".join(f"{b / spans:.2f}" for b in t.busy)
+    overlap = sum(t.busy) / spans
     n = max(t.steps, 1)
     links = ", ".join(f"{s / n * 1e3:.2f}" for s in t.link)
     return (
-        f"|  (stages' busy fraction of eager steps: {busy}; hand-off ms per step: {links}; "
-        f"{t.steps} steps) | | |"
+        f"|  (stages' busy fraction of eager steps: {busy}, together {overlap:.2f}; hand-off ms "
+        f"per step: {links}; {t.steps} steps) | | |"
     )

@@ -106,7 +106,7 @@ def _on_gpu(g: GGUFFile, settings: Settings) -> LoadedEngine:
         from mgserve.pipeline.staged import balanced_ranges, virtual_stages
 
         ranges = balanced_ranges(g, n_stages, settings.cache_type_k, settings.cache_type_v)
-        run_model = virtual_stages(model, ranges, device)
+        run_model = virtual_stages(model, ranges, device, settings.pipeline_micro_batches)
     runner = DeviceRunner(run_model, device, lanes=lanes, lane_sms=settings.prefill_lane_sms)
     spec_k = settings.spec_k if settings.spec == "on" else 0
     warm_up(runner, model.spec.n_vocab, settings.ctx_size, settings.batch_size, spec_k)
