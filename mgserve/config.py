@@ -151,14 +151,14 @@ class Settings:
         "--prefill-sessions",
     )
     prefill_lane: str = _opt(
-        "off",
+        "auto",
         "on: on a GPU, prompt chunks run on a low-priority CUDA stream of their own beside the "
         "decoders' steps on a high-priority one, a chunk in flight across several decode steps "
         "(whole --batch-size chunks; --itl-target-ms then does nothing); the results do not "
-        "change. off: a step computes its prompt chunk and then its decode tokens. The CPU "
-        "reference runner always runs steps one after another",
+        "change. off: a step computes its prompt chunk and then its decode tokens. auto: on "
+        "for one GPU serving several slots without --itl-target-ms, else off",
         "--prefill-lane",
-        choices=("on", "off"),
+        choices=("auto", "on", "off"),
     )
     prefill_lane_sms: int = _opt(
         0,

@@ -94,8 +94,21 @@ async def test_a_failed_chunk_ends_only_its_request(model: Any) -> None:
 
 
 def test_the_setting_is_a_flag_and_a_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert Settings().prefill_lane == "off"
+    assert Settings().prefill_lane == "auto"
     monkeypatch.setenv("MGSERVE_PREFILL_LANE", "on")
     assert settings_from().prefill_lane == "on"
     with pytest.raises(ValueError, match="prefill_lane must be one of"):
         Settings(prefill_lane="yes")
+
+
+def test_auto_runs_the_lane_where_it_helps() -> None:
+    """``--prefill-lane auto`` (the default): on for a GPU server of several slots, off for one
+    slot, for virtual stages and with a latency target; on and off are what they say."""
+    from mgserve.core.engine.factory import prefill_lane
+
+    assert prefill_lane(Settings(parallel=4))
+    assert not prefill_lane(Settings(parallel=1))
+    assert not prefill_lane(Settings(parallel=4, virtual_stages=2))
+    assert not prefill_lane(Settings(parallel=4, itl_target_ms=30))
+    assert prefill_lane(Settings(parallel=1, prefill_lane="on"))
+    assert not prefill_lane(Settings(parallel=4, prefill_lane="off"))

@@ -62,6 +62,17 @@ def load_engine(settings: Settings) -> LoadedEngine:
     return LoadedEngine(engine, g, device)
 
 
+def prefill_lane(settings: Settings) -> bool:
+    """Whether a one-process GPU server runs the prefill lane: ``on``, or ``auto`` with several
+    slots (a lone session has nothing to decode beside its prompt), one stage and no latency
+    target (the lane's whole chunks leave the pacer nothing to do). The lane keeps decoders
+    going through a long prompt: on an H100, two decoders' p99 gap beside a 32k prompt went from
+    92x to 5.7x their solo gap at 87% of the solo prefill rate (BENCHMARKS.md, mixed load)."""
+    if settings.prefill_lane != "auto":
+        return settings.prefill_lane == "on"
+    return settings.parallel > 1 and settings.virtual_stages == 1 and not settings.itl_target_ms
+
+
 def memory_plan(g: GGUFFile, settings: Settings, check: bool) -> str:
     """The GPU memory plan of serving ``g`` with ``settings`` (resolved for the model): its
     table, checked against GPU 0's free memory or ``--gpu-memory`` (``check``; ValueError naming
@@ -99,7 +110,7 @@ def _on_gpu(g: GGUFFile, settings: Settings) -> LoadedEngine:
         settings.cache_type_k,
         settings.cache_type_v,
     )
-    lanes = settings.prefill_lane == "on"
+    lanes = prefill_lane(settings)
     n_stages = settings.virtual_stages
     run_model = model
     if n_stages > 1:  # the layer pipeline on this GPU (pipeline/staged.py)
