@@ -8,7 +8,9 @@ about a minute) while ``/health`` already says ok. So the server runs, while it 
 slot 0, three decode steps and, where the runner verifies drafts, one verify step of ``spec_k``
 drafts; then it frees the slot. The next request in slot 0 starts a new sequence there (its state
 is reset, and the engine's book never saw these tokens), so the warm-up leaves no trace in any
-answer.
+answer. With the prefill lane the prompt and the freed slot are lane batches, as the lane
+scheduler would send them: the prompt path's kernels and f16 scratch are the lane stream's from
+the start (one scratch, not one per stream).
 """
 
 from __future__ import annotations
@@ -36,13 +38,17 @@ def warm_up(runner: Any, n_vocab: int, n_ctx: int, n_prompt: int, spec_k: int = 
     prompt = tuple((7 + 31 * i) % n_vocab for i in range(n_prompt))
     step = 0
 
-    def run(*work: SeqWork, freed: tuple[int, ...] = ()) -> int:
+    lanes = bool(getattr(runner, "lanes", False))
+
+    def run(*work: SeqWork, freed: tuple[int, ...] = (), lane: bool = False) -> int:
         nonlocal step
         step += 1
-        results = runner.run(ScheduledBatch(step, work, freed)).results
+        batch = ScheduledBatch(step, work, freed, lane=lane and lanes)
+        results = runner.run(batch).results
         return results[-1].token if results else 0
 
-    token = run(SeqWork(SLOT, REQUEST, prompt, 0, True, greedy, new_sequence=True))
+    # with the prefill lane, prompts run on the lane's stream (its scratch, as serving does)
+    token = run(SeqWork(SLOT, REQUEST, prompt, 0, True, greedy, new_sequence=True), lane=True)
     pos = len(prompt)
     for _ in range(DECODE_STEPS):
         token = run(SeqWork(SLOT, REQUEST, (token,), pos, True, greedy))
@@ -50,7 +56,7 @@ def warm_up(runner: Any, n_vocab: int, n_ctx: int, n_prompt: int, spec_k: int = 
     if spec_k and getattr(runner, "supports_drafts", False):
         drafts = tuple((token + 1 + i) % n_vocab for i in range(spec_k))
         run(SeqWork(SLOT, REQUEST, (token, *drafts), pos, True, greedy, n_draft=spec_k))
-    run(freed=(SLOT,))
+    run(freed=(SLOT,), lane=True)  # freed slots go in the lane's batches
     seconds = time.perf_counter() - t0
     log.info("warm-up: kernels ready and decode graphs captured in %.1f s", seconds)
     return seconds

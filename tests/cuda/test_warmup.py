@@ -88,3 +88,30 @@ def test_the_gpu_server_engine_warms_up_before_ready(tmp_path: Path) -> None:
     fresh = _runner("qwen3", tmp_path, torch.device("cuda", 0), cuda_backend(0), graphs=True)
     want = _Driver(fresh).generate(0, PROMPT, GREEDY, None)[: len(got)]
     assert got == want and len(got) == 8
+
+
+@pytest.mark.parametrize("lanes", [True, False])
+def test_with_the_prefill_lane_prompts_are_lane_batches(lanes: bool) -> None:
+    """A runner with the prefill lane gets the warm-up's prompt and its freed slot as lane
+    batches (their stream's kernels and scratch, as serving uses them) and the decode and
+    verify steps as the decoders'; a runner without lanes gets no lane batch."""
+    from mgserve.core.engine.contract import SeqResult, StepResult
+
+    class Recorder:
+        supports_drafts = True
+
+        def __init__(self) -> None:
+            self.lanes, self.seen = lanes, []
+
+        def run(self, batch):
+            self.seen.append((batch.lane, bool(batch.work) and len(batch.work[0].tokens) > 1,
+                              bool(batch.freed_slots)))  # fmt: skip
+            return StepResult(
+                batch.step, [SeqResult(w.slot, w.request_id, 5, None, ()) for w in batch.work]
+            )
+
+    r = Recorder()
+    warm_up(r, 100, 128, 40, spec_k=4)
+    prompt, *steps, verify, freed = r.seen
+    assert prompt == (lanes, True, False) and freed == (lanes, False, True)
+    assert all(s == (False, False, False) for s in steps) and verify == (False, True, False)
