@@ -99,7 +99,7 @@ class Settings:
     activations: str = _opt(
         "auto",
         "GPU decode products on int8 activations (faster on large models, relative error "
-        "~1e-3), exact fp32 ones, or auto: int8 for models of 1 GiB of weights or more",
+        "~1e-3), exact fp32 ones, or auto: int8 for GGUF files of 1 GiB of tensors or more",
         "--activations",
         choices=("auto", "exact", "int8"),
     )
@@ -156,13 +156,13 @@ class Settings:
         "decoders' steps on a high-priority one, a chunk in flight across several decode steps "
         "(whole --batch-size chunks; --itl-target-ms then does nothing); the results do not "
         "change. off: a step computes its prompt chunk and then its decode tokens. auto: on "
-        "for one GPU serving several slots without --itl-target-ms, else off",
+        "for one GPU of one process serving several slots without --itl-target-ms, else off",
         "--prefill-lane",
         choices=("auto", "on", "off"),
     )
     prefill_lane_sms: int = _opt(
         0,
-        "with --prefill-lane on: the prompt lane's kernels run on this many of the GPU's SMs (a "
+        "with the prefill lane: the prompt lane's kernels run on this many of the GPU's SMs (a "
         "CUDA green context), so decode steps always find the others free; 0: no partition",
         "--prefill-lane-sms",
     )

@@ -28,7 +28,7 @@ plain decode's draw counter and penalty window; the host accepts while the sampl
 next draft. A KV cache rewinds by itself (later rows are rewritten before read); a recurrent
 state takes a session's rows in order (a run, ops/chains.py) and rolls back by verify.py.
 
-With ``lanes`` (``--prefill-lane on``, core/engine/lanes.py) ``run`` takes the prefill lane's
+With ``lanes`` (``--prefill-lane``, core/engine/lanes.py) ``run`` takes the prefill lane's
 batches in one thread beside the decoders' in another. Each lane has a ``_Lane`` of its own: a
 CUDA stream (the decoders' at the highest priority, the prompts' at the lowest, so a decode step's
 kernels get SMs first as a chunk's blocks retire) and the pinned buffers and event its sampled ids

@@ -1,5 +1,5 @@
-"""The layer pipeline over several GPUs (issue 14): its plan, its performance model, and the
-first runtime piece (a model's stages run one after another, through a transport).
+"""The layer pipeline over several GPUs (issue 14): its plan, its performance model, and its
+runtime (a model's stages through a transport; decode steps in micro-batches of sessions).
 
 costs.py      per layer: weight bytes read and FLOPs per step, per-session bytes at depth
 stages.py     the stage plan: contiguous layer ranges per GPU, by memory and balance
@@ -7,6 +7,8 @@ report.py     the stage plan as ``mgserve info --plan`` prints it
 perfmodel.py  prefill and decode throughput of a pipeline from stage times and links
 gpumodel.py   stage times and PCIe links of a GPU we do not have (a roofline)
 staged.py     a device model run as stages (StagedLM); --virtual-stages
+micro.py      a decode step's sessions as micro-batches in flight through the stages
+timing.py     per-stage figures: busy, bubbles, overlap, link bytes and seconds
 transport.py  the hand-off between stages: LocalTransport (one process), DistTransport
               (torch.distributed)
 rendezvous.py where a pipeline's processes meet (--dist-*, torchrun's variables)

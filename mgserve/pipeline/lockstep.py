@@ -14,7 +14,12 @@ matter, as their tokens are thrown away and a grammar's session never drafts). T
 through the same ``run``. When rank 0's engine stops (a ``LeaderEngine``; SIGTERM: after the
 drain) the ``Leader`` broadcasts the stop, and the followers leave their loop and exit 0; they
 ignore SIGTERM and SIGINT themselves (torchrun sends them to every rank at once, and rank 0's
-drain still needs them). A rank that dies ends the others' waits with an error.
+drain still needs them; only once the ranks have agreed, so a rank still waiting for the others
+stops on Ctrl-C). A step that fails on any rank ends the pipeline: the ranks' hand-offs would be
+out of step (a rank stuck in a receive, or taking the next step's tensor for this one's), so a
+follower whose step fails exits 1, and rank 0 exits 1 when its step or the broadcast before it
+fails (the follower's exit closes its connections, so rank 0 sees it at its next step). A
+supervisor (torchrun's restarts, compose's ``restart:``) starts them again.
 
 Not across processes (refused at start, ``refuse``): ``--prefill-lane on`` (two threads' steps
 at once), ``--slot-save-path`` (a slot's tensors are spread over the ranks), ``--virtual-stages``
@@ -89,6 +94,8 @@ def stage_runner(g: GGUFFile, settings: Settings, device: str, rv: Rendezvous) -
         backend = cuda_backend(0, int8=int8, cache_dir=env.cache_dir(settings.cache_dir))
     else:
         set_threads(settings.threads)
+        if settings.activations == "int8":
+            raise ValueError("--activations int8 is for the GPU runner (--device cuda)")
         dev, backend = torch.device("cpu"), torch_backend()
     kv = (settings.cache_type_k, settings.cache_type_v)
     model = load_device_model(g, backend, dev, settings.parallel, settings.ctx_size, *kv)
@@ -105,13 +112,14 @@ def agree(control: Any, settings: Settings, g: GGUFFile) -> None:
     import torch.distributed as dist
 
     mine = (g.architecture, g.path.name, settings.parallel, settings.ctx_size,
-            settings.cache_type_k, settings.cache_type_v, settings.batch_size)  # fmt: skip
+            settings.cache_type_k, settings.cache_type_v, settings.batch_size,
+            settings.pipeline_micro_batches)  # fmt: skip
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine, group=control)
     if any(x != every[0] for x in every):
         raise ValueError(
             "the pipeline's processes differ in (architecture, model file, --parallel, "
-            f"--ctx-size, cache types, --batch-size): {every}"
+            f"--ctx-size, cache types, --batch-size, --pipeline-micro-batches): {every}"
         )
 
 
@@ -150,8 +158,12 @@ class Leader:
             raise RuntimeError("the pipeline's followers have stopped")
         batch = _crossing(batch)
         sent = tuple(dataclasses.replace(w, grammar=None) if w.grammar else w for w in batch.work)
-        self._send(dataclasses.replace(batch, work=sent))
-        return self.inner.run(batch)  # type: ignore[no-any-return]
+        try:
+            self._send(dataclasses.replace(batch, work=sent))
+            return self.inner.run(batch)  # type: ignore[no-any-return]
+        except Exception:  # the ranks are out of step, or one is gone (the module docstring)
+            _fatal(f"rank 0: step {batch.step} failed; the pipeline cannot go on")
+            raise  # not reached
 
     def _send(self, message: ScheduledBatch | None) -> None:
         import torch.distributed as dist
@@ -197,6 +209,14 @@ def leader_engine(g: GGUFFile, settings: Settings, device: str, rv: Rendezvous) 
     return LeaderEngine(model, settings, runner=leader, drafter=speculator_from(settings))
 
 
+def _fatal(what: str) -> None:
+    """Log ``what`` (with the exception being handled, if any) and end the process with 1 at
+    once: torch.distributed's teardown with a peer gone or out of step may hang or abort."""
+    log.critical(what, exc_info=True)
+    logging.shutdown()
+    os._exit(1)
+
+
 def follow(settings: Settings, rv: Rendezvous) -> int:
     """A rank other than 0: load, then run rank 0's steps until it stops; the exit status."""
     import torch.distributed as dist
@@ -210,8 +230,6 @@ def follow(settings: Settings, rv: Rendezvous) -> int:
         level=settings.log_level.upper(),
         format=f"%(asctime)s %(levelname)s rank {rv.rank} %(name)s: %(message)s",
     )
-    for sig in (signal.SIGTERM, signal.SIGINT):  # rank 0's stop ends this rank (docstring)
-        signal.signal(sig, signal.SIG_IGN)
     refuse(settings)
     if settings.device != "cpu":  # before CUDA starts, as the factory does for rank 0
         local_gpu(rv)
@@ -221,6 +239,8 @@ def follow(settings: Settings, rv: Rendezvous) -> int:
     g = GGUFFile(resolve_model(settings.model, settings.cache_dir))
     runner, _, resolved = stage_runner(g, settings, device, rv)
     agree(control, resolved, g)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # rank 0's stop ends this rank (docstring)
+        signal.signal(sig, signal.SIG_IGN)
     log.info("rank %d: following rank 0's steps", rv.rank)
     steps = 0
     while True:
@@ -228,16 +248,14 @@ def follow(settings: Settings, rv: Rendezvous) -> int:
         try:
             dist.broadcast_object_list(box, src=0, group=control)
         except RuntimeError as e:
-            log.error("rank %d: rank 0 is gone (%s)", rv.rank, e)
-            logging.shutdown()
-            os._exit(1)  # torch.distributed's teardown with a peer gone may abort the process
+            _fatal(f"rank {rv.rank}: rank 0 is gone ({e})")
         batch = box[0]
         if batch is STOP:
             break
         try:
             runner.run(batch)
-        except Exception:  # rank 0 fails the same step's requests and serves on; so does this
-            log.exception("rank %d: step %d failed", rv.rank, batch.step)
+        except Exception:  # the hand-offs would be out of step (the module docstring)
+            _fatal(f"rank {rv.rank}: step {batch.step} failed; the pipeline cannot go on")
         steps += 1
     dist.destroy_process_group()
     log.info("rank %d: rank 0 stopped after %d steps; exiting", rv.rank, steps)

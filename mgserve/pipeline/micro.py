@@ -5,10 +5,14 @@ users' tokens occupy different GPUs at once).
 
 Decode is batch-invariant (a row's logits are bitwise the same whatever shares its step), so a
 row computed in its group has the bits it has in the whole step: splitting changes nothing but
-the order of the work. Only plain decode steps split: every row alone (no speculation runs,
-whose rows must stay together), nothing logged for a rollback, and host-made rows (``extra``)
-that are a tensor with a row per token. Prompt chunks never split (a chunk's attention and
-recurrences run over its tokens in order).
+the order of the work. Only decode steps whose rows the model takes alone split: chains of
+length one (a recurrent model's speculation runs must stay together: its ops walk a run's rows
+in order), nothing logged for a rollback, and host-made rows (``extra``) that are a tensor with
+a row per token. An attention-only (rewindable) model's verify step replays its plain graph,
+whose chains say every row is alone, and so may split inside a run: safe, as no op of such a
+model reads the chains (``last`` is rebased per group only for rows whose run stays in it) and a
+later group's rows read the K/V an earlier group wrote, in the same stage, on the same stream.
+Prompt chunks never split (a chunk's attention and recurrences run over its tokens in order).
 """
 
 from __future__ import annotations

@@ -94,7 +94,10 @@ class StagedLM:
         )
 
     def metric_families(self) -> Iterator[Metric]:
-        """Per-stage figures for /metrics (timing.py)."""
+        """Per-stage figures for /metrics (timing.py), where every stage runs in this process
+        (across processes a rank sees only its own stages, by the host's clock: none)."""
+        if not isinstance(self.transport, LocalTransport):
+            return iter(())
         return self.timing.families()
 
     def __getattr__(self, name: str) -> Any:  # the model's pools, spec, backend, ...

@@ -4,12 +4,12 @@ long a hand-off takes, and the bubbles (the share of a step a stage waits).
 ``StageTiming`` records intervals of a step: each stage's work (``stage``) and each link's
 hand-off, from the sender's last kernel to the receiver having the data (``link``). On a GPU an
 interval is a pair of CUDA events recorded on the stream doing the work; a pair is read only once
-its end event has completed (``Event.query``), at the next step or a scrape, so nothing ever waits
-for the GPU. On the CPU it is the clock. A step's span runs from its start to its last stage's
-end; a stage's busy fraction is its busy seconds over the steps' spans, its bubble fraction the
-rest; their busy seconds together over the spans are the stages' overlap (1: one stage at a
-time). ``families`` gives them as Prometheus metrics (``mgserve_pipeline_*``), which /metrics shows
-for a staged model (``--virtual-stages``).
+its end event has completed (``Event.query``), at the next step, so nothing ever waits for the
+GPU (a scrape reads what the steps have settled). On the CPU it is the clock. A step's span runs
+from its start to its last stage's end; a stage's busy fraction is its busy seconds over the
+steps' spans, its bubble fraction the rest; their busy seconds together over the spans are the
+stages' overlap (1: one stage at a time). ``families`` gives them as Prometheus metrics
+(``mgserve_pipeline_*``), which /metrics shows for a staged model (``--virtual-stages``).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class StageTiming:
         self._last_start: dict[int, _Mark] = {}
 
     def begin(self) -> None:
-        self._settle()
+        self.settle()
         self._begin = _Mark(self.gpu)
         self.steps += 1
 
@@ -79,8 +79,10 @@ class StageTiming:
         if start is not None:
             self._pending.append(("link", link, start, _Mark(self.gpu)))
 
-    def _settle(self) -> None:
-        """Add the intervals whose end has completed (the others wait for a later look)."""
+    def settle(self) -> None:
+        """Add the intervals whose end has completed (the others wait for a later look). Only
+        the thread that runs the steps calls it (``begin``): a query of a CUDA event from
+        another thread while that one captures a graph would break the capture."""
         left = []
         for kind, i, start, end in self._pending:
             if not end.done():
@@ -96,7 +98,7 @@ class StageTiming:
         self._pending = left
 
     def families(self) -> Iterator[Metric]:
-        self._settle()
+        """The figures so far (no CUDA call: a scrape's thread may run beside a capture)."""
         yield CounterMetricFamily(
             "mgserve_pipeline_steps", "steps through the pipeline's stages", value=self.steps
         )

@@ -109,12 +109,17 @@ class LocalTransport:
                 s.wait_stream(caller)
 
     def _staging(self, link: int, k: int, n: int) -> torch.Tensor:
-        buf = self.buffers[link][k]
-        if buf.numel() < n:  # grown once per larger step (a prompt chunk)
-            if buf.numel():
-                self.kept.append(buf)  # a graph may have captured it
-            buf = self.buffers[link][k] = torch.empty(n, dtype=HANDOFF_DTYPE, pin_memory=self.gpu)
-        return buf[:n]
+        if self.buffers[link][k].numel() < n:  # a larger step (a prompt chunk) than before
+            # both of the link's buffers, at least doubled: the eager forward before a capture
+            # sizes the buffer the capture takes too (no pinned allocation inside a capture)
+            size = max(n, 2 * self.buffers[link][k].numel())
+            for kk, old in enumerate(self.buffers[link]):
+                if old.numel() < size:
+                    if old.numel():
+                        self.kept.append(old)  # a graph may have captured it
+                    self.buffers[link][kk] = torch.empty(size, dtype=HANDOFF_DTYPE,
+                                                         pin_memory=self.gpu)  # fmt: skip
+        return self.buffers[link][k][:n]
 
     def _capturing(self) -> bool:
         return self.gpu and torch.cuda.is_current_stream_capturing()

@@ -163,6 +163,27 @@ def test_a_follower_whose_rank_0_dies_exits_with_an_error(tmp_path: Path) -> Non
                 p.wait()
 
 
+def test_rank_0_whose_follower_dies_exits_with_an_error(tmp_path: Path) -> None:
+    """A follower gone, rank 0's next step cannot cross: it exits 1 rather than serve on with
+    every request failing (or with the ranks' hand-offs out of step)."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    procs = _ranks(DATA / "converted_llama.gguf", tmp_path, port)
+    try:
+        _wait_ready(base, procs, tmp_path)
+        procs[1].kill()
+        procs[1].wait(timeout=30)
+        with pytest.raises((urllib.error.URLError, ConnectionError, TimeoutError)):
+            _complete(base, PROMPTS[0])
+        assert procs[0].wait(timeout=30) == 1, _logs(tmp_path)
+        assert "the pipeline cannot go on" in (tmp_path / "rank0.log").read_text()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def test_a_world_without_a_meeting_place_is_refused(tmp_path: Path) -> None:
     code = "import sys; from mgserve.cli import main; sys.exit(main(sys.argv[1:]))"
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}

@@ -137,7 +137,7 @@ def stage_figures(staged: object) -> str:
     """A staged model's timing (pipeline/timing.py) over the steps run without a graph: each
     stage's busy fraction of the steps' spans, and each link's hand-off ms per step."""
     t = staged.timing  # type: ignore[attr-defined]
-    t.families()  # settles the intervals whose events have completed
+    t.settle()  # the intervals whose events have completed
     spans = t.span or 1.0
     busy = ", ".join(f"{b / spans:.2f}" for b in t.busy)
     overlap = sum(t.busy) / spans

@@ -1,4 +1,5 @@
-"""The prefill lane (``--prefill-lane on``): prompt chunks computed beside decode steps.
+"""The prefill lane (``--prefill-lane``: on, or auto where it helps): prompt chunks computed
+beside decode steps.
 
 Without the lane a step carries the decoders' tokens and a prompt chunk, and its decoders wait for
 the chunk. With it, the scheduler plans two kinds of batches, each in flight on its own:
