@@ -168,10 +168,12 @@ def balanced_ranges(g: GGUFFile, n_stages: int, type_k: str = "f16",
 
 
 def virtual_stages(model: Any, ranges: Sequence[tuple[int, int]], device: torch.device,
-                   micro_batches: int = 1) -> StagedLM:  # fmt: skip
+                   micro_batches: int = 1,
+                   link_gbps: Sequence[float] | None = None) -> StagedLM:  # fmt: skip
     """``model`` as len(ranges) stages on its one ``device`` (``--virtual-stages``), decode steps
-    in ``micro_batches`` groups of sessions."""
-    staged = StagedLM(model, ranges, LocalTransport(len(ranges), device), micro_batches)
+    in ``micro_batches`` groups of sessions, the links throttled to ``link_gbps`` if given."""
+    transport = LocalTransport(len(ranges), device, link_gbps)
+    staged = StagedLM(model, ranges, transport, micro_batches)
     log.info(
         "%d virtual stages on %s: layers %s; decode in %d micro-batches",
         len(ranges), device, ", ".join(f"{a}-{b - 1}" for a, b in staged.ranges), micro_batches,

@@ -17,7 +17,8 @@ stage's logits go to whoever samples. ``staged.py`` drives a transport; two are 
   for the graph's life (a larger step takes new ones beside them), and a replay is ordered after
   everything before it on the replaying stream, so it waits on no event recorded outside it
   (within it, a micro-batch's copy out waits for the copy in that last read its buffer). Peer
-  copies between GPUs that reach each other, and a link bandwidth throttle, are not written yet.
+  copies between GPUs that reach each other are not written yet. ``LinkThrottle`` slows each
+  link to a given rate, so one GPU's virtual stages see the links of another machine.
 - ``DistTransport``: stages in other processes (other hosts), over ``torch.distributed``
   point-to-point ``send`` / ``recv`` (gloo on the CPU, NCCL on GPUs); the last stage's logits are
   broadcast so that every process samples the same tokens (its runner stays in step with the
@@ -27,6 +28,7 @@ stage's logits go to whoever samples. ``staged.py`` drives a transport; two are 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
@@ -66,13 +68,55 @@ class Transport(Protocol):
         ...
 
 
-class LocalTransport:
-    """Every stage in this process, on one device (the module docstring)."""
+class LinkThrottle:
+    """Hand-offs no faster than given link rates, so virtual stages on one GPU see the links of a
+    machine we do not have (the seed's x8/x4/x2 PCIe hops): after a hand-off's copies its link
+    waits bytes / rate more before the receiving stage may start, on a GPU a spinning kernel on
+    the link's stream (``torch.cuda._sleep``, its cycles per second measured once; a graph
+    captures it), on the CPU the host sleeps. The real copies through host memory take their own
+    time besides."""
 
-    def __init__(self, n_stages: int, device: torch.device) -> None:
+    def __init__(self, gbps: Sequence[float], links: int, device: torch.device) -> None:
+        rates = list(gbps) * links if len(gbps) == 1 else list(gbps)
+        if len(rates) != links or any(r <= 0 for r in rates):
+            raise ValueError(f"link rates {list(gbps)}: one rate > 0 for all or one per link "
+                             f"({links})")  # fmt: skip
+        self.rates = [r * 1e9 for r in rates]  # bytes per second
+        self.gpu = device.type == "cuda"
+        self.cycles_per_s = _sleep_rate(device) if self.gpu else 0.0
+
+    def delay(self, link: int, nbytes: int) -> None:
+        """The wait of ``nbytes`` on ``link``, on the current stream (GPU) or now (CPU)."""
+        seconds = nbytes / self.rates[link]
+        if self.gpu:
+            torch.cuda._sleep(max(1, int(seconds * self.cycles_per_s)))
+        else:
+            time.sleep(seconds)
+
+
+def _sleep_rate(device: torch.device) -> float:
+    """Cycles per second of ``torch.cuda._sleep`` on ``device`` (timed once with events)."""
+    with torch.cuda.device(device):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        cycles = 1 << 24
+        torch.cuda._sleep(cycles)  # the first launch loads the kernel
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        return cycles / (start.elapsed_time(end) / 1e3)
+
+
+class LocalTransport:
+    """Every stage in this process, on one device (the module docstring); ``link_gbps``: the
+    links' rates in GB/s (``LinkThrottle``), none by default."""
+
+    def __init__(self, n_stages: int, device: torch.device,
+                 link_gbps: Sequence[float] | None = None) -> None:  # fmt: skip
         self.n_stages, self.device = n_stages, device
         self.gpu = device.type == "cuda"
         links = n_stages - 1
+        self.throttle = LinkThrottle(link_gbps, links, device) if link_gbps else None
         none = torch.empty(0, dtype=HANDOFF_DTYPE)  # each buffer is made at its first hand-off
         self.buffers: list[list[torch.Tensor]] = [[none, none] for _ in range(links)]
         self.turn = [0] * links  # the buffer a link's next hand-off takes
@@ -156,6 +200,8 @@ class LocalTransport:
         link = stage - 1
         k, n = self.sent[link]
         if not self.gpu:
+            if self.throttle is not None:
+                self.throttle.delay(link, n * HANDOFF_DTYPE.itemsize)
             return self._staging(link, k, n).clone().view(shape)
         capturing = self._capturing()
         inn = self.in_streams[link]
@@ -163,6 +209,8 @@ class LocalTransport:
         with torch.cuda.stream(inn):
             y = torch.empty(shape, dtype=HANDOFF_DTYPE, device=device)
             y.view(-1).copy_(self._staging(link, k, n), non_blocking=True)
+            if self.throttle is not None:  # the emulated link's time, after the copies
+                self.throttle.delay(link, n * HANDOFF_DTYPE.itemsize)
             arrived = torch.cuda.Event() if capturing else self.arrived[link]
             if capturing:  # events of the capture's own (a replay follows all before it)
                 self.captured_reads[link, k] = read = torch.cuda.Event()

@@ -58,6 +58,12 @@ def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) 
         "turn on the one loaded model: the pipeline machinery's overhead against N = 1",
     )
     parser.add_argument(
+        "--link-gbps",
+        default="",
+        help="virtual stages: the links' rates in GB/s, one for all or one per link (8,8,4,2,4: "
+        "the seed's PCIe hops), each hand-off slowed to its bytes at that rate",
+    )
+    parser.add_argument(
         "--pow2-buckets",
         action="store_true",
         help="decode graphs for 1, 2, 4, 8, 16 sessions only, padding the rest (compare)",

@@ -89,7 +89,8 @@ class ModelBench:
 
             a = self.args
             ranges = balanced_ranges(self.g, n, a.cache_type, a.cache_type)
-            run_model = virtual_stages(self.model, ranges, self.device, micro)
+            gbps = [float(x) for x in a.link_gbps.split(",")] if a.link_gbps else None
+            run_model = virtual_stages(self.model, ranges, self.device, micro, gbps)
         self.__dict__.pop("runner", None)  # the last runner's graphs go before the next ones
         self.new_runner = partial(
             DeviceRunner, run_model, self.device, graphs=self._graphs, buckets=self._buckets

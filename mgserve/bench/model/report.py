@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
         f"int8 {args.int8}, cublas prefill {args.cublas_prefill}, pdl {not args.no_pdl}, "
         f"hgemm {args.hgemm or 'default'}, "
         f"graphs {not args.no_graphs}, virtual stages {args.virtual_stages}"
+        f"{f' (links {args.link_gbps} GB/s)' if args.link_gbps else ''}"
         f"{' (buckets 1, 2, 4, 8, 16)' if args.pow2_buckets else ''}, "
         f"depth fill {args.fill}",
         "",
