@@ -122,7 +122,8 @@ class LocalTransport:
         self.turn = [0] * links  # the buffer a link's next hand-off takes
         self.sent: list[tuple[int, int]] = [(0, 0)] * links  # (buffer, elements) in flight
         self.link_bytes = [0] * links  # bytes each link has carried (a first per-link metric)
-        self.kept: list[torch.Tensor] = []  # staging buffers a captured graph may read or write
+        self.kept: list[torch.Tensor] = []  # replaced staging buffers a captured graph uses
+        self.captured: set[int] = set()  # the staging buffers (data pointers) graphs use
         self.captured_reads: dict[tuple[int, int], torch.cuda.Event] = {}  # (link, buffer)
         if self.gpu:
             self.streams = [torch.cuda.Stream(device) for _ in range(n_stages)]
@@ -154,16 +155,18 @@ class LocalTransport:
 
     def _staging(self, link: int, k: int, n: int) -> torch.Tensor:
         if self.buffers[link][k].numel() < n:  # a larger step (a prompt chunk) than before
-            # both of the link's buffers, at least doubled: the eager forward before a capture
-            # sizes the buffer the capture takes too (no pinned allocation inside a capture)
-            size = max(n, 2 * self.buffers[link][k].numel())
+            # both of the link's buffers: the eager forward before a capture sizes the buffer
+            # the capture takes too (no pinned allocation inside a capture)
             for kk, old in enumerate(self.buffers[link]):
-                if old.numel() < size:
-                    if old.numel():
-                        self.kept.append(old)  # a graph may have captured it
-                    self.buffers[link][kk] = torch.empty(size, dtype=HANDOFF_DTYPE,
+                if old.numel() < n:
+                    if old.data_ptr() in self.captured:  # a graph reads or writes it
+                        self.kept.append(old)
+                    self.buffers[link][kk] = torch.empty(n, dtype=HANDOFF_DTYPE,
                                                          pin_memory=self.gpu)  # fmt: skip
-        return self.buffers[link][k][:n]
+        buf = self.buffers[link][k]
+        if self._capturing():
+            self.captured.add(buf.data_ptr())
+        return buf[:n]
 
     def _capturing(self) -> bool:
         return self.gpu and torch.cuda.is_current_stream_capturing()
