@@ -16,6 +16,8 @@
 #                                              mixed load with the prefill lane
 #   bash tests/cuda/gpu_stages.sh pipeline    issue 14: virtual stages bitwise one stage on the GPU
 #                                              (and two GPUs over NCCL where there are two)
+#   bash tests/cuda/gpu_stages.sh owed        what the 2026-12-05 evening session left unrun on a
+#                                              GPU (lane warm-up, link throttle, k = 8 verify)
 # Logs and files land in $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/mgserve-out}; mkdir -p "$OUT"
@@ -94,6 +96,19 @@ case "${1:-tests}" in
       --user 200 --edit 1000 --record
     bench mixed 250 mixed $Q4X --int8 --ctx 262144 --slots 3 --depth 131072 --prompt 65536 \
       --ubatch 4096 --itl-target-ms 1.5x --time-limit 60 --prefill-lane --record ;;
+  owed)  # what the 2026-12-05 evening session could not run on a GPU (carry .whl and the tiny
+    # qwen4exp, qwen3, gemma3): the warm-up's lane batches, the engine with the lane on by default,
+    # the link throttle on 6 virtual stages at the seed's hops (PCIe 3.0 at 0.8 of the raw rate,
+    # x8/x8/x4/x2/x4/x4 through host memory: 1 / (1/a + 1/b) per hop), and k = 8 verify at depth
+    timeout 200 python3 -m pytest -q --tb=short -p no:cacheprovider -rfEs -m gpu \
+      tests/cuda/test_warmup.py tests/cuda/test_device_lanes.py tests/core/test_activations_setting.py \
+      > "$OUT/t_owed.log" 2>&1
+    echo "== owed tests rc=$?"; grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/t_owed.log"
+    bench links 200 model $Q4X --ctx 65536 --slots 5 --int8 --prefill 4096@0 --decode 32768 \
+      --multi-decode 5@32768 --decode-steps 16 --virtual-stages 1,6 --link-gbps 3.15,2.12,1.07,1.07,1.6 \
+      --record
+    bench verify8 240 verify $Q4X --ctx 262144 --slots 1 --int8 --depths 131072,250000 \
+      --drafts 8 --steps 8 --forced "" --record ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac
 cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
