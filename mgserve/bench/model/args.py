@@ -60,8 +60,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) 
     parser.add_argument(
         "--link-gbps",
         default="",
-        help="virtual stages: the links' rates in GB/s, one for all or one per link (8,8,4,2,4: "
-        "the seed's PCIe hops), each hand-off slowed to its bytes at that rate",
+        help="virtual stages: the links' rates in GB/s, one for all or one per link "
+        "(3.15,2.12,1.07,1.07,1.6: the seed's PCIe 3.0 hops through host memory), each "
+        "hand-off slowed to its bytes at that rate",
     )
     parser.add_argument(
         "--pow2-buckets",
