@@ -44,7 +44,7 @@ from mgserve.cuda.models.base import Staged, Step
 from mgserve.pipeline.micro import groups, splittable, sub_step
 from mgserve.pipeline.stages import StagePlan
 from mgserve.pipeline.timing import StageTiming
-from mgserve.pipeline.transport import LocalTransport, Transport
+from mgserve.pipeline.transport import HANDOFF_DTYPE, LocalTransport, Transport
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class StagedLM:
         self.timing.steps += 1
         carried = getattr(self.transport, "link_bytes", None)
         if carried is not None:
-            per_row = 4 * math.prod(self.model.handoff_shape)
+            per_row = HANDOFF_DTYPE.itemsize * math.prod(self.model.handoff_shape)
             for i in range(len(carried)):
                 carried[i] += rows * per_row
 

@@ -97,6 +97,10 @@ class StageTiming:
                 self.span += s
         self._pending = left
 
+    def busy_fractions(self) -> list[float]:
+        """Each stage's busy seconds over the steps' spans so far (0 before any span)."""
+        return [b / self.span if self.span > 0 else 0.0 for b in self.busy]
+
     def families(self) -> Iterator[Metric]:
         """The figures so far (no CUDA call: a scrape's thread may run beside a capture)."""
         yield CounterMetricFamily(
@@ -115,15 +119,15 @@ class StageTiming:
             "the share of the steps' spans a stage waited",
             labels=["stage"],
         )
+        fractions = self.busy_fractions()
         yield GaugeMetricFamily(
             "mgserve_pipeline_overlap",
             "the stages' busy seconds over the steps' spans, all stages together: 1 when they "
             "take turns, up to the stage count when all compute at once (micro-batches)",
-            value=sum(self.busy) / self.span if self.span > 0 else 0.0,
+            value=sum(fractions),
         )
-        for i, b in enumerate(self.busy):
+        for i, (b, f) in enumerate(zip(self.busy, fractions, strict=True)):
             busy.add_metric([str(i)], b)
-            f = b / self.span if self.span > 0 else 0.0
             frac.add_metric([str(i)], f)
             bubble.add_metric([str(i)], 1.0 - f if self.span > 0 else 0.0)
         links = CounterMetricFamily(
