@@ -60,12 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             from mgserve.api.server import serve
             from mgserve.devices import refuse_several
-
-            settings = config.settings_from(args)
-            refuse_several(settings.device_list, settings.tensor_split, settings.gpu_memory)
             from mgserve.pipeline.rendezvous import rendezvous
 
+            settings = config.settings_from(args)
             rv = rendezvous(settings)  # a pipeline across processes: ranks > 0 follow rank 0
+            split = settings.tensor_split if rv is None else None  # across them: a rank's share
+            refuse_several(settings.device_list, split, settings.gpu_memory)
             if rv is not None and rv.rank > 0:
                 from mgserve.pipeline.lockstep import follow
 

@@ -43,9 +43,11 @@ def parse_split(text: str) -> tuple[float, ...]:
 
 
 def check_devices(
-    device_list: str | None, tensor_split: str | None, gpu_memory: str | None
+    device_list: str | None, tensor_split: str | None, gpu_memory: str | None, processes: int = 1
 ) -> None:
-    """ValueError for settings that cannot go together, before any GPU is looked at."""
+    """ValueError for settings that cannot go together, before any GPU is looked at.
+    ``processes``: a pipeline across that many processes, one stage each, whose ``tensor-split``
+    gives a share per process (lockstep.py) when no GPU list is given."""
     ids = parse_device_list(device_list) if device_list is not None else None
     sizes = parse_sizes(gpu_memory, "gpu-memory") if gpu_memory is not None else None
     split = parse_split(tensor_split) if tensor_split is not None else None
@@ -55,8 +57,14 @@ def check_devices(
     if sizes is not None and n is not None and len(sizes) not in (1, n):
         raise ValueError(f"gpu-memory gives {len(sizes)} sizes for {n} GPUs: give 1 or {n}")
     if split is not None:
+        if n is None and processes > 1:
+            if len(split) != processes:
+                raise ValueError(f"tensor-split gives {len(split)} shares for a pipeline of "
+                                 f"{processes} processes (one share per rank)")  # fmt: skip
+            return
         if n is None:
-            raise ValueError("tensor-split needs --device-list (or a --gpu-memory size per GPU)")
+            raise ValueError("tensor-split needs --device-list (or a --gpu-memory size per GPU), "
+                             "or a pipeline across processes (--dist-world-size)")  # fmt: skip
         if len(split) != n:
             raise ValueError(f"tensor-split gives {len(split)} shares for {n} GPUs")
 

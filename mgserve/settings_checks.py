@@ -8,6 +8,7 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING
 
+from mgserve import env
 from mgserve.devices import check_devices
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ def check_settings(s: Settings) -> None:
         if getattr(s, name) < low:
             flag = name.replace("_", "-")
             raise ValueError(f"{flag} must be >= {low}, got {getattr(s, name)}")
-    check_devices(s.device_list, s.tensor_split, s.gpu_memory)
+    check_devices(s.device_list, s.tensor_split, s.gpu_memory, _processes(s))
     if s.slot_save_path is not None and not os.path.isdir(s.slot_save_path):
         raise ValueError(f"slot-save-path is not a directory: {s.slot_save_path!r}")
     if min(s.spec_max_users, s.spec_k) < 0:
@@ -52,3 +53,12 @@ def check_settings(s: Settings) -> None:
         choices = f.metadata.get("choices")
         if choices and getattr(s, f.name) not in choices:
             raise ValueError(f"{f.name} must be one of {choices}, got {getattr(s, f.name)!r}")
+
+
+def _processes(s: Settings) -> int:
+    """The processes of the pipeline these settings join: --dist-world-size, else torchrun's
+    WORLD_SIZE (rendezvous.py says what a bad one is), else 1."""
+    if s.dist_world_size:
+        return s.dist_world_size
+    world = env.torchrun().get("WORLD_SIZE", "1")
+    return int(world) if world.isdigit() else 1

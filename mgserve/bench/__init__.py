@@ -28,6 +28,7 @@ BENCHMARKS = (
     "spec-sim",
     "verify",
     "pipeline-model",
+    "pipeline-dist",
 )
 
 

@@ -9,8 +9,9 @@ gpumodel.py   stage times and PCIe links of a GPU we do not have (a roofline)
 staged.py     a device model run as stages (StagedLM); --virtual-stages
 micro.py      a decode step's sessions as micro-batches in flight through the stages
 timing.py     per-stage figures: busy, bubbles, overlap, link bytes and seconds
-transport.py  the hand-off between stages: LocalTransport (one process), DistTransport
-              (torch.distributed)
+transport.py  the hand-off between stages: LocalTransport (one process), LinkThrottle
+transport_dist.py  DistTransport: stages in other processes (torch.distributed), sends in
+              flight while the sender goes on
 rendezvous.py where a pipeline's processes meet (--dist-*, torchrun's variables)
 lockstep.py   serve across processes: rank 0 broadcasts each step, the other ranks follow
 """

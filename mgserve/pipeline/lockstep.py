@@ -1,7 +1,11 @@
 """``mgserve serve`` as a layer pipeline across processes: rank 0 serves HTTP and schedules as
 one process does; every step its runner takes is first broadcast to the other ranks, which run
 the same step through runners of their own, so the stages' send / recv and the logits'
-broadcast (``DistTransport``) meet in the same order everywhere.
+broadcast (``DistTransport``) meet in the same order everywhere. A follower takes the steps in a
+thread of its own (``_listen``) and runs them in order, so rank 0 never waits for a busy
+follower to take the next step: with the sends in flight and no broadcast for a chunk that
+samples nothing (transport_dist.py), rank 0's stage computes chunk c + 1 of a long prompt while
+rank 1's computes chunk c (pipelined prefill), and a decode step's micro-batches overlap.
 
 Every rank loads the model and builds the same ``DeviceRunner`` over a ``StagedLM`` of one stage
 per rank (``ranks[i] = i``; the layers split by decode weight bytes, ``balanced_ranges``). Rank
@@ -32,7 +36,9 @@ import asyncio
 import dataclasses
 import logging
 import os
+import queue
 import signal
+import threading
 from typing import Any, NamedTuple
 
 import torch
@@ -46,6 +52,7 @@ from mgserve.pipeline.rendezvous import Rendezvous
 log = logging.getLogger(__name__)
 
 STOP = None  # the control message that ends the followers
+AHEAD = 4  # steps a follower takes from rank 0 before it has run them (``_listen``)
 
 
 def refuse(settings: Settings) -> None:
@@ -80,8 +87,8 @@ def stage_runner(g: GGUFFile, settings: Settings, device: str, rv: Rendezvous) -
         torch_backend,
     )
     from mgserve.cuda.runner import DeviceRunner
-    from mgserve.pipeline.staged import StagedLM, balanced_ranges
-    from mgserve.pipeline.transport import DistTransport
+    from mgserve.pipeline.staged import StagedLM, process_ranges
+    from mgserve.pipeline.transport_dist import DistTransport
 
     spec = hybrid_spec_from_gguf(g)[0] if g.architecture in HYBRID_ARCHS else spec_from_gguf(g)
     settings = settings.for_model(spec.n_ctx_train)
@@ -99,7 +106,7 @@ def stage_runner(g: GGUFFile, settings: Settings, device: str, rv: Rendezvous) -
         dev, backend = torch.device("cpu"), torch_backend()
     kv = (settings.cache_type_k, settings.cache_type_v)
     model = load_device_model(g, backend, dev, settings.parallel, settings.ctx_size, *kv)
-    ranges = balanced_ranges(g, rv.world_size, *kv)
+    ranges = process_ranges(g, settings, rv.world_size, model.spec.n_layer)
     transport = DistTransport(list(range(rv.world_size)), rv.rank)
     staged = StagedLM(model, ranges, transport, settings.pipeline_micro_batches)
     a, b = staged.ranges[rv.rank]
@@ -113,7 +120,7 @@ def agree(control: Any, settings: Settings, g: GGUFFile) -> None:
 
     mine = (g.architecture, g.path.name, settings.parallel, settings.ctx_size,
             settings.cache_type_k, settings.cache_type_v, settings.batch_size,
-            settings.pipeline_micro_batches)  # fmt: skip
+            settings.pipeline_micro_batches, settings.tensor_split)  # fmt: skip
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine, group=control)
     if any(x != every[0] for x in every):
@@ -177,6 +184,9 @@ class Leader:
         if self.closed:
             return
         self.closed = True
+        flush = getattr(self.model.transport, "flush", None)
+        if flush is not None:  # this rank's hand-offs in flight, before the group goes
+            flush()
         self._send(STOP)
         dist.destroy_process_group()
         log.info("rank 0: the pipeline's followers are told to stop")
@@ -243,20 +253,34 @@ def follow(settings: Settings, rv: Rendezvous) -> int:
         signal.signal(sig, signal.SIG_IGN)
     log.info("rank %d: following rank 0's steps", rv.rank)
     steps = 0
-    while True:
-        box: list[Any] = [None]
-        try:
-            dist.broadcast_object_list(box, src=0, group=control)
-        except RuntimeError as e:
-            _fatal(f"rank {rv.rank}: rank 0 is gone ({e})")
-        batch = box[0]
-        if batch is STOP:
-            break
+    inbox: queue.Queue[Any] = queue.Queue(AHEAD)
+    threading.Thread(target=_listen, args=(control, inbox, rv.rank), daemon=True).start()
+    while (batch := inbox.get()) is not STOP:
         try:
             runner.run(batch)
         except Exception:  # the hand-offs would be out of step (the module docstring)
             _fatal(f"rank {rv.rank}: step {batch.step} failed; the pipeline cannot go on")
         steps += 1
+    flush = getattr(runner.model.transport, "flush", None)
+    if flush is not None:
+        flush()
     dist.destroy_process_group()
     log.info("rank %d: rank 0 stopped after %d steps; exiting", rv.rank, steps)
     return 0
+
+
+def _listen(control: Any, inbox: queue.Queue[Any], rank: int) -> None:
+    """The follower's control channel, read in a thread of its own: rank 0's broadcast of a step
+    waits for every rank to take it, so a follower busy computing an earlier step would hold rank
+    0 (and the pipeline's first stage) until it is done. Up to ``AHEAD`` steps wait here."""
+    import torch.distributed as dist
+
+    while True:
+        box: list[Any] = [None]
+        try:
+            dist.broadcast_object_list(box, src=0, group=control)
+        except RuntimeError as e:
+            _fatal(f"rank {rank}: rank 0 is gone ({e})")
+        inbox.put(box[0])
+        if box[0] is STOP:
+            return

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from prometheus_client.metrics_core import Metric
 
+from mgserve.config import Settings
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.cuda.models.base import Staged, Step
 from mgserve.pipeline.micro import groups, splittable, sub_step
@@ -165,6 +166,22 @@ def balanced_ranges(g: GGUFFile, n_stages: int, type_k: str = "f16",
     found = best_split(n, n_stages, Balance.decode_bytes(costs).cost, lambda *_: True)
     assert found is not None  # nothing refuses a split
     return found
+
+
+def process_ranges(g: GGUFFile, settings: Settings, world: int,
+                   n_layer: int) -> list[tuple[int, int]]:  # fmt: skip
+    """The layer ranges of a pipeline across ``world`` processes (lockstep.py), one per rank:
+    ``--tensor-split``'s shares, or balanced by decode weight bytes (``balanced_ranges``)."""
+    from mgserve.devices import parse_split
+    from mgserve.pipeline.stages import split_shares
+
+    if settings.tensor_split is None:
+        return balanced_ranges(g, world, settings.cache_type_k, settings.cache_type_v)
+    shares = parse_split(settings.tensor_split)
+    if len(shares) != world:  # settings_checks refuses it first where the world is known
+        raise ValueError(f"--tensor-split {settings.tensor_split}: {len(shares)} shares for a "
+                         f"pipeline of {world} processes (one share per rank)")  # fmt: skip
+    return split_shares(n_layer, shares)
 
 
 def virtual_stages(model: Any, ranges: Sequence[tuple[int, int]], device: torch.device,

@@ -2,7 +2,7 @@
 
 A step's hand-off from stage i to stage i + 1 is one float32 tensor [N, *handoff_shape] (the
 residual stream of its N tokens: 4 x hidden for qwen4exp's hyper-connection streams); the last
-stage's logits go to whoever samples. ``staged.py`` drives a transport; two are here:
+stage's logits go to whoever samples. ``staged.py`` drives a transport; there are two:
 
 - ``LocalTransport``: every stage in this process (``--virtual-stages``, or several GPUs of one
   host). On a GPU each stage computes on a CUDA stream of its own, and a hand-off goes through
@@ -19,10 +19,8 @@ stage's logits go to whoever samples. ``staged.py`` drives a transport; two are 
   (within it, a micro-batch's copy out waits for the copy in that last read its buffer). Peer
   copies between GPUs that reach each other are not written yet. ``LinkThrottle`` slows each
   link to a given rate, so one GPU's virtual stages see the links of another machine.
-- ``DistTransport``: stages in other processes (other hosts), over ``torch.distributed``
-  point-to-point ``send`` / ``recv`` (gloo on the CPU, NCCL on GPUs); the last stage's logits are
-  broadcast so that every process samples the same tokens (its runner stays in step with the
-  others: the same sampler, seeds and states on every rank).
+- ``DistTransport`` (transport_dist.py): stages in other processes (other hosts), over
+  ``torch.distributed`` point-to-point sends and receives.
 """
 
 from __future__ import annotations
@@ -236,47 +234,3 @@ class LocalTransport:
             caller.wait_stream(self.streams[-1])
             logits.record_stream(caller)
         return logits
-
-
-class DistTransport:
-    """Stages in several processes joined by ``torch.distributed`` (the module docstring):
-    ``ranks[i]`` is the rank that computes stage i; the process group is initialized."""
-
-    def __init__(self, ranks: Sequence[int], rank: int | None = None) -> None:
-        import torch.distributed as dist
-
-        self.dist = dist
-        self.ranks, self.n_stages = list(ranks), len(ranks)
-        self.rank = dist.get_rank() if rank is None else rank
-        self.local: dict[int, torch.Tensor] = {}  # hand-offs between stages of this rank
-
-    def runs(self, stage: int) -> bool:
-        return self.ranks[stage] == self.rank
-
-    def on(self, stage: int) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
-
-    def begin(self) -> None:
-        """Nothing: each process runs its stages in order on its current stream."""
-
-    def send(self, stage: int, x: torch.Tensor) -> None:
-        assert x.dtype == HANDOFF_DTYPE, x.dtype
-        dst = self.ranks[stage + 1]
-        if dst == self.rank:
-            self.local[stage + 1] = x
-        else:
-            self.dist.send(x.contiguous(), dst=dst)
-
-    def recv(self, stage: int, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-        if stage in self.local:
-            return self.local.pop(stage)
-        y = torch.empty(shape, dtype=HANDOFF_DTYPE, device=device)
-        self.dist.recv(y, src=self.ranks[stage - 1])
-        return y
-
-    def logits(
-        self, logits: torch.Tensor | None, shape: tuple[int, int], device: torch.device
-    ) -> torch.Tensor:
-        out = torch.empty(shape, dtype=torch.float32, device=device) if logits is None else logits
-        self.dist.broadcast(out.contiguous(), src=self.ranks[-1])
-        return out

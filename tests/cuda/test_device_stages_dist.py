@@ -29,7 +29,7 @@ def _runner(path: str, device: torch.device, transport_ranks: list[int] | None):
     from mgserve.cuda.backend import cuda_backend, load_device_model, torch_backend
     from mgserve.cuda.runner import DeviceRunner
     from mgserve.pipeline.staged import StagedLM, balanced_ranges
-    from mgserve.pipeline.transport import DistTransport
+    from mgserve.pipeline.transport_dist import DistTransport
 
     g = GGUFFile(path)
     backend = torch_backend() if device.type == "cpu" else cuda_backend(device.index or 0)

@@ -33,6 +33,7 @@ def test_settings_parse_and_refuse(monkeypatch: pytest.MonkeyPatch) -> None:
         (dict(tensor_split="3,0"), "shares must be positive"),
         (dict(tensor_split="a,b", device_list="0,1"), "tensor-split must be numbers"),
         (dict(tensor_split="1,1"), "tensor-split needs --device-list"),
+        (dict(tensor_split="1,1,1", dist_world_size=2), "3 shares for a pipeline of 2 processes"),
         (dict(tensor_split="1,1,1", device_list="0,1"), "3 shares for 2 GPUs"),
         (dict(gpu_memory="24GiB,8GiB,8GiB", device_list="0,1"), "3 sizes for 2 GPUs"),
         (dict(gpu_memory="24GiB,lots"), "gpu-memory must be a positive size"),
@@ -123,3 +124,19 @@ def test_serve_refuses_what_it_cannot_do_yet(capsys: pytest.CaptureFixture) -> N
         assert main(["serve", *extra]) == 2
         err = capsys.readouterr().err
         assert f"mgserve: error: {named}: serve runs on one GPU" in err
+
+
+def test_tensor_split_gives_each_process_of_a_pipeline_its_layers(tmp_path: Path) -> None:
+    """Across processes (``--dist-world-size``), ``--tensor-split`` is a share per rank; without
+    it the ranks split by decode weight bytes. serve refuses it in one process (one GPU)."""
+    from mgserve.core.gguf.reader import GGUFFile
+    from mgserve.pipeline.staged import balanced_ranges, process_ranges
+
+    g = GGUFFile(_file("qwen4exp", tmp_path).path)  # 8 layers
+    two = Settings(dist_world_size=2, tensor_split="1,3")
+    assert process_ranges(g, two, 2, 8) == [(0, 2), (2, 8)]
+    assert process_ranges(g, Settings(dist_world_size=2), 2, 8) == balanced_ranges(g, 2)
+    with pytest.raises(ValueError, match="3 shares for a pipeline of 2 processes"):
+        process_ranges(g, Settings(dist_world_size=3, tensor_split="1,1,1"), 2, 8)
+    assert main(["serve", "-m", str(g.path), "--device", "cpu", "-ts", "1,1", "--device-list",
+                 "0,1"]) == 2  # fmt: skip

@@ -1,0 +1,227 @@
+"""``mgserve bench pipeline-dist``: a layer pipeline across processes against one process.
+(issue 14)
+
+Each run starts P processes on this host, joined by ``torch.distributed`` as ``mgserve serve``
+joins them (gloo on the CPU, NCCL with ``--device cuda``: one GPU per rank), each with T CPU
+threads; rank 0 drives the scheduler and its ``Leader`` runner step by step as the engine does
+(bench/turn.py's loop), the other ranks run ``lockstep.follow``: the serving code, less HTTP.
+A run of one process is the same code with one stage (``DistTransport`` of one rank), so the
+runs differ only in the split.
+
+Measured on rank 0, on synthetic token ids: (1) prefill: one prompt of ``--prompt`` tokens in
+chunks of ``--ubatch``, from submission to its first token; (2) decode: ``--sessions`` sessions
+of 32-token prompts decoding together, the steps' mean once every session decodes. Greedy tokens
+must be the same in every run (the split changes no arithmetic); a run whose tokens differ is
+reported so. The speed-up of P stages comes from overlap: stage 0 computes prompt chunk c + 1 (a
+decode step's micro-batch j + 1) while stage 1 computes chunk c (micro-batch j); with balanced
+stages and C chunks a perfect pipeline of P stages takes (C + P - 1) / C of one stage's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import multiprocessing as mp
+import queue
+import socket
+import time
+from typing import Any
+
+from mgserve.bench import record
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="GGUF file or built-in name (default: the "
+                        "built-in model)")  # fmt: skip
+    parser.add_argument("--runs", default="1x1,1x2,2x1",
+                        help="runs, in order: PxT = P processes of T threads each, PxTmM: decode "
+                        "steps in M micro-batches (default 1x1,1x2,2x1)")  # fmt: skip
+    parser.add_argument("--prompt", type=int, default=2048, help="prefill: prompt tokens")
+    parser.add_argument("--ubatch", type=int, default=256, help="prompt tokens per step")
+    parser.add_argument("--sessions", type=int, default=4, help="decode: sessions at once")
+    parser.add_argument("--decode-steps", type=int, default=16, help="decode steps timed")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--tensor-split", default=None, help="the ranks' layer shares, as serve's "
+                        "(default: balanced by decode weight bytes)")  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    processes: int
+    threads: int
+    micro: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> list[RunSpec]:
+        out = []
+        for item in (x for x in text.split(",") if x):
+            try:
+                pt, _, m = item.partition("m")
+                p, t = (int(v) for v in pt.split("x"))
+                out.append(cls(p, t, int(m) if m else 1))
+            except ValueError:
+                raise ValueError(f"--runs {text!r}: items like 2x1 or 2x1m2") from None
+            if min(out[-1].processes, out[-1].threads, out[-1].micro) < 1:
+                raise ValueError(f"--runs {text!r}: counts >= 1")
+        if not out:
+            raise ValueError("--runs: at least one run")
+        return out
+
+    def name(self) -> str:
+        micro = f", decode in {self.micro} micro-batches" if self.micro > 1 else ""
+        return f"{self.processes} process(es) x {self.threads} thread(s){micro}"
+
+
+def _settings(args: argparse.Namespace, spec: RunSpec, rank: int, port: int) -> Any:
+    from mgserve.config import Settings
+
+    return Settings(
+        model=args.model, device=args.device, parallel=max(1, args.sessions),
+        ctx_size=args.prompt + 64, batch_size=args.ubatch, threads=spec.threads, spec="off",
+        dist_world_size=spec.processes, dist_rank=rank, dist_init=f"tcp://127.0.0.1:{port}",
+        pipeline_micro_batches=spec.micro, prefill_lane="off",
+        tensor_split=args.tensor_split if spec.processes > 1 else None,
+    )  # fmt: skip
+
+
+def _rank(args: argparse.Namespace, spec: RunSpec, rank: int, port: int, out: Any) -> None:
+    """One process of a run: rank 0 measures and puts its figures on ``out``; others follow."""
+    import logging
+
+    from mgserve.pipeline.lockstep import follow
+    from mgserve.pipeline.rendezvous import Rendezvous
+
+    logging.basicConfig(level=logging.WARNING)
+    settings = _settings(args, spec, rank, port)
+    rv = Rendezvous(rank, spec.processes, settings.dist_init, "auto")
+    if rank:
+        follow(settings, rv)
+        return
+    out.put(_lead(args, settings, rv))
+
+
+def _lead(args: argparse.Namespace, settings: Any, rv: Any) -> dict[str, Any]:
+    import torch
+
+    from mgserve.bench.mixed import GREEDY
+    from mgserve.core.builtin_models import resolve_model
+    from mgserve.core.engine.contract import Request
+    from mgserve.core.engine.scheduler import Scheduler
+    from mgserve.core.gguf.reader import GGUFFile
+    from mgserve.pipeline.lockstep import Leader, agree, stage_runner
+    from mgserve.pipeline.rendezvous import join
+
+    device = args.device
+    control = join(rv, device)
+    g = GGUFFile(resolve_model(settings.model, settings.cache_dir))
+    runner, model, settings = stage_runner(g, settings, device, rv)
+    agree(control, settings, g)
+    leader = Leader(runner, control)
+    sched = Scheduler(settings.parallel, settings.ctx_size, settings.batch_size,
+                      rewindable=model.rewindable)  # fmt: skip
+    vocab = model.spec.n_vocab
+    gen = torch.Generator().manual_seed(7)
+
+    def prompt(n: int) -> list[int]:
+        return torch.randint(100, vocab - 100, (n,), generator=gen).tolist()
+
+    def serve(reqs: list[Request]) -> tuple[dict[str, list[int]], list[float], float]:
+        """``reqs`` to their ends: tokens by request, the seconds of each step in which every
+        request decoded, and the seconds to the first token of the first request."""
+        for r in reqs:
+            sched.add(r)
+        tokens: dict[str, list[int]] = {r.id: [] for r in reqs}
+        steps, first, t0 = [], 0.0, time.perf_counter()
+        while sched.has_work():
+            batch = sched.schedule()
+            assert batch is not None
+            s0 = time.perf_counter()
+            result = leader.run(batch)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            now = time.perf_counter()
+            sched.observe(batch.step, now - s0)
+            decoding = sum(1 for w in batch.work if len(w.tokens) == 1 and w.start > 0)
+            if decoding == len(reqs):
+                steps.append(now - s0)
+            for ev in sched.apply(result):
+                if ev.token is not None:
+                    if not first:
+                        first = now - t0
+                    tokens[ev.request_id].append(ev.token)
+        return tokens, steps, first
+
+    serve([Request("warm", prompt(2 * settings.batch_size), GREEDY, max_tokens=4)])
+    long = Request("long", prompt(args.prompt), GREEDY, max_tokens=2)
+    long_tokens, _, ttft = serve([long])
+    short = [Request(f"s{i}", prompt(32), GREEDY, max_tokens=args.decode_steps + 2)
+             for i in range(args.sessions)]  # fmt: skip
+    decode_tokens, steps, _ = serve(short)
+    leader.close()
+    timed = steps[1:] or steps  # the first may be a prompt's last token's own step
+    step_s = sum(timed) / max(1, len(timed))
+    return {
+        "ttft": ttft, "prefill": args.prompt / ttft, "decode": args.sessions / step_s,
+        "step_ms": step_s * 1e3, "ranges": [list(r) for r in runner.model.ranges],
+        "tokens": [long_tokens["long"], *decode_tokens.values()],
+    }  # fmt: skip
+
+
+def _run(args: argparse.Namespace, spec: RunSpec) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    with socket.socket() as s:  # a free port for the ranks' meeting place
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [ctx.Process(target=_rank, args=(args, spec, r, port, out), daemon=True)
+             for r in range(spec.processes)]  # fmt: skip
+    for p in procs:
+        p.start()
+    try:
+        while True:  # rank 0's figures, unless a rank dies first
+            try:
+                result: dict[str, Any] = out.get(timeout=1.0)
+                break
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode]
+                if dead:
+                    raise RuntimeError(f"{spec.name()}: a rank exited with {dead}") from None
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    bad = [p.exitcode for p in procs if p.exitcode]
+    if bad:
+        raise RuntimeError(f"{spec.name()}: a rank exited with {bad}")
+    return result
+
+
+def run(args: argparse.Namespace) -> int:
+    specs = RunSpec.parse(args.runs)
+    if args.ubatch < 1 or args.prompt < args.ubatch or args.sessions < 1:
+        raise ValueError("--prompt >= --ubatch >= 1 and --sessions >= 1")
+    results = [(s, _run(args, s)) for s in specs]
+    base = results[0][1]
+    lines = [
+        f"model `{args.model or 'built-in default'}` on {args.device}; prompt {args.prompt} "
+        f"tokens in chunks of {args.ubatch}; {args.sessions} sessions decoding, "
+        f"{args.decode_steps} steps; greedy",
+        "",
+        "| run | layers per stage | prefill t/s | TTFT s | decode t/s (aggregate) | ms/step "
+        "| vs first run: prefill / decode | tokens as the first run |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for spec, r in results:
+        stages = " / ".join(f"{a}-{b - 1}" for a, b in r["ranges"])
+        same = "yes" if r["tokens"] == base["tokens"] else "**no**"
+        lines.append(
+            f"| {spec.name()} | {stages} | {r['prefill']:.1f} | {r['ttft']:.2f} | "
+            f"{r['decode']:.1f} | {r['step_ms']:.1f} | {r['prefill'] / base['prefill']:.2f}x / "
+            f"{r['decode'] / base['decode']:.2f}x | {same} |"
+        )
+    text = "\n".join(lines)
+    print(text)
+    if args.record:
+        record("layer pipeline across processes (torch.distributed)", text)
+    return 0 if all(r["tokens"] == base["tokens"] for _, r in results) else 1
