@@ -41,8 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sessions", type=int, default=4, help="decode: sessions at once")
     parser.add_argument("--decode-steps", type=int, default=16, help="decode steps timed")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--tensor-split", default=None, help="the ranks' layer shares, as serve's "
-                        "(default: balanced by decode weight bytes)")  # fmt: skip
+    parser.add_argument("--tensor-split", "-ts", default=None,
+                        help="the ranks' layer shares, as serve's (default: balanced by decode "
+                        "weight bytes)")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,6 +41,7 @@ from mgserve.cuda.ops.qsa_keys import BlockKeys
 from mgserve.cuda.ops.rope import RopeCuda, RopeTorch
 from mgserve.cuda.ops.route import RouteCuda, RouteTorch
 from mgserve.cuda.ops.rowpath import RowPath
+from mgserve.cuda.plan_sizes import Part
 from mgserve.cuda.pools import PoolSize
 
 DENSE_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
@@ -177,9 +178,11 @@ def load_device_model(
     n_ctx: int,
     type_k: str = "f16",
     type_v: str = "f16",
+    part: Part | None = None,
 ) -> DeviceLM:
     """The device model of ``g`` with state for ``n_slots`` sessions of ``n_ctx`` tokens, plus one
-    spare slot (index ``n_slots``) that pads CUDA-graph buckets."""
+    spare slot (index ``n_slots``) that pads CUDA-graph buckets; of ``part``'s layers only (a
+    stage of a pipeline across processes: models/base.py), or all."""
     from mgserve.core.gguf.hparams import spec_from_gguf
     from mgserve.core.gguf.hparams_hybrid import hybrid_spec_from_gguf
     from mgserve.cuda.models.dense import DenseLM
@@ -189,11 +192,11 @@ def load_device_model(
     arch = g.architecture
     size = PoolSize(n_slots + 1, n_ctx, type_k, type_v)
     if arch in DENSE_ARCHS:
-        return DenseLM(g, spec_from_gguf(g), backend, device, size)
+        return DenseLM(g, spec_from_gguf(g), backend, device, size, part)
     if arch in HYBRID_ARCHS:
         spec, hp = hybrid_spec_from_gguf(g)
         lm = Qwen4ExpLM if arch == "qwen4exp" else HybridLM
-        return lm(g, spec, hp, backend, device, size)
+        return lm(g, spec, hp, backend, device, size, part)
     raise GGUFError(
         f"{g.path}: architecture {arch!r} is not supported on the device backend "
         f"(supported: {', '.join(DENSE_ARCHS + HYBRID_ARCHS)})"

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from mgserve.config import Settings
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.cuda.plan import Item, ModelSizes, device_total, human, plan
+from mgserve.cuda.plan_sizes import Part
 from mgserve.sizes import parse_sizes
 
 CTX_STEP = 256  # a suggested --ctx-size is a multiple of this
@@ -60,9 +61,11 @@ def render(sizes: ModelSizes, settings: Settings, items: list[Item], free: int |
     return "\n".join(lines)
 
 
-def check(sizes: ModelSizes, settings: Settings, free: int, source: str) -> None:
-    """PlanError naming what to lower (and to what) unless the plan fits in ``free`` bytes."""
-    items = plan(sizes, settings)
+def check(sizes: ModelSizes, settings: Settings, free: int, source: str,
+          part: Part | None = None) -> None:  # fmt: skip
+    """PlanError naming what to lower (and to what) unless the plan (of ``part``'s layers, or
+    the whole model) fits in ``free`` bytes."""
+    items = plan(sizes, settings, part)
     total = device_total(items)
     if total <= free:
         return
@@ -75,15 +78,15 @@ def check(sizes: ModelSizes, settings: Settings, free: int, source: str) -> None
         what = f"KV for {settings.parallel} slots x {settings.ctx_size} (and the spare slot) needs"
     else:
         what = f"{largest.name} ({largest.detail}) needs"
-    options = lowering(settings, _fits(sizes, free), sizes.rewindable)
+    options = lowering(settings, _fits(sizes, free, part), sizes.rewindable)
     raise PlanError(
         f"{head}: {what} {human(largest.nbytes)}; {human(free - fixed)} free after weights: "
         + (", or ".join(options) if options else "no setting makes it fit; use a smaller quant")
     )
 
 
-def _fits(sizes: ModelSizes, free: int) -> Callable[[Settings], bool]:
-    return lambda s: device_total(plan(sizes, s)) <= free
+def _fits(sizes: ModelSizes, free: int, part: Part | None = None) -> Callable[[Settings], bool]:
+    return lambda s: device_total(plan(sizes, s, part)) <= free
 
 
 def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
@@ -143,15 +146,16 @@ def summary(g: GGUFFile, settings: Settings) -> str:
     ])  # fmt: skip
 
 
-def checked_plan(g: GGUFFile, settings: Settings) -> str:
+def checked_plan(g: GGUFFile, settings: Settings, part: Part | None = None) -> str:
     """The plan of serving ``g`` with ``settings`` (resolved for the model) on GPU 0, as a table;
-    PlanError (after the table, in its message) when it does not fit."""
+    PlanError (after the table, in its message) when it does not fit. ``part``: only a stage's
+    layers (a process of a pipeline across processes loads only its own)."""
     sizes = ModelSizes.of(g)
     free, source = free_memory(settings)
-    table = render(sizes, settings, plan(sizes, settings), free, source)
+    table = render(sizes, settings, plan(sizes, settings, part), free, source)
     if free is not None:
         try:
-            check(sizes, settings, free, source)
+            check(sizes, settings, free, source, part)
         except PlanError as e:
             raise PlanError(f"{e}\n{table}") from None
     return table

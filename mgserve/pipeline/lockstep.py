@@ -7,8 +7,10 @@ follower to take the next step: with the sends in flight and no broadcast for a 
 samples nothing (transport_dist.py), rank 0's stage computes chunk c + 1 of a long prompt while
 rank 1's computes chunk c (pipelined prefill), and a decode step's micro-batches overlap.
 
-Every rank loads the model and builds the same ``DeviceRunner`` over a ``StagedLM`` of one stage
-per rank (``ranks[i] = i``; the layers split by decode weight bytes, ``balanced_ranges``). Rank
+Every rank loads its stage of the model (its layers and their state; the embedding on the first,
+the head on the last: models/base.py) and builds the same ``DeviceRunner`` over a ``StagedLM`` of
+one stage per rank (``ranks[i] = i``; the layers split by ``--tensor-split``, a share per rank,
+or by decode weight bytes: ``process_ranges``); its memory plan is its stage's. Rank
 0's runner is wrapped in a ``Leader``: ``run`` broadcasts the ``ScheduledBatch`` on the control
 group (rendezvous.py), then runs it. A batch crosses as it is, but for two things: a new
 session's sampling seed is drawn on rank 0 before it goes (every rank draws the same tokens from
@@ -75,7 +77,7 @@ class StageRunner(NamedTuple):
 
 
 def stage_runner(g: GGUFFile, settings: Settings, device: str, rv: Rendezvous) -> StageRunner:
-    """This rank's runner: the whole model loaded, its stage's layers run (the module docstring)."""
+    """This rank's runner: its stage's layers loaded and run (the module docstring)."""
     from mgserve import env
     from mgserve.core.gguf.hparams import spec_from_gguf
     from mgserve.core.gguf.hparams_hybrid import HYBRID_ARCHS, hybrid_spec_from_gguf
@@ -86,16 +88,20 @@ def stage_runner(g: GGUFFile, settings: Settings, device: str, rv: Rendezvous) -
         load_device_model,
         torch_backend,
     )
+    from mgserve.cuda.plan_sizes import Part
     from mgserve.cuda.runner import DeviceRunner
     from mgserve.pipeline.staged import StagedLM, process_ranges
     from mgserve.pipeline.transport_dist import DistTransport
 
     spec = hybrid_spec_from_gguf(g)[0] if g.architecture in HYBRID_ARCHS else spec_from_gguf(g)
     settings = settings.for_model(spec.n_ctx_train)
+    ranges = process_ranges(g, settings, rv.world_size, spec.n_layer)
+    a, b = ranges[rv.rank]
+    part = Part(a, b, a == 0, b == spec.n_layer)  # this rank loads only its stage
     if device == "cuda":
         from mgserve.cuda.plan_fit import checked_plan
 
-        log.info("%s", checked_plan(g, settings))  # the whole model: every rank loads it all
+        log.info("%s", checked_plan(g, settings, part))
         dev = torch.device("cuda", 0)
         int8 = int8_activations(g, settings.activations)
         backend = cuda_backend(0, int8=int8, cache_dir=env.cache_dir(settings.cache_dir))
@@ -105,12 +111,11 @@ def stage_runner(g: GGUFFile, settings: Settings, device: str, rv: Rendezvous) -
             raise ValueError("--activations int8 is for the GPU runner (--device cuda)")
         dev, backend = torch.device("cpu"), torch_backend()
     kv = (settings.cache_type_k, settings.cache_type_v)
-    model = load_device_model(g, backend, dev, settings.parallel, settings.ctx_size, *kv)
-    ranges = process_ranges(g, settings, rv.world_size, model.spec.n_layer)
+    model = load_device_model(g, backend, dev, settings.parallel, settings.ctx_size, *kv, part)
     transport = DistTransport(list(range(rv.world_size)), rv.rank)
     staged = StagedLM(model, ranges, transport, settings.pipeline_micro_batches)
-    a, b = staged.ranges[rv.rank]
-    log.info("rank %d of %d: stage %d, layers %d-%d", rv.rank, rv.world_size, rv.rank, a, b - 1)
+    log.info("rank %d of %d: stage %d, layers %d-%d (%.2f GB of weights loaded)", rv.rank,
+             rv.world_size, rv.rank, a, b - 1, model.weight_bytes / 1e9)  # fmt: skip
     return StageRunner(DeviceRunner(staged, dev, graphs=False), model, settings)
 
 

@@ -23,10 +23,9 @@ chunks, and every step with ``graphs=False``).
 
 With ``micro_batches`` > 1 a plain decode step's sessions go through the stages in groups
 (micro.py), stage i computing group j + 1 while stage i + 1 computes group j: the stages overlap.
-Not done yet: a prompt chunk's stages still run one after another (no micro-batches of a prompt,
-and the next step's chunk waits for this one's last stage); each process of a ``DistTransport``
-pipeline loads the whole model (only its stages' layers run). ``mgserve serve`` across
-processes: lockstep.py.
+In one process a prompt chunk's stages still run one after another (the next step's chunk waits
+for this one's last stage); across processes (``DistTransport``, lockstep.py: each process loads
+only its stage) the first stage goes on to the next chunk while the last computes this one.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Two pipeline stages in two processes joined by ``torch.distributed`` (``DistTransport``, gloo on
 the CPU): stage 0 (the first half of the layers, the embedding) in rank 0, stage 1 (the rest and
-the head) in rank 1, each rank driving a ``DeviceRunner`` through the same steps; the logits
-rank 1 broadcasts, and so the greedy tokens both ranks sample, are bitwise the one-process run's
+the head) in rank 1, each rank loading only its stage and driving a ``DeviceRunner`` through the
+same steps; the logits rank 1 broadcasts, and so the greedy tokens both ranks sample, are bitwise
+the one-process run's
 (qwen4exp: the hyper-connection streams cross between the processes; and a dense model).
 Small: a few prompt tokens and 8 decode steps, two sessions. With ``-m gpu`` on a machine of two
 GPUs or more, the same over NCCL with rank r on GPU r and the CUDA backend."""
@@ -27,15 +28,22 @@ def _runner(path: str, device: torch.device, transport_ranks: list[int] | None):
     """The runner of ``path``'s model on ``device``: one process, or this rank's stages."""
     from mgserve.core.gguf.reader import GGUFFile
     from mgserve.cuda.backend import cuda_backend, load_device_model, torch_backend
+    from mgserve.cuda.plan_sizes import Part
     from mgserve.cuda.runner import DeviceRunner
     from mgserve.pipeline.staged import StagedLM, balanced_ranges
     from mgserve.pipeline.transport_dist import DistTransport
 
     g = GGUFFile(path)
     backend = torch_backend() if device.type == "cpu" else cuda_backend(device.index or 0)
-    model = load_device_model(g, backend, device, 3, 64)
-    if transport_ranks is not None:
-        model = StagedLM(model, balanced_ranges(g, 2), DistTransport(transport_ranks))
+    if transport_ranks is None:
+        model = load_device_model(g, backend, device, 3, 64)
+    else:  # this rank's stage only, as serve's ranks load it (lockstep.stage_runner)
+        ranges = balanced_ranges(g, 2)
+        a, b = ranges[dist.get_rank()]
+        part = Part(a, b, a == 0, b == ranges[-1][1])
+        model = load_device_model(g, backend, device, 3, 64, part=part)
+        assert sorted(model.layers) == list(range(a, b))
+        model = StagedLM(model, ranges, DistTransport(transport_ranks))
     logits = record_logits(model)
     return DeviceRunner(model, device, graphs=False), logits
 

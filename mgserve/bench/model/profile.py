@@ -28,8 +28,8 @@ def bytes_per_token(model: Any) -> float:
             for w in (obj.gate, obj.up, obj.gate_up, obj.down):
                 if w is not None:
                     walk(w, hp.n_expert_used / hp.n_expert)
-        elif isinstance(obj, (list, tuple)):
-            for o in obj:
+        elif isinstance(obj, (list, tuple, dict)):
+            for o in obj.values() if isinstance(obj, dict) else obj:
                 walk(o, share)
         elif hasattr(obj, "__dataclass_fields__"):
             for f in obj.__dataclass_fields__:

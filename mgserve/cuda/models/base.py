@@ -15,12 +15,14 @@ Both write the state of the slots they touch (``SlotPools``) and return logits f
 Models run every op through their ``Backend`` (``backend.<family>.<op>``); the helpers here load
 and run what every architecture shares: the token embedding and output projection, the logit rows
 and the attention lengths of a step, and the forward as stages of a layer pipeline (``Staged``).
+A model built for one stage (a ``Part``: a process of a pipeline across processes) loads only
+that stage's layers and their pools, the embedding if it is the first and the head if the last.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 import torch
 
@@ -32,6 +34,9 @@ from mgserve.cuda.weights import QuantWeight
 
 if TYPE_CHECKING:
     from mgserve.cuda.backend import Backend
+    from mgserve.cuda.plan_sizes import Part
+
+T = TypeVar("T")
 
 
 class Span(NamedTuple):
@@ -133,15 +138,36 @@ def key_lengths(step: Step) -> torch.Tensor:
 
 
 def load_embeddings(
-    ld: Loader, spec: ModelSpec, backend: Backend
-) -> tuple[torch.Tensor, QuantWeight]:
+    ld: Loader, spec: ModelSpec, backend: Backend, part: Part | None = None
+) -> tuple[torch.Tensor | None, QuantWeight | None]:
     """The token embedding as a float32 table [V, d] (dequantized once on the device, so decode
     gathers rows by token id without the host) and the output projection (the embedding's
-    quantized weight itself when the model ties them)."""
-    tok = ld.mat("token_embd.weight", (spec.n_embd, spec.n_vocab))
-    out = tok if spec.tied_output else ld.mat("output.weight", (spec.n_embd, spec.n_vocab))
-    table = torch.empty(tok.rows, tok.k, dtype=torch.float32, device=tok.data.device)
-    return backend.linear.dequantize(tok, 0, tok.rows, table), out
+    quantized weight itself when the model ties them). Of a pipeline stage's ``part`` (None: the
+    whole model), only what it runs: the table on the first stage, the projection on the last."""
+    first, last = part is None or part.first, part is None or part.last
+    tok = None
+    if first or (last and spec.tied_output):
+        tok = ld.mat("token_embd.weight", (spec.n_embd, spec.n_vocab))
+    out = None
+    if last:
+        out = tok if spec.tied_output else ld.mat("output.weight", (spec.n_embd, spec.n_vocab))
+    table = None
+    if first and tok is not None:
+        table = torch.empty(tok.rows, tok.k, dtype=torch.float32, device=tok.data.device)
+        table = backend.linear.dequantize(tok, 0, tok.rows, table)
+    return table, out
+
+
+def loaded(x: T | None, what: str) -> T:
+    """``x``, which a pipeline stage that does not load it never reaches (models' ``part``)."""
+    if x is None:
+        raise RuntimeError(f"{what} is not loaded in this pipeline stage")
+    return x
+
+
+def owned(part: Part | None, n_layer: int) -> range:
+    """The layers a model loads: its stage's ``part``, or all."""
+    return range(n_layer) if part is None else range(part.start, part.stop)
 
 
 def fused_matmul(

@@ -19,13 +19,22 @@ from mgserve.core.gguf.hparams_hybrid import dense_moe
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.reference import rowwise
 from mgserve.cuda.loader import Loader
-from mgserve.cuda.models.base import Staged, Step, key_lengths, load_embeddings, rows
+from mgserve.cuda.models.base import (
+    Staged,
+    Step,
+    key_lengths,
+    load_embeddings,
+    loaded,
+    owned,
+    rows,
+)
 from mgserve.cuda.models.moe import Moe, load_moe, moe_ffn
 from mgserve.cuda.pools import PoolSize, SlotPools
 from mgserve.cuda.weights import QuantWeight
 
 if TYPE_CHECKING:
     from mgserve.cuda.backend import Backend
+    from mgserve.cuda.plan_sizes import Part
 
 
 @dataclass
@@ -63,21 +72,23 @@ class DenseLM(Staged):
         backend: Backend,
         device: torch.device,
         size: PoolSize,
+        part: Part | None = None,
     ) -> None:
         self.spec, self.backend, self.device = spec, backend, device
         self.handoff_shape = (spec.n_embd,)
         ld = Loader(g, device)
         d, q, kv, ff = spec.n_embd, spec.q_dim, spec.kv_dim, spec.n_ff
-        self.tok_embd, self.output = load_embeddings(ld, spec, backend)
-        self.output_norm = ld.vec("output_norm.weight", (d,))
-        self.output_b = ld.opt_vec("output.bias", (spec.n_vocab,))  # qwen2
+        self.tok_embd, self.output = load_embeddings(ld, spec, backend, part)
+        last = part is None or part.last
+        self.output_norm = ld.vec("output_norm.weight", (d,)) if last else None
+        self.output_b = ld.opt_vec("output.bias", (spec.n_vocab,)) if last else None  # qwen2
         self.rope_freqs = (
             ld.vec("rope_freqs.weight", (spec.n_rot // 2,)) if ld.has("rope_freqs.weight") else None
         )
         self.experts = dense_moe(spec)
         dense = self.experts is None
-        self.layers: list[DenseLayer] = []
-        for il in range(spec.n_layer):
+        self.layers: dict[int, DenseLayer] = {}  # by index: a stage's own (models/base.py)
+        for il in owned(part, spec.n_layer):
             p = f"blk.{il}."
             wq, wk, wv, (bq, bk, bv) = ld.qkv(p, d, q, kv, kv)
             layer = DenseLayer(
@@ -105,10 +116,10 @@ class DenseLM(Staged):
             if spec.gemma:
                 layer.post_attn_norm = ld.vec(p + "post_attention_norm.weight", (d,))
                 layer.post_ffn_norm = ld.vec(p + "post_ffw_norm.weight", (d,))
-            self.layers.append(layer)
+            self.layers[il] = layer
         self.weight_bytes = ld.nbytes
         self.pools = SlotPools(size.n_slots, size.n_ctx)
-        for il in range(spec.n_layer):
+        for il in self.layers:
             self.pools.add_attention(
                 il, size.type_k, size.type_v, spec.n_head_kv, spec.head_dim, device
             )
@@ -130,7 +141,8 @@ class DenseLM(Staged):
     def stage_in(self, step: Step) -> torch.Tensor:
         """The token embedding [N, d] (scaled by sqrt(d) in gemma)."""
         scale = math.sqrt(self.spec.n_embd) if self.spec.gemma else 1.0
-        return self.backend.embed.gather(self.tok_embd, step.tokens, scale=scale)
+        table = loaded(self.tok_embd, "the token embedding")
+        return self.backend.embed.gather(table, step.tokens, scale=scale)
 
     def stage_layers(self, x: torch.Tensor, step: Step, start: int, stop: int) -> torch.Tensor:
         for il in range(start, stop):
@@ -139,8 +151,8 @@ class DenseLM(Staged):
 
     def stage_out(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         spec, b = self.spec, self.backend
-        h = b.norm.rms(rows(x, step), self.output_norm, spec.rms_eps)
-        logits = b.linear.matmul(h, self.output, bias=self.output_b)
+        h = b.norm.rms(rows(x, step), loaded(self.output_norm, "the head"), spec.rms_eps)
+        logits = b.linear.matmul(h, loaded(self.output, "the head"), bias=self.output_b)
         if spec.final_softcap > 0.0:  # gemma2-style files only
             logits = rowwise.tanh(logits / spec.final_softcap) * spec.final_softcap
         return logits

@@ -20,7 +20,15 @@ from mgserve.core.gguf.hparams import ModelSpec
 from mgserve.core.gguf.hparams_hybrid import HybridSpec
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.cuda.loader import Loader
-from mgserve.cuda.models.base import Staged, Step, key_lengths, load_embeddings, rows
+from mgserve.cuda.models.base import (
+    Staged,
+    Step,
+    key_lengths,
+    load_embeddings,
+    loaded,
+    owned,
+    rows,
+)
 from mgserve.cuda.models.deltanet import DeltaNet, deltanet_forward, load_deltanet
 from mgserve.cuda.models.moe import Moe, load_moe, moe_ffn
 from mgserve.cuda.models.qwen4exp_weights import HC, Indexer, Ple
@@ -30,6 +38,7 @@ from mgserve.cuda.weights import QuantWeight
 
 if TYPE_CHECKING:
     from mgserve.cuda.backend import Backend
+    from mgserve.cuda.plan_sizes import Part
 
 
 @dataclass
@@ -82,6 +91,7 @@ class HybridLM(Staged):
         backend: Backend,
         device: torch.device,
         size: PoolSize,
+        part: Part | None = None,
     ) -> None:
         self.spec, self.hp, self.backend, self.device = spec, hp, backend, device
         self.arch = spec.arch
@@ -89,12 +99,14 @@ class HybridLM(Staged):
         self.rewindable = not any(hp.recurrent)
         self.read_extras(g)
         ld = Loader(g, device)
-        self.tok_embd, self.output = load_embeddings(ld, spec, backend)
-        self.load_head(ld)
-        self.layers = [self.load_layer(ld, il) for il in range(spec.n_layer)]
+        self.tok_embd, self.output = load_embeddings(ld, spec, backend, part)
+        if part is None or part.last:
+            self.load_head(ld)
+        # by index: a stage's own layers (models/base.py)
+        self.layers = {il: self.load_layer(ld, il) for il in owned(part, spec.n_layer)}
         self.weight_bytes = ld.nbytes
         self.pools = SlotPools(size.n_slots, size.n_ctx)
-        for il in range(spec.n_layer):
+        for il in self.layers:
             if hp.recurrent[il]:
                 self.pools.add_recurrent(
                     il, hp.ssm_conv, hp.conv_dim, hp.ssm_v_heads, hp.ssm_head_dim, device
@@ -112,6 +124,8 @@ class HybridLM(Staged):
 
     def add_pools(self) -> None:
         """Per-slot state of the architecture's own besides K/V and DeltaNet states (last)."""
+
+    output_norm: torch.Tensor | None = None  # the last stage's (load_head)
 
     def load_head(self, ld: Loader) -> None:
         self.output_norm = ld.vec("output_norm.weight", (self.spec.n_embd,))
@@ -158,13 +172,14 @@ class HybridLM(Staged):
         return x
 
     def stage_out(self, x: torch.Tensor, step: Step) -> torch.Tensor:
-        return self.backend.linear.matmul(self.head(rows(x, step)), self.output)
+        return self.backend.linear.matmul(self.head(rows(x, step)), loaded(self.output, "the head"))
 
     def embed(self, step: Step) -> torch.Tensor:
-        return self.backend.embed.gather(self.tok_embd, step.tokens)  # [N, d]
+        table = loaded(self.tok_embd, "the token embedding")
+        return self.backend.embed.gather(table, step.tokens)  # [N, d]
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        return self.backend.norm.rms(x, self.output_norm, self.spec.rms_eps)
+        return self.backend.norm.rms(x, loaded(self.output_norm, "the head"), self.spec.rms_eps)
 
     def block(self, il: int, x: torch.Tensor, step: Step) -> torch.Tensor:
         """x + mixer(norm(x)), then + moe(norm(x)): each residual added by the op that ends the

@@ -22,7 +22,7 @@ from mgserve.core.gguf.hparams_qwen4exp import qwen4exp_spec_from_gguf
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.reference import ple as ple_ref
 from mgserve.cuda.loader import Loader
-from mgserve.cuda.models.base import Step, key_lengths
+from mgserve.cuda.models.base import Step, key_lengths, loaded
 from mgserve.cuda.models.hybrid import HybridLM, Layer
 from mgserve.cuda.models.moe import load_moe, moe_ffn
 from mgserve.cuda.models.qwen4exp_weights import HC, Indexer, Ple, load_hc, load_indexer, load_ple
@@ -48,14 +48,16 @@ class Qwen4ExpLM(HybridLM):
 
     def add_pools(self) -> None:
         qp, pools = self.qp, self.pools
-        for il, layer in enumerate(self.layers):
+        for il, layer in self.layers.items():
             if layer.indexer is not None:
                 pools.add_qsa(il, qp.ratio, qp.idx_dim, self.device)
-        if qp.ple is not None:
+        if qp.ple is not None and qp.ple.layer in self.layers:
             hc_dim = qp.hc * self.spec.n_embd
             pools.ple_conv = torch.zeros(pools.n_slots, qp.ple.history, hc_dim, device=self.device)
 
     # -- loading -----------------------------------------------------------------------------
+
+    output_hc: HC | None = None  # the last stage's (load_head)
 
     def load_head(self, ld: Loader) -> None:
         self.output_hc = load_hc(ld, "output_hc", self.spec.n_embd, self.qp, inject=False)
@@ -123,10 +125,11 @@ class Qwen4ExpLM(HybridLM):
         return x if pending is None else self.backend.hc.combine(x, *pending)
 
     def embed(self, step: Step) -> torch.Tensor:
-        return self.backend.embed.gather(self.tok_embd, step.tokens, streams=self.qp.hc)
+        table = loaded(self.tok_embd, "the token embedding")
+        return self.backend.embed.gather(table, step.tokens, streams=self.qp.hc)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mix(x, self.output_hc)[0]
+        return self.mix(x, loaded(self.output_hc, "the head"))[0]
 
     def mix(self, x: torch.Tensor, w: HC) -> tuple[torch.Tensor, torch.Tensor | None]:
         """What a block reads from the streams [N, d], and its inject weights [N, hc]."""
