@@ -124,7 +124,9 @@ def _name_lines(source: str, log: str) -> str:
 
 
 def parse_usage(log: str) -> list[KernelUsage]:
-    """Per entry function, what ``ptxas -v`` reports in ``log``."""
+    """Per entry function, what ``ptxas -v`` reports in ``log``. ptxas lists a function the
+    entry calls (not inlined, e.g. libdevice's trig slow path) after it: its spills count as
+    the entry's."""
     out: list[KernelUsage] = []
     props = ""
     for line in log.splitlines():
@@ -132,10 +134,14 @@ def parse_usage(log: str) -> list[KernelUsage]:
             out.append(KernelUsage(m.group(1)))
         elif m := _PROPS.search(line):
             props = m.group(1)
-        elif out and props == out[-1].name and (m := _SPILL.search(line)):
+        elif out and (m := _SPILL.search(line)):
             k = out[-1]
-            k.stack, k.spill_stores, k.spill_loads = (int(g) for g in m.groups())
-        elif out and (m := _REGS.search(line)):
+            stack, stores, loads = (int(g) for g in m.groups())
+            if props == k.name:
+                k.stack, k.spill_stores, k.spill_loads = stack, stores, loads
+            else:
+                k.spill_stores, k.spill_loads = k.spill_stores + stores, k.spill_loads + loads
+        elif out and props == out[-1].name and (m := _REGS.search(line)):
             out[-1].registers = int(m.group(1))
             if s := _SMEM.search(line):
                 out[-1].smem = int(s.group(1))
@@ -176,8 +182,8 @@ def check(
     chosen: Iterable[Variant], arch: str = "90", jobs: int = 0,
     done: Callable[[Compiled], None] | None = None,
 ) -> list[Compiled]:  # fmt: skip
-    """Compile ``chosen`` on ``jobs`` threads (0: one per CPU this process may use), calling
-    ``done`` with each result as it finishes; results in ``chosen``'s order."""
+    """Compile ``chosen`` on ``jobs`` threads (0: one per CPU this process may use); results
+    in ``chosen``'s order, each also given to ``done`` once it and those before it are done."""
     todo = list(chosen)
     with ThreadPoolExecutor(max_workers=jobs or available_cpus()) as pool:
         futures = [pool.submit(compile_variant, v, arch) for v in todo]

@@ -133,11 +133,13 @@ ptxas info    : Compiling entry function 'qgemm_dequant' for 'sm_90'
 ptxas info    : Function properties for qgemm_dequant
 ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 ptxas info    : Used 23 registers, used 0 barriers
+ptxas info    : Function properties for __internal_trig_reduction_slowpathd
+ptxas         .     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
 """
 
 
 def test_ptxas_usage_is_parsed_per_kernel() -> None:
     down, dequant = offline.parse_usage(PTXAS_LOG)
     assert down == offline.KernelUsage("qgemm_down", 128, 16, 12, 8, 40960)
-    assert down.spills and not dequant.spills
-    assert dequant == offline.KernelUsage("qgemm_dequant", 23)
+    assert down.spills
+    assert dequant == offline.KernelUsage("qgemm_dequant", 23, 0, 4, 4)  # its callee's spills

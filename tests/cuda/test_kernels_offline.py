@@ -7,6 +7,7 @@ is missing (the ``test`` and ``kernels`` extras install them). About 2 minutes o
 from __future__ import annotations
 
 import ast
+import json
 import re
 import time
 from pathlib import Path
@@ -104,15 +105,41 @@ def test_every_named_kernel_exists(compiled: dict[str, offline.Compiled]) -> Non
     assert checked > 25
 
 
-def test_a_broken_kernel_fails_naming_its_file_and_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def broken_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A kernel directory of good.cu and bad.cu, whose header h.cuh does not compile."""
     (tmp_path / "h.cuh").write_text("#pragma once\n// a header\n__device__ int h() { return x; }\n")
     src = '#include "h.cuh"\nextern "C" __global__ void k(int* o) { o[0] = h(); }\n'
     (tmp_path / "bad.cu").write_text(src)
+    (tmp_path / "good.cu").write_text('extern "C" __global__ void g(int* o) { o[0] = X; }\n')
     monkeypatch.setattr(compiler, "KERNEL_DIR", tmp_path)
     monkeypatch.setattr(offline, "KERNEL_DIR", tmp_path)
+    return tmp_path
+
+
+def test_a_broken_kernel_fails_naming_its_file_and_line(broken_dir: Path) -> None:
+    tmp_path = broken_dir
     r = offline.compile_variant(Variant("bad.cu", (("X", "1"),), ""), ARCH)
     assert not r.ok and not r.kernels
     assert f"NVRTC failed to compile {tmp_path / 'bad.cu'}" in r.log
     assert re.search(r"bad\.cu\(3\) \[h\.cuh:3\]: error: identifier \"x\" is undefined", r.log)
+
+
+def test_the_cli_reports_and_exits_1_on_a_failure(
+    broken_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mgserve import cli
+    from mgserve.cuda import kernel_variants
+
+    chosen = [Variant("good.cu", (("X", "7"),), ""), Variant("bad.cu", (), "")]
+    monkeypatch.setattr(kernel_variants, "variants", lambda: chosen)
+    out_json = broken_dir / "out.json"
+    assert cli.main(["kernels", "check", "--kernels", "--json", str(out_json)]) == 1
+    out = capsys.readouterr().out
+    assert "sm_90: 2 variants, 1 failed" in out and "FAILED: bad.cu" in out
+    assert re.search(r"^    g +\d+ regs  no spills", out, re.M)
+    good, bad = json.loads(out_json.read_text())
+    assert (good["ok"], bad["ok"], good["defines"]) == (True, False, [["X", "7"]])
+    assert good["kernels"][0]["name"] == "g" and good["kernels"][0]["registers"] > 0
+    monkeypatch.setattr(kernel_variants, "variants", lambda: chosen[:1])
+    assert cli.main(["kernels", "check", "--only", "good"]) == 0
