@@ -1,4 +1,5 @@
-"""``mgserve serve | info | synth | bench``: the command line. Settings: ``mgserve/config.py``."""
+"""``mgserve serve | info | synth | bench | kernels``: the command line. Settings:
+``mgserve/config.py``."""
 
 from __future__ import annotations
 
@@ -50,6 +51,17 @@ def _parser(serve_only: bool = False) -> argparse.ArgumentParser:
         bp = bsub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
         bp.add_argument("--record", action="store_true", help="append the result to BENCHMARKS.md")
         mod.add_arguments(bp)
+
+    kernels = sub.add_parser("kernels", help="the CUDA kernels, without a GPU")
+    ksub = kernels.add_subparsers(dest="kernels", required=True)
+    from mgserve.cuda import offline
+
+    check = ksub.add_parser(
+        "check",
+        help="compile every kernel variant with NVRTC (no GPU needed): registers, spills, "
+        "shared memory per kernel; exit 1 if one fails to compile (needs the extra `kernels`)",
+    )
+    offline.add_arguments(check)
     return p
 
 
@@ -79,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
             from mgserve.core.synth import write as synth
 
             return synth.run(args)
+        if args.command == "kernels":
+            from mgserve.cuda import offline
+
+            return offline.run(args)
         mod = importlib.import_module(f"mgserve.bench.{args.bench.replace('-', '_')}")
         return int(mod.run(args))
     except ValueError as e:  # user errors (bad settings, bad GGUF) get one clear line, no trace

@@ -1,8 +1,9 @@
 """One GPU as mgserve sees it: a cuda.core Device made current, its streams and events, and a way
 to await GPU work on the asyncio loop without blocking it.
 
-This is the only module that imports ``cuda.bindings`` (STYLE.md 6): the NVRTC version for the
-cubin cache key and a kernel's dynamic shared memory limit are what cuda.core does not expose.
+This is the only module of the running server that imports ``cuda.bindings`` (STYLE.md 6): the
+NVRTC version for the cubin cache key and a kernel's dynamic shared memory limit are what cuda.core
+does not expose. (offline.py, ``mgserve kernels check``, calls NVRTC through it too: no device.)
 
 Torch allocates memory and cuda.core launches kernels, so the two must agree on streams: a
 ``Stream`` here can be handed to torch (``torch_stream``) and a torch stream to cuda.core

@@ -59,6 +59,11 @@ def decode_smem_bytes(head_dim: int, k_q8: bool, v_q8: bool) -> int:
     return q_frag + max(ATT_STAGES * stage, merge)
 
 
+def decode_defines(head_dim: int, k_q8: bool, v_q8: bool) -> tuple[tuple[str, str], ...]:
+    """The -D values of attention.cu (attn_decode, attn_combine) for these pools."""
+    return kv_defines(head_dim, k_q8, v_q8, decode_smem_bytes(head_dim, k_q8, v_q8))
+
+
 class AttentionCuda:
     """The attention ops on attention.cu (see the module docstring). ``decode`` and ``prefill``
     repeat AttentionTorch's signatures and argument checks on purpose: the twins are
@@ -85,7 +90,7 @@ class AttentionCuda:
 
     def _decode_kernels(self, d: int, k_q8: bool, v_q8: bool) -> tuple[Kernel, Kernel, int]:
         smem = decode_smem_bytes(d, k_q8, v_q8)
-        defines = kv_defines(d, k_q8, v_q8, smem)
+        defines = decode_defines(d, k_q8, v_q8)
         kern = self.kernels.kernel(ATTN_SOURCE, "attn_decode", defines, smem=smem)
         return kern, self.kernels.kernel(ATTN_SOURCE, "attn_combine", defines), smem
 

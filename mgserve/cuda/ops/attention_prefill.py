@@ -52,6 +52,11 @@ def prefill_smem_bytes(head_dim: int, k_q8: bool, v_q8: bool) -> int:
     return PF_ROWS * row + (q8 if k_q8 else 2 * tile) + (q8 if v_q8 else 2 * tile)
 
 
+def flash_defines(head_dim: int, k_q8: bool, v_q8: bool) -> tuple[tuple[str, str], ...]:
+    """The -D values of attention_prefill.cu (attn_prefill) for these pools."""
+    return kv_defines(head_dim, k_q8, v_q8, prefill_smem_bytes(head_dim, k_q8, v_q8))
+
+
 def visibility(
     sel: torch.Tensor,  # [T, top] int32 ascending selected blocks (dense rows: unused)
     start: int,  # query i sits at position start + i
@@ -96,8 +101,9 @@ class FlashPrefill:
 
     def _kernel(self, d: int, k_q8: bool, v_q8: bool) -> tuple[Kernel, int]:
         smem = prefill_smem_bytes(d, k_q8, v_q8)
-        defines = kv_defines(d, k_q8, v_q8, smem)
-        kern = self.kernels.kernel(PREFILL_SOURCE, "attn_prefill", defines, smem=smem)
+        kern = self.kernels.kernel(
+            PREFILL_SOURCE, "attn_prefill", flash_defines(d, k_q8, v_q8), smem=smem
+        )
         return kern, smem
 
     def run(

@@ -32,6 +32,17 @@ GATES_THREADS = 128  # (token, head) pairs per CTA of delta_gates_f32
 DELTA_COLS = 32  # DELTA_COLS in deltanet.cu: state columns (lanes) per CTA of delta_step_f32
 DELTA_SPLIT = 4  # DELTA_SPLIT in deltanet.cu: warps per CTA, each owning 1/4 of the state rows
 MAX_CONV_K = 8  # conv kernel widths the kernel is instantiated for: 1..MAX_CONV_K
+MAX_STEP_HEAD_DIM = 256  # delta_step_f32 keeps a state column in registers
+
+
+def conv_defines(k: int, vec: bool) -> tuple[tuple[str, str], ...]:
+    """The -D values of conv_step_f32: width ``k``; ``vec``: weight rows read as float4."""
+    return (("CONV_K", str(k)), ("CONV_VEC", str(int(vec))))
+
+
+def step_defines(head_dim: int) -> tuple[tuple[str, str], ...]:
+    """The -D values of delta_step_f32 / delta_step_gates_f32 for ``head_dim``."""
+    return (("HEAD_DIM", str(head_dim)),)
 
 
 class DeltaNetCuda:
@@ -123,11 +134,9 @@ class DeltaNetCuda:
         out = torch.empty((b, c), dtype=torch.float32, device=self.device)
         if b == 0:
             return out
-        vec = "1" if weight.data_ptr() % 16 == 0 else "0"  # [C, 4] rows as float4 (K = 4)
+        vec = weight.data_ptr() % 16 == 0  # [C, 4] rows as float4 (K = 4)
         self.kernels.launch(
-            self.kernels.kernel(
-                DELTANET_SOURCE, "conv_step_f32", (("CONV_K", str(k)), ("CONV_VEC", vec))
-            ),
+            self.kernels.kernel(DELTANET_SOURCE, "conv_step_f32", conv_defines(k, vec)),
             ((c + CONV_THREADS - 1) // CONV_THREADS, b),
             CONV_THREADS,
             x.data_ptr(),
@@ -198,15 +207,16 @@ class DeltaNetCuda:
             check_cuda(t_name, t, self.device, torch.float32)
         check_cuda("slots", slots, self.device, torch.int32)
         b, head_dim = y.shape[0], ssm.shape[-1]
-        if head_dim > 256:
+        if head_dim > MAX_STEP_HEAD_DIM:
             raise ValueError(
-                f"deltanet.step: head_dim {head_dim} > 256 (a state column sits in registers)"
+                f"deltanet.step: head_dim {head_dim} > {MAX_STEP_HEAD_DIM} (a state column sits "
+                "in registers)"
             )
         o = torch.empty((b, n_v_heads, head_dim), dtype=torch.float32, device=self.device)
         if b == 0:
             return o
         self.kernels.launch(
-            self.kernels.kernel(DELTANET_SOURCE, name, (("HEAD_DIM", str(head_dim)),)),
+            self.kernels.kernel(DELTANET_SOURCE, name, step_defines(head_dim)),
             ((head_dim + DELTA_COLS - 1) // DELTA_COLS, n_v_heads, b),
             (DELTA_COLS, DELTA_SPLIT),
             y.data_ptr(),

@@ -28,13 +28,7 @@ from mgserve.cuda.checks import check_vec4, check_weight, vec4_input
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.f16_products import f16_mm
 from mgserve.cuda.ops.hgemm import HGemm, HGemmTuning
-from mgserve.cuda.ops.linear import (
-    LinearTorch,
-    check_epilogue,
-    check_linear,
-    check_rows,
-    epilogue,
-)
+from mgserve.cuda.ops.linear import LinearTorch, check_epilogue, check_linear, check_rows, epilogue
 from mgserve.cuda.ops.linear_q8 import LinearQ8, epilogue_ptrs
 from mgserve.cuda.ops.linear_tuning import (
     INT8_TYPES,
@@ -42,6 +36,8 @@ from mgserve.cuda.ops.linear_tuning import (
     MATVEC_TOKEN_BUCKETS,
     MATVEC_WARPS_PER_CTA,
     MAX_MATVEC_TOKENS,
+    Q8_ROWS,
+    Q8_THREADS,
     MatvecTuning,
     Q8Activations,
     q8_rows,
@@ -72,8 +68,8 @@ class LinearCuda:
         kernels: Kernels,
         fallback: LinearTorch,
         tuning: MatvecTuning | None = None,
-        q8_rows: tuple[int, int] = (2, 2),
-        q8_group: int = 128,
+        q8_rows: tuple[int, int] = Q8_ROWS,
+        q8_group: int = Q8_THREADS,
         hgemm: HGemmTuning | None = None,
         q8_mma: bool = False,
     ) -> None:

@@ -20,10 +20,12 @@ from mgserve.cuda.ops.linear_tuning import (
     MATVEC_TOKEN_BUCKETS,
     MAX_MATVEC_TOKENS,
     Q8_GROUP,
+    Q8_ROWS,
     Q8_SOURCE,
     Q8_THREADS,
     Q8MMA_ROWS,
     Q8Activations,
+    q8_defines,
 )
 from mgserve.cuda.weights import QuantWeight
 
@@ -55,7 +57,11 @@ class LinearQ8:
     against 2.81), so ``bench matvec --q8-mma on,off`` keeps them measurable."""
 
     def __init__(
-        self, kernels: Kernels, rows: tuple[int, int] = (2, 2), group: int = 128, mma: bool = False
+        self,
+        kernels: Kernels,
+        rows: tuple[int, int] = Q8_ROWS,
+        group: int = Q8_THREADS,
+        mma: bool = False,
     ) -> None:
         if len(rows) != 2 or not all(1 <= r <= 8 for r in rows):
             raise ValueError(f"q8_rows must be two row counts in 1..8, got {rows}")
@@ -64,11 +70,7 @@ class LinearQ8:
         self.kernels, self.device = kernels, kernels.device
         self.rows, self.group = rows, group
         self.mma = mma and group == Q8_THREADS
-        self.defines = (
-            ("Q8_ROWS_1", str(rows[0])),
-            ("Q8_ROWS_N", str(rows[1])),
-            ("Q8_GROUP_THREADS", str(group)),
-        )
+        self.defines = q8_defines(rows, group)
 
     def quantize(self, x: torch.Tensor, stream: Stream | None = None) -> Q8Activations:
         """Round fp32 x [n_tok, k] (k a multiple of 32) to int8 groups on ``stream``:

@@ -20,6 +20,16 @@ Q8_THREADS = 128  # Q8_THREADS in matvec_q8.cu: threads per CTA of the int8 kern
 Q8_GROUP = 32  # activation values per int8 scale
 Q8MMA_ROWS = 8  # Q8MMA_ROWS in matvec_q8.cu: rows per CTA of the int8-mma kernels
 INT8_TYPES = frozenset({"Q4_K", "Q6_K", "Q5_0", "Q8_0"})  # formats with an int8-activation kernel
+Q8_ROWS = (2, 2)  # LinearQ8's default rows per thread group, one token and 2..8 (Q8_ROWS_1 / _N)
+
+
+def q8_defines(rows: tuple[int, int], group: int) -> tuple[tuple[str, str], ...]:
+    """The -D macros of matvec_q8.cu for ``LinearQ8``'s shape (rows, group threads)."""
+    return (
+        ("Q8_ROWS_1", str(rows[0])),
+        ("Q8_ROWS_N", str(rows[1])),
+        ("Q8_GROUP_THREADS", str(group)),
+    )
 
 
 def q8_rows(n: int, k: int) -> bool:

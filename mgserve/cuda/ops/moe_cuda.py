@@ -33,6 +33,12 @@ SHARED_SOURCE = "moe_shared.cu"
 SHARED_THREADS = 256  # threads per CTA (one token) of moe_add_shared_f32
 MOE_WARPS = 4  # MOE_WARPS in kernels/moe_decode.cuh
 MOE_Q8_TYPES = frozenset({"Q4_K", "Q6_K", "Q5_0", "Q8_0"})  # expert formats of moe_q8.cu
+MOE_ROWS = (1, 1)  # MoeCuda's default rows per warp: gate/up, down
+
+
+def moe_defines(rows: tuple[int, int]) -> tuple[tuple[str, str], ...]:
+    """The -D values of moe.cu and moe_q8.cu (GU_ROWS, DOWN_ROWS of moe_decode.cuh)."""
+    return (("GU_ROWS", str(rows[0])), ("DOWN_ROWS", str(rows[1])))
 
 
 class MoeCuda:
@@ -48,7 +54,7 @@ class MoeCuda:
         kernels: Kernels,
         fallback: MoeTorch,
         linear: LinearCuda,
-        moe_rows: tuple[int, int] = (1, 1),
+        moe_rows: tuple[int, int] = MOE_ROWS,
     ) -> None:
         if len(moe_rows) != 2 or not all(1 <= r <= 8 for r in moe_rows):
             raise ValueError(f"moe_rows must be two row counts in 1..8, got {moe_rows}")
@@ -59,7 +65,7 @@ class MoeCuda:
         self.prefill_exact = False
         self.cublas_prefill = False
         self.moe_rows = moe_rows
-        self._defines = (("GU_ROWS", str(moe_rows[0])), ("DOWN_ROWS", str(moe_rows[1])))
+        self._defines = moe_defines(moe_rows)
 
     def experts(
         self,

@@ -110,6 +110,10 @@ class QGemmTuning:
         )
 
 
+DENSE_TUNING = QGemmTuning()  # QGemm's default tiles: prompt products of the linear family
+GROUPED_TUNING = QGemmTuning(bm=64)  # the MoE prefill's grouped products: ~M * kk / E rows each
+
+
 def f16_rows(x: torch.Tensor) -> torch.Tensor:
     """x [M, k] rounded to f16 once (to nearest even), contiguous and 16-byte aligned: the X
     operand of qgemm.cu and hgemm.cu (cp.async copies 16-byte pieces of each row)."""
@@ -157,8 +161,8 @@ class QGemm:
     ) -> None:
         self.kernels = kernels
         self.device = kernels.device
-        self.tuning = tuning or QGemmTuning()
-        self.grouped = grouped or QGemmTuning(bm=64)
+        self.tuning = tuning or DENSE_TUNING
+        self.grouped = grouped or GROUPED_TUNING
 
     def _kernel(self, tuning: QGemmTuning, name: str, type_name: str) -> Kernel:
         return self.kernels.kernel(QGEMM_SOURCE, name, tuning.defines(type_name))

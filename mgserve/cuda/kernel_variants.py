@@ -1,0 +1,126 @@
+"""Every (kernel source, -D defines) the CUDA backend can ask NVRTC for: the compile units that
+``mgserve kernels check`` (offline.py) compiles without a GPU.
+
+``Kernels.kernel(source, name, defines)`` compiles one module per (source, defines), holding every
+kernel function of the file, so a variant is a source and one define set. The sets come from the
+helpers and tables the ops themselves call (``MatvecTuning.defines``, ``q8_defines``,
+``QGemmTuning.defines`` of ``DENSE_TUNING`` / ``GROUPED_TUNING``, ``decode_defines``,
+``flash_defines``, ``conv_defines``, ``step_defines``, ``prefill_defines``, ``moe_defines``,
+``HCTuning.defines``), over the ranges the ops accept: every format of ``weights.FORMATS`` for
+the per-format modules (qgemm.cu, hc.cu), every head dim of ``HEAD_DIMS`` and K/V pool kind for
+attention, every conv width 1..MAX_CONV_K. tests/cuda/test_kernel_variants.py lists the call
+sites of ``Kernels.kernel`` this inventory covers and fails on one it does not know.
+
+Covered: what ``cuda_backend`` (``mgserve serve``) builds, i.e. the default tunings. Not
+covered: the tunings only benchmarks choose (``bench matvec --tunings / --q8-rows``, ``bench
+model --hgemm``, ``MoeCuda(moe_rows=...)``), and DeltaNet decode head dims other than 64, 128
+and 256 (the runtime takes any up to MAX_STEP_HEAD_DIM; the models served use 128).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from mgserve.cuda.ops.act import ACT_SOURCE
+from mgserve.cuda.ops.attention_cuda import ATTN_SOURCE, HEAD_DIMS, decode_defines
+from mgserve.cuda.ops.attention_prefill import PREFILL_SOURCE as FLASH_SOURCE
+from mgserve.cuda.ops.attention_prefill import flash_defines
+from mgserve.cuda.ops.deltanet_cuda import (
+    DELTANET_SOURCE,
+    MAX_CONV_K,
+    MAX_STEP_HEAD_DIM,
+    conv_defines,
+    step_defines,
+)
+from mgserve.cuda.ops.deltanet_prefill_cuda import PREFILL_HEAD_DIM, prefill_defines
+from mgserve.cuda.ops.deltanet_prefill_cuda import PREFILL_SOURCE as CHUNKED_SOURCE
+from mgserve.cuda.ops.embed import EMBED_SOURCE
+from mgserve.cuda.ops.hc import HC_SOURCE, HCTuning
+from mgserve.cuda.ops.hgemm import HGEMM_SOURCE, HGemmTuning
+from mgserve.cuda.ops.linear_cuda import DEQUANT_SOURCE
+from mgserve.cuda.ops.linear_tuning import (
+    MATVEC_SOURCE,
+    Q8_ROWS,
+    Q8_SOURCE,
+    Q8_THREADS,
+    MatvecTuning,
+    q8_defines,
+)
+from mgserve.cuda.ops.moe_cuda import (
+    MOE_Q8_SOURCE,
+    MOE_ROWS,
+    MOE_SOURCE,
+    SHARED_SOURCE,
+    moe_defines,
+)
+from mgserve.cuda.ops.moe_prefill_cuda import MOE_PREFILL_SOURCE
+from mgserve.cuda.ops.norm import NORM_SOURCE
+from mgserve.cuda.ops.qgemm import DENSE_TUNING, GROUPED_TUNING, QGEMM_SOURCE
+from mgserve.cuda.ops.qsa_cuda import SELECT_SOURCE, UTIL_SOURCE
+from mgserve.cuda.ops.route import ROUTE_SOURCE
+from mgserve.cuda.weights import FORMATS
+
+Defines = tuple[tuple[str, str], ...]
+TEST_SOURCES = ("util.cu",)  # loaded by the tests only (spin_ns: tests/cuda/conftest.py)
+STEP_HEAD_DIMS = (64, 128, MAX_STEP_HEAD_DIM)  # DeltaNet decode head dims compiled offline
+
+
+class Variant(NamedTuple):
+    source: str  # a .cu file of kernels/
+    defines: Defines  # as the op passes them (order kept: it is part of the cubin cache key)
+    tag: str  # which request this is, e.g. "Q4_K dense" ("" for a source's only variant)
+
+    @property
+    def label(self) -> str:
+        return f"{self.source}[{self.tag}]" if self.tag else self.source
+
+
+def _qgemm() -> list[Variant]:
+    tilings = (("dense", DENSE_TUNING), ("grouped", GROUPED_TUNING))
+    return [
+        Variant(QGEMM_SOURCE, t.defines(f), f"{f} {name}") for f in FORMATS for name, t in tilings
+    ]
+
+
+def _attention() -> list[Variant]:
+    out = []
+    for d in HEAD_DIMS:
+        for kq in (False, True):
+            for vq in (False, True):
+                tag = f"d{d} k{'q8' if kq else 'f16'} v{'q8' if vq else 'f16'}"
+                out.append(Variant(ATTN_SOURCE, decode_defines(d, kq, vq), tag))
+                out.append(Variant(FLASH_SOURCE, flash_defines(d, kq, vq), tag))
+    return out
+
+
+def _deltanet() -> list[Variant]:
+    out = [Variant(DELTANET_SOURCE, (), "gates")]
+    out += [
+        Variant(DELTANET_SOURCE, conv_defines(k, vec), f"conv k{k}{' vec' if vec else ''}")
+        for k in range(1, MAX_CONV_K + 1)
+        for vec in (False, True)
+    ]
+    out += [Variant(DELTANET_SOURCE, step_defines(d), f"step d{d}") for d in STEP_HEAD_DIMS]
+    out += [
+        Variant(CHUNKED_SOURCE, prefill_defines(PREFILL_HEAD_DIM, k), f"d{PREFILL_HEAD_DIM} k{k}")
+        for k in range(1, MAX_CONV_K + 1)
+    ]
+    return out
+
+
+def variants() -> list[Variant]:
+    """Every variant the runtime can request (module docstring), sources in family order."""
+    plain = [ACT_SOURCE, EMBED_SOURCE, NORM_SOURCE, ROUTE_SOURCE, UTIL_SOURCE, SELECT_SOURCE]
+    plain += [SHARED_SOURCE, MOE_PREFILL_SOURCE, DEQUANT_SOURCE, *TEST_SOURCES]
+    out = [
+        Variant(MATVEC_SOURCE, MatvecTuning().defines(), ""),
+        Variant(Q8_SOURCE, q8_defines(Q8_ROWS, Q8_THREADS), ""),
+        Variant(MOE_SOURCE, moe_defines(MOE_ROWS), ""),
+        Variant(MOE_Q8_SOURCE, moe_defines(MOE_ROWS), ""),
+        Variant(HGEMM_SOURCE, HGemmTuning().defines(), ""),
+    ]
+    out += [Variant(s, (), "") for s in plain]
+    out += _qgemm()
+    out += [Variant(HC_SOURCE, HCTuning().defines(f), f) for f in FORMATS]
+    out += _attention() + _deltanet()
+    return out
