@@ -72,9 +72,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             from mgserve.api.server import serve
             from mgserve.devices import refuse_several
+            from mgserve.pipeline.launch import launch, local_ranks
             from mgserve.pipeline.rendezvous import rendezvous
 
             settings = config.settings_from(args)
+            ranks = local_ranks(settings)  # a pipeline of this host's processes, started here
+            if ranks is not None:
+                settings = launch(settings, ranks)
             rv = rendezvous(settings)  # a pipeline across processes: ranks > 0 follow rank 0
             split = settings.tensor_split if rv is None else None  # across them: a rank's share
             refuse_several(settings.device_list, split, settings.gpu_memory)

@@ -86,13 +86,13 @@ class Settings:
         "--gpu-memory",
     )
     device_list: str | None = _opt(
-        None, "GPUs to split the layers over, in pipeline order: CUDA ordinals (0,1,2) or all; "
-        "default: one GPU", "--device-list",
+        None, "GPUs to split the layers over, in pipeline order, a process each: CUDA ordinals "
+        "(0,1,2) or all; default: one GPU", "--device-list",
     )  # fmt: skip
     tensor_split: str | None = _opt(
         None,
-        "share of the layers per --device-list GPU, e.g. 3,3,2,1,2,2 (llama.cpp's); default: "
-        "balanced by each layer's decode bytes within each GPU's memory",
+        "share of the layers per --device-list GPU (or pipeline process), e.g. 3,3,2,1,2,2 "
+        "(llama.cpp's); default: balanced by each layer's decode bytes",
         "--tensor-split",
         "-ts",
     )

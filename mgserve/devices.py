@@ -101,14 +101,16 @@ def stage_memory(gpu_memory: str | None, devices: tuple[int, ...]) -> list[int] 
 
 def refuse_several(device_list: str | None, tensor_split: str | None,
                    gpu_memory: str | None) -> None:  # fmt: skip
-    """ValueError for ``serve`` settings that choose GPUs: it runs on one GPU (the freest, or
-    the one CUDA_VISIBLE_DEVICES shows) until the layer pipeline's runtime is wired."""
+    """ValueError for ``serve`` settings that choose GPUs of a pipeline where ``serve`` runs none
+    (one process on one GPU: the freest, or the one CUDA_VISIBLE_DEVICES shows). A pipeline of
+    this host's GPUs is ``--device-list`` of two or more (pipeline/launch.py)."""
     several = gpu_memory is not None and len(parse_sizes(gpu_memory, "gpu-memory")) > 1
     for flag, value in (("--device-list", device_list), ("--tensor-split", tensor_split),
                         ("--gpu-memory", gpu_memory if several else None)):  # fmt: skip
         if value is not None:
             raise ValueError(
-                f"{flag} {value}: serve runs on one GPU until the layer pipeline over several "
-                "is wired (choose it with CUDA_VISIBLE_DEVICES); `mgserve info --plan` with the "
-                "same options prints the stage plan"
+                f"{flag} {value}: serve runs one GPU here; a layer pipeline takes --device-list "
+                "with two GPUs or more (a process each), one GPU is chosen with "
+                "CUDA_VISIBLE_DEVICES; `mgserve info --plan` with the same options prints the "
+                "stage plan"
             )

@@ -4,7 +4,7 @@ Settings come from ``MGSERVE_<NAME>`` variables named in ``mgserve/config.py``; 
 variables (the user's cache directory, ``CUDA_VISIBLE_DEVICES``, torchrun's ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``) are read here too, and the one
 variable mgserve writes (``CUDA_VISIBLE_DEVICES``, ``machine.choose_gpu``), so a grep finds every
-one.
+one; and here the environment of the ranks a pipeline of one host starts (``for_child``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,19 @@ def show_only_gpu(gpu: str) -> None:
 
 
 TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def for_child(settings: dict[str, str], gpu: str | None) -> dict[str, str]:
+    """The environment of a rank this process starts (pipeline/launch.py): this one's without
+    ``MGSERVE_*`` and torchrun's variables, plus ``settings`` (``MGSERVE_*`` values), and
+    ``CUDA_VISIBLE_DEVICES`` = ``gpu`` when given."""
+    out = {
+        k: v for k, v in os.environ.items() if not k.startswith("MGSERVE_") and k not in TORCHRUN
+    }
+    out.update(settings)
+    if gpu is not None:
+        out["CUDA_VISIBLE_DEVICES"] = gpu
+    return out
 
 
 def torchrun() -> dict[str, str]:

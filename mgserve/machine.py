@@ -100,6 +100,14 @@ def _gpus_free() -> list[tuple[str, int]]:
     return gpus
 
 
+def gpu_ids() -> list[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` values in CUDA's order: that
+    variable's entries where it is set, else every GPU ``nvidia-smi`` lists (by UUID)."""
+    if env.is_set("CUDA_VISIBLE_DEVICES"):
+        return [x.strip() for x in (env.get("CUDA_VISIBLE_DEVICES") or "").split(",") if x.strip()]
+    return [uuid for uuid, _ in _gpus_free()]
+
+
 def choose_gpu() -> str | None:
     """When no GPU is named (``CUDA_VISIBLE_DEVICES`` unset) and several are present, make the one
     with the most free memory the only one CUDA sees, so that it is "GPU 0" for everything after;

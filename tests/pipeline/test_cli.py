@@ -112,18 +112,22 @@ def test_bench_pipeline_model_predicts_the_seed(
     assert "pipeline model: the seed's 6x3090" in (tmp_path / "BENCHMARKS.md").read_text()
 
 
-def test_serve_refuses_what_it_cannot_do_yet(capsys: pytest.CaptureFixture) -> None:
-    """Until the pipeline's runtime is wired, serve names the setting instead of ignoring it."""
+def test_serve_refuses_what_it_cannot_do(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """serve names a GPU setting of a pipeline it does not run instead of ignoring it: a
+    --device-list of one GPU, a split or a memory per GPU without a pipeline, a GPU not here."""
     cases = [
-        (["--device-list", "0,1"], "--device-list 0,1"),
-        (["--device-list", "1"], "--device-list 1"),
-        (["--gpu-memory", "8GiB,8GiB", "-ts", "1,2"], "--tensor-split 1,2"),
-        (["--gpu-memory", "24GiB,24GiB"], "--gpu-memory 24GiB,24GiB"),
+        (["--device-list", "1"], "--device-list 1: serve runs one GPU here"),
+        (["--gpu-memory", "8GiB,8GiB", "-ts", "1,2"], "--tensor-split 1,2: serve runs one GPU"),
+        (["--gpu-memory", "24GiB,24GiB"], "--gpu-memory 24GiB,24GiB: serve runs one GPU"),
+        (["--device-list", "0,3"], "--device-list 0,3: GPU 3 is not among the 2 this process"),
     ]
+    monkeypatch.setattr("mgserve.machine.gpu_ids", lambda: ["GPU-a", "GPU-b"])
     for extra, named in cases:
         assert main(["serve", *extra]) == 2
         err = capsys.readouterr().err
-        assert f"mgserve: error: {named}: serve runs on one GPU" in err
+        assert f"mgserve: error: {named}" in err
 
 
 def test_tensor_split_gives_each_process_of_a_pipeline_its_layers(tmp_path: Path) -> None:

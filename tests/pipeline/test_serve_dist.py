@@ -193,3 +193,54 @@ def test_a_world_without_a_meeting_place_is_refused(tmp_path: Path) -> None:
                        timeout=60, cwd=ROOT)  # fmt: skip
     assert r.returncode == 2
     assert b"needs a meeting place: --dist-init" in r.stderr
+
+
+def test_one_command_serves_a_pipeline_of_this_hosts_processes(tmp_path: Path) -> None:
+    """``serve --dist-world-size 2`` with no rank and no meeting place starts rank 1 itself
+    (pipeline/launch.py; on GPUs ``--device-list 0,1`` does so with a GPU each): the tokens of
+    one process; a rank that dies ends rank 0 with 1; SIGTERM ends both with 0."""
+    code = "import sys; from mgserve.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
+    env |= {
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p),
+    }
+    model = DATA / "converted_llama.gguf"
+
+    def start(log: str) -> tuple[subprocess.Popen[bytes], str]:
+        port = free_port()
+        args = [*SERVE, "-m", str(model), "--port", str(port), "--dist-world-size", "2"]
+        with open(tmp_path / log, "ab") as out:
+            p = subprocess.Popen([sys.executable, "-c", code, *args], stdout=out,
+                                 stderr=subprocess.STDOUT, env=env, cwd=ROOT)  # fmt: skip
+        return p, f"http://127.0.0.1:{port}"
+
+    def children(p: subprocess.Popen[bytes]) -> list[int]:
+        text = Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text()
+        return [int(x) for x in text.split()]
+
+    p, base = start("rank0.log")
+    try:
+        _wait_ready(base, [p], tmp_path)
+        assert len(children(p)) == 1
+        with ThreadPoolExecutor(len(PROMPTS)) as ex:
+            got = list(ex.map(lambda q: _complete(base, q), PROMPTS))
+        n = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            assert got == _one_process(model)
+        finally:
+            torch.set_num_threads(n)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) == 0, (tmp_path / "rank0.log").read_text()
+        log = (tmp_path / "rank0.log").read_text()
+        assert "rank 1 mgserve.pipeline.lockstep: rank 1: rank 0 stopped after" in log, log
+        p, base = start("again.log")
+        _wait_ready(base, [p], tmp_path)
+        os.kill(children(p)[0], signal.SIGKILL)  # a stage gone: rank 0 cannot serve on
+        assert p.wait(timeout=30) == 1
+        assert "the pipeline cannot go on" in (tmp_path / "again.log").read_text()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

@@ -1,0 +1,145 @@
+"""``mgserve serve --device-list 0,1,...``: the layer pipeline over several GPUs of this host, one
+process per GPU, started by this one; and ``--dist-world-size N`` with neither a rank nor a
+meeting place: N processes on this host (on the CPU too).
+
+A pipeline of one host is a pipeline across processes (lockstep.py) whose ranks this process
+starts itself: it becomes rank 0 (serving HTTP, on the list's first GPU) and starts ranks 1..N-1
+as child processes of the same program, each seeing only its own GPU (``CUDA_VISIBLE_DEVICES``),
+all meeting on a free local port. A process per GPU rather than threads of one: each GPU's host
+work (the launches of a prompt chunk's kernels, the hand-offs) runs on its own core, where one
+Python thread would issue every GPU's launches in turn; NCCL carries the hand-offs, by peer
+copies where the GPUs reach each other and through host memory where they do not (set
+``NCCL_P2P_DISABLE=1`` to force that).
+
+The children take every setting through their ``MGSERVE_*`` variables (the resolved settings,
+so flags, variables and defaults all reach them as they reached rank 0), their rank and the
+meeting place. A child that exits while rank 0 runs ends rank 0 with status 1 (a pipeline
+missing a stage cannot serve; a supervisor starts it again); when rank 0 stops, it tells the
+children (lockstep.py) and waits for them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from mgserve import env
+from mgserve.config import Settings, env_name
+from mgserve.devices import parse_device_list
+
+log = logging.getLogger(__name__)
+
+
+def local_ranks(settings: Settings) -> list[str | None] | None:
+    """The processes this ``serve`` starts on this host, by what each sees of the GPUs (a
+    ``CUDA_VISIBLE_DEVICES`` value; None: the CPU), rank 0 first; None when it starts none:
+    torchrun's variables or a ``--dist-rank`` (the ranks are started elsewhere), or neither a
+    ``--device-list`` of several GPUs nor a ``--dist-world-size`` above 1."""
+    tr = env.torchrun()
+    if "RANK" in tr or settings.dist_rank >= 0 or settings.dist_init is not None:
+        return None
+    if settings.device_list is not None:
+        gpus = _gpus(settings.device_list)
+        if settings.dist_world_size not in (0, len(gpus)):
+            raise ValueError(f"--device-list {settings.device_list} names {len(gpus)} GPUs and "
+                             f"--dist-world-size is {settings.dist_world_size}")  # fmt: skip
+        return list(gpus) if len(gpus) > 1 else None
+    world = settings.dist_world_size or 1
+    if world <= 1:
+        return None
+    return [None] * world
+
+
+def _gpus(device_list: str) -> list[str]:
+    """The ``CUDA_VISIBLE_DEVICES`` value of each GPU of ``--device-list`` (ordinals among the
+    GPUs CUDA shows this process: ``CUDA_VISIBLE_DEVICES``'s if set)."""
+    from mgserve.machine import gpu_ids
+
+    shown = gpu_ids()
+    ids = parse_device_list(device_list)
+    if ids is None:  # all
+        ids = tuple(range(len(shown)))
+        if not ids:
+            raise ValueError("--device-list all: nvidia-smi shows no GPU here")
+    for i in ids:
+        if i >= len(shown):
+            raise ValueError(f"--device-list {device_list}: GPU {i} is not among the "
+                             f"{len(shown)} this process sees")  # fmt: skip
+    return [shown[i] for i in ids]
+
+
+def launch(settings: Settings, ranks: list[str | None]) -> Settings:
+    """Start ranks 1..N-1 (``local_ranks``) as child processes; this process's settings as rank
+    0, its GPU made the only one CUDA sees (call before anything starts CUDA)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    world = len(ranks)
+    common = dataclasses.replace(settings, device_list=None, dist_world_size=world,
+                                 dist_init=f"tcp://127.0.0.1:{port}")  # fmt: skip
+    children = []
+    sizes = (settings.gpu_memory or "").split(",")  # a size per GPU: each rank its own
+    if len(sizes) > 1:
+        if len(sizes) != world:
+            raise ValueError(f"--gpu-memory {settings.gpu_memory}: {len(sizes)} sizes for "
+                             f"{world} GPUs")  # fmt: skip
+        common = dataclasses.replace(common, gpu_memory=sizes[0].strip())
+    for rank in range(1, world):
+        mine = dataclasses.replace(common, dist_rank=rank)
+        if len(sizes) > 1:
+            mine = dataclasses.replace(mine, gpu_memory=sizes[rank].strip())
+        child_env = _env(mine, ranks[rank])
+        cmd = [sys.executable, "-m", "mgserve", "serve"]
+        children.append(subprocess.Popen(cmd, env=child_env))
+    if ranks[0] is not None:
+        env.show_only_gpu(ranks[0])
+    log.info("a pipeline of %d processes on this host: rank 0 here%s, ranks 1-%d started (pids %s)",
+             world, f" on GPU {ranks[0]}" if ranks[0] is not None else "", world - 1,
+             ", ".join(str(c.pid) for c in children))  # fmt: skip
+    threading.Thread(target=_watch, args=(children,), daemon=True).start()
+    atexit.register(_reap, children)
+    return dataclasses.replace(common, dist_rank=0)
+
+
+def _env(settings: Settings, gpu: str | None) -> dict[str, str]:
+    """A child's environment: every setting as its ``MGSERVE_*`` variable (none for a setting
+    that is None), its GPU the only one CUDA sees (``env.for_child``)."""
+    values = {env_name(f.name): str(getattr(settings, f.name)) for f in dataclasses.fields(settings)
+              if getattr(settings, f.name) is not None}  # fmt: skip
+    return env.for_child(values, gpu)
+
+
+def _watch(children: list[subprocess.Popen[bytes]]) -> None:
+    """Rank 0 ends with status 1 when a child exits first (the module docstring)."""
+    while True:
+        for c in children:
+            code = c.poll()  # 0 only once rank 0 has told it to stop
+            if code and not _stopping.is_set():
+                log.critical("rank %d (pid %d) exited with %d; the pipeline cannot go on",
+                             children.index(c) + 1, c.pid, code)  # fmt: skip
+                logging.shutdown()
+                os._exit(1)
+        time.sleep(0.5)
+
+
+_stopping = threading.Event()  # rank 0 is exiting: its children end too
+
+
+def _reap(children: list[subprocess.Popen[bytes]], timeout: float = 30.0) -> None:
+    """At rank 0's exit: wait for the children (told to stop by the Leader), kill the slow."""
+    _stopping.set()
+    end = time.monotonic() + timeout
+    for c in children:
+        try:
+            c.wait(timeout=max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("rank pid %d did not stop; killing it", c.pid)
+            c.kill()
+            c.wait()

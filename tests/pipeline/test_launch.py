@@ -1,0 +1,88 @@
+"""A pipeline of this host's processes started by ``serve`` itself (pipeline/launch.py): which
+settings start one, what each rank is given (its GPU, its settings as ``MGSERVE_*`` variables, a
+share of ``--gpu-memory``), and what is refused. The processes themselves: test_serve_dist.py."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from mgserve.config import Settings, settings_from
+from mgserve.pipeline import launch
+
+
+@pytest.fixture
+def two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("mgserve.machine.gpu_ids", lambda: ["GPU-a", "GPU-b", "GPU-c"])
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def test_which_settings_start_the_ranks_here(
+    two_gpus: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert launch.local_ranks(Settings()) is None
+    assert launch.local_ranks(Settings(device_list="2,0")) == ["GPU-c", "GPU-a"]
+    assert launch.local_ranks(Settings(device_list="all")) == ["GPU-a", "GPU-b", "GPU-c"]
+    assert launch.local_ranks(Settings(device_list="1")) is None  # one GPU: no pipeline
+    assert launch.local_ranks(Settings(dist_world_size=3)) == [None, None, None]  # the CPU's
+    # ranks started elsewhere: torchrun's variables, or a rank or a meeting place named
+    assert launch.local_ranks(Settings(dist_world_size=2, dist_rank=0)) is None
+    assert launch.local_ranks(Settings(dist_world_size=2, dist_init="tcp://h:1")) is None
+    monkeypatch.setenv("RANK", "0")
+    assert launch.local_ranks(Settings(device_list="0,1")) is None
+    monkeypatch.delenv("RANK")
+    with pytest.raises(ValueError, match="names 2 GPUs and --dist-world-size is 3"):
+        launch.local_ranks(Settings(device_list="0,1", dist_world_size=3))
+    with pytest.raises(ValueError, match="GPU 5 is not among the 3 this process sees"):
+        launch.local_ranks(Settings(device_list="0,5"))
+
+
+def test_each_rank_gets_its_gpu_its_settings_and_its_memory(
+    two_gpus: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[dict[str, str]] = []
+
+    class Popen:
+        pid = 4242
+
+        def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
+            assert cmd[-3:] == ["-m", "mgserve", "serve"]
+            started.append(env)
+
+        def poll(self) -> Any:
+            return None
+
+    monkeypatch.setattr(launch.subprocess, "Popen", Popen)
+
+    class Thread:  # no watcher: the children here are not processes
+        def __init__(self, **kw: Any) -> None:
+            pass
+
+        def start(self) -> None:
+            pass
+
+    monkeypatch.setattr(launch.threading, "Thread", Thread)
+    monkeypatch.setattr(launch.atexit, "register", lambda *a: None)
+    monkeypatch.setattr(launch.env, "show_only_gpu", lambda gpu: started.append({"rank0": gpu}))
+    monkeypatch.setenv("MGSERVE_PORT", "9999")  # a variable of rank 0's: resolved, not copied
+    s = Settings(device_list="0,2,1", ctx_size=1234, tensor_split="1,2,1",
+                 gpu_memory="24GiB,16GiB,8GiB", port=8080)  # fmt: skip
+    mine = launch.launch(s, launch.local_ranks(s) or [])
+    assert (mine.dist_rank, mine.dist_world_size, mine.device_list) == (0, 3, None)
+    assert mine.gpu_memory == "24GiB" and mine.dist_init and mine.dist_init.startswith("tcp://")
+    r1, r2, r0 = started
+    assert r0 == {"rank0": "GPU-a"}
+    for rank, e, gpu, mem in ((1, r1, "GPU-c", "16GiB"), (2, r2, "GPU-b", "8GiB")):
+        assert e["CUDA_VISIBLE_DEVICES"] == gpu and e["MGSERVE_GPU_MEMORY"] == mem
+        assert e["MGSERVE_DIST_RANK"] == str(rank) and e["MGSERVE_DIST_WORLD_SIZE"] == "3"
+        assert e["MGSERVE_DIST_INIT"] == mine.dist_init
+        assert (e["MGSERVE_CTX_SIZE"], e["MGSERVE_TENSOR_SPLIT"]) == ("1234", "1,2,1")
+        assert e["MGSERVE_PORT"] == "8080" and "MGSERVE_DEVICE_LIST" not in e
+        assert "MGSERVE_MODEL" not in e  # None: the built-in default, as on rank 0
+        monkeypatch.setattr(launch.env.os, "environ", e)  # what the child reads back
+        back = settings_from(None)
+        want = dataclasses.replace(mine, dist_rank=rank, gpu_memory=mem)
+        assert back == want
