@@ -100,6 +100,24 @@ def _gpus_free() -> list[tuple[str, int]]:
     return gpus
 
 
+def gpu_free(ids: Sequence[str]) -> list[int | None]:
+    """Free bytes of each GPU of ``ids`` (``CUDA_VISIBLE_DEVICES`` values: UUIDs or indices) as
+    ``nvidia-smi`` reports them, without a CUDA context; None where it does not say."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,uuid,memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return [None] * len(ids)
+    free: dict[str, int] = {}
+    for line in out.splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 3 and parts[2].isdigit():
+            free[parts[0]] = free[parts[1]] = int(parts[2]) << 20
+    return [free.get(i) for i in ids]
+
+
 def gpu_ids() -> list[str]:
     """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` values in CUDA's order: that
     variable's entries where it is set, else every GPU ``nvidia-smi`` lists (by UUID)."""

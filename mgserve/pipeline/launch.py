@@ -82,8 +82,13 @@ def launch(settings: Settings, ranks: list[str | None]) -> Settings:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     world = len(ranks)
-    common = dataclasses.replace(settings, device_list=None, dist_world_size=world,
-                                 dist_init=f"tcp://127.0.0.1:{port}")  # fmt: skip
+    split = settings.tensor_split
+    if split is None and ranks[0] is not None:  # GPUs: info --plan's split, within each's memory
+        split = planned_split(settings, [r or "" for r in ranks])
+    common = dataclasses.replace(
+        settings, device_list=None, dist_world_size=world, tensor_split=split,
+        dist_init=f"tcp://127.0.0.1:{port}",
+    )  # fmt: skip
     children = []
     sizes = (settings.gpu_memory or "").split(",")  # a size per GPU: each rank its own
     if len(sizes) > 1:
@@ -106,6 +111,41 @@ def launch(settings: Settings, ranks: list[str | None]) -> Settings:
     threading.Thread(target=_watch, args=(children,), daemon=True).start()
     atexit.register(_reap, children)
     return dataclasses.replace(common, dist_rank=0)
+
+
+def planned_split(settings: Settings, gpus: list[str]) -> str:
+    """The layers per GPU of the stage plan (``mgserve info --plan``'s: balanced by decode weight
+    bytes within each GPU's memory, ``--gpu-memory`` or what nvidia-smi says is free) as a
+    ``--tensor-split`` of layer counts, which every rank splits the same way; StagePlanError,
+    naming what to lower, before any rank starts when the stages do not fit."""
+    from mgserve.core.builtin_models import resolve_model
+    from mgserve.core.gguf.info import model_spec
+    from mgserve.core.gguf.reader import GGUFFile
+    from mgserve.machine import gpu_free
+    from mgserve.pipeline.costs import ModelCosts
+    from mgserve.pipeline.report import render
+    from mgserve.pipeline.stages import StagePlanError, stage_plan
+    from mgserve.sizes import parse_sizes
+
+    g = GGUFFile(resolve_model(settings.model, settings.cache_dir))
+    s = settings.for_model(model_spec(g).n_ctx_train)
+    if s.gpu_memory is not None:
+        sizes = parse_sizes(s.gpu_memory, "gpu-memory")
+        texts = [t.strip() for t in s.gpu_memory.split(",")]
+        each = [i if len(sizes) > 1 else 0 for i in range(len(gpus))]
+        free = [(sizes[i], f"--gpu-memory {texts[i]}") for i in each]
+    else:
+        found = gpu_free(gpus)
+        if any(f is None for f in found):
+            raise StagePlanError(
+                f"nvidia-smi does not say the free memory of GPUs {gpus}: give --gpu-memory "
+                "(one size, or one per GPU) or --tensor-split"
+            )
+        free = [(f or 0, "free (nvidia-smi)") for f in found]
+    costs = ModelCosts.of(g, s.cache_type_k, s.cache_type_v)
+    plan = stage_plan(costs, s, tuple(range(len(gpus))), free)
+    log.info("%s", render(plan))
+    return ",".join(str(b - a) for a, b in plan.ranges)
 
 
 def _env(settings: Settings, gpu: str | None) -> dict[str, str]:

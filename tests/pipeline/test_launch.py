@@ -5,12 +5,14 @@ share of ``--gpu-memory``), and what is refused. The processes themselves: test_
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mgserve.config import Settings, settings_from
 from mgserve.pipeline import launch
+from tests.cuda.test_plan import _file
 
 
 @pytest.fixture
@@ -86,3 +88,21 @@ def test_each_rank_gets_its_gpu_its_settings_and_its_memory(
         back = settings_from(None)
         want = dataclasses.replace(mine, dist_rank=rank, gpu_memory=mem)
         assert back == want
+
+
+def test_the_gpus_split_the_layers_as_info_plan_does(two_gpus: None, tmp_path: Path) -> None:
+    """Without ``--tensor-split`` the ranks get the stage plan's layer counts (within each GPU's
+    memory), the split ``mgserve info --plan`` prints; a plan that does not fit is refused before
+    any rank starts."""
+    from mgserve.core.gguf.reader import GGUFFile
+    from mgserve.pipeline.report import plan_for
+    from mgserve.pipeline.stages import StagePlanError, split_shares
+
+    path = str(_file("qwen4exp", tmp_path).path)  # 8 layers
+    s = Settings(model=path, device_list="0,1", gpu_memory="1GiB,250MiB", ctx_size=32768)
+    counts = launch.planned_split(s, ["GPU-a", "GPU-b"])
+    want = plan_for(GGUFFile(path), s).ranges
+    assert split_shares(8, [float(c) for c in counts.split(",")]) == want
+    assert want[0][1] - want[0][0] > want[1][1] - want[1][0]  # the smaller GPU takes fewer
+    with pytest.raises(StagePlanError, match="no split of the 8 layers over 2 GPUs fits"):
+        launch.planned_split(dataclasses.replace(s, gpu_memory="1GiB,220MiB"), ["GPU-a", "GPU-b"])
