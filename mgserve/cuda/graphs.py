@@ -83,6 +83,9 @@ class _Captured:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
             self.logits = model.forward(step)  # [b, V], rewritten by every replay
+        self.model = model
+        take = getattr(model, "take_graph_io", None)  # a pipeline across processes' hand-offs
+        self.io = take() if take is not None else None
 
     def run(self, inp: DecodeInputs, pad_slot: int) -> torch.Tensor:
         n = len(inp.tokens)
@@ -103,7 +106,11 @@ class _Captured:
         self.chains.last.copy_(host[6], non_blocking=True)
         if self.extra is not None and inp.extra is not None:
             self.extra[:n].copy_(inp.extra.pin_memory(), non_blocking=True)
+        if self.io is not None:
+            self.model.before_replay(self.io)  # type: ignore[attr-defined]
         self.graph.replay()
+        if self.io is not None:
+            self.model.after_replay(self.io)  # type: ignore[attr-defined]
         return self.logits[:n]
 
 

@@ -116,7 +116,8 @@ def stage_runner(g: GGUFFile, settings: Settings, device: str, rv: Rendezvous) -
     staged = StagedLM(model, ranges, transport, settings.pipeline_micro_batches)
     log.info("rank %d of %d: stage %d, layers %d-%d (%.2f GB of weights loaded)", rv.rank,
              rv.world_size, rv.rank, a, b - 1, model.weight_bytes / 1e9)  # fmt: skip
-    return StageRunner(DeviceRunner(staged, dev, graphs=False), model, settings)
+    # decode through CUDA graphs on a GPU, the hand-offs made around each replay (transport_dist)
+    return StageRunner(DeviceRunner(staged, dev, graphs=dev.type == "cuda"), model, settings)
 
 
 def agree(control: Any, settings: Settings, g: GGUFFile) -> None:

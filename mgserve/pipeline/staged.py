@@ -140,6 +140,18 @@ class StagedLM:
         r = n if step.logit_rows is None else step.logit_rows.shape[0]
         return t.logits(logits, (r, m.spec.n_vocab), dev)
 
+    def take_graph_io(self) -> Any:
+        """The hand-offs a decode graph just captured must make at each replay, where its
+        transport cannot run inside a capture (transport_dist.py); None: none (graphs.py)."""
+        take = getattr(self.transport, "take_graph_io", None)
+        return take() if take is not None else None
+
+    def before_replay(self, io: Any) -> None:
+        self.transport.before_replay(io)  # type: ignore[attr-defined]
+
+    def after_replay(self, io: Any) -> None:
+        self.transport.after_replay(io)  # type: ignore[attr-defined]
+
     def replayed(self, rows: int) -> None:
         """A captured decode step of ``rows`` rows ran again (graphs.py): a step whose links each
         carried the rows' hand-offs. Its stage times are not measured (no events in a graph)."""

@@ -16,6 +16,18 @@ rank). A step that wants no logits (a prompt chunk before the prompt's last) bro
 a broadcast, even of nothing, waits for every rank, and would hold the first stage until the
 last has finished the chunk. Pipelined prefill is that: chunk c + 1 on stage 0 while chunk c is
 on stage 1.
+
+GPU tensors over gloo (two ranks sharing a GPU, which NCCL refuses, or a machine without NCCL)
+cross through host memory: copied out before a send, received on the host and copied in.
+
+Decode steps through CUDA graphs (graphs.py): nothing of torch.distributed can run inside a
+capture, so a captured step's hand-offs are the graph's inputs and outputs (``GraphIO``): inside
+the capture ``recv`` hands the stage a buffer of the graph's, ``send`` notes the tensor the
+graph computes, and ``logits`` the logits; a replay is preceded by the receive into that buffer
+(``before_replay``) and followed by the send of a copy of that tensor and the logits' broadcast
+(``after_replay``), so every rank meets the others' sends, receives and broadcasts in the order
+an eager step makes them. A replay receives all its micro-batches before it computes and sends
+them after: through graphs, the stages of a decode step do not overlap across processes.
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,6 +43,19 @@ import torch
 from mgserve.pipeline.transport import HANDOFF_DTYPE
 
 IN_FLIGHT = 2  # outstanding sends per link (each holds its hand-off's tensor)
+
+
+@dataclass
+class GraphIO:
+    """A captured step's hand-offs (the module docstring): what the replay reads and writes."""
+
+    received: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (stage, input)
+    sent: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (stage, output)
+    logits: torch.Tensor | None = None  # the graph's logits (another rank's: filled here)
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 class DistTransport:
@@ -42,11 +68,13 @@ class DistTransport:
         self.dist = dist
         self.ranks, self.n_stages = list(ranks), len(ranks)
         self.rank = dist.get_rank() if rank is None else rank
+        self.host_staged = dist.get_backend() == "gloo"  # GPU tensors cross through the host
         self.local: dict[int, torch.Tensor] = {}  # hand-offs between stages of this rank
         self.pending: list[deque[tuple[Any, torch.Tensor]]] = [
             deque() for _ in range(max(0, self.n_stages - 1))
         ]  # per link: (work, tensor) of the sends not yet known to be complete
-        self.link_bytes = [0] * max(0, self.n_stages - 1)  # bytes this rank sent on each link
+        self.sent_bytes = [0] * max(0, self.n_stages - 1)  # bytes this rank sent on each link
+        self.io: GraphIO | None = None  # the capture's, while one runs (``take_graph_io``)
 
     def runs(self, stage: int) -> bool:
         return self.ranks[stage] == self.rank
@@ -62,20 +90,37 @@ class DistTransport:
         dst = self.ranks[stage + 1]
         if dst == self.rank:
             self.local[stage + 1] = x
-            return
+        elif _capturing(x.device):
+            self._io().sent.append((stage, x))
+        else:
+            self._isend(stage, x)
+
+    def _isend(self, stage: int, x: torch.Tensor) -> None:
         sent = self.pending[stage]
         while sent and (len(sent) >= IN_FLIGHT or sent[0][0].is_completed()):
             sent.popleft()[0].wait()  # the oldest: done, or the receiver must catch up first
-        x = x.contiguous()
-        sent.append((self.dist.isend(x, dst=dst), x))
-        self.link_bytes[stage] += x.numel() * x.element_size()
+        x = (x.to("cpu") if self.host_staged else x).contiguous()
+        sent.append((self.dist.isend(x, dst=self.ranks[stage + 1]), x))
+        self.sent_bytes[stage] += x.numel() * x.element_size()
 
     def recv(self, stage: int, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
         if stage in self.local:
             return self.local.pop(stage)
         y = torch.empty(shape, dtype=HANDOFF_DTYPE, device=device)
-        self.dist.recv(y, src=self.ranks[stage - 1])
+        if _capturing(device):  # the graph's input: filled before each replay
+            self._io().received.append((stage, y))
+        else:
+            self._recv_into(stage, y)
         return y
+
+    def _recv_into(self, stage: int, y: torch.Tensor) -> None:
+        src = self.ranks[stage - 1]
+        if self.host_staged and y.is_cuda:
+            host = torch.empty(y.shape, dtype=y.dtype)
+            self.dist.recv(host, src=src)
+            y.copy_(host)
+        else:
+            self.dist.recv(y, src=src)
 
     def logits(
         self, logits: torch.Tensor | None, shape: tuple[int, int], device: torch.device
@@ -83,8 +128,44 @@ class DistTransport:
         if shape[0] == 0:  # nothing to sample: no broadcast (the module docstring)
             return torch.empty(shape, dtype=torch.float32, device=device)
         out = torch.empty(shape, dtype=torch.float32, device=device) if logits is None else logits
-        self.dist.broadcast(out.contiguous(), src=self.ranks[-1])
+        if _capturing(device):
+            self._io().logits = out
+        else:
+            self._broadcast(out)
         return out
+
+    def _broadcast(self, out: torch.Tensor) -> None:
+        src = self.ranks[-1]
+        if self.host_staged and out.is_cuda:
+            host = out.to("cpu")
+            self.dist.broadcast(host, src=src)
+            if self.rank != src:
+                out.copy_(host)
+        else:
+            self.dist.broadcast(out, src=src)
+
+    def _io(self) -> GraphIO:
+        if self.io is None:
+            self.io = GraphIO()
+        return self.io
+
+    def take_graph_io(self) -> GraphIO | None:
+        """The hand-offs of the capture that just ended (graphs.py keeps them with its graph)."""
+        io, self.io = self.io, None
+        return io
+
+    def before_replay(self, io: GraphIO) -> None:
+        """The replayed step's input from the stage before, into the graph's buffer."""
+        for stage, y in io.received:  # a micro-batch each, in order
+            self._recv_into(stage, y)
+
+    def after_replay(self, io: GraphIO) -> None:
+        """The replayed step's output to the next stage (a copy: the next replay rewrites the
+        graph's), then its logits from the last stage."""
+        for stage, x in io.sent:
+            self._isend(stage, x.clone())
+        if io.logits is not None:
+            self._broadcast(io.logits)
 
     def flush(self) -> None:
         """Wait for every send of this rank (before the process group goes)."""

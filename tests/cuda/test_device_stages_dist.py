@@ -2,10 +2,10 @@
 the CPU): stage 0 (the first half of the layers, the embedding) in rank 0, stage 1 (the rest and
 the head) in rank 1, each rank loading only its stage and driving a ``DeviceRunner`` through the
 same steps; the logits rank 1 broadcasts, and so the greedy tokens both ranks sample, are bitwise
-the one-process run's
-(qwen4exp: the hyper-connection streams cross between the processes; and a dense model).
-Small: a few prompt tokens and 8 decode steps, two sessions. With ``-m gpu`` on a machine of two
-GPUs or more, the same over NCCL with rank r on GPU r and the CUDA backend."""
+the one-process run's (qwen4exp: the hyper-connection streams cross between the processes; and a
+dense model). Small: a few prompt tokens and 8 decode steps, two sessions. With ``-m gpu``: both
+ranks on one GPU over gloo, decode through CUDA graphs; and on a machine of two GPUs or more,
+over NCCL with rank r on GPU r."""
 
 from __future__ import annotations
 
@@ -24,8 +24,10 @@ if not dist.is_available() or not dist.is_gloo_available():
 N_DECODE, SESSIONS = 8, 2
 
 
-def _runner(path: str, device: torch.device, transport_ranks: list[int] | None):
-    """The runner of ``path``'s model on ``device``: one process, or this rank's stages."""
+def _runner(path: str, device: torch.device, transport_ranks: list[int] | None,
+            graphs: bool = False):  # fmt: skip
+    """The runner of ``path``'s model on ``device``: one process, or this rank's stages; with
+    ``graphs``, decode through CUDA graphs (no logits recorded: a replay runs no forward)."""
     from mgserve.core.gguf.reader import GGUFFile
     from mgserve.cuda.backend import cuda_backend, load_device_model, torch_backend
     from mgserve.cuda.plan_sizes import Part
@@ -44,8 +46,8 @@ def _runner(path: str, device: torch.device, transport_ranks: list[int] | None):
         model = load_device_model(g, backend, device, 3, 64, part=part)
         assert sorted(model.layers) == list(range(a, b))
         model = StagedLM(model, ranges, DistTransport(transport_ranks))
-    logits = record_logits(model)
-    return DeviceRunner(model, device, graphs=False), logits
+    logits = [] if graphs else record_logits(model)
+    return DeviceRunner(model, device, graphs=graphs), logits
 
 
 def _worker(rank: int, path: str, rendezvous: str, out: str, kind: str) -> None:
@@ -54,9 +56,12 @@ def _worker(rank: int, path: str, rendezvous: str, out: str, kind: str) -> None:
     if kind == "nccl":
         torch.cuda.set_device(rank)
         device = torch.device("cuda", rank)
-    dist.init_process_group(kind, init_method=rendezvous, rank=rank, world_size=2)
+    if kind == "gloo-cuda":  # both ranks on GPU 0, hand-offs through the host
+        device = torch.device("cuda", 0)
+    backend = "gloo" if kind.startswith("gloo") else kind
+    dist.init_process_group(backend, init_method=rendezvous, rank=rank, world_size=2)
     try:
-        runner, logits = _runner(path, device, [0, 1])
+        runner, logits = _runner(path, device, [0, 1], graphs=kind == "gloo-cuda")
         tokens = greedy(runner, SESSIONS, N_DECODE)
         torch.save({"tokens": tokens, "logits": logits}, f"{out}.{rank}")
         dist.barrier()
@@ -77,7 +82,7 @@ def _check(arch: str, tmp_path: Path, kind: str) -> None:
     torch.set_num_threads(1)
     try:
         device = torch.device("cpu") if kind == "gloo" else torch.device("cuda", 0)
-        runner, want_logits = _runner(path, device, None)
+        runner, want_logits = _runner(path, device, None, graphs=kind == "gloo-cuda")
         want = greedy(runner, SESSIONS, N_DECODE)
     finally:
         torch.set_num_threads(n)
@@ -100,3 +105,14 @@ def test_two_gpus_over_nccl_give_one_gpu_tokens(arch: str, tmp_path: Path) -> No
     if torch.cuda.device_count() < 2 or not dist.is_nccl_available():
         pytest.skip("needs two GPUs and NCCL")
     _check(arch, tmp_path, "nccl")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["qwen4exp", "llama"])
+def test_two_processes_on_one_gpu_through_decode_graphs(arch: str, tmp_path: Path) -> None:
+    """Both ranks on GPU 0 over gloo (NCCL refuses two ranks on one GPU): the hand-offs cross
+    through the host, and decode steps replay CUDA graphs whose hand-offs are made around each
+    replay (transport_dist.GraphIO); the tokens of one process through graphs."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    _check(arch, tmp_path, "gloo-cuda")
