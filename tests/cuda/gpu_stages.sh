@@ -16,8 +16,9 @@
 #                                              mixed load with the prefill lane
 #   bash tests/cuda/gpu_stages.sh pipeline    issue 14: virtual stages bitwise one stage on the GPU
 #                                              (and two GPUs over NCCL where there are two)
-#   bash tests/cuda/gpu_stages.sh owed        what the 2026-12-05 evening session left unrun on a
-#                                              GPU (lane warm-up, link throttle, k = 8 verify)
+#   bash tests/cuda/gpu_stages.sh owed        what the 2026-12-05 sessions left unrun on a GPU
+#                                              (lane warm-up, link throttle, k = 8 verify, two
+#                                              pipeline ranks on one GPU through decode graphs)
 # Logs and files land in $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/mgserve-out}; mkdir -p "$OUT"
@@ -100,9 +101,10 @@ case "${1:-tests}" in
     # qwen4exp, qwen3, gemma3): the warm-up's lane batches, the engine with the lane on by default,
     # the link throttle on 6 virtual stages at the seed's hops (PCIe 3.0 at 0.8 of the raw rate,
     # x8/x8/x4/x2/x4/x4 through host memory: 1 / (1/a + 1/b) per hop), and k = 8 verify at depth
-    timeout 200 python3 -m pytest -q --tb=short -p no:cacheprovider -rfEs -m gpu \
+    # and (2026-12-05 night) two pipeline ranks on one GPU over gloo through decode graphs
+    timeout 300 python3 -m pytest -q --tb=short -p no:cacheprovider -rfEs -m gpu \
       tests/cuda/test_warmup.py tests/cuda/test_device_lanes.py tests/core/test_activations_setting.py \
-      > "$OUT/t_owed.log" 2>&1
+      tests/cuda/test_device_stages_dist.py > "$OUT/t_owed.log" 2>&1
     echo "== owed tests rc=$?"; grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/t_owed.log"
     bench links 200 model $Q4X --ctx 65536 --slots 5 --int8 --prefill 4096@0 --decode 32768 \
       --multi-decode 5@32768 --decode-steps 16 --virtual-stages 1,6 --link-gbps 3.15,2.12,1.07,1.07,1.6 \
