@@ -8,6 +8,8 @@ loaders', so both take the same files and refuse a wrong one with the same messa
 
 from __future__ import annotations
 
+import zlib
+
 import torch
 
 from mgserve.core.gguf.layout import check_tensor, torch_shape
@@ -61,7 +63,9 @@ class Loader:
             if t.data is None:  # a synthetic model's matrix: random blocks made on the device
                 from mgserve.cuda.synth_device import synth_weight
 
-                w = synth_weight(t, self.device, seed=len(name) + self.nbytes)
+                # seeded by the name alone: a stage that loads only its layers (a process of a
+                # pipeline) gets the bytes the whole model's load gives that tensor
+                w = synth_weight(t, self.device, seed=zlib.crc32(name.encode()))
             else:
                 w = upload(t, self.device)
         except ValueError as e:  # unsupported type or width: name the file too

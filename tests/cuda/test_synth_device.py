@@ -151,6 +151,27 @@ def test_matrices_made_on_the_device_match_the_file_layout(
     assert ld_s.nbytes == ld_f.nbytes
 
 
+@pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")
+def test_a_made_matrix_is_the_same_whatever_was_loaded_before(
+    tiny_pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipeline stage loads only its layers (models/base.py): each made matrix's bytes depend
+    on its name alone, so a stage's layers are the whole model's."""
+    spec, _, _ = tiny_pair
+    monkeypatch.setattr(sd_file, "HOST_MAX_ELEMENTS", 0)
+    synth = sd.SynthFile(spec)
+    made = [t for t in synth if t.data is None]
+    cpu = torch.device("cpu")
+    whole, part = Loader(synth, cpu), Loader(synth, cpu)
+    for t in made:
+        whole.mat(t.name, t.shape)
+    last = made[-1]
+    a, b = whole.mat(last.name, last.shape), part.mat(last.name, last.shape)
+    assert torch.equal(a.data, b.data)
+    other = part.mat(made[-2].name, made[-2].shape)
+    assert not torch.equal(other.data.view(-1)[:64], b.data.view(-1)[:64])  # tensors differ
+
+
 @pytest.mark.parametrize("name", [QWEN4EXP, QWEN3NEXT])
 def test_full_width_metadata_and_plan(name: str, tmp_path: Path) -> None:
     """Full widths, shrunk depth: the metadata a written file would hold (a tensor-less GGUF with
