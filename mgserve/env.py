@@ -2,9 +2,10 @@
 
 Settings come from ``MGSERVE_<NAME>`` variables named in ``mgserve/config.py``; a few non-setting
 variables (the user's cache directory, ``CUDA_VISIBLE_DEVICES``, torchrun's ``RANK``,
-``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``) are read here too, and the one
-variable mgserve writes (``CUDA_VISIBLE_DEVICES``, ``machine.choose_gpu``), so a grep finds every
-one; and here the environment of the ranks a pipeline of one host starts (``for_child``).
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``) are read here too, and the
+variables mgserve writes (``CUDA_VISIBLE_DEVICES``, ``machine.choose_gpu``; ``NCCL_P2P_DISABLE``
+for a benchmark) are written here, so a grep finds every one; and here is the environment of
+the ranks a pipeline of one host starts (``for_child``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ def show_only_gpu(gpu: str) -> None:
 
 
 TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def nccl_without_p2p() -> None:
+    """NCCL moves this process's data through host memory, never by peer copies between GPUs
+    (``NCCL_P2P_DISABLE=1``): the PCIe-without-P2P case, forced (``bench pipeline-dist``)."""
+    os.environ["NCCL_P2P_DISABLE"] = "1"
 
 
 def for_child(settings: dict[str, str], gpu: str | None) -> dict[str, str]:

@@ -15,6 +15,15 @@ must be the same in every run (the split changes no arithmetic); a run whose tok
 reported so. The speed-up of P stages comes from overlap: stage 0 computes prompt chunk c + 1 (a
 decode step's micro-batch j + 1) while stage 1 computes chunk c (micro-batch j); with balanced
 stages and C chunks a perfect pipeline of P stages takes (C + P - 1) / C of one stage's time.
+
+On GPUs (``--device cuda``) rank r takes the r-th GPU this process sees, NCCL carries the
+hand-offs (by peer copies where the GPUs reach each other; ``--no-p2p`` forces host memory, the
+PCIe-without-P2P case) and decode steps replay CUDA graphs; ``--dist-backend gloo`` lets ranks
+share one GPU (hand-offs through the host). ``--shape`` makes a synthetic model on each rank,
+with the same bytes everywhere, so a full-width model needs no file. The issue's multi-GPU runs,
+for a machine of several GPUs: ``--device cuda --shape qwen4exp-flash-next --layers 48 --experts
+256 --ple-rows 4000000 --runs 1x1,2x1,2x1m2 --prompt 32768 --ubatch 4096 --decode-depth 4096``,
+then ``--prompt 131072`` and ``--decode-depth 131072``, with and without ``--no-p2p``.
 """
 
 from __future__ import annotations
@@ -40,7 +49,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ubatch", type=int, default=256, help="prompt tokens per step")
     parser.add_argument("--sessions", type=int, default=4, help="decode: sessions at once")
     parser.add_argument("--decode-steps", type=int, default=16, help="decode steps timed")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--decode-depth",
+        type=int,
+        default=32,
+        help="decode: each session's prompt tokens, so it decodes at this depth",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: rank r on the r-th GPU this process sees",
+    )
+    parser.add_argument(
+        "--dist-backend",
+        choices=("auto", "gloo", "nccl"),
+        default="auto",
+        help="auto: NCCL on GPUs, gloo on the CPU; gloo with --device cuda: "
+        "hand-offs through the host (ranks may share a GPU)",
+    )
+    parser.add_argument(
+        "--no-p2p",
+        action="store_true",
+        help="NCCL without peer copies (NCCL_P2P_DISABLE=1): through host memory",
+    )
+    parser.add_argument(
+        "--shape",
+        default=None,
+        help="a synthetic model of this shape "
+        "(bench model's; made on each rank, no file) instead of --model",
+    )
+    parser.add_argument("--layers", type=int, default=None, help="with --shape: layer count")
+    parser.add_argument("--experts", type=int, default=None, help="with --shape: routed experts")
+    parser.add_argument("--ple-rows", type=int, default=None, help="with --shape: PLE rows")
     parser.add_argument("--tensor-split", "-ts", default=None,
                         help="the ranks' layer shares, as serve's (default: balanced by decode "
                         "weight bytes)")  # fmt: skip
@@ -78,43 +119,62 @@ def _settings(args: argparse.Namespace, spec: RunSpec, rank: int, port: int) -> 
 
     return Settings(
         model=args.model, device=args.device, parallel=max(1, args.sessions),
-        ctx_size=args.prompt + 64, batch_size=args.ubatch, threads=spec.threads, spec="off",
+        ctx_size=max(args.prompt, args.decode_depth) + 64, batch_size=args.ubatch,
+        threads=spec.threads, spec="off",
         dist_world_size=spec.processes, dist_rank=rank, dist_init=f"tcp://127.0.0.1:{port}",
         pipeline_micro_batches=spec.micro, prefill_lane="off",
         tensor_split=args.tensor_split if spec.processes > 1 else None,
     )  # fmt: skip
 
 
-def _rank(args: argparse.Namespace, spec: RunSpec, rank: int, port: int, out: Any) -> None:
+def _rank(args: argparse.Namespace, spec: RunSpec, rank: int, port: int, out: Any,
+          gpus: list[str]) -> None:  # fmt: skip
     """One process of a run: rank 0 measures and puts its figures on ``out``; others follow."""
     import logging
 
+    from mgserve import env
     from mgserve.pipeline.lockstep import follow
     from mgserve.pipeline.rendezvous import Rendezvous
 
+    if gpus:  # before CUDA starts in this process
+        env.show_only_gpu(gpus[rank % len(gpus)])
+    if args.no_p2p:
+        env.nccl_without_p2p()
     logging.basicConfig(level=logging.WARNING)
     settings = _settings(args, spec, rank, port)
-    rv = Rendezvous(rank, spec.processes, settings.dist_init, "auto")
+    rv = Rendezvous(rank, spec.processes, settings.dist_init, args.dist_backend)
     if rank:
-        follow(settings, rv)
+        follow(settings, rv, _model(args))
         return
     out.put(_lead(args, settings, rv))
+
+
+def _model(args: argparse.Namespace) -> Any:
+    """The model every rank loads its stage of: a synthetic ``--shape`` (the same bytes on every
+    rank: cuda/loader.py), or the GGUF file."""
+    from mgserve.core.builtin_models import resolve_model
+    from mgserve.core.gguf.reader import GGUFFile
+
+    if args.shape is None:
+        return GGUFFile(resolve_model(args.model))
+    from mgserve.cuda.synth_device import SynthFile
+
+    return SynthFile.from_shape(args.shape, layers=args.layers, experts=args.experts,
+                                ple_rows=args.ple_rows)  # fmt: skip
 
 
 def _lead(args: argparse.Namespace, settings: Any, rv: Any) -> dict[str, Any]:
     import torch
 
     from mgserve.bench.mixed import GREEDY
-    from mgserve.core.builtin_models import resolve_model
     from mgserve.core.engine.contract import Request
     from mgserve.core.engine.scheduler import Scheduler
-    from mgserve.core.gguf.reader import GGUFFile
     from mgserve.pipeline.lockstep import Leader, agree, stage_runner
     from mgserve.pipeline.rendezvous import join
 
     device = args.device
     control = join(rv, device)
-    g = GGUFFile(resolve_model(settings.model, settings.cache_dir))
+    g = _model(args)
     runner, model, settings = stage_runner(g, settings, device, rv)
     agree(control, settings, g)
     leader = Leader(runner, control)
@@ -155,7 +215,7 @@ def _lead(args: argparse.Namespace, settings: Any, rv: Any) -> dict[str, Any]:
     serve([Request("warm", prompt(2 * settings.batch_size), GREEDY, max_tokens=4)])
     long = Request("long", prompt(args.prompt), GREEDY, max_tokens=2)
     long_tokens, _, ttft = serve([long])
-    short = [Request(f"s{i}", prompt(32), GREEDY, max_tokens=args.decode_steps + 2)
+    short = [Request(f"s{i}", prompt(args.decode_depth), GREEDY, max_tokens=args.decode_steps + 2)
              for i in range(args.sessions)]  # fmt: skip
     decode_tokens, steps, _ = serve(short)
     leader.close()
@@ -174,7 +234,16 @@ def _run(args: argparse.Namespace, spec: RunSpec) -> dict[str, Any]:
     with socket.socket() as s:  # a free port for the ranks' meeting place
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [ctx.Process(target=_rank, args=(args, spec, r, port, out), daemon=True)
+    gpus: list[str] = []
+    if args.device == "cuda":
+        from mgserve.machine import gpu_ids
+
+        gpus = gpu_ids()
+        nccl = args.dist_backend != "gloo"
+        if not gpus or (nccl and len(gpus) < spec.processes):
+            raise ValueError(f"{spec.name()}: NCCL needs a GPU per rank and {len(gpus)} are here "
+                             "(--dist-backend gloo lets ranks share one)")  # fmt: skip
+    procs = [ctx.Process(target=_rank, args=(args, spec, r, port, out, gpus), daemon=True)
              for r in range(spec.processes)]  # fmt: skip
     for p in procs:
         p.start()
@@ -200,14 +269,18 @@ def _run(args: argparse.Namespace, spec: RunSpec) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     specs = RunSpec.parse(args.runs)
-    if args.ubatch < 1 or args.prompt < args.ubatch or args.sessions < 1:
-        raise ValueError("--prompt >= --ubatch >= 1 and --sessions >= 1")
+    if args.ubatch < 1 or args.prompt < args.ubatch or min(args.sessions, args.decode_depth) < 1:
+        raise ValueError("--prompt >= --ubatch >= 1, --sessions and --decode-depth >= 1")
     results = [(s, _run(args, s)) for s in specs]
     base = results[0][1]
+    model = args.shape and f"synthetic {args.shape}, {args.layers} layers, {args.experts} experts"
+    link = ""
+    if args.device == "cuda":
+        link = f", {args.dist_backend} backend" + (", NCCL without peer copies" * args.no_p2p)
     lines = [
-        f"model `{args.model or 'built-in default'}` on {args.device}; prompt {args.prompt} "
-        f"tokens in chunks of {args.ubatch}; {args.sessions} sessions decoding, "
-        f"{args.decode_steps} steps; greedy",
+        f"model `{model or args.model or 'built-in default'}` on {args.device}{link}; prompt "
+        f"{args.prompt} tokens in chunks of {args.ubatch}; {args.sessions} sessions decoding at "
+        f"depth {args.decode_depth}, {args.decode_steps} steps; greedy",
         "",
         "| run | layers per stage | prefill t/s | TTFT s | decode t/s (aggregate) | ms/step "
         "| vs first run: prefill / decode | tokens as the first run |",

@@ -233,8 +233,9 @@ def _fatal(what: str) -> None:
     os._exit(1)
 
 
-def follow(settings: Settings, rv: Rendezvous) -> int:
-    """A rank other than 0: load, then run rank 0's steps until it stops; the exit status."""
+def follow(settings: Settings, rv: Rendezvous, g: GGUFFile | None = None) -> int:
+    """A rank other than 0: load (``g``, or the file the settings name), then run rank 0's steps
+    until it stops; the exit status."""
     import torch.distributed as dist
 
     from mgserve.core.builtin_models import resolve_model
@@ -252,7 +253,7 @@ def follow(settings: Settings, rv: Rendezvous) -> int:
         choose_gpu()
     device = resolve_device(settings.device)
     control = join(rv, device)
-    g = GGUFFile(resolve_model(settings.model, settings.cache_dir))
+    g = g or GGUFFile(resolve_model(settings.model, settings.cache_dir))
     runner, _, resolved = stage_runner(g, settings, device, rv)
     agree(control, resolved, g)
     for sig in (signal.SIGTERM, signal.SIGINT):  # rank 0's stop ends this rank (docstring)
