@@ -20,10 +20,7 @@ On GPUs (``--device cuda``) rank r takes the r-th GPU this process sees, NCCL ca
 hand-offs (by peer copies where the GPUs reach each other; ``--no-p2p`` forces host memory, the
 PCIe-without-P2P case) and decode steps replay CUDA graphs; ``--dist-backend gloo`` lets ranks
 share one GPU (hand-offs through the host). ``--shape`` makes a synthetic model on each rank,
-with the same bytes everywhere, so a full-width model needs no file. The issue's multi-GPU runs,
-for a machine of several GPUs: ``--device cuda --shape qwen4exp-flash-next --layers 48 --experts
-256 --ple-rows 4000000 --runs 1x1,2x1,2x1m2 --prompt 32768 --ubatch 4096 --decode-depth 4096``,
-then ``--prompt 131072`` and ``--decode-depth 131072``, with and without ``--no-p2p``.
+with the same bytes everywhere, so a full-width model needs no file (README: the runs to make).
 """
 
 from __future__ import annotations
