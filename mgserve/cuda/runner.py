@@ -115,7 +115,7 @@ class DeviceRunner:
         self.lanes = lanes  # run a lane batch and a decode batch at once, from two threads
         self.pad_slot = model.pools.n_slots - 1  # the spare slot: padding rows of graph buckets
         model.begin_sequence(self.pad_slot)  # the shape of a slot's host state (load_slot)
-        self._host_state = model.host_state(self.pad_slot)
+        self.new_host_state = model.host_state(self.pad_slot)
         gpu = device.type == "cuda"
         extra = getattr(model, "decode_extra_shape", None)
         self.decode = (
@@ -194,7 +194,7 @@ class DeviceRunner:
                 if isinstance(op, SlotSave):
                     saved[op.id] = snap.save_slot(self.model, self.checkpoints, op, self.saves)
                 elif isinstance(op, SlotLoad):
-                    snap.load_slot(self.model, self.checkpoints, op, self._host_state)
+                    snap.load_slot(self.model, self.checkpoints, op, self.new_host_state)
             return StepResult(batch.step, seconds=time.perf_counter() - t0, saved=saved)
         decode = _decode_rows(batch)
         prefill = [w for w in batch.work if w not in decode]

@@ -98,14 +98,11 @@ def save_slot(
     return saves.copy(op.slot, out)
 
 
-def load_slot(
-    model: DeviceLM, store: CheckpointStore[DeviceCheckpoint], op: SlotLoad, host: Any
-) -> None:
-    """``host``: the model's host-side state of a fresh sequence (``DeviceLM.host_state``), whose
-    shape a saved one must have."""
+def check_slot(model: DeviceLM, op: SlotLoad, host: Any) -> SlotTensors:
+    """ValueError naming the first of ``op``'s tensors that does not fit its slot (nothing is
+    written); else the tensors ``load_slot`` writes. ``host``: as ``load_slot``'s."""
     pools, n = model.pools, len(op.tokens)
-    parts = _parts(pools, op.slot)
-    want = layout(parts, n)
+    want = layout(_parts(pools, op.slot), n)
     views = pools.recurrent(op.slot)
     if views:
         for prefix in ["", *(ckpt_name(p, "") for p in op.checkpoints)]:
@@ -114,7 +111,17 @@ def load_slot(
                 want[prefix + "host"] = (torch.int64, tuple(host.shape))
     given = {k: t for k, t in op.tensors.items() if not k.startswith("ckpt.") or k in want}
     check(given, want)
-    copy_in(parts, n, given)
+    return given
+
+
+def load_slot(
+    model: DeviceLM, store: CheckpointStore[DeviceCheckpoint], op: SlotLoad, host: Any
+) -> None:
+    """``host``: the model's host-side state of a fresh sequence (``DeviceLM.host_state``), whose
+    shape a saved one must have."""
+    given = check_slot(model, op, host)
+    copy_in(_parts(model.pools, op.slot), len(op.tokens), given)
+    views = model.pools.recurrent(op.slot)
     if views:
         device = views[0].device
 

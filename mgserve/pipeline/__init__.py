@@ -14,5 +14,6 @@ transport_dist.py  DistTransport: stages in other processes (torch.distributed),
               flight while the sender goes on
 rendezvous.py where a pipeline's processes meet (--dist-*, torchrun's variables)
 lockstep.py   serve across processes: rank 0 broadcasts each step, the other ranks follow
+slots_dist.py slot save / restore across processes: each rank's part, one file on rank 0
 launch.py     serve --device-list: rank 0 starts a pipeline of this host's GPUs, a process each
 """

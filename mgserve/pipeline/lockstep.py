@@ -27,9 +27,10 @@ follower whose step fails exits 1, and rank 0 exits 1 when its step or the broad
 fails (the follower's exit closes its connections, so rank 0 sees it at its next step). A
 supervisor (torchrun's restarts, compose's ``restart:``) starts them again.
 
-Not across processes (refused at start, ``refuse``): ``--prefill-lane on`` (two threads' steps
-at once), ``--slot-save-path`` (a slot's tensors are spread over the ranks), ``--virtual-stages``
-and ``--device-list``.
+A slot save or restore (``--slot-save-path``) runs on every rank, each for its stage's part of the
+slot, and rank 0 writes or reads the one file: slots_dist.py. Not across processes (refused at
+start, ``refuse``): ``--prefill-lane on`` (two threads' steps at once), ``--virtual-stages`` and
+``--device-list``.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ import torch
 
 from mgserve.config import Settings
 from mgserve.core.engine.actor import Engine
-from mgserve.core.engine.contract import ScheduledBatch, SlotLoad, SlotSave, StepResult
+from mgserve.core.engine.contract import ScheduledBatch, StepResult
 from mgserve.core.gguf.reader import GGUFFile
+from mgserve.pipeline import slots_dist
 from mgserve.pipeline.rendezvous import Rendezvous
 
 log = logging.getLogger(__name__)
@@ -59,12 +61,9 @@ AHEAD = 4  # steps a follower takes from rank 0 before it has run them (``_liste
 
 def refuse(settings: Settings) -> None:
     """ValueError for what does not run across processes (the module docstring)."""
-    refused = {
-        "--prefill-lane on": settings.prefill_lane == "on",
-        "--slot-save-path": settings.slot_save_path is not None,
-        "--virtual-stages": settings.virtual_stages > 1,
-        "--device-list": settings.device_list is not None,
-    }
+    refused = {"--prefill-lane on": settings.prefill_lane == "on",
+               "--virtual-stages": settings.virtual_stages > 1,
+               "--device-list": settings.device_list is not None}  # fmt: skip
     named = [k for k, v in refused.items() if v]
     if named:
         raise ValueError(f"not supported across processes (--dist-*, torchrun): {', '.join(named)}")
@@ -116,8 +115,8 @@ def stage_runner(g: GGUFFile, settings: Settings, device: str, rv: Rendezvous) -
     staged = StagedLM(model, ranges, transport, settings.pipeline_micro_batches)
     log.info("rank %d of %d: stage %d, layers %d-%d (%.2f GB of weights loaded)", rv.rank,
              rv.world_size, rv.rank, a, b - 1, model.weight_bytes / 1e9)  # fmt: skip
-    # decode through CUDA graphs on a GPU, the hand-offs made around each replay (transport_dist)
-    return StageRunner(DeviceRunner(staged, dev, graphs=dev.type == "cuda"), model, settings)
+    gpu = dev.type == "cuda"  # decode graphs, hand-offs around each replay (transport_dist)
+    return StageRunner(DeviceRunner(staged, dev, graphs=gpu), model, settings)
 
 
 def agree(control: Any, settings: Settings, g: GGUFFile) -> None:
@@ -157,7 +156,8 @@ class Leader:
         self.model = runner.model  # /metrics reads the staged model's per-stage figures
         self.control = control
         self.supports_drafts = runner.supports_drafts
-        self.slot_format = runner.slot_format
+        self.slot_format = slots_dist.slot_format(runner.slot_format, runner.model.ranges)
+        self.slots = slots_dist.LeaderSlots(runner)  # its gloo group: as the followers make it
         self.closed = False
 
     @property
@@ -165,15 +165,17 @@ class Leader:
         return int(self.inner.checkpoint_nbytes)
 
     def run(self, batch: ScheduledBatch) -> StepResult:
-        if any(isinstance(op, SlotSave | SlotLoad) for op in batch.slot_ops):
-            raise ValueError("slot save and restore do not run across processes")
         if self.closed:
             raise RuntimeError("the pipeline's followers have stopped")
         batch = _crossing(batch)
         sent = tuple(dataclasses.replace(w, grammar=None) if w.grammar else w for w in batch.work)
         try:
+            if slots_dist.moves_state(batch):  # a slot save or restore: on every rank
+                return self.slots.run(batch, self._send)
             self._send(dataclasses.replace(batch, work=sent))
             return self.inner.run(batch)  # type: ignore[no-any-return]
+        except slots_dist.Refused:
+            raise  # every rank agreed not to restore: the pipeline is in step (slots_dist.py)
         except Exception:  # the ranks are out of step, or one is gone (the module docstring)
             _fatal(f"rank 0: step {batch.step} failed; the pipeline cannot go on")
             raise  # not reached
@@ -256,6 +258,7 @@ def follow(settings: Settings, rv: Rendezvous, g: GGUFFile | None = None) -> int
     g = g or GGUFFile(resolve_model(settings.model, settings.cache_dir))
     runner, _, resolved = stage_runner(g, settings, device, rv)
     agree(control, resolved, g)
+    slots = slots_dist.group()  # as rank 0's Leader makes it
     for sig in (signal.SIGTERM, signal.SIGINT):  # rank 0's stop ends this rank (docstring)
         signal.signal(sig, signal.SIG_IGN)
     log.info("rank %d: following rank 0's steps", rv.rank)
@@ -264,7 +267,10 @@ def follow(settings: Settings, rv: Rendezvous, g: GGUFFile | None = None) -> int
     threading.Thread(target=_listen, args=(control, inbox, rv.rank), daemon=True).start()
     while (batch := inbox.get()) is not STOP:
         try:
-            runner.run(batch)
+            if slots_dist.moves_state(batch):
+                slots_dist.follow(runner, batch, slots)
+            else:
+                runner.run(batch)
         except Exception:  # the hand-offs would be out of step (the module docstring)
             _fatal(f"rank {rv.rank}: step {batch.step} failed; the pipeline cannot go on")
         steps += 1

@@ -2,11 +2,12 @@
 
 A file is the magic ``MGSLOT``, the header's length (8 bytes, little-endian), the header (JSON),
 then each tensor's bytes in the header's order. The header holds the format version, the
-identity of what saved it (model fingerprint, architecture, the runner's tensor layout, the K/V
-cache types), the context size, the slot's tokens, its checkpoint positions and the tensor table
-(name, dtype, shape). A file is refused, with the reason, when any of that does not match this
-server (a context too small for its tokens included). It is written beside its final name and
-renamed, so a crash never leaves half a file under that name.
+identity of what saved it (model fingerprint, architecture, the runner's tensor layout, which
+names a pipeline's split of the layers: pipeline/slots_dist.py, the K/V cache types), the
+context size, the slot's tokens, its checkpoint positions and the tensor table (name, dtype,
+shape). A file is refused, with the reason, when any of that does not match this server (a
+context too small for its tokens included). It is written beside its final name and renamed,
+so a crash never leaves half a file under that name.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def _check(header: dict[str, Any], identity: SlotIdentity, n_ctx: int, name: str
     what = {
         "fingerprint": "another model file",
         "arch": "another architecture",
-        "runner": "another runner (device)",
+        "runner": "another runner (device) or pipeline split",
         "type_k": "another K cache type",
         "type_v": "another V cache type",
     }
