@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import sys
 
@@ -78,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
             settings = config.settings_from(args)
             ranks = local_ranks(settings)  # a pipeline of this host's processes, started here
             if ranks is not None:
+                from mgserve.pipeline.lockstep import refuse
+
+                refuse(dataclasses.replace(settings, device_list=None))  # before any rank starts
                 settings = launch(settings, ranks)
             rv = rendezvous(settings)  # a pipeline across processes: ranks > 0 follow rank 0
             split = settings.tensor_split if rv is None else None  # across them: a rank's share

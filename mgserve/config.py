@@ -118,8 +118,8 @@ class Settings:
     )
     dist_world_size: int = _opt(
         0,
-        "processes of a layer pipeline across hosts (torch.distributed), one stage each; rank 0 "
-        "serves HTTP, the others follow its steps (0: torchrun's WORLD_SIZE, else one process)",
+        "processes of a layer pipeline (torch.distributed), one stage each; rank 0 serves HTTP, "
+        "the others follow its steps; with no rank, started here (0: torchrun's WORLD_SIZE)",
         "--dist-world-size",
     )
     dist_rank: int = _opt(

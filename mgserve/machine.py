@@ -77,50 +77,42 @@ def pick_gpu(free: Sequence[tuple[str, int]]) -> str | None:
     return max(enumerate(free), key=lambda e: (e[1][1], -e[0]))[1][0]
 
 
-def _gpus_free() -> list[tuple[str, int]]:
-    """(UUID, free bytes) per GPU as ``nvidia-smi`` reports them (NVML: no CUDA context made);
-    empty when it is missing or fails."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=uuid,memory.free", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    gpus = []
-    for line in out.splitlines():
-        uuid, _, mib = line.partition(",")
-        try:
-            gpus.append((uuid.strip(), int(mib.strip()) << 20))
-        except ValueError:
-            continue
-    return gpus
-
-
-def gpu_free(ids: Sequence[str]) -> list[int | None]:
-    """Free bytes of each GPU of ``ids`` (``CUDA_VISIBLE_DEVICES`` values: UUIDs or indices) as
-    ``nvidia-smi`` reports them, without a CUDA context; None where it does not say."""
+def _nvidia_smi() -> list[tuple[str, str, int]]:
+    """(index, UUID, free bytes) per GPU as ``nvidia-smi`` reports them (NVML: no CUDA context
+    made); empty when it is missing or fails."""
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=index,uuid,memory.free", "--format=csv,noheader,nounits"],
             capture_output=True, text=True, timeout=20, check=True,
         ).stdout  # fmt: skip
     except (OSError, subprocess.SubprocessError):
-        return [None] * len(ids)
-    free: dict[str, int] = {}
+        return []
+    gpus = []
     for line in out.splitlines():
         parts = [x.strip() for x in line.split(",")]
         if len(parts) == 3 and parts[2].isdigit():
-            free[parts[0]] = free[parts[1]] = int(parts[2]) << 20
+            gpus.append((parts[0], parts[1], int(parts[2]) << 20))
+    return gpus
+
+
+def _gpus_free() -> list[tuple[str, int]]:
+    """(UUID, free bytes) per GPU (``_nvidia_smi``)."""
+    return [(uuid, free) for _, uuid, free in _nvidia_smi()]
+
+
+def gpu_free(ids: Sequence[str]) -> list[int | None]:
+    """Free bytes of each GPU of ``ids`` (``CUDA_VISIBLE_DEVICES`` values: UUIDs or indices) as
+    ``nvidia-smi`` reports them, without a CUDA context; None where it does not say."""
+    free: dict[str, int] = {}
+    for index, uuid, n in _nvidia_smi():
+        free[index] = free[uuid] = n
     return [free.get(i) for i in ids]
 
 
 def gpu_ids() -> list[str]:
-    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` values in CUDA's order: that
-    variable's entries where it is set, else every GPU ``nvidia-smi`` lists (by UUID)."""
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` values: that variable's entries
+    where it is set (CUDA's order), else every GPU ``nvidia-smi`` lists, by UUID, in its (PCI)
+    order, which ``--device-list`` ordinals then name."""
     if env.is_set("CUDA_VISIBLE_DEVICES"):
         return [x.strip() for x in (env.get("CUDA_VISIBLE_DEVICES") or "").split(",") if x.strip()]
     return [uuid for uuid, _ in _gpus_free()]

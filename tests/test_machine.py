@@ -76,3 +76,25 @@ def test_choose_gpu_narrows_cuda_to_the_freest_only_when_none_is_named(monkeypat
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     monkeypatch.setattr(machine, "_gpus_free", lambda: [("GPU-a", 1 << 30)])  # one GPU
     assert machine.choose_gpu() is None and not env.is_set("CUDA_VISIBLE_DEVICES")
+
+
+def test_gpu_free_reads_nvidia_smi_by_index_or_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The free memory of the GPUs a pipeline's ranks will see (pipeline/launch.py), named by
+    index or UUID as CUDA_VISIBLE_DEVICES names them; None where nvidia-smi says nothing."""
+    import subprocess
+    import types
+
+    out = "0, GPU-a, 100\n1, GPU-b, 200\nbad line\n"
+    monkeypatch.setattr(machine.subprocess, "run",
+                        lambda *a, **k: types.SimpleNamespace(stdout=out))  # fmt: skip
+    assert machine.gpu_free(["GPU-b", "0", "7"]) == [200 << 20, 100 << 20, None]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert machine.gpu_ids() == ["GPU-a", "GPU-b"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 1")
+    assert machine.gpu_ids() == ["3", "1"]
+
+    def missing(*a: object, **k: object) -> None:
+        raise subprocess.SubprocessError("no nvidia-smi")
+
+    monkeypatch.setattr(machine.subprocess, "run", missing)
+    assert machine.gpu_free(["0"]) == [None]

@@ -166,15 +166,14 @@ def _lead(args: argparse.Namespace, settings: Any, rv: Any) -> dict[str, Any]:
     from mgserve.bench.mixed import GREEDY
     from mgserve.core.engine.contract import Request
     from mgserve.core.engine.scheduler import Scheduler
-    from mgserve.pipeline.lockstep import Leader, agree, stage_runner
-    from mgserve.pipeline.rendezvous import join
+    from mgserve.pipeline.lockstep import Leader, stage_runner
+    from mgserve.pipeline.rendezvous import agree, join
 
     device = args.device
     control = join(rv, device)
     g = _model(args)
     runner, model, settings = stage_runner(g, settings, device, rv)
-    agree(control, settings, g)
-    leader = Leader(runner, control)
+    leader = Leader(runner, control, agree(control, settings, g, runner.checkpoint_nbytes))
     sched = Scheduler(settings.parallel, settings.ctx_size, settings.batch_size,
                       rewindable=model.rewindable)  # fmt: skip
     vocab = model.spec.n_vocab

@@ -80,6 +80,9 @@ class _Captured:
         torch.cuda.current_stream(device).wait_stream(stream)
         self.log: list[Replay] = []
         step.log = self.log if logged else None  # the capture's log: its tensors, every replay's
+        ready = getattr(model, "before_capture", None)  # a pipeline across processes: no send
+        if ready is not None:  # in flight during the capture
+            ready()
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
             self.logits = model.forward(step)  # [b, V], rewritten by every replay

@@ -46,6 +46,11 @@ def local_ranks(settings: Settings) -> list[str | None] | None:
     if "RANK" in tr or settings.dist_rank >= 0 or settings.dist_init is not None:
         return None
     if settings.device_list is not None:
+        if settings.device == "cpu":
+            raise ValueError(
+                f"--device-list {settings.device_list} names GPUs; --device cpu runs on none (a "
+                "pipeline of CPU processes: --dist-world-size)"
+            )
         gpus = _gpus(settings.device_list)
         if settings.dist_world_size not in (0, len(gpus)):
             raise ValueError(f"--device-list {settings.device_list} names {len(gpus)} GPUs and "
@@ -54,7 +59,18 @@ def local_ranks(settings: Settings) -> list[str | None] | None:
     world = settings.dist_world_size or 1
     if world <= 1:
         return None
-    return [None] * world
+    if settings.device == "cpu":
+        return [None] * world
+    from mgserve.machine import gpu_ids
+
+    shown = gpu_ids()  # on GPUs: the first ``world`` of them, a GPU each (NCCL needs that)
+    if len(shown) >= world:
+        return list(shown[:world])
+    if settings.device == "cuda" or shown:
+        raise ValueError(f"--dist-world-size {world}: a pipeline on GPUs takes a GPU per process "
+                         f"and {len(shown)} are here (--device-list chooses them; --device cpu "
+                         "runs on the CPU)")  # fmt: skip
+    return [None] * world  # --device auto and no GPU: CPU processes
 
 
 def _gpus(device_list: str) -> list[str]:
@@ -102,7 +118,7 @@ def launch(settings: Settings, ranks: list[str | None]) -> Settings:
             mine = dataclasses.replace(mine, gpu_memory=sizes[rank].strip())
         child_env = _env(mine, ranks[rank])
         cmd = [sys.executable, "-m", "mgserve", "serve"]
-        children.append(subprocess.Popen(cmd, env=child_env))
+        children.append(subprocess.Popen(cmd, env=child_env, preexec_fn=_die_with_parent))
     if ranks[0] is not None:
         env.show_only_gpu(ranks[0])
     log.info("a pipeline of %d processes on this host: rank 0 here%s, ranks 1-%d started (pids %s)",
@@ -156,8 +172,19 @@ def _env(settings: Settings, gpu: str | None) -> dict[str, str]:
     return env.for_child(values, gpu)
 
 
+def _die_with_parent() -> None:
+    """In a child before it runs: the kernel kills it when rank 0's process ends, however it
+    ends (``os._exit`` on a fatal error, SIGKILL), so no rank outlives the pipeline."""
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
 def _watch(children: list[subprocess.Popen[bytes]]) -> None:
-    """Rank 0 ends with status 1 when a child exits first (the module docstring)."""
+    """Rank 0 ends with status 1 when a child exits first (the module docstring); the other
+    children die with it (``_die_with_parent``)."""
     while True:
         for c in children:
             code = c.poll()  # 0 only once rank 0 has told it to stop

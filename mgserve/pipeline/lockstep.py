@@ -5,7 +5,7 @@ broadcast (``DistTransport``) meet in the same order everywhere. A follower take
 thread of its own (``_listen``) and runs them in order, so rank 0 never waits for a busy
 follower to take the next step: with the sends in flight and no broadcast for a chunk that
 samples nothing (transport_dist.py), rank 0's stage computes chunk c + 1 of a long prompt while
-rank 1's computes chunk c (pipelined prefill), and a decode step's micro-batches overlap.
+rank 1's computes chunk c (pipelined prefill), and an eager decode step's micro-batches overlap.
 
 Every rank loads its stage of the model (its layers and their state; the embedding on the first,
 the head on the last: models/base.py) and builds the same ``DeviceRunner`` over a ``StagedLM`` of
@@ -51,7 +51,7 @@ from mgserve.core.engine.actor import Engine
 from mgserve.core.engine.contract import ScheduledBatch, StepResult
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.pipeline import slots_dist
-from mgserve.pipeline.rendezvous import Rendezvous
+from mgserve.pipeline.rendezvous import Rendezvous, agree
 
 log = logging.getLogger(__name__)
 
@@ -119,22 +119,6 @@ def stage_runner(g: GGUFFile, settings: Settings, device: str, rv: Rendezvous) -
     return StageRunner(DeviceRunner(staged, dev, graphs=gpu), model, settings)
 
 
-def agree(control: Any, settings: Settings, g: GGUFFile) -> None:
-    """Every rank serves the same model with the same slots: ValueError on all ranks if not."""
-    import torch.distributed as dist
-
-    mine = (g.architecture, g.path.name, settings.parallel, settings.ctx_size,
-            settings.cache_type_k, settings.cache_type_v, settings.batch_size,
-            settings.pipeline_micro_batches, settings.tensor_split)  # fmt: skip
-    every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine, group=control)
-    if any(x != every[0] for x in every):
-        raise ValueError(
-            "the pipeline's processes differ in (architecture, model file, --parallel, "
-            f"--ctx-size, cache types, --batch-size, --pipeline-micro-batches): {every}"
-        )
-
-
 def _crossing(batch: ScheduledBatch) -> ScheduledBatch:
     """``batch`` with its new sessions' seeds drawn (it runs on rank 0 so too)."""
     from mgserve.cuda.sampling import seeded
@@ -151,8 +135,9 @@ class Leader:
 
     lanes = False
 
-    def __init__(self, runner: Any, control: Any) -> None:
+    def __init__(self, runner: Any, control: Any, state_bytes: int) -> None:
         self.inner = runner
+        self.state_bytes = state_bytes  # the ranks' largest stage state per slot (``agree``)
         self.model = runner.model  # /metrics reads the staged model's per-stage figures
         self.control = control
         self.supports_drafts = runner.supports_drafts
@@ -161,8 +146,8 @@ class Leader:
         self.closed = False
 
     @property
-    def checkpoint_nbytes(self) -> int:
-        return int(self.inner.checkpoint_nbytes)
+    def checkpoint_nbytes(self) -> int:  # the host-RAM budget's unit: the largest rank's part
+        return self.state_bytes
 
     def run(self, batch: ScheduledBatch) -> StepResult:
         if self.closed:
@@ -220,8 +205,7 @@ def leader_engine(g: GGUFFile, settings: Settings, device: str, rv: Rendezvous) 
     refuse(settings)
     control = join(rv, device)
     runner, model, settings = stage_runner(g, settings, device, rv)
-    agree(control, settings, g)
-    leader = Leader(runner, control)
+    leader = Leader(runner, control, agree(control, settings, g, runner.checkpoint_nbytes))
     spec_k = settings.spec_k if settings.spec == "on" else 0
     warm_up(leader, model.spec.n_vocab, settings.ctx_size, settings.batch_size, spec_k)
     return LeaderEngine(model, settings, runner=leader, drafter=speculator_from(settings))
@@ -257,7 +241,7 @@ def follow(settings: Settings, rv: Rendezvous, g: GGUFFile | None = None) -> int
     control = join(rv, device)
     g = g or GGUFFile(resolve_model(settings.model, settings.cache_dir))
     runner, _, resolved = stage_runner(g, settings, device, rv)
-    agree(control, resolved, g)
+    agree(control, resolved, g, runner.checkpoint_nbytes)
     slots = slots_dist.group()  # as rank 0's Leader makes it
     for sig in (signal.SIGTERM, signal.SIGINT):  # rank 0's stop ends this rank (docstring)
         signal.signal(sig, signal.SIG_IGN)
@@ -292,7 +276,7 @@ def _listen(control: Any, inbox: queue.Queue[Any], rank: int) -> None:
         box: list[Any] = [None]
         try:
             dist.broadcast_object_list(box, src=0, group=control)
-        except RuntimeError as e:
+        except BaseException as e:  # noqa: BLE001 - a dead listener would hang the main thread
             _fatal(f"rank {rank}: rank 0 is gone ({e})")
         inbox.put(box[0])
         if box[0] is STOP:

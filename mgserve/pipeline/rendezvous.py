@@ -86,3 +86,23 @@ def join(rv: Rendezvous, device: str) -> Any:
         backend, init_method=rv.init_method, rank=rv.rank, world_size=rv.world_size
     )
     return dist.new_group(backend="gloo", timeout=IDLE)
+
+
+def agree(control: Any, settings: Settings, g: Any, state_bytes: int) -> int:
+    """Every rank serves the same model with the same slots and split: ValueError on all ranks if
+    not. The largest of the ranks' ``state_bytes`` (a slot's recurrent state in a rank's stage):
+    the unit of rank 0's host-RAM budget for checkpoints, which every rank keeps of its part."""
+    import torch.distributed as dist
+
+    mine = (g.architecture, g.path.name, settings.parallel, settings.ctx_size,
+            settings.cache_type_k, settings.cache_type_v, settings.batch_size,
+            settings.pipeline_micro_batches, settings.tensor_split)  # fmt: skip
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, (mine, int(state_bytes)), group=control)
+    if any(x[0] != every[0][0] for x in every):
+        raise ValueError(
+            "the pipeline's processes differ in (architecture, model file, --parallel, "
+            "--ctx-size, cache types, --batch-size, --pipeline-micro-batches, --tensor-split): "
+            f"{[x[0] for x in every]}"
+        )
+    return max(x[1] for x in every)

@@ -146,6 +146,12 @@ class StagedLM:
         take = getattr(self.transport, "take_graph_io", None)
         return take() if take is not None else None
 
+    def before_capture(self) -> None:
+        """Before a decode graph's capture: nothing of the transport's in flight."""
+        ready = getattr(self.transport, "before_capture", None)
+        if ready is not None:
+            ready()
+
     def before_replay(self, io: Any) -> None:
         self.transport.before_replay(io)  # type: ignore[attr-defined]
 
@@ -173,7 +179,7 @@ def balanced_ranges(g: GGUFFile, n_stages: int, type_k: str = "f16",
     costs = ModelCosts.of(g, type_k, type_v)
     n = costs.sizes.spec.n_layer
     if not 1 <= n_stages <= n:
-        raise ValueError(f"{n_stages} virtual stages for {n} layers: 1 to {n}")
+        raise ValueError(f"a pipeline of {n_stages} stages for {n} layers: 1 to {n} stages")
     found = best_split(n, n_stages, Balance.decode_bytes(costs).cost, lambda *_: True)
     assert found is not None  # nothing refuses a split
     return found

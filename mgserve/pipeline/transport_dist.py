@@ -7,7 +7,8 @@ or the next micro-batch of a decode step's sessions) while the receiver still co
 before, which is what lets the stages of different processes run at once. A send's tensor is
 kept until the send completes, and at most ``IN_FLIGHT`` sends per link are outstanding: the
 next waits for the oldest, so a fast first stage runs at most that far ahead of its receiver (a
-qwen4exp hand-off of a 4096-token chunk is 168 MB). Across processes the ranks agree on a step
+qwen4exp hand-off of a 4096-token chunk is 168 MB; on NCCL that bounds the first stage's GPU
+stream, its host may run ahead further). Across processes the ranks agree on a step
 by running the same ``ScheduledBatch`` (lockstep.py), so they need no other message for it.
 
 The last stage's logits are broadcast to every rank, so that every process samples the same
@@ -155,20 +156,37 @@ class DistTransport:
         return io
 
     def before_replay(self, io: GraphIO) -> None:
-        """The replayed step's input from the stage before, into the graph's buffer."""
+        """The replayed step's input from the stage before, into the graph's buffer (received
+        into memory of our own first: the graph's pool is not NCCL's to hold)."""
         for stage, y in io.received:  # a micro-batch each, in order
-            self._recv_into(stage, y)
+            got = torch.empty_like(y)
+            self._recv_into(stage, got)
+            y.copy_(got)
 
     def after_replay(self, io: GraphIO) -> None:
         """The replayed step's output to the next stage (a copy: the next replay rewrites the
-        graph's), then its logits from the last stage."""
+        graph's), then its logits from the last stage (through a copy too)."""
         for stage, x in io.sent:
             self._isend(stage, x.clone())
         if io.logits is not None:
-            self._broadcast(io.logits)
+            out = io.logits.clone()
+            self._broadcast(out)
+            if self.rank != self.ranks[-1]:
+                io.logits.copy_(out)
+
+    def before_capture(self) -> None:
+        """No send of this rank in flight while a graph is captured (NCCL's watchdog queries its
+        works' events, which a capture forbids): all done, on the host too."""
+        self.flush()
 
     def flush(self) -> None:
-        """Wait for every send of this rank (before the process group goes)."""
+        """Wait for every send of this rank, on the host (before a capture, or before the process
+        group goes; on NCCL ``wait`` only orders the current stream, so the device is synced)."""
+        gpu = False
         for sent in self.pending:
             while sent:
-                sent.popleft()[0].wait()
+                work, x = sent.popleft()
+                work.wait()
+                gpu = gpu or x.is_cuda
+        if gpu:
+            torch.cuda.synchronize()

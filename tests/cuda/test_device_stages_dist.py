@@ -22,6 +22,7 @@ if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
 N_DECODE, SESSIONS = 8, 2
+GRAPHS = ("gloo-cuda", "nccl-graphs")  # decode through CUDA graphs, as serve's GPU ranks do
 
 
 def _runner(path: str, device: torch.device, transport_ranks: list[int] | None,
@@ -53,15 +54,15 @@ def _runner(path: str, device: torch.device, transport_ranks: list[int] | None,
 def _worker(rank: int, path: str, rendezvous: str, out: str, kind: str) -> None:
     torch.set_num_threads(1)
     device = torch.device("cpu")
-    if kind == "nccl":
+    if kind.startswith("nccl"):
         torch.cuda.set_device(rank)
         device = torch.device("cuda", rank)
     if kind == "gloo-cuda":  # both ranks on GPU 0, hand-offs through the host
         device = torch.device("cuda", 0)
-    backend = "gloo" if kind.startswith("gloo") else kind
+    backend = "gloo" if kind.startswith("gloo") else "nccl"
     dist.init_process_group(backend, init_method=rendezvous, rank=rank, world_size=2)
     try:
-        runner, logits = _runner(path, device, [0, 1], graphs=kind == "gloo-cuda")
+        runner, logits = _runner(path, device, [0, 1], graphs=kind in GRAPHS)
         tokens = greedy(runner, SESSIONS, N_DECODE)
         torch.save({"tokens": tokens, "logits": logits}, f"{out}.{rank}")
         dist.barrier()
@@ -82,7 +83,7 @@ def _check(arch: str, tmp_path: Path, kind: str) -> None:
     torch.set_num_threads(1)
     try:
         device = torch.device("cpu") if kind == "gloo" else torch.device("cuda", 0)
-        runner, want_logits = _runner(path, device, None, graphs=kind == "gloo-cuda")
+        runner, want_logits = _runner(path, device, None, graphs=kind in GRAPHS)
         want = greedy(runner, SESSIONS, N_DECODE)
     finally:
         torch.set_num_threads(n)
@@ -100,11 +101,12 @@ def test_two_processes_give_one_process_tokens(arch: str, tmp_path: Path) -> Non
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["nccl", "nccl-graphs"])
 @pytest.mark.parametrize("arch", ["qwen4exp", "llama"])
-def test_two_gpus_over_nccl_give_one_gpu_tokens(arch: str, tmp_path: Path) -> None:
+def test_two_gpus_over_nccl_give_one_gpu_tokens(arch: str, kind: str, tmp_path: Path) -> None:
     if torch.cuda.device_count() < 2 or not dist.is_nccl_available():
         pytest.skip("needs two GPUs and NCCL")
-    _check(arch, tmp_path, "nccl")
+    _check(arch, tmp_path, kind)
 
 
 @pytest.mark.gpu

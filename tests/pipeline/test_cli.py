@@ -130,7 +130,9 @@ def test_serve_refuses_what_it_cannot_do(
         assert f"mgserve: error: {named}" in err
 
 
-def test_tensor_split_gives_each_process_of_a_pipeline_its_layers(tmp_path: Path) -> None:
+def test_tensor_split_gives_each_process_of_a_pipeline_its_layers(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     """Across processes (``--dist-world-size``), ``--tensor-split`` is a share per rank; without
     it the ranks split by decode weight bytes. serve refuses it in one process (one GPU)."""
     from mgserve.core.gguf.reader import GGUFFile
@@ -142,5 +144,5 @@ def test_tensor_split_gives_each_process_of_a_pipeline_its_layers(tmp_path: Path
     assert process_ranges(g, Settings(dist_world_size=2), 2, 8) == balanced_ranges(g, 2)
     with pytest.raises(ValueError, match="3 shares for a pipeline of 2 processes"):
         process_ranges(g, Settings(dist_world_size=3, tensor_split="1,1,1"), 2, 8)
-    assert main(["serve", "-m", str(g.path), "--device", "cpu", "-ts", "1,1", "--device-list",
-                 "0,1"]) == 2  # fmt: skip
+    assert main(["serve", "-m", str(g.path), "--device", "cpu", "-ts", "1,1"]) == 2  # one process
+    assert "tensor-split needs --device-list" in capsys.readouterr().err

@@ -29,7 +29,13 @@ def test_which_settings_start_the_ranks_here(
     assert launch.local_ranks(Settings(device_list="2,0")) == ["GPU-c", "GPU-a"]
     assert launch.local_ranks(Settings(device_list="all")) == ["GPU-a", "GPU-b", "GPU-c"]
     assert launch.local_ranks(Settings(device_list="1")) is None  # one GPU: no pipeline
-    assert launch.local_ranks(Settings(dist_world_size=3)) == [None, None, None]  # the CPU's
+    assert launch.local_ranks(Settings(dist_world_size=3, device="cpu")) == [None] * 3
+    # on GPUs, the first N: NCCL takes a GPU per rank
+    assert launch.local_ranks(Settings(dist_world_size=2)) == ["GPU-a", "GPU-b"]
+    with pytest.raises(ValueError, match="takes a GPU per process and 3 are here"):
+        launch.local_ranks(Settings(dist_world_size=4, device="cuda"))
+    with pytest.raises(ValueError, match="--device cpu runs on none"):
+        launch.local_ranks(Settings(device_list="0,1", device="cpu"))
     # ranks started elsewhere: torchrun's variables, or a rank or a meeting place named
     assert launch.local_ranks(Settings(dist_world_size=2, dist_rank=0)) is None
     assert launch.local_ranks(Settings(dist_world_size=2, dist_init="tcp://h:1")) is None
@@ -50,8 +56,9 @@ def test_each_rank_gets_its_gpu_its_settings_and_its_memory(
     class Popen:
         pid = 4242
 
-        def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
+        def __init__(self, cmd: list[str], env: dict[str, str], preexec_fn: Any) -> None:
             assert cmd[-3:] == ["-m", "mgserve", "serve"]
+            assert preexec_fn is launch._die_with_parent
             started.append(env)
 
         def poll(self) -> Any:

@@ -240,7 +240,25 @@ def test_one_command_serves_a_pipeline_of_this_hosts_processes(tmp_path: Path) -
         os.kill(children(p)[0], signal.SIGKILL)  # a stage gone: rank 0 cannot serve on
         assert p.wait(timeout=30) == 1
         assert "the pipeline cannot go on" in (tmp_path / "again.log").read_text()
+        p, base = start("killed.log")
+        _wait_ready(base, [p], tmp_path)
+        child = children(p)[0]
+        p.kill()  # rank 0 gone at once: its children end (their connections close; the kernel
+        # kills them too: launch._die_with_parent, for a rank blocked where no socket tells it)
+        p.wait(timeout=30)
+        end = time.monotonic() + 20
+        while Path(f"/proc/{child}").exists() and "Z" not in _state(child):
+            assert time.monotonic() < end, f"rank 1 (pid {child}) outlived rank 0"
+            time.sleep(0.2)
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (Z: a zombie, dead but not reaped), or "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
