@@ -101,9 +101,14 @@ def launch(settings: Settings, ranks: list[str | None]) -> Settings:
     split = settings.tensor_split
     if split is None and ranks[0] is not None:  # GPUs: info --plan's split, within each's memory
         split = planned_split(settings, [r or "" for r in ranks])
+    threads = settings.threads
+    if ranks[0] is None and not threads:  # CPU ranks share this host's cores, not each take all
+        from mgserve.machine import available_cpus
+
+        threads = max(1, available_cpus() // world)
     common = dataclasses.replace(
         settings, device_list=None, dist_world_size=world, tensor_split=split,
-        dist_init=f"tcp://127.0.0.1:{port}",
+        dist_init=f"tcp://127.0.0.1:{port}", threads=threads,
     )  # fmt: skip
     children = []
     sizes = (settings.gpu_memory or "").split(",")  # a size per GPU: each rank its own

@@ -16,6 +16,8 @@
 #                                              mixed load with the prefill lane
 #   bash tests/cuda/gpu_stages.sh pipeline    issue 14: virtual stages bitwise one stage on the GPU
 #                                              (and two GPUs over NCCL where there are two)
+#   bash tests/cuda/gpu_stages.sh dist        two pipeline ranks on one GPU through bench
+#                                              pipeline-dist (tokens against one process)
 #   bash tests/cuda/gpu_stages.sh owed        what the 2026-12-05 sessions left unrun on a GPU
 #                                              (lane warm-up, link throttle, k = 8 verify, two
 #                                              pipeline ranks on one GPU through decode graphs)
@@ -111,6 +113,12 @@ case "${1:-tests}" in
       --record
     bench verify8 240 verify $Q4X --ctx 262144 --slots 1 --int8 --depths 131072,250000 \
       --drafts 8 --steps 8 --forced "" --record ;;
+  dist)  # two pipeline ranks sharing one GPU (gloo, hand-offs through the host, decode graphs):
+    # the serving code's tokens against one process at full width, 8 layers (no speed claim:
+    # the ranks share the card)
+    bench pipedist 500 pipeline-dist --device cuda --dist-backend gloo --shape qwen4exp-flash-next \
+      --layers 8 --experts 32 --ple-rows 1000000 --runs 1x1,2x1 --prompt 8192 --ubatch 2048 \
+      --sessions 5 --decode-depth 1024 --decode-steps 16 ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac
 cp BENCHMARKS.md "$OUT/BENCHMARKS.md"

@@ -113,3 +113,30 @@ def test_the_gpus_split_the_layers_as_info_plan_does(two_gpus: None, tmp_path: P
     assert want[0][1] - want[0][0] > want[1][1] - want[1][0]  # the smaller GPU takes fewer
     with pytest.raises(StagePlanError, match="no split of the 8 layers over 2 GPUs fits"):
         launch.planned_split(dataclasses.replace(s, gpu_memory="1GiB,220MiB"), ["GPU-a", "GPU-b"])
+
+
+def test_cpu_ranks_share_the_cores(two_gpus: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """N CPU processes started here take a share of the cores each (--threads 0), not all."""
+    started: list[dict[str, str]] = []
+
+    class Child:
+        pid = 4242
+
+        def __init__(self, cmd: list[str], env: dict[str, str], preexec_fn: Any) -> None:
+            started.append(env)
+
+    class Thread:
+        def __init__(self, **kw: Any) -> None:
+            pass
+
+        def start(self) -> None:
+            pass
+
+    monkeypatch.setattr(launch.subprocess, "Popen", Child)
+    monkeypatch.setattr(launch.threading, "Thread", Thread)
+    monkeypatch.setattr(launch.atexit, "register", lambda *a: None)
+    monkeypatch.setattr("mgserve.machine.available_cpus", lambda: 8)
+    mine = launch.launch(Settings(device="cpu", dist_world_size=3), [None] * 3)
+    assert mine.threads == 2 and [e["MGSERVE_THREADS"] for e in started] == ["2", "2"]
+    mine = launch.launch(Settings(device="cpu", dist_world_size=2, threads=3), [None] * 2)
+    assert mine.threads == 3  # as given
