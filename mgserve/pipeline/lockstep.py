@@ -1,7 +1,7 @@
 """``mgserve serve`` as a layer pipeline across processes: rank 0 serves HTTP and schedules as
 one process does; every step its runner takes is first broadcast to the other ranks, which run
-the same step through runners of their own, so the stages' send / recv and the logits'
-broadcast (``DistTransport``) meet in the same order everywhere. A follower takes the steps in a
+the same step through runners of their own, so the stages' sends and receives and the logits'
+passing (``DistTransport``) meet in the same order everywhere. A follower takes the steps in a
 thread of its own (``_listen``) and runs them in order, so rank 0 never waits for a busy
 follower to take the next step: with the sends in flight and no broadcast for a chunk that
 samples nothing (transport_dist.py), rank 0's stage computes chunk c + 1 of a long prompt while
@@ -13,9 +13,10 @@ one stage per rank (``ranks[i] = i``; the layers split by ``--tensor-split``, a 
 or by decode weight bytes: ``process_ranges``); its memory plan is its stage's. Rank
 0's runner is wrapped in a ``Leader``: ``run`` broadcasts the ``ScheduledBatch`` on the control
 group (rendezvous.py), then runs it. A batch crosses as it is, but for two things: a new
-session's sampling seed is drawn on rank 0 before it goes (every rank draws the same tokens from
-the broadcast logits, so their runners' penalty windows, draw counters and draft acceptances stay
-the same), and a grammar stays on rank 0 (its matcher cannot cross; the others' masks do not
+session's sampling seed is drawn on rank 0 before it goes (where the other ranks get the logits,
+at a recurrent model's verify step, they draw rank 0's tokens and accept its drafts, so they roll
+back the same; elsewhere their draws are thrown away and their state follows rank 0's batches),
+and a grammar stays on rank 0 (its matcher cannot cross; the others' masks do not
 matter, as their tokens are thrown away and a grammar's session never drafts). The warm-up goes
 through the same ``run``. When rank 0's engine stops (a ``LeaderEngine``; SIGTERM: after the
 drain) the ``Leader`` broadcasts the stop, and the followers leave their loop and exit 0; they

@@ -138,7 +138,10 @@ class StagedLM:
                         t.send(i, x)
         logits = outs[0] if outs else None
         r = n if step.logit_rows is None else step.logit_rows.shape[0]
-        return t.logits(logits, (r, m.spec.n_vocab), dev)
+        # every rank's runner samples a verify step of a recurrent model: it rolls back by its draws
+        rewinds = getattr(m, "rewindable", True)
+        drafts = step.chains is not None and not step.chains.alone and not rewinds
+        return t.logits(logits, (r, m.spec.n_vocab), dev, everyone=drafts)
 
     def take_graph_io(self) -> Any:
         """The hand-offs a decode graph just captured must make at each replay, where its

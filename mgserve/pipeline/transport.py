@@ -59,10 +59,13 @@ class Transport(Protocol):
         ...
 
     def logits(
-        self, logits: torch.Tensor | None, shape: tuple[int, int], device: torch.device
-    ) -> torch.Tensor:
+        self, logits: torch.Tensor | None, shape: tuple[int, int], device: torch.device,
+        everyone: bool = True,
+    ) -> torch.Tensor:  # fmt: skip
         """The last stage's logits [R, V] where the caller samples (``logits``: this process's,
-        None when another process ran the last stage); the caller's stream waits for them."""
+        None when another process ran the last stage); the caller's stream waits for them.
+        ``everyone``: every process needs them (else only the one that samples: the others get
+        logits whose draws they throw away)."""
         ...
 
 
@@ -226,8 +229,9 @@ class LocalTransport:
         return y
 
     def logits(
-        self, logits: torch.Tensor | None, shape: tuple[int, int], device: torch.device
-    ) -> torch.Tensor:
+        self, logits: torch.Tensor | None, shape: tuple[int, int], device: torch.device,
+        everyone: bool = True,
+    ) -> torch.Tensor:  # fmt: skip
         assert logits is not None
         if self.gpu:
             caller = torch.cuda.current_stream(device)

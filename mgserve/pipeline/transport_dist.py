@@ -11,9 +11,12 @@ qwen4exp hand-off of a 4096-token chunk is 168 MB; on NCCL that bounds the first
 stream, its host may run ahead further). Across processes the ranks agree on a step
 by running the same ``ScheduledBatch`` (lockstep.py), so they need no other message for it.
 
-The last stage's logits are broadcast to every rank, so that every process samples the same
-tokens (its runner stays in step with the others: the same sampler, seeds and states on every
-rank). A step that wants no logits (a prompt chunk before the prompt's last) broadcasts nothing:
+The last stage's logits go to rank 0, which samples. The other ranks need them only where their
+runners' state depends on the sampled tokens: a verify step of a recurrent model (``everyone``),
+whose rejected drafts each rank rolls back from its own draws of the same logits, so there they
+are broadcast to every rank. Elsewhere a rank's draws from zeros are thrown away: its penalty
+window grows by the tokens of rank 0's next steps, not by its own draws. A step that wants no
+logits (a prompt chunk before the prompt's last) sends nothing:
 a broadcast, even of nothing, waits for every rank, and would hold the first stage until the
 last has finished the chunk. Pipelined prefill is that: chunk c + 1 on stage 0 while chunk c is
 on stage 1.
@@ -44,6 +47,7 @@ import torch
 from mgserve.pipeline.transport import HANDOFF_DTYPE
 
 IN_FLIGHT = 2  # outstanding sends per link (each holds its hand-off's tensor)
+SAMPLER = 0  # the rank that samples (lockstep.py's rank 0)
 
 
 @dataclass
@@ -53,6 +57,7 @@ class GraphIO:
     received: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (stage, input)
     sent: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (stage, output)
     logits: torch.Tensor | None = None  # the graph's logits (another rank's: filled here)
+    everyone: bool = True  # every rank takes them (else the sampler alone: ``logits``)
 
 
 def _capturing(device: torch.device) -> bool:
@@ -72,8 +77,9 @@ class DistTransport:
         self.host_staged = dist.get_backend() == "gloo"  # GPU tensors cross through the host
         self.local: dict[int, torch.Tensor] = {}  # hand-offs between stages of this rank
         self.pending: list[deque[tuple[Any, torch.Tensor]]] = [
-            deque() for _ in range(max(0, self.n_stages - 1))
-        ]  # per link: (work, tensor) of the sends not yet known to be complete
+            deque() for _ in range(max(0, self.n_stages - 1) + 1)
+        ]  # per link, then the logits' to the sampler: (work, tensor) of the sends in flight
+        self._zeros: dict[tuple[tuple[int, int], torch.device], torch.Tensor] = {}
         self.sent_bytes = [0] * max(0, self.n_stages - 1)  # bytes this rank sent on each link
         self.io: GraphIO | None = None  # the capture's, while one runs (``take_graph_io``)
 
@@ -97,12 +103,14 @@ class DistTransport:
             self._isend(stage, x)
 
     def _isend(self, stage: int, x: torch.Tensor) -> None:
-        sent = self.pending[stage]
+        self._isend_to(self.pending[stage], self.ranks[stage + 1], x)
+        self.sent_bytes[stage] += x.numel() * x.element_size()
+
+    def _isend_to(self, sent: deque[tuple[Any, torch.Tensor]], dst: int, x: torch.Tensor) -> None:
         while sent and (len(sent) >= IN_FLIGHT or sent[0][0].is_completed()):
             sent.popleft()[0].wait()  # the oldest: done, or the receiver must catch up first
         x = (x.to("cpu") if self.host_staged else x).contiguous()
-        sent.append((self.dist.isend(x, dst=self.ranks[stage + 1]), x))
-        self.sent_bytes[stage] += x.numel() * x.element_size()
+        sent.append((self.dist.isend(x, dst=dst), x))
 
     def recv(self, stage: int, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
         if stage in self.local:
@@ -115,7 +123,9 @@ class DistTransport:
         return y
 
     def _recv_into(self, stage: int, y: torch.Tensor) -> None:
-        src = self.ranks[stage - 1]
+        self._recv_from(self.ranks[stage - 1], y)
+
+    def _recv_from(self, src: int, y: torch.Tensor) -> None:
         if self.host_staged and y.is_cuda:
             host = torch.empty(y.shape, dtype=y.dtype)
             self.dist.recv(host, src=src)
@@ -124,16 +134,43 @@ class DistTransport:
             self.dist.recv(y, src=src)
 
     def logits(
-        self, logits: torch.Tensor | None, shape: tuple[int, int], device: torch.device
-    ) -> torch.Tensor:
+        self, logits: torch.Tensor | None, shape: tuple[int, int], device: torch.device,
+        everyone: bool = True,
+    ) -> torch.Tensor:  # fmt: skip
         if shape[0] == 0:  # nothing to sample: no broadcast (the module docstring)
             return torch.empty(shape, dtype=torch.float32, device=device)
-        out = torch.empty(shape, dtype=torch.float32, device=device) if logits is None else logits
-        if _capturing(device):
-            self._io().logits = out
+        if logits is not None:
+            out = logits
+        elif everyone or self.rank == SAMPLER:
+            out = torch.empty(shape, dtype=torch.float32, device=device)
+        elif _capturing(device):  # a middle rank's: zeros at each replay
+            out = torch.zeros(shape, dtype=torch.float32, device=device)
         else:
+            out = self._zeros_of(shape, device)
+        if _capturing(device):
+            io = self._io()
+            io.logits, io.everyone = out, everyone
+        elif everyone:
             self._broadcast(out)
+        else:
+            self._to_sampler(out)
         return out
+
+    def _to_sampler(self, out: torch.Tensor) -> None:
+        """The last stage's logits to the sampler (rank 0) alone; another rank's are zeros."""
+        last = self.ranks[-1]
+        if last == SAMPLER:
+            return
+        if self.rank == last:
+            self._isend_to(self.pending[-1], SAMPLER, out)
+        elif self.rank == SAMPLER:
+            self._recv_from(last, out)
+
+    def _zeros_of(self, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
+        key = (shape, device)
+        if key not in self._zeros:
+            self._zeros[key] = torch.zeros(shape, dtype=torch.float32, device=device)
+        return self._zeros[key]
 
     def _broadcast(self, out: torch.Tensor) -> None:
         src = self.ranks[-1]
@@ -168,9 +205,12 @@ class DistTransport:
         graph's), then its logits from the last stage (through a copy too)."""
         for stage, x in io.sent:
             self._isend(stage, x.clone())
-        if io.logits is not None:
+        if io.logits is not None and (io.everyone or self.rank in (SAMPLER, self.ranks[-1])):
             out = io.logits.clone()
-            self._broadcast(out)
+            if io.everyone:
+                self._broadcast(out)
+            else:
+                self._to_sampler(out)
             if self.rank != self.ranks[-1]:
                 io.logits.copy_(out)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.cuda.stages_drive import greedy, record_logits
+from tests.cuda.stages_drive import greedy, record_logits, verified
 
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
@@ -41,7 +41,7 @@ def _runner(path: str, device: torch.device, transport_ranks: list[int] | None,
     if transport_ranks is None:
         model = load_device_model(g, backend, device, 3, 64)
     else:  # this rank's stage only, as serve's ranks load it (lockstep.stage_runner)
-        ranges = balanced_ranges(g, 2)
+        ranges = balanced_ranges(g, len(transport_ranks))
         a, b = ranges[dist.get_rank()]
         part = Part(a, b, a == 0, b == ranges[-1][1])
         model = load_device_model(g, backend, device, 3, 64, part=part)
@@ -51,7 +51,14 @@ def _runner(path: str, device: torch.device, transport_ranks: list[int] | None,
     return DeviceRunner(model, device, graphs=graphs), logits
 
 
-def _worker(rank: int, path: str, rendezvous: str, out: str, kind: str) -> None:
+def _rank0s(results: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Rank 0's draws, which every rank's next step is built from (lockstep.py)."""
+    box = [results]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _worker(rank: int, path: str, rendezvous: str, out: str, kind: str, world: int) -> None:
     torch.set_num_threads(1)
     device = torch.device("cpu")
     if kind.startswith("nccl"):
@@ -60,17 +67,18 @@ def _worker(rank: int, path: str, rendezvous: str, out: str, kind: str) -> None:
     if kind == "gloo-cuda":  # both ranks on GPU 0, hand-offs through the host
         device = torch.device("cuda", 0)
     backend = "gloo" if kind.startswith("gloo") else "nccl"
-    dist.init_process_group(backend, init_method=rendezvous, rank=rank, world_size=2)
+    dist.init_process_group(backend, init_method=rendezvous, rank=rank, world_size=world)
     try:
-        runner, logits = _runner(path, device, [0, 1], graphs=kind in GRAPHS)
-        tokens = greedy(runner, SESSIONS, N_DECODE)
-        torch.save({"tokens": tokens, "logits": logits}, f"{out}.{rank}")
+        runner, logits = _runner(path, device, list(range(world)), graphs=kind in GRAPHS)
+        tokens = greedy(runner, SESSIONS, N_DECODE, share=_rank0s)
+        drafted = verified(runner, tokens[0], share=_rank0s)  # slot 0 again, drafts all accepted
+        torch.save({"tokens": tokens, "logits": logits, "drafted": drafted}, f"{out}.{rank}")
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def _check(arch: str, tmp_path: Path, kind: str) -> None:
+def _check(arch: str, tmp_path: Path, kind: str, world: int = 2) -> None:
     import torch.multiprocessing as mp
 
     from tests.cuda.test_device_models import _export
@@ -78,19 +86,26 @@ def _check(arch: str, tmp_path: Path, kind: str) -> None:
     path = str(_export(arch, tmp_path))
     rendezvous = f"file://{tmp_path / 'rendezvous'}"
     out = str(tmp_path / "result")
-    mp.spawn(_worker, args=(path, rendezvous, out, kind), nprocs=2, join=True)
+    mp.spawn(_worker, args=(path, rendezvous, out, kind, world), nprocs=world, join=True)
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         device = torch.device("cpu") if kind == "gloo" else torch.device("cuda", 0)
         runner, want_logits = _runner(path, device, None, graphs=kind in GRAPHS)
         want = greedy(runner, SESSIONS, N_DECODE)
+        drafted = verified(runner, want[0])
+        assert drafted == want[0][: len(drafted)] and len(drafted) > 4  # every draft accepted
     finally:
         torch.set_num_threads(n)
-    for rank in (0, 1):
+    for rank in range(world):
         got = torch.load(f"{out}.{rank}")
         assert got["tokens"] == want, (rank, json.dumps(got["tokens"]), json.dumps(want))
+        # a recurrent model's verify steps: a rank that rolled back drafts rank 0 kept would
+        # hand on another state, and rank 0's tokens (from the last stage's logits) would differ
+        assert got["drafted"] == drafted, (rank, got["drafted"], drafted)
         assert len(got["logits"]) == len(want_logits)
+        if 0 < rank < world - 1:  # a middle rank gets them only where it samples for itself
+            continue
         for a, b in zip(got["logits"], want_logits, strict=True):
             assert torch.equal(a, b)
 
@@ -98,6 +113,12 @@ def _check(arch: str, tmp_path: Path, kind: str) -> None:
 @pytest.mark.parametrize("arch", ["qwen4exp", "llama"])
 def test_two_processes_give_one_process_tokens(arch: str, tmp_path: Path) -> None:
     _check(arch, tmp_path, "gloo")
+
+
+def test_three_processes_keep_a_middle_stages_recurrent_state(tmp_path: Path) -> None:
+    """The middle rank holds a recurrent layer and gets no logits at a plain step (only rank 0
+    samples): at a verify step it must get them, or it rolls back drafts rank 0 kept."""
+    _check("qwen4exp", tmp_path, "gloo", world=3)
 
 
 @pytest.mark.gpu
