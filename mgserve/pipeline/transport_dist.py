@@ -79,7 +79,6 @@ class DistTransport:
         self.pending: list[deque[tuple[Any, torch.Tensor]]] = [
             deque() for _ in range(max(0, self.n_stages - 1) + 1)
         ]  # per link, then the logits' to the sampler: (work, tensor) of the sends in flight
-        self._zeros: dict[tuple[tuple[int, int], torch.device], torch.Tensor] = {}
         self.sent_bytes = [0] * max(0, self.n_stages - 1)  # bytes this rank sent on each link
         self.io: GraphIO | None = None  # the capture's, while one runs (``take_graph_io``)
 
@@ -143,10 +142,8 @@ class DistTransport:
             out = logits
         elif everyone or self.rank == SAMPLER:
             out = torch.empty(shape, dtype=torch.float32, device=device)
-        elif _capturing(device):  # a middle rank's: zeros at each replay
+        else:  # a middle rank's: zeros (each step's own: a sampler may write into its logits)
             out = torch.zeros(shape, dtype=torch.float32, device=device)
-        else:
-            out = self._zeros_of(shape, device)
         if _capturing(device):
             io = self._io()
             io.logits, io.everyone = out, everyone
@@ -165,12 +162,6 @@ class DistTransport:
             self._isend_to(self.pending[-1], SAMPLER, out)
         elif self.rank == SAMPLER:
             self._recv_from(last, out)
-
-    def _zeros_of(self, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
-        key = (shape, device)
-        if key not in self._zeros:
-            self._zeros[key] = torch.zeros(shape, dtype=torch.float32, device=device)
-        return self._zeros[key]
 
     def _broadcast(self, out: torch.Tensor) -> None:
         src = self.ranks[-1]
