@@ -52,6 +52,24 @@ def _ranks(model: Path, tmp: Path, port: int) -> list[subprocess.Popen[bytes]]:
     return procs
 
 
+def serve_here(args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """``mgserve <args> --port P --dist-world-size 2`` as one command, which starts rank 1 itself
+    (pipeline/launch.py), its output in ``log``: the process and its base URL."""
+    code = "import sys; from mgserve.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
+    env |= {
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p),
+    }
+    port = free_port()
+    with open(log, "ab") as out:
+        p = subprocess.Popen(
+            [sys.executable, "-c", code, *args, "--port", str(port), "--dist-world-size", "2"],
+            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+        )  # fmt: skip
+    return p, f"http://127.0.0.1:{port}"
+
+
 def _logs(tmp: Path) -> str:
     return "\n".join(f"--- rank {r}\n" + (tmp / f"rank{r}.log").read_text() for r in (0, 1))
 
@@ -199,21 +217,10 @@ def test_one_command_serves_a_pipeline_of_this_hosts_processes(tmp_path: Path) -
     """``serve --dist-world-size 2`` with no rank and no meeting place starts rank 1 itself
     (pipeline/launch.py; on GPUs ``--device-list 0,1`` does so with a GPU each): the tokens of
     one process; a rank that dies ends rank 0 with 1; SIGTERM ends both with 0."""
-    code = "import sys; from mgserve.cli import main; sys.exit(main(sys.argv[1:]))"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
-    env |= {
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p),
-    }
     model = DATA / "converted_llama.gguf"
 
     def start(log: str) -> tuple[subprocess.Popen[bytes], str]:
-        port = free_port()
-        args = [*SERVE, "-m", str(model), "--port", str(port), "--dist-world-size", "2"]
-        with open(tmp_path / log, "ab") as out:
-            p = subprocess.Popen([sys.executable, "-c", code, *args], stdout=out,
-                                 stderr=subprocess.STDOUT, env=env, cwd=ROOT)  # fmt: skip
-        return p, f"http://127.0.0.1:{port}"
+        return serve_here([*SERVE, "-m", str(model)], tmp_path / log)
 
     def children(p: subprocess.Popen[bytes]) -> list[int]:
         text = Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text()

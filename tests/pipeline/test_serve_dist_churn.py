@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -21,8 +18,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.api.serve_process import ROOT, free_port
-from tests.pipeline.test_serve_dist import PROMPTS, SERVE, _complete, _one_process, _wait_ready
+from tests.api.serve_process import ROOT
+from tests.pipeline.test_serve_dist import (
+    PROMPTS,
+    SERVE,
+    _complete,
+    _one_process,
+    _wait_ready,
+    serve_here,
+)
 
 pytestmark = pytest.mark.slow
 MODEL = ROOT / "tests" / "data" / "converted_qwen4exp.gguf"
@@ -46,18 +50,8 @@ def _leave_early(port: int, seed: int) -> None:
 
 
 def test_clients_leaving_mid_stream_leave_the_pipeline_idle_and_in_step(tmp_path: Path) -> None:
-    code = "import sys; from mgserve.cli import main; sys.exit(main(sys.argv[1:]))"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
-    env |= {
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p),
-    }
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    args = [*SERVE, "-m", str(MODEL), "--port", str(port), "--dist-world-size", "2", "-b", "8"]
-    with open(tmp_path / "rank0.log", "ab") as out:
-        p = subprocess.Popen([sys.executable, "-c", code, *args], stdout=out,
-                             stderr=subprocess.STDOUT, env=env, cwd=ROOT)  # fmt: skip
+    p, base = serve_here([*SERVE, "-m", str(MODEL), "-b", "8"], tmp_path / "rank0.log")
+    port = int(base.rsplit(":", 1)[1])
     try:
         _wait_ready(base, [p], tmp_path)
         with ThreadPoolExecutor(6) as ex:

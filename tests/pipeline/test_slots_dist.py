@@ -10,10 +10,8 @@ split (slot_file.py, checked without processes). SIGTERM still ends the pipeline
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -26,7 +24,8 @@ import torch
 from mgserve.core.engine import slot_file
 from mgserve.core.engine.slot_actions import SavedSlot
 from mgserve.pipeline.slots_dist import slot_format
-from tests.api.serve_process import ROOT, ServeProcess, free_port
+from tests.api.serve_process import ROOT, ServeProcess
+from tests.pipeline.test_serve_dist import serve_here
 
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
@@ -79,19 +78,7 @@ def _renamed(src: Path, dst: Path, old: str, new: str) -> None:
 
 
 def _pipeline(slots: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    code = "import sys; from mgserve.cli import main; sys.exit(main(sys.argv[1:]))"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
-    env |= {
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p),
-    }
-    port = free_port()
-    args = ["serve", *ARGS, "--port", str(port), "--dist-world-size", "2", "-ts", "1,1",
-            "--slot-save-path", str(slots)]  # fmt: skip
-    with open(log, "ab") as out:
-        p = subprocess.Popen([sys.executable, "-c", code, *args], stdout=out,
-                             stderr=subprocess.STDOUT, env=env, cwd=ROOT)  # fmt: skip
-    return p, f"http://127.0.0.1:{port}"
+    return serve_here(["serve", *ARGS, "-ts", "1,1", "--slot-save-path", str(slots)], log)
 
 
 def _wait_ready(p: subprocess.Popen[bytes], base: str, log: Path) -> None:
