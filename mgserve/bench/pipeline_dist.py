@@ -12,7 +12,8 @@ Measured on rank 0, on synthetic token ids: (1) prefill: one prompt of ``--promp
 chunks of ``--ubatch``, from submission to its first token; (2) decode: ``--sessions`` sessions
 of 32-token prompts decoding together, the steps' mean once every session decodes. Greedy tokens
 must be the same in every run (the split changes no arithmetic); a run whose tokens differ is
-reported so. The speed-up of P stages comes from overlap: stage 0 computes prompt chunk c + 1 (a
+reported so; so are the stages' busy fractions and overlap in each phase (stage_stats.py).
+The speed-up of P stages comes from overlap: stage 0 computes prompt chunk c + 1 (a
 decode step's micro-batch j + 1) while stage 1 computes chunk c (micro-batch j); with balanced
 stages and C chunks a perfect pipeline of P stages takes (C + P - 1) / C of one stage's time.
 
@@ -52,12 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=32,
         help="decode: each session's prompt tokens, so it decodes at this depth",
     )
-    parser.add_argument(
-        "--device",
-        choices=("cpu", "cuda"),
-        default="cpu",
-        help="cuda: rank r on the r-th GPU this process sees",
-    )
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: rank r on the r-th GPU this process sees")  # fmt: skip
     parser.add_argument(
         "--dist-backend",
         choices=("auto", "gloo", "nccl"),
@@ -168,6 +165,7 @@ def _lead(args: argparse.Namespace, settings: Any, rv: Any) -> dict[str, Any]:
     from mgserve.core.engine.scheduler import Scheduler
     from mgserve.pipeline.lockstep import Leader, stage_runner
     from mgserve.pipeline.rendezvous import agree, join
+    from mgserve.pipeline.stage_stats import between, every_stage, summary
 
     device = args.device
     control = join(rv, device)
@@ -210,16 +208,20 @@ def _lead(args: argparse.Namespace, settings: Any, rv: Any) -> dict[str, Any]:
 
     serve([Request("warm", prompt(2 * settings.batch_size), GREEDY, max_tokens=4)])
     long = Request("long", prompt(args.prompt), GREEDY, max_tokens=2)
+    f0 = every_stage(runner.model)  # every stage's figures so far (stage_stats.py)
     long_tokens, _, ttft = serve([long])
+    f1 = every_stage(runner.model)
     short = [Request(f"s{i}", prompt(args.decode_depth), GREEDY, max_tokens=args.decode_steps + 2)
              for i in range(args.sessions)]  # fmt: skip
     decode_tokens, steps, _ = serve(short)
-    leader.close()
+    leader.close()  # the followers' last figures come first
+    stages = [summary(between(f0, f1)), summary(between(f1, every_stage(runner.model)))]
     timed = steps[1:] or steps  # the first may be a prompt's last token's own step
     step_s = sum(timed) / max(1, len(timed))
     return {
         "ttft": ttft, "prefill": args.prompt / ttft, "decode": args.sessions / step_s,
         "step_ms": step_s * 1e3, "ranges": [list(r) for r in runner.model.ranges],
+        "stages": stages,
         "tokens": [long_tokens["long"], *decode_tokens.values()],
     }  # fmt: skip
 
@@ -278,9 +280,9 @@ def run(args: argparse.Namespace) -> int:
         f"{args.prompt} tokens in chunks of {args.ubatch}; {args.sessions} sessions decoding at "
         f"depth {args.decode_depth}, {args.decode_steps} steps; greedy",
         "",
-        "| run | layers per stage | prefill t/s | TTFT s | decode t/s (aggregate) | ms/step "
-        "| vs first run: prefill / decode | tokens as the first run |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| run | layers per stage | prefill t/s | TTFT s | decode t/s (aggregate) | ms/step | vs "
+        "first run: prefill / decode | stages busy: prefill; decode | tokens as the first run |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for spec, r in results:
         stages = " / ".join(f"{a}-{b - 1}" for a, b in r["ranges"])
@@ -288,7 +290,7 @@ def run(args: argparse.Namespace) -> int:
         lines.append(
             f"| {spec.name()} | {stages} | {r['prefill']:.1f} | {r['ttft']:.2f} | "
             f"{r['decode']:.1f} | {r['step_ms']:.1f} | {r['prefill'] / base['prefill']:.2f}x / "
-            f"{r['decode'] / base['decode']:.2f}x | {same} |"
+            f"{r['decode'] / base['decode']:.2f}x | {'; '.join(r['stages'])} | {same} |"
         )
     text = "\n".join(lines)
     print(text)

@@ -9,6 +9,7 @@ gpumodel.py   stage times and PCIe links of a GPU we do not have (a roofline)
 staged.py     a device model run as stages (StagedLM); --virtual-stages
 micro.py      a decode step's sessions as micro-batches in flight through the stages
 timing.py     per-stage figures: busy, bubbles, overlap, link bytes and seconds
+stage_stats.py  the per-stage figures across processes, gathered on rank 0
 transport.py  the hand-off between stages: LocalTransport (one process), LinkThrottle
 transport_dist.py  DistTransport: stages in other processes (torch.distributed), sends in
               flight while the sender goes on

@@ -51,7 +51,7 @@ from mgserve.config import Settings
 from mgserve.core.engine.actor import Engine
 from mgserve.core.engine.contract import ScheduledBatch, StepResult
 from mgserve.core.gguf.reader import GGUFFile
-from mgserve.pipeline import slots_dist
+from mgserve.pipeline import slots_dist, stage_stats
 from mgserve.pipeline.rendezvous import Rendezvous, agree
 
 log = logging.getLogger(__name__)
@@ -144,6 +144,8 @@ class Leader:
         self.supports_drafts = runner.supports_drafts
         self.slot_format = slots_dist.slot_format(runner.slot_format, runner.model.ranges)
         self.slots = slots_dist.LeaderSlots(runner)  # its gloo group: as the followers make it
+        world = len(runner.model.ranges)  # the other ranks' per-stage figures (stage_stats.py)
+        runner.model.peers = stage_stats.Peers(world, stage_stats.group())
         self.closed = False
 
     @property
@@ -182,6 +184,9 @@ class Leader:
         if flush is not None:  # this rank's hand-offs in flight, before the group goes
             flush()
         self._send(STOP)
+        if not self.model.peers.close(timeout=30):  # a thread in a receive would abort it
+            log.warning("rank 0: a follower sent no last figures; leaving without teardown")
+            return
         dist.destroy_process_group()
         log.info("rank 0: the pipeline's followers are told to stop")
 
@@ -244,6 +249,7 @@ def follow(settings: Settings, rv: Rendezvous, g: GGUFFile | None = None) -> int
     runner, _, resolved = stage_runner(g, settings, device, rv)
     agree(control, resolved, g, runner.checkpoint_nbytes)
     slots = slots_dist.group()  # as rank 0's Leader makes it
+    report = stage_stats.Reporter(runner.model.timing, rv.rank, stage_stats.group())
     for sig in (signal.SIGTERM, signal.SIGINT):  # rank 0's stop ends this rank (docstring)
         signal.signal(sig, signal.SIG_IGN)
     log.info("rank %d: following rank 0's steps", rv.rank)
@@ -259,9 +265,11 @@ def follow(settings: Settings, rv: Rendezvous, g: GGUFFile | None = None) -> int
         except Exception:  # the hand-offs would be out of step (the module docstring)
             _fatal(f"rank {rv.rank}: step {batch.step} failed; the pipeline cannot go on")
         steps += 1
+        report.after_step(idle=inbox.empty())
     flush = getattr(runner.model.transport, "flush", None)
     if flush is not None:
         flush()
+    report.close()
     dist.destroy_process_group()
     log.info("rank %d: rank 0 stopped after %d steps; exiting", rv.rank, steps)
     return 0

@@ -43,7 +43,7 @@ from mgserve.core.gguf.reader import GGUFFile
 from mgserve.cuda.models.base import Staged, Step
 from mgserve.pipeline.micro import groups, splittable, sub_step
 from mgserve.pipeline.stages import StagePlan
-from mgserve.pipeline.timing import StageTiming
+from mgserve.pipeline.timing import StageTiming, families
 from mgserve.pipeline.transport import HANDOFF_DTYPE, LocalTransport, Transport
 
 log = logging.getLogger(__name__)
@@ -87,18 +87,23 @@ class StagedLM:
             raise ValueError(f"micro-batches must be >= 1, got {micro_batches}")
         self.micro_batches = micro_batches  # decode steps' session groups in flight (micro.py)
         links = len(self.ranges) - 1
+        apart = not isinstance(transport, LocalTransport)  # stages in other processes
+        on_gpu = getattr(getattr(model, "device", None), "type", "cpu") == "cuda"
+        gpu = getattr(transport, "gpu", apart and on_gpu)
+        carried = getattr(transport, "link_bytes", None) or getattr(transport, "sent_bytes", None)
         self.timing = StageTiming(
-            len(self.ranges),
-            bool(getattr(transport, "gpu", False)),
-            lambda: list(getattr(transport, "link_bytes", [0] * links)),
+            len(self.ranges), bool(gpu), lambda: list(carried or [0] * links), step_span=apart
         )
+        self.peers: Any = None  # rank 0's view of the other ranks' figures (stage_stats.py)
 
     def metric_families(self) -> Iterator[Metric]:
-        """Per-stage figures for /metrics (timing.py), where every stage runs in this process
-        (across processes a rank sees only its own stages, by the host's clock: none)."""
-        if not isinstance(self.transport, LocalTransport):
+        """Per-stage figures for /metrics (timing.py): every stage's where all run in this
+        process; across processes, rank 0's with the other ranks' (``peers``), else none."""
+        if isinstance(self.transport, LocalTransport):
+            return self.timing.families()
+        if self.peers is None:
             return iter(())
-        return self.timing.families()
+        return families(self.peers.figures(self.timing.figures()))
 
     def __getattr__(self, name: str) -> Any:  # the model's pools, spec, backend, ...
         return getattr(self.__dict__["model"], name)
@@ -123,8 +128,10 @@ class StagedLM:
                 if not t.runs(i):
                     continue
                 with t.on(i):
-                    received = t.recv(i, (rows, *m.handoff_shape), dev) if i else None
+                    received = None
                     if i:
+                        timing.receiving(i)
+                        received = t.recv(i, (rows, *m.handoff_shape), dev)
                         timing.arrived(i - 1)
                     with timing.stage(i, final=j == len(steps) - 1):
                         x = m.stage_in(sub) if received is None else received
@@ -141,7 +148,9 @@ class StagedLM:
         # every rank's runner samples a verify step of a recurrent model: it rolls back by its draws
         rewinds = getattr(m, "rewindable", True)
         drafts = step.chains is not None and not step.chains.alone and not rewinds
-        return t.logits(logits, (r, m.spec.n_vocab), dev, everyone=drafts)
+        logits = t.logits(logits, (r, m.spec.n_vocab), dev, everyone=drafts)
+        timing.end()
+        return logits
 
     def take_graph_io(self) -> Any:
         """The hand-offs a decode graph just captured must make at each replay, where its

@@ -10,6 +10,13 @@ from its start to its last stage's end; a stage's busy fraction is its busy seco
 steps' spans, its bubble fraction the rest; their busy seconds together over the spans are the
 stages' overlap (1: one stage at a time). ``families`` gives them as Prometheus metrics
 (``mgserve_pipeline_*``), which /metrics shows for a staged model (``--virtual-stages``).
+
+Across processes (``step_span``: the stages' clocks are not one) a rank times its own stage: its
+span is a step's start to the step's end on that rank (its logits in hand, or its hand-off sent),
+and instead of a link's seconds it records how long its stage waited for its input (``wait``:
+from asking for the hand-off to having it, the sender's compute included). Rank 0 gathers the
+other ranks' figures (stage_stats.py); the overlap is then the stages' busy seconds over the
+longest of their spans.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import torch
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -41,17 +49,34 @@ class _Mark:
         return float(start.event.elapsed_time(self.event)) / 1000.0
 
 
+class Figures(NamedTuple):
+    """A pipeline's per-stage figures so far (``families`` shows them)."""
+
+    steps: int  # steps through the stages (rank 0's, across processes)
+    busy: list[float]  # seconds each stage computed
+    span: list[float]  # seconds of the steps each stage's busy share is of
+    link_bytes: list[int]  # bytes handed from stage i to i + 1
+    link_seconds: list[float] | None  # a hand-off's seconds per link (one clock only), else None
+    wait: list[float] | None  # seconds each stage waited for its input (across processes)
+
+
 class StageTiming:
-    def __init__(self, n_stages: int, gpu: bool, link_bytes: Callable[[], list[int]]) -> None:
+    def __init__(
+        self, n_stages: int, gpu: bool, link_bytes: Callable[[], list[int]],
+        step_span: bool = False,
+    ) -> None:  # fmt: skip
         self.n_stages, self.gpu = n_stages, gpu
         self._link_bytes = link_bytes  # the transport's bytes per link
+        self.step_span = step_span  # a span ends at ``end`` (this rank's), not the last stage
         self.steps = 0
         self.span = 0.0  # seconds of the steps read so far, start to last stage end
         self.busy = [0.0] * n_stages
         self.link = [0.0] * max(n_stages - 1, 0)
+        self.wait = [0.0] * n_stages  # seconds a stage waited for its input (``receiving``)
         self._pending: list[tuple[str, int, _Mark, _Mark]] = []  # (kind, index, start, end)
         self._begin: _Mark | None = None
         self._last_start: dict[int, _Mark] = {}
+        self._asked: dict[int, _Mark] = {}
 
     def begin(self) -> None:
         self.settle()
@@ -66,18 +91,33 @@ class StageTiming:
         yield
         end = _Mark(self.gpu)
         self._pending.append(("stage", i, start, end))
-        if final and i == self.n_stages - 1 and self._begin is not None:
+        last = final and i == self.n_stages - 1 and not self.step_span
+        if last and self._begin is not None:
             self._pending.append(("span", 0, self._begin, end))
+
+    def end(self) -> None:
+        """The step is done on this rank (``step_span``: its span ends here)."""
+        if self.step_span and self._begin is not None:
+            self._pending.append(("span", 0, self._begin, _Mark(self.gpu)))
+            self._begin = None
 
     def sent(self, link: int) -> None:
         """Stage ``link`` has issued its last kernel: the hand-off on ``link`` starts."""
         self._last_start[link] = _Mark(self.gpu)
+
+    def receiving(self, stage: int) -> None:
+        """``stage`` asks for its input; where the sender is another process (no ``sent`` here),
+        the wait until ``arrived`` is the stage's."""
+        if stage - 1 not in self._last_start:
+            self._asked[stage] = _Mark(self.gpu)
 
     def arrived(self, link: int) -> None:
         """The receiving stage has the hand-off (after ``Transport.recv``, on its stream)."""
         start = self._last_start.pop(link, None)
         if start is not None:
             self._pending.append(("link", link, start, _Mark(self.gpu)))
+        elif (asked := self._asked.pop(link + 1, None)) is not None:
+            self._pending.append(("wait", link + 1, asked, _Mark(self.gpu)))
 
     def settle(self) -> None:
         """Add the intervals whose end has completed (the others wait for a later look). Only
@@ -93,6 +133,8 @@ class StageTiming:
                 self.busy[i] += s
             elif kind == "link":
                 self.link[i] += s
+            elif kind == "wait":
+                self.wait[i] += s
             else:
                 self.span += s
         self._pending = left
@@ -101,44 +143,70 @@ class StageTiming:
         """Each stage's busy seconds over the steps' spans so far (0 before any span)."""
         return [b / self.span if self.span > 0 else 0.0 for b in self.busy]
 
+    def figures(self) -> Figures:
+        """What this process has measured (no CUDA call: a scrape's thread may run beside a
+        capture; ``settle`` runs on the steps' thread)."""
+        return Figures(
+            self.steps, list(self.busy), [self.span] * self.n_stages, self._link_bytes(),
+            None if self.step_span else list(self.link),
+            list(self.wait) if self.step_span else None,
+        )  # fmt: skip
+
     def families(self) -> Iterator[Metric]:
-        """The figures so far (no CUDA call: a scrape's thread may run beside a capture)."""
-        yield CounterMetricFamily(
-            "mgserve_pipeline_steps", "steps through the pipeline's stages", value=self.steps
-        )
-        busy = CounterMetricFamily(
-            "mgserve_pipeline_stage_busy_seconds", "seconds a stage computed", labels=["stage"]
-        )
-        frac = GaugeMetricFamily(
-            "mgserve_pipeline_stage_busy_fraction",
-            "a stage's busy seconds over the steps' spans (1 - its bubble fraction)",
-            labels=["stage"],
-        )
-        bubble = GaugeMetricFamily(
-            "mgserve_pipeline_bubble_fraction",
-            "the share of the steps' spans a stage waited",
-            labels=["stage"],
-        )
-        fractions = self.busy_fractions()
-        yield GaugeMetricFamily(
-            "mgserve_pipeline_overlap",
-            "the stages' busy seconds over the steps' spans, all stages together: 1 when they "
-            "take turns, up to the stage count when all compute at once (micro-batches)",
-            value=sum(fractions),
-        )
-        for i, (b, f) in enumerate(zip(self.busy, fractions, strict=True)):
-            busy.add_metric([str(i)], b)
-            frac.add_metric([str(i)], f)
-            bubble.add_metric([str(i)], 1.0 - f if self.span > 0 else 0.0)
-        links = CounterMetricFamily(
-            "mgserve_pipeline_link_bytes", "bytes handed from stage i to i + 1", labels=["link"]
-        )
+        return families(self.figures())
+
+
+def families(f: Figures) -> Iterator[Metric]:
+    """``f`` as Prometheus metric families (``mgserve_pipeline_*``)."""
+    yield CounterMetricFamily(
+        "mgserve_pipeline_steps", "steps through the pipeline's stages", value=f.steps
+    )
+    busy = CounterMetricFamily(
+        "mgserve_pipeline_stage_busy_seconds", "seconds a stage computed", labels=["stage"]
+    )
+    frac = GaugeMetricFamily(
+        "mgserve_pipeline_stage_busy_fraction",
+        "a stage's busy seconds over the steps' spans (1 - its bubble fraction)",
+        labels=["stage"],
+    )
+    bubble = GaugeMetricFamily(
+        "mgserve_pipeline_bubble_fraction",
+        "the share of the steps' spans a stage waited",
+        labels=["stage"],
+    )
+    longest = max(f.span, default=0.0)
+    yield GaugeMetricFamily(
+        "mgserve_pipeline_overlap",
+        "the stages' busy seconds over the steps' spans (the longest stage's, across processes): "
+        "1 when they take turns, up to the stage count when all compute at once",
+        value=sum(f.busy) / longest if longest > 0 else 0.0,
+    )
+    for i, (b, s) in enumerate(zip(f.busy, f.span, strict=True)):
+        busy.add_metric([str(i)], b)
+        frac.add_metric([str(i)], b / s if s > 0 else 0.0)
+        bubble.add_metric([str(i)], 1.0 - b / s if s > 0 else 0.0)
+    links = CounterMetricFamily(
+        "mgserve_pipeline_link_bytes", "bytes handed from stage i to i + 1", labels=["link"]
+    )
+    for i, n in enumerate(f.link_bytes):
+        links.add_metric([f"{i}-{i + 1}"], n)
+    yield from (busy, frac, bubble, links)
+    if f.link_seconds is not None:
         secs = CounterMetricFamily(
             "mgserve_pipeline_link_seconds",
             "seconds from a stage's last kernel to the next stage having its hand-off",
             labels=["link"],
         )
-        for i, (n, s) in enumerate(zip(self._link_bytes(), self.link, strict=True)):
-            links.add_metric([f"{i}-{i + 1}"], n)
+        for i, s in enumerate(f.link_seconds):
             secs.add_metric([f"{i}-{i + 1}"], s)
-        yield from (busy, frac, bubble, links, secs)
+        yield secs
+    if f.wait is not None:
+        wait = CounterMetricFamily(
+            "mgserve_pipeline_stage_wait_seconds",
+            "seconds a stage waited for its input from the stage before (across processes: "
+            "the sender's compute and the transfer)",
+            labels=["stage"],
+        )
+        for i, s in enumerate(f.wait):
+            wait.add_metric([str(i)], s)
+        yield wait

@@ -146,6 +146,7 @@ def test_two_processes_serve_the_one_process_tokens(arch: str, tmp_path: Path) -
             text = r.read().decode()
         drafts = metric(text, "mgserve_spec_draft_proposed_total")
         assert drafts, "no step carried drafts: the verify path across processes was not run"
+        _check_stage_figures(base)
         # a grammar stays on rank 0 (its matcher cannot cross); the step runs on both ranks
         body = {
             "prompt": [5, 6, 7],
@@ -164,6 +165,28 @@ def test_two_processes_serve_the_one_process_tokens(arch: str, tmp_path: Path) -
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def _check_stage_figures(base: str) -> None:
+    """/metrics on rank 0 has both ranks' stages (pipeline/stage_stats.py): each busy, rank 1's
+    stage waiting for rank 0's hand-offs, the bytes rank 0 sent, and a span to be busy in."""
+    end = time.monotonic() + 10
+    while True:  # rank 1's figures come after its steps, when it goes idle
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        busy = [metric(text, "mgserve_pipeline_stage_busy_seconds_total", stage=s) or 0.0
+                for s in ("0", "1")]  # fmt: skip
+        if busy[1] > 0 or time.monotonic() > end:
+            break
+        time.sleep(0.2)
+    assert all(b > 0 for b in busy), text
+    fractions = [metric(text, "mgserve_pipeline_stage_busy_fraction", stage=s) for s in "01"]
+    assert all(f is not None and 0 < f <= 1 for f in fractions), fractions
+    assert (metric(text, "mgserve_pipeline_stage_wait_seconds_total", stage="1") or 0) > 0
+    assert (metric(text, "mgserve_pipeline_link_bytes_total", link="0-1") or 0) > 0
+    overlap = metric(text, "mgserve_pipeline_overlap")
+    assert overlap is not None and 0 < overlap <= 2, overlap
+    assert (metric(text, "mgserve_pipeline_steps_total") or 0) > N_PREDICT
 
 
 def test_a_follower_whose_rank_0_dies_exits_with_an_error(tmp_path: Path) -> None:

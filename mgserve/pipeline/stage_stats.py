@@ -1,0 +1,166 @@
+"""Per-stage figures of a pipeline across processes, in rank 0's /metrics: every rank times its
+own stage (timing.py, ``step_span``), and the followers send theirs to rank 0 on a gloo group of
+their own, apart from the hand-offs and the steps.
+
+A follower sends a snapshot of its figures (``FIELDS``) after a step at most every ``PERIOD``
+seconds, and when it has no next step waiting (the pipeline goes idle, so the last figures
+arrive); a send is an ``isend``, and one is in flight at a time (the next waits for the one
+before to complete, it never waits itself), so the steps never wait for the figures. Rank 0
+receives each follower's in a thread of its own and keeps the latest; a scrape combines them
+with its own (``Peers.figures``). When rank 0 stops the pipeline, each follower sends its last
+figures marked final (``Reporter.close``), which ends rank 0's thread for it; rank 0 waits for
+those threads before it leaves the process group (a thread still in a receive then aborts the
+process). A follower that died ends its thread with an error; it leaves its last figures.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import torch
+
+from mgserve.pipeline.timing import Figures, StageTiming
+
+log = logging.getLogger(__name__)
+
+PERIOD = 1.0  # seconds between a busy follower's snapshots
+FIELDS = ("steps", "span", "busy", "wait", "sent_bytes", "final")  # the rank's stage, float64
+
+
+def group() -> Any:
+    """The figures' gloo group; every rank makes it at the same point (after the slots')."""
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo")
+
+
+def snapshot(timing: StageTiming, stage: int, final: bool = False) -> torch.Tensor:
+    """``stage``'s figures as this rank has them (``FIELDS``)."""
+    f = timing.figures()
+    sent = f.link_bytes[stage] if stage < len(f.link_bytes) else 0
+    wait = f.wait[stage] if f.wait is not None else 0.0
+    row = [f.steps, f.span[stage], f.busy[stage], wait, sent, float(final)]
+    return torch.tensor(row, dtype=torch.float64)
+
+
+class Reporter:
+    """A follower's: its stage's figures to rank 0 (the module docstring)."""
+
+    def __init__(self, timing: StageTiming, stage: int, grp: Any) -> None:
+        self.timing, self.stage, self.group = timing, stage, grp
+        self.work: Any = None
+        self.buf: torch.Tensor | None = None  # the snapshot in flight (kept until it completes)
+        self.last = 0.0
+
+    def after_step(self, idle: bool) -> None:
+        """A step is done; ``idle``: no next step waits."""
+        import torch.distributed as dist
+
+        if self.work is not None and not self.work.is_completed():
+            if not idle:
+                return
+            self.work.wait()  # going idle: the last figures must go (rank 0 always receives)
+        now = time.monotonic()
+        if not idle and now - self.last < PERIOD:
+            return
+        self.timing.settle()  # what has completed (this is the steps' thread)
+        self.buf = snapshot(self.timing, self.stage)
+        self.work = dist.isend(self.buf, dst=0, group=self.group)
+        self.last = now
+
+    def close(self) -> None:
+        """Rank 0 has stopped the pipeline: the last figures, marked final (the docstring)."""
+        import torch.distributed as dist
+
+        if self.work is not None:
+            self.work.wait()
+        self.timing.settle()
+        dist.send(snapshot(self.timing, self.stage, final=True), dst=0, group=self.group)
+
+
+class Peers:
+    """Rank 0's: the latest figures of every other rank, each received in a thread of its own."""
+
+    def __init__(self, world: int, grp: Any) -> None:
+        self.lock = threading.Lock()
+        self.latest = {r: torch.zeros(len(FIELDS), dtype=torch.float64) for r in range(1, world)}
+        self.threads = [
+            threading.Thread(target=self._receive, args=(r, grp), daemon=True) for r in self.latest
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _receive(self, rank: int, grp: Any) -> None:
+        import torch.distributed as dist
+
+        while True:
+            buf = torch.empty(len(FIELDS), dtype=torch.float64)
+            try:
+                dist.recv(buf, src=rank, group=grp)
+            except Exception:  # noqa: BLE001 - the rank or the group is gone: keep its last
+                log.debug("rank %d's figures end", rank, exc_info=True)
+                return
+            with self.lock:
+                self.latest[rank] = buf
+            if buf[-1]:  # its last (``Reporter.close``)
+                return
+
+    def close(self, timeout: float) -> bool:
+        """Wait for every follower's last figures (after rank 0's stop); False: some thread
+        still receives after ``timeout`` seconds (the process group must not go then)."""
+        end = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0.0, end - time.monotonic()))
+        return not any(t.is_alive() for t in self.threads)
+
+    def figures(self, own: Figures) -> Figures:
+        """Rank 0's own figures (stage 0) with every other rank's stage from its latest."""
+        busy, span, sent = list(own.busy), list(own.span), list(own.link_bytes)
+        wait = list(own.wait) if own.wait is not None else [0.0] * len(busy)
+        with self.lock:
+            for r, x in self.latest.items():
+                _, span[r], busy[r], wait[r], sent_r, _ = x.tolist()
+                if r < len(sent):
+                    sent[r] = int(sent_r)
+        return Figures(own.steps, busy, span, sent, None, wait)
+
+    def caught_up(self, steps: int, timeout: float) -> bool:
+        """Wait until every follower's figures count ``steps`` steps (rank 0's) or more."""
+        end = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                behind = [r for r, x in self.latest.items() if x[0] < steps]
+            if not behind or time.monotonic() > end:
+                return not behind
+            time.sleep(0.01)
+
+
+def between(a: Figures, b: Figures) -> Figures:
+    """The figures of the steps from ``a`` to ``b`` (both taken the same way)."""
+
+    def minus(x: list[Any] | None, y: list[Any] | None) -> list[Any] | None:
+        return None if x is None or y is None else [q - p for p, q in zip(x, y, strict=True)]
+
+    return Figures(
+        b.steps - a.steps, minus(a.busy, b.busy) or [], minus(a.span, b.span) or [],
+        minus(a.link_bytes, b.link_bytes) or [], minus(a.link_seconds, b.link_seconds),
+        minus(a.wait, b.wait),
+    )  # fmt: skip
+
+
+def summary(f: Figures) -> str:
+    """Each stage's busy fraction and the stages' overlap, e.g. "0.95 / 0.88, overlap 1.71"."""
+    pairs = zip(f.busy, f.span, strict=True)
+    fractions = " / ".join(f"{b / s:.2f}" if s > 0 else "-" for b, s in pairs)
+    longest = max(f.span, default=0.0)
+    return f"{fractions}, overlap {sum(f.busy) / longest if longest > 0 else 0.0:.2f}"
+
+
+def every_stage(staged: Any, timeout: float = 30.0) -> Figures:
+    """Rank 0's figures of every stage once the followers' count its steps (rank 0's thread)."""
+    staged.timing.settle()
+    staged.peers.caught_up(staged.timing.steps, timeout)
+    return staged.peers.figures(staged.timing.figures())  # type: ignore[no-any-return]
