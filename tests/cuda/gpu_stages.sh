@@ -19,8 +19,8 @@
 #   bash tests/cuda/gpu_stages.sh dist        two pipeline ranks on one GPU through bench
 #                                              pipeline-dist (tokens against one process)
 #   bash tests/cuda/gpu_stages.sh owed        what the 2026-12-05 sessions left unrun on a GPU
-#                                              (lane warm-up, link throttle, k = 8 verify, two
-#                                              pipeline ranks on one GPU through decode graphs)
+#                                              (lane warm-up, link throttle, two pipeline ranks
+#                                              on one GPU through decode graphs); then verify8
 # Logs and files land in $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/mgserve-out}; mkdir -p "$OUT"
@@ -110,7 +110,8 @@ case "${1:-tests}" in
     echo "== owed tests rc=$?"; grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/t_owed.log"
     bench links 200 model $Q4X --ctx 65536 --slots 5 --int8 --prefill 4096@0 --decode 32768 \
       --multi-decode 5@32768 --decode-steps 16 --virtual-stages 1,6 --link-gbps 3.15,2.12,1.07,1.07,1.6 \
-      --record
+      --record ;;
+  verify8)  # k = 8 verify at depth (split from ``owed`` so each call fits 10 minutes)
     bench verify8 240 verify $Q4X --ctx 262144 --slots 1 --int8 --depths 131072,250000 \
       --drafts 8 --steps 8 --forced "" --record ;;
   dist)  # two pipeline ranks sharing one GPU (gloo, hand-offs through the host, decode graphs):
