@@ -35,6 +35,7 @@ import time
 from typing import Any
 
 from mgserve.bench import record
+from mgserve.bench.pipeline_table import table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -164,6 +165,7 @@ def _lead(args: argparse.Namespace, settings: Any, rv: Any) -> dict[str, Any]:
     from mgserve.core.engine.contract import Request
     from mgserve.core.engine.scheduler import Scheduler
     from mgserve.pipeline.lockstep import Leader, stage_runner
+    from mgserve.pipeline.perfmodel import check_run
     from mgserve.pipeline.rendezvous import agree, join
     from mgserve.pipeline.stage_stats import between, every_stage, summary
 
@@ -180,9 +182,12 @@ def _lead(args: argparse.Namespace, settings: Any, rv: Any) -> dict[str, Any]:
     def prompt(n: int) -> list[int]:
         return torch.randint(100, vocab - 100, (n,), generator=gen).tolist()
 
-    def serve(reqs: list[Request]) -> tuple[dict[str, list[int]], list[float], float]:
+    marks: dict[str, Any] = {}  # every stage's figures at points of the runs (stage_stats.py)
+
+    def serve(reqs: list[Request], at: str) -> tuple[dict[str, list[int]], list[float], float]:
         """``reqs`` to their ends: tokens by request, the seconds of each step in which every
-        request decoded, and the seconds to the first token of the first request."""
+        request decoded, and the seconds to the first token of the first request; the figures
+        at the first token (``at`` + "first") and after the first all-decoding step (+ "dec")."""
         for r in reqs:
             sched.add(r)
         tokens: dict[str, list[int]] = {r.id: [] for r in reqs}
@@ -196,32 +201,37 @@ def _lead(args: argparse.Namespace, settings: Any, rv: Any) -> dict[str, Any]:
                 torch.cuda.synchronize()
             now = time.perf_counter()
             sched.observe(batch.step, now - s0)
-            decoding = sum(1 for w in batch.work if len(w.tokens) == 1 and w.start > 0)
-            if decoding == len(reqs):
+            if sum(1 for w in batch.work if len(w.tokens) == 1 and w.start > 0) == len(reqs):
                 steps.append(now - s0)
+                marks.setdefault(at + "dec", every_stage(runner.model))
             for ev in sched.apply(result):
                 if ev.token is not None:
-                    if not first:
-                        first = now - t0
+                    first = first or now - t0
                     tokens[ev.request_id].append(ev.token)
+            if first:
+                marks.setdefault(at + "first", every_stage(runner.model))
         return tokens, steps, first
 
-    serve([Request("warm", prompt(2 * settings.batch_size), GREEDY, max_tokens=4)])
+    serve([Request("warm", prompt(2 * settings.batch_size), GREEDY, max_tokens=4)], "warm")
     long = Request("long", prompt(args.prompt), GREEDY, max_tokens=2)
-    f0 = every_stage(runner.model)  # every stage's figures so far (stage_stats.py)
-    long_tokens, _, ttft = serve([long])
-    f1 = every_stage(runner.model)
+    f0 = every_stage(runner.model)
+    long_tokens, _, ttft = serve([long], "long")
     short = [Request(f"s{i}", prompt(args.decode_depth), GREEDY, max_tokens=args.decode_steps + 2)
              for i in range(args.sessions)]  # fmt: skip
-    decode_tokens, steps, _ = serve(short)
+    decode_tokens, steps, _ = serve(short, "short")
     leader.close()  # the followers' last figures come first
-    stages = [summary(between(f0, f1)), summary(between(f1, every_stage(runner.model)))]
+    pre, dec = (
+        between(f0, marks["longfirst"]),
+        between(marks["shortdec"], every_stage(runner.model)),
+    )
     timed = steps[1:] or steps  # the first may be a prompt's last token's own step
     step_s = sum(timed) / max(1, len(timed))
+    model = check_run(pre.busy, pre.steps, args.prompt, args.ubatch, dec.busy, dec.steps,
+                      args.sessions, settings.pipeline_micro_batches)  # fmt: skip
     return {
         "ttft": ttft, "prefill": args.prompt / ttft, "decode": args.sessions / step_s,
         "step_ms": step_s * 1e3, "ranges": [list(r) for r in runner.model.ranges],
-        "stages": stages,
+        "stages": [summary(pre), summary(dec)], "model": model,
         "tokens": [long_tokens["long"], *decode_tokens.values()],
     }  # fmt: skip
 
@@ -271,28 +281,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--prompt >= --ubatch >= 1, --sessions and --decode-depth >= 1")
     results = [(s, _run(args, s)) for s in specs]
     base = results[0][1]
-    model = args.shape and f"synthetic {args.shape}, {args.layers} layers, {args.experts} experts"
-    link = ""
-    if args.device == "cuda":
-        link = f", {args.dist_backend} backend" + (", NCCL without peer copies" * args.no_p2p)
-    lines = [
-        f"model `{model or args.model or 'built-in default'}` on {args.device}{link}; prompt "
-        f"{args.prompt} tokens in chunks of {args.ubatch}; {args.sessions} sessions decoding at "
-        f"depth {args.decode_depth}, {args.decode_steps} steps; greedy",
-        "",
-        "| run | layers per stage | prefill t/s | TTFT s | decode t/s (aggregate) | ms/step | vs "
-        "first run: prefill / decode | stages busy: prefill; decode | tokens as the first run |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for spec, r in results:
-        stages = " / ".join(f"{a}-{b - 1}" for a, b in r["ranges"])
-        same = "yes" if r["tokens"] == base["tokens"] else "**no**"
-        lines.append(
-            f"| {spec.name()} | {stages} | {r['prefill']:.1f} | {r['ttft']:.2f} | "
-            f"{r['decode']:.1f} | {r['step_ms']:.1f} | {r['prefill'] / base['prefill']:.2f}x / "
-            f"{r['decode'] / base['decode']:.2f}x | {'; '.join(r['stages'])} | {same} |"
-        )
-    text = "\n".join(lines)
+    text = table(args, [(s.name(), r) for s, r in results])
     print(text)
     if args.record:
         record("layer pipeline across processes (torch.distributed)", text)

@@ -175,3 +175,28 @@ def predict(chunk_times: Callable[[int, int], Sequence[float]],
         best.append(max(runs, key=lambda r: r.aggregate_tps))
         each.append(runs[-1])
     return Prediction(pre, tuple(best), tuple(each))
+
+
+def measured_line(busy: Sequence[float], steps: int, parts: int = 1) -> list[float]:
+    """Each stage's seconds per micro-batch from its busy seconds over ``steps`` steps of
+    ``parts`` micro-batches each (the figures a run measures: timing.py, stage_stats.py)."""
+    return [b / max(steps, 1) / parts for b in busy]
+
+
+def check_run(chunk_busy: Sequence[float], chunks: int, prompt: int, chunk: int,
+              step_busy: Sequence[float], steps: int, sessions: int,
+              micro_batches: int) -> tuple[float, float]:  # fmt: skip
+    """What the model predicts for a run from its stages' measured busy seconds, the links and
+    the host taken as free: (prefill tokens/s of the ``prompt`` in ``chunks`` chunks, seconds
+    per decode step of ``sessions`` in ``micro_batches``). The run's own figures against these
+    show what its hand-offs and its host cost beyond the stages (bench pipeline-dist).
+
+    Decode as the runtime runs it: a step's micro-batches flow through the stages and the next
+    step starts when the last is sampled (a flow shop of one step), not the ring of ``decode``,
+    whose micro-batches go round independently (steps in flight, not built)."""
+    per_chunk = measured_line(chunk_busy, chunks)
+    free = [Link(float("inf"))] * (len(per_chunk) - 1)
+    pre = prefill(lambda n, _: [t * n / chunk for t in per_chunk], prompt, chunk, free, 0)
+    m = min(micro_batches, sessions)
+    per_step = measured_line(step_busy, steps, m)
+    return pre.tokens_per_s, flow_shop([per_step] * m)[-1]

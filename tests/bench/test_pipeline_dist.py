@@ -27,13 +27,16 @@ def test_two_processes_against_one(tmp_path: Path, capsys: pytest.CaptureFixture
     assert len(rows) == 3 and all(r.rstrip().endswith("| yes |") for r in rows), out
     assert "| 2 process(es) x 1 thread(s) | 0-0 / 1-1 |" in out  # -ts 1,1 of 2 layers
     # each run's stages: busy fractions and overlap, prefill; decode (pipeline/stage_stats.py)
-    stages = [r.split(" | ")[-2] for r in rows]
-    for n, cell in zip((1, 2, 2), stages, strict=True):
-        for phase in cell.split("; "):
+    for n, row in zip((1, 2, 2), rows, strict=True):
+        cells = row.split(" | ")
+        for phase in cells[-3].split("; "):
             fractions, overlap = phase.split(", overlap ")
             busy = [float(f) for f in fractions.split(" / ")]
-            assert len(busy) == n and all(0 < b <= 1 for b in busy), cell
-            assert 0 < float(overlap) <= n + 1e-9, cell
+            assert len(busy) == n and all(0 < b <= 1 for b in busy), row
+            assert 0 < float(overlap) <= n + 1e-9, row
+        # the pipeline model from the run's stage times: at least the run's speed (links free)
+        tps, step_ms = (float(x) for x in cells[-2].split(" / "))
+        assert tps >= 0.9 * float(cells[2]) and 0 < step_ms <= 1.1 * float(cells[5]), row
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "## layer pipeline across processes (torch.distributed)" in text
     monkeypatch.setattr("mgserve.machine.gpu_ids", lambda: ["GPU-a"])

@@ -130,3 +130,17 @@ def test_pcie_hops() -> None:
     assert len(gen4.hops([8, 8, 4, 2, 4, 4])) == 5
     with pytest.raises(ValueError, match="PCIe gen"):
         PcieModel(gen=2).lane_rate()
+
+
+def test_check_run_predicts_a_run_from_its_stage_times() -> None:
+    """From measured busy seconds: prefill as a flow shop of chunks (two balanced stages of 1 s
+    a chunk, 8 chunks: 9 s), decode as a flow shop of one step's micro-batches (what lockstep
+    runs; the next step waits for this one), links and host free."""
+    from mgserve.pipeline.perfmodel import check_run
+
+    tps, step_s = check_run([8.0, 8.0], 8, 2048, 256, [1.0, 1.0], 10, 4, 1)
+    assert tps == pytest.approx(2048 / 9) and step_s == pytest.approx(0.2)
+    _, step_s = check_run([8.0, 8.0], 8, 2048, 256, [1.0, 1.0], 10, 4, 2)
+    assert step_s == pytest.approx(0.15)  # halves: 0.05 + 0.05 overlapped + 0.05
+    tps, _ = check_run([8.0, 4.0], 8, 2048, 256, [1.0, 1.0], 10, 4, 1)
+    assert tps == pytest.approx(2048 / 8.5)  # the busy stage sets the pace, the other drains
