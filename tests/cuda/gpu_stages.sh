@@ -19,8 +19,9 @@
 #   bash tests/cuda/gpu_stages.sh dist        two pipeline ranks on one GPU through bench
 #                                              pipeline-dist (tokens against one process)
 #   bash tests/cuda/gpu_stages.sh owed        what the 2026-12-05 sessions left unrun on a GPU
-#                                              (lane warm-up, link throttle, two pipeline ranks
-#                                              on one GPU through decode graphs); then verify8
+#                                              (lane warm-up, two pipeline ranks on one GPU
+#                                              through decode graphs, then dist); then owed2
+#                                              (the link throttle at the seed's hops, verify8)
 # Logs and files land in $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/mgserve-out}; mkdir -p "$OUT"
@@ -99,27 +100,30 @@ case "${1:-tests}" in
       --user 200 --edit 1000 --record
     bench mixed 250 mixed $Q4X --int8 --ctx 262144 --slots 3 --depth 131072 --prompt 65536 \
       --ubatch 4096 --itl-target-ms 1.5x --time-limit 60 --prefill-lane --record ;;
-  owed)  # what the 2026-12-05 evening session could not run on a GPU (carry .whl and the tiny
+  owed)  # what the 2026-12-05 sessions could not run on a GPU (carry .whl and the tiny
     # qwen4exp, qwen3, gemma3): the warm-up's lane batches, the engine with the lane on by default,
-    # the link throttle on 6 virtual stages at the seed's hops (PCIe 3.0 at 0.8 of the raw rate,
-    # x8/x8/x4/x2/x4/x4 through host memory: 1 / (1/a + 1/b) per hop), and k = 8 verify at depth
-    # and (2026-12-05 night) two pipeline ranks on one GPU over gloo through decode graphs
-    timeout 300 python3 -m pytest -q --tb=short -p no:cacheprovider -rfEs -m gpu \
-      tests/cuda/test_warmup.py tests/cuda/test_device_lanes.py tests/core/test_activations_setting.py \
-      tests/cuda/test_device_stages_dist.py > "$OUT/t_owed.log" 2>&1
+    # two pipeline ranks on one GPU over gloo through decode graphs (tests), then the same
+    # through bench pipeline-dist at full width (``dist``); ``owed2`` has the rest
+    timeout 250 python3 -m pytest -q --tb=short -p no:cacheprovider -rfEs -m gpu \
+      tests/cuda/test_device_stages_dist.py tests/cuda/test_warmup.py \
+      tests/cuda/test_device_lanes.py tests/core/test_activations_setting.py > "$OUT/t_owed.log" 2>&1
     echo "== owed tests rc=$?"; grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/t_owed.log"
+    DIST_T=300 bash "$0" dist ;;
+  owed2)  # the link throttle on 6 virtual stages at the seed's hops (PCIe 3.0 at 0.8 of the raw
+    # rate, x8/x8/x4/x2/x4/x4 through host memory: 1 / (1/a + 1/b) per hop), k = 8 verify
     bench links 200 model $Q4X --ctx 65536 --slots 5 --int8 --prefill 4096@0 --decode 32768 \
       --multi-decode 5@32768 --decode-steps 16 --virtual-stages 1,6 --link-gbps 3.15,2.12,1.07,1.07,1.6 \
-      --record ;;
+      --record
+    bash "$0" verify8 ;;
   verify8)  # k = 8 verify at depth (split from ``owed`` so each call fits 10 minutes)
     bench verify8 240 verify $Q4X --ctx 262144 --slots 1 --int8 --depths 131072,250000 \
       --drafts 8 --steps 8 --forced "" --record ;;
   dist)  # two pipeline ranks sharing one GPU (gloo, hand-offs through the host, decode graphs):
     # the serving code's tokens against one process at full width, 8 layers (no speed claim:
     # the ranks share the card)
-    bench pipedist 500 pipeline-dist --device cuda --dist-backend gloo --shape qwen4exp-flash-next \
+    bench pipedist "${DIST_T:-500}" pipeline-dist --device cuda --dist-backend gloo --shape qwen4exp-flash-next \
       --layers 8 --experts 32 --ple-rows 1000000 --runs 1x1,2x1 --prompt 8192 --ubatch 2048 \
-      --sessions 5 --decode-depth 1024 --decode-steps 16 ;;
+      --sessions 5 --decode-depth 1024 --decode-steps 16 --record ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac
 cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
