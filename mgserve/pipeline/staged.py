@@ -95,6 +95,7 @@ class StagedLM:
             len(self.ranges), bool(gpu), lambda: list(carried or [0] * links), step_span=apart
         )
         self.peers: Any = None  # rank 0's view of the other ranks' figures (stage_stats.py)
+        self._replaying: int | None = None  # the stage a replay across processes is timed as
 
     def metric_families(self) -> Iterator[Metric]:
         """Per-stage figures for /metrics (timing.py): every stage's where all run in this
@@ -165,15 +166,32 @@ class StagedLM:
             ready()
 
     def before_replay(self, io: Any) -> None:
+        """Across processes (graphs.py, transport_dist.py): the replay's input received, timed
+        as the stage's wait; the replay itself is the stage's work (one stage per process)."""
+        tm, mine = self.timing, [i for i in range(len(self.ranges)) if self.transport.runs(i)]
+        tm.begin()
+        waits = io.received[0][0] if io.received else None
+        if waits is not None:
+            tm.receiving(waits)
         self.transport.before_replay(io)  # type: ignore[attr-defined]
+        if waits is not None:
+            tm.arrived(waits - 1)
+        self._replaying = mine[0] if len(mine) == 1 else None
+        if self._replaying is not None:
+            tm.start(self._replaying)
 
     def after_replay(self, io: Any) -> None:
+        if self._replaying is not None:
+            self.timing.stop(self._replaying)
         self.transport.after_replay(io)  # type: ignore[attr-defined]
+        self.timing.end()
 
     def replayed(self, rows: int) -> None:
         """A captured decode step of ``rows`` rows ran again (graphs.py): a step whose links each
-        carried the rows' hand-offs. Its stage times are not measured (no events in a graph)."""
-        self.timing.steps += 1
+        carried the rows' hand-offs. In one process its stage times are not measured (no events
+        in a graph); across processes ``before_replay`` counted and timed it."""
+        if not self.timing.step_span:
+            self.timing.steps += 1
         carried = getattr(self.transport, "link_bytes", None)
         if carried is not None:
             per_row = HANDOFF_DTYPE.itemsize * math.prod(self.model.handoff_shape)

@@ -77,6 +77,7 @@ class StageTiming:
         self._begin: _Mark | None = None
         self._last_start: dict[int, _Mark] = {}
         self._asked: dict[int, _Mark] = {}
+        self._started: dict[int, _Mark] = {}
 
     def begin(self) -> None:
         self.settle()
@@ -87,13 +88,22 @@ class StageTiming:
     def stage(self, i: int, final: bool = True) -> Iterator[None]:
         """``stage``'s work (on its stream, where ``Transport.on`` put it); ``final``: the step's
         last micro-batch (the last stage's end of it ends the step's span)."""
-        start = _Mark(self.gpu)
+        self.start(i)
         yield
-        end = _Mark(self.gpu)
-        self._pending.append(("stage", i, start, end))
+        end = self.stop(i)
         last = final and i == self.n_stages - 1 and not self.step_span
         if last and self._begin is not None:
             self._pending.append(("span", 0, self._begin, end))
+
+    def start(self, i: int) -> None:
+        """Stage ``i``'s work starts (``stage``; a graph's replay across processes)."""
+        self._started[i] = _Mark(self.gpu)
+
+    def stop(self, i: int) -> _Mark:
+        """Stage ``i``'s work since ``start`` is done."""
+        end = _Mark(self.gpu)
+        self._pending.append(("stage", i, self._started.pop(i), end))
+        return end
 
     def end(self) -> None:
         """The step is done on this rank (``step_span``: its span ends here)."""
