@@ -18,8 +18,9 @@ stage is: the capture takes in every stage's stream and the host staging copies 
 
 Per-stage figures (busy seconds and fraction, bubbles, bytes and seconds per link) are recorded
 by ``timing.py`` and shown in /metrics. A graph's replay counts as a step and its links' bytes
-(``replayed``), but its stage times are measured only in steps run without a graph (prompt
-chunks, and every step with ``graphs=False``).
+(``replayed``), but in one process its stage times are measured only in steps run without a
+graph (prompt chunks, and every step with ``graphs=False``); across processes a replay is the
+rank's stage, timed around it (``before_replay``, ``after_replay``).
 
 With ``micro_batches`` > 1 a plain decode step's sessions go through the stages in groups
 (micro.py), stage i computing group j + 1 while stage i + 1 computes group j: the stages overlap.
