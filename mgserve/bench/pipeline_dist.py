@@ -184,10 +184,15 @@ def _lead(args: argparse.Namespace, settings: Any, rv: Any) -> dict[str, Any]:
 
     marks: dict[str, Any] = {}  # every stage's figures at points of the runs (stage_stats.py)
 
+    def mark(key: str) -> None:  # once: it waits for the followers' figures (``every_stage``)
+        if key not in marks:
+            marks[key] = every_stage(runner.model)
+
     def serve(reqs: list[Request], at: str) -> tuple[dict[str, list[int]], list[float], float]:
         """``reqs`` to their ends: tokens by request, the seconds of each step in which every
         request decoded, and the seconds to the first token of the first request; the figures
-        at the first token (``at`` + "first") and after the first all-decoding step (+ "dec")."""
+        at the first token (``at`` + "first"), after the first all-decoding step (+ "dec") and
+        after the last (+ "decend"), so "dec" to "decend" are the steps after the first."""
         for r in reqs:
             sched.add(r)
         tokens: dict[str, list[int]] = {r.id: [] for r in reqs}
@@ -195,21 +200,26 @@ def _lead(args: argparse.Namespace, settings: Any, rv: Any) -> dict[str, Any]:
         while sched.has_work():
             batch = sched.schedule()
             assert batch is not None
+            decoding = sum(1 for w in batch.work if len(w.tokens) == 1 and w.start > 0)
+            if decoding < len(reqs) and at + "dec" in marks:
+                mark(at + "decend")  # a session has finished: the all-decoding steps are over
             s0 = time.perf_counter()
             result = leader.run(batch)
             if device == "cuda":
                 torch.cuda.synchronize()
             now = time.perf_counter()
             sched.observe(batch.step, now - s0)
-            if sum(1 for w in batch.work if len(w.tokens) == 1 and w.start > 0) == len(reqs):
+            if decoding == len(reqs):
                 steps.append(now - s0)
-                marks.setdefault(at + "dec", every_stage(runner.model))
+                mark(at + "dec")
             for ev in sched.apply(result):
                 if ev.token is not None:
                     first = first or now - t0
                     tokens[ev.request_id].append(ev.token)
             if first:
-                marks.setdefault(at + "first", every_stage(runner.model))
+                mark(at + "first")
+        if at + "dec" in marks:
+            mark(at + "decend")
         return tokens, steps, first
 
     serve([Request("warm", prompt(2 * settings.batch_size), GREEDY, max_tokens=4)], "warm")
@@ -220,13 +230,11 @@ def _lead(args: argparse.Namespace, settings: Any, rv: Any) -> dict[str, Any]:
              for i in range(args.sessions)]  # fmt: skip
     decode_tokens, steps, _ = serve(short, "short")
     leader.close()  # the followers' last figures come first
-    pre, dec = (
-        between(f0, marks["longfirst"]),
-        between(marks["shortdec"], every_stage(runner.model)),
-    )
+    pre = between(f0, marks["longfirst"])  # the long prompt's chunks
+    dec = between(marks["shortdec"], marks["shortdecend"])  # the timed steps: steps[1:]
     timed = steps[1:] or steps  # the first may be a prompt's last token's own step
     step_s = sum(timed) / max(1, len(timed))
-    model = check_run(pre.busy, pre.steps, args.prompt, args.ubatch, dec.busy, dec.steps,
+    model = check_run(pre.busy, args.prompt, args.ubatch, dec.busy, dec.steps,
                       args.sessions, settings.pipeline_micro_batches)  # fmt: skip
     return {
         "ttft": ttft, "prefill": args.prompt / ttft, "decode": args.sessions / step_s,

@@ -183,20 +183,23 @@ def measured_line(busy: Sequence[float], steps: int, parts: int = 1) -> list[flo
     return [b / max(steps, 1) / parts for b in busy]
 
 
-def check_run(chunk_busy: Sequence[float], chunks: int, prompt: int, chunk: int,
+def check_run(prompt_busy: Sequence[float], prompt: int, chunk: int,
               step_busy: Sequence[float], steps: int, sessions: int,
               micro_batches: int) -> tuple[float, float]:  # fmt: skip
     """What the model predicts for a run from its stages' measured busy seconds, the links and
-    the host taken as free: (prefill tokens/s of the ``prompt`` in ``chunks`` chunks, seconds
-    per decode step of ``sessions`` in ``micro_batches``). The run's own figures against these
-    show what its hand-offs and its host cost beyond the stages (bench pipeline-dist).
+    the host taken as free: (prefill tokens/s of the ``prompt`` in chunks of ``chunk`` tokens,
+    from each stage's busy seconds over the prompt, seconds per decode step of ``sessions`` in
+    ``micro_batches``). The run's own figures against these show what its hand-offs and its host
+    cost beyond the stages (bench pipeline-dist). A chunk's time on a stage is its tokens' share
+    of the stage's busy seconds, so a shorter last chunk takes its share (a stage's chunks add up
+    to what it measured).
 
     Decode as the runtime runs it: a step's micro-batches flow through the stages and the next
     step starts when the last is sampled (a flow shop of one step), not the ring of ``decode``,
     whose micro-batches go round independently (steps in flight, not built)."""
-    per_chunk = measured_line(chunk_busy, chunks)
-    free = [Link(float("inf"))] * (len(per_chunk) - 1)
-    pre = prefill(lambda n, _: [t * n / chunk for t in per_chunk], prompt, chunk, free, 0)
+    per_token = measured_line(prompt_busy, prompt)
+    free = [Link(float("inf"))] * (len(per_token) - 1)
+    pre = prefill(lambda n, _: [t * n for t in per_token], prompt, chunk, free, 0)
     m = min(micro_batches, sessions)
     per_step = measured_line(step_busy, steps, m)
     return pre.tokens_per_s, flow_shop([per_step] * m)[-1]

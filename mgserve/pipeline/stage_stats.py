@@ -4,13 +4,18 @@ their own, apart from the hand-offs and the steps.
 
 A follower sends a snapshot of its figures (``FIELDS``) after a step at most every ``PERIOD``
 seconds, and when it has no next step waiting (the pipeline goes idle, so the last figures
-arrive); a send is an ``isend``, and one is in flight at a time (the next waits for the one
-before to complete, it never waits itself), so the steps never wait for the figures. Rank 0
-receives each follower's in a thread of its own and keeps the latest; a scrape combines them
-with its own (``Peers.figures``). When rank 0 stops the pipeline, each follower sends its last
-figures marked final (``Reporter.close``), which ends rank 0's thread for it; rank 0 waits for
-those threads before it leaves the process group (a thread still in a receive then aborts the
-process). A follower that died ends its thread with an error; it leaves its last figures.
+arrive; then it first waits for its stage's intervals to end on the GPU: ``settle(wait=True)``,
+so the snapshot holds every step it counts). A send is an ``isend``, one in flight at a time:
+the next first waits for the one before, sent a period earlier (a gloo send's work never says
+it is done until it is waited for), which rank 0's thread, always receiving, has long taken.
+Rank 0 receives each follower's in a thread of its own and keeps the latest; a scrape combines
+them with its own (``Peers.figures``). The group waits as long as the control group
+(rendezvous.py ``IDLE``): a receive of an idle server must not time out, which would end rank
+0's thread and break the follower's next send. When rank 0 stops the pipeline, each follower
+sends its last figures marked final (``Reporter.close``), which ends rank 0's thread for it;
+rank 0 waits for those threads before it leaves the process group (a thread still in a receive
+then aborts the process). A follower that died ends its thread with an error; it leaves its
+last figures.
 """
 
 from __future__ import annotations
@@ -31,10 +36,13 @@ FIELDS = ("steps", "span", "busy", "wait", "sent_bytes", "final")  # the rank's 
 
 
 def group() -> Any:
-    """The figures' gloo group; every rank makes it at the same point (after the slots')."""
+    """The figures' gloo group; every rank makes it at the same point (after the slots'). Its
+    receives wait as long as a server may stay idle (the module docstring)."""
     import torch.distributed as dist
 
-    return dist.new_group(backend="gloo")
+    from mgserve.pipeline.rendezvous import IDLE
+
+    return dist.new_group(backend="gloo", timeout=IDLE)
 
 
 def snapshot(timing: StageTiming, stage: int, final: bool = False) -> torch.Tensor:
@@ -59,14 +67,12 @@ class Reporter:
         """A step is done; ``idle``: no next step waits."""
         import torch.distributed as dist
 
-        if self.work is not None and not self.work.is_completed():
-            if not idle:
-                return
-            self.work.wait()  # going idle: the last figures must go (rank 0 always receives)
         now = time.monotonic()
         if not idle and now - self.last < PERIOD:
             return
-        self.timing.settle()  # what has completed (this is the steps' thread)
+        if self.work is not None:  # sent a period ago or more: rank 0 has it (the docstring)
+            self.work.wait()
+        self.timing.settle(wait=idle)  # this is the steps' thread; idle: the GPU has no next
         self.buf = snapshot(self.timing, self.stage)
         self.work = dist.isend(self.buf, dst=0, group=self.group)
         self.last = now
@@ -77,7 +83,7 @@ class Reporter:
 
         if self.work is not None:
             self.work.wait()
-        self.timing.settle()
+        self.timing.settle(wait=True)
         dist.send(snapshot(self.timing, self.stage, final=True), dst=0, group=self.group)
 
 

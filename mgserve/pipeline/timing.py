@@ -4,8 +4,9 @@ long a hand-off takes, and the bubbles (the share of a step a stage waits).
 ``StageTiming`` records intervals of a step: each stage's work (``stage``) and each link's
 hand-off, from the sender's last kernel to the receiver having the data (``link``). On a GPU an
 interval is a pair of CUDA events recorded on the stream doing the work; a pair is read only once
-its end event has completed (``Event.query``), at the next step, so nothing ever waits for the
-GPU (a scrape reads what the steps have settled). On the CPU it is the clock. A step's span runs
+its end event has completed (``Event.query``), at the next step, so the steps never wait for the
+GPU (a scrape reads what the steps have settled; only a follower that goes idle waits for its
+last intervals, stage_stats.py). On the CPU it is the clock. A step's span runs
 from its start to its last stage's end; a stage's busy fraction is its busy seconds over the
 steps' spans, its bubble fraction the rest; their busy seconds together over the spans are the
 stages' overlap (1: one stage at a time). ``families`` gives them as Prometheus metrics
@@ -42,6 +43,10 @@ class _Mark:
 
     def done(self) -> bool:
         return self.event is None or self.event.query()
+
+    def wait(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
 
     def seconds_since(self, start: _Mark) -> float:
         if self.event is None or start.event is None:
@@ -129,12 +134,15 @@ class StageTiming:
         elif (asked := self._asked.pop(link + 1, None)) is not None:
             self._pending.append(("wait", link + 1, asked, _Mark(self.gpu)))
 
-    def settle(self) -> None:
-        """Add the intervals whose end has completed (the others wait for a later look). Only
-        the thread that runs the steps calls it (``begin``): a query of a CUDA event from
-        another thread while that one captures a graph would break the capture."""
+    def settle(self, wait: bool = False) -> None:
+        """Add the intervals whose end has completed (the others wait for a later look; with
+        ``wait``, every interval: its end is waited for, as a follower does when it goes idle,
+        stage_stats.py). Only the thread that runs the steps calls it (``begin``): a query of a
+        CUDA event from another thread while that one captures a graph would break the capture."""
         left = []
         for kind, i, start, end in self._pending:
+            if wait:
+                end.wait()
             if not end.done():
                 left.append((kind, i, start, end))
                 continue

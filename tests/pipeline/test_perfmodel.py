@@ -138,9 +138,18 @@ def test_check_run_predicts_a_run_from_its_stage_times() -> None:
     runs; the next step waits for this one), links and host free."""
     from mgserve.pipeline.perfmodel import check_run
 
-    tps, step_s = check_run([8.0, 8.0], 8, 2048, 256, [1.0, 1.0], 10, 4, 1)
+    tps, step_s = check_run([8.0, 8.0], 2048, 256, [1.0, 1.0], 10, 4, 1)
     assert tps == pytest.approx(2048 / 9) and step_s == pytest.approx(0.2)
-    _, step_s = check_run([8.0, 8.0], 8, 2048, 256, [1.0, 1.0], 10, 4, 2)
+    _, step_s = check_run([8.0, 8.0], 2048, 256, [1.0, 1.0], 10, 4, 2)
     assert step_s == pytest.approx(0.15)  # halves: 0.05 + 0.05 overlapped + 0.05
-    tps, _ = check_run([8.0, 4.0], 8, 2048, 256, [1.0, 1.0], 10, 4, 1)
+    tps, _ = check_run([8.0, 4.0], 2048, 256, [1.0, 1.0], 10, 4, 1)
     assert tps == pytest.approx(2048 / 8.5)  # the busy stage sets the pace, the other drains
+
+
+def test_check_run_gives_a_short_last_chunk_its_share_of_the_measured_busy() -> None:
+    """A prompt of 300 tokens in chunks of 128 (128, 128, 44): one stage that measured 3 s over
+    it takes 3 s in the model, not 3 s less what the last chunk is short of a full one's."""
+    from mgserve.pipeline.perfmodel import check_run
+
+    tps, _ = check_run([3.0], 300, 128, [1.0], 10, 1, 1)
+    assert tps == pytest.approx(300 / 3.0)
