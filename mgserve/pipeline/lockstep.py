@@ -265,7 +265,10 @@ def follow(settings: Settings, rv: Rendezvous, g: GGUFFile | None = None) -> int
         except Exception:  # the hand-offs would be out of step (the module docstring)
             _fatal(f"rank {rv.rank}: step {batch.step} failed; the pipeline cannot go on")
         steps += 1
-        report.after_step(idle=inbox.empty())
+        try:
+            report.after_step(idle=inbox.empty())
+        except Exception:  # rank 0 is gone: as a failed step (the module docstring)
+            _fatal(f"rank {rv.rank}: rank 0 took no figures after step {batch.step}")
     flush = getattr(runner.model.transport, "flush", None)
     if flush is not None:
         flush()

@@ -168,5 +168,7 @@ def summary(f: Figures) -> str:
 def every_stage(staged: Any, timeout: float = 30.0) -> Figures:
     """Rank 0's figures of every stage once the followers' count its steps (rank 0's thread)."""
     staged.timing.settle()
-    staged.peers.caught_up(staged.timing.steps, timeout)
+    if not staged.peers.caught_up(staged.timing.steps, timeout):
+        log.warning("a follower's figures lag rank 0's %d steps after %.0f s: they are stale",
+                    staged.timing.steps, timeout)  # fmt: skip
     return staged.peers.figures(staged.timing.figures())  # type: ignore[no-any-return]

@@ -107,7 +107,9 @@ class DistTransport:
 
     def _isend_to(self, sent: deque[tuple[Any, torch.Tensor]], dst: int, x: torch.Tensor) -> None:
         while sent and (len(sent) >= IN_FLIGHT or sent[0][0].is_completed()):
-            sent.popleft()[0].wait()  # the oldest: done, or the receiver must catch up first
+            # the oldest: done (NCCL says so; gloo's work only once waited for), or the
+            # receiver must catch up first
+            sent.popleft()[0].wait()
         x = (x.to("cpu") if self.host_staged else x).contiguous()
         sent.append((self.dist.isend(x, dst=dst), x))
 
