@@ -108,7 +108,7 @@ case "${1:-tests}" in
       tests/cuda/test_device_stages_dist.py tests/cuda/test_warmup.py \
       tests/cuda/test_device_lanes.py tests/core/test_activations_setting.py > "$OUT/t_owed.log" 2>&1
     echo "== owed tests rc=$?"; grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/t_owed.log"
-    DIST_T=300 bash "$0" dist ;;
+    DIST_T=250 bash "$0" dist ;;
   owed2)  # the link throttle on 6 virtual stages at the seed's hops (PCIe 3.0 at 0.8 of the raw
     # rate, x8/x8/x4/x2/x4/x4 through host memory: 1 / (1/a + 1/b) per hop), k = 8 verify
     bench links 200 model $Q4X --ctx 65536 --slots 5 --int8 --prefill 4096@0 --decode 32768 \
