@@ -122,8 +122,8 @@ case "${1:-tests}" in
     # the serving code's tokens against one process at full width, 8 layers (no speed claim:
     # the ranks share the card)
     bench pipedist "${DIST_T:-500}" pipeline-dist --device cuda --dist-backend gloo --shape qwen4exp-flash-next \
-      --layers 8 --experts 32 --ple-rows 1000000 --runs 1x1,2x1 --prompt 8192 --ubatch 2048 \
-      --sessions 5 --decode-depth 1024 --decode-steps 16 --record ;;
+      --layers 8 --experts 32 --ple-rows 1000000 --runs 1x1,2x1 --prompt 4096 --ubatch 1024 \
+      --sessions 5 --decode-depth 1024 --decode-steps 8 --record ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac
 cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
