@@ -1,7 +1,8 @@
 """The scheduler's recurrent-state checkpoints across a pipeline of two processes (gloo, CPU):
 each rank keeps its stage's part of a checkpoint, and an edited turn on a hybrid model (qwen4exp)
 resumes from the nearest one on both ranks: the second request computes only the tokens after
-the checkpoint (``timings.cache_n``) and gives the tokens of the same prompt computed cold."""
+the checkpoint (``timings.cache_n``) and gives the tokens and logprobs of the same prompt
+computed cold (checked by mutation: without rank 1's restore the logprobs differ)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ EDITED = [*P[:10], 77, 78, 79]  # shares 10 tokens: the slot's history does not 
 
 def _complete(base: str, prompt: list[int], slot: int, cache: bool) -> dict[str, object]:
     body = {"prompt": prompt, "n_predict": 6, "temperature": 0, "id_slot": slot,
-            "cache_prompt": cache, "return_tokens": True}  # fmt: skip
+            "cache_prompt": cache, "return_tokens": True, "n_probs": 3}  # fmt: skip
     status, out = _post(base, "/completion", body)
     assert status == 200, out
     return out
@@ -48,6 +49,10 @@ def test_an_edited_turn_resumes_from_a_checkpoint_on_every_rank(tmp_path: Path) 
         assert timings["prompt_n"] == len(EDITED) - 8, timings
         cold = _complete(base, EDITED, 1, False)
         assert resumed["tokens"] == cold["tokens"], (resumed, cold)
+        # the logprobs too: the greedy tokens of this tiny model survive a stage left at the
+        # wrong state (rank 1's part of the checkpoint not restored), its logprobs do not
+        probs = "completion_probabilities"
+        assert resumed[probs] == cold[probs], (resumed[probs], cold[probs])
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, log.read_text()
     finally:
