@@ -249,14 +249,22 @@ def follow(settings: Settings, rv: Rendezvous, g: GGUFFile | None = None) -> int
     runner, _, resolved = stage_runner(g, settings, device, rv)
     agree(control, resolved, g, runner.checkpoint_nbytes)
     slots = slots_dist.group()  # as rank 0's Leader makes it
-    report = stage_stats.Reporter(runner.model.timing, rv.rank, stage_stats.group())
+    # a failed send of figures: rank 0 is gone, as after a failed step (the module docstring)
+    report = stage_stats.Reporter(runner.model.timing, rv.rank, stage_stats.group(), _fatal)
     for sig in (signal.SIGTERM, signal.SIGINT):  # rank 0's stop ends this rank (docstring)
         signal.signal(sig, signal.SIG_IGN)
     log.info("rank %d: following rank 0's steps", rv.rank)
     steps = 0
     inbox: queue.Queue[Any] = queue.Queue(AHEAD)
     threading.Thread(target=_listen, args=(control, inbox, rv.rank), daemon=True).start()
-    while (batch := inbox.get()) is not STOP:
+    while True:
+        try:
+            batch = inbox.get(timeout=stage_stats.IDLE_AFTER)
+        except queue.Empty:  # idle: this rank's last figures to rank 0 (stage_stats.py)
+            report.idle()
+            continue
+        if batch is STOP:
+            break
         try:
             if slots_dist.moves_state(batch):
                 slots_dist.follow(runner, batch, slots)
@@ -265,10 +273,7 @@ def follow(settings: Settings, rv: Rendezvous, g: GGUFFile | None = None) -> int
         except Exception:  # the hand-offs would be out of step (the module docstring)
             _fatal(f"rank {rv.rank}: step {batch.step} failed; the pipeline cannot go on")
         steps += 1
-        try:
-            report.after_step(idle=inbox.empty())
-        except Exception:  # rank 0 is gone: as a failed step (the module docstring)
-            _fatal(f"rank {rv.rank}: rank 0 took no figures after step {batch.step}")
+        report.after_step()
     flush = getattr(runner.model.transport, "flush", None)
     if flush is not None:
         flush()

@@ -3,11 +3,14 @@ own stage (timing.py, ``step_span``), and the followers send theirs to rank 0 on
 their own, apart from the hand-offs and the steps.
 
 A follower sends a snapshot of its figures (``FIELDS``) after a step at most every ``PERIOD``
-seconds, and when it has no next step waiting (the pipeline goes idle, so the last figures
-arrive; then it first waits for its stage's intervals to end on the GPU: ``settle(wait=True)``,
-so the snapshot holds every step it counts). A send is an ``isend``, one in flight at a time:
-the next first waits for the one before, sent a period earlier (a gloo send's work never says
-it is done until it is waited for), which rank 0's thread, always receiving, has long taken.
+seconds, and when no step has come for ``IDLE_AFTER`` seconds and some came since the last
+snapshot (the pipeline went idle, so the last figures arrive; then it first waits for its
+stage's intervals to end on the GPU: ``settle(wait=True)``, so the snapshot holds every step it
+counts). Not after every step whose next has not come yet: in decode that is every step (rank 0
+sends the next once it has this one's logits), and a send and a GPU wait per step would cost.
+A send is an ``isend``, one in flight at a time: the next first waits for the one before, sent
+a while earlier (a gloo send's work never says it is done until it is waited for), which rank
+0's thread, always receiving, has long taken.
 Rank 0 receives each follower's in a thread of its own and keeps the latest; a scrape combines
 them with its own (``Peers.figures``). The group waits as long as the control group
 (rendezvous.py ``IDLE``): a receive of an idle server must not time out, which would end rank
@@ -23,6 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,6 +36,7 @@ from mgserve.pipeline.timing import Figures, StageTiming
 log = logging.getLogger(__name__)
 
 PERIOD = 1.0  # seconds between a busy follower's snapshots
+IDLE_AFTER = 0.05  # seconds without a step after which a follower counts as idle
 FIELDS = ("steps", "span", "busy", "wait", "sent_bytes", "final")  # the rank's stage, float64
 
 
@@ -57,25 +62,39 @@ def snapshot(timing: StageTiming, stage: int, final: bool = False) -> torch.Tens
 class Reporter:
     """A follower's: its stage's figures to rank 0 (the module docstring)."""
 
-    def __init__(self, timing: StageTiming, stage: int, grp: Any) -> None:
+    def __init__(self, timing: StageTiming, stage: int, grp: Any,
+                 fail: Callable[[str], None] | None = None) -> None:  # fmt: skip
         self.timing, self.stage, self.group = timing, stage, grp
+        self.fail = fail  # called where a send fails (rank 0 gone), else the error is raised
         self.work: Any = None
         self.buf: torch.Tensor | None = None  # the snapshot in flight (kept until it completes)
-        self.last = 0.0
+        self.last, self.sent_steps = 0.0, 0  # when the last went, and the steps it counted
 
-    def after_step(self, idle: bool) -> None:
-        """A step is done; ``idle``: no next step waits."""
+    def after_step(self) -> None:
+        """A step is done: the figures go if a period has passed since the last."""
+        if time.monotonic() - self.last >= PERIOD:
+            self._send(wait=False)
+
+    def idle(self) -> None:
+        """No step came for ``IDLE_AFTER`` seconds: the figures go if any step came since the
+        last went, every interval ended (this is the steps' thread, and the GPU has no next)."""
+        if self.sent_steps != self.timing.steps:
+            self._send(wait=True)
+
+    def _send(self, wait: bool) -> None:
         import torch.distributed as dist
 
-        now = time.monotonic()
-        if not idle and now - self.last < PERIOD:
-            return
-        if self.work is not None:  # sent a period ago or more: rank 0 has it (the docstring)
-            self.work.wait()
-        self.timing.settle(wait=idle)  # this is the steps' thread; idle: the GPU has no next
-        self.buf = snapshot(self.timing, self.stage)
-        self.work = dist.isend(self.buf, dst=0, group=self.group)
-        self.last = now
+        try:
+            if self.work is not None:  # sent a while ago: rank 0 has it (the module docstring)
+                self.work.wait()
+            self.timing.settle(wait=wait)
+            self.buf = snapshot(self.timing, self.stage)
+            self.work = dist.isend(self.buf, dst=0, group=self.group)
+        except Exception:
+            if self.fail is None:
+                raise
+            self.fail(f"rank {self.stage}: rank 0 took no figures")
+        self.last, self.sent_steps = time.monotonic(), self.timing.steps
 
     def close(self) -> None:
         """Rank 0 has stopped the pipeline: the last figures, marked final (the docstring)."""

@@ -81,7 +81,9 @@ def test_a_busy_follower_sends_every_period_and_an_idle_one_all_it_counts(
         with t.stage(1):
             time.sleep(0.002)
         t.end()
-        report.after_step(idle=idle)
+        report.after_step()
+        if idle:  # no step came for a while
+            report.idle()
 
     step(100.0, idle=False)  # the first: sent at once, of what has ended (nothing: GPU behind)
     assert len(sent) == 1 and sent[0][0]["steps"] == 1 and sent[0][0]["busy"] == 0.0
@@ -117,7 +119,8 @@ def _worker(rank: int, port: int, out: str, idle_s: float) -> None:
                 with t.stage(1):
                     time.sleep(0.01)
                 t.end()
-                report.after_step(idle=True)
+                report.after_step()
+                report.idle()
                 if k == 0:
                     time.sleep(idle_s)  # idle past the group's default timeout
             report.close()
