@@ -3,11 +3,13 @@ own stage (timing.py, ``step_span``), and the followers send theirs to rank 0 on
 their own, apart from the hand-offs and the steps.
 
 A follower sends a snapshot of its figures (``FIELDS``) after a step at most every ``PERIOD``
-seconds, and when no step has come for ``IDLE_AFTER`` seconds and some came since the last
-snapshot (the pipeline went idle, so the last figures arrive; then it first waits for its
-stage's intervals to end on the GPU: ``settle(wait=True)``, so the snapshot holds every step it
-counts). Not after every step whose next has not come yet: in decode that is every step (rank 0
-sends the next once it has this one's logits), and a send and a GPU wait per step would cost.
+seconds, and when no step has come for ``IDLE_AFTER`` seconds and the last snapshot did not
+hold every step (the pipeline went idle, so the last figures arrive; then it first waits for its
+stage's intervals to end on the GPU: ``settle(wait=True)``). A snapshot counts only the steps it
+holds every interval of (``StageTiming.measured``): one taken while the GPU is behind counts
+fewer, so rank 0's ``caught_up`` waits for the idle one. Not after every step whose next has
+not come yet: in decode that is every step (rank 0 sends the next once it has this one's
+logits), and a send and a GPU wait per step would cost.
 A send is an ``isend``, one in flight at a time: the next first waits for the one before, sent
 a while earlier (a gloo send's work never says it is done until it is waited for), which rank
 0's thread, always receiving, has long taken.
@@ -51,11 +53,12 @@ def group() -> Any:
 
 
 def snapshot(timing: StageTiming, stage: int, final: bool = False) -> torch.Tensor:
-    """``stage``'s figures as this rank has them (``FIELDS``)."""
+    """``stage``'s figures as this rank has them (``FIELDS``); its steps are those it holds
+    every interval of (``measured``), so rank 0's ``caught_up`` waits for a complete one."""
     f = timing.figures()
     sent = f.link_bytes[stage] if stage < len(f.link_bytes) else 0
     wait = f.wait[stage] if f.wait is not None else 0.0
-    row = [f.steps, f.span[stage], f.busy[stage], wait, sent, float(final)]
+    row = [timing.measured(), f.span[stage], f.busy[stage], wait, sent, float(final)]
     return torch.tensor(row, dtype=torch.float64)
 
 
@@ -68,7 +71,7 @@ class Reporter:
         self.fail = fail  # called where a send fails (rank 0 gone), else the error is raised
         self.work: Any = None
         self.buf: torch.Tensor | None = None  # the snapshot in flight (kept until it completes)
-        self.last, self.sent_steps = 0.0, 0  # when the last went, and the steps it counted
+        self.last, self.sent_steps = 0.0, 0  # when the last went, and the steps it held
 
     def after_step(self) -> None:
         """A step is done: the figures go if a period has passed since the last."""
@@ -76,8 +79,9 @@ class Reporter:
             self._send(wait=False)
 
     def idle(self) -> None:
-        """No step came for ``IDLE_AFTER`` seconds: the figures go if any step came since the
-        last went, every interval ended (this is the steps' thread, and the GPU has no next)."""
+        """No step came for ``IDLE_AFTER`` seconds: the figures go, every interval ended (this
+        is the steps' thread, and the GPU has no next), if the last held fewer steps than came
+        (steps since, or a period's snapshot taken while the GPU was behind)."""
         if self.sent_steps != self.timing.steps:
             self._send(wait=True)
 
@@ -93,8 +97,8 @@ class Reporter:
         except Exception:
             if self.fail is None:
                 raise
-            self.fail(f"rank {self.stage}: rank 0 took no figures")
-        self.last, self.sent_steps = time.monotonic(), self.timing.steps
+            self.fail(f"rank {self.stage}: its figures did not go to rank 0 (rank 0 gone?)")
+        self.last, self.sent_steps = time.monotonic(), self.timing.measured()
 
     def close(self) -> None:
         """Rank 0 has stopped the pipeline: the last figures, marked final (the docstring)."""

@@ -157,6 +157,12 @@ class StageTiming:
                 self.span += s
         self._pending = left
 
+    def measured(self) -> int:
+        """The steps whose intervals have all been read (``settle``): ``steps`` less those with
+        one still pending (across processes each step has a span, ended last: ``end``)."""
+        spans = sum(1 for kind, *_ in self._pending if kind == "span")
+        return self.steps - max(spans, 1 if self._pending else 0)
+
     def busy_fractions(self) -> list[float]:
         """Each stage's busy seconds over the steps' spans so far (0 before any span)."""
         return [b / self.span if self.span > 0 else 0.0 for b in self.busy]

@@ -86,17 +86,50 @@ def test_a_busy_follower_sends_every_period_and_an_idle_one_all_it_counts(
             report.idle()
 
     step(100.0, idle=False)  # the first: sent at once, of what has ended (nothing: GPU behind)
-    assert len(sent) == 1 and sent[0][0]["steps"] == 1 and sent[0][0]["busy"] == 0.0
+    assert len(sent) == 1 and sent[0][0]["busy"] == 0.0
+    assert sent[0][0]["steps"] == 0  # none held whole: rank 0's caught_up must not take it
     step(100.0 + stage_stats.PERIOD / 2, idle=False)  # within the period: nothing
     assert len(sent) == 1
     step(100.0 + stage_stats.PERIOD * 1.5, idle=False)  # busy, a period on: the next goes
-    assert len(sent) == 2 and sent[0][1].waited and sent[1][0]["steps"] == 3
+    assert len(sent) == 2 and sent[0][1].waited and sent[1][0]["steps"] == 0
     step(100.0 + stage_stats.PERIOD * 1.6, idle=True)  # idle: every interval waited for
     assert len(sent) == 3 and sent[1][1].waited
     last = sent[-1][0]
     assert last["steps"] == 4 and last["final"] == 0.0
     assert 0 < 4 * 0.002 <= last["busy"] < last["span"], last
     assert last["wait"] >= 4 * 0.002, last
+
+
+def test_a_period_sent_at_a_bursts_last_step_is_followed_by_the_idle_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The period's snapshot taken at the last step of a burst, the GPU behind: it holds none of
+    the steps, so going idle sends again, every interval waited for (and only once)."""
+    monkeypatch.setattr(timing, "_Mark", _LateMark)
+    clock = [100.0]
+    monkeypatch.setattr(stage_stats, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    sent: list[dict[str, float]] = []
+
+    def isend(buf: torch.Tensor, dst: int, group: Any) -> _GlooWork:
+        sent.append(dict(zip(FIELDS, buf.tolist(), strict=True)))
+        return _GlooWork()
+
+    monkeypatch.setattr(dist, "isend", isend)
+    t = StageTiming(2, True, lambda: [0], step_span=True)
+    report = Reporter(t, 1, None)
+    for k in range(3):  # the last a period after the first: both send
+        clock[0] = 100.0 + k * stage_stats.PERIOD / 2
+        t.begin()
+        with t.stage(1):
+            time.sleep(0.002)
+        t.end()
+        report.after_step()
+    assert len(sent) == 2 and sent[-1]["steps"] == 0 and sent[-1]["busy"] == 0.0
+    report.idle()
+    assert len(sent) == 3 and sent[-1]["steps"] == 3, sent
+    assert 3 * 0.002 <= sent[-1]["busy"] < sent[-1]["span"], sent
+    report.idle()  # still idle: nothing new
+    assert len(sent) == 3
 
 
 def _worker(rank: int, port: int, out: str, idle_s: float) -> None:
