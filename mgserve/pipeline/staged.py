@@ -184,6 +184,7 @@ class StagedLM:
     def after_replay(self, io: Any) -> None:
         if self._replaying is not None:
             self.timing.stop(self._replaying)
+            self._replaying = None
         self.transport.after_replay(io)  # type: ignore[attr-defined]
         self.timing.end()
 
