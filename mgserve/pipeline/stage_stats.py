@@ -104,10 +104,15 @@ class Reporter:
         """Rank 0 has stopped the pipeline: the last figures, marked final (the docstring)."""
         import torch.distributed as dist
 
-        if self.work is not None:
-            self.work.wait()
-        self.timing.settle(wait=True)
-        dist.send(snapshot(self.timing, self.stage, final=True), dst=0, group=self.group)
+        try:
+            if self.work is not None:
+                self.work.wait()
+            self.timing.settle(wait=True)
+            dist.send(snapshot(self.timing, self.stage, final=True), dst=0, group=self.group)
+        except Exception:
+            if self.fail is None:
+                raise
+            self.fail(f"rank {self.stage}: its last figures did not go to rank 0 (rank 0 gone?)")
 
 
 class Peers:

@@ -97,6 +97,7 @@ class StagedLM:
         )
         self.peers: Any = None  # rank 0's view of the other ranks' figures (stage_stats.py)
         self._replaying: int | None = None  # the stage a replay across processes is timed as
+        self._counted = False  # ``before_replay`` counted the step being replayed
 
     def metric_families(self) -> Iterator[Metric]:
         """Per-stage figures for /metrics (timing.py): every stage's where all run in this
@@ -171,6 +172,7 @@ class StagedLM:
         as the stage's wait; the replay itself is the stage's work (one stage per process)."""
         tm, mine = self.timing, [i for i in range(len(self.ranges)) if self.transport.runs(i)]
         tm.begin()
+        self._counted = True  # this replay's step (``replayed``)
         waits = io.received[0][0] if io.received else None
         if waits is not None:
             tm.receiving(waits)
@@ -192,8 +194,9 @@ class StagedLM:
         """A captured decode step of ``rows`` rows ran again (graphs.py): a step whose links each
         carried the rows' hand-offs. In one process its stage times are not measured (no events
         in a graph); across processes ``before_replay`` counted and timed it."""
-        if not self.timing.step_span:
+        if not self._counted:
             self.timing.steps += 1
+        self._counted = False
         carried = getattr(self.transport, "link_bytes", None)
         if carried is not None:
             per_row = HANDOFF_DTYPE.itemsize * math.prod(self.model.handoff_shape)

@@ -115,3 +115,39 @@ def test_a_replay_across_processes_is_timed_as_the_ranks_stage(tmp_path: Path) -
     assert t.steps == 2
     assert 0.035 < t.wait[1] and 0.015 < t.busy[1] < t.wait[1] and t.busy[0] == 0.0
     assert t.span > t.busy[1] + t.wait[1] - 1e-3
+
+
+def test_a_replay_without_hand_offs_still_counts_its_step(tmp_path: Path) -> None:
+    """A graph with no hand-offs to make (no ``before_replay``) still counts its replay once, in
+    a staged model across processes as in one process."""
+    from mgserve.cuda.backend import load_device_model, torch_backend
+    from mgserve.pipeline.staged import StagedLM
+    from tests.cuda.test_device_models import _export
+
+    cpu = torch.device("cpu")
+    model = load_device_model(GGUFFile(_export("llama", tmp_path)), torch_backend(), cpu, 1, 32)
+    staged = StagedLM(model, [(0, 1), (1, model.spec.n_layer)], _Replays(0.0))  # type: ignore[arg-type]
+    staged.replayed(1)
+    staged.replayed(1)
+    assert staged.timing.steps == 2
+
+
+def test_a_follower_whose_last_figures_fail_ends_through_its_fail(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Reporter.close`` with rank 0 gone: the follower's ``fail`` (lockstep's ``_fatal``) gets
+    a message naming the rank, not a traceback through torch's teardown."""
+    import torch.distributed as dist
+
+    from mgserve.pipeline.stage_stats import Reporter
+
+    def gone(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("Connection closed by peer")
+
+    monkeypatch.setattr(dist, "send", gone)
+    said: list[str] = []
+    report = Reporter(StageTiming(2, False, lambda: [0], step_span=True), 1, None, said.append)
+    report.close()
+    assert said == ["rank 1: its last figures did not go to rank 0 (rank 0 gone?)"]
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        Reporter(StageTiming(2, False, lambda: [0], step_span=True), 1, None).close()
