@@ -25,10 +25,11 @@ last figures.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -88,31 +89,36 @@ class Reporter:
     def _send(self, wait: bool) -> None:
         import torch.distributed as dist
 
-        try:
-            if self.work is not None:  # sent a while ago: rank 0 has it (the module docstring)
-                self.work.wait()
-            self.timing.settle(wait=wait)
+        with self._failing("its figures"):
+            self._ready(wait)
             self.buf = snapshot(self.timing, self.stage)
             self.work = dist.isend(self.buf, dst=0, group=self.group)
-        except Exception:
-            if self.fail is None:
-                raise
-            self.fail(f"rank {self.stage}: its figures did not go to rank 0 (rank 0 gone?)")
         self.last, self.sent_steps = time.monotonic(), self.timing.measured()
 
     def close(self) -> None:
         """Rank 0 has stopped the pipeline: the last figures, marked final (the docstring)."""
         import torch.distributed as dist
 
-        try:
-            if self.work is not None:
-                self.work.wait()
-            self.timing.settle(wait=True)
+        with self._failing("its last figures"):
+            self._ready(wait=True)
             dist.send(snapshot(self.timing, self.stage, final=True), dst=0, group=self.group)
+
+    def _ready(self, wait: bool) -> None:
+        """The send before taken (a while ago: rank 0 has it, the module docstring), and what
+        has ended of this rank's intervals read (``wait``: every one, waited for)."""
+        if self.work is not None:
+            self.work.wait()
+        self.timing.settle(wait=wait)
+
+    @contextlib.contextmanager
+    def _failing(self, what: str) -> Iterator[None]:
+        """A failure inside goes to ``fail`` (rank 0 gone), else it is raised."""
+        try:
+            yield
         except Exception:
             if self.fail is None:
                 raise
-            self.fail(f"rank {self.stage}: its last figures did not go to rank 0 (rank 0 gone?)")
+            self.fail(f"rank {self.stage}: {what} did not go to rank 0 (rank 0 gone?)")
 
 
 class Peers:
@@ -187,10 +193,9 @@ def between(a: Figures, b: Figures) -> Figures:
 
 def summary(f: Figures) -> str:
     """Each stage's busy fraction and the stages' overlap, e.g. "0.95 / 0.88, overlap 1.71"."""
-    pairs = zip(f.busy, f.span, strict=True)
-    fractions = " / ".join(f"{b / s:.2f}" if s > 0 else "-" for b, s in pairs)
-    longest = max(f.span, default=0.0)
-    return f"{fractions}, overlap {sum(f.busy) / longest if longest > 0 else 0.0:.2f}"
+    pairs = zip(f.fractions(), f.span, strict=True)
+    fractions = " / ".join(f"{x:.2f}" if s > 0 else "-" for x, s in pairs)
+    return f"{fractions}, overlap {f.overlap():.2f}"
 
 
 def every_stage(staged: Any, timeout: float = 30.0) -> Figures:

@@ -64,6 +64,16 @@ class Figures(NamedTuple):
     link_seconds: list[float] | None  # a hand-off's seconds per link (one clock only), else None
     wait: list[float] | None  # seconds each stage waited for its input (across processes)
 
+    def fractions(self) -> list[float]:
+        """Each stage's busy seconds over its span (0 before any span)."""
+        return [b / s if s > 0 else 0.0 for b, s in zip(self.busy, self.span, strict=True)]
+
+    def overlap(self) -> float:
+        """The stages' busy seconds over the longest span: 1 when they take turns, up to the
+        stage count when all compute at once."""
+        longest = max(self.span, default=0.0)
+        return sum(self.busy) / longest if longest > 0 else 0.0
+
 
 class StageTiming:
     def __init__(
@@ -163,10 +173,6 @@ class StageTiming:
         spans = sum(1 for kind, *_ in self._pending if kind == "span")
         return self.steps - max(spans, 1 if self._pending else 0)
 
-    def busy_fractions(self) -> list[float]:
-        """Each stage's busy seconds over the steps' spans so far (0 before any span)."""
-        return [b / self.span if self.span > 0 else 0.0 for b in self.busy]
-
     def figures(self) -> Figures:
         """What this process has measured (no CUDA call: a scrape's thread may run beside a
         capture; ``settle`` runs on the steps' thread)."""
@@ -198,17 +204,16 @@ def families(f: Figures) -> Iterator[Metric]:
         "the share of the steps' spans a stage waited",
         labels=["stage"],
     )
-    longest = max(f.span, default=0.0)
     yield GaugeMetricFamily(
         "mgserve_pipeline_overlap",
         "the stages' busy seconds over the steps' spans (the longest stage's, across processes): "
         "1 when they take turns, up to the stage count when all compute at once",
-        value=sum(f.busy) / longest if longest > 0 else 0.0,
+        value=f.overlap(),
     )
-    for i, (b, s) in enumerate(zip(f.busy, f.span, strict=True)):
+    for i, (b, s, x) in enumerate(zip(f.busy, f.span, f.fractions(), strict=True)):
         busy.add_metric([str(i)], b)
-        frac.add_metric([str(i)], b / s if s > 0 else 0.0)
-        bubble.add_metric([str(i)], 1.0 - b / s if s > 0 else 0.0)
+        frac.add_metric([str(i)], x)
+        bubble.add_metric([str(i)], 1.0 - x if s > 0 else 0.0)
     links = CounterMetricFamily(
         "mgserve_pipeline_link_bytes", "bytes handed from stage i to i + 1", labels=["link"]
     )

@@ -149,11 +149,16 @@ class DistTransport:
         if _capturing(device):
             io = self._io()
             io.logits, io.everyone = out, everyone
-        elif everyone:
+        else:
+            self._deliver(out, everyone)
+        return out
+
+    def _deliver(self, out: torch.Tensor, everyone: bool) -> None:
+        """The last stage's logits to every rank (``everyone``) or to the sampler alone."""
+        if everyone:
             self._broadcast(out)
         else:
             self._to_sampler(out)
-        return out
 
     def _to_sampler(self, out: torch.Tensor) -> None:
         """The last stage's logits to the sampler (rank 0) alone; another rank's are zeros."""
@@ -200,10 +205,7 @@ class DistTransport:
             self._isend(stage, x.clone())
         if io.logits is not None and (io.everyone or self.rank in (SAMPLER, self.ranks[-1])):
             out = io.logits.clone()
-            if io.everyone:
-                self._broadcast(out)
-            else:
-                self._to_sampler(out)
+            self._deliver(out, io.everyone)
             if self.rank != self.ranks[-1]:
                 io.logits.copy_(out)
 

@@ -139,8 +139,8 @@ def stage_figures(staged: object) -> str:
     stage's busy fraction of the steps' spans, and each link's hand-off ms per step."""
     t = staged.timing  # type: ignore[attr-defined]
     t.settle()  # the intervals whose events have completed
-    fractions = t.busy_fractions()
-    busy, overlap = ", ".join(f"{f:.2f}" for f in fractions), sum(fractions)
+    f = t.figures()
+    busy, overlap = ", ".join(f"{x:.2f}" for x in f.fractions()), f.overlap()
     n = max(t.steps, 1)
     links = ", ".join(f"{s / n * 1e3:.2f}" for s in t.link)
     return (
