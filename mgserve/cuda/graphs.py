@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from mgserve.cuda.models.base import DeviceLM, Replay, Step
-from mgserve.cuda.ops.chains import Chains, has_runs, runs_of
+from mgserve.cuda.ops.chains import Chains, has_runs, runs_of, to_device
 
 BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
 POW2_BUCKETS = (1, 2, 4, 8, 16)  # the buckets before 2026-12-03 (bench comparisons)
@@ -171,13 +171,13 @@ class EagerDecode:
         d = self.device
         chains = Chains.of(inp.slots, d)
         self.log = []
-        step = Step(
-            torch.tensor(inp.tokens, dtype=torch.int64, device=d),
-            torch.tensor(inp.pos, dtype=torch.int32, device=d),
-            torch.tensor(inp.slots, dtype=torch.int32, device=d),
+        step = Step(  # inputs queued through pinned memory: no wait for the GPU (to_device)
+            to_device(torch.tensor(inp.tokens, dtype=torch.int64), d),
+            to_device(torch.tensor(inp.pos, dtype=torch.int32), d),
+            to_device(torch.tensor(inp.slots, dtype=torch.int32), d),
             decode=True,
-            extra=None if inp.extra is None else inp.extra.to(d),
-            lengths=torch.tensor([p + 1 for p in inp.pos], dtype=torch.int32, device=d),
+            extra=None if inp.extra is None else to_device(inp.extra, d),
+            lengths=to_device(torch.tensor([p + 1 for p in inp.pos], dtype=torch.int32), d),
             chains=chains,
             log=None if chains.alone else self.log,
         )

@@ -48,6 +48,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import accumulate
 
 import torch
 
@@ -70,6 +71,7 @@ from mgserve.cuda import verify
 from mgserve.cuda.graphs import BUCKETS, DRAFT_BUCKETS, DecodeInputs, EagerDecode, GraphDecode
 from mgserve.cuda.green import green_stream
 from mgserve.cuda.models.base import DeviceLM, Span, Step
+from mgserve.cuda.ops.chains import to_device
 from mgserve.cuda.sampling import DeviceSampler, HostBuffers, SamplingBatch, SamplingRow, seeded
 from mgserve.cuda.save_stream import SaveStream
 
@@ -224,22 +226,19 @@ class DeviceRunner:
         tokens = [t for w in work for t in w.tokens]
         pos = [w.start + i for w in work for i in range(len(w.tokens))]
         slots = [w.slot for w in work for _ in w.tokens]
-        ends, end = [], 0
-        for w in work:
-            end += len(w.tokens)
-            if w.sample:
-                ends.append(end - 1)
+        sizes = accumulate(len(w.tokens) for w in work)
+        ends = [e - 1 for w, e in zip(work, sizes, strict=True) if w.sample]
+        # through pinned memory: the host launches on while the GPU ends the step before
+        extra = self.model.step_extra([list(w.tokens) for w in work], [w.slot for w in work])
         step = Step(
-            tokens=torch.tensor(tokens, dtype=torch.int64, device=d),
-            pos=torch.tensor(pos, dtype=torch.int32, device=d),
-            slots=torch.tensor(slots, dtype=torch.int32, device=d),
+            tokens=to_device(torch.tensor(tokens, dtype=torch.int64), d),
+            pos=to_device(torch.tensor(pos, dtype=torch.int32), d),
+            slots=to_device(torch.tensor(slots, dtype=torch.int32), d),
             decode=False,
             spans=tuple(Span(w.slot, w.start, len(w.tokens)) for w in work),
-            logit_rows=torch.tensor(ends, dtype=torch.int64, device=d),
-            extra=self.model.step_extra([list(w.tokens) for w in work], [w.slot for w in work]),
+            logit_rows=to_device(torch.tensor(ends, dtype=torch.int64), d),
+            extra=None if extra is None else to_device(extra, d),  # host rows (PLE)
         )
-        if step.extra is not None:  # host rows (PLE): to the device with the step
-            step.extra = step.extra.to(d, non_blocking=False)
         with self.model.backend.path.step("prompt"):  # GEMMs at any size (ops/rowpath.py)
             return self.model.forward(step)
 
