@@ -60,3 +60,16 @@ def test_stage_counts_are_checked() -> None:
     for bad in ("0", "x", "", "3x0"):
         with pytest.raises(ValueError, match="--virtual-stages"):
             stage_counts(argparse.Namespace(virtual_stages=bad))
+
+
+def test_prefill_repeat_gives_the_median_and_the_range(tmp_path: Path) -> None:
+    from mgserve.bench.model import workloads
+    from tests.cuda.test_device_models import _export
+
+    bench = _bench(_export("qwen3", tmp_path), 1)
+    tps, note = workloads.time_prefill(bench, 32, 0, repeat=3)
+    lo, hi = (float(x) for x in note.removeprefix("median of 3: ").split(" to "))
+    assert note.startswith("median of 3: ") and 0 < lo <= tps <= hi
+    assert workloads.time_prefill(bench, 32, 0)[1] == ""
+    with pytest.raises(ValueError, match="--prefill-repeat must be at least 1"):
+        workloads.time_prefill(bench, 32, 0, repeat=0)

@@ -12,6 +12,9 @@ DEFAULT_DEPTHS = "0,32768,131072,250000"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--prefill", default="4096@0,4096@32768", help="P@D prefill workloads")
+    parser.add_argument(
+        "--prefill-repeat", type=int, default=1, help="time each P@D prefill N times: the median"
+    )
     parser.add_argument("--long-prefill", type=int, default=0, help="one prompt of N tokens")
     parser.add_argument("--multi-prefill", default="", help="S@N: S sessions of N-token prompts")
     parser.add_argument(

@@ -57,13 +57,13 @@ def run(args: argparse.Namespace) -> int:
         at = f" ({n_stages} virtual stages)" if len(counts) > 1 or n_stages > 1 else ""
         at = at if micro == 1 else f" ({n_stages} virtual stages, {micro} micro-batches)"
         for n, depth in pairs(args.prefill):
-            tps = workloads.time_prefill(b, n, depth)
-            row(f"prefill {n} tokens at depth {depth}", tps, kind="prefill", sessions=1,
+            tps, note = workloads.time_prefill(b, n, depth, args.prefill_repeat)
+            row(f"prefill {n} tokens at depth {depth}", tps, note, kind="prefill", sessions=1,
                 depth=depth)  # fmt: skip
         if args.long_prefill:
             row(
                 f"prefill of a {args.long_prefill}-token prompt (average)",
-                workloads.time_prefill(b, args.long_prefill, 0),
+                workloads.time_prefill(b, args.long_prefill, 0)[0],
                 kind="prompt",
                 sessions=1,
                 tokens=args.long_prefill,

@@ -9,14 +9,21 @@ import time
 from mgserve.bench.model.harness import ModelBench
 
 
-def time_prefill(b: ModelBench, n: int, depth: int) -> float:
-    """Tokens/s of one prompt of ``n`` tokens at ``depth``."""
-    b.fill(0, depth)
-    b.torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    b.prefill(0, depth, n)
-    b.torch.cuda.synchronize()
-    return n / (time.perf_counter() - t0)
+def time_prefill(b: ModelBench, n: int, depth: int, repeat: int = 1) -> tuple[float, str]:
+    """(tokens/s, note) of one prompt of ``n`` tokens at ``depth``: the median of ``repeat``
+    runs (the note gives their range when there are several)."""
+    if repeat < 1:
+        raise ValueError(f"--prefill-repeat must be at least 1, got {repeat}")
+    rates = []
+    for _ in range(repeat):
+        b.fill(0, depth)
+        b.sync()
+        t0 = time.perf_counter()
+        b.prefill(0, depth, n)
+        b.sync()
+        rates.append(n / (time.perf_counter() - t0))
+    note = f"median of {repeat}: {min(rates):.1f} to {max(rates):.1f}" if repeat > 1 else ""
+    return statistics.median(rates), note
 
 
 def time_multi_prefill(b: ModelBench, sessions: int, n: int) -> float:
