@@ -29,6 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fill", choices=("synthetic", "prefill"), default="synthetic")
     parser.add_argument("--profile", action="store_true", help="per-kernel breakdowns")
     parser.add_argument(
+        "--gaps",
+        action="store_true",
+        help="where the GPU waits for the host in one prompt chunk and one eager decode step: "
+        "its idle gaps summed by the Python frame that launched the work after each",
+    )
+    parser.add_argument(
         "--json",
         metavar="PATH",
         help="also write the rows as JSON (what `mgserve bench plot` draws)",

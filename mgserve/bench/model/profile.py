@@ -1,10 +1,12 @@
 """What one decode step costs the GPU: the weight bytes it reads (for the achieved bandwidth) and
-the per-kernel time of one eager step (torch.profiler)."""
+the per-kernel time of one eager step (torch.profiler); where the GPU waits for the host in a step
+(gaps.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from mgserve.bench.model.gaps import gaps_table
 from mgserve.bench.model.harness import ModelBench
 
 
@@ -40,9 +42,9 @@ def bytes_per_token(model: Any) -> float:
     return total
 
 
-def profile_decode(b: ModelBench, depth: int, sessions: int = 1) -> list[str]:
-    """Per-kernel GPU time of one eager decode step of ``sessions`` sessions at ``depth``
-    (torch.profiler): table lines."""
+def _decode_work(b: ModelBench, depth: int, sessions: int) -> tuple[Any, str]:
+    """One eager decode step of ``sessions`` sessions at ``depth``, run once to warm up: (the
+    step, what it is)."""
     from mgserve.cuda.graphs import DecodeInputs, EagerDecode
 
     for s in range(sessions):
@@ -57,15 +59,36 @@ def profile_decode(b: ModelBench, depth: int, sessions: int = 1) -> list[str]:
     what = f"one eager decode step at depth {depth}"
     if sessions > 1:
         what = f"one eager decode step of {sessions} sessions at depth {depth}"
-    return _kernel_table(b, lambda: eager(inp), what)
+    return (lambda: eager(inp)), what
+
+
+def _prefill_work(b: ModelBench, n: int, depth: int) -> tuple[Any, str]:
+    """A prefill step of ``n`` tokens at ``depth``, its shapes warmed up: (the step, what)."""
+    b.fill(0, depth)
+    b.prefill(0, depth, n)  # warm: the same shapes compiled and cached
+    b.fill(0, depth)
+    return (lambda: b.prefill(0, depth, n)), f"a {n}-token prefill at depth {depth}"
+
+
+def profile_decode(b: ModelBench, depth: int, sessions: int = 1) -> list[str]:
+    """Per-kernel GPU time of one eager decode step of ``sessions`` sessions at ``depth``
+    (torch.profiler): table lines."""
+    return _kernel_table(b, *_decode_work(b, depth, sessions))
 
 
 def profile_prefill(b: ModelBench, n: int, depth: int) -> list[str]:
     """Per-kernel GPU time of one prefill step of ``n`` tokens at ``depth``: table lines."""
-    b.fill(0, depth)
-    b.prefill(0, depth, n)  # warm: the same shapes compiled and cached
-    b.fill(0, depth)
-    return _kernel_table(b, lambda: b.prefill(0, depth, n), f"a {n}-token prefill at depth {depth}")
+    return _kernel_table(b, *_prefill_work(b, n, depth))
+
+
+def gaps_decode(b: ModelBench, depth: int) -> list[str]:
+    """Where the GPU waits for the host in one eager decode step at ``depth`` (gaps.py)."""
+    return gaps_table(b.sync, *_decode_work(b, depth, 1))
+
+
+def gaps_prefill(b: ModelBench, n: int, depth: int) -> list[str]:
+    """Where the GPU waits for the host in one prefill step of ``n`` tokens (gaps.py)."""
+    return gaps_table(b.sync, *_prefill_work(b, n, depth))
 
 
 def _kernel_table(b: ModelBench, work: Any, what: str) -> list[str]:

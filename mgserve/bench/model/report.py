@@ -8,7 +8,13 @@ import argparse
 from mgserve.bench.model import workloads
 from mgserve.bench.model.args import depths, pairs
 from mgserve.bench.model.harness import ModelBench, stage_counts
-from mgserve.bench.model.profile import bytes_per_token, profile_decode, profile_prefill
+from mgserve.bench.model.profile import (
+    bytes_per_token,
+    gaps_decode,
+    gaps_prefill,
+    profile_decode,
+    profile_prefill,
+)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,6 +118,9 @@ def run(args: argparse.Namespace) -> int:
         for sessions, mdepth in pairs(args.multi_decode)[:1]:
             lines += [""] + profile_decode(b, mdepth, sessions)
         lines += [""] + profile_prefill(b, args.ubatch, 0)
+    if args.gaps:
+        lines += [""] + gaps_prefill(b, args.ubatch, 0)
+        lines += [""] + gaps_decode(b, max(depths(args.decode) or [0]))
     body = "\n".join(lines)
     print(body)
     if args.json:

@@ -1,0 +1,129 @@
+"""Where the GPU waits for the host: the idle gaps between one piece of work's GPU operations
+(``bench model --gaps``), each put down to the Python frame that launched the operation after it.
+
+The work runs once under torch.profiler with Python call stacks; the chrome trace it writes has
+every kernel, copy and memset on the GPU's timeline, the runtime or driver call that queued each
+(linked by a correlation id), and the Python calls on the host's. A gap is a stretch of at least
+``MIN_GAP_US`` in which no GPU operation runs. The operation that ends it was queued by a call on
+some host thread; the innermost mgserve frame around that call is where the host was when the GPU
+ran dry, and the host's synchronising calls overlapping the gap (a stream or event
+synchronisation, a copy to pageable memory, a pinned allocation) say whether it was waiting for
+the GPU itself. The table sums the gaps by frame: the places to look at first.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+MIN_GAP_US = 20.0
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+WAITS = ("Synchronize", "cudaMemcpy", "cuMemcpy", "HostAlloc", "MallocHost", "cudaMalloc")
+
+
+def gaps_table(sync: Callable[[], None], work: Callable[[], Any], what: str) -> list[str]:
+    """Runs ``work`` once under torch.profiler and returns table lines: the GPU's idle time and
+    its gaps summed by the frame that launched the operation ending each (``sync`` waits for the
+    GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as p:
+        t0 = time.perf_counter()
+        work()
+        sync()
+        wall = (time.perf_counter() - t0) * 1e3
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        p.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    finally:
+        os.unlink(path)
+    return summarize(events, what, wall)
+
+
+def summarize(events: list[dict[str, Any]], what: str, wall_ms: float) -> list[str]:
+    """The table of ``gaps_table`` from a chrome trace's events."""
+    spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    gpu = sorted((e for e in spans if e.get("cat") in GPU_CATS), key=lambda e: e["ts"])
+    if not gpu:
+        return [f"GPU idle gaps of {what}: no GPU operations in the trace"]
+    api = [e for e in spans if e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    launches = {e["args"]["correlation"]: e for e in api if "correlation" in e.get("args", {})}
+    frames: dict[Any, list[dict[str, Any]]] = {}  # tid -> mgserve python frames by start
+    waits: dict[Any, list[dict[str, Any]]] = {}  # tid -> synchronising calls by start
+    for e in spans:
+        if e.get("cat") == "python_function" and "mgserve" in e["name"]:
+            frames.setdefault(e["tid"], []).append(e)
+        elif e.get("cat") in ("cuda_runtime", "cuda_driver") and any(w in e["name"] for w in WAITS):
+            waits.setdefault(e["tid"], []).append(e)
+    for d in (frames, waits):
+        for v in d.values():
+            v.sort(key=lambda e: e["ts"])
+    starts = {tid: [e["ts"] for e in v] for tid, v in frames.items()}
+    busy_end, idle = gpu[0]["ts"] + gpu[0]["dur"], 0.0
+    by_frame: dict[str, list[float]] = {}  # cause -> [gap us, gaps]
+    n_gaps = 0
+    for op in gpu[1:]:
+        gap = op["ts"] - busy_end
+        if gap >= MIN_GAP_US:
+            n_gaps += 1
+            idle += gap
+            key = _cause(op, launches, frames, starts, waits, busy_end)
+            tot = by_frame.setdefault(key, [0.0, 0])
+            tot[0] += gap
+            tot[1] += 1
+        busy_end = max(busy_end, op["ts"] + op["dur"])
+    span = (busy_end - gpu[0]["ts"]) / 1e3
+    lines = [
+        f"GPU idle gaps of {what} (>= {MIN_GAP_US:.0f} us): {idle / 1e3:.2f} ms in {n_gaps} "
+        f"gaps of {span:.2f} ms from its first GPU operation to its last ({wall_ms:.2f} ms wall, "
+        "profiled with Python stacks)",
+        "",
+        "| launched from (innermost mgserve frame; a host wait in the gap) | gaps | ms |",
+        "| --- | --- | --- |",
+    ]
+    for key, (us, n) in sorted(by_frame.items(), key=lambda kv: -kv[1][0])[:20]:
+        lines.append(f"| `{key}` | {n} | {us / 1e3:.3f} |")
+    return lines
+
+
+def _cause(op: dict[str, Any], launches: dict[Any, dict[str, Any]],
+           frames: dict[Any, list[dict[str, Any]]], starts: dict[Any, list[float]],
+           waits: dict[Any, list[dict[str, Any]]], gap_start: float) -> str:  # fmt: skip
+    """The innermost mgserve frame around the call that queued ``op``, and the longest host
+    wait on that thread overlapping the gap before ``op``."""
+    call = launches.get(op.get("args", {}).get("correlation"))
+    if call is None:
+        return "(no launch found)"
+    tid, ts = call["tid"], call["ts"]
+    where = "(no mgserve frame)"
+    fr, st = frames.get(tid, []), starts.get(tid, [])
+    i = bisect.bisect_right(st, ts)
+    for e in reversed(fr[max(0, i - 4000) : i]):  # the latest-starting frame that encloses it
+        if e["ts"] + e["dur"] >= ts:
+            where = _short(e["name"])
+            break
+    longest = None
+    ws = waits.get(tid, [])
+    j = bisect.bisect_right(ws, op["ts"], key=lambda w: w["ts"])
+    for w in ws[max(0, j - 64) : j]:  # waits that start before op (they do not nest)
+        overlap = min(w["ts"] + w["dur"], op["ts"]) - max(w["ts"], gap_start)
+        if overlap > 0 and (longest is None or overlap > longest[0]):
+            longest = (overlap, w["name"])
+    return where if longest is None else f"{where}; {longest[1]}"
+
+
+def _short(name: str) -> str:
+    """``.../mgserve/cuda/ops/moe_prefill.py(123): moe_prefill`` -> ``cuda/ops/moe_prefill.py:
+    moe_prefill`` (frames are summed by function, not line)."""
+    path, _, func = name.partition(": ")
+    path = path.split("mgserve/", 1)[-1].split("(")[0]
+    return f"{path}: {func}"

@@ -1,0 +1,58 @@
+"""``bench model --gaps`` (bench/model/gaps.py): the GPU's idle gaps in a trace, each put down to
+the Python frame that launched the operation ending it and to a host wait overlapping it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mgserve.bench.model.gaps import gaps_table, summarize
+
+
+def _x(cat: str, name: str, ts: float, dur: float, tid: int = 1, **args: Any) -> dict[str, Any]:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid, "args": args}
+
+
+def _trace() -> list[dict[str, Any]]:
+    """Three kernels: the second queued by moe_prefill after a stream sync (a 300 us gap), the
+    third by a norm launched late with no wait (a 50 us gap); a 10 us gap below the threshold."""
+    py = "python_function"
+    return [
+        _x(py, "/x/mgserve/cuda/models/hybrid.py(10): block", 0, 1000),
+        _x(py, "/x/mgserve/cuda/ops/moe_prefill.py(123): moe_prefill", 50, 500),
+        _x(py, "/x/mgserve/cuda/ops/norm.py(40): rms_norm", 600, 100),
+        _x(py, "/usr/lib/torch/nn.py(1): helper", 610, 5),  # not ours: skipped
+        _x("cuda_runtime", "cudaLaunchKernel", 60, 5, correlation=1),
+        _x("kernel", "router", 70, 100, tid=7, correlation=1),
+        _x("cuda_runtime", "cudaStreamSynchronize", 100, 350),
+        _x("cuda_runtime", "cudaLaunchKernel", 460, 5, correlation=2),
+        _x("kernel", "experts", 470, 150, tid=7, correlation=2),
+        _x("cuda_runtime", "cuLaunchKernelEx", 612, 5, correlation=3),
+        _x("kernel", "norm", 670, 20, tid=7, correlation=3),
+        _x("cuda_runtime", "cudaLaunchKernel", 680, 5, correlation=4),
+        _x("gpu_memcpy", "Memcpy DtoH", 700, 10, tid=8, correlation=4),
+    ]
+
+
+def test_gaps_are_summed_by_the_launching_frame_and_the_host_wait() -> None:
+    lines = summarize(_trace(), "a step", 2.0)
+    assert lines[0].startswith("GPU idle gaps of a step (>= 20 us): 0.35 ms in 2 gaps of 0.64 ms")
+    rows = [line for line in lines if line.startswith("| `")]
+    assert rows == [
+        "| `cuda/ops/moe_prefill.py: moe_prefill; cudaStreamSynchronize` | 1 | 0.300 |",
+        "| `cuda/ops/norm.py: rms_norm` | 1 | 0.050 |",
+    ]
+
+
+def test_no_gpu_operations_say_so() -> None:
+    trace = [e for e in _trace() if e["cat"] not in ("kernel", "gpu_memcpy")]
+    assert summarize(trace, "a step", 1.0) == [
+        "GPU idle gaps of a step: no GPU operations in the trace"
+    ]
+
+
+def test_gaps_table_runs_the_work_under_the_profiler() -> None:
+    ran: list[int] = []
+    lines = gaps_table(lambda: None, lambda: ran.append(1), "nothing on a GPU")
+    assert ran == [1] and lines == [
+        "GPU idle gaps of nothing on a GPU: no GPU operations in the trace"
+    ]
