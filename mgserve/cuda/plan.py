@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 from mgserve.config import Settings
 from mgserve.cuda.plan_sizes import PLE_TABLE, ModelSizes, Part, kv_bytes
+from mgserve.cuda.plan_trace import allocator_bytes
 
 __all__ = ["PLE_TABLE", "Item", "ModelSizes", "Part", "device_total", "human", "kv_bytes", "plan"]
 
@@ -68,6 +69,10 @@ def plan(sizes: ModelSizes, settings: Settings, part: Part | None = None) -> lis
     rec = sizes.state(pt)
     if rec:
         items.append(Item("recurrent state", rec * pools, f"{human(rec)} per slot x {pools}"))
+    slack = allocator_bytes(sizes, s, pt)  # memory_allocated counts blocks, not requests
+    if slack:
+        detail = "the caching allocator's blocks beyond the requests (512 B rounding, whole blocks)"
+        items.append(Item("allocator", slack, detail))
     if not sizes.rewindable and s.ctx_checkpoints and rec:
         n = n_slots * s.ctx_checkpoints
         items.append(
