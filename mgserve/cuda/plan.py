@@ -15,6 +15,10 @@ them with the tensors of loaded device models):
   memory (core/engine/checkpoints.py);
 - the workspace: an estimate of the activations of a ``--batch-size`` prompt chunk, the decode
   graphs' pool, the sampler's rows and the f16 weight scratch of long prompts (``LinearCuda``);
+- the allocator: ``torch.cuda.memory_allocated`` counts the caching allocator's blocks, which
+  exceed the requests (512-byte rounding; a large block split only when more than 1 MiB would
+  remain): the load traced on the meta device and replayed through a model of it
+  (plan_trace.py, plan_alloc.py; 0.4% of an 8-layer qwen4exp slice: issue 12);
 - host memory besides: the PLE table (qwen4exp), memory-mapped and read row by row.
 
 A ``Part`` narrows the plan to a range of layers and the model's ends (the token embedding on the

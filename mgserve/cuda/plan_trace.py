@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_leaves
 
 from mgserve.config import Settings
 from mgserve.core.models.kvcache import kv_storage
-from mgserve.cuda.plan_alloc import CachingAllocator
+from mgserve.cuda.plan_alloc import Block, CachingAllocator
 
 if TYPE_CHECKING:
     from mgserve.core.gguf.reader import GGUFFile
@@ -81,15 +81,15 @@ def _pool_storages(pools: Any) -> set[int]:
 def load_trace(g: GGUFFile, part: Part | None = None) -> LoadTrace:
     """The device storages of loading ``g`` (of ``part``'s layers) on the CUDA path."""
     from mgserve.cuda.backend import load_device_model, torch_backend
-    from mgserve.cuda.synth_device import device as synth
+    from mgserve.cuda.synth_device import release_pools
 
+    release_pools("meta")  # the trace makes its synthetic pools as the GPU's first load does
     mode = DeviceTrace()
     with mode:
         model = load_device_model(g, torch_backend(), META, 0, 0, part=part)
         pools = {mode.keys[s] for s in _pool_storages(model.pools) if s in mode.keys}
         n = len(mode.events)
-        for key in [k for k in synth._device_pools if k[0] == "meta"]:
-            del synth._device_pools[key]  # release_pools(), of this trace's pools only
+        release_pools("meta")
     mode.closed = True
     load = tuple(e for e in mode.events[:n] if e[0] not in pools)
     return LoadTrace(load, tuple(mode.events[n:]))
@@ -123,7 +123,7 @@ def allocator_bytes(sizes: ModelSizes, settings: Settings, part: Part) -> int:
     trace = sizes.trace(part)
     if trace is None:
         return 0
-    sim, blocks = CachingAllocator(), {}
+    sim, blocks = CachingAllocator(), dict[int, Block | None]()
     pools = [(-1 - i, b) for i, b in enumerate(pool_requests(sizes, settings, part))]
     for key, nbytes in (*trace.load, *pools, *trace.release):
         if nbytes < 0:

@@ -34,9 +34,12 @@ def _device_pool(type_name: str, device: torch.device) -> torch.Tensor:
     return pool
 
 
-def release_pools() -> None:
-    """Drop the cached per-type device pools (a few hundred MB of GPU memory after a load)."""
-    _device_pools.clear()
+def release_pools(device_type: str | None = None) -> None:
+    """Drop the cached per-type device pools (a few hundred MB of GPU memory after a load), of
+    ``device_type`` (``"meta"``: the plan's traces) only when given."""
+    for key in list(_device_pools):
+        if device_type is None or key[0].split(":")[0] == device_type:
+            del _device_pools[key]
 
 
 def synth_weight(t: TensorInfo, device: torch.device | str, seed: int = 0) -> QuantWeight:
