@@ -130,7 +130,7 @@ class ModelSizes:
 
     def trace(self, part: Part) -> LoadTrace | None:
         """The device storages of loading ``part`` on the CUDA path, pools left out (traced once
-        on the meta device: plan_trace.py); None without the file."""
+        per part on the meta device: plan_trace.py); None without the file."""
         if self.source is None:
             return None
         if part not in self.traces:

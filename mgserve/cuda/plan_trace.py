@@ -10,7 +10,8 @@ in order (quantized blocks uploaded, rows reordered, the token table, temporarie
 does not guess it: the load runs once on the ``meta`` device (the CUDA path without memory: the
 same tensors, the same order) under a dispatch mode that records every storage made and freed;
 the per-slot pools, which the settings size, are appended from the plan's own sizes in the
-models' order; the whole is replayed through the allocator model.
+models' order; the whole is replayed through the allocator model. Exact for the whole model on
+one GPU; a pipeline stage's is prorated (``allocator_bytes``).
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from torch.utils._pytree import tree_leaves
 from mgserve.config import Settings
 from mgserve.core.models.kvcache import kv_storage
 from mgserve.cuda.plan_alloc import Block, CachingAllocator
+from mgserve.cuda.plan_sizes import Part
 
 if TYPE_CHECKING:
     from mgserve.core.gguf.reader import GGUFFile
-    from mgserve.cuda.plan_sizes import ModelSizes, Part
+    from mgserve.cuda.plan_sizes import ModelSizes
 
 META = torch.device("meta")
 Event = tuple[int, int]  # (key, bytes): an allocation; (key, -1): its release
@@ -119,15 +121,22 @@ def pool_requests(sizes: ModelSizes, settings: Settings, part: Part) -> list[int
 
 def allocator_bytes(sizes: ModelSizes, settings: Settings, part: Part) -> int:
     """What ``memory_allocated`` reads after the load beyond what it asked for (module
-    docstring); 0 without the file to trace."""
-    trace = sizes.trace(part)
+    docstring); 0 without the file to trace. A pipeline stage's (a part of the layers) is the
+    whole model's in proportion to the bytes the stage asks for: an estimate, as the stage
+    planner tries many ranges and a trace costs a load on the meta device each."""
+    whole = Part.whole(sizes.spec.n_layer)
+    trace = sizes.trace(whole)
     if trace is None:
         return 0
     sim, blocks = CachingAllocator(), dict[int, Block | None]()
-    pools = [(-1 - i, b) for i, b in enumerate(pool_requests(sizes, settings, part))]
+    pools = [(-1 - i, b) for i, b in enumerate(pool_requests(sizes, settings, whole))]
     for key, nbytes in (*trace.load, *pools, *trace.release):
         if nbytes < 0:
             sim.free(blocks.pop(key))
         else:
             blocks[key] = sim.malloc(nbytes)
-    return sim.allocated - sim.requested
+    slack = sim.allocated - sim.requested
+    if part == whole:
+        return slack
+    asked = sizes.weights_of(part) + sum(pool_requests(sizes, settings, part))
+    return slack * asked // sim.requested
