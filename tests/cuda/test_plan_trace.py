@@ -94,3 +94,21 @@ def test_the_plan_is_what_the_h200_loaded() -> None:
     device = ("weights", "output head", "token embedding", "KV cache", "QSA block keys")
     assert sum(items[k] for k in (*device, "recurrent state", "allocator")) == 4_615_964_672
     assert not torch.cuda.is_initialized()  # all of it on the CPU
+
+
+def test_a_load_that_cannot_be_traced_leaves_the_item_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The allocator item refines the plan; a file the meta trace fails on still gets a plan."""
+    from mgserve.cuda import plan_trace
+
+    sizes = ModelSizes.of(_file("qwen4exp-flash-next", tmp_path))
+
+    def fail(g: object, part: object = None) -> None:
+        raise RuntimeError("no meta kernel for this op")
+
+    monkeypatch.setattr(plan_trace, "load_trace", fail)
+    with caplog.at_level("WARNING"):
+        items = {i.name for i in plan(sizes, SETTINGS)}
+    assert "allocator" not in items and "weights" in items
+    assert "no meta kernel for this op" in caplog.text
