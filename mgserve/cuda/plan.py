@@ -15,6 +15,10 @@ them with the tensors of loaded device models):
   memory (core/engine/checkpoints.py);
 - the workspace: an estimate of the activations of a ``--batch-size`` prompt chunk, the decode
   graphs' pool, the sampler's rows and the f16 weight scratch of long prompts (``LinearCuda``);
+- the allocator: ``torch.cuda.memory_allocated`` counts the caching allocator's blocks, which
+  exceed the requests (512-byte rounding; a large block split only when more than 1 MiB would
+  remain): the load traced on the meta device and replayed through a model of it
+  (plan_trace.py, plan_alloc.py; 0.4% of an 8-layer qwen4exp slice: issue 12);
 - host memory besides: the PLE table (qwen4exp), memory-mapped and read row by row.
 
 A ``Part`` narrows the plan to a range of layers and the model's ends (the token embedding on the
@@ -28,6 +32,7 @@ from typing import NamedTuple
 
 from mgserve.config import Settings
 from mgserve.cuda.plan_sizes import PLE_TABLE, ModelSizes, Part, kv_bytes
+from mgserve.cuda.plan_trace import allocator_bytes
 
 __all__ = ["PLE_TABLE", "Item", "ModelSizes", "Part", "device_total", "human", "kv_bytes", "plan"]
 
@@ -68,6 +73,10 @@ def plan(sizes: ModelSizes, settings: Settings, part: Part | None = None) -> lis
     rec = sizes.state(pt)
     if rec:
         items.append(Item("recurrent state", rec * pools, f"{human(rec)} per slot x {pools}"))
+    slack = allocator_bytes(sizes, s, pt)  # memory_allocated counts blocks, not requests
+    if slack:
+        detail = "the caching allocator's blocks beyond the requests (512 B rounding, whole blocks)"
+        items.append(Item("allocator", slack, detail))
     if not sizes.rewindable and s.ctx_checkpoints and rec:
         n = n_slots * s.ctx_checkpoints
         items.append(

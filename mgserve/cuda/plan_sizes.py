@@ -5,8 +5,9 @@ layer pipeline, mgserve/pipeline/stages.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
+from typing import TYPE_CHECKING
 
 from mgserve.core.gguf.hparams import ModelSpec, spec_from_gguf
 from mgserve.core.gguf.hparams_hybrid import (
@@ -24,6 +25,9 @@ from mgserve.cuda.ops.deltanet_prefill_cuda import CHUNK as DELTA_CHUNK
 from mgserve.cuda.ops.deltanet_prefill_cuda import CHUNK_FLOATS, PREFILL_PIECE
 from mgserve.cuda.ops.hgemm import HGemmTuning
 from mgserve.cuda.ops.linear_cuda import SCRATCH_BYTES
+
+if TYPE_CHECKING:
+    from mgserve.cuda.plan_trace import LoadTrace
 
 PLE_TABLE = "per_layer_token_embd.weight"  # qwen4exp: stays memory-mapped on the host
 SAMPLER_ROW_PASSES = 8  # [B, V] float32-sized temporaries of the sampling chain at once (sort)
@@ -85,6 +89,8 @@ class ModelSizes:
     embedding: int  # the float32 token table
     scratch: int  # f16 scratch of long prompts: W tiles of at most SCRATCH_BYTES
     ple_table: int  # host bytes of the PLE table (0: none)
+    source: GGUFFile | None = field(default=None, compare=False, repr=False)  # for ``trace``
+    traces: dict[Part, LoadTrace] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, g: GGUFFile) -> ModelSizes:
@@ -117,10 +123,22 @@ class ModelSizes:
             for il in hp.recurrent_layers:
                 layers[il] += 4 * hp.ssm_v_heads
         table = 4 * spec.n_vocab * spec.n_embd
-        return cls(spec, hp, qp, tuple(layers), tail, head, table, scratch, ple)
+        return cls(spec, hp, qp, tuple(layers), tail, head, table, scratch, ple, source=g)
 
     def _part(self, part: Part | None) -> Part:
         return Part.whole(self.spec.n_layer) if part is None else part
+
+    def trace(self, part: Part) -> LoadTrace | None:
+        """The device storages of loading ``part`` on the CUDA path, pools left out (traced once
+        per part on the meta device: plan_trace.py); None without the file."""
+        if self.source is None:
+            return None
+        if part not in self.traces:
+            from mgserve.cuda.plan_trace import load_trace
+
+            whole = part == Part.whole(self.spec.n_layer)
+            self.traces[part] = load_trace(self.source, None if whole else part)
+        return self.traces[part]
 
     @property
     def weights(self) -> int:

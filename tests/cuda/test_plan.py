@@ -182,9 +182,11 @@ def test_info_plan_prints_the_table_and_refuses_what_does_not_fit(
 @pytest.mark.parametrize("source", ["gemma-3-270m", "qwen4exp-flash-next"])
 def test_gpu_plan_against_the_allocator(source: str, kernels: Any) -> None:
     """The CUDA backend on a real file (Gemma 3 270M, Q4_K_M) and an 8-layer, 32-expert slice
-    of the full-width qwen4exp: weights and pools against memory_allocated after the load (the
-    allocator rounds each tensor up: a permille of slack), then the workspace estimate against
-    the peak of every slot decoding at depth (graphs) and a full prompt chunk at depth."""
+    of the full-width qwen4exp: weights, pools and the allocator's blocks beyond them (the
+    "allocator" item, modelled: exact on an H200, issue 12) against memory_allocated after the
+    load, to 1 MiB (what other tests of the session left in partly used segments may shift), then
+    the workspace estimate against the peak of every slot decoding at depth (graphs) and a full
+    prompt chunk at depth."""
     from mgserve.core.engine.contract import SamplingParams, ScheduledBatch, SeqWork
     from mgserve.cuda.backend import cuda_backend, load_device_model
     from mgserve.cuda.fill import fill_synthetic
@@ -214,9 +216,10 @@ def test_gpu_plan_against_the_allocator(source: str, kernels: Any) -> None:
     torch.cuda.synchronize()
     loaded = torch.cuda.memory_allocated(dev) - base
     fixed = ("weights", "output head", "token embedding", "KV cache", "QSA block keys")
-    want = sum(items.get(k, 0) for k in (*fixed, "recurrent state"))
-    print(f"{source}: loaded {loaded:,} bytes, planned {want:,}")
-    assert abs(loaded - want) <= max(want // 1000, 1 << 20)
+    want = sum(items.get(k, 0) for k in (*fixed, "recurrent state", "allocator"))
+    print(f"{source}: loaded {loaded:,} bytes, planned {want:,} ({items.get('allocator', 0):,} "
+          "of them the allocator's)")  # fmt: skip
+    assert abs(loaded - want) <= 1 << 20
 
     runner, step = DeviceRunner(model, dev), iter(range(1, 1000))
     greedy, depth = SamplingParams(temperature=0.0), s.ctx_size - s.batch_size - 64

@@ -62,7 +62,9 @@ def _check(p: StagePlan, sizes: ModelSizes, s: Settings) -> None:
     for st in p.stages:
         for i in st.items:
             summed[i.name] = summed.get(i.name, 0) + i.nbytes
-    per_model = ("workspace", "PLE table")  # one per GPU / once on the host
+    # one per GPU (each its own allocator: a stage's "allocator" item is prorated, plan_trace.py)
+    # / once on the host
+    per_model = ("workspace", "allocator", "PLE table")
     for name in set(whole) - set(per_model):
         assert summed[name] == whole[name], name
     assert summed.get("PLE table", 0) == whole.get("PLE table", 0)

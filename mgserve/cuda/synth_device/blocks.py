@@ -59,7 +59,7 @@ def block_bytes(type_name: str) -> int:
 
 
 def make_blocks(
-    type_name: str, n_blocks: int, device: torch.device | str, generator: torch.Generator
+    type_name: str, n_blocks: int, device: torch.device | str, generator: torch.Generator | None
 ) -> torch.Tensor:
     """uint8 [n_blocks, block bytes]: valid random blocks (elements, for float types) on
     ``device``, made with ``generator`` (which must live on that device)."""

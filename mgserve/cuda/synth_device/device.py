@@ -13,7 +13,8 @@ from mgserve.core.gguf.reader import TensorInfo
 from mgserve.cuda.synth_device.blocks import block_bytes, make_blocks, supported_types
 from mgserve.cuda.weights import QuantWeight, row_bytes
 
-DEVICE_POOL_BYTES = {"cuda": 64 << 20, "cpu": 4 << 20}  # per-type pool synth_weight tiles
+# per-type pool synth_weight tiles; "meta": the memory plan's trace of a CUDA load (plan_trace.py)
+DEVICE_POOL_BYTES = {"cuda": 64 << 20, "meta": 64 << 20, "cpu": 4 << 20}
 _POOL_SEED = 0x5EED
 
 _device_pools: dict[tuple[str, str], torch.Tensor] = {}
@@ -26,16 +27,19 @@ def _device_pool(type_name: str, device: torch.device) -> torch.Tensor:
     if pool is None:
         unit = block_bytes(type_name)
         n_blocks = max(1, DEVICE_POOL_BYTES.get(device.type, DEVICE_POOL_BYTES["cpu"]) // unit)
-        gen = torch.Generator(device=device).manual_seed(
-            _POOL_SEED + int(GGMLQuantizationType[type_name])
-        )
+        seed = _POOL_SEED + int(GGMLQuantizationType[type_name])
+        # the meta device has no generator (and no values to draw)
+        gen = None if device.type == "meta" else torch.Generator(device=device).manual_seed(seed)
         pool = _device_pools[key] = make_blocks(type_name, n_blocks, device, gen).view(-1)
     return pool
 
 
-def release_pools() -> None:
-    """Drop the cached per-type device pools (a few hundred MB of GPU memory after a load)."""
-    _device_pools.clear()
+def release_pools(device_type: str | None = None) -> None:
+    """Drop the cached per-type device pools (a few hundred MB of GPU memory after a load), of
+    ``device_type`` (``"meta"``: the plan's traces) only when given."""
+    for key in list(_device_pools):
+        if device_type is None or key[0].split(":")[0] == device_type:
+            del _device_pools[key]
 
 
 def synth_weight(t: TensorInfo, device: torch.device | str, seed: int = 0) -> QuantWeight:
