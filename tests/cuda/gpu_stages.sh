@@ -22,6 +22,8 @@
 #                                              (lane warm-up, two pipeline ranks on one GPU
 #                                              through decode graphs, then dist); then owed2
 #                                              (the link throttle at the seed's hops, verify8)
+#   bash tests/cuda/gpu_stages.sh next        what 2026-12-06 left unrun: bench model --gaps, the
+#                                              lane test's host timeline, the plan's allocator
 # Logs and files land in $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/mgserve-out}; mkdir -p "$OUT"
@@ -118,6 +120,14 @@ case "${1:-tests}" in
   verify8)  # k = 8 verify at depth (split from ``owed`` so each call fits 10 minutes)
     bench verify8 240 verify $Q4X --ctx 262144 --slots 1 --int8 --depths 131072,250000 \
       --drafts 8 --steps 8 --forced "" --record ;;
+  next)  # what 2026-12-06 left unrun (carry .whl and .tiny/qwen4exp.gguf): where the GPU waits
+    # for the host in a prompt chunk and a decode step (bench model --gaps), the lane test with
+    # its host timeline on failure, the plan's allocator item against the allocator
+    bench gaps 240 model $Q4X --ctx 65536 --slots 2 --int8 --prefill= --decode 0 \
+      --multi-decode= --decode-steps 8 --gaps --record
+    timeout 150 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfEs -m gpu \
+      tests/cuda/test_device_lanes.py tests/cuda/test_plan.py > "$OUT/t_next.log" 2>&1
+    echo "== next tests rc=$?"; grep -E "^(FAILED|ERROR|SKIPPED|E )|passed|failed|chunk|planned|host steps" "$OUT/t_next.log" ;;
   dist)  # two pipeline ranks sharing one GPU (gloo, hand-offs through the host, decode graphs):
     # the serving code's tokens against one process at full width, 8 layers (no speed claim:
     # the ranks share the card)

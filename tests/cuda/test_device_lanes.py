@@ -12,6 +12,8 @@ overlap does not depend on how fast a tiny model is)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +80,20 @@ async def test_gpu_decode_steps_complete_while_a_chunk_runs(
         ev.record()  # on the calling thread's current stream: its lane's
         return ev
 
-    prefill, decode = runner._prefill, runner._decode
+    prefill, decode, run = runner._prefill, runner._decode, runner.run
+    hosted: list[tuple[str, float, float]] = []  # (thread, start, end): each runner step's host
+
+    def timed_run(batch: Any) -> Any:  # where the host was, for a failure's message
+        t0 = time.perf_counter()
+        try:
+            return run(batch)
+        finally:
+            kind = "lane" if batch.lane else "decoders"
+            hosted.append((f"{kind}@{threading.current_thread().name}", t0, time.perf_counter()))
 
     def spun_prefill(work: Any) -> torch.Tensor:
+        if not chunks:
+            hosted.append(("origin", time.perf_counter(), 0.0))
         start = event()
         spin(cuda_ops.kernels.stream(), SPIN_MS * 1_000_000)
         logits = prefill(work)
@@ -93,6 +106,7 @@ async def test_gpu_decode_steps_complete_while_a_chunk_runs(
             decoded.append(event())
         return logits
 
+    runner.run = timed_run  # type: ignore[method-assign]
     runner._prefill = spun_prefill  # type: ignore[method-assign]
     runner._decode = timed_decode  # type: ignore[method-assign]
     engine = Engine(model, LANE_SETTINGS, runner=runner)
@@ -111,6 +125,16 @@ async def test_gpu_decode_steps_complete_while_a_chunk_runs(
         print(f"{arch} chunk {i}: {t1 - t0:.1f} ms on the GPU, {len(inside)} decode steps "
               f"completed inside, the longest gap {max(gaps, default=0):.1f} ms")  # fmt: skip
         assert t1 - t0 >= SPIN_MS and len(inside) >= min(5, len(later))
-        assert max(gaps, default=0) < SPIN_MS / 4
+        assert max(gaps, default=0) < SPIN_MS / 4, _host_steps(hosted, t0, t1)
         overlapped += len(inside) >= 5
     assert overlapped  # at least one chunk ran beside the decoders
+
+
+def _host_steps(hosted: list[tuple[str, float, float]], t0: float, t1: float) -> str:
+    """The runner steps' host intervals (ms from the first chunk's start on the host, by thread)
+    around a chunk's GPU interval [t0, t1] (ms on the GPU's clock, from the same start): where
+    the decoders' thread was while its steps stopped completing."""
+    origin = next(start for name, start, _ in hosted if name == "origin")
+    near = [(n, 1e3 * (a - origin), 1e3 * (b - origin)) for n, a, b in hosted if n != "origin"]
+    rows = [f"{n} {a:.1f}-{b:.1f}" for n, a, b in near if t0 - 20 <= a <= t1]
+    return "host steps (thread start-end ms): " + "; ".join(rows)
