@@ -91,6 +91,10 @@ class ModelSizes:
     ple_table: int  # host bytes of the PLE table (0: none)
     source: GGUFFile | None = field(default=None, compare=False, repr=False)  # for ``trace``
     traces: dict[Part, LoadTrace] = field(default_factory=dict, compare=False, repr=False)
+    # the whole load's allocator replay, (blocks beyond the requests, requests), by pool sizes
+    replays: dict[tuple[int, ...], tuple[int, int]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @classmethod
     def of(cls, g: GGUFFile) -> ModelSizes:

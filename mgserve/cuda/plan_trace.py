@@ -136,15 +136,23 @@ def allocator_bytes(sizes: ModelSizes, settings: Settings, part: Part) -> int:
         return 0
     if trace is None:
         return 0
+    pools = tuple(pool_requests(sizes, settings, whole))
+    if pools not in sizes.replays:  # once per settings: the stage planner asks for many parts
+        sizes.replays[pools] = replay(trace, pools)
+    slack, requested = sizes.replays[pools]
+    if part == whole:
+        return slack
+    asked = sizes.weights_of(part) + sum(pool_requests(sizes, settings, part))
+    return slack * asked // requested
+
+
+def replay(trace: LoadTrace, pools: tuple[int, ...]) -> tuple[int, int]:
+    """(blocks beyond the requests, requests) after ``trace``'s load with ``pools`` appended."""
     sim, blocks = CachingAllocator(), dict[int, Block | None]()
-    pools = [(-1 - i, b) for i, b in enumerate(pool_requests(sizes, settings, whole))]
-    for key, nbytes in (*trace.load, *pools, *trace.release):
+    made = [(-1 - i, b) for i, b in enumerate(pools)]
+    for key, nbytes in (*trace.load, *made, *trace.release):
         if nbytes < 0:
             sim.free(blocks.pop(key))
         else:
             blocks[key] = sim.malloc(nbytes)
-    slack = sim.allocated - sim.requested
-    if part == whole:
-        return slack
-    asked = sizes.weights_of(part) + sum(pool_requests(sizes, settings, part))
-    return slack * asked // sim.requested
+    return sim.allocated - sim.requested, sim.requested

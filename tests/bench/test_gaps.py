@@ -56,3 +56,48 @@ def test_gaps_table_runs_the_work_under_the_profiler() -> None:
     assert ran == [1] and lines == [
         "GPU idle gaps of nothing on a GPU: no GPU operations in the trace"
     ]
+
+
+def test_a_copy_queued_from_pinned_memory_is_no_host_wait() -> None:
+    """``cudaMemcpyAsync`` returns at once for pinned memory (the step inputs' ``to_device``):
+    a gap it overlaps is the launching frame's alone; from pageable memory the call waits."""
+    py = "python_function"
+
+    def trace(source: str) -> list[dict[str, Any]]:
+        return [
+            _x(py, "mgserve/cuda/runner.py(226): _prefill", 0, 1000),
+            _x("cuda_runtime", "cudaLaunchKernel", 10, 5, correlation=1),
+            _x("kernel", "embed", 20, 30, tid=7, correlation=1),
+            _x("cuda_runtime", "cudaMemcpyAsync", 60, 40, correlation=2),  # in the 50-150 gap
+            _x("gpu_memcpy", f"Memcpy HtoD ({source} -> Device)", 150, 5, tid=7, correlation=2),
+        ]
+
+    rows = [r for r in summarize(trace("Pinned"), "a step", 1.0) if r.startswith("| `")]
+    assert rows == ["| `cuda/runner.py: _prefill` | 1 | 0.100 |"]
+    rows = [r for r in summarize(trace("Pageable"), "a step", 1.0) if r.startswith("| `")]
+    assert rows == ["| `cuda/runner.py: _prefill; cudaMemcpyAsync` | 1 | 0.100 |"]
+
+
+def test_frames_of_a_real_profiler_trace_are_found(tmp_path: Any) -> None:
+    """The Python frames as torch.profiler writes them (``mgserve/...py(line): func``, the
+    thread's system id as tid, microsecond floats), with a launch and a kernel put inside one."""
+    import json
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from mgserve.bench.model import gaps
+
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as p:
+        gaps._short("x.py(1): f")
+    p.export_chrome_trace(str(tmp_path / "t.json"))
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    (frame,) = [e for e in events if e.get("cat") == "python_function" and "_short" in e["name"]]
+    assert frame["name"].startswith("mgserve/bench/model/gaps.py(")
+    at, tid = frame["ts"] + frame["dur"] / 2, frame["tid"]
+    events += [
+        _x("kernel", "a", at - 100, 10, tid=7, correlation=1),
+        _x("cuda_runtime", "cudaLaunchKernel", at, 0, tid=tid, correlation=2),
+        _x("kernel", "b", at + 50, 10, tid=7, correlation=2),
+    ]
+    rows = [r for r in summarize(events, "a call", 1.0) if r.startswith("| `")]
+    assert rows == ["| `bench/model/gaps.py: _short` | 1 | 0.140 |"]

@@ -7,8 +7,11 @@ every kernel, copy and memset on the GPU's timeline, the runtime or driver call 
 ``MIN_GAP_US`` in which no GPU operation runs. The operation that ends it was queued by a call on
 some host thread; the innermost mgserve frame around that call is where the host was when the GPU
 ran dry, and the host's synchronising calls overlapping the gap (a stream or event
-synchronisation, a copy to pageable memory, a pinned allocation) say whether it was waiting for
-the GPU itself. The table sums the gaps by frame: the places to look at first.
+synchronisation, a copy from or to pageable memory, a pinned allocation) say whether it was
+waiting for the GPU itself. A ``cudaMemcpyAsync`` of pinned memory returns at once (the step
+inputs' ``to_device``), so a copy call counts as a wait only when it is a synchronous one or the
+copy it queued (its correlation id) names pageable memory. The table sums the gaps by frame: the
+places to look at first.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from typing import Any
 
 MIN_GAP_US = 20.0
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
-WAITS = ("Synchronize", "cudaMemcpy", "cuMemcpy", "HostAlloc", "MallocHost", "cudaMalloc")
+WAITS = ("Synchronize", "HostAlloc", "MallocHost", "cudaMalloc")
+COPIES = ("cudaMemcpy", "cuMemcpy")  # waits unless Async from pinned memory (module docstring)
 
 
 def gaps_table(sync: Callable[[], None], work: Callable[[], Any], what: str) -> list[str]:
@@ -57,12 +61,17 @@ def summarize(events: list[dict[str, Any]], what: str, wall_ms: float) -> list[s
         return [f"GPU idle gaps of {what}: no GPU operations in the trace"]
     api = [e for e in spans if e.get("cat") in ("cuda_runtime", "cuda_driver")]
     launches = {e["args"]["correlation"]: e for e in api if "correlation" in e.get("args", {})}
+    pageable = {
+        e.get("args", {}).get("correlation")
+        for e in gpu
+        if e.get("cat") == "gpu_memcpy" and "Pageable" in e["name"]
+    }
     frames: dict[Any, list[dict[str, Any]]] = {}  # tid -> mgserve python frames by start
     waits: dict[Any, list[dict[str, Any]]] = {}  # tid -> synchronising calls by start
     for e in spans:
         if e.get("cat") == "python_function" and "mgserve" in e["name"]:
             frames.setdefault(e["tid"], []).append(e)
-        elif e.get("cat") in ("cuda_runtime", "cuda_driver") and any(w in e["name"] for w in WAITS):
+        elif e.get("cat") in ("cuda_runtime", "cuda_driver") and _waits(e, pageable):
             waits.setdefault(e["tid"], []).append(e)
     for d in (frames, waits):
         for v in d.values():
@@ -93,6 +102,14 @@ def summarize(events: list[dict[str, Any]], what: str, wall_ms: float) -> list[s
     for key, (us, n) in sorted(by_frame.items(), key=lambda kv: -kv[1][0])[:20]:
         lines.append(f"| `{key}` | {n} | {us / 1e3:.3f} |")
     return lines
+
+
+def _waits(call: dict[str, Any], pageable: set[Any]) -> bool:
+    """Whether a runtime or driver call holds the host until the GPU gets to it."""
+    name = call["name"]
+    if any(c in name for c in COPIES):
+        return "Async" not in name or call.get("args", {}).get("correlation") in pageable
+    return any(w in name for w in WAITS)
 
 
 def _cause(op: dict[str, Any], launches: dict[Any, dict[str, Any]],
