@@ -120,13 +120,15 @@ case "${1:-tests}" in
   verify8)  # k = 8 verify at depth (split from ``owed`` so each call fits 10 minutes)
     bench verify8 240 verify $Q4X --ctx 262144 --slots 1 --int8 --depths 131072,250000 \
       --drafts 8 --steps 8 --forced "" --record ;;
-  next)  # what 2026-12-06 left unrun (carry .whl and .tiny/qwen4exp.gguf): where the GPU waits
-    # for the host in a prompt chunk and a decode step (bench model --gaps), the lane test with
-    # its host timeline on failure, the plan's allocator item against the allocator
+  next)  # what 2026-12-06 left unrun (carry .whl and the tiny qwen4exp, gemma3, qwen3): where
+    # the GPU waits for the host in a prompt chunk and a decode step (bench model --gaps), the lane
+    # test with its host timeline on failure, the plan's allocator item against the allocator,
+    # virtual stages bitwise one stage with 5 sessions
     bench gaps 240 model $Q4X --ctx 65536 --slots 2 --int8 --prefill= --decode 0 \
       --multi-decode= --decode-steps 8 --gaps --record
-    timeout 150 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfEs -m gpu \
-      tests/cuda/test_device_lanes.py tests/cuda/test_plan.py > "$OUT/t_next.log" 2>&1
+    timeout 300 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfEs -m gpu \
+      tests/cuda/test_device_lanes.py tests/cuda/test_plan.py tests/cuda/test_device_stages.py \
+      > "$OUT/t_next.log" 2>&1
     echo "== next tests rc=$?"; grep -E "^(FAILED|ERROR|SKIPPED|E )|passed|failed|chunk|planned|host steps" "$OUT/t_next.log" ;;
   dist)  # two pipeline ranks sharing one GPU (gloo, hand-offs through the host, decode graphs):
     # the serving code's tokens against one process at full width, 8 layers (no speed claim:
