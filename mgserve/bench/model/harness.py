@@ -91,6 +91,7 @@ class ModelBench:
             ranges = balanced_ranges(self.g, n, a.cache_type, a.cache_type)
             gbps = [float(x) for x in a.link_gbps.split(",")] if a.link_gbps else None
             run_model = virtual_stages(self.model, ranges, self.device, micro, gbps)
+        self.__dict__.pop("new_runner", None)  # holds the last stages (their streams, buffers)
         if self.__dict__.pop("runner", None) is not None:  # its graphs go before the next ones
             self._release()
         self.new_runner = partial(
