@@ -82,6 +82,19 @@ def test_hash_is_chunk_independent(spec: PleSpec) -> None:
     np.testing.assert_array_equal(np.concatenate(parts), whole)
 
 
+def test_sessions_hashed_together_are_each_hashed_alone(spec: PleSpec) -> None:
+    """A decode step hashes every session's contexts at once (qwen4exp's ``step_extra``): the
+    same rows as each session's ``ngram_rows``, for histories with and without EOS."""
+    rng = np.random.default_rng(2)
+    sessions = [(rng.integers(0, 300, n), rng.integers(0, 300, 2)) for n in (1, 1, 4, 1)]
+    sessions[1][1][1] = EOS  # the last token before a session's step is EOS
+    sessions[3][1][0] = EOS
+    alone = [ple.ngram_rows(t, h, spec) for t, h in sessions]
+    joined = np.concatenate([ple.ngram_contexts(t, h, spec) for t, h in sessions], axis=1)
+    np.testing.assert_array_equal(ple.hash_contexts(joined, spec), np.concatenate(alone))
+    assert len({tuple(r) for r in np.concatenate(alone)}) > 5  # the sessions' rows differ
+
+
 def _write_table(path: Path, qtype: GGMLQuantizationType, width: int, rows: int) -> np.ndarray:
     values = np.random.default_rng(1).standard_normal((rows, width)).astype(np.float32)
     data = quants.quantize(values, qtype) if qtype != GGMLQuantizationType.F32 else values

@@ -40,6 +40,12 @@ from mgserve.core.reference.dequant import SUPPORTED_TYPES
 def ngram_rows(tokens: np.ndarray, history: np.ndarray, ple: PleSpec) -> np.ndarray:
     """[T, n_heads] int64 table rows for ``tokens`` [T], preceded by ``history`` [ngram - 1]
     (oldest first; EOS where the session has no such token)."""
+    return hash_contexts(ngram_contexts(tokens, history, ple), ple)
+
+
+def ngram_contexts(tokens: np.ndarray, history: np.ndarray, ple: PleSpec) -> np.ndarray:
+    """[ngram, T] int64: row s holds, for each of ``tokens`` [T], the token s positions back
+    (``history`` [ngram - 1] before the first, oldest first), EOS from an EOS back on."""
     back = ple.ngram - 1
     seq = np.concatenate([history, tokens]).astype(np.int64)  # [back + T]
     t = tokens.shape[0]
@@ -50,9 +56,15 @@ def ngram_rows(tokens: np.ndarray, history: np.ndarray, ple: PleSpec) -> np.ndar
         prev = seq[back - s : back - s + t]
         cut |= prev == ple.eos
         ctx[s] = np.where(cut, ple.eos, prev)
+    return ctx
+
+
+def hash_contexts(ctx: np.ndarray, ple: PleSpec) -> np.ndarray:
+    """[T, n_heads] int64 table rows of the contexts ``ctx`` [ngram, T] (``ngram_contexts``; the
+    columns of several sessions may be joined, so a decode step hashes once)."""
     mult = np.array(ple.multipliers, dtype=np.uint64)
     prods = ctx.astype(np.uint64) * mult[:, None]  # [ngram, T], each < 2^63
-    rows = np.empty((t, ple.n_heads), dtype=np.int64)
+    rows = np.empty((ctx.shape[1], ple.n_heads), dtype=np.int64)
     for n in range(2, ple.ngram + 1):
         mixed = np.bitwise_xor.reduce(prods[:n], axis=0)  # [T]
         for g in range(ple.heads_per_ngram):

@@ -96,16 +96,17 @@ class Qwen4ExpLM(HybridLM):
             return None
         assert self.qp.ple is not None
         p = self.qp.ple
-        found = []
+        contexts = []
         for toks, slot in zip(step_tokens, slots, strict=True):
             hist = self._ple_tokens.get(slot)
             if hist is None:
                 hist = self._ple_tokens[slot] = np.full(p.ngram - 1, p.eos, dtype=np.int64)
             t = np.asarray(toks, dtype=np.int64)
-            found.append(ple_ref.ngram_rows(t, hist, p))
+            contexts.append(ple_ref.ngram_contexts(t, hist, p))
             seq = np.concatenate((hist, t))
             self._ple_tokens[slot] = seq[seq.size - hist.size :]
-        emb = ple_ref.gather_rows(self.ple_table, np.concatenate(found))  # [N, heads, dim]
+        rows = ple_ref.hash_contexts(np.concatenate(contexts, axis=1), p)  # one hash a step
+        emb = ple_ref.gather_rows(self.ple_table, rows)  # [N, heads, dim]
         return emb.flatten(1)
 
     # -- the forward -------------------------------------------------------------------------
