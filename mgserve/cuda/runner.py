@@ -7,7 +7,9 @@ The twin of ``mgserve/core/engine/runner.py`` (same contract, ``Engine(runner=..
    row count's bucket on a GPU (``graphs.py``);
 3. the logits of every row that samples go through the device sampler together, and the token ids
    come back through pinned memory behind ONE event, the only host-device synchronisation of the
-   step (DESIGN.md).
+   step (DESIGN.md). A step that samples nothing (a prompt chunk) waits instead for the end of
+   the last such step (``Lane.pace``): the host launches a chunk while the GPU ends the one
+   before, and a step's seconds (the metrics' prompt time) still add up to the wall time.
 
 Sessions keep their state in the model's ``SlotPools`` (slot-indexed); the runner keeps, per
 running slot, what sampling needs on the host: the penalty window, the draw counter and, under a
@@ -29,7 +31,7 @@ next draft. A KV cache rewinds by itself (later rows are rewritten before read);
 state takes a session's rows in order (a run, ops/chains.py) and rolls back by verify.py.
 
 With ``lanes`` (``--prefill-lane``, core/engine/lanes.py) ``run`` takes the prefill lane's
-batches in one thread beside the decoders' in another. Each lane has a ``_Lane`` of its own: a
+batches in one thread beside the decoders' in another. Each lane has a ``Lane`` of its own: a
 CUDA stream (the decoders' at the highest priority, the prompts' at the lowest, so a decode step's
 kernels get SMs first as a chunk's blocks retire) and the pinned buffers and event its sampled ids
 come through. The decode graphs (their memory pool, static inputs and padding rows in the spare
@@ -72,22 +74,9 @@ from mgserve.cuda.graphs import BUCKETS, DRAFT_BUCKETS, DecodeInputs, EagerDecod
 from mgserve.cuda.green import green_stream
 from mgserve.cuda.models.base import DeviceLM, Span, Step
 from mgserve.cuda.ops.chains import to_device
+from mgserve.cuda.runner_lane import Lane
 from mgserve.cuda.sampling import DeviceSampler, HostBuffers, SamplingBatch, SamplingRow, seeded
 from mgserve.cuda.save_stream import SaveStream
-
-
-@dataclass
-class _Lane:
-    """What one lane has to itself (the module docstring says why)."""
-
-    stream: torch.cuda.Stream | None  # None: the caller's current stream
-    host: HostBuffers
-    done: torch.cuda.Event | None  # None off the GPU
-
-    def sync(self) -> None:
-        if self.done is not None:
-            self.done.record()
-            self.done.synchronize()
 
 
 @dataclass
@@ -138,14 +127,14 @@ class DeviceRunner:
         )
         self.saves = SaveStream(device)
 
-    def _lane(self, priority: int, sms: int = 0) -> _Lane:
+    def _lane(self, priority: int, sms: int = 0) -> Lane:
         gpu = self.device.type == "cuda"
         stream = torch.cuda.Stream(self.device, priority=priority) if gpu and self.lanes else None
         if stream is not None and sms:
             self._green, stream = green_stream(self.device, sms)
         rows = max(self.model.pools.n_slots, self._max_rows)  # verify steps: a row per draft
         host = HostBuffers.allocate(rows, MAX_N_PROBS)
-        return _Lane(stream, host, torch.cuda.Event() if gpu else None)
+        return Lane(stream, host, torch.cuda.Event() if gpu else None)
 
     slot_format = "device"  # how a saved slot's tensors are laid out (slot files check it)
 
@@ -164,12 +153,14 @@ class DeviceRunner:
                 return self._run(batch, lane)
             lane.stream.wait_stream(torch.cuda.default_stream(self.device))  # e.g. a bench's fill
             with torch.cuda.stream(lane.stream):
+                t0 = time.perf_counter()
                 result = self._run(batch, lane)
-                if batch.lane:
+                if batch.lane:  # its seconds take in its wait for the GPU
                     lane.sync()
+                    result.seconds = time.perf_counter() - t0
                 return result
 
-    def _run(self, batch: ScheduledBatch, lane: _Lane) -> StepResult:
+    def _run(self, batch: ScheduledBatch, lane: Lane) -> StepResult:
         t0 = time.perf_counter()
         for slot in batch.freed_slots:
             self._slots.pop(slot, None)
@@ -217,6 +208,8 @@ class DeviceRunner:
             results = self._sample(logits, sampled, lane)
         if kept:  # drafting sessions of a recurrent model
             verify.roll_back(self.model, kept, results, step.log, self.device)
+        if not sampled:
+            lane.pace()
         n_tokens = sum(len(w.tokens) for w in batch.work)
         failed = failures((w.request_id, self._slots[w.slot].matcher) for w in sampled)
         return StepResult(batch.step, results, n_tokens, time.perf_counter() - t0, failed=failed)
@@ -251,7 +244,7 @@ class DeviceRunner:
         with self.model.backend.path.step("decode"):  # decode kernels at any batch size
             return decode(inp)
 
-    def _sample(self, logits: torch.Tensor, work: list[SeqWork], lane: _Lane) -> list[SeqResult]:
+    def _sample(self, logits: torch.Tensor, work: list[SeqWork], lane: Lane) -> list[SeqResult]:
         """Logits [rows, V] of ``work`` (1 + n_draft rows each) -> the sessions' tokens, drafts
         accepted while each row's token is the next draft (module docstring)."""
         states = [self._slots[w.slot] for w in work]
