@@ -208,7 +208,7 @@ class DeviceRunner:
             results = self._sample(logits, sampled, lane)
         if kept:  # drafting sessions of a recurrent model
             verify.roll_back(self.model, kept, results, step.log, self.device)
-        if not sampled:
+        if not sampled and not batch.lane:  # a lane batch waits for all of its work (run)
             lane.pace()
         n_tokens = sum(len(w.tokens) for w in batch.work)
         failed = failures((w.request_id, self._slots[w.slot].matcher) for w in sampled)
