@@ -73,3 +73,38 @@ def test_prefill_repeat_gives_the_median_and_the_range(tmp_path: Path) -> None:
     assert workloads.time_prefill(bench, 32, 0)[1] == ""
     with pytest.raises(ValueError, match="--prefill-repeat must be at least 1"):
         workloads.time_prefill(bench, 32, 0, repeat=0)
+
+
+def test_paired_rounds_time_every_runner_side_by_side(tmp_path: Path) -> None:
+    from mgserve.bench.model.paired import run_paired
+    from tests.cuda.test_device_models import _export
+
+    bench = _bench(_export("qwen3", tmp_path), "1,2")
+    args = bench.args
+    args.prefill, args.decode, args.multi_decode, args.decode_steps = "16@0", "8", "2@8", 2
+    args.paired = 2
+    rows: list[tuple[str, float, str]] = []
+    run_paired(bench, args, [(1, 1), (2, 1)], lambda name, tps, note, **_: rows.append(
+        (name, tps, note)))  # fmt: skip
+    names = [r[0] for r in rows]
+    assert names == [
+        "prefill 16 tokens at depth 0 (1 virtual stages)",
+        "prefill 16 tokens at depth 0 (2 virtual stages)",
+        "decode, 1 session at depth 8 (1 virtual stages)",
+        "decode, 1 session at depth 8 (2 virtual stages)",
+        "decode, 2 sessions at depth 8, aggregate (1 virtual stages)",
+        "decode, 2 sessions at depth 8, aggregate (2 virtual stages)",
+    ]
+    for name, tps, note in rows:
+        lo, hi = (float(x) for x in note.split(";")[0].removeprefix("median of 2: ").split(" to "))
+        assert 0 < lo <= tps <= hi
+        assert ("against 1 virtual stages in the same round" in note) == ("(2 virtual" in name)
+    # both runners were kept: the same objects come back, each on its own model
+    two = bench.runner
+    bench.switch(1)
+    one = bench.runner
+    assert isinstance(two.model, StagedLM) and not isinstance(one.model, StagedLM)
+    bench.switch(2)
+    assert bench.runner is two and _tokens(bench) == (bench.switch(1) or _tokens(bench))
+    with pytest.raises(ValueError, match="--paired needs two or more"):
+        run_paired(bench, args, [(1, 1)], lambda *a, **k: None)

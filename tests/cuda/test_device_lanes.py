@@ -110,7 +110,8 @@ async def test_gpu_decode_steps_complete_while_a_chunk_runs(
     runner._prefill = spun_prefill  # type: ignore[method-assign]
     runner._decode = timed_decode  # type: ignore[method-assign]
     engine = Engine(model, LANE_SETTINGS, runner=runner)
-    got, _ = await serve(engine, LANE_PROMPT, LANE_DECODE)
+    with StackSampler() as sampled:
+        got, _ = await serve(engine, LANE_PROMPT, LANE_DECODE)
     torch.cuda.synchronize()
     assert got == seq  # the lanes change when tokens come, not which
 
@@ -125,16 +126,76 @@ async def test_gpu_decode_steps_complete_while_a_chunk_runs(
         print(f"{arch} chunk {i}: {t1 - t0:.1f} ms on the GPU, {len(inside)} decode steps "
               f"completed inside, the longest gap {max(gaps, default=0):.1f} ms")  # fmt: skip
         assert t1 - t0 >= SPIN_MS and len(inside) >= min(5, len(later))
-        assert max(gaps, default=0) < SPIN_MS / 4, _host_steps(hosted, t0, t1)
+        assert max(gaps, default=0) < SPIN_MS / 4, _host_steps(hosted, t0, t1, sampled)
         overlapped += len(inside) >= 5
     assert overlapped  # at least one chunk ran beside the decoders
 
 
-def _host_steps(hosted: list[tuple[str, float, float]], t0: float, t1: float) -> str:
+def _host_steps(
+    hosted: list[tuple[str, float, float]], t0: float, t1: float, sampled: StackSampler
+) -> str:
     """The runner steps' host intervals (ms from the first chunk's start on the host, by thread)
-    around a chunk's GPU interval [t0, t1] (ms on the GPU's clock, from the same start): where
-    the decoders' thread was while its steps stopped completing."""
+    around a chunk's GPU interval [t0, t1] (ms on the GPU's clock, from the same start), and
+    where the decoders' thread's Python stack was during its longest step: where the decoders'
+    thread was while its steps stopped completing."""
     origin = next(start for name, start, _ in hosted if name == "origin")
     near = [(n, 1e3 * (a - origin), 1e3 * (b - origin)) for n, a, b in hosted if n != "origin"]
     rows = [f"{n} {a:.1f}-{b:.1f}" for n, a, b in near if t0 - 20 <= a <= t1]
-    return "host steps (thread start-end ms): " + "; ".join(rows)
+    decoders = [(b - a, a, b) for n, a, b in near if n.startswith("decoders") and t0 - 20 <= a]
+    _, a, b = max(decoders, default=(0.0, 0.0, 0.0))
+    stacks = sampled.during(origin + a / 1e3, origin + b / 1e3)
+    return "host steps (thread start-end ms): " + "; ".join(rows) + "\n" + stacks
+
+
+class StackSampler:
+    """Samples every runner thread's Python stack each millisecond (``sys._current_frames``), so
+    a failure can say where a thread was while it was slow; a gap in the sampler's own ticks
+    means some thread held the GIL inside a C call."""
+
+    def __init__(self, every_s: float = 0.001) -> None:
+        self.every_s = every_s
+        self.samples: list[tuple[float, str, tuple[str, ...]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stack-sampler", daemon=True)
+
+    def __enter__(self) -> StackSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        import sys
+
+        names = {}
+        while not self._stop.wait(self.every_s):
+            now = time.perf_counter()
+            for ident, frame in sys._current_frames().items():
+                if ident not in names:
+                    names = {t.ident: t.name for t in threading.enumerate()}
+                name = names.get(ident, "?")
+                if not name.startswith("mgserve-"):
+                    continue
+                stack = []
+                f: Any = frame
+                while f is not None and len(stack) < 8:
+                    code = f.f_code
+                    stack.append(f"{Path(code.co_filename).name}:{f.f_lineno} {code.co_name}")
+                    f = f.f_back
+                self.samples.append((now, name, tuple(stack)))
+
+    def during(self, a: float, b: float) -> str:
+        """The sampled stacks of the runner threads between host times ``a`` and ``b``, each
+        distinct stack once with how many samples it had, and the sampler's longest tick."""
+        from collections import Counter
+
+        inside = [(t, n, s) for t, n, s in self.samples if a <= t <= b]
+        ticks = sorted({t for t, _, _ in inside})
+        longest = max((y - x for x, y in zip(ticks, ticks[1:], strict=False)), default=0.0)
+        counts = Counter((n, s) for _, n, s in inside)
+        lines = [f"stacks sampled {1e3 * (b - a):.1f} ms (longest tick {1e3 * longest:.1f} ms):"]
+        for (n, s), c in counts.most_common(8):
+            lines.append(f"  {c} x {n}: " + " <- ".join(s))
+        return "\n".join(lines)

@@ -15,6 +15,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prefill-repeat", type=int, default=1, help="time each P@D prefill N times: the median"
     )
+    parser.add_argument(
+        "--paired",
+        type=int,
+        default=0,
+        help="with two or more --virtual-stages: keep every runner and time each --prefill, "
+        "--decode and --multi-decode workload in N rounds, once per runner in each round; rows "
+        "give each runner's median and its ratio to the first runner in the same round",
+    )
     parser.add_argument("--long-prefill", type=int, default=0, help="one prompt of N tokens")
     parser.add_argument("--multi-prefill", default="", help="S@N: S sessions of N-token prompts")
     parser.add_argument(

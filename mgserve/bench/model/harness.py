@@ -74,15 +74,22 @@ class ModelBench:
         self._graphs = not args.no_graphs
         self.args = args
         self.n_stages, self.micro = 0, 1
+        self.kept: dict[tuple[int, int], tuple[Any, Any]] = {}  # ``switch``'s other runners
+        self.runner: Any
+        self.new_runner: Any
         self.step = 0
         self.vocab = self.model.spec.n_vocab
         self.use_stages(*stage_counts(args)[0])
 
-    def use_stages(self, n: int, micro: int = 1) -> None:
+    def use_stages(self, n: int, micro: int = 1, keep: bool = False) -> None:
         """A new runner on the model run as ``n`` virtual stages (1: the model itself; the pools
-        are the model's, shared), decode steps in ``micro`` micro-batches, warmed up."""
+        are the model's, shared), decode steps in ``micro`` micro-batches, warmed up. ``keep``:
+        the runner before stays alive for ``switch`` (``--paired``) instead of being released."""
         from mgserve.cuda.runner import DeviceRunner
 
+        if keep and "runner" in self.__dict__:
+            self.kept[(self.n_stages, self.micro)] = (self.runner, self.new_runner)
+            del self.runner, self.new_runner
         run_model: Any = self.model
         if n > 1:
             from mgserve.pipeline.staged import balanced_ranges, virtual_stages
@@ -100,6 +107,15 @@ class ModelBench:
         self.runner = self.new_runner()
         self.n_stages, self.micro = n, micro
         self.warm_up()
+
+    def switch(self, n: int, micro: int = 1) -> None:
+        """Make the kept runner of ``n`` stages in ``micro`` micro-batches the current one (the
+        current goes to the kept ones)."""
+        if (n, micro) == (self.n_stages, self.micro):
+            return
+        self.kept[(self.n_stages, self.micro)] = (self.runner, self.new_runner)
+        self.runner, self.new_runner = self.kept.pop((n, micro))
+        self.n_stages, self.micro = n, micro
 
     def _release(self) -> None:
         """After dropping a runner: its graphs' pools and its stages' stream-keyed blocks back to

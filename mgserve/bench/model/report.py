@@ -57,6 +57,16 @@ def run(args: argparse.Namespace) -> int:
 
     print("\n".join(head), flush=True)
     counts = stage_counts(args)
+    if args.paired:
+        from mgserve.bench.model.paired import run_paired
+
+        at = ""
+        run_paired(b, args, counts, row)
+        for n_stages, micro in counts[1:]:
+            b.switch(n_stages, micro)
+            lines.append(stage_figures(b.runner.model))
+            print(lines[-1], flush=True)
+        counts = []  # every workload ran in rounds above
     for n_stages, micro in counts:
         if (n_stages, micro) != (b.n_stages, b.micro):
             b.use_stages(n_stages, micro)

@@ -71,7 +71,7 @@ def time_decode(b: ModelBench, sessions: int, depth: int) -> tuple[float, float]
     times = []
     for i in range(b.args.decode_steps + 3):
         t0 = time.perf_counter()
-        b.run_step([b.work(s, (1000 + i,), pos[s], True) for s in range(sessions)])
+        b.run_step([b.work(s, ((1000 + i) % b.vocab,), pos[s], True) for s in range(sessions)])
         if i >= 3:  # warm-up steps capture the graph
             times.append(time.perf_counter() - t0)
         pos = [p + 1 for p in pos]
