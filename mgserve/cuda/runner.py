@@ -74,7 +74,7 @@ from mgserve.cuda.graphs import BUCKETS, DRAFT_BUCKETS, DecodeInputs, EagerDecod
 from mgserve.cuda.green import green_stream
 from mgserve.cuda.models.base import DeviceLM, Span, Step
 from mgserve.cuda.ops.chains import to_device
-from mgserve.cuda.runner_lane import Lane
+from mgserve.cuda.runner_lane import LAYERS_AHEAD, Lane, LaunchWindow
 from mgserve.cuda.sampling import DeviceSampler, HostBuffers, SamplingBatch, SamplingRow, seeded
 from mgserve.cuda.save_stream import SaveStream
 
@@ -116,7 +116,7 @@ class DeviceRunner:
         )  # with lanes, every bucket of up to n_slots rows now: a capture waits for an idle lane
         self._eager = EagerDecode(model, device)  # a prompt's last token, in the prefill lane
         self._decoders = self._lane(-100)  # the highest priority there is
-        self._prompts = self._lane(0, lane_sms) if lanes else self._decoders
+        self._prompts = self._lane(0, lane_sms, LAYERS_AHEAD) if lanes else self._decoders
         if lanes and gpu:  # the lanes' streams do not wait for the default one: what ran there
             torch.cuda.synchronize(device)
         self._capture = threading.Lock()
@@ -127,14 +127,14 @@ class DeviceRunner:
         )
         self.saves = SaveStream(device)
 
-    def _lane(self, priority: int, sms: int = 0) -> Lane:
+    def _lane(self, priority: int, sms: int = 0, layers_ahead: int = 0) -> Lane:
         gpu = self.device.type == "cuda"
         stream = torch.cuda.Stream(self.device, priority=priority) if gpu and self.lanes else None
         if stream is not None and sms:
             self._green, stream = green_stream(self.device, sms)
         rows = max(self.model.pools.n_slots, self._max_rows)  # verify steps: a row per draft
         host = HostBuffers.allocate(rows, MAX_N_PROBS)
-        return Lane(stream, host, torch.cuda.Event() if gpu else None)
+        return Lane(stream, host, torch.cuda.Event() if gpu else None, layers_ahead=layers_ahead)
 
     slot_format = "device"  # how a saved slot's tensors are laid out (slot files check it)
 
@@ -193,7 +193,7 @@ class DeviceRunner:
         prefill = [w for w in batch.work if w not in decode]
         parts: list[tuple[list[SeqWork], torch.Tensor]] = []
         if prefill:
-            parts.append(([w for w in prefill if w.sample], self._prefill(prefill)))
+            parts.append(([w for w in prefill if w.sample], self._prefill(prefill, lane.window())))
         kept = verify.keep(self.model, decode)  # recurrent states a verify step may roll back
         step = self._eager if batch.lane else self.decode
         if decode:
@@ -214,7 +214,7 @@ class DeviceRunner:
         failed = failures((w.request_id, self._slots[w.slot].matcher) for w in sampled)
         return StepResult(batch.step, results, n_tokens, time.perf_counter() - t0, failed=failed)
 
-    def _prefill(self, work: list[SeqWork]) -> torch.Tensor:
+    def _prefill(self, work: list[SeqWork], window: LaunchWindow | None = None) -> torch.Tensor:
         d = self.device
         tokens = [t for w in work for t in w.tokens]
         pos = [w.start + i for w in work for i in range(len(w.tokens))]
@@ -231,6 +231,7 @@ class DeviceRunner:
             spans=tuple(Span(w.slot, w.start, len(w.tokens)) for w in work),
             logit_rows=to_device(torch.tensor(ends, dtype=torch.int64), d),
             extra=None if extra is None else to_device(extra, d),  # host rows (PLE)
+            window=window,
         )
         with self.model.backend.path.step("prompt"):  # GEMMs at any size (ops/rowpath.py)
             return self.model.forward(step)

@@ -1,14 +1,18 @@
 """A lane of the device runner (cuda/runner.py): the CUDA stream its steps run on, the pinned
 buffers its sampled ids come back through, the event a step's one wait is on, and how far its
-host may run ahead of the GPU (``pace``)."""
+host may run ahead of the GPU: by steps (``pace``) and, in the prefill lane, by layers within a
+prompt chunk (``LaunchWindow``)."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import torch
 
 from mgserve.cuda.sampling import HostBuffers
+
+LAYERS_AHEAD = 2  # the prefill lane's launches are queued at most this many layers ahead
 
 
 @dataclass
@@ -19,6 +23,11 @@ class Lane:
     host: HostBuffers
     done: torch.cuda.Event | None  # None off the GPU
     ahead: torch.cuda.Event | None = None  # the end of its last step that waited for nothing
+    layers_ahead: int = 0  # > 0: a prompt chunk's launches run at most this many layers ahead
+
+    def window(self) -> LaunchWindow | None:
+        """A prompt chunk's ``LaunchWindow`` in this lane (None: unbounded)."""
+        return LaunchWindow(self.layers_ahead) if self.layers_ahead and self.done else None
 
     def sync(self) -> None:
         if self.done is not None:
@@ -37,3 +46,29 @@ class Lane:
         if self.ahead is not None:
             self.ahead.synchronize()
         self.ahead = end
+
+
+class LaunchWindow:
+    """Keeps a thread's queued GPU work to ``depth`` layers: after each layer's launches,
+    ``mark`` records an event and waits for the one ``depth`` layers back.
+
+    Why: CUDA queues a bounded number of launches, and the queue is the GPU's, not a stream's.
+    The prefill lane's thread launches a prompt chunk (thousands of kernels) far faster than the
+    GPU runs them; unbounded, it fills the queue, and then every launch waits, the decoders'
+    included, until the chunk's head has run (on the H100 the decoders' thread stopped for
+    96-134 ms inside one launch, beside a lane chunk: tests/cuda/test_device_lanes.py). Two
+    layers queued keep the GPU fed (a layer's launches take a fraction of its GPU time) while
+    the queue keeps room for the decoders. The wait releases the GIL."""
+
+    def __init__(self, depth: int) -> None:
+        if depth < 1:
+            raise ValueError(f"a launch window holds at least one layer, got {depth}")
+        self.depth = depth
+        self.marks: deque[torch.cuda.Event] = deque()
+
+    def mark(self) -> None:
+        end = torch.cuda.Event()
+        end.record()
+        self.marks.append(end)
+        if len(self.marks) > self.depth:
+            self.marks.popleft().synchronize()

@@ -91,12 +91,12 @@ async def test_gpu_decode_steps_complete_while_a_chunk_runs(
             kind = "lane" if batch.lane else "decoders"
             hosted.append((f"{kind}@{threading.current_thread().name}", t0, time.perf_counter()))
 
-    def spun_prefill(work: Any) -> torch.Tensor:
+    def spun_prefill(work: Any, window: Any = None) -> torch.Tensor:
         if not chunks:
             hosted.append(("origin", time.perf_counter(), 0.0))
         start = event()
         spin(cuda_ops.kernels.stream(), SPIN_MS * 1_000_000)
-        logits = prefill(work)
+        logits = prefill(work, window)
         chunks.append((start, event()))
         return logits
 

@@ -59,6 +59,18 @@ class Step:
     # decode: where a recurrent model logs, layer by layer, how to re-run its state updates on
     # some of the step's rows (``Replay``; the runner's rollback after a verify step: verify.py)
     log: list[Replay] | None = None
+    # a prompt chunk in the prefill lane: how far the host's launches may run ahead of the GPU,
+    # counted in layers (``LaunchWindow``, cuda/runner_lane.py); None: as far as CUDA lets it
+    window: Window | None = None
+
+    def layer_done(self) -> None:
+        """Called after each layer's launches (every model's ``stage_layers``)."""
+        if self.window is not None:
+            self.window.mark()
+
+
+class Window(Protocol):
+    def mark(self) -> None: ...
 
 
 class Replay(Protocol):

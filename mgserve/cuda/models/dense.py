@@ -147,6 +147,7 @@ class DenseLM(Staged):
     def stage_layers(self, x: torch.Tensor, step: Step, start: int, stop: int) -> torch.Tensor:
         for il in range(start, stop):
             x = self.block(il, self.layers[il], x, step)
+            step.layer_done()
         return x
 
     def stage_out(self, x: torch.Tensor, step: Step) -> torch.Tensor:

@@ -169,6 +169,7 @@ class HybridLM(Staged):
     def stage_layers(self, x: torch.Tensor, step: Step, start: int, stop: int) -> torch.Tensor:
         for il in range(start, stop):
             x = self.block(il, x, step)
+            step.layer_done()
         return x
 
     def stage_out(self, x: torch.Tensor, step: Step) -> torch.Tensor:

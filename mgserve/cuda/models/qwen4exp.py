@@ -119,6 +119,7 @@ class Qwen4ExpLM(HybridLM):
         pending: Pending = None
         for il in range(start, stop):
             x, pending = self.block_pending(il, x, step, pending)
+            step.layer_done()
         return self.settle(x, pending)
 
     def settle(self, x: torch.Tensor, pending: Pending) -> torch.Tensor:
