@@ -73,7 +73,8 @@ async def test_gpu_decode_steps_complete_while_a_chunk_runs(
 
     runner = DeviceRunner(model, dev, lanes=True)
     chunks: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-    decoded: list[torch.cuda.Event] = []
+    decoded: list[tuple[torch.cuda.Event, set[int]]] = []  # a decode step's end, its slots
+    prompted: list[set[int]] = []  # each chunk's slots
 
     def event() -> torch.cuda.Event:
         ev = torch.cuda.Event(enable_timing=True)
@@ -98,12 +99,13 @@ async def test_gpu_decode_steps_complete_while_a_chunk_runs(
         spin(cuda_ops.kernels.stream(), SPIN_MS * 1_000_000)
         logits = prefill(work, window)
         chunks.append((start, event()))
+        prompted.append({w.slot for w in work})
         return logits
 
     def timed_decode(work: Any, step: Any) -> torch.Tensor:
         logits = decode(work, step)
         if step is runner.decode:  # the decoders' graphs (not a prompt's last token)
-            decoded.append(event())
+            decoded.append((event(), {w.slot for w in work}))
         return logits
 
     runner.run = timed_run  # type: ignore[method-assign]
@@ -116,12 +118,14 @@ async def test_gpu_decode_steps_complete_while_a_chunk_runs(
     assert got == seq  # the lanes change when tokens come, not which
 
     origin = chunks[0][0]
-    t_decoded = [origin.elapsed_time(ev) for ev in decoded]
+    t_decoded = [origin.elapsed_time(ev) for ev, _ in decoded]
+    prompt = set().union(*prompted[1:])  # the lane's prompt, decoded after its last chunk
+    t_decoders = [origin.elapsed_time(ev) for ev, slots in decoded if slots - prompt]
     overlapped = 0
     for i, (start, end) in enumerate(chunks[1:]):  # p's chunks (the first: the decoders' prompts)
         t0, t1 = origin.elapsed_time(start), origin.elapsed_time(end)
         inside = [t for t in t_decoded if t0 < t < t1]
-        later = [t for t in t_decoded if t > t0]  # the decoders may be done before a late chunk
+        later = [t for t in t_decoders if t > t0]  # the decoders may be done before a late chunk
         gaps = [b - a for a, b in zip(inside, inside[1:], strict=False)]
         print(f"{arch} chunk {i}: {t1 - t0:.1f} ms on the GPU, {len(inside)} decode steps "
               f"completed inside, the longest gap {max(gaps, default=0):.1f} ms")  # fmt: skip
