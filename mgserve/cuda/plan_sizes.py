@@ -20,7 +20,6 @@ from mgserve.core.gguf.hparams_qwen4exp import Qwen4ExpSpec, qwen4exp_spec_from_
 from mgserve.core.gguf.reader import GGUFFile, TensorInfo
 from mgserve.cuda.graphs import BUCKETS
 from mgserve.cuda.ops.attention_cuda import MAX_SPLITS
-from mgserve.cuda.ops.attention_prefill import VIS_ELEMS
 from mgserve.cuda.ops.deltanet_prefill_cuda import CHUNK as DELTA_CHUNK
 from mgserve.cuda.ops.deltanet_prefill_cuda import CHUNK_FLOATS, PREFILL_PIECE
 from mgserve.cuda.ops.hgemm import HGemmTuning
@@ -247,7 +246,6 @@ class ModelSizes:
         if qp is not None and self.qsa_layers(pt):  # QSA block scores, the prompt's visibility
             cols = -(-(n_ctx // qp.ratio) // 4) * 4
             prompt += 8 * batch * cols + 4 * batch * (n_ctx // 32)
-            prompt += 6 * min(batch * n_ctx, VIS_ELEMS)
             decode += 8 * b * cols
         sampler = SAMPLER_ROW_PASSES * 4 * b * (v + 1) if pt.last else 0
         scratch = self.scratch if batch >= HGemmTuning().min_rows else 0

@@ -45,6 +45,8 @@ KNOWN_SITES = {
     ("cuda/ops/qgemm.py", "QGEMM_SOURCE", "tuning.defines(type_name)"),
     ("cuda/ops/qsa_cuda.py", "UTIL_SOURCE", ""),
     ("cuda/ops/qsa_cuda.py", "SELECT_SOURCE", ""),
+    ("cuda/ops/qsa_prefill.py", "SELECT_SOURCE", ""),
+    ("cuda/ops/attention_prefill.py", "SELECT_SOURCE", ""),
     ("cuda/ops/qsa_keys.py", "NORM_SOURCE", ""),
     ("cuda/ops/rope.py", "NORM_SOURCE", ""),
     ("cuda/ops/route.py", "ROUTE_SOURCE", ""),

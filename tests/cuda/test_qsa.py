@@ -18,7 +18,7 @@ import math
 import pytest
 import torch
 
-from mgserve.cuda.ops import attention_cuda, attention_prefill, qsa_cuda
+from mgserve.cuda.ops import attention_cuda, attention_prefill, qsa_cuda, qsa_prefill
 from mgserve.cuda.ops import qsa as qsa_ops
 from tests.cuda.attention_inputs import DEV, DI, HI, RTOL_FLASH, close, gen, i32, pool, randn
 
@@ -72,6 +72,25 @@ def test_qsa_scores_kernel(cuda_ops) -> None:
     assert not torch.signbit(got[sparse][fin]).any(), "scores must be +0, never -0"
     err = (got[sparse][fin] - want[sparse][fin]).abs().max() / want[sparse][fin].abs().max()
     assert err.item() <= 1e-5, f"block scores: max relative error {err.item():.2e}"
+
+
+def test_qsa_head_sum_kernel(cuda_ops) -> None:
+    """qsa_head_sum: the heads' relus summed in order, then divided by the norm, each rounded
+    once (the torch ops on the same products, with a true division), +0 where no head is above
+    zero, for 1 to 8 heads, a row count that is not a multiple of anything and a row wider than
+    one CTA's 1024 floats."""
+    from mgserve.core.reference import rowwise
+
+    norm = float(torch.tensor(math.sqrt(128.0), dtype=torch.float32))
+    for n, n_hi, stride in [(1, 1, 4), (7, 4, 1028), (64, 8, 4100), (3, 3, 8)]:
+        prod = randn(n, n_hi, stride, seed=n_hi)
+        prod[:, :, ::5] = -prod[:, :, ::5].abs()  # columns no head scores above zero: +0
+        prod[0, 0, 1] = -0.0
+        got = qsa_prefill.head_sum(cuda_ops.kernels, prod, norm)
+        acc = rowwise.sum_in_order(prod.clamp_min(0.0), 1)
+        want = torch.div(acc, torch.full_like(acc, norm)) + 0.0
+        assert torch.equal(got, want), f"head sum N {n} heads {n_hi} stride {stride}"
+        assert not torch.signbit(got).any(), "scores must be +0, never -0"
 
 
 # ---- decode and prefill -----------------------------------------------------------------------
@@ -158,7 +177,7 @@ def test_qsa_prefill(
         close(name + " (flash kernel rows)", got[:split], want[:split], RTOL_FLASH)
     if split < t:
         close(name + " (decode kernel rows)", got[split:], want[split:])
-    monkeypatch.setattr(qsa_cuda, "QSA_SCORE_GROUP", 7)
+    monkeypatch.setattr(qsa_prefill, "QSA_SCORE_GROUP", 7)
     monkeypatch.setattr(attention_cuda, "_PREFILL_PART_ELEMS", 11 * n_head * 2 * d)
     monkeypatch.setattr(attention_prefill, "VIS_ELEMS", 5 * (start + t + 32))
     again = cuda_ops.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw)

@@ -42,3 +42,23 @@ def test_visibility_matches_positions(
     for i in range(t):
         want = set(pos[i][valid[i]].tolist())
         assert got[i] == want, f"query {i} (position {start + i}): {sorted(got[i] ^ want)}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("start", "t", "ratio", "top"), [*CASES, (8000, 300, 4, 512), (0, 4096, 4, 512), (31, 1, 2, 3)]
+)
+def test_visibility_kernel_gives_the_same_bits(
+    start: int, t: int, ratio: int, top: int, cuda_ops
+) -> None:  # type: ignore[no-untyped-def]
+    """qsa_visibility (one kernel) against the torch version on the GPU: the same words."""
+    from mgserve.cuda.ops.attention_prefill import visibility_kernel
+
+    end, dev = start + t, torch.device("cuda", 0)
+    n_blk = end // ratio
+    g = torch.Generator().manual_seed(end)
+    scores = torch.randn(t, max(n_blk, 1), generator=g).relu()
+    sel = select_blocks(scores, torch.arange(start + 1, end + 1), ratio, top).to(dev)
+    got = visibility_kernel(cuda_ops.kernels, sel.to(torch.int32), start, ratio, top)
+    want = visibility(sel.to(torch.int32), start, ratio, top)
+    assert got.dtype == want.dtype == torch.int32 and torch.equal(got, want)

@@ -215,3 +215,70 @@ qsa_select(const float* __restrict__ scores,  // [N, stride] block scores
         equal_run += total >> 16;
     });
 }
+
+// qsa_head_sum, grid (ceil(stride / 4 / 256), N), 256 threads: the QSA prompt scores from the
+// indexer heads' products (ops/qsa_cuda.py: one cuBLAS matmul per group of queries gives
+// prod[n, h, c] = iq[n, h] . block[c]):
+//   scores[n, c] = (relu(prod[n, 0, c]) + relu(prod[n, 1, c]) + ...) / norm, heads in order,
+// rounded once per add and once for the division (as attention_util.cu's qsa_scores; -0 -> +0,
+// so blocks no head scores above zero tie at +0 for qsa_select). Rows are `stride` floats apart
+// in both (stride % 4 == 0, 16-byte aligned): one float4 per thread.
+extern "C" __global__ void __launch_bounds__(256)
+qsa_head_sum(const float4* __restrict__ prod,  // [N, n_hi, stride / 4]
+             float4* __restrict__ scores,      // [N, stride / 4]
+             int stride4, int n_hi, float norm) {
+    grid_sync();
+    const int n = blockIdx.y, c = blockIdx.x * 256 + threadIdx.x;
+    if (c >= stride4) return;
+    const float4* p = prod + (size_t)n * n_hi * stride4 + c;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int h = 0; h < n_hi; ++h) {
+        const float4 v = p[(size_t)h * stride4];
+        acc.x = __fadd_rn(acc.x, fmaxf(v.x, 0.f));
+        acc.y = __fadd_rn(acc.y, fmaxf(v.y, 0.f));
+        acc.z = __fadd_rn(acc.z, fmaxf(v.z, 0.f));
+        acc.w = __fadd_rn(acc.w, fmaxf(v.w, 0.f));
+    }
+    scores[(size_t)n * stride4 + c] = make_float4(
+        __fadd_rn(__fdiv_rn(acc.x, norm), 0.f), __fadd_rn(__fdiv_rn(acc.y, norm), 0.f),
+        __fadd_rn(__fdiv_rn(acc.z, norm), 0.f), __fadd_rn(__fdiv_rn(acc.w, norm), 0.f));
+}
+
+// qsa_visibility, grid (T), 256 threads, (n_cols + 31) / 32 words of dynamic shared memory: the
+// positions each QSA prompt query attends to, as bits for attn_prefill (ops/attention_prefill.py:
+// ``visibility`` is the torch version, the same bits). Query i sits at position last = start + i;
+// complete = (last + 1) / ratio blocks are complete; a sparse query (complete > top) sees its
+// selected blocks' positions and the tail from complete * ratio, a dense one every position; no
+// query sees past itself. Bit p % 32 of word p / 32 of row i; `words` words a row.
+extern "C" __global__ void __launch_bounds__(256)
+qsa_visibility(const int* __restrict__ sel,  // [T, top] selected blocks (-1: none)
+               int* __restrict__ out,        // [T, words]
+               int start, int ratio, int top, int words, int n_cols) {
+    grid_sync();
+    extern __shared__ unsigned s_picked[];  // bit b: block b selected
+    const int i = blockIdx.x, tid = threadIdx.x;
+    const int n_bw = (n_cols + 31) / 32;
+    for (int w = tid; w < n_bw; w += 256) s_picked[w] = 0u;
+    __syncthreads();
+    const int* row = sel + (size_t)i * top;
+    for (int j = tid; j < top; j += 256) {
+        const int b = row[j];
+        if (b >= 0 && b < n_cols) atomicOr(&s_picked[b >> 5], 1u << (b & 31));
+    }
+    __syncthreads();
+    const long long last = (long long)start + i;
+    const long long complete = (last + 1) / ratio;
+    const bool sparse = complete > top;
+    const long long tail = complete * ratio;
+    for (int w = tid; w < words; w += 256) {
+        unsigned bits = 0u;
+        for (int b = 0; b < 32; ++b) {
+            const long long p = (long long)w * 32 + b;
+            const long long blk = p / ratio;
+            const bool picked = blk < n_cols && ((s_picked[blk >> 5] >> (blk & 31)) & 1u);
+            const bool vis = p <= last && (!sparse || p >= tail || picked);
+            bits |= (unsigned)vis << b;
+        }
+        out[(size_t)i * words + w] = (int)bits;
+    }
+}

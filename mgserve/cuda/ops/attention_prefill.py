@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from cuda.core import Kernel
 
 PREFILL_SOURCE = "attention_prefill.cu"
+SELECT_SOURCE = "qsa_select.cu"  # qsa_visibility
 PF_THREADS = 128  # PF_THREADS in attention_prefill.cu
 PF_ROWS = 64  # PF_ROWS: (query, head) rows per CTA
 PF_KEYS = 32  # PF_KEYS: key positions per tile, one 32-bit visibility word
@@ -57,6 +58,33 @@ def flash_defines(head_dim: int, k_q8: bool, v_q8: bool) -> tuple[tuple[str, str
     return kv_defines(head_dim, k_q8, v_q8, prefill_smem_bytes(head_dim, k_q8, v_q8))
 
 
+def visibility_kernel(
+    kernels: Kernels, sel: torch.Tensor, start: int, ratio: int, top: int
+) -> torch.Tensor:  # [T, cdiv(start + T, 32)] int32
+    """``visibility``'s bits from one kernel (qsa_visibility, ``kernels/qsa_select.cu``): one
+    CTA per query, its selected blocks as a bitmap in shared memory."""
+    t = sel.shape[0]
+    words = cdiv(start + t, PF_KEYS)
+    n_cols = cdiv(words * PF_KEYS, ratio)
+    out = torch.empty((t, words), dtype=torch.int32, device=sel.device)
+    if t:
+        sel = sel.contiguous()
+        kernels.launch(
+            kernels.kernel(SELECT_SOURCE, "qsa_visibility"),
+            t,
+            256,
+            sel.data_ptr(),
+            out.data_ptr(),
+            np.int32(start),
+            np.int32(ratio),
+            np.int32(top),
+            np.int32(words),
+            np.int32(n_cols),
+            shmem=cdiv(n_cols, 32) * 4,
+        )
+    return out
+
+
 def visibility(
     sel: torch.Tensor,  # [T, top] int32 ascending selected blocks (dense rows: unused)
     start: int,  # query i sits at position start + i
@@ -65,7 +93,8 @@ def visibility(
 ) -> torch.Tensor:  # [T, cdiv(start + T, 32)] int32: bit p % 32 of word p // 32
     """The positions each QSA query attends to as bits: a sparse query (complete blocks > top)
     its selected blocks' cells and its tail complete * ratio .. p; a dense one 0 .. p
-    (``qsa.positions``' rule). Built in groups of queries bounding the boolean mask."""
+    (``qsa.positions``' rule). Built in groups of queries bounding the boolean mask, with torch
+    ops (about 150 launches a group): the reference of ``visibility_kernel``."""
     t, dev = sel.shape[0], sel.device
     words = cdiv(start + t, PF_KEYS)
     n_pos = words * PF_KEYS

@@ -5,11 +5,12 @@ cells and the tail).
 
 Decode: score the complete blocks (kernel), select (kernel), attend (kernel): no host sync, so it
 captures into a CUDA graph. Prefill scores all the chunk's queries against the complete blocks
-with one fp32 matmul (cuBLAS; in query groups bounding the score matrix), selects with the
-kernel, then attends: queries before QSA_FLASH_MAX_POS with the flash prefill kernel over all
-earlier positions masked to their selection (``visibility``), later ones with the decode kernel
-over their selected cells ("virtual sessions", ``AttentionCuda.run_virtual``). Pools or indexer
-shapes the kernels do not cover go to the torch version.
+with one fp32 matmul (cuBLAS; in query groups bounding the score matrix), sums the heads' relus
+and selects with kernels (``qsa_prefill.py``), then attends: queries before QSA_FLASH_MAX_POS
+with the flash prefill kernel over all earlier positions masked to their selection
+(``visibility_kernel``), later ones with the decode kernel over their selected cells ("virtual
+sessions", ``AttentionCuda.run_virtual``). Pools or indexer shapes the kernels do not cover go to
+the torch version.
 """
 
 from __future__ import annotations
@@ -18,16 +19,15 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from mgserve.core.reference import rowwise
 from mgserve.cuda.checks import as_i32, check_index, on_device
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.attention import check_q
 from mgserve.cuda.ops.attention_cuda import AttentionCuda
-from mgserve.cuda.ops.attention_prefill import cdiv, visibility
+from mgserve.cuda.ops.attention_prefill import cdiv, visibility_kernel
 from mgserve.cuda.ops.kv import check_kv, check_span
 from mgserve.cuda.ops.qsa import QsaTorch, check_qsa, check_select
+from mgserve.cuda.ops.qsa_prefill import prefill_select
 from mgserve.cuda.pools import KVLayer
 
 UTIL_SOURCE = "attention_util.cu"
@@ -43,7 +43,6 @@ QSA_PREFILL_MIN_CHUNK = 1088  # QSA prefill: a selection's ~2k cells in two chun
 # ~top * ratio cells. A function of the position alone (batch invariance); the break-even is an
 # estimate (~8k positions at qwen4exp's 2048-cell budget), to be measured.
 QSA_FLASH_MAX_POS = 8192
-QSA_SCORE_GROUP = 64  # queries per QSA prefill score product: one shape for every product
 
 
 class QsaCuda:
@@ -133,40 +132,6 @@ class QsaCuda:
         sync, graph-capturable)."""
         scores = self.scores(iq, blocks, slots, lengths, n_cols, ratio, top)
         return self.select(scores, lengths, n_cols, ratio, top)
-
-    def _prefill_select(
-        self,
-        iq: torch.Tensor,  # [T, H_idx, D_idx]
-        blocks: torch.Tensor,  # [n_slots, n_ctx / ratio, D_idx]
-        slot: int,
-        lengths: torch.Tensor,  # [T] int32: query j at lengths[j] - 1
-        n_blk: int,  # blocks complete by the last query
-        ratio: int,
-        top: int,
-    ) -> torch.Tensor:  # [T, top] int32
-        """QSA prefill selection: every query of the chunk scored against the complete blocks by
-        one fp32 matmul per group of QSA_SCORE_GROUP queries (cuBLAS reuses each block key
-        across queries), then qsa_select per group. The last group is zero-padded to the full
-        size, so every product has one shape and a query's scores do not depend on how many
-        queries share its span (cuBLAS picks its algorithm by shape); the heads are summed in
-        order. Scores of blocks a query cannot see yet are computed but never read (the kernel
-        reads blocks < lengths / ratio only)."""
-        t, n_hi, di = iq.shape
-        stride = cdiv(n_blk, 4) * 4
-        bl = blocks[slot, : min(stride, blocks.shape[1])]  # [<= stride, D_idx]
-        if bl.shape[0] < stride:
-            bl = F.pad(bl, (0, 0, 0, stride - bl.shape[0]))
-        blt = bl.t()  # [D_idx, stride]
-        sel = torch.empty((t, top), dtype=torch.int32, device=self.device)
-        group = QSA_SCORE_GROUP
-        for c0 in range(0, t, group):
-            c1 = min(t, c0 + group)
-            part = F.pad(iq[c0:c1], (0, 0, 0, 0, 0, group - (c1 - c0)))  # the last one padded
-            s = torch.matmul(part.reshape(-1, di), blt)  # [group * H_idx, stride]
-            scores = rowwise.sum_in_order(s.view(group, n_hi, stride).relu_(), 1)[: c1 - c0]
-            scores.div_(math.sqrt(di))
-            self.select(scores, lengths[c0:c1], n_blk, ratio, top, out=sel[c0:c1])
-        return sel
 
     def _covers(
         self, q: torch.Tensor, iq: torch.Tensor, k: KVLayer, v: KVLayer, blocks: torch.Tensor
@@ -263,12 +228,16 @@ class QsaCuda:
         qc, sel = q.contiguous(), None
         if n_blk > top:  # otherwise every query of the chunk is dense
             lengths = torch.arange(start + 1, end + 1, dtype=torch.int32, device=self.device)
-            sel = self._prefill_select(iq, blocks, slot, lengths, n_blk, ratio, top)
+            sel = prefill_select(self, iq, blocks, slot, lengths, n_blk, ratio, top)
         limit = QSA_FLASH_MAX_POS if self.attention.flash_prefill else 0
         split = min(t, max(0, limit - start))  # queries 0 .. split - 1 on attn_prefill
         outs = []
         if split:
-            vis = None if sel is None else visibility(sel[:split], start, ratio, top)
+            vis = (
+                None
+                if sel is None
+                else visibility_kernel(self.kernels, sel[:split], start, ratio, top)
+            )
             outs.append(
                 self.attention.flash.run(qc[:split], k, v, slot, start, scale=scale, vis=vis)
             )
