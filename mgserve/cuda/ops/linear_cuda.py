@@ -42,7 +42,7 @@ from mgserve.cuda.ops.linear_tuning import (
     Q8Activations,
     q8_rows,
 )
-from mgserve.cuda.ops.qgemm import QGemm, f16_rows
+from mgserve.cuda.ops.qgemm import F16Rows, QGemm
 from mgserve.cuda.ops.rowpath import RowPath
 from mgserve.cuda.weights import QuantWeight
 
@@ -85,6 +85,7 @@ class LinearCuda:
         self.qgemm = QGemm(kernels)
         self.hgemm = HGemm(kernels, hgemm)  # prompts of >= hgemm.tuning.min_rows rows
         self._scratch: dict[int, torch.Tensor] = {}  # f16, per torch stream handle
+        self._x16 = F16Rows()  # a prompt activation converted once for every GEMM reading it
 
     # -- decode kernels ------------------------------------------------------------------------
 
@@ -277,7 +278,7 @@ class LinearCuda:
         invariant = not self.cublas_prefill  # qgemm.cu, or its W decoded once and hgemm.cu
         if invariant and n < self.hgemm.tuning.min_rows:
             return self.qgemm.matmul(x, w)
-        x16 = f16_rows(x)  # [N, k]
+        x16 = self._x16(x)  # [N, k]
         tile = max(1, min(rows, SCRATCH_BYTES // (2 * k)))  # rows per f16 tile
         buf = self.scratch(tile * k)
         if tile == rows and not invariant:  # cuBLAS' usual case: one tile, written directly

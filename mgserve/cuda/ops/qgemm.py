@@ -17,6 +17,7 @@ any M and any ``QGemmTuning`` (fixed k order, no split-K, masked edges).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -119,6 +120,25 @@ def f16_rows(x: torch.Tensor) -> torch.Tensor:
     operand of qgemm.cu and hgemm.cu (cp.async copies 16-byte pieces of each row)."""
     x16 = x.to(torch.float16).contiguous()  # [M, k]
     return x16.clone() if x16.data_ptr() % 16 else x16
+
+
+class F16Rows:
+    """``f16_rows`` remembering its last input, per thread: the prompt GEMMs that read one
+    activation (q, k, v and the indexer's projections of one normed input; DeltaNet's qkv and
+    z; the router and the shared expert's gate and up) convert it once instead of once each.
+    A hit needs the same tensor object, unchanged since (its version counter); the entry holds
+    both tensors until the thread's next conversion."""
+
+    def __init__(self) -> None:
+        self._last = threading.local()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        last = getattr(self._last, "entry", None)
+        if last is not None and last[0] is x and last[1] == x._version:
+            return last[2]  # type: ignore[no-any-return]
+        x16 = f16_rows(x)
+        self._last.entry = (x, x._version, x16)
+        return x16
 
 
 def grouped_tiles(n_pairs: int, n_expert: int, bm: int) -> int:
