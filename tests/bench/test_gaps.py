@@ -3,6 +3,7 @@ the Python frame that launched the operation ending it and to a host wait overla
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from mgserve.bench.model.gaps import gaps_table, summarize
@@ -101,3 +102,50 @@ def test_frames_of_a_real_profiler_trace_are_found(tmp_path: Any) -> None:
     ]
     rows = [r for r in summarize(events, "a call", 1.0) if r.startswith("| `")]
     assert rows == ["| `bench/model/gaps.py: _short` | 1 | 0.140 |"]
+
+
+def test_gaps_by_op_family_ranges() -> None:
+    """With labels, the innermost range of those names around a launch is the cause; launches
+    outside every range say so; Python frames are not used."""
+    trace = [e for e in _trace() if e["cat"] != "python_function"] + [
+        _x("user_annotation", "moe.prefill", 40, 520),
+        _x("user_annotation", "linear.matmul", 455, 20),  # nested in moe.prefill: innermost
+        _x("user_annotation", "norm.rms", 600, 5),  # ends before the launch at 612
+    ]
+    lines = summarize(trace, "a step", 2.0, {"moe.prefill", "linear.matmul", "norm.rms"})
+    assert lines[0].endswith("profiled with op-family ranges)")
+    rows = [line for line in lines if line.startswith("| `")]
+    assert rows == [
+        "| `linear.matmul; cudaStreamSynchronize` | 1 | 0.300 |",
+        "| `(outside the op families)` | 1 | 0.050 |",
+    ]
+
+
+def test_annotated_ranges_every_family_method_and_restores_them(tmp_path: Path) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from mgserve.bench.model.gaps import annotated
+    from mgserve.core.engine.contract import SamplingParams, ScheduledBatch, SeqWork
+    from mgserve.core.gguf.reader import GGUFFile
+    from mgserve.cuda.backend import load_device_model, torch_backend
+    from mgserve.cuda.runner import DeviceRunner
+    from tests.cuda.test_device_models import _export
+
+    ops = torch_backend()
+    cpu = torch.device("cpu")
+    model = load_device_model(GGUFFile(_export("qwen3", tmp_path)), ops, cpu, 1, 64)
+    runner = DeviceRunner(model, cpu, graphs=False)
+    work = SeqWork(slot=0, request_id="r", tokens=(5, 6, 7), start=0, sample=True,
+                   sampling=SamplingParams(temperature=0.0), new_sequence=True)  # fmt: skip
+    labels: set[str] = set()
+    matmul = type(ops.linear).matmul
+    with annotated(ops, labels), profile(activities=[ProfilerActivity.CPU]) as p:
+        assert ops.linear.matmul is not matmul  # the instance's wrapper
+        runner.run(ScheduledBatch(1, (work,)))
+    names = {e.name for e in p.events()}
+    assert {"linear.matmul", "attention.prefill", "norm.rms"} <= labels
+    assert {"linear.matmul", "norm.rms"} <= names & labels  # the ranges ran
+    assert "dense" not in {label.split(".")[0] for label in labels}
+    assert "matmul" not in vars(ops.linear)  # restored: the class's method again
+    assert annotated(None, set()) is not None  # nothing to wrap: a no-op context

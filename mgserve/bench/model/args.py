@@ -40,7 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gaps",
         action="store_true",
         help="where the GPU waits for the host in one prompt chunk and one eager decode step: "
-        "its idle gaps summed by the Python frame that launched the work after each",
+        "its idle gaps summed by what launched the work after each (--gaps-by)",
+    )
+    parser.add_argument(
+        "--gaps-by",
+        choices=("family", "frame"),
+        default="family",
+        help="--gaps: by op family method (record_function ranges, host speed kept) or by "
+        "Python frame (profiled with Python stacks, which slow the host several times over)",
     )
     parser.add_argument(
         "--json",

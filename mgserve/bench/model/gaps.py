@@ -1,7 +1,15 @@
 """Where the GPU waits for the host: the idle gaps between one piece of work's GPU operations
-(``bench model --gaps``), each put down to the Python frame that launched the operation after it.
+(``bench model --gaps``), each put down to the op family method (``--gaps-by family``, the
+default) or the Python frame (``--gaps-by frame``) that launched the operation after it.
 
-The work runs once under torch.profiler with Python call stacks; the chrome trace it writes has
+Python call stacks make the profiler trace every Python call, which slows the host several times
+over (an eager decode step: 151 ms under them against 7 ms without), so every gap grows and the
+table says where the host is slow under tracing, not where it is slow. By family, the work runs
+without stacks and each public method of the backend's op families (``annotated``) opens a
+``record_function`` range named ``family.method``: a few hundred ranges a step instead of every
+Python call; the innermost range around a launch names its family.
+
+The work runs once under torch.profiler; the chrome trace it writes has
 every kernel, copy and memset on the GPU's timeline, the runtime or driver call that queued each
 (linked by a correlation id), and the Python calls on the host's. A gap is a stretch of at least
 ``MIN_GAP_US`` in which no GPU operation runs. The operation that ends it was queued by a call on
@@ -17,11 +25,14 @@ places to look at first.
 from __future__ import annotations
 
 import bisect
+import dataclasses
+import inspect
 import json
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 MIN_GAP_US = 20.0
@@ -30,14 +41,18 @@ WAITS = ("Synchronize", "HostAlloc", "MallocHost", "cudaMalloc")
 COPIES = ("cudaMemcpy", "cuMemcpy")  # waits unless Async from pinned memory (module docstring)
 
 
-def gaps_table(sync: Callable[[], None], work: Callable[[], Any], what: str) -> list[str]:
+def gaps_table(
+    sync: Callable[[], None], work: Callable[[], Any], what: str, backend: Any = None
+) -> list[str]:
     """Runs ``work`` once under torch.profiler and returns table lines: the GPU's idle time and
-    its gaps summed by the frame that launched the operation ending each (``sync`` waits for the
-    GPU)."""
+    its gaps summed by what launched the operation ending each (``sync`` waits for the GPU): the
+    op family method of ``backend`` if given, else the Python frame."""
     from torch.profiler import ProfilerActivity, profile
 
     sync()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as p:
+    labels: set[str] = set()
+    acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with annotated(backend, labels), profile(activities=acts, with_stack=backend is None) as p:
         t0 = time.perf_counter()
         work()
         sync()
@@ -50,11 +65,53 @@ def gaps_table(sync: Callable[[], None], work: Callable[[], Any], what: str) -> 
             events = json.load(f)["traceEvents"]
     finally:
         os.unlink(path)
-    return summarize(events, what, wall)
+    return summarize(events, what, wall, labels or None)
 
 
-def summarize(events: list[dict[str, Any]], what: str, wall_ms: float) -> list[str]:
-    """The table of ``gaps_table`` from a chrome trace's events."""
+@contextmanager
+def annotated(backend: Any, labels: set[str]) -> Iterator[None]:
+    """Every public method of ``backend``'s op families (its dataclass fields but the weights,
+    the kernels and the row path) runs inside ``record_function("family.method")`` until exit;
+    the names go into ``labels``. None: nothing is wrapped."""
+    from torch.profiler import record_function
+
+    patched: list[tuple[Any, str]] = []
+    fields = [] if backend is None else [f.name for f in dataclasses.fields(backend)]
+    for fam_name in (f for f in fields if f not in ("dense", "kernels", "path")):
+        fam = getattr(backend, fam_name)
+        own = getattr(fam, "__dict__", None)
+        if own is None:  # __slots__: nothing can be set on it
+            continue
+        for name, _ in inspect.getmembers(type(fam), inspect.isfunction):
+            if name.startswith("_") or name in own:
+                continue
+            label = f"{fam_name}.{name}"
+            setattr(fam, name, _ranged(getattr(fam, name), label, record_function))
+            patched.append((fam, name))
+            labels.add(label)
+    try:
+        yield
+    finally:
+        for fam, name in patched:
+            delattr(fam, name)
+
+
+def _ranged(f: Callable[..., Any], label: str, record_function: Any) -> Callable[..., Any]:
+    """``f`` run inside a profiler range named ``label``."""
+
+    def ranged(*a: Any, **k: Any) -> Any:
+        with record_function(label):
+            return f(*a, **k)
+
+    return ranged
+
+
+def summarize(
+    events: list[dict[str, Any]], what: str, wall_ms: float, labels: set[str] | None = None
+) -> list[str]:
+    """The table of ``gaps_table`` from a chrome trace's events: gaps put down to the innermost
+    range named in ``labels`` around each launch, or without labels to the innermost mgserve
+    Python frame."""
     spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
     gpu = sorted((e for e in spans if e.get("cat") in GPU_CATS), key=lambda e: e["ts"])
     if not gpu:
@@ -69,7 +126,12 @@ def summarize(events: list[dict[str, Any]], what: str, wall_ms: float) -> list[s
     frames: dict[Any, list[dict[str, Any]]] = {}  # tid -> mgserve python frames by start
     waits: dict[Any, list[dict[str, Any]]] = {}  # tid -> synchronising calls by start
     for e in spans:
-        if e.get("cat") == "python_function" and "mgserve" in e["name"]:
+        ours = (
+            e["name"] in labels
+            if labels
+            else (e.get("cat") == "python_function" and "mgserve" in e["name"])
+        )
+        if ours:
             frames.setdefault(e["tid"], []).append(e)
         elif e.get("cat") in ("cuda_runtime", "cuda_driver") and _waits(e, pageable):
             waits.setdefault(e["tid"], []).append(e)
@@ -85,7 +147,7 @@ def summarize(events: list[dict[str, Any]], what: str, wall_ms: float) -> list[s
         if gap >= MIN_GAP_US:
             n_gaps += 1
             idle += gap
-            key = _cause(op, launches, frames, starts, waits, busy_end)
+            key = _cause(op, launches, frames, starts, waits, busy_end, bool(labels))
             tot = by_frame.setdefault(key, [0.0, 0])
             tot[0] += gap
             tot[1] += 1
@@ -94,9 +156,10 @@ def summarize(events: list[dict[str, Any]], what: str, wall_ms: float) -> list[s
     lines = [
         f"GPU idle gaps of {what} (>= {MIN_GAP_US:.0f} us): {idle / 1e3:.2f} ms in {n_gaps} "
         f"gaps of {span:.2f} ms from its first GPU operation to its last ({wall_ms:.2f} ms wall, "
-        "profiled with Python stacks)",
+        f"profiled {'with op-family ranges' if labels else 'with Python stacks'})",
         "",
-        "| launched from (innermost mgserve frame; a host wait in the gap) | gaps | ms |",
+        f"| launched from ({'innermost op family method' if labels else 'innermost mgserve frame'}"
+        "; a host wait in the gap) | gaps | ms |",
         "| --- | --- | --- |",
     ]
     for key, (us, n) in sorted(by_frame.items(), key=lambda kv: -kv[1][0])[:20]:
@@ -114,19 +177,20 @@ def _waits(call: dict[str, Any], pageable: set[Any]) -> bool:
 
 def _cause(op: dict[str, Any], launches: dict[Any, dict[str, Any]],
            frames: dict[Any, list[dict[str, Any]]], starts: dict[Any, list[float]],
-           waits: dict[Any, list[dict[str, Any]]], gap_start: float) -> str:  # fmt: skip
-    """The innermost mgserve frame around the call that queued ``op``, and the longest host
-    wait on that thread overlapping the gap before ``op``."""
+           waits: dict[Any, list[dict[str, Any]]], gap_start: float,
+           ranges: bool = False) -> str:  # fmt: skip
+    """The innermost mgserve frame (or op family range) around the call that queued ``op``, and
+    the longest host wait on that thread overlapping the gap before ``op``."""
     call = launches.get(op.get("args", {}).get("correlation"))
     if call is None:
         return "(no launch found)"
     tid, ts = call["tid"], call["ts"]
-    where = "(no mgserve frame)"
+    where = "(outside the op families)" if ranges else "(no mgserve frame)"
     fr, st = frames.get(tid, []), starts.get(tid, [])
     i = bisect.bisect_right(st, ts)
     for e in reversed(fr[max(0, i - 4000) : i]):  # the latest-starting frame that encloses it
         if e["ts"] + e["dur"] >= ts:
-            where = _short(e["name"])
+            where = e["name"] if ranges else _short(e["name"])
             break
     longest = None
     ws = waits.get(tid, [])

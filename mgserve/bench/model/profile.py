@@ -83,12 +83,17 @@ def profile_prefill(b: ModelBench, n: int, depth: int) -> list[str]:
 
 def gaps_decode(b: ModelBench, depth: int) -> list[str]:
     """Where the GPU waits for the host in one eager decode step at ``depth`` (gaps.py)."""
-    return gaps_table(b.sync, *_decode_work(b, depth, 1))
+    return gaps_table(b.sync, *_decode_work(b, depth, 1), backend=_families(b))
 
 
 def gaps_prefill(b: ModelBench, n: int, depth: int) -> list[str]:
     """Where the GPU waits for the host in one prefill step of ``n`` tokens (gaps.py)."""
-    return gaps_table(b.sync, *_prefill_work(b, n, depth))
+    return gaps_table(b.sync, *_prefill_work(b, n, depth), backend=_families(b))
+
+
+def _families(b: ModelBench) -> Any:
+    """The backend whose op families ``--gaps-by family`` annotates (None: Python frames)."""
+    return b.ops if b.args.gaps_by == "family" else None
 
 
 def _kernel_table(b: ModelBench, work: Any, what: str) -> list[str]:
