@@ -76,7 +76,7 @@ def test_prefill_repeat_gives_the_median_and_the_range(tmp_path: Path) -> None:
 
 
 def test_paired_rounds_time_every_runner_side_by_side(tmp_path: Path) -> None:
-    from mgserve.bench.model.paired import run_paired
+    from mgserve.bench.model.paired import run_paired, stage_variants
     from tests.cuda.test_device_models import _export
 
     bench = _bench(_export("qwen3", tmp_path), "1,2")
@@ -84,7 +84,8 @@ def test_paired_rounds_time_every_runner_side_by_side(tmp_path: Path) -> None:
     args.prefill, args.decode, args.multi_decode, args.decode_steps = "16@0", "8", "2@8", 2
     args.paired = 2
     rows: list[tuple[str, float, str]] = []
-    run_paired(bench, args, [(1, 1), (2, 1)], lambda name, tps, note, **_: rows.append(
+    variants = stage_variants(bench, [(1, 1), (2, 1)])
+    run_paired(bench, args, variants, lambda name, tps, note, **_: rows.append(
         (name, tps, note)))  # fmt: skip
     names = [r[0] for r in rows]
     assert names == [
@@ -99,12 +100,48 @@ def test_paired_rounds_time_every_runner_side_by_side(tmp_path: Path) -> None:
         lo, hi = (float(x) for x in note.split(";")[0].removeprefix("median of 2: ").split(" to "))
         assert 0 < lo <= tps <= hi
         assert ("against 1 virtual stages in the same round" in note) == ("(2 virtual" in name)
-    # both runners were kept: the same objects come back, each on its own model
+    # both runners were kept: the same objects come back, each on its own model; the first
+    # is current after the rounds
+    one = bench.runner
+    bench.switch(2)
     two = bench.runner
     bench.switch(1)
-    one = bench.runner
+    assert bench.runner is one
     assert isinstance(two.model, StagedLM) and not isinstance(one.model, StagedLM)
     bench.switch(2)
     assert bench.runner is two and _tokens(bench) == (bench.switch(1) or _tokens(bench))
     with pytest.raises(ValueError, match="--paired needs two or more"):
-        run_paired(bench, args, [(1, 1)], lambda *a, **k: None)
+        stage_variants(bench, [(1, 1)])
+
+
+def test_paired_rounds_time_a_switch_on_and_off(tmp_path: Path) -> None:
+    from mgserve.bench.model.paired import run_paired, toggle_variants
+    from tests.cuda.test_device_models import _export
+
+    bench = _bench(_export("qwen3", tmp_path), 1)
+    args = bench.args
+    args.prefill, args.decode, args.multi_decode, args.decode_steps = "16@0", "", "", 2
+    args.paired = 3
+    fam = bench.ops.linear
+    fam.probe = True  # type: ignore[attr-defined]  # a switch the family reads nowhere
+    seen: list[bool] = []
+    prefill = bench.prefill
+
+    def spy(*a, **k):  # type: ignore[no-untyped-def]
+        seen.append(fam.probe)  # type: ignore[attr-defined]
+        return prefill(*a, **k)
+
+    bench.prefill = spy  # type: ignore[method-assign]
+    rows: list[tuple[str, str]] = []
+    run_paired(bench, args, toggle_variants(bench, "linear.probe"),
+               lambda name, tps, note, **_: rows.append((name, note)))  # fmt: skip
+    assert seen == [True, False] * 3  # rounds: on, then off
+    assert [r[0] for r in rows] == [
+        "prefill 16 tokens at depth 0 (linear.probe on)",
+        "prefill 16 tokens at depth 0 (linear.probe off)",
+    ]
+    assert "against linear.probe on in the same round" in rows[1][1]
+    assert fam.probe is True  # type: ignore[attr-defined]  # left on
+    for bad in ("linear.nothing", "nofamily.x", "linear.matmul"):
+        with pytest.raises(ValueError, match="not a boolean switch"):
+            toggle_variants(bench, bad)

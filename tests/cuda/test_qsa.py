@@ -182,6 +182,9 @@ def test_qsa_prefill(
     monkeypatch.setattr(attention_prefill, "VIS_ELEMS", 5 * (start + t + 32))
     again = cuda_ops.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw)
     assert torch.equal(again, got), "QSA prefill in groups of 7 / 11 / 5 queries differs"
+    monkeypatch.setattr(cuda_ops.qsa, "prefill_kernels", False)  # the torch ops (bench --toggle)
+    torch_ops_path = cuda_ops.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw)
+    assert torch.equal(torch_ops_path, got), "the head sum / visibility kernels change the output"
 
 
 def test_qsa_prefill_invariance(cuda_ops) -> None:

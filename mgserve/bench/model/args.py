@@ -23,6 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--decode and --multi-decode workload in N rounds, once per runner in each round; rows "
         "give each runner's median and its ratio to the first runner in the same round",
     )
+    parser.add_argument(
+        "--toggle",
+        default="",
+        help="with --paired: an op family's boolean switch (qsa.prefill_kernels, "
+        "deltanet.prefill_kernels, attention.flash_prefill, ...) timed on and off in rounds",
+    )
     parser.add_argument("--long-prefill", type=int, default=0, help="one prompt of N tokens")
     parser.add_argument("--multi-prefill", default="", help="S@N: S sessions of N-token prompts")
     parser.add_argument(

@@ -1,9 +1,11 @@
-"""``mgserve bench model --virtual-stages 1,6 --paired R``: the pipeline machinery's overhead
-measured side by side. Every stage count's runner is built once and kept (they share the
-model's weights and pools); each workload then runs R rounds, and in each round once on every
-runner in turn. A row gives the median of a runner's R runs and, for each runner after the
-first, the median and range of its ratio to the first runner *in the same round*, so drift in
-the card's clocks or the host between rounds cancels out of the comparison."""
+"""``mgserve bench model --paired R``: two or more variants of one loaded model measured side by
+side. The variants are either stage counts (``--virtual-stages 1,6``: every count's runner is
+built once and kept; they share the model's weights and pools) or an op family's switch on and
+off (``--toggle qsa.prefill_kernels``: a boolean attribute of ``ModelBench.ops``). Each
+workload runs R rounds, and in each round once on every variant in turn. A row gives the median
+of a variant's R runs and, for each variant after the first, the median and range of its ratio
+to the first variant *in the same round*, so drift in the card's clocks or the host between
+rounds cancels out of the comparison."""
 
 from __future__ import annotations
 
@@ -16,45 +18,62 @@ from mgserve.bench.model.args import depths, pairs
 from mgserve.bench.model.harness import ModelBench
 
 Row = Callable[..., None]
+Variant = tuple[str, Callable[[], None]]  # (label, make it the current one)
 
 
-def build_runners(b: ModelBench, counts: list[tuple[int, int]]) -> None:
+def stage_variants(b: ModelBench, counts: list[tuple[int, int]]) -> list[Variant]:
     """One kept runner per (stages, micro-batches), warmed up."""
     if len(set(counts)) != len(counts) or len(counts) < 2:
         raise ValueError("--paired needs two or more different --virtual-stages, e.g. 1,6")
     for n, micro in counts:
         if (n, micro) != (b.n_stages, b.micro):
             b.use_stages(n, micro, keep=True)
+    return [(label(c), lambda c=c: b.switch(*c)) for c in counts]  # type: ignore[misc]
 
 
-def run_paired(b: ModelBench, args: argparse.Namespace, counts: list[tuple[int, int]],
+def toggle_variants(b: ModelBench, name: str) -> list[Variant]:
+    """``family.attribute`` of the bench's backend on, then off (it must be a bool)."""
+    fam_name, _, attr = name.partition(".")
+    fam = getattr(b.ops, fam_name, None)
+    if fam is None or not isinstance(getattr(fam, attr, None), bool):
+        raise ValueError(
+            f"--toggle {name!r}: not a boolean switch of an op family (e.g. "
+            "qsa.prefill_kernels, deltanet.prefill_kernels, attention.flash_prefill)"
+        )
+    return [
+        (f"{name} {word}", lambda on=on: setattr(fam, attr, on))  # type: ignore[misc]
+        for word, on in (("on", True), ("off", False))
+    ]
+
+
+def run_paired(b: ModelBench, args: argparse.Namespace, variants: list[Variant],
                row: Row) -> None:  # fmt: skip
-    """Every workload of ``args`` in ``args.paired`` rounds over the runners of ``counts``."""
+    """Every workload of ``args`` in ``args.paired`` rounds over ``variants``."""
     rounds = args.paired
     if rounds < 1:
         raise ValueError(f"--paired must be at least 1 round, got {rounds}")
-    build_runners(b, counts)
+    first = variants[0][0]
 
     def measure(name: str, once: Callable[[], tuple[float, str]], **what: object) -> None:
-        rates: dict[tuple[int, int], list[float]] = {c: [] for c in counts}
-        notes: dict[tuple[int, int], str] = {}
+        rates: dict[str, list[float]] = {v: [] for v, _ in variants}
+        notes: dict[str, str] = {}
         for _ in range(rounds):
-            for c in counts:
-                b.switch(*c)
-                tps, notes[c] = once()
-                rates[c].append(tps)
-        for c in counts:
-            b.switch(*c)
-            r = rates[c]
+            for v, use in variants:
+                use()
+                tps, notes[v] = once()
+                rates[v].append(tps)
+        for v, _ in variants:
+            r = rates[v]
             note = f"median of {rounds}: {min(r):.1f} to {max(r):.1f}"
-            if c != counts[0]:
-                ratio = [x / y - 1 for x, y in zip(r, rates[counts[0]], strict=True)]
-                note += (f"; against {label(counts[0])} in the same round "
+            if v != first:
+                ratio = [x / y - 1 for x, y in zip(r, rates[first], strict=True)]
+                note += (f"; against {first} in the same round "
                          f"{100 * statistics.median(ratio):+.1f}% "
                          f"({100 * min(ratio):+.1f}% to {100 * max(ratio):+.1f}%)")  # fmt: skip
-            elif notes[c]:
-                note += f"; {notes[c]}"
-            row(f"{name} ({label(c)})", statistics.median(r), note, **what)
+            elif notes[v]:
+                note += f"; {notes[v]}"
+            row(f"{name} ({v})", statistics.median(r), note, **what)
+        variants[0][1]()  # the first variant current again
 
     for n, depth in pairs(args.prefill):
         measure(f"prefill {n} tokens at depth {depth}",

@@ -58,15 +58,20 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(head), flush=True)
     counts = stage_counts(args)
     if args.paired:
-        from mgserve.bench.model.paired import run_paired
+        from mgserve.bench.model.paired import run_paired, stage_variants, toggle_variants
 
         at = ""
-        run_paired(b, args, counts, row)
+        if args.toggle and len(counts) > 1:
+            raise ValueError("--paired compares stage counts or a --toggle, not both at once")
+        variants = toggle_variants(b, args.toggle) if args.toggle else stage_variants(b, counts)
+        run_paired(b, args, variants, row)
         for n_stages, micro in counts[1:]:
             b.switch(n_stages, micro)
             lines.append(stage_figures(b.runner.model))
             print(lines[-1], flush=True)
         counts = []  # every workload ran in rounds above
+    elif args.toggle:
+        raise ValueError("--toggle needs --paired R (the rounds it is timed in)")
     for n_stages, micro in counts:
         if (n_stages, micro) != (b.n_stages, b.micro):
             b.use_stages(n_stages, micro)

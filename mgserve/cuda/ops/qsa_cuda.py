@@ -24,7 +24,7 @@ from mgserve.cuda.checks import as_i32, check_index, on_device
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.attention import check_q
 from mgserve.cuda.ops.attention_cuda import AttentionCuda
-from mgserve.cuda.ops.attention_prefill import cdiv, visibility_kernel
+from mgserve.cuda.ops.attention_prefill import cdiv, visibility, visibility_kernel
 from mgserve.cuda.ops.kv import check_kv, check_span
 from mgserve.cuda.ops.qsa import QsaTorch, check_qsa, check_select
 from mgserve.cuda.ops.qsa_prefill import prefill_select
@@ -53,6 +53,7 @@ class QsaCuda:
     def __init__(self, kernels: Kernels, fallback: QsaTorch, attention: AttentionCuda) -> None:
         self.kernels, self.fallback, self.attention = kernels, fallback, attention
         self.device = kernels.device
+        self.prefill_kernels = True  # False: the prompt's head sums and visibility in torch ops
 
     # -- kernels ---------------------------------------------------------------------------------
 
@@ -132,6 +133,11 @@ class QsaCuda:
         sync, graph-capturable)."""
         scores = self.scores(iq, blocks, slots, lengths, n_cols, ratio, top)
         return self.select(scores, lengths, n_cols, ratio, top)
+
+    def _visibility(self, sel: torch.Tensor, start: int, ratio: int, top: int) -> torch.Tensor:
+        if self.prefill_kernels:
+            return visibility_kernel(self.kernels, sel, start, ratio, top)
+        return visibility(sel, start, ratio, top)  # the torch ops the kernel replaced
 
     def _covers(
         self, q: torch.Tensor, iq: torch.Tensor, k: KVLayer, v: KVLayer, blocks: torch.Tensor
@@ -233,11 +239,7 @@ class QsaCuda:
         split = min(t, max(0, limit - start))  # queries 0 .. split - 1 on attn_prefill
         outs = []
         if split:
-            vis = (
-                None
-                if sel is None
-                else visibility_kernel(self.kernels, sel[:split], start, ratio, top)
-            )
+            vis = None if sel is None else self._visibility(sel[:split], start, ratio, top)
             outs.append(
                 self.attention.flash.run(qc[:split], k, v, slot, start, scale=scale, vis=vis)
             )

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mgserve.core.reference import rowwise
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.attention_prefill import cdiv
 
@@ -77,6 +78,10 @@ def prefill_select(
         if c1 - c0 < group:  # the last one padded
             part = F.pad(part, (0, 0, 0, 0, 0, group - (c1 - c0)))
         prod = torch.matmul(part.reshape(-1, di), blt)  # [group * H_idx, stride]
-        scores = head_sum(qsa.kernels, prod.view(group, n_hi, stride)[: c1 - c0], norm)
+        prod = prod.view(group, n_hi, stride)[: c1 - c0]
+        if qsa.prefill_kernels:
+            scores = head_sum(qsa.kernels, prod, norm)
+        else:  # the torch ops it replaced (bench model --toggle qsa.prefill_kernels)
+            scores = rowwise.sum_in_order(prod.relu(), 1).div_(norm)
         qsa.select(scores, lengths[c0:c1], n_blk, ratio, top, out=sel[c0:c1])
     return sel
