@@ -13,6 +13,17 @@ def _x(cat: str, name: str, ts: float, dur: float, tid: int = 1, **args: Any) ->
     return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid, "args": args}
 
 
+def _gap_rows(lines: list[str]) -> list[str]:
+    """The gaps table's rows (the operations table follows it)."""
+    end = next((i for i, x in enumerate(lines) if x.startswith("GPU operations of")), len(lines))
+    return [x for x in lines[:end] if x.startswith("| `")]
+
+
+def _op_rows(lines: list[str]) -> list[str]:
+    start = next(i for i, x in enumerate(lines) if x.startswith("GPU operations of"))
+    return [x for x in lines[start:] if x.startswith("| `")]
+
+
 def _trace() -> list[dict[str, Any]]:
     """Three kernels: the second queued by moe_prefill after a stream sync (a 300 us gap), the
     third by a norm launched late with no wait (a 50 us gap); a 10 us gap below the threshold."""
@@ -37,7 +48,7 @@ def _trace() -> list[dict[str, Any]]:
 def test_gaps_are_summed_by_the_launching_frame_and_the_host_wait() -> None:
     lines = summarize(_trace(), "a step", 2.0)
     assert lines[0].startswith("GPU idle gaps of a step (>= 20 us): 0.35 ms in 2 gaps of 0.64 ms")
-    rows = [line for line in lines if line.startswith("| `")]
+    rows = _gap_rows(lines)
     assert rows == [
         "| `cuda/ops/moe_prefill.py: moe_prefill; cudaStreamSynchronize` | 1 | 0.300 |",
         "| `cuda/ops/norm.py: rms_norm` | 1 | 0.050 |",
@@ -73,9 +84,9 @@ def test_a_copy_queued_from_pinned_memory_is_no_host_wait() -> None:
             _x("gpu_memcpy", f"Memcpy HtoD ({source} -> Device)", 150, 5, tid=7, correlation=2),
         ]
 
-    rows = [r for r in summarize(trace("Pinned"), "a step", 1.0) if r.startswith("| `")]
+    rows = [r for r in _gap_rows(summarize(trace("Pinned"), "a step", 1.0))]
     assert rows == ["| `cuda/runner.py: _prefill` | 1 | 0.100 |"]
-    rows = [r for r in summarize(trace("Pageable"), "a step", 1.0) if r.startswith("| `")]
+    rows = [r for r in _gap_rows(summarize(trace("Pageable"), "a step", 1.0))]
     assert rows == ["| `cuda/runner.py: _prefill; cudaMemcpyAsync` | 1 | 0.100 |"]
 
 
@@ -100,7 +111,7 @@ def test_frames_of_a_real_profiler_trace_are_found(tmp_path: Any) -> None:
         _x("cuda_runtime", "cudaLaunchKernel", at, 0, tid=tid, correlation=2),
         _x("kernel", "b", at + 50, 10, tid=7, correlation=2),
     ]
-    rows = [r for r in summarize(events, "a call", 1.0) if r.startswith("| `")]
+    rows = _gap_rows(summarize(events, "a call", 1.0))
     assert rows == ["| `bench/model/gaps.py: _short` | 1 | 0.140 |"]
 
 
@@ -111,13 +122,27 @@ def test_gaps_by_op_family_ranges() -> None:
         _x("user_annotation", "moe.prefill", 40, 520),
         _x("user_annotation", "linear.matmul", 455, 20),  # nested in moe.prefill: innermost
         _x("user_annotation", "norm.rms", 600, 5),  # ends before the launch at 612
+        _x("cuda_runtime", "cudaLaunchKernel", 458, 1, correlation=5),  # in linear.matmul
+        _x(
+            "kernel",
+            "void at::native::vectorized_elementwise_kernel<4>",
+            480,
+            5,
+            tid=7,
+            correlation=5,
+        ),  # runs beside "experts": no gap changes  # fmt: skip
     ]
     lines = summarize(trace, "a step", 2.0, {"moe.prefill", "linear.matmul", "norm.rms"})
     assert lines[0].endswith("profiled with op-family ranges)")
-    rows = [line for line in lines if line.startswith("| `")]
+    rows = _gap_rows(lines)
     assert rows == [
         "| `linear.matmul; cudaStreamSynchronize` | 1 | 0.300 |",
         "| `(outside the op families)` | 1 | 0.050 |",
+    ]
+    assert _op_rows(lines) == [  # by operations: what each family launched, torch's own among them
+        "| `linear.matmul` | 2 | 1 | 0.155 |",
+        "| `(outside the op families)` | 2 | 0 | 0.030 |",
+        "| `moe.prefill` | 1 | 0 | 0.100 |",
     ]
 
 

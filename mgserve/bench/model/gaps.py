@@ -141,6 +141,12 @@ def summarize(
     starts = {tid: [e["ts"] for e in v] for tid, v in frames.items()}
     busy_end, idle = gpu[0]["ts"] + gpu[0]["dur"], 0.0
     by_frame: dict[str, list[float]] = {}  # cause -> [gap us, gaps]
+    ops: dict[str, list[float]] = {}  # launcher -> [operations, GPU us, torch's own kernels]
+    for op in gpu:
+        tot = ops.setdefault(_where(op, launches, frames, starts, bool(labels)), [0, 0.0, 0])
+        tot[0] += 1
+        tot[1] += op["dur"]
+        tot[2] += "at::native" in op["name"] or "at_cuda_detail" in op["name"]
     n_gaps = 0
     for op in gpu[1:]:
         gap = op["ts"] - busy_end
@@ -164,6 +170,15 @@ def summarize(
     ]
     for key, (us, n) in sorted(by_frame.items(), key=lambda kv: -kv[1][0])[:20]:
         lines.append(f"| `{key}` | {n} | {us / 1e3:.3f} |")
+    lines += [
+        "",
+        f"GPU operations of {what} by what launched them ({len(gpu)} in all)",
+        "",
+        "| launched from | operations | of them torch's kernels | GPU ms |",
+        "| --- | --- | --- | --- |",
+    ]
+    for key, (n, us, native) in sorted(ops.items(), key=lambda kv: -kv[1][0])[:20]:
+        lines.append(f"| `{key}` | {n:.0f} | {native:.0f} | {us / 1e3:.3f} |")
     return lines
 
 
@@ -184,14 +199,8 @@ def _cause(op: dict[str, Any], launches: dict[Any, dict[str, Any]],
     call = launches.get(op.get("args", {}).get("correlation"))
     if call is None:
         return "(no launch found)"
-    tid, ts = call["tid"], call["ts"]
-    where = "(outside the op families)" if ranges else "(no mgserve frame)"
-    fr, st = frames.get(tid, []), starts.get(tid, [])
-    i = bisect.bisect_right(st, ts)
-    for e in reversed(fr[max(0, i - 4000) : i]):  # the latest-starting frame that encloses it
-        if e["ts"] + e["dur"] >= ts:
-            where = e["name"] if ranges else _short(e["name"])
-            break
+    tid = call["tid"]
+    where = _where(op, launches, frames, starts, ranges)
     longest = None
     ws = waits.get(tid, [])
     j = bisect.bisect_right(ws, op["ts"], key=lambda w: w["ts"])
@@ -200,6 +209,22 @@ def _cause(op: dict[str, Any], launches: dict[Any, dict[str, Any]],
         if overlap > 0 and (longest is None or overlap > longest[0]):
             longest = (overlap, w["name"])
     return where if longest is None else f"{where}; {longest[1]}"
+
+
+def _where(op: dict[str, Any], launches: dict[Any, dict[str, Any]],
+           frames: dict[Any, list[dict[str, Any]]], starts: dict[Any, list[float]],
+           ranges: bool) -> str:  # fmt: skip
+    """The innermost mgserve frame (or op family range) around the call that queued ``op``."""
+    call = launches.get(op.get("args", {}).get("correlation"))
+    if call is None:
+        return "(no launch found)"
+    tid, ts = call["tid"], call["ts"]
+    fr, st = frames.get(tid, []), starts.get(tid, [])
+    i = bisect.bisect_right(st, ts)
+    for e in reversed(fr[max(0, i - 4000) : i]):  # the latest-starting frame that encloses it
+        if e["ts"] + e["dur"] >= ts:
+            return str(e["name"]) if ranges else _short(e["name"])
+    return "(outside the op families)" if ranges else "(no mgserve frame)"
 
 
 def _short(name: str) -> str:
