@@ -75,8 +75,11 @@ class _Captured:
         )  # fmt: skip
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):  # warm up: kernels compiled, workspaces allocated
-            model.forward(step)
+        # a capture always runs the decode kernels, at any bucket size (ops/rowpath.py), whoever
+        # asks for it: a step inside path.step("decode") or the runner's up-front captures
+        path = model.backend.path
+        with torch.cuda.stream(stream), path.step("decode"):  # warm up: kernels compiled,
+            model.forward(step)  # workspaces allocated
         torch.cuda.current_stream(device).wait_stream(stream)
         self.log: list[Replay] = []
         step.log = self.log if logged else None  # the capture's log: its tensors, every replay's
@@ -84,7 +87,7 @@ class _Captured:
         if ready is not None:  # in flight during the capture
             ready()
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        with torch.cuda.graph(self.graph, pool=pool), path.step("decode"):
             self.logits = model.forward(step)  # [b, V], rewritten by every replay
         self.model = model
         take = getattr(model, "take_graph_io", None)  # a pipeline across processes' hand-offs

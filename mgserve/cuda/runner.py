@@ -233,8 +233,13 @@ class DeviceRunner:
             extra=None if extra is None else to_device(extra, d),  # host rows (PLE)
             window=window,
         )
+        end = getattr(self.model.backend.linear, "end_prompt", None)  # LinearCuda's
         with self.model.backend.path.step("prompt"):  # GEMMs at any size (ops/rowpath.py)
-            return self.model.forward(step)
+            try:
+                return self.model.forward(step)
+            finally:
+                if end is not None:
+                    end()
 
     def _decode(self, work: list[SeqWork], decode: GraphDecode | EagerDecode) -> torch.Tensor:
         """One row per token: a session's own, and its drafts' after it (module docstring)."""

@@ -12,7 +12,7 @@ import torch
 
 from mgserve.cuda.sampling import HostBuffers
 
-LAYERS_AHEAD = 2  # the prefill lane's launches are queued at most this many layers ahead
+LAYERS_AHEAD = 2  # the prefill lane waits after each layer for the end of the one this far back
 
 
 @dataclass
@@ -23,7 +23,7 @@ class Lane:
     host: HostBuffers
     done: torch.cuda.Event | None  # None off the GPU
     ahead: torch.cuda.Event | None = None  # the end of its last step that waited for nothing
-    layers_ahead: int = 0  # > 0: a prompt chunk's launches run at most this many layers ahead
+    layers_ahead: int = 0  # a prompt chunk's LaunchWindow depth (0: no window)
 
     def window(self) -> LaunchWindow | None:
         """A prompt chunk's ``LaunchWindow`` in this lane (None: unbounded)."""
@@ -49,8 +49,9 @@ class Lane:
 
 
 class LaunchWindow:
-    """Keeps a thread's queued GPU work to ``depth`` layers: after each layer's launches,
-    ``mark`` records an event and waits for the one ``depth`` layers back.
+    """Bounds a thread's queued GPU work by layers: after each layer's launches, ``mark``
+    records an event and waits for the one ``depth`` layers back, so at most ``depth + 1``
+    layers are queued (``depth`` after the wait, and the next one's launches).
 
     Why: CUDA queues a bounded number of launches, and the queue is the GPU's, not a stream's.
     The prefill lane's thread launches a prompt chunk (thousands of kernels) far faster than the

@@ -114,34 +114,54 @@ def test_paired_rounds_time_every_runner_side_by_side(tmp_path: Path) -> None:
         stage_variants(bench, [(1, 1)])
 
 
-def test_paired_rounds_time_a_switch_on_and_off(tmp_path: Path) -> None:
+def test_paired_rounds_time_a_switch_on_and_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mgserve.bench.model import paired, workloads
     from mgserve.bench.model.paired import run_paired, toggle_variants
     from tests.cuda.test_device_models import _export
 
     bench = _bench(_export("qwen3", tmp_path), 1)
     args = bench.args
-    args.prefill, args.decode, args.multi_decode, args.decode_steps = "16@0", "", "", 2
-    args.paired = 3
+    args.prefill, args.decode, args.multi_decode, args.paired = "16@0", "", "", 3
     fam = bench.ops.linear
     fam.probe = True  # type: ignore[attr-defined]  # a switch the family reads nowhere
     seen: list[bool] = []
-    prefill = bench.prefill
 
-    def spy(*a, **k):  # type: ignore[no-untyped-def]
+    def scripted(b: object, n: int, depth: int) -> tuple[float, str]:
+        """Rates that drift by round (100, 200, 300) and are 10% lower with the switch off."""
         seen.append(fam.probe)  # type: ignore[attr-defined]
-        return prefill(*a, **k)
+        base = 100.0 * (1 + len(seen[:-1]) // 2)
+        return (base if fam.probe else 0.9 * base), ""  # type: ignore[attr-defined]
 
-    bench.prefill = spy  # type: ignore[method-assign]
-    rows: list[tuple[str, str]] = []
+    monkeypatch.setattr(workloads, "time_prefill", scripted)
+    assert paired.workloads is workloads
+    rows: list[tuple[str, float, str]] = []
     run_paired(bench, args, toggle_variants(bench, "linear.probe"),
-               lambda name, tps, note, **_: rows.append((name, note)))  # fmt: skip
-    assert seen == [True, False] * 3  # rounds: on, then off
-    assert [r[0] for r in rows] == [
-        "prefill 16 tokens at depth 0 (linear.probe on)",
-        "prefill 16 tokens at depth 0 (linear.probe off)",
+               lambda name, tps, note, **_: rows.append((name, tps, note)))  # fmt: skip
+    assert seen == [True, False, False, True, True, False]  # each round starts one further on
+    assert [(r[0], r[1]) for r in rows] == [
+        ("prefill 16 tokens at depth 0 (linear.probe on)", 200.0),
+        ("prefill 16 tokens at depth 0 (linear.probe off)", 180.0),
     ]
-    assert "against linear.probe on in the same round" in rows[1][1]
+    assert rows[1][2].endswith(
+        "against linear.probe on in the same round -10.0% (-10.0% to -10.0%)"
+    )
     assert fam.probe is True  # type: ignore[attr-defined]  # left on
     for bad in ("linear.nothing", "nofamily.x", "linear.matmul"):
         with pytest.raises(ValueError, match="not a boolean switch"):
             toggle_variants(bench, bad)
+
+
+def test_paired_refuses_what_it_does_not_time(tmp_path: Path) -> None:
+    from mgserve.bench.model.paired import paired_report
+    from tests.cuda.test_device_models import _export
+
+    bench = _bench(_export("qwen3", tmp_path), 1)
+    args = bench.args
+    args.paired, args.toggle, args.multi_prefill = 2, "", "2@16"
+    with pytest.raises(ValueError, match="--multi-prefill is not timed in rounds"):
+        paired_report(bench, args, [(1, 1), (2, 1)], lambda *a, **k: None, [])
+    args.multi_prefill, args.toggle = "", "linear.probe"
+    with pytest.raises(ValueError, match="stage counts or a --toggle, not both"):
+        paired_report(bench, args, [(1, 1), (2, 1)], lambda *a, **k: None, [])

@@ -203,3 +203,42 @@ class StackSampler:
         for (n, s), c in counts.most_common(8):
             lines.append(f"  {c} x {n}: " + " <- ".join(s))
         return "\n".join(lines)
+
+
+@pytest.mark.gpu
+def test_gpu_upfront_graphs_run_the_decode_kernels(tmp_path: Path, cuda_ops: Any) -> None:
+    """With lanes every bucket up to the slots is captured when the runner is made, outside any
+    step: those captures must run the decode kernels as a graph captured at its first step does
+    (inside ``path.step("decode")``). They once took the prompt GEMMs for buckets above 8 rows,
+    so a session's bits depended on how many others decoded beside it. A dense model's decode
+    step at the same positions is idempotent, so both runners replay from one state."""
+    from mgserve.core.engine.contract import SamplingParams, ScheduledBatch, SeqWork
+    from mgserve.cuda.backend import load_device_model
+    from mgserve.cuda.graphs import DecodeInputs
+    from mgserve.cuda.runner import DeviceRunner
+    from tests.cuda.test_device_models import _export
+
+    dev = torch.device("cuda", 0)
+    model = load_device_model(GGUFFile(_export("qwen3", tmp_path)), cuda_ops, dev, 11, 256)
+    up = DeviceRunner(model, dev, lanes=True)  # buckets of 1..10 rows captured here
+    lazy = DeviceRunner(model, dev)  # captured at their first step
+    greedy = SamplingParams(temperature=0.0)
+    prompts = tuple(
+        SeqWork(
+            slot=s,
+            request_id=f"r{s}",
+            tokens=(5 + s, 6, 7),
+            start=0,
+            sample=False,
+            sampling=greedy,
+            new_sequence=True,
+        )  # fmt: skip
+        for s in range(9)
+    )
+    lazy.run(ScheduledBatch(1, prompts))
+    inp = DecodeInputs(tokens=[50 + s for s in range(9)], pos=[3] * 9, slots=list(range(9)),
+                       extra=None)  # fmt: skip
+    with model.backend.path.step("decode"):
+        want = lazy.decode(inp).clone()
+    got = up.decode(inp).clone()  # its bucket was captured up front
+    assert up.decode.ready(9) and torch.equal(got, want)

@@ -44,3 +44,11 @@ def test_each_thread_keeps_its_own_entry() -> None:
     t.join()
     assert theirs[0] is not mine and torch.equal(theirs[0], mine)
     assert rows(x) is mine  # the other thread's conversion did not replace this one's
+
+
+def test_clear_forgets_the_entry() -> None:
+    rows = F16Rows()
+    x = torch.randn(4, 8)
+    first = rows(x)
+    rows.clear()  # the end of a prompt step
+    assert rows(x) is not first

@@ -161,7 +161,8 @@ def test_qsa_prefill(
     """Chunks starting mid-block. Queries before QSA_FLASH_MAX_POS run the flash prefill kernel
     over their visibility bits (RTOL_FLASH, test_attention_prefill.py), later ones the decode
     kernel (RTOL); ``flash_prefill`` off: all on the decode kernel. Then the same bits with the
-    scores, the bitmap and the decode-kernel launches split into groups of a few queries."""
+    scores and the decode-kernel launches split into groups of a few queries, and with the torch
+    ops the head-sum and visibility kernels replaced (the bitmap in groups of 5 queries)."""
     monkeypatch.setattr(cuda_ops.attention, "flash_prefill", flash)
     n_ctx, ratio, budget = cfg["n_ctx"], cfg["ratio"], cfg["budget"]
     n_kv, n_head, d = cfg["n_kv"], cfg["n_head"], cfg["d"]
@@ -179,10 +180,10 @@ def test_qsa_prefill(
         close(name + " (decode kernel rows)", got[split:], want[split:])
     monkeypatch.setattr(qsa_prefill, "QSA_SCORE_GROUP", 7)
     monkeypatch.setattr(attention_cuda, "_PREFILL_PART_ELEMS", 11 * n_head * 2 * d)
-    monkeypatch.setattr(attention_prefill, "VIS_ELEMS", 5 * (start + t + 32))
     again = cuda_ops.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw)
-    assert torch.equal(again, got), "QSA prefill in groups of 7 / 11 / 5 queries differs"
+    assert torch.equal(again, got), "QSA prefill in groups of 7 / 11 queries differs"
     monkeypatch.setattr(cuda_ops.qsa, "prefill_kernels", False)  # the torch ops (bench --toggle)
+    monkeypatch.setattr(attention_prefill, "VIS_ELEMS", 5 * (start + t + 32))
     torch_ops_path = cuda_ops.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw)
     assert torch.equal(torch_ops_path, got), "the head sum / visibility kernels change the output"
 

@@ -2,7 +2,9 @@
 side. The variants are either stage counts (``--virtual-stages 1,6``: every count's runner is
 built once and kept; they share the model's weights and pools) or an op family's switch on and
 off (``--toggle qsa.prefill_kernels``: a boolean attribute of ``ModelBench.ops``). Each
-workload runs R rounds, and in each round once on every variant in turn. A row gives the median
+workload runs R rounds, and in each round once on every variant in turn, round r starting at
+variant r mod V (a variant run first in every round would take any first-in-round cost alone:
+caches, clocks, what the workload before left behind). A row gives the median
 of a variant's R runs and, for each variant after the first, the median and range of its ratio
 to the first variant *in the same round*, so drift in the card's clocks or the host between
 rounds cancels out of the comparison."""
@@ -46,6 +48,34 @@ def toggle_variants(b: ModelBench, name: str) -> list[Variant]:
     ]
 
 
+def paired_report(b: ModelBench, args: argparse.Namespace, counts: list[tuple[int, int]],
+                  row: Row, lines: list[str]) -> None:  # fmt: skip
+    """``--paired``: the variants of ``args`` (stage counts or ``--toggle``) in rounds, then each
+    staged runner's stage figures (table lines appended to ``lines``); the first variant is
+    current after."""
+    from mgserve.bench.model.report import stage_figures
+
+    if args.toggle and len(counts) > 1:
+        raise ValueError("--paired compares stage counts or a --toggle, not both at once")
+    left_out = {
+        "--long-prefill": args.long_prefill,
+        "--multi-prefill": args.multi_prefill,
+        "--sampled-prefill": args.sampled_prefill,
+        "--prefill-repeat": args.prefill_repeat != 1,
+    }
+    for flag in (f for f, given in left_out.items() if given):
+        raise ValueError(f"--paired times --prefill, --decode and --multi-decode only: {flag} "
+                         "is not timed in rounds (the rounds are the repeats)")  # fmt: skip
+    variants = toggle_variants(b, args.toggle) if args.toggle else stage_variants(b, counts)
+    run_paired(b, args, variants, row)
+    for n, micro in [] if args.toggle else counts:
+        if n > 1:  # one stage is the plain model: no stage timing
+            b.switch(n, micro)
+            lines.append(stage_figures(b.runner.model, f"{label((n, micro))}: "))
+            print(lines[-1], flush=True)
+    variants[0][1]()
+
+
 def run_paired(b: ModelBench, args: argparse.Namespace, variants: list[Variant],
                row: Row) -> None:  # fmt: skip
     """Every workload of ``args`` in ``args.paired`` rounds over ``variants``."""
@@ -57,22 +87,26 @@ def run_paired(b: ModelBench, args: argparse.Namespace, variants: list[Variant],
     def measure(name: str, once: Callable[[], tuple[float, str]], **what: object) -> None:
         rates: dict[str, list[float]] = {v: [] for v, _ in variants}
         notes: dict[str, str] = {}
-        for _ in range(rounds):
-            for v, use in variants:
+        for i in range(rounds):  # each round starts at the next variant: no order favoured
+            k = i % len(variants)
+            for v, use in variants[k:] + variants[:k]:
                 use()
                 tps, notes[v] = once()
                 rates[v].append(tps)
         for v, _ in variants:
             r = rates[v]
             note = f"median of {rounds}: {min(r):.1f} to {max(r):.1f}"
+            extra: dict[str, object] = {}
             if v != first:
                 ratio = [x / y - 1 for x, y in zip(r, rates[first], strict=True)]
+                extra = {"ratio_median": statistics.median(ratio), "ratio_min": min(ratio),
+                         "ratio_max": max(ratio)}  # fmt: skip
                 note += (f"; against {first} in the same round "
                          f"{100 * statistics.median(ratio):+.1f}% "
                          f"({100 * min(ratio):+.1f}% to {100 * max(ratio):+.1f}%)")  # fmt: skip
             elif notes[v]:
                 note += f"; {notes[v]}"
-            row(f"{name} ({v})", statistics.median(r), note, **what)
+            row(f"{name} ({v})", statistics.median(r), note, **what, **extra)
         variants[0][1]()  # the first variant current again
 
     for n, depth in pairs(args.prefill):

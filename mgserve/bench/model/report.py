@@ -58,18 +58,11 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(head), flush=True)
     counts = stage_counts(args)
     if args.paired:
-        from mgserve.bench.model.paired import run_paired, stage_variants, toggle_variants
+        from mgserve.bench.model.paired import paired_report
 
         at = ""
-        if args.toggle and len(counts) > 1:
-            raise ValueError("--paired compares stage counts or a --toggle, not both at once")
-        variants = toggle_variants(b, args.toggle) if args.toggle else stage_variants(b, counts)
-        run_paired(b, args, variants, row)
-        for n_stages, micro in counts[1:]:
-            b.switch(n_stages, micro)
-            lines.append(stage_figures(b.runner.model))
-            print(lines[-1], flush=True)
-        counts = []  # every workload ran in rounds above
+        paired_report(b, args, counts, row, lines)
+        counts = []  # every workload ran in rounds
     elif args.toggle:
         raise ValueError("--toggle needs --paired R (the rounds it is timed in)")
     for n_stages, micro in counts:
@@ -158,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def stage_figures(staged: object) -> str:
+def stage_figures(staged: object, which: str = "") -> str:
     """A staged model's timing (pipeline/timing.py) over the steps run without a graph: each
     stage's busy fraction of the steps' spans, and each link's hand-off ms per step."""
     t = staged.timing  # type: ignore[attr-defined]
@@ -168,6 +161,6 @@ def stage_figures(staged: object) -> str:
     n = max(t.steps, 1)
     links = ", ".join(f"{s / n * 1e3:.2f}" for s in t.link)
     return (
-        f"|  (stages' busy fraction of eager steps: {busy}, together {overlap:.2f}; hand-off ms "
-        f"per step: {links}; {t.steps} steps) | | |"
+        f"|  ({which}stages' busy fraction of eager steps: {busy}, together {overlap:.2f}; "
+        f"hand-off ms per step: {links}; {t.steps} steps) | | |"
     )

@@ -271,6 +271,9 @@ class LinearCuda:
             return out
         return epilogue(self._prefill(x, w), bias, residual)
 
+    def end_prompt(self) -> None:  # a prompt step is over: its last f16 activation goes
+        self._x16.clear()
+
     def _prefill(self, x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
         n, k, rows = x.shape[0], w.k, w.rows
         if self.prefill_exact:  # fp32 weights and product (tests, debugging: slow, memory-hungry)

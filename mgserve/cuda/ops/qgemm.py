@@ -127,7 +127,8 @@ class F16Rows:
     activation (q, k, v and the indexer's projections of one normed input; DeltaNet's qkv and
     z; the router and the shared expert's gate and up) convert it once instead of once each.
     A hit needs the same tensor object, unchanged since (its version counter); the entry holds
-    both tensors until the thread's next conversion."""
+    both tensors until the thread's next conversion or ``clear`` (DeviceRunner clears it when a
+    prompt step ends)."""
 
     def __init__(self) -> None:
         self._last = threading.local()
@@ -139,6 +140,11 @@ class F16Rows:
         x16 = f16_rows(x)
         self._last.entry = (x, x._version, x16)
         return x16
+
+    def clear(self) -> None:
+        """Forget this thread's entry (the end of a prompt step: its tensors go back to the
+        allocator)."""
+        self._last.entry = None
 
 
 def grouped_tiles(n_pairs: int, n_expert: int, bm: int) -> int:
