@@ -22,8 +22,11 @@
 #                                              (lane warm-up, two pipeline ranks on one GPU
 #                                              through decode graphs, then dist); then owed2
 #                                              (the link throttle at the seed's hops, verify8)
-#   bash tests/cuda/gpu_stages.sh next        what 2026-12-06 left unrun: bench model --gaps, the
-#                                              lane test's host timeline, the plan's allocator
+#   bash tests/cuda/gpu_stages.sh next        what 2026-12-06 05:20 left unrun: up-front decode
+#                                              graphs, the QSA prompt kernels and their torch
+#                                              path, F16Rows (hgemm tests)
+#   bash tests/cuda/gpu_stages.sh next2       --paired rounds: virtual stages 1,2,3,6 (order
+#                                              rotated) and --toggle qsa.prefill_kernels
 # Logs and files land in $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/mgserve-out}; mkdir -p "$OUT"
@@ -120,16 +123,24 @@ case "${1:-tests}" in
   verify8)  # k = 8 verify at depth (split from ``owed`` so each call fits 10 minutes)
     bench verify8 240 verify $Q4X --ctx 262144 --slots 1 --int8 --depths 131072,250000 \
       --drafts 8 --steps 8 --forced "" --record ;;
-  next)  # what 2026-12-06 left unrun (carry .whl and the tiny qwen4exp, gemma3, qwen3): where
-    # the GPU waits for the host in a prompt chunk and a decode step (bench model --gaps), the lane
-    # test with its host timeline on failure, the plan's allocator item against the allocator,
-    # virtual stages bitwise one stage with 5 sessions
-    bench gaps 240 model $Q4X --ctx 65536 --slots 2 --int8 --prefill= --decode 0 \
-      --multi-decode= --decode-steps 8 --gaps --record
-    timeout 300 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfEs -m gpu \
-      tests/cuda/test_device_lanes.py tests/cuda/test_plan.py tests/cuda/test_device_stages.py \
-      > "$OUT/t_next.log" 2>&1
-    echo "== next tests rc=$?"; grep -E "^(FAILED|ERROR|SKIPPED|E )|passed|failed|chunk|planned|host steps" "$OUT/t_next.log" ;;
+  next)  # what the 2026-12-06 05:20 session left unrun (carry .whl and the tiny qwen4exp,
+    # qwen3): the up-front decode graphs on the decode kernels, the QSA prompt path with its torch
+    # ops toggled back, F16Rows under the hgemm tests, then the virtual stages' overhead with the
+    # rounds' order rotated and the QSA kernels on and off side by side (``next2``)
+    timeout 330 python3 -m pytest -q --tb=short -p no:cacheprovider -rfEs -m gpu \
+      tests/cuda/test_device_lanes.py tests/cuda/test_qsa.py tests/cuda/test_qsa_visibility.py \
+      tests/cuda/test_device_models.py tests/cuda/test_batch_invariance.py \
+      -k "upfront or lanes or qsa or visibility or qwen4exp or qwen3" > "$OUT/t_next.log" 2>&1
+    echo "== next tests rc=$?"; grep -E "^(FAILED|ERROR|SKIPPED|E )|passed|failed" "$OUT/t_next.log" | head -30
+    timeout 200 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE tests/cuda/test_qgemm.py \
+      -k "hgemm_bitwise or hgemm_matches or hgemm_direct" > "$OUT/t_hgemm.log" 2>&1
+    echo "== hgemm tests rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/t_hgemm.log" ;;
+  next2)  # side by side in rounds: the pipeline machinery, the QSA prompt kernels
+    bench paired 300 model $Q4X --ctx 65536 --slots 5 --int8 --prefill 4096@0,16384@0 \
+      --decode 0,32768 --multi-decode 5@32768 --decode-steps 32 --virtual-stages 1,2,3,6 \
+      --paired 5 --record
+    bench qsa_toggle 240 model $Q4X --ctx 163840 --slots 1 --int8 --prefill 4096@0,4096@131072 \
+      --decode 0 --multi-decode= --decode-steps 4 --toggle qsa.prefill_kernels --paired 5 --record ;;
   dist)  # two pipeline ranks sharing one GPU (gloo, hand-offs through the host, decode graphs):
     # the serving code's tokens against one process at full width, 8 layers (no speed claim:
     # the ranks share the card)
