@@ -222,7 +222,9 @@ class DeviceRunner:
         sizes = accumulate(len(w.tokens) for w in work)
         ends = [e - 1 for w, e in zip(work, sizes, strict=True) if w.sample]
         # through pinned memory: the host launches on while the GPU ends the step before
-        extra = self.model.step_extra([list(w.tokens) for w in work], [w.slot for w in work])
+        extra = self.model.step_extra(
+            [list(w.tokens) for w in work], [w.slot for w in work], packed=True
+        )  # PLE rows as stored, decoded on the device
         step = Step(
             tokens=to_device(torch.tensor(tokens, dtype=torch.int64), d),
             pos=to_device(torch.tensor(pos, dtype=torch.int32), d),

@@ -119,6 +119,25 @@ def test_gather_rows_equals_full_dequantize(tmp_path: Path, qtype: str) -> None:
     assert ple.advise_random(table)
 
 
+@pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q8_0"])
+def test_packed_rows_unpack_to_the_gathered_rows(tmp_path: Path, qtype: str) -> None:
+    """A prompt chunk's rows as stored (bytes), decoded with torch ops where they are used: the
+    same bits as ``gather_rows``; a type the decoder does not know (BF16 here) is not packed."""
+    t = GGMLQuantizationType[qtype]
+    _write_table(tmp_path / "t.gguf", t, 160, 500)
+    table = GGUFFile(tmp_path / "t.gguf").tensor("table")
+    rows = np.array([[3, 499, 0], [3, 17, 250], [1, 1, 1]])
+    raw = ple.packed_rows(table, rows)
+    if qtype == "BF16":
+        assert raw is None
+        return
+    assert raw is not None and raw.dtype == torch.uint8 and raw.shape[0] == 3
+    row_bytes = {"F32": 640, "F16": 320, "Q8_0": 170}[qtype]
+    assert raw.shape[1] == 3 * row_bytes
+    got = ple.unpack_rows(raw, qtype, 160)
+    assert torch.equal(got, ple.gather_rows(table, rows).flatten(1))
+
+
 def test_check_table_needs_every_head_range(tmp_path: Path, spec: PleSpec) -> None:
     _write_table(tmp_path / "t.gguf", GGMLQuantizationType.F32, spec.head_dim, 1000)
     table = GGUFFile(tmp_path / "t.gguf").tensor("table")

@@ -85,3 +85,34 @@ def test_runner_rejects_the_spare_slot(tmp_path: Path) -> None:
     work = SeqWork(2, "x", (5, 6), 0, True, GREEDY, new_sequence=True)  # slot 2 is the spare
     with pytest.raises(ValueError, match="slot 2 out of range"):
         runner.run(ScheduledBatch(1, (work,)))
+
+
+@pytest.mark.usefixtures("stable_qsa_ties")
+def test_packed_ple_rows_give_the_float_rows_tokens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt chunk's PLE rows travel packed (as the table stores them) and are decoded where
+    the PLE layer runs: every request's tokens are those of the float32 rows."""
+    from mgserve.core.reference import ple
+    from mgserve.cuda.backend import load_device_model, torch_backend
+    from mgserve.cuda.runner import DeviceRunner
+
+    path = _export("qwen4exp", tmp_path / "m.gguf")
+    cpu = torch.device("cpu")
+    packed: list[torch.Tensor] = []
+    pack = ple.packed_rows
+
+    def spy(t, rows):  # type: ignore[no-untyped-def]
+        packed.append(out := pack(t, rows))
+        return out
+
+    def tokens() -> dict[str, list[int]]:
+        model = load_device_model(GGUFFile(path), torch_backend(), cpu, 3, 160)
+        runner = DeviceRunner(model, cpu, graphs=False)
+        return asyncio.run(_serve(Engine(model, SETTINGS, runner=runner), _requests()))
+
+    monkeypatch.setattr(ple, "packed_rows", spy)
+    got = tokens()
+    assert packed and all(p is not None and p.dtype == torch.uint8 for p in packed)
+    monkeypatch.setattr(ple, "packed_rows", lambda t, rows: None)  # float32 rows throughout
+    assert got == tokens()

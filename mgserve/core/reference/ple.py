@@ -116,6 +116,36 @@ def gather_rows(t: TensorInfo, rows: np.ndarray) -> torch.Tensor:
     )
 
 
+# Table types whose rows ``unpack_rows`` decodes with torch ops on any device, bitwise as
+# ``gather_rows``: bytes per block and values per block. A Q8_0 value is an int8 times the block's
+# f16 scale, a product exact in float32 (8 and 11 significant bits).
+PACKED = {"Q8_0": (34, 32), "F16": (2, 1), "F32": (4, 1)}
+
+
+def packed_rows(t: TensorInfo, rows: np.ndarray) -> torch.Tensor | None:
+    """The table rows ``rows`` [N, heads] as stored: uint8 [N, heads * row bytes], a quarter of
+    ``gather_rows``' float32 for Q8_0, decoded where they are used (``unpack_rows``, on the GPU
+    for a prompt chunk); None for a type ``unpack_rows`` does not decode."""
+    if t.type_name not in PACKED:
+        return None
+    raw = np.take(
+        np.asarray(t.data).reshape(t.shape[1], -1).view(np.uint8), rows.reshape(-1), axis=0
+    )
+    return torch.from_numpy(raw).view(rows.shape[0], -1)
+
+
+def unpack_rows(raw: torch.Tensor, type_name: str, head_dim: int) -> torch.Tensor:
+    """float32 [N, heads * head_dim] from ``packed_rows``' bytes, on their device."""
+    block, per = PACKED[type_name]
+    n = raw.shape[0]
+    b = raw.reshape(n, -1, block)
+    if type_name == "Q8_0":
+        scale = b[..., :2].contiguous().view(torch.float16).float()  # [N, blocks, 1]
+        return (b[..., 2:].contiguous().view(torch.int8).float() * scale).view(n, -1)
+    dtype = torch.float16 if type_name == "F16" else torch.float32
+    return b.contiguous().view(dtype).float().view(n, -1)
+
+
 @dataclass
 class PleWeights:  # [out, in] float32
     key: torch.Tensor  # [hc * d, n_heads * head_dim]

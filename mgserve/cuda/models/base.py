@@ -95,7 +95,9 @@ class DeviceLM(Protocol):
         """A new sequence starts at position 0 in ``slot``: reset whatever only goes forward."""
         ...
 
-    def step_extra(self, step_tokens: list[list[int]], slots: list[int]) -> Any:
+    def step_extra(
+        self, step_tokens: list[list[int]], slots: list[int], packed: bool = False
+    ) -> Any:
         """Host-made inputs of a step (e.g. hashed n-gram rows), per span; None if the model
         needs none."""
         ...

@@ -127,7 +127,9 @@ class DenseLM(Staged):
     def begin_sequence(self, slot: int) -> None:
         """Nothing only goes forward in a KV cache: positions are rewritten before they are read."""
 
-    def step_extra(self, step_tokens: list[list[int]], slots: list[int]) -> None:
+    def step_extra(
+        self, step_tokens: list[list[int]], slots: list[int], packed: bool = False
+    ) -> None:
         return None
 
     def host_state(self, slot: int) -> None:

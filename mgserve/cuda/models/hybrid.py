@@ -150,7 +150,9 @@ class HybridLM(Staged):
     def begin_sequence(self, slot: int) -> None:
         self.pools.reset_slot(slot)
 
-    def step_extra(self, step_tokens: list[list[int]], slots: list[int]) -> torch.Tensor | None:
+    def step_extra(
+        self, step_tokens: list[list[int]], slots: list[int], packed: bool = False
+    ) -> torch.Tensor | None:
         return None
 
     def host_state(self, slot: int) -> Any:

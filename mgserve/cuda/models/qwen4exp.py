@@ -89,9 +89,13 @@ class Qwen4ExpLM(HybridLM):
         if state is not None:
             self._ple_tokens[slot] = state.copy()
 
-    def step_extra(self, step_tokens: list[list[int]], slots: list[int]) -> torch.Tensor | None:
+    def step_extra(
+        self, step_tokens: list[list[int]], slots: list[int], packed: bool = False
+    ) -> torch.Tensor | None:
         """The PLE rows of the step's tokens [N, n_heads * head_dim] (host float32), hashed with
-        each slot's token history, which this advances."""
+        each slot's token history, which this advances. ``packed``: the rows as the table stores
+        them where ``ple`` can decode them on the device (``ple_ref.packed_rows``: a prompt
+        chunk's host work and copy shrink to a gather of bytes)."""
         if self.ple_table is None:
             return None
         assert self.qp.ple is not None
@@ -106,8 +110,8 @@ class Qwen4ExpLM(HybridLM):
             seq = np.concatenate((hist, t))
             self._ple_tokens[slot] = seq[seq.size - hist.size :]
         rows = ple_ref.hash_contexts(np.concatenate(contexts, axis=1), p)  # one hash a step
-        emb = ple_ref.gather_rows(self.ple_table, rows)  # [N, heads, dim]
-        return emb.flatten(1)
+        raw = ple_ref.packed_rows(self.ple_table, rows) if packed else None
+        return raw if raw is not None else ple_ref.gather_rows(self.ple_table, rows).flatten(1)
 
     # -- the forward -------------------------------------------------------------------------
 
@@ -216,10 +220,13 @@ class Qwen4ExpLM(HybridLM):
         b, dilation, hist = self.backend, self.qp.ple.ngram, self.pools.ple_conv
         assert hist is not None
         n, hc, d = x.shape
+        emb = step.extra  # [N, n_heads * head_dim] float32, or the packed rows (step_extra)
+        if emb.dtype == torch.uint8:
+            assert self.ple_table is not None
+            emb = ple_ref.unpack_rows(emb, self.ple_table.type_name, self.qp.ple.head_dim)
         gated, conv_in = b.ple.gated(
-            x, step.extra, w.key, w.value, w.norm_key, w.norm_query, w.norm_conv,
-            self.spec.rms_eps,
-        )  # fmt: skip
+            x, emb, w.key, w.value, w.norm_key, w.norm_query, w.norm_conv, self.spec.rms_eps
+        )
         if step.decode:
             conv = partial(b.ple.conv_decode, history=hist, weight=w.conv, dilation=dilation)
             conv_out = conv(conv_in, slots=step.slots, chains=step.chains)
