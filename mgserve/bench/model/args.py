@@ -52,8 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gaps-by",
         choices=("family", "frame"),
         default="family",
-        help="--gaps: by op family method (record_function ranges, host speed kept) or by "
-        "Python frame (profiled with Python stacks, which slow the host several times over)",
+        help="--gaps: by op family method (record_function ranges, close to the host's real "
+        "speed) or by Python frame (profiled with Python stacks, which slow the host)",
     )
     parser.add_argument(
         "--json",
