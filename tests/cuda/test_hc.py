@@ -132,6 +132,25 @@ def test_prompt_chunks_take_gemms(hcc) -> None:
     assert err <= 5e-3 and err_inj <= 5e-3, f"GEMM mix errors {err:.2e}, {err_inj:.2e}"
 
 
+def test_prompt_gate_kernel_is_the_torch_ops_bitwise(hcc, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hc_gate_mix against ``hyper_connections.gated_mean`` (the torch ops it replaces) on the
+    same inputs: the same bits, for hc 4 and not a power of two, wide and narrow streams, one
+    token and a chunk; then a whole prompt mix with the kernel against without it."""
+    g = torch.Generator().manual_seed(5)
+    for n, hc, d in ((1, 4, 2560), (300, 4, 2560), (7, 3, 40), (2, 5, 8)):
+        u = (4 * torch.randn(n, hc, d, generator=g)).cuda()
+        xn = torch.randn(n, hc, d, generator=g).cuda()
+        got = hcc.gate_mix(u, xn)
+        assert torch.equal(got, hcref.gated_mean(u, xn)), f"gated mean N {n} hc {hc} d {d}"
+    hc, d, r = REAL
+    case = make_case(hc, d, r, "BF16", seed=4, device="cuda")
+    x = make_streams(40, hc, d, seed=4).cuda()
+    want = hcc.mix(x, case.norm, case.down, case.up, case.inject, EPS)
+    monkeypatch.setattr(hcc, "prompt_gate_kernel", True)
+    got = hcc.mix(x, case.norm, case.down, case.up, case.inject, EPS)
+    assert torch.equal(got[0], want[0]) and got[1] is not None and torch.equal(got[1], want[1])
+
+
 ODD = [  # (N, hc, d, r, formats): idle lanes, partial CTAs, hc not 4, hc > 4
     (5, 3, 40, 24, "F32"),
     (9, 5, 72, 16, "BF16"),

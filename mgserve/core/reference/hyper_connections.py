@@ -38,6 +38,7 @@ def grouped_norm(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tens
 
 
 Project = Callable[[torch.Tensor], torch.Tensor]  # x [N, in] -> x @ W^T [N, out]
+GateMix = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (u, xn) [N, hc, d] -> [N, d]
 
 
 def mix(
@@ -58,17 +59,25 @@ def mix_with(
     up: Project,  # [N, r] -> [N, hc * d]
     inject: Project | None,  # [N, hc * d] -> [N, hc]; None for the head's mix
     norm: ops.NormFn = grouped_norm,
+    gate_mix: GateMix | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # input [N, d], inject [N, hc] or None
-    """``mix`` with the projections (and the norm) given as functions: the device backend runs
-    this same arithmetic with its own products and norm kernel."""
+    """``mix`` with the projections (and the norm, and the gated mean over the streams) given as
+    functions: the device backend runs this same arithmetic with its own products and kernels."""
     n, hc, d = x.shape
     xn = norm(x, gamma, eps).reshape(n, hc * d)  # [N, hc * d]
     low = rowwise.silu(down(xn) / hc)  # [N, r]
-    gate = rowwise.sigmoid(up(low))  # [N, hc * d]
-    mixed = rowwise.sum_in_order((gate * xn).view(n, hc, d), 1) / hc  # [N, d], streams in order
+    mixed = (gate_mix or gated_mean)(up(low).view(n, hc, d), xn.view(n, hc, d))  # [N, d]
     if inject is None:
         return mixed, None
     return mixed, 2.0 * rowwise.sigmoid(inject(xn) / hc)  # [N, hc]
+
+
+def gated_mean(u: torch.Tensor, xn: torch.Tensor) -> torch.Tensor:
+    """[N, d]: the streams of xn [N, hc, d] gated by sigmoid(u) [N, hc, d], summed in stream
+    order and divided by hc."""
+    n, hc, d = u.shape
+    gate = rowwise.sigmoid(u.reshape(n, hc * d)).view(n, hc, d)  # rows of the whole token
+    return rowwise.sum_in_order(gate * xn, 1) / hc
 
 
 def combine(x: torch.Tensor, out: torch.Tensor, inject: torch.Tensor) -> torch.Tensor:

@@ -411,3 +411,30 @@ extern "C" __global__ void hc_combine(const float4* __restrict__ x, const float4
     const int rem = (int)(i - tok * hc * d4), s = rem / d4, c = rem - s * d4;
     y[i] = combine4(x[i], inj[tok * hc + s], out[tok * d4 + c]);
 }
+
+// The prompt mix's gate and stream mean (ops/hc_cuda.py; hyper_connections.mix_with's arithmetic):
+//   mixed[t, c] = (sigmoid(u[t, 0, c]) * xn[t, 0, c] + ... + sigmoid(u[t, hc-1, c]) * xn[t, hc-1, c])
+//                 / hc, streams added in order from 0, each product and sum rounded once,
+// the same bits as the torch ops it replaces (sigmoid, *, the in-order sum, then / hc as ATen
+// divides by a scalar: a product with the float reciprocal). u, xn [n_tok, hc, d] and mixed
+// [n_tok, d] as float4 (d4 = d / 4); n4 = n_tok * d4.
+extern "C" __global__ void hc_gate_mix(const float4* __restrict__ u, const float4* __restrict__ xn,
+                                       float4* __restrict__ mixed, int hc, int d4, long long n4) {
+    grid_sync();
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    const long long tok = i / d4;
+    const int c = (int)(i - tok * d4);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < hc; ++s) {
+        const long long k = (tok * hc + s) * d4 + c;
+        const float4 g = u[k], x = xn[k];
+        acc.x = __fadd_rn(acc.x, __fmul_rn(sigmoid(g.x), x.x));
+        acc.y = __fadd_rn(acc.y, __fmul_rn(sigmoid(g.y), x.y));
+        acc.z = __fadd_rn(acc.z, __fmul_rn(sigmoid(g.z), x.z));
+        acc.w = __fadd_rn(acc.w, __fmul_rn(sigmoid(g.w), x.w));
+    }
+    const float r = __fdiv_rn(1.f, (float)hc);
+    mixed[i] = make_float4(__fmul_rn(acc.x, r), __fmul_rn(acc.y, r), __fmul_rn(acc.z, r),
+                           __fmul_rn(acc.w, r));
+}
