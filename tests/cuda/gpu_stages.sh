@@ -125,12 +125,15 @@ case "${1:-tests}" in
       --drafts 8 --steps 8 --forced "" --record ;;
   next)  # what the 2026-12-06 05:20 session left unrun (carry .whl and the tiny qwen4exp,
     # qwen3): the up-front decode graphs on the decode kernels, the QSA prompt path with its torch
-    # ops toggled back, F16Rows under the hgemm tests, then the virtual stages' overhead with the
-    # rounds' order rotated and the QSA kernels on and off side by side (``next2``)
+    # ops toggled back, the PLE rows packed (qwen4exp models), hc_gate_mix bitwise the torch ops
+    # (then turn HCCuda.prompt_gate_kernel on), F16Rows under the hgemm tests; ``next2``: the
+    # virtual stages' overhead with the rounds' order rotated, the QSA kernels on and off, the
+    # prompt chunk's gaps with the PLE rows packed
     timeout 330 python3 -m pytest -q --tb=short -p no:cacheprovider -rfEs -m gpu \
       tests/cuda/test_device_lanes.py tests/cuda/test_qsa.py tests/cuda/test_qsa_visibility.py \
-      tests/cuda/test_device_models.py tests/cuda/test_batch_invariance.py \
-      -k "upfront or lanes or qsa or visibility or qwen4exp or qwen3" > "$OUT/t_next.log" 2>&1
+      tests/cuda/test_device_models.py tests/cuda/test_batch_invariance.py tests/cuda/test_hc.py \
+      -k "upfront or lanes or qsa or visibility or qwen4exp or qwen3 or prompt_gate or prompt_chunks" \
+      > "$OUT/t_next.log" 2>&1
     echo "== next tests rc=$?"; grep -E "^(FAILED|ERROR|SKIPPED|E )|passed|failed" "$OUT/t_next.log" | head -30
     timeout 200 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE tests/cuda/test_qgemm.py \
       -k "hgemm_bitwise or hgemm_matches or hgemm_direct" > "$OUT/t_hgemm.log" 2>&1
@@ -140,7 +143,9 @@ case "${1:-tests}" in
       --decode 0,32768 --multi-decode 5@32768 --decode-steps 32 --virtual-stages 1,2,3,6 \
       --paired 5 --record
     bench qsa_toggle 240 model $Q4X --ctx 163840 --slots 1 --int8 --prefill 4096@0,4096@131072 \
-      --decode 0 --multi-decode= --decode-steps 4 --toggle qsa.prefill_kernels --paired 5 --record ;;
+      --decode 0 --multi-decode= --decode-steps 4 --toggle qsa.prefill_kernels --paired 5 --record
+    bench gaps 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --prefill-repeat 3 \
+      --decode 0 --decode-steps 8 --multi-decode= --gaps --record ;;
   dist)  # two pipeline ranks sharing one GPU (gloo, hand-offs through the host, decode graphs):
     # the serving code's tokens against one process at full width, 8 layers (no speed claim:
     # the ranks share the card)
