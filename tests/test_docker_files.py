@@ -154,14 +154,17 @@ def test_compose_reserves_the_gpus_it_names_and_mounts_models_and_cache() -> Non
     assert "mgserve-cache" in doc["volumes"]
 
 
-def test_the_multi_gpu_override_replaces_the_reservation_and_says_what_is_not_built() -> None:
+def test_the_multi_gpu_override_splits_the_layers_and_says_what_has_not_run() -> None:
     text = (ROOT / "docker-compose.multigpu.yml").read_text()
     assert "devices: !override" in text  # not added beside the base's entry
-    assert "issue 14" in text and "NOT BUILT" in text
+    assert "issue 14" in text and "NOT RUN ON TWO GPUS" in text
     svc = _compose("docker-compose.multigpu.yml")["services"]["mgserve"]
     (dev,) = svc["deploy"]["resources"]["reservations"]["devices"]
     assert dev["device_ids"] == ["0", "1"] and dev["driver"] == "nvidia"
-    assert set(svc.get("environment", {})) <= {"CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES"}
+    env = svc.get("environment", {})
+    assert set(env) <= {"CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "MGSERVE_DEVICE_LIST"}
+    assert env["MGSERVE_DEVICE_LIST"] == "0,1"  # a setting mgserve has (config.py)
+    assert "MGSERVE_DEVICE_LIST" in SETTINGS
 
 
 @pytest.mark.skipif(not shutil.which("hadolint"), reason="hadolint not installed")
