@@ -85,8 +85,9 @@ def test_paired_rounds_time_every_runner_side_by_side(tmp_path: Path) -> None:
     args.paired = 2
     rows: list[tuple[str, float, str]] = []
     variants = stage_variants(bench, [(1, 1), (2, 1)])
-    run_paired(bench, args, variants, lambda name, tps, note, **_: rows.append(
-        (name, tps, note)))  # fmt: skip
+    stages: list[int] = []  # the runner current at each row (report.row's "stages" field)
+    run_paired(bench, args, variants, lambda name, tps, note, **_: (
+        rows.append((name, tps, note)), stages.append(bench.n_stages)))  # fmt: skip
     names = [r[0] for r in rows]
     assert names == [
         "prefill 16 tokens at depth 0 (1 virtual stages)",
@@ -96,6 +97,7 @@ def test_paired_rounds_time_every_runner_side_by_side(tmp_path: Path) -> None:
         "decode, 2 sessions at depth 8, aggregate (1 virtual stages)",
         "decode, 2 sessions at depth 8, aggregate (2 virtual stages)",
     ]
+    assert stages == [int(name.split("(")[-1].split()[0]) for name, _, _ in rows]
     for name, tps, note in rows:
         lo, hi = (float(x) for x in note.split(";")[0].removeprefix("median of 2: ").split(" to "))
         assert 0 < lo <= tps <= hi
@@ -125,7 +127,7 @@ def test_paired_rounds_time_a_switch_on_and_off(
     args = bench.args
     args.prefill, args.decode, args.multi_decode, args.paired = "16@0", "", "", 3
     fam = bench.ops.linear
-    fam.probe = True  # type: ignore[attr-defined]  # a switch the family reads nowhere
+    fam.probe = False  # type: ignore[attr-defined]  # a switch the family reads nowhere
     seen: list[bool] = []
 
     def scripted(b: object, n: int, depth: int) -> tuple[float, str]:
@@ -137,8 +139,10 @@ def test_paired_rounds_time_a_switch_on_and_off(
     monkeypatch.setattr(workloads, "time_prefill", scripted)
     assert paired.workloads is workloads
     rows: list[tuple[str, float, str]] = []
-    run_paired(bench, args, toggle_variants(bench, "linear.probe"),
+    variants, restore = toggle_variants(bench, "linear.probe")
+    run_paired(bench, args, variants,
                lambda name, tps, note, **_: rows.append((name, tps, note)))  # fmt: skip
+    restore()
     assert seen == [True, False, False, True, True, False]  # each round starts one further on
     assert [(r[0], r[1]) for r in rows] == [
         ("prefill 16 tokens at depth 0 (linear.probe on)", 200.0),
@@ -147,7 +151,7 @@ def test_paired_rounds_time_a_switch_on_and_off(
     assert rows[1][2].endswith(
         "against linear.probe on in the same round -10.0% (-10.0% to -10.0%)"
     )
-    assert fam.probe is True  # type: ignore[attr-defined]  # left on
+    assert fam.probe is False  # type: ignore[attr-defined]  # put back as it was
     for bad in ("linear.nothing", "nofamily.x", "linear.matmul"):
         with pytest.raises(ValueError, match="not a boolean switch"):
             toggle_variants(bench, bad)
@@ -165,3 +169,7 @@ def test_paired_refuses_what_it_does_not_time(tmp_path: Path) -> None:
     args.multi_prefill, args.toggle = "", "linear.probe"
     with pytest.raises(ValueError, match="stage counts or a --toggle, not both"):
         paired_report(bench, args, [(1, 1), (2, 1)], lambda *a, **k: None, [])
+    bench.ops.linear.probe = True  # type: ignore[attr-defined]
+    args.decode = "8"  # decode graphs keep the setting they were captured under
+    with pytest.raises(ValueError, match="add --no-graphs"):
+        paired_report(bench, args, [(1, 1)], lambda *a, **k: None, [])

@@ -134,8 +134,10 @@ def test_packed_rows_unpack_to_the_gathered_rows(tmp_path: Path, qtype: str) -> 
     assert raw is not None and raw.dtype == torch.uint8 and raw.shape[0] == 3
     row_bytes = {"F32": 640, "F16": 320, "Q8_0": 170}[qtype]
     assert raw.shape[1] == 3 * row_bytes
-    got = ple.unpack_rows(raw, qtype, 160)
+    got = ple.unpack_rows(raw, qtype)
     assert torch.equal(got, ple.gather_rows(table, rows).flatten(1))
+    none = ple.packed_rows(table, np.zeros((0, 3), dtype=np.int64))  # an empty step
+    assert none is not None and tuple(ple.unpack_rows(none, qtype).shape) == (0, 3 * 160)
 
 
 def test_check_table_needs_every_head_range(tmp_path: Path, spec: PleSpec) -> None:

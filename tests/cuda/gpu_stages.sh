@@ -143,7 +143,7 @@ case "${1:-tests}" in
       --decode 0,32768 --multi-decode 5@32768 --decode-steps 32 --virtual-stages 1,2,3,6 \
       --paired 5 --record
     bench qsa_toggle 240 model $Q4X --ctx 163840 --slots 1 --int8 --prefill 4096@0,4096@131072 \
-      --decode 0 --multi-decode= --decode-steps 4 --toggle qsa.prefill_kernels --paired 5 --record
+      --decode= --multi-decode= --toggle qsa.prefill_kernels --paired 5 --record
     bench gaps 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --prefill-repeat 3 \
       --decode 0 --decode-steps 8 --multi-decode= --gaps --record ;;
   dist)  # two pipeline ranks sharing one GPU (gloo, hand-offs through the host, decode graphs):

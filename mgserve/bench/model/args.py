@@ -19,15 +19,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--paired",
         type=int,
         default=0,
-        help="with two or more --virtual-stages: keep every runner and time each --prefill, "
-        "--decode and --multi-decode workload in N rounds, once per runner in each round; rows "
-        "give each runner's median and its ratio to the first runner in the same round",
+        help="time variants side by side: two or more --virtual-stages (every runner kept) or "
+        "a --toggle on and off; each --prefill, --decode and --multi-decode workload in N rounds, "
+        "once per variant in each round; rows give each variant's median and its ratio to the "
+        "first in the same round",
     )
     parser.add_argument(
         "--toggle",
         default="",
         help="with --paired: an op family's boolean switch (qsa.prefill_kernels, "
-        "deltanet.prefill_kernels, attention.flash_prefill, ...) timed on and off in rounds",
+        "deltanet.prefill_kernels, attention.flash_prefill, ...) timed on and off in rounds, then "
+        "put back; decode workloads need --no-graphs (a graph keeps the setting it was captured "
+        "under)",
     )
     parser.add_argument("--long-prefill", type=int, default=0, help="one prompt of N tokens")
     parser.add_argument("--multi-prefill", default="", help="S@N: S sessions of N-token prompts")

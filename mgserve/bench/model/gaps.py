@@ -3,7 +3,7 @@
 default) or the Python frame (``--gaps-by frame``) that launched the operation after it.
 
 Python call stacks make the profiler trace every Python call, which slows the host (a 4096-token
-qwen4exp prompt chunk on an H100: 1,314 ms under them, 770 ms with ranges, about 850 ms
+qwen4exp prompt chunk on an H100: 1,314 ms under them, 770 ms with ranges, 783 ms
 unprofiled), so every gap grows and the table says where the host is slow under tracing. By
 family, the work runs without stacks and each public method of the backend's op families
 (``annotated``) opens a ``record_function`` range named ``family.method``: a few hundred ranges

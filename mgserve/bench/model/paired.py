@@ -33,8 +33,9 @@ def stage_variants(b: ModelBench, counts: list[tuple[int, int]]) -> list[Variant
     return [(label(c), lambda c=c: b.switch(*c)) for c in counts]  # type: ignore[misc]
 
 
-def toggle_variants(b: ModelBench, name: str) -> list[Variant]:
-    """``family.attribute`` of the bench's backend on, then off (it must be a bool)."""
+def toggle_variants(b: ModelBench, name: str) -> tuple[list[Variant], Callable[[], None]]:
+    """``family.attribute`` of the bench's backend on, then off (it must be a bool), and what
+    puts its value back as it was."""
     fam_name, _, attr = name.partition(".")
     fam = getattr(b.ops, fam_name, None)
     if fam is None or not isinstance(getattr(fam, attr, None), bool):
@@ -42,10 +43,12 @@ def toggle_variants(b: ModelBench, name: str) -> list[Variant]:
             f"--toggle {name!r}: not a boolean switch of an op family (e.g. "
             "qsa.prefill_kernels, deltanet.prefill_kernels, attention.flash_prefill)"
         )
-    return [
+    was = getattr(fam, attr)
+    variants: list[Variant] = [
         (f"{name} {word}", lambda on=on: setattr(fam, attr, on))  # type: ignore[misc]
         for word, on in (("on", True), ("off", False))
     ]
+    return variants, lambda: setattr(fam, attr, was)
 
 
 def paired_report(b: ModelBench, args: argparse.Namespace, counts: list[tuple[int, int]],
@@ -66,9 +69,19 @@ def paired_report(b: ModelBench, args: argparse.Namespace, counts: list[tuple[in
     for flag in (f for f, given in left_out.items() if given):
         raise ValueError(f"--paired times --prefill, --decode and --multi-decode only: {flag} "
                          "is not timed in rounds (the rounds are the repeats)")  # fmt: skip
-    variants = toggle_variants(b, args.toggle) if args.toggle else stage_variants(b, counts)
+    if args.toggle and not args.no_graphs and (depths(args.decode) or pairs(args.multi_decode)):
+        raise ValueError(
+            "--toggle with --decode or --multi-decode: a decode step replays the CUDA graph "
+            "captured under the first setting; add --no-graphs, or give --decode= --multi-decode="
+        )
+    if args.toggle:
+        variants, restore = toggle_variants(b, args.toggle)
+        run_paired(b, args, variants, row)
+        restore()  # the switch as it was: what runs after (--profile, --gaps) is the default
+        return
+    variants = stage_variants(b, counts)
     run_paired(b, args, variants, row)
-    for n, micro in [] if args.toggle else counts:
+    for n, micro in counts:
         if n > 1:  # one stage is the plain model: no stage timing
             b.switch(n, micro)
             lines.append(stage_figures(b.runner.model, f"{label((n, micro))}: "))
@@ -93,7 +106,8 @@ def run_paired(b: ModelBench, args: argparse.Namespace, variants: list[Variant],
                 use()
                 tps, notes[v] = once()
                 rates[v].append(tps)
-        for v, _ in variants:
+        for v, use in variants:
+            use()  # the row's stage count (report.row reads the current runner's)
             r = rates[v]
             note = f"median of {rounds}: {min(r):.1f} to {max(r):.1f}"
             extra: dict[str, object] = {}

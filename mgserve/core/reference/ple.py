@@ -126,24 +126,24 @@ def packed_rows(t: TensorInfo, rows: np.ndarray) -> torch.Tensor | None:
     """The table rows ``rows`` [N, heads] as stored: uint8 [N, heads * row bytes], a quarter of
     ``gather_rows``' float32 for Q8_0, decoded where they are used (``unpack_rows``, on the GPU
     for a prompt chunk); None for a type ``unpack_rows`` does not decode."""
-    if t.type_name not in PACKED:
+    if t.type_name not in PACKED or not t.data.dtype.isnative:  # unpack_rows reads native order
         return None
-    raw = np.take(
-        np.asarray(t.data).reshape(t.shape[1], -1).view(np.uint8), rows.reshape(-1), axis=0
-    )
-    return torch.from_numpy(raw).view(rows.shape[0], -1)
+    n, heads = rows.shape
+    table = np.asarray(t.data).reshape(t.shape[1], -1).view(np.uint8)  # [rows, row bytes]
+    raw = np.take(table, rows.reshape(-1), axis=0)  # [N * heads, row bytes]: only these rows
+    return torch.from_numpy(raw).view(n, heads * table.shape[1])
 
 
-def unpack_rows(raw: torch.Tensor, type_name: str, head_dim: int) -> torch.Tensor:
+def unpack_rows(raw: torch.Tensor, type_name: str) -> torch.Tensor:
     """float32 [N, heads * head_dim] from ``packed_rows``' bytes, on their device."""
     block, per = PACKED[type_name]
-    n = raw.shape[0]
-    b = raw.reshape(n, -1, block)
+    n, blocks = raw.shape[0], raw.shape[1] // block
+    b = raw.reshape(n, blocks, block)
     if type_name == "Q8_0":
         scale = b[..., :2].contiguous().view(torch.float16).float()  # [N, blocks, 1]
-        return (b[..., 2:].contiguous().view(torch.int8).float() * scale).view(n, -1)
+        return (b[..., 2:].contiguous().view(torch.int8).float() * scale).view(n, blocks * per)
     dtype = torch.float16 if type_name == "F16" else torch.float32
-    return b.contiguous().view(dtype).float().view(n, -1)
+    return b.contiguous().view(dtype).float().view(n, blocks * per)
 
 
 @dataclass

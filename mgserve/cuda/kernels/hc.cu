@@ -425,14 +425,18 @@ extern "C" __global__ void hc_gate_mix(const float4* __restrict__ u, const float
     if (i >= n4) return;
     const long long tok = i / d4;
     const int c = (int)(i - tok * d4);
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 acc;  // the first stream's product, then each next one's added (sum_in_order's -0s)
     for (int s = 0; s < hc; ++s) {
         const long long k = (tok * hc + s) * d4 + c;
         const float4 g = u[k], x = xn[k];
-        acc.x = __fadd_rn(acc.x, __fmul_rn(sigmoid(g.x), x.x));
-        acc.y = __fadd_rn(acc.y, __fmul_rn(sigmoid(g.y), x.y));
-        acc.z = __fadd_rn(acc.z, __fmul_rn(sigmoid(g.z), x.z));
-        acc.w = __fadd_rn(acc.w, __fmul_rn(sigmoid(g.w), x.w));
+        const float4 p = make_float4(__fmul_rn(sigmoid(g.x), x.x), __fmul_rn(sigmoid(g.y), x.y),
+                                     __fmul_rn(sigmoid(g.z), x.z), __fmul_rn(sigmoid(g.w), x.w));
+        if (s == 0) {
+            acc = p;
+        } else {
+            acc = make_float4(__fadd_rn(acc.x, p.x), __fadd_rn(acc.y, p.y), __fadd_rn(acc.z, p.z),
+                              __fadd_rn(acc.w, p.w));
+        }
     }
     const float r = __fdiv_rn(1.f, (float)hc);
     mixed[i] = make_float4(__fmul_rn(acc.x, r), __fmul_rn(acc.y, r), __fmul_rn(acc.z, r),

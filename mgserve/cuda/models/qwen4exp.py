@@ -223,7 +223,7 @@ class Qwen4ExpLM(HybridLM):
         emb = step.extra  # [N, n_heads * head_dim] float32, or the packed rows (step_extra)
         if emb.dtype == torch.uint8:
             assert self.ple_table is not None
-            emb = ple_ref.unpack_rows(emb, self.ple_table.type_name, self.qp.ple.head_dim)
+            emb = ple_ref.unpack_rows(emb, self.ple_table.type_name)
         gated, conv_in = b.ple.gated(
             x, emb, w.key, w.value, w.norm_key, w.norm_query, w.norm_conv, self.spec.rms_eps
         )

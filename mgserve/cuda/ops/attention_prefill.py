@@ -68,7 +68,7 @@ def visibility_kernel(
     n_cols = cdiv(words * PF_KEYS, ratio)
     if sel.dtype != torch.int32 or sel.dim() != 2 or sel.shape[1] != top:
         raise ValueError(f"sel must be int32 [T, {top}], got {sel.dtype} {list(sel.shape)}")
-    if cdiv(n_cols, 32) * 4 > 48 * 1024:  # the selection bitmap in static-size shared memory
+    if cdiv(n_cols, 32) * 4 > 48 * 1024:  # the bitmap in dynamic shared memory, no opt-in
         raise ValueError(f"{n_cols} blocks is more than qsa_visibility's bitmap holds")
     out = torch.empty((t, words), dtype=torch.int32, device=sel.device)
     if t:
