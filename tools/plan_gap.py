@@ -17,8 +17,8 @@ from collections import Counter
 
 from mgserve.config import Settings
 from mgserve.cuda.plan import ModelSizes, Part, plan
-from mgserve.cuda.plan_alloc import SMALL_SIZE, CachingAllocator, round_size
-from mgserve.cuda.plan_trace import pool_requests
+from mgserve.cuda.plan_alloc import SMALL_SIZE, round_size
+from mgserve.cuda.plan_trace import pool_requests, simulate
 from mgserve.cuda.synth_device import SynthFile
 
 
@@ -34,13 +34,7 @@ def main(argv: list[str]) -> None:
     part = Part.whole(sizes.spec.n_layer)
     trace = sizes.trace(part)
     assert trace is not None
-    pools = [(-1 - i, b) for i, b in enumerate(pool_requests(sizes, s, part))]
-    sim, live = CachingAllocator(), {}
-    for key, nbytes in (*trace.load, *pools, *trace.release):
-        if nbytes < 0:
-            sim.free(live.pop(key)[0])
-        else:
-            live[key] = (sim.malloc(nbytes), nbytes)
+    sim, live = simulate(trace, tuple(pool_requests(sizes, s, part)))
     print(f"{g.path}: {len(trace.load)} load events, {len(live)} live tensors after the load")
     print(f"planned without the allocator item  {want:>15,}")
     print(f"requested by the live tensors       {sim.requested:>15,}")

@@ -148,11 +148,20 @@ def allocator_bytes(sizes: ModelSizes, settings: Settings, part: Part) -> int:
 
 def replay(trace: LoadTrace, pools: tuple[int, ...]) -> tuple[int, int]:
     """(blocks beyond the requests, requests) after ``trace``'s load with ``pools`` appended."""
-    sim, blocks = CachingAllocator(), dict[int, Block | None]()
+    sim, _ = simulate(trace, pools)
+    return sim.allocated - sim.requested, sim.requested
+
+
+def simulate(
+    trace: LoadTrace, pools: tuple[int, ...]
+) -> tuple[CachingAllocator, dict[int, tuple[Block | None, int]]]:
+    """The allocator model after ``trace``'s load with ``pools`` appended, and the live
+    allocations by event key: (block, bytes asked)."""
+    sim, live = CachingAllocator(), dict[int, tuple[Block | None, int]]()
     made = [(-1 - i, b) for i, b in enumerate(pools)]
     for key, nbytes in (*trace.load, *made, *trace.release):
         if nbytes < 0:
-            sim.free(blocks.pop(key))
+            sim.free(live.pop(key)[0])
         else:
-            blocks[key] = sim.malloc(nbytes)
-    return sim.allocated - sim.requested, sim.requested
+            live[key] = (sim.malloc(nbytes), nbytes)
+    return sim, live

@@ -144,18 +144,19 @@ def summarize(
     busy_end, idle = gpu[0]["ts"] + gpu[0]["dur"], 0.0
     by_frame: dict[str, list[float]] = {}  # cause -> [gap us, gaps]
     ops: dict[str, list[float]] = {}  # launcher -> [operations, GPU us, torch's own kernels]
-    for op in gpu:
-        tot = ops.setdefault(_where(op, launches, frames, starts, bool(labels)), [0, 0.0, 0])
+    wheres = [_where(op, launches, frames, starts, bool(labels)) for op in gpu]
+    for op, where in zip(gpu, wheres, strict=True):
+        tot = ops.setdefault(where, [0, 0.0, 0])
         tot[0] += 1
         tot[1] += op["dur"]
         tot[2] += "at::native" in op["name"] or "at_cuda_detail" in op["name"]
     n_gaps = 0
-    for op in gpu[1:]:
+    for op, where in zip(gpu[1:], wheres[1:], strict=True):
         gap = op["ts"] - busy_end
         if gap >= MIN_GAP_US:
             n_gaps += 1
             idle += gap
-            key = _cause(op, launches, frames, starts, waits, busy_end, bool(labels))
+            key = _cause(op, where, launches, waits, busy_end)
             tot = by_frame.setdefault(key, [0.0, 0])
             tot[0] += gap
             tot[1] += 1
@@ -192,19 +193,15 @@ def _waits(call: dict[str, Any], pageable: set[Any]) -> bool:
     return any(w in name for w in WAITS)
 
 
-def _cause(op: dict[str, Any], launches: dict[Any, dict[str, Any]],
-           frames: dict[Any, list[dict[str, Any]]], starts: dict[Any, list[float]],
-           waits: dict[Any, list[dict[str, Any]]], gap_start: float,
-           ranges: bool = False) -> str:  # fmt: skip
-    """The innermost mgserve frame (or op family range) around the call that queued ``op``, and
-    the longest host wait on that thread overlapping the gap before ``op``."""
+def _cause(op: dict[str, Any], where: str, launches: dict[Any, dict[str, Any]],
+           waits: dict[Any, list[dict[str, Any]]], gap_start: float) -> str:  # fmt: skip
+    """``where`` (``_where``: what queued ``op``) and the longest host wait on the queueing
+    thread overlapping the gap before ``op``."""
     call = launches.get(op.get("args", {}).get("correlation"))
     if call is None:
-        return "(no launch found)"
-    tid = call["tid"]
-    where = _where(op, launches, frames, starts, ranges)
+        return where
     longest = None
-    ws = waits.get(tid, [])
+    ws = waits.get(call["tid"], [])
     j = bisect.bisect_right(ws, op["ts"], key=lambda w: w["ts"])
     for w in ws[max(0, j - 64) : j]:  # waits that start before op (they do not nest)
         overlap = min(w["ts"] + w["dur"], op["ts"]) - max(w["ts"], gap_start)

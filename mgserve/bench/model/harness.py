@@ -22,6 +22,11 @@ def stage_counts(args: argparse.Namespace) -> list[tuple[int, int]]:
     return counts  # type: ignore[return-value]
 
 
+def stage_label(n: int, micro: int = 1) -> str:
+    """How a row names the stage count it ran on."""
+    return f"{n} virtual stages" + (f", {micro} micro-batches" if micro > 1 else "")
+
+
 class ModelBench:
     def __init__(self, args: argparse.Namespace) -> None:
         import torch

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from mgserve.bench.model import workloads
 from mgserve.bench.model.args import depths, pairs
-from mgserve.bench.model.harness import ModelBench
+from mgserve.bench.model.harness import ModelBench, stage_label
 
 Row = Callable[..., None]
 Variant = tuple[str, Callable[[], None]]  # (label, make it the current one)
@@ -30,7 +30,7 @@ def stage_variants(b: ModelBench, counts: list[tuple[int, int]]) -> list[Variant
     for n, micro in counts:
         if (n, micro) != (b.n_stages, b.micro):
             b.use_stages(n, micro, keep=True)
-    return [(label(c), lambda c=c: b.switch(*c)) for c in counts]  # type: ignore[misc]
+    return [(stage_label(*c), lambda c=c: b.switch(*c)) for c in counts]  # type: ignore[misc]
 
 
 def toggle_variants(b: ModelBench, name: str) -> tuple[list[Variant], Callable[[], None]]:
@@ -84,7 +84,7 @@ def paired_report(b: ModelBench, args: argparse.Namespace, counts: list[tuple[in
     for n, micro in counts:
         if n > 1:  # one stage is the plain model: no stage timing
             b.switch(n, micro)
-            lines.append(stage_figures(b.runner.model, f"{label((n, micro))}: "))
+            lines.append(stage_figures(b.runner.model, f"{stage_label(n, micro)}: "))
             print(lines[-1], flush=True)
     variants[0][1]()
 
@@ -113,11 +113,10 @@ def run_paired(b: ModelBench, args: argparse.Namespace, variants: list[Variant],
             extra: dict[str, object] = {}
             if v != first:
                 ratio = [x / y - 1 for x, y in zip(r, rates[first], strict=True)]
-                extra = {"ratio_median": statistics.median(ratio), "ratio_min": min(ratio),
-                         "ratio_max": max(ratio)}  # fmt: skip
-                note += (f"; against {first} in the same round "
-                         f"{100 * statistics.median(ratio):+.1f}% "
-                         f"({100 * min(ratio):+.1f}% to {100 * max(ratio):+.1f}%)")  # fmt: skip
+                mid, lo, hi = statistics.median(ratio), min(ratio), max(ratio)
+                extra = {"ratio_median": mid, "ratio_min": lo, "ratio_max": hi}
+                note += (f"; against {first} in the same round {100 * mid:+.1f}% "
+                         f"({100 * lo:+.1f}% to {100 * hi:+.1f}%)")  # fmt: skip
             elif notes[v]:
                 note += f"; {notes[v]}"
             row(f"{name} ({v})", statistics.median(r), note, **what, **extra)
@@ -138,8 +137,3 @@ def run_paired(b: ModelBench, args: argparse.Namespace, variants: list[Variant],
         agg = ", aggregate" if sessions > 1 else ""
         measure(f"decode, {what} at depth {depth}{agg}", once, kind="decode",
                 sessions=sessions, depth=depth)  # fmt: skip
-
-
-def label(c: tuple[int, int]) -> str:
-    n, micro = c
-    return f"{n} virtual stages" + (f", {micro} micro-batches" if micro > 1 else "")

@@ -7,7 +7,7 @@ import argparse
 
 from mgserve.bench.model import workloads
 from mgserve.bench.model.args import depths, pairs
-from mgserve.bench.model.harness import ModelBench, stage_counts
+from mgserve.bench.model.harness import ModelBench, stage_counts, stage_label
 from mgserve.bench.model.profile import (
     bytes_per_token,
     gaps_decode,
@@ -68,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
     for n_stages, micro in counts:
         if (n_stages, micro) != (b.n_stages, b.micro):
             b.use_stages(n_stages, micro)
-        at = f" ({n_stages} virtual stages)" if len(counts) > 1 or n_stages > 1 else ""
-        at = at if micro == 1 else f" ({n_stages} virtual stages, {micro} micro-batches)"
+        shown = len(counts) > 1 or n_stages > 1 or micro > 1
+        at = f" ({stage_label(n_stages, micro)})" if shown else ""
         for n, depth in pairs(args.prefill):
             tps, note = workloads.time_prefill(b, n, depth, args.prefill_repeat)
             row(f"prefill {n} tokens at depth {depth}", tps, note, kind="prefill", sessions=1,

@@ -116,19 +116,7 @@ class HCCuda:
         n, hc, d = u.shape
         u, xn = (vec4_input(k, t, self.device) for k, t in (("u", u), ("xn", xn)))
         mixed = torch.empty((n, d), dtype=torch.float32, device=self.device)
-        n4 = n * d // 4
-        if n4:
-            self.kernels.launch(
-                self.kernels.kernel(HC_SOURCE, "hc_gate_mix", self.tuning.defines("BF16")),
-                (n4 + COMBINE_THREADS - 1) // COMBINE_THREADS,
-                COMBINE_THREADS,
-                u.data_ptr(),
-                xn.data_ptr(),
-                mixed.data_ptr(),
-                np.int32(hc),
-                np.int32(d // 4),
-                np.int64(n4),
-            )
+        self._per_float4("hc_gate_mix", n * d // 4, u, xn, mixed, hc=hc, d=d)
         return mixed
 
     def combine(self, x: torch.Tensor, out: torch.Tensor, inject: torch.Tensor) -> torch.Tensor:
@@ -140,20 +128,22 @@ class HCCuda:
             vec4_input(k, t, self.device) for k, t in (("x", x), ("out", out), ("inject", inject))
         )
         y = torch.empty_like(x)
-        n4 = n * hc * d // 4
-        self.kernels.launch(
-            self.kernels.kernel(HC_SOURCE, "hc_combine", self.tuning.defines("BF16")),
-            (n4 + COMBINE_THREADS - 1) // COMBINE_THREADS,
-            COMBINE_THREADS,
-            x.data_ptr(),
-            out.data_ptr(),
-            inject.data_ptr(),
-            y.data_ptr(),
-            np.int32(hc),
-            np.int32(d // 4),
-            np.int64(n4),
-        )
+        self._per_float4("hc_combine", n * hc * d // 4, x, out, inject, y, hc=hc, d=d)
         return y
+
+    def _per_float4(
+        self, name: str, n4: int, *tensors: torch.Tensor, hc: int, d: int
+    ) -> None:  # a thread per float4 of the output: hc_combine, hc_gate_mix
+        if n4:
+            self.kernels.launch(
+                self.kernels.kernel(HC_SOURCE, name, self.tuning.defines("BF16")),
+                (n4 + COMBINE_THREADS - 1) // COMBINE_THREADS,
+                COMBINE_THREADS,
+                *(t.data_ptr() for t in tensors),
+                np.int32(hc),
+                np.int32(d // 4),
+                np.int64(n4),
+            )
 
     def _run(
         self,
