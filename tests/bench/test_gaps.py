@@ -177,3 +177,28 @@ def test_annotated_ranges_every_family_method_and_restores_them(tmp_path: Path) 
     with annotated(None, none):  # no backend (--gaps-by frame): nothing wrapped
         pass
     assert not none
+
+
+def test_long_gaps_are_broken_down_by_the_host_calls_running_through_them() -> None:
+    """A 3 ms gap: 2 ms in numpy's take inside step_extra, 0.6 ms in step_extra itself, 0.4 ms
+    in the runner's own code; calls on another thread and before the gap do not count."""
+    py = "python_function"
+    trace = [
+        _x(py, "/x/mgserve/cuda/runner.py(217): _prefill", 0, 5000),
+        _x(py, "/x/mgserve/cuda/models/qwen4exp.py(92): step_extra", 1200, 2600),
+        _x(py, "<built-in method take of numpy object at 0x7f00>", 1500, 2000),
+        _x(py, "/x/mgserve/cuda/ops/norm.py(40): rms_norm", 200, 100),  # before the gap
+        _x(py, "/x/mgserve/cuda/ops/norm.py(40): rms_norm", 1500, 2000, tid=2),  # other thread
+        _x("cuda_runtime", "cudaLaunchKernel", 100, 5, correlation=1),
+        _x("kernel", "a", 110, 890, tid=7, correlation=1),
+        _x("cuda_runtime", "cudaLaunchKernel", 3950, 5, correlation=2),
+        _x("kernel", "b", 4000, 10, tid=7, correlation=2),
+    ]
+    lines = summarize(trace, "a step", 5.0)
+    start = lines.index("| innermost call | ms |")
+    rows = [x for x in lines[start + 2 :] if x.startswith("| `")][:3]
+    assert rows == [
+        "| `<built-in method take of numpy` | 2.000 |",
+        "| `cuda/models/qwen4exp.py: step_extra` | 0.600 |",
+        "| `cuda/runner.py: _prefill` | 0.400 |",
+    ]

@@ -27,6 +27,8 @@
 #                                              path, F16Rows (hgemm tests)
 #   bash tests/cuda/gpu_stages.sh next2       --paired rounds: virtual stages 1,2,3,6 (order
 #                                              rotated) and --toggle qsa.prefill_kernels
+#   bash tests/cuda/gpu_stages.sh gate        --toggle hc.prompt_gate_kernel, the prompt
+#                                              chunk's gaps by Python frame
 # Logs and files land in $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/mgserve-out}; mkdir -p "$OUT"
@@ -146,6 +148,15 @@ case "${1:-tests}" in
       --decode= --multi-decode= --toggle qsa.prefill_kernels --paired 5 --record
     bench gaps 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --prefill-repeat 3 \
       --decode 0 --decode-steps 8 --multi-decode= --gaps --record ;;
+  gate)  # hc_gate_mix (the prompt mix's gated mean in one kernel) on and off in rounds, then the
+    # prompt chunk's idle gaps put down to Python frames (what the host does while the GPU waits)
+    bench gate_toggle 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0,16384@0 \
+      --decode= --multi-decode= --toggle hc.prompt_gate_kernel --paired 5 --record
+    bench gaps_frame 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --prefill-repeat 3 \
+      --decode= --multi-decode= --gaps --gaps-by frame --record ;;
+  hostgaps)  # the prompt chunk's long gaps broken down by the host calls running through them
+    bench gaps_frame 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --prefill-repeat 3 \
+      --decode= --multi-decode= --gaps --gaps-by frame ;;
   dist)  # two pipeline ranks sharing one GPU (gloo, hand-offs through the host, decode graphs):
     # the serving code's tokens against one process at full width, 8 layers (no speed claim:
     # the ranks share the card)

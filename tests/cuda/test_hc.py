@@ -145,6 +145,7 @@ def test_prompt_gate_kernel_is_the_torch_ops_bitwise(hcc, monkeypatch: pytest.Mo
     hc, d, r = REAL
     case = make_case(hc, d, r, "BF16", seed=4, device="cuda")
     x = make_streams(40, hc, d, seed=4).cuda()
+    monkeypatch.setattr(hcc, "prompt_gate_kernel", False)
     want = hcc.mix(x, case.norm, case.down, case.up, case.inject, EPS)
     monkeypatch.setattr(hcc, "prompt_gate_kernel", True)
     got = hcc.mix(x, case.norm, case.down, case.up, case.inject, EPS)

@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from typing import Any
 
 MIN_GAP_US = 20.0
+LONG_GAP_US = 1000.0  # gaps whose host calls the frame table breaks down
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 WAITS = ("Synchronize", "HostAlloc", "MallocHost", "cudaMalloc")
 COPIES = ("cudaMemcpy", "cuMemcpy")  # waits unless Async from pinned memory (module docstring)
@@ -125,6 +126,7 @@ def summarize(
         for e in gpu
         if e.get("cat") == "gpu_memcpy" and "Pageable" in e["name"]
     }
+    calls: dict[Any, list[dict[str, Any]]] = {}  # tid -> every Python call by start (frames)
     frames: dict[Any, list[dict[str, Any]]] = {}  # tid -> mgserve python frames by start
     waits: dict[Any, list[dict[str, Any]]] = {}  # tid -> synchronising calls by start
     for e in spans:
@@ -135,9 +137,11 @@ def summarize(
         )
         if ours:
             frames.setdefault(e["tid"], []).append(e)
+        if not labels and e.get("cat") == "python_function":
+            calls.setdefault(e["tid"], []).append(e)
         elif e.get("cat") in ("cuda_runtime", "cuda_driver") and _waits(e, pageable):
             waits.setdefault(e["tid"], []).append(e)
-    for d in (frames, waits):
+    for d in (frames, waits, calls):
         for v in d.values():
             v.sort(key=lambda e: e["ts"])
     starts = {tid: [e["ts"] for e in v] for tid, v in frames.items()}
@@ -151,11 +155,15 @@ def summarize(
         tot[1] += op["dur"]
         tot[2] += "at::native" in op["name"] or "at_cuda_detail" in op["name"]
     n_gaps = 0
+    host: dict[str, float] = {}  # innermost Python call -> us of the long gaps it ran through
     for op, where in zip(gpu[1:], wheres[1:], strict=True):
         gap = op["ts"] - busy_end
         if gap >= MIN_GAP_US:
             n_gaps += 1
             idle += gap
+            call = launches.get(op.get("args", {}).get("correlation"))
+            if gap >= LONG_GAP_US and call is not None:
+                _innermost(calls.get(call["tid"], []), busy_end, op["ts"], host)
             key = _cause(op, where, launches, waits, busy_end)
             tot = by_frame.setdefault(key, [0.0, 0])
             tot[0] += gap
@@ -173,6 +181,17 @@ def summarize(
     ]
     for key, (us, n) in sorted(by_frame.items(), key=lambda kv: -kv[1][0])[:20]:
         lines.append(f"| `{key}` | {n} | {us / 1e3:.3f} |")
+    if host:
+        lines += [
+            "",
+            f"Host calls through the gaps of {LONG_GAP_US / 1e3:.0f} ms or more (innermost Python "
+            "call on the thread that ended each gap)",
+            "",
+            "| innermost call | ms |",
+            "| --- | --- |",
+        ]
+        for key, us in sorted(host.items(), key=lambda kv: -kv[1])[:12]:
+            lines.append(f"| `{key}` | {us / 1e3:.3f} |")
     lines += [
         "",
         f"GPU operations of {what} by what launched them ({len(gpu)} in all)",
@@ -183,6 +202,44 @@ def summarize(
     for key, (n, us, native) in sorted(ops.items(), key=lambda kv: -kv[1][0])[:20]:
         lines.append(f"| `{key}` | {n:.0f} | {native:.0f} | {us / 1e3:.3f} |")
     return lines
+
+
+def _innermost(calls: list[dict[str, Any]], t0: float, t1: float, out: dict[str, float]) -> None:
+    """Adds to ``out`` the time of [t0, t1) spent in each call of ``calls`` (one thread's Python
+    calls sorted by start) outside the calls it made: its self time in the gap."""
+    j = bisect.bisect_left(calls, t1, key=lambda e: e["ts"])
+    live = sorted(
+        (e for e in calls[max(0, j - 20000) : j] if e["ts"] + e["dur"] > t0),
+        key=lambda e: (e["ts"], -e["dur"]),
+    )
+
+    def overlap(e: dict[str, Any]) -> float:
+        return max(0.0, min(e["ts"] + e["dur"], t1) - max(e["ts"], t0))
+
+    inner = [0.0] * len(live)  # each call's time in the gap inside the calls it made
+    stack: list[int] = []  # calls still open at the current start, outermost first
+    top = 0.0
+    for i, e in enumerate(live):  # calls on one thread nest: a parent encloses its children
+        while stack and live[stack[-1]]["ts"] + live[stack[-1]]["dur"] <= e["ts"]:
+            stack.pop()
+        if stack:
+            inner[stack[-1]] += overlap(e)
+        else:
+            top += overlap(e)
+        stack.append(i)
+    for e, nested in zip(live, inner, strict=True):
+        if (own := overlap(e) - nested) > 0:
+            out[_call(str(e["name"]))] = out.get(_call(str(e["name"])), 0.0) + own
+    if (none := (t1 - t0) - top) > 0:
+        out["(no Python call)"] = out.get("(no Python call)", 0.0) + none
+
+
+def _call(name: str) -> str:
+    """A Python call's name for the host table: mgserve's as ``_short``, others without their
+    object addresses."""
+    if "mgserve/" in name:
+        return _short(name)
+    return name.split(" at 0x")[0].split(" object")[0][:80]
 
 
 def _waits(call: dict[str, Any], pageable: set[Any]) -> bool:

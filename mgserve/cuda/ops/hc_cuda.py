@@ -46,9 +46,10 @@ class HCCuda:
         self.kernels, self.fallback, self.linear, self.norm = kernels, fallback, linear, norm
         self.device = kernels.device
         self.tuning = tuning or HCTuning()
-        # the prompt mix's gated mean in one kernel (hc_gate_mix) instead of six torch ops; off
-        # until its GPU test (bitwise the torch ops) has run: tests/cuda/test_hc.py
-        self.prompt_gate_kernel = False
+        # the prompt mix's gated mean in one kernel (hc_gate_mix) instead of six torch ops a
+        # stream, bitwise those ops (tests/cuda/test_hc.py); False runs the torch ops (compare:
+        # bench model --paired R --toggle hc.prompt_gate_kernel)
+        self.prompt_gate_kernel = True
 
     # -- helpers --
 
