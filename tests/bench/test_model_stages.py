@@ -157,6 +157,27 @@ def test_paired_rounds_time_a_switch_on_and_off(
             toggle_variants(bench, bad)
 
 
+def test_gc_freeze_is_a_switch_of_the_whole_heap(tmp_path: Path) -> None:
+    """``--toggle gc.freeze``: the objects alive out of the collector's sight, then back in it;
+    frozen after the rounds (warm-up freezes them on a GPU, as the server does)."""
+    import gc
+
+    from mgserve.bench.model.paired import toggle_variants
+    from tests.cuda.test_device_models import _export
+
+    bench = _bench(_export("qwen3", tmp_path), 1)
+    variants, restore = toggle_variants(bench, "gc.freeze")
+    assert [v for v, _ in variants] == ["gc.freeze on", "gc.freeze off"]
+    variants[1][1]()
+    assert gc.get_freeze_count() == 0
+    variants[0][1]()
+    assert gc.get_freeze_count() > 0
+    variants[1][1]()
+    restore()
+    assert gc.get_freeze_count() > 0
+    gc.unfreeze()  # the other tests' heap as pytest has it
+
+
 def test_paired_refuses_what_it_does_not_time(tmp_path: Path) -> None:
     from mgserve.bench.model.paired import paired_report
     from tests.cuda.test_device_models import _export

@@ -157,6 +157,15 @@ case "${1:-tests}" in
   hostgaps)  # the prompt chunk's long gaps broken down by the host calls running through them
     bench gaps_frame 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --prefill-repeat 3 \
       --decode= --multi-decode= --gaps --gaps-by frame ;;
+  gcfreeze)  # the bench's heap frozen after warm-up as the server's is (api/app.py): on and off
+    # in rounds, the prompt chunk's gaps by host call with it on, then mixed load with the lane
+    bench gc_toggle 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0,16384@0 \
+      --decode 0 --multi-decode= --decode-steps 32 --toggle gc.freeze --paired 5 --record
+    bench gaps_frame 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 \
+      --decode= --multi-decode= --gaps --gaps-by frame --record
+    bench mixed 240 mixed $Q4X --int8 --ctx 163840 --slots 3 --depth 131072 --prompt 32768 \
+      --ubatch 4096 --itl-target-ms= --time-limit 40 --prefill-lane --lane-sms 108 --decode-steps 32 \
+      --record ;;
   dist)  # two pipeline ranks sharing one GPU (gloo, hand-offs through the host, decode graphs):
     # the serving code's tokens against one process at full width, 8 layers (no speed claim:
     # the ranks share the card)

@@ -4,6 +4,7 @@ batches shaped as the scheduler shapes them, and the depth fill that puts a slot
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 from functools import partial
 from typing import Any
@@ -25,6 +26,15 @@ def stage_counts(args: argparse.Namespace) -> list[tuple[int, int]]:
 def stage_label(n: int, micro: int = 1) -> str:
     """How a row names the stage count it ran on."""
     return f"{n} virtual stages" + (f", {micro} micro-batches" if micro > 1 else "")
+
+
+def freeze_heap() -> None:
+    """Every object alive now out of the garbage collector's sight, as the server has what it
+    loaded (api/app.py): a full collection otherwise walks the model's and the vocabulary's
+    objects (90 ms and more) on whichever step allocates past the threshold. ``bench model
+    --paired R --toggle gc.freeze`` times it on and off."""
+    gc.collect()
+    gc.freeze()
 
 
 class ModelBench:
@@ -127,8 +137,7 @@ class ModelBench:
         the GPU, so the next runner starts as the first did (in the 2026-12-06 H200 run, a second
         six-stage runner built after the first prefilled 14% slower than the first)."""
         if self.device.type == "cuda":
-            import gc
-
+            gc.unfreeze()  # the dropped runner's cycles were frozen with it (warm_up)
             gc.collect()
             self.torch.cuda.synchronize()
             self.torch.cuda.empty_cache()
@@ -143,6 +152,8 @@ class ModelBench:
         for i, t in enumerate(self.tokens(3, 98)):
             self.run_step([self.work(0, (t,), ub + 43 + i, True)])
         self.sync()
+        if self.device.type == "cuda":  # (on the CPU the bench runs in tests: their heap as is)
+            freeze_heap()
 
     def where(self) -> str:
         """Where the model runs, for a bench's header: the GPU and the backend's modes, or the

@@ -12,12 +12,13 @@ rounds cancels out of the comparison."""
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 from collections.abc import Callable
 
 from mgserve.bench.model import workloads
 from mgserve.bench.model.args import depths, pairs
-from mgserve.bench.model.harness import ModelBench, stage_label
+from mgserve.bench.model.harness import ModelBench, freeze_heap, stage_label
 
 Row = Callable[..., None]
 Variant = tuple[str, Callable[[], None]]  # (label, make it the current one)
@@ -35,7 +36,10 @@ def stage_variants(b: ModelBench, counts: list[tuple[int, int]]) -> list[Variant
 
 def toggle_variants(b: ModelBench, name: str) -> tuple[list[Variant], Callable[[], None]]:
     """``family.attribute`` of the bench's backend on, then off (it must be a bool), and what
-    puts its value back as it was."""
+    puts its value back as it was; ``gc.freeze``: the objects alive out of the garbage
+    collector's sight (harness.warm_up, api/app.py), then back in it."""
+    if name == "gc.freeze":  # the process's heap frozen as the server freezes it, or not
+        return [("gc.freeze on", freeze_heap), ("gc.freeze off", gc.unfreeze)], freeze_heap
     fam_name, _, attr = name.partition(".")
     fam = getattr(b.ops, fam_name, None)
     if fam is None or not isinstance(getattr(fam, attr, None), bool):
@@ -69,7 +73,8 @@ def paired_report(b: ModelBench, args: argparse.Namespace, counts: list[tuple[in
     for flag in (f for f, given in left_out.items() if given):
         raise ValueError(f"--paired times --prefill, --decode and --multi-decode only: {flag} "
                          "is not timed in rounds (the rounds are the repeats)")  # fmt: skip
-    if args.toggle and not args.no_graphs and (depths(args.decode) or pairs(args.multi_decode)):
+    decodes = depths(args.decode) or pairs(args.multi_decode)
+    if args.toggle not in ("", "gc.freeze") and not args.no_graphs and decodes:
         raise ValueError(
             "--toggle with --decode or --multi-decode: a decode step replays the CUDA graph "
             "captured under the first setting; add --no-graphs, or give --decode= --multi-decode="
