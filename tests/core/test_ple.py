@@ -95,6 +95,12 @@ def test_sessions_hashed_together_are_each_hashed_alone(spec: PleSpec) -> None:
     assert len({tuple(r) for r in np.concatenate(alone)}) > 5  # the sessions' rows differ
 
 
+ROW_BYTES = {  # bytes of a 160-value row as each type stores it
+    "F32": 640, "F16": 320, "BF16": 320, "Q8_0": 170, "Q4_0": 90, "Q4_1": 100, "Q5_0": 110,
+    "Q5_1": 120,
+}  # fmt: skip
+
+
 def _write_table(path: Path, qtype: GGMLQuantizationType, width: int, rows: int) -> np.ndarray:
     values = np.random.default_rng(1).standard_normal((rows, width)).astype(np.float32)
     data = quants.quantize(values, qtype) if qtype != GGMLQuantizationType.F32 else values
@@ -105,7 +111,7 @@ def _write_table(path: Path, qtype: GGMLQuantizationType, width: int, rows: int)
     return values
 
 
-@pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q8_0"])
+@pytest.mark.parametrize("qtype", sorted(ROW_BYTES))
 def test_gather_rows_equals_full_dequantize(tmp_path: Path, qtype: str) -> None:
     width = 160
     t = GGMLQuantizationType[qtype]
@@ -119,21 +125,18 @@ def test_gather_rows_equals_full_dequantize(tmp_path: Path, qtype: str) -> None:
     assert ple.advise_random(table)
 
 
-@pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q8_0"])
+@pytest.mark.parametrize("qtype", sorted(ROW_BYTES))
 def test_packed_rows_unpack_to_the_gathered_rows(tmp_path: Path, qtype: str) -> None:
     """A prompt chunk's rows as stored (bytes), decoded with torch ops where they are used: the
-    same bits as ``gather_rows``; a type the decoder does not know (BF16 here) is not packed."""
+    same bits as ``gather_rows`` (gguf's numpy dequantization), for every type a table of
+    160-value rows can have but the i-quants (a Q4_K_M file's table is Q5_0)."""
     t = GGMLQuantizationType[qtype]
     _write_table(tmp_path / "t.gguf", t, 160, 500)
     table = GGUFFile(tmp_path / "t.gguf").tensor("table")
     rows = np.array([[3, 499, 0], [3, 17, 250], [1, 1, 1]])
     raw = ple.packed_rows(table, rows)
-    if qtype == "BF16":
-        assert raw is None
-        return
     assert raw is not None and raw.dtype == torch.uint8 and raw.shape[0] == 3
-    row_bytes = {"F32": 640, "F16": 320, "Q8_0": 170}[qtype]
-    assert raw.shape[1] == 3 * row_bytes
+    assert raw.shape[1] == 3 * ROW_BYTES[qtype]
     got = ple.unpack_rows(raw, qtype)
     assert torch.equal(got, ple.gather_rows(table, rows).flatten(1))
     none = ple.packed_rows(table, np.zeros((0, 3), dtype=np.int64))  # an empty step
@@ -161,3 +164,16 @@ def test_dilated_conv_matches_conv1d_in_any_chunks() -> None:
         outs.append(y)
     torch.testing.assert_close(torch.cat(outs), want, rtol=1e-5, atol=1e-6)
     assert torch.equal(state, x[-hist:])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", sorted(ROW_BYTES))
+def test_packed_rows_unpack_on_the_gpu_to_the_gathered_rows(tmp_path: Path, qtype: str) -> None:
+    """As above with the torch ops on the GPU (where a prompt chunk decodes them)."""
+    _write_table(tmp_path / "t.gguf", GGMLQuantizationType[qtype], 160, 500)
+    table = GGUFFile(tmp_path / "t.gguf").tensor("table")
+    rows = np.random.default_rng(2).integers(0, 500, size=(64, 16))
+    raw = ple.packed_rows(table, rows)
+    assert raw is not None
+    got = ple.unpack_rows(raw.cuda(), qtype).cpu()
+    assert torch.equal(got, ple.gather_rows(table, rows).flatten(1))

@@ -166,6 +166,13 @@ case "${1:-tests}" in
     bench mixed 240 mixed $Q4X --int8 --ctx 163840 --slots 3 --depth 131072 --prompt 32768 \
       --ubatch 4096 --itl-target-ms= --time-limit 40 --prefill-lane --lane-sms 108 --decode-steps 32 \
       --record ;;
+  pleq)  # a Q4_K_M file's PLE table is Q5_0: its prompt rows packed (decoded on the GPU) or
+    # dequantized on the host, in rounds; then the prompt chunk's gaps
+    timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/core/test_ple.py 2>&1 | tail -2
+    bench ple_toggle 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0,16384@0 \
+      --decode= --multi-decode= --toggle ple.packed_rows --paired 5 --record
+    bench gaps 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --prefill-repeat 3 \
+      --decode 0 --decode-steps 32 --multi-decode= --gaps --record ;;
   dist)  # two pipeline ranks sharing one GPU (gloo, hand-offs through the host, decode graphs):
     # the serving code's tokens against one process at full width, 8 layers (no speed claim:
     # the ranks share the card)

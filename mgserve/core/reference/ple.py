@@ -117,15 +117,27 @@ def gather_rows(t: TensorInfo, rows: np.ndarray) -> torch.Tensor:
 
 
 # Table types whose rows ``unpack_rows`` decodes with torch ops on any device, bitwise as
-# ``gather_rows``: bytes per block and values per block. A Q8_0 value is an int8 times the block's
-# f16 scale, a product exact in float32 (8 and 11 significant bits).
-PACKED = {"Q8_0": (34, 32), "F16": (2, 1), "F32": (4, 1)}
+# ``gather_rows`` (gguf's numpy dequantization): bytes per block and values per block. A row of
+# ``head_dim`` values (160 in the real model) takes 32-value blocks only, so these are every type
+# a table can have but the i-quants. Each value is one float32 product of exact operands (a f16
+# scale times a small integer) plus, for the _1 types, the f16 minimum in a second rounding, as
+# numpy computes it.
+PACKED = {
+    "F32": (4, 1),
+    "F16": (2, 1),
+    "BF16": (2, 1),
+    "Q8_0": (34, 32),
+    "Q4_0": (18, 32),
+    "Q4_1": (20, 32),
+    "Q5_0": (22, 32),
+    "Q5_1": (24, 32),
+}
 
 
 def packed_rows(t: TensorInfo, rows: np.ndarray) -> torch.Tensor | None:
-    """The table rows ``rows`` [N, heads] as stored: uint8 [N, heads * row bytes], a quarter of
-    ``gather_rows``' float32 for Q8_0, decoded where they are used (``unpack_rows``, on the GPU
-    for a prompt chunk); None for a type ``unpack_rows`` does not decode."""
+    """The table rows ``rows`` [N, heads] as stored: uint8 [N, heads * row bytes] (a quarter to
+    a sixth of ``gather_rows``' float32 for the quantized types), decoded where they are used
+    (``unpack_rows``, on the GPU for a prompt chunk); None for a type it does not decode."""
     if t.type_name not in PACKED or not t.data.dtype.isnative:  # unpack_rows reads native order
         return None
     n, heads = rows.shape
@@ -139,11 +151,31 @@ def unpack_rows(raw: torch.Tensor, type_name: str) -> torch.Tensor:
     block, per = PACKED[type_name]
     n, blocks = raw.shape[0], raw.shape[1] // block
     b = raw.reshape(n, blocks, block)
+    if per == 1:
+        if type_name == "F32":
+            return b.contiguous().view(torch.float32).view(n, blocks)
+        dtype = torch.float16 if type_name == "F16" else torch.bfloat16
+        return b.contiguous().view(dtype).float().view(n, blocks)
+
+    def f16(at: int) -> torch.Tensor:  # the block's f16 at byte ``at`` as float32 [N, blocks, 1]
+        return b[..., at : at + 2].contiguous().view(torch.float16).float()
+
     if type_name == "Q8_0":
-        scale = b[..., :2].contiguous().view(torch.float16).float()  # [N, blocks, 1]
-        return (b[..., 2:].contiguous().view(torch.int8).float() * scale).view(n, blocks * per)
-    dtype = torch.float16 if type_name == "F16" else torch.float32
-    return b.contiguous().view(dtype).float().view(n, blocks * per)
+        q = b[..., 2:].contiguous().view(torch.int8).float()
+        return (q * f16(0)).view(n, blocks * per)
+    lead = {"Q4_0": 2, "Q4_1": 4, "Q5_0": 6, "Q5_1": 8}[type_name]  # bytes before the nibbles
+    qs = b[..., lead:]  # 16 bytes: value j's low 4 bits in byte j % 16, j >= 16 in the high half
+    q = torch.cat((qs & 0x0F, qs >> 4), dim=-1).to(torch.int32)  # [N, blocks, 32]
+    if type_name in ("Q5_0", "Q5_1"):  # the fifth bits: bit j of a little-endian uint32
+        hb = b[..., lead - 4 : lead].to(torch.int64)
+        qh = hb[..., 0:1] | hb[..., 1:2] << 8 | hb[..., 2:3] << 16 | hb[..., 3:4] << 24
+        bit = torch.arange(32, device=raw.device, dtype=torch.int64)
+        q = q | (((qh >> bit) & 1) << 4).to(torch.int32)
+    if type_name in ("Q4_0", "Q5_0"):  # symmetric: d * (q - 8 or 16)
+        out = f16(0) * (q - (8 if type_name == "Q4_0" else 16)).float()
+    else:  # d * q + m, two roundings as numpy's
+        out = f16(0) * q.float() + f16(2)
+    return out.view(n, blocks * per)
 
 
 @dataclass

@@ -110,6 +110,7 @@ class Qwen4ExpLM(HybridLM):
             seq = np.concatenate((hist, t))
             self._ple_tokens[slot] = seq[seq.size - hist.size :]
         rows = ple_ref.hash_contexts(np.concatenate(contexts, axis=1), p)  # one hash a step
+        packed = packed and self.backend.ple.packed_rows
         raw = ple_ref.packed_rows(self.ple_table, rows) if packed else None
         return raw if raw is not None else ple_ref.gather_rows(self.ple_table, rows).flatten(1)
 
