@@ -44,17 +44,18 @@ def run(args: argparse.Namespace) -> int:
         if "rows" not in data:
             raise SystemExit(f"{f}: not a `bench model --json` file (no 'rows')")
         runs.append((labels[i] if i < len(labels) else Path(f).stem, data))
-    fig, (dec, pre) = plt.subplots(1, 2, figsize=(12, 4.5))
-    drawn = 0
-    for label, data in runs:
-        for (kind, sessions), pts in series(data["rows"]).items():
-            ax = dec if kind == "decode" else pre
-            who = "1 session" if sessions == 1 else f"{sessions} sessions, aggregate"
-            ax.plot([d / 1024 for d, _ in pts], [t for _, t in pts], "o-", label=f"{label}: {who}")
-            drawn += 1
+    drawn = [(label, key, pts) for label, data in runs for key, pts in series(data["rows"]).items()]
     if not drawn:
         raise SystemExit("no decode or prefill rows with a depth in " + ", ".join(args.files))
-    for ax, what in ((dec, "decode"), (pre, "prefill")):
+    kinds = [k for k in ("decode", "prefill") if any(key[0] == k for _, key, _ in drawn)]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(6 * len(kinds), 4.5), squeeze=False)
+    panels = dict(zip(kinds, axes[0], strict=True))  # a panel per kind that has rows
+    for label, (kind, sessions), pts in drawn:
+        who = "1 session" if sessions == 1 else f"{sessions} sessions, aggregate"
+        panels[kind].plot(
+            [d / 1024 for d, _ in pts], [t for _, t in pts], "o-", label=f"{label}: {who}"
+        )
+    for what, ax in panels.items():
         ax.set_xlabel("context depth (k tokens)")
         ax.set_ylabel("tokens/s")
         ax.set_title(what)

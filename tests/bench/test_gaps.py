@@ -202,3 +202,17 @@ def test_long_gaps_are_broken_down_by_the_host_calls_running_through_them() -> N
         "| `cuda/models/qwen4exp.py: step_extra` | 0.600 |",
         "| `cuda/runner.py: _prefill` | 0.400 |",
     ]
+
+
+def test_ranges_give_no_host_call_table() -> None:
+    """By op family the work ran without Python calls traced: no breakdown of the long gaps."""
+    trace = [
+        _x("user_annotation", "linear.matmul", 0, 5000),
+        _x("cuda_runtime", "cudaLaunchKernel", 100, 5, correlation=1),
+        _x("kernel", "a", 110, 890, tid=7, correlation=1),
+        _x("cuda_runtime", "cudaLaunchKernel", 3950, 5, correlation=2),
+        _x("kernel", "b", 4000, 10, tid=7, correlation=2),
+    ]
+    lines = summarize(trace, "a step", 5.0, {"linear.matmul"})
+    assert lines[0].startswith("GPU idle gaps of a step (>= 20 us): 3.00 ms in 1 gaps")
+    assert not any("Host calls" in x for x in lines)

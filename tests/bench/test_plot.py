@@ -64,3 +64,25 @@ def test_plot_refuses_a_file_that_is_not_a_bench_result(tmp_path: Path) -> None:
     f.write_text(json.dumps({"rows": [{"workload": "w", "tokens_per_s": 1.0, "kind": "prompt"}]}))
     with pytest.raises(SystemExit, match="no decode or prefill rows"):
         main(["bench", "plot", str(f), "--out", str(tmp_path / "o.png")])
+
+
+def test_plot_of_decode_rows_alone_has_one_panel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decode-only sweep (``--prefill ""``) draws the decode panel alone, no empty one."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    f = tmp_path / "sweep.json"
+    rows = [r for r in _rows(100.0) if r["kind"] == "decode"]
+    f.write_text(json.dumps({"gpu": "G", "model": "M", "rows": rows}))
+    panels: list[int] = []
+    real = plt.Figure.savefig
+
+    def spy(fig: plt.Figure, *a: object, **k: object) -> None:
+        panels.append(len(fig.axes))
+        real(fig, *a, **k)
+
+    monkeypatch.setattr(plt.Figure, "savefig", spy)
+    assert main(["bench", "plot", str(f), "--out", str(tmp_path / "d.png")]) == 0
+    assert panels == [1]

@@ -97,13 +97,22 @@ def test_sessions_hashed_together_are_each_hashed_alone(spec: PleSpec) -> None:
 
 ROW_BYTES = {  # bytes of a 160-value row as each type stores it
     "F32": 640, "F16": 320, "BF16": 320, "Q8_0": 170, "Q4_0": 90, "Q4_1": 100, "Q5_0": 110,
-    "Q5_1": 120,
+    "Q5_1": 120, "IQ4_NL": 90,
 }  # fmt: skip
 
 
 def _write_table(path: Path, qtype: GGMLQuantizationType, width: int, rows: int) -> np.ndarray:
-    values = np.random.default_rng(1).standard_normal((rows, width)).astype(np.float32)
-    data = quants.quantize(values, qtype) if qtype != GGMLQuantizationType.F32 else values
+    rng = np.random.default_rng(1)
+    values = rng.standard_normal((rows, width)).astype(np.float32)
+    if qtype == GGMLQuantizationType.IQ4_NL:  # gguf-py cannot quantize it: random valid blocks
+        blocks = rng.integers(0, 256, size=(rows, width // 32, 18), dtype=np.uint8)
+        scales = (rng.standard_normal((rows, width // 32)) / 100).astype(np.float16)
+        blocks[..., :2] = scales[..., None].view(np.uint8).reshape(rows, width // 32, 2)
+        data = blocks.reshape(rows, -1)
+    elif qtype != GGMLQuantizationType.F32:
+        data = quants.quantize(values, qtype)
+    else:
+        data = values
     with GGUFWriter(path, "test") as w:
         w.add_tensor_info("table", (width, rows), qtype)
         w.write_header()
@@ -129,7 +138,7 @@ def test_gather_rows_equals_full_dequantize(tmp_path: Path, qtype: str) -> None:
 def test_packed_rows_unpack_to_the_gathered_rows(tmp_path: Path, qtype: str) -> None:
     """A prompt chunk's rows as stored (bytes), decoded with torch ops where they are used: the
     same bits as ``gather_rows`` (gguf's numpy dequantization), for every type a table of
-    160-value rows can have but the i-quants (a Q4_K_M file's table is Q5_0)."""
+    160-value rows can have (a Q4_K_M file's table is Q5_0)."""
     t = GGMLQuantizationType[qtype]
     _write_table(tmp_path / "t.gguf", t, 160, 500)
     table = GGUFFile(tmp_path / "t.gguf").tensor("table")

@@ -162,7 +162,7 @@ def summarize(
             n_gaps += 1
             idle += gap
             call = launches.get(op.get("args", {}).get("correlation"))
-            if gap >= LONG_GAP_US and call is not None:
+            if gap >= LONG_GAP_US and call is not None and not labels:  # frames: Python calls
                 _innermost(calls.get(call["tid"], []), busy_end, op["ts"], host)
             key = _cause(op, where, launches, waits, busy_end)
             tot = by_frame.setdefault(key, [0.0, 0])

@@ -119,7 +119,8 @@ def gather_rows(t: TensorInfo, rows: np.ndarray) -> torch.Tensor:
 # Table types whose rows ``unpack_rows`` decodes with torch ops on any device, bitwise as
 # ``gather_rows`` (gguf's numpy dequantization): bytes per block and values per block. A row of
 # ``head_dim`` values (160 in the real model) takes 32-value blocks only, so these are every type
-# a table can have but the i-quants. Each value is one float32 product of exact operands (a f16
+# such a table can have (llama-quantize's fallbacks for rows that are no multiple of 256 are
+# Q5_0, Q5_1, Q8_0, Q4_0 and IQ4_NL). Each value is one float32 product of exact operands (a f16
 # scale times a small integer) plus, for the _1 types, the f16 minimum in a second rounding, as
 # numpy computes it.
 PACKED = {
@@ -131,7 +132,9 @@ PACKED = {
     "Q4_1": (20, 32),
     "Q5_0": (22, 32),
     "Q5_1": (24, 32),
+    "IQ4_NL": (18, 32),
 }
+IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
 
 def packed_rows(t: TensorInfo, rows: np.ndarray) -> torch.Tensor | None:
@@ -163,9 +166,12 @@ def unpack_rows(raw: torch.Tensor, type_name: str) -> torch.Tensor:
     if type_name == "Q8_0":
         q = b[..., 2:].contiguous().view(torch.int8).float()
         return (q * f16(0)).view(n, blocks * per)
-    lead = {"Q4_0": 2, "Q4_1": 4, "Q5_0": 6, "Q5_1": 8}[type_name]  # bytes before the nibbles
+    lead = {"Q4_0": 2, "Q4_1": 4, "Q5_0": 6, "Q5_1": 8, "IQ4_NL": 2}[type_name]  # before nibbles
     qs = b[..., lead:]  # 16 bytes: value j's low 4 bits in byte j % 16, j >= 16 in the high half
     q = torch.cat((qs & 0x0F, qs >> 4), dim=-1).to(torch.int32)  # [N, blocks, 32]
+    if type_name == "IQ4_NL":  # d times the nibble's entry of the non-linear grid
+        grid = torch.tensor(IQ4_NL_VALUES, dtype=torch.float32, device=raw.device)
+        return (f16(0) * grid[q.long()]).view(n, blocks * per)
     if type_name in ("Q5_0", "Q5_1"):  # the fifth bits: bit j of a little-endian uint32
         hb = b[..., lead - 4 : lead].to(torch.int64)
         qh = hb[..., 0:1] | hb[..., 1:2] << 8 | hb[..., 2:3] << 16 | hb[..., 3:4] << 24
