@@ -178,6 +178,28 @@ def test_gc_freeze_is_a_switch_of_the_whole_heap(tmp_path: Path) -> None:
     gc.unfreeze()  # the other tests' heap as pytest has it
 
 
+def test_moe_tiles_are_variants_of_the_grouped_kernels(tmp_path: Path) -> None:
+    """``--moe-tiles A/B``: each variant sets the MoE prompt kernels' tiling (QGemmTuning) on
+    the backend's qgemm; one tiling alone is not a comparison."""
+    from types import SimpleNamespace
+
+    from mgserve.bench.model.paired import tile_variants
+    from mgserve.cuda.ops.qgemm import QGemmTuning
+
+    qgemm = SimpleNamespace(grouped=None)
+    bench = SimpleNamespace(ops=SimpleNamespace(linear=SimpleNamespace(qgemm=qgemm)))
+    variants = tile_variants(bench, "64,128,32,2,4/256,128,16,4,2,1")  # type: ignore[arg-type]
+    assert [v for v, _ in variants] == ["moe tiles 64,128,32,2,4,2", "moe tiles 256,128,16,4,2,1"]
+    variants[1][1]()
+    assert qgemm.grouped == QGemmTuning(256, 128, 16, 4, 2, 1)
+    variants[0][1]()
+    assert qgemm.grouped == QGemmTuning(bm=64)
+    with pytest.raises(ValueError, match="two or more tilings"):
+        tile_variants(bench, "64,128,32,2,4")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="BM,BN,BK,WARPS_M,WARPS_N"):
+        tile_variants(bench, "64,128/1,2")  # type: ignore[arg-type]
+
+
 def test_paired_refuses_what_it_does_not_time(tmp_path: Path) -> None:
     from mgserve.bench.model.paired import paired_report
     from tests.cuda.test_device_models import _export
@@ -188,7 +210,7 @@ def test_paired_refuses_what_it_does_not_time(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--multi-prefill is not timed in rounds"):
         paired_report(bench, args, [(1, 1), (2, 1)], lambda *a, **k: None, [])
     args.multi_prefill, args.toggle = "", "linear.probe"
-    with pytest.raises(ValueError, match="stage counts or a --toggle, not both"):
+    with pytest.raises(ValueError, match="stage counts, a --toggle or --moe-tiles, one of them"):
         paired_report(bench, args, [(1, 1), (2, 1)], lambda *a, **k: None, [])
     bench.ops.linear.probe = True  # type: ignore[attr-defined]
     args.decode = "8"  # decode graphs keep the setting they were captured under

@@ -173,6 +173,12 @@ case "${1:-tests}" in
       --decode= --multi-decode= --toggle ple.packed_rows --paired 5 --record
     bench gaps 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --prefill-repeat 3 \
       --decode 0 --decode-steps 32 --multi-decode= --gaps --record ;;
+  moetiles)  # the MoE prompt kernels' tilings side by side: each W tile decoded per CTA
+    # amortised over more rows (bm 128, 256) against the default (bm 64)
+    timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/core/test_ple.py 2>&1 | tail -1
+    bench moe_tiles 330 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+      --multi-decode= --paired 5 --moe-tiles 64,128,32,2,4,2/128,128,32,2,4,2/256,128,16,4,2,1 \
+      --record ;;
   dist)  # two pipeline ranks sharing one GPU (gloo, hand-offs through the host, decode graphs):
     # the serving code's tokens against one process at full width, 8 layers (no speed claim:
     # the ranks share the card)

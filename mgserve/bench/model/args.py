@@ -121,6 +121,13 @@ def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) 
         "[,GROUP_M[,MIN_ROWS]]] (MIN_ROWS: prompt rows from which it replaces qgemm.cu)",
     )
     parser.add_argument(
+        "--moe-tiles",
+        default="",
+        metavar="TUNING[/TUNING...]",
+        help="the MoE prompt kernels' tiles (qgemm.cu, grouped): BM,BN,BK,WARPS_M,WARPS_N"
+        "[,MIN_CTAS]; with --paired, two or more separated by / are timed side by side",
+    )
+    parser.add_argument(
         "--device",
         choices=("cuda", "cpu"),
         default="cuda",

@@ -73,7 +73,14 @@ class ModelBench:
                 hgemm=hgemm,
                 pdl=not args.no_pdl,
             )
+            if args.moe_tiles and "/" not in args.moe_tiles:  # one tiling (several: --paired)
+                from mgserve.cuda.ops.qgemm import QGemmTuning
+
+                linear: Any = self.ops.linear  # LinearCuda on --device cuda
+                linear.qgemm.grouped = QGemmTuning.parse(args.moe_tiles)
         else:
+            if args.moe_tiles:
+                raise ValueError("--moe-tiles: the qgemm.cu kernels run on --device cuda only")
             self.ops = torch_backend()
         self.model = load_device_model(
             g, self.ops, self.device, args.slots, args.ctx, args.cache_type, args.cache_type

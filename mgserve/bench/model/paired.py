@@ -15,6 +15,7 @@ import argparse
 import gc
 import statistics
 from collections.abc import Callable
+from typing import Any
 
 from mgserve.bench.model import workloads
 from mgserve.bench.model.args import depths, pairs
@@ -55,6 +56,23 @@ def toggle_variants(b: ModelBench, name: str) -> tuple[list[Variant], Callable[[
     return variants, lambda: setattr(fam, attr, was)
 
 
+def tile_variants(b: ModelBench, text: str) -> list[Variant]:
+    """``--moe-tiles A/B/...``: the MoE prompt kernels under each tiling (QGemmTuning), the
+    first current after."""
+    from mgserve.cuda.ops.qgemm import QGemmTuning
+
+    tunings = [QGemmTuning.parse(t) for t in text.split("/") if t.strip()]
+    if len(tunings) < 2:
+        raise ValueError(f"--paired with --moe-tiles needs two or more tilings, got {text!r}")
+    linear: Any = b.ops.linear  # LinearCuda: the bench refuses --moe-tiles on the CPU
+    qgemm = linear.qgemm
+    return [
+        (f"moe tiles {t.bm},{t.bn},{t.bk},{t.warps_m},{t.warps_n},{t.min_ctas}",
+         lambda t=t: setattr(qgemm, "grouped", t))  # type: ignore[misc]
+        for t in tunings
+    ]  # fmt: skip
+
+
 def paired_report(b: ModelBench, args: argparse.Namespace, counts: list[tuple[int, int]],
                   row: Row, lines: list[str]) -> None:  # fmt: skip
     """``--paired``: the variants of ``args`` (stage counts or ``--toggle``) in rounds, then each
@@ -62,8 +80,10 @@ def paired_report(b: ModelBench, args: argparse.Namespace, counts: list[tuple[in
     current after."""
     from mgserve.bench.model.report import stage_figures
 
-    if args.toggle and len(counts) > 1:
-        raise ValueError("--paired compares stage counts or a --toggle, not both at once")
+    if sum((len(counts) > 1, bool(args.toggle), "/" in args.moe_tiles)) > 1:
+        raise ValueError(
+            "--paired compares stage counts, a --toggle or --moe-tiles, one of them at a time"
+        )
     left_out = {
         "--long-prefill": args.long_prefill,
         "--multi-prefill": args.multi_prefill,
@@ -79,6 +99,10 @@ def paired_report(b: ModelBench, args: argparse.Namespace, counts: list[tuple[in
             "--toggle with --decode or --multi-decode: a decode step replays the CUDA graph "
             "captured under the first setting; add --no-graphs, or give --decode= --multi-decode="
         )
+    if "/" in args.moe_tiles:
+        variants = tile_variants(b, args.moe_tiles)
+        run_paired(b, args, variants, row)
+        return
     if args.toggle:
         variants, restore = toggle_variants(b, args.toggle)
         run_paired(b, args, variants, row)
