@@ -76,7 +76,9 @@ class Variant(NamedTuple):
 
 
 def _qgemm() -> list[Variant]:
-    tilings = (("dense", DENSE_TUNING), ("grouped", GROUPED_TUNING))
+    tilings = [("dense", DENSE_TUNING)]
+    if GROUPED_TUNING != DENSE_TUNING:  # one module serves both when they agree
+        tilings.append(("grouped", GROUPED_TUNING))
     return [
         Variant(QGEMM_SOURCE, t.defines(f), f"{f} {name}") for f in FORMATS for name, t in tilings
     ]

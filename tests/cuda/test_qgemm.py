@@ -50,7 +50,7 @@ TYPES = sorted(FORMATS)
 ACC_TOL = 1e-4  # vs the float64 product of the f16-rounded operands (module docstring)
 TUNINGS = [
     QGemmTuning(),  # the dense default
-    QGemmTuning(bm=64),  # the grouped default
+    QGemmTuning(bm=64),  # the grouped default until 2026-12-06
     QGemmTuning(64, 64, 64, 2, 2, 1),  # 4 warps, k steps of 64: other k tails
     QGemmTuning(32, 64, 16, 1, 2, 1),  # 2 warps, k steps of 16
 ]

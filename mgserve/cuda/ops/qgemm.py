@@ -112,7 +112,11 @@ class QGemmTuning:
 
 
 DENSE_TUNING = QGemmTuning()  # QGemm's default tiles: prompt products of the linear family
-GROUPED_TUNING = QGemmTuning(bm=64)  # the MoE prefill's grouped products: ~M * kk / E rows each
+# The MoE prefill's grouped products (~M * kk / E rows an expert). Their CTAs decode each W tile
+# from GGUF blocks, which costs more than its products, so the rows a CTA amortises it over
+# decide the speed: bm 128 is 11% faster than 64 on a 4096-token qwen4exp chunk, bm 256 (bk 16)
+# 5% slower (BENCHMARKS.md 2026-12-06 08:37, --moe-tiles).
+GROUPED_TUNING = QGemmTuning(bm=128)
 
 
 def f16_rows(x: torch.Tensor) -> torch.Tensor:
