@@ -179,6 +179,15 @@ case "${1:-tests}" in
     bench moe_tiles 330 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
       --multi-decode= --paired 5 --moe-tiles 64,128,32,2,4,2/128,128,32,2,4,2/256,128,16,4,2,1 \
       --record ;;
+  moe128)  # the MoE prompt kernels on 128-row tiles: their tests, the models' invariance and
+    # logits (carry .whl, .tiny/qwen4exp.gguf, .tiny/qwen3.gguf), then qwen3next's tiles side by side
+    timeout 240 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu tests/core/test_ple.py \
+      tests/cuda/test_qgemm.py tests/cuda/test_batch_invariance.py tests/cuda/test_device_models.py \
+      -k "ple or grouped or qgemm or qwen4exp" > "$OUT/t_moe128.log" 2>&1
+    echo "== moe128 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_moe128.log" | head -20
+    bench q3n_tiles 200 model --shape qwen3next-80b-a3b --layers 48 --ctx 65536 --slots 1 --int8 \
+      --prefill 4096@0 --decode= --multi-decode= --paired 5 \
+      --moe-tiles 128,128,32,2,4,2/64,128,32,2,4,2 --record ;;
   dist)  # two pipeline ranks sharing one GPU (gloo, hand-offs through the host, decode graphs):
     # the serving code's tokens against one process at full width, 8 layers (no speed claim:
     # the ranks share the card)
