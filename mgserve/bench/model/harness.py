@@ -30,9 +30,10 @@ def stage_label(n: int, micro: int = 1) -> str:
 
 def freeze_heap() -> None:
     """Every object alive now out of the garbage collector's sight, as the server has what it
-    loaded (api/app.py): a full collection otherwise walks the model's and the vocabulary's
-    objects (90 ms and more) on whichever step allocates past the threshold. ``bench model
-    --paired R --toggle gc.freeze`` times it on and off."""
+    loaded (api/app.py), so the bench's steps see the server's collections: a full one would
+    otherwise walk the model's and the vocabulary's objects on whichever step allocates past
+    the threshold. ``bench model --paired R --toggle gc.freeze`` times it on and off (no
+    difference on the H100 in BENCHMARKS.md, 2026-12-06 08:25)."""
     gc.collect()
     gc.freeze()
 

@@ -1,7 +1,9 @@
 """``mgserve bench model --paired R``: two or more variants of one loaded model measured side by
 side. The variants are either stage counts (``--virtual-stages 1,6``: every count's runner is
-built once and kept; they share the model's weights and pools) or an op family's switch on and
-off (``--toggle qsa.prefill_kernels``: a boolean attribute of ``ModelBench.ops``). Each
+built once and kept; they share the model's weights and pools), an op family's switch on and
+off (``--toggle qsa.prefill_kernels``: a boolean attribute of ``ModelBench.ops``; ``gc.freeze``
+the heap frozen or not), or the MoE prompt kernels' tilings (``--moe-tiles A/B``). Each variant
+runs every workload once untimed first (its kernels compiled, its buffers sized); then each
 workload runs R rounds, and in each round once on every variant in turn, round r starting at
 variant r mod V (a variant run first in every round would take any first-in-round cost alone:
 caches, clocks, what the workload before left behind). A row gives the median
@@ -75,9 +77,9 @@ def tile_variants(b: ModelBench, text: str) -> list[Variant]:
 
 def paired_report(b: ModelBench, args: argparse.Namespace, counts: list[tuple[int, int]],
                   row: Row, lines: list[str]) -> None:  # fmt: skip
-    """``--paired``: the variants of ``args`` (stage counts or ``--toggle``) in rounds, then each
-    staged runner's stage figures (table lines appended to ``lines``); the first variant is
-    current after."""
+    """``--paired``: the variants of ``args`` (stage counts, ``--toggle`` or ``--moe-tiles``) in
+    rounds, then each staged runner's stage figures (table lines appended to ``lines``); the
+    first variant is current after."""
     from mgserve.bench.model.report import stage_figures
 
     if sum((len(counts) > 1, bool(args.toggle), "/" in args.moe_tiles)) > 1:
