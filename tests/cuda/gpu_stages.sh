@@ -29,6 +29,12 @@
 #                                              rotated) and --toggle qsa.prefill_kernels
 #   bash tests/cuda/gpu_stages.sh gate        --toggle hc.prompt_gate_kernel, the prompt
 #                                              chunk's gaps by Python frame
+#   bash tests/cuda/gpu_stages.sh hostgaps    the prompt chunk's long gaps by host call
+#   bash tests/cuda/gpu_stages.sh gcfreeze    --toggle gc.freeze, gaps by frame, mixed load
+#   bash tests/cuda/gpu_stages.sh pleq        the PLE rows' GPU tests, --toggle ple.packed_rows
+#   bash tests/cuda/gpu_stages.sh moetiles    --moe-tiles 64 / 128 / 256 rows side by side
+#   bash tests/cuda/gpu_stages.sh moe128      the grouped kernels' tests on 128-row tiles,
+#                                              qwen3next's tiles side by side
 # Logs and files land in $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/mgserve-out}; mkdir -p "$OUT"
