@@ -218,3 +218,22 @@ def test_paired_refuses_what_it_does_not_time(tmp_path: Path) -> None:
     args.decode = "8"  # decode graphs keep the setting they were captured under
     with pytest.raises(ValueError, match="add --no-graphs"):
         paired_report(bench, args, [(1, 1)], lambda *a, **k: None, [])
+
+
+def test_bench_model_runs_on_the_cpu_from_the_command_line(tmp_path: Path) -> None:
+    """``mgserve bench model --device cpu`` (the bench's own check without a GPU) prints its
+    table and writes its JSON instead of asking cuda.core for a GPU."""
+    import json
+
+    from mgserve.cli import main
+    from tests.cuda.test_device_models import _export
+
+    out = tmp_path / "r.json"
+    args = ["bench", "model", "--model", str(_export("qwen3", tmp_path)), "--device", "cpu",
+            "--ctx", "128", "--slots", "1", "--ubatch", "16", "--prefill", "16@0", "--decode",
+            "0", "--decode-steps", "2", "--multi-decode=", "--json", str(out)]  # fmt: skip
+    assert main(args) == 0
+    data = json.loads(out.read_text())
+    assert data["gpu"] == "none (CPU)"
+    assert [r["kind"] for r in data["rows"]] == ["prefill", "decode"]
+    assert all(r["tokens_per_s"] > 0 for r in data["rows"])

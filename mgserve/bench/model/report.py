@@ -25,11 +25,15 @@ def run(args: argparse.Namespace) -> int:
 
     b = ModelBench(args)
     m = b.model
-    gpu = runtime.gpu_info().name
-    copy = _copy_rate(torch)
+    gpu = "none (CPU)"
+    if b.device.type == "cuda":
+        gpu = runtime.gpu_info().name
+        where = f"GPU: {gpu}; device-to-device copy {_copy_rate(torch):.0f} GB/s (read+write)"
+    else:  # the bench's own tests: no GPU, no copy rate
+        where = "CPU: the torch backend (a test of the bench: no GPU figures)"
     per_tok = bytes_per_token(m)
     head = [
-        f"GPU: {gpu}; device-to-device copy {copy:.0f} GB/s (read+write)",
+        where,
         f"model: {b.source}, {m.spec.arch}, {m.spec.n_layer} layers, "
         f"{m.weight_bytes / 1e9:.1f} GB of weights on the GPU, loaded in {b.load_s:.1f} s; "
         f"{per_tok / 1e9:.2f} GB of weights read per decode token",
