@@ -35,6 +35,8 @@
 #   bash tests/cuda/gpu_stages.sh moetiles    --moe-tiles 64 / 128 / 256 rows side by side
 #   bash tests/cuda/gpu_stages.sh moe128      the grouped kernels' tests on 128-row tiles,
 #                                              qwen3next's tiles side by side
+#   bash tests/cuda/gpu_stages.sh ncu         Nsight Compute counters of the heaviest prompt
+#                                              and decode kernels (what bounds each)
 # Logs and files land in $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/mgserve-out}; mkdir -p "$OUT"
@@ -194,6 +196,24 @@ case "${1:-tests}" in
     bench q3n_tiles 200 model --shape qwen3next-80b-a3b --layers 48 --ctx 65536 --slots 1 --int8 \
       --prefill 4096@0 --decode= --multi-decode= --paired 5 \
       --moe-tiles 128,128,32,2,4,2/64,128,32,2,4,2 --record ;;
+  ncu)  # hardware counters (Nsight Compute; Firecracker machines read them, gVisor ones do
+    # not: the first lines say which) of the heaviest kernels, each at its first launch: the
+    # prompt chunk's MoE GEMMs, DeltaNet scan, HC combine and attention; the decode step's HC
+    # projections, Q4_K matvec and MoE gate/up; the dense prompt GEMM. Speed of light, warp
+    # stalls, memory and compute workload, occupancy: what bounds each (METHOD.md: clocks left)
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    echo "ncu: ${NCU:-none}"; [ -n "$NCU" ] || exit 0
+    W="$Q4X --ctx 8192 --slots 1 --int8 --prefill 4096@0 --decode 0 --decode-steps 1 --multi-decode= --no-graphs"
+    SECTIONS="--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
+    for spec in "prompt:^(qgemm_gate_up|qgemm_down|delta_scan_f32|hc_combine|attn_prefill)$:5" \
+        "decode:^(hc_down_Q4_K_t1|hc_up_Q5_0_t1|matvec_q8_Q4_K_t1|moe_q8_gate_up_Q4_K)$:4" \
+        "hgemm:^hgemm$:2"; do
+      IFS=: read -r name rx n <<< "$spec"
+      timeout 180 "$NCU" --clock-control none --target-processes all -k "regex:$rx" -c "$n" \
+        $SECTIONS python3 -m mgserve bench model $W > "$OUT/ncu_$name.txt" 2>&1
+      echo "== ncu $name rc=$?"; grep -E "^  [a-z_0-9]+|Duration|Memory Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Stall" "$OUT/ncu_$name.txt" | head -40
+    done ;;
   dist)  # two pipeline ranks sharing one GPU (gloo, hand-offs through the host, decode graphs):
     # the serving code's tokens against one process at full width, 8 layers (no speed claim:
     # the ranks share the card)
