@@ -7,6 +7,7 @@ import argparse
 
 from mgserve.bench.model import workloads
 from mgserve.bench.model.args import depths, pairs
+from mgserve.bench.model.figures import Rates, nominal_peak
 from mgserve.bench.model.harness import ModelBench, stage_counts, stage_label
 from mgserve.bench.model.profile import (
     bytes_per_token,
@@ -129,8 +130,9 @@ def run(args: argparse.Namespace) -> int:
             lines += [""] + profile_decode(b, mdepth, sessions)
         lines += [""] + profile_prefill(b, args.ubatch, 0)
     if args.gaps:
-        lines += [""] + gaps_prefill(b, args.ubatch, 0)
-        lines += [""] + gaps_decode(b, max(depths(args.decode) or [0]))
+        rates = Rates(copy, nominal_peak(gpu))  # the floors of the operations tables
+        lines += [""] + gaps_prefill(b, args.ubatch, 0, rates)
+        lines += [""] + gaps_decode(b, max(depths(args.decode) or [0]), rates)
     body = "\n".join(lines)
     print(body)
     if args.json:
