@@ -216,3 +216,41 @@ def test_ranges_give_no_host_call_table() -> None:
     lines = summarize(trace, "a step", 5.0, {"linear.matmul"})
     assert lines[0].startswith("GPU idle gaps of a step (>= 20 us): 3.00 ms in 1 gaps")
     assert not any("Host calls" in x for x in lines)
+
+
+def test_op_rows_give_rates_and_floors_from_the_costs() -> None:
+    """With costs, each family method's row has GB/s (bytes / its operations' GPU time),
+    TFLOP/s and the floor: bytes at the copy rate or flops at the peak, the larger; rows without
+    costs are blank. linear.matmul: 2 operations in 155 us; moe.prefill: 1 in 100 us."""
+    from mgserve.bench.model.costs import Cost
+    from mgserve.bench.model.figures import Rates
+
+    trace = [e for e in _trace() if e["cat"] != "python_function"] + [
+        _x("user_annotation", "moe.prefill", 40, 520),
+        _x("user_annotation", "linear.matmul", 455, 20),
+        _x("cuda_runtime", "cudaLaunchKernel", 458, 1, correlation=5),
+        _x("kernel", "gemm", 480, 5, tid=7, correlation=5),
+    ]
+    labels = {"moe.prefill", "linear.matmul", "norm.rms"}
+    costs = {
+        "linear.matmul": Cost(3.1e8, 7.75e10),  # 2000 GB/s, 500 TFLOP/s; 0.100 ms at the copy
+        "moe.prefill": Cost(1e6, 4.945e10),  # 10 GB/s, 494.5 TFLOP/s; 0.050 ms at the peak
+        "norm.rms": Cost(1e3, 0.0),  # launched nothing: no row
+    }
+    lines = summarize(trace, "a step", 2.0, labels, costs, Rates(3100.0, 989.0))
+    assert (
+        "(bytes and flops at least per call: costs.py; floor ms: bytes at the copy rate 3100 "
+        "GB/s (read+write) or flops at 989 TFLOP/s (nominal, datasheet dense f16), the larger)"
+    ) in lines
+    assert "| launched from | operations | of them torch's kernels | GPU ms | GB/s | TFLOP/s | " \
+        "floor ms |" in lines  # fmt: skip
+    assert _op_rows(lines) == [
+        "| `linear.matmul` | 2 | 0 | 0.155 | 2000 | 500.0 | 0.100 |",
+        "| `(outside the op families)` | 2 | 0 | 0.030 | | | |",
+        "| `moe.prefill` | 1 | 0 | 0.100 | 10 | 494.5 | 0.050 |",
+    ]
+    no_rates = _op_rows(summarize(trace, "a step", 2.0, labels, costs))
+    assert no_rates[0] == "| `linear.matmul` | 2 | 0 | 0.155 | 2000 | 500.0 | |"
+    assert _op_rows(summarize(trace, "a step", 2.0, labels))[0] == (
+        "| `linear.matmul` | 2 | 0 | 0.155 |"  # no costs: the table as before
+    )

@@ -11,6 +11,10 @@ a step instead of every Python call; the innermost range around a launch names i
 launch-bound step (an eager decode step) is slow under the profiler either way (its cost per
 launch): its gaps say where the launches are, not how long the unprofiled host takes.
 
+By family, the table of GPU operations by what launched them also gives each method's achieved
+GB/s and TFLOP/s and its floor (the bytes and flops its calls must move and compute, costs.py,
+summed per method as the work runs, figures.py).
+
 The work runs once under torch.profiler; the chrome trace it writes has
 every kernel, copy and memset on the GPU's timeline, the runtime or driver call that queued each
 (linked by a correlation id), and the Python calls on the host's. A gap is a stretch of at least
@@ -37,6 +41,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from mgserve.bench.model.costs import Cost
+from mgserve.bench.model.figures import Rates, Tally, ops_table
+
 MIN_GAP_US = 20.0
 LONG_GAP_US = 1000.0  # gaps whose host calls the frame table breaks down
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -44,18 +51,20 @@ WAITS = ("Synchronize", "HostAlloc", "MallocHost", "cudaMalloc")
 COPIES = ("cudaMemcpy", "cuMemcpy")  # waits unless Async from pinned memory (module docstring)
 
 
-def gaps_table(
-    sync: Callable[[], None], work: Callable[[], Any], what: str, backend: Any = None
-) -> list[str]:
+def gaps_table(sync: Callable[[], None], work: Callable[[], Any], what: str,
+               backend: Any = None, rates: Rates | None = None) -> list[str]:  # fmt: skip
     """Runs ``work`` once under torch.profiler and returns table lines: the GPU's idle time and
     its gaps summed by what launched the operation ending each (``sync`` waits for the GPU): the
-    op family method of ``backend`` if given, else the Python frame."""
+    op family method of ``backend`` if given, else the Python frame. By family, the operations
+    table gives each method's achieved GB/s and TFLOP/s and its floor (costs.py; ``rates``)."""
     from torch.profiler import ProfilerActivity, profile
 
     sync()
     labels: set[str] = set()
+    tally = Tally()
     acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
-    with annotated(backend, labels), profile(activities=acts, with_stack=backend is None) as p:
+    ranges = annotated(backend, labels, tally)
+    with ranges, profile(activities=acts, with_stack=backend is None) as p:
         t0 = time.perf_counter()
         work()
         sync()
@@ -68,16 +77,19 @@ def gaps_table(
             events = json.load(f)["traceEvents"]
     finally:
         os.unlink(path)
-    return summarize(events, what, wall, labels or None)
+    costs = tally.figures() if labels else None
+    return summarize(events, what, wall, labels or None, costs, rates)
 
 
 @contextmanager
-def annotated(backend: Any, labels: set[str]) -> Iterator[None]:
+def annotated(backend: Any, labels: set[str], tally: Tally | None = None) -> Iterator[None]:
     """Every public method of ``backend``'s op families (its dataclass fields but the weights,
     the kernels and the row path) runs inside ``record_function("family.method")`` until exit;
-    the names go into ``labels``. None: nothing is wrapped."""
+    the names go into ``labels``, each call's cost into ``tally`` (figures.py) if given. None:
+    nothing is wrapped."""
     from torch.profiler import record_function
 
+    tally = Tally() if tally is None else tally
     patched: list[tuple[Any, str]] = []
     fields = [] if backend is None else [f.name for f in dataclasses.fields(backend)]
     for fam_name in (f for f in fields if f not in ("dense", "kernels", "path")):
@@ -89,7 +101,7 @@ def annotated(backend: Any, labels: set[str]) -> Iterator[None]:
             if name.startswith("_") or name in own:
                 continue
             label = f"{fam_name}.{name}"
-            setattr(fam, name, _ranged(getattr(fam, name), label, record_function))
+            setattr(fam, name, _ranged(getattr(fam, name), label, record_function, tally))
             patched.append((fam, name))
             labels.add(label)
     try:
@@ -99,22 +111,28 @@ def annotated(backend: Any, labels: set[str]) -> Iterator[None]:
             delattr(fam, name)
 
 
-def _ranged(f: Callable[..., Any], label: str, record_function: Any) -> Callable[..., Any]:
-    """``f`` run inside a profiler range named ``label``."""
+def _ranged(f: Callable[..., Any], label: str, record_function: Any, tally: Tally) -> Any:
+    """``f`` run inside a profiler range named ``label``, its cost (from the arguments' host-side
+    metadata: costs.py) summed into ``tally``."""
 
     def ranged(*a: Any, **k: Any) -> Any:
-        with record_function(label):
-            return f(*a, **k)
+        frame = tally.enter(label, a, k)
+        try:
+            with record_function(label):
+                return f(*a, **k)
+        finally:
+            tally.leave(frame)
 
     return ranged
 
 
-def summarize(
-    events: list[dict[str, Any]], what: str, wall_ms: float, labels: set[str] | None = None
-) -> list[str]:
+def summarize(events: list[dict[str, Any]], what: str, wall_ms: float,
+              labels: set[str] | None = None, costs: dict[str, Cost] | None = None,
+              rates: Rates | None = None) -> list[str]:  # fmt: skip
     """The table of ``gaps_table`` from a chrome trace's events: gaps put down to the innermost
     range named in ``labels`` around each launch, or without labels to the innermost mgserve
-    Python frame."""
+    Python frame. ``costs`` (label -> summed bytes and flops: figures.Tally): the operations table
+    gets GB/s, TFLOP/s and floor ms (``rates``) columns, blank where a label has none."""
     spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
     gpu = sorted((e for e in spans if e.get("cat") in GPU_CATS), key=lambda e: e["ts"])
     if not gpu:
@@ -192,16 +210,7 @@ def summarize(
         ]
         for key, us in sorted(host.items(), key=lambda kv: -kv[1])[:12]:
             lines.append(f"| `{key}` | {us / 1e3:.3f} |")
-    lines += [
-        "",
-        f"GPU operations of {what} by what launched them ({len(gpu)} in all)",
-        "",
-        "| launched from | operations | of them torch's kernels | GPU ms |",
-        "| --- | --- | --- | --- |",
-    ]
-    for key, (n, us, native) in sorted(ops.items(), key=lambda kv: -kv[1][0])[:20]:
-        lines.append(f"| `{key}` | {n:.0f} | {native:.0f} | {us / 1e3:.3f} |")
-    return lines
+    return lines + ops_table(what, len(gpu), ops, costs, rates)
 
 
 def _innermost(calls: list[dict[str, Any]], t0: float, t1: float, out: dict[str, float]) -> None:

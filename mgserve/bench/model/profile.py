@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mgserve.bench.model.figures import Rates
 from mgserve.bench.model.gaps import gaps_table
 from mgserve.bench.model.harness import ModelBench
 
@@ -81,14 +82,15 @@ def profile_prefill(b: ModelBench, n: int, depth: int) -> list[str]:
     return _kernel_table(b, *_prefill_work(b, n, depth))
 
 
-def gaps_decode(b: ModelBench, depth: int) -> list[str]:
-    """Where the GPU waits for the host in one eager decode step at ``depth`` (gaps.py)."""
-    return gaps_table(b.sync, *_decode_work(b, depth, 1), backend=_families(b))
+def gaps_decode(b: ModelBench, depth: int, rates: Rates | None = None) -> list[str]:
+    """Where the GPU waits for the host in one eager decode step at ``depth`` (gaps.py); by
+    family, each method's rates against the floor of ``rates`` (figures.py)."""
+    return gaps_table(b.sync, *_decode_work(b, depth, 1), backend=_families(b), rates=rates)
 
 
-def gaps_prefill(b: ModelBench, n: int, depth: int) -> list[str]:
-    """Where the GPU waits for the host in one prefill step of ``n`` tokens (gaps.py)."""
-    return gaps_table(b.sync, *_prefill_work(b, n, depth), backend=_families(b))
+def gaps_prefill(b: ModelBench, n: int, depth: int, rates: Rates | None = None) -> list[str]:
+    """Where the GPU waits for the host in one prefill step of ``n`` tokens (``gaps_decode``)."""
+    return gaps_table(b.sync, *_prefill_work(b, n, depth), backend=_families(b), rates=rates)
 
 
 def _families(b: ModelBench) -> Any:

@@ -7,6 +7,7 @@ import argparse
 
 from mgserve.bench.model import workloads
 from mgserve.bench.model.args import depths, pairs
+from mgserve.bench.model.figures import Rates, nominal_peak
 from mgserve.bench.model.harness import ModelBench, stage_counts, stage_label
 from mgserve.bench.model.profile import (
     bytes_per_token,
@@ -25,10 +26,10 @@ def run(args: argparse.Namespace) -> int:
 
     b = ModelBench(args)
     m = b.model
-    gpu = "none (CPU)"
+    gpu, copy = "none (CPU)", None
     if b.device.type == "cuda":
-        gpu = runtime.gpu_info().name
-        where = f"GPU: {gpu}; device-to-device copy {_copy_rate(torch):.0f} GB/s (read+write)"
+        gpu, copy = runtime.gpu_info().name, _copy_rate(torch)
+        where = f"GPU: {gpu}; device-to-device copy {copy:.0f} GB/s (read+write)"
     else:  # the bench's own tests: no GPU, no copy rate
         where = "CPU: the torch backend (a test of the bench: no GPU figures)"
     per_tok = bytes_per_token(m)
@@ -133,8 +134,9 @@ def run(args: argparse.Namespace) -> int:
             lines += [""] + profile_decode(b, mdepth, sessions)
         lines += [""] + profile_prefill(b, args.ubatch, 0)
     if args.gaps:
-        lines += [""] + gaps_prefill(b, args.ubatch, 0)
-        lines += [""] + gaps_decode(b, max(depths(args.decode) or [0]))
+        rates = Rates(copy, nominal_peak(gpu))  # the floors of the operations tables
+        lines += [""] + gaps_prefill(b, args.ubatch, 0, rates)
+        lines += [""] + gaps_decode(b, max(depths(args.decode) or [0]), rates)
     body = "\n".join(lines)
     print(body)
     if args.json:
