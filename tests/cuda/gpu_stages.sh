@@ -35,6 +35,7 @@
 #   bash tests/cuda/gpu_stages.sh moetiles    --moe-tiles 64 / 128 / 256 rows side by side
 #   bash tests/cuda/gpu_stages.sh moe128      the grouped kernels' tests on 128-row tiles,
 #                                              qwen3next's tiles side by side
+#   bash tests/cuda/gpu_stages.sh moetiles2   more MoE tilings around the default
 #   bash tests/cuda/gpu_stages.sh ncu         Nsight Compute counters of the heaviest prompt
 #                                              and decode kernels (what bounds each)
 # Logs and files land in $OUT.
@@ -196,6 +197,11 @@ case "${1:-tests}" in
     bench q3n_tiles 200 model --shape qwen3next-80b-a3b --layers 48 --ctx 65536 --slots 1 --int8 \
       --prefill 4096@0 --decode= --multi-decode= --paired 5 \
       --moe-tiles 128,128,32,2,4,2/64,128,32,2,4,2 --record ;;
+  moetiles2)  # more MoE tilings around the default (128 x 128, 2 x 4 warps, 2 CTAs an SM): warps
+    # 4 x 2, 64 columns, one CTA an SM (159 registers instead of the cap's 128)
+    bench moe_tiles2 330 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+      --multi-decode= --paired 5 \
+      --moe-tiles 128,128,32,2,4,2/128,128,32,4,2,2/128,64,32,4,2,2/128,128,32,2,4,1 --record ;;
   ncu)  # hardware counters (Nsight Compute; Firecracker machines read them, gVisor ones do
     # not: the first lines say which) of the heaviest kernels, each at its first launch: the
     # prompt chunk's MoE GEMMs, DeltaNet scan, HC combine and attention; the decode step's HC
