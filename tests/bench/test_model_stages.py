@@ -220,20 +220,30 @@ def test_paired_refuses_what_it_does_not_time(tmp_path: Path) -> None:
         paired_report(bench, args, [(1, 1)], lambda *a, **k: None, [])
 
 
-def test_bench_model_runs_on_the_cpu_from_the_command_line(tmp_path: Path) -> None:
+def test_bench_model_runs_on_the_cpu_from_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``mgserve bench model --device cpu`` (the bench's own check without a GPU) prints its
-    table and writes its JSON instead of asking cuda.core for a GPU."""
+    table and writes its JSON instead of asking cuda.core for a GPU; ``--gaps`` runs its three
+    profiles (prompt chunk, eager step, decode steps as served), which find no GPU work."""
     import json
 
     from mgserve.cli import main
     from tests.cuda.test_device_models import _export
 
     out = tmp_path / "r.json"
-    args = ["bench", "model", "--model", str(_export("qwen3", tmp_path)), "--device", "cpu",
-            "--ctx", "128", "--slots", "1", "--ubatch", "16", "--prefill", "16@0", "--decode",
-            "0", "--decode-steps", "2", "--multi-decode=", "--json", str(out)]  # fmt: skip
+    model = str(_export("qwen3", tmp_path))
+    args = ["bench", "model", "--model", model, "--device", "cpu", "--ctx", "128", "--slots",
+            "1", "--ubatch", "16", "--prefill", "16@0", "--decode", "0", "--decode-steps", "2",
+            "--multi-decode=", "--gaps", "--json", str(out)]  # fmt: skip
     assert main(args) == 0
     data = json.loads(out.read_text())
     assert data["gpu"] == "none (CPU)"
     assert [r["kind"] for r in data["rows"]] == ["prefill", "decode"]
     assert all(r["tokens_per_s"] > 0 for r in data["rows"])
+    printed = capsys.readouterr().out
+    for what in ("a 16-token prefill at depth 0", "one eager decode step at depth 0",
+                 "8 decode steps of 1 session at depth 0 as served (CUDA graphs)"):  # fmt: skip
+        assert f"GPU idle gaps of {what}: no GPU operations in the trace" in printed
+    assert main([*args, "--profile"]) == 2  # the kernels' table needs a GPU: one clear line
+    assert "--profile times the GPU's kernels: it needs --device cuda" in capsys.readouterr().err

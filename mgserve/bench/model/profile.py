@@ -51,12 +51,12 @@ def _decode_work(b: ModelBench, depth: int, sessions: int) -> tuple[Any, str]:
     for s in range(sessions):
         b.fill(s, depth)
     eager = EagerDecode(b.model, b.device)
-    tokens = [1000 + s for s in range(sessions)]
+    tokens = [(1000 + s) % b.vocab for s in range(sessions)]  # tiny test vocabularies too
     inp = DecodeInputs(tokens, [max(depth, 1)] * sessions, list(range(sessions)), None)
     if getattr(b.model, "decode_extra_shape", None) is not None:
         inp.extra = b.model.step_extra([[t] for t in tokens], list(range(sessions)))
     eager(inp)
-    b.torch.cuda.synchronize()
+    b.sync()
     what = f"one eager decode step at depth {depth}"
     if sessions > 1:
         what = f"one eager decode step of {sessions} sessions at depth {depth}"
@@ -93,6 +93,27 @@ def gaps_prefill(b: ModelBench, n: int, depth: int, rates: Rates | None = None) 
     return gaps_table(b.sync, *_prefill_work(b, n, depth), backend=_families(b), rates=rates)
 
 
+def gaps_served(b: ModelBench, depth: int, steps: int = 8) -> list[str]:
+    """Where the GPU waits for the host between decode steps as the runner serves them (CUDA
+    graphs unless ``--no-graphs``; one session at ``depth``): the idle time over ``steps`` steps
+    is the host's share of a step (sampling, the next step's inputs, the PLE rows), which the
+    eager step's table cannot show (its launches swamp it)."""
+    b.fill(0, depth)
+    pos = [max(depth, 1)]
+    if depth == 0:  # a one-token prompt first, so decode starts at position 1
+        b.run_step([b.work(0, b.tokens(1, 0), 0, True)])
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            b.run_step([b.work(0, ((1000 + pos[0]) % b.vocab,), pos[0], True)])
+            pos[0] += 1
+
+    run(3)  # the graph captured, the buffers sized
+    how = "eager (--no-graphs)" if b.args.no_graphs else "CUDA graphs"
+    what = f"{steps} decode steps of 1 session at depth {depth} as served ({how})"
+    return gaps_table(b.sync, lambda: run(steps), what, backend=_families(b))
+
+
 def _families(b: ModelBench) -> Any:
     """The backend whose op families ``--gaps-by family`` annotates (None: Python frames)."""
     return b.ops if b.args.gaps_by == "family" else None
@@ -105,11 +126,11 @@ def _kernel_table(b: ModelBench, work: Any, what: str) -> list[str]:
 
     from torch.profiler import ProfilerActivity, profile
 
-    b.torch.cuda.synchronize()
+    b.sync()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
         work()
-        b.torch.cuda.synchronize()
+        b.sync()
         wall = (time.perf_counter() - t0) * 1e3
     rows: dict[str, list[float]] = {}
     for ev in prof.events():

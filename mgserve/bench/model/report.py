@@ -13,6 +13,7 @@ from mgserve.bench.model.profile import (
     bytes_per_token,
     gaps_decode,
     gaps_prefill,
+    gaps_served,
     profile_decode,
     profile_prefill,
 )
@@ -24,6 +25,8 @@ def run(args: argparse.Namespace) -> int:
     from mgserve.bench.matvec import _copy_rate
     from mgserve.cuda import runtime
 
+    if args.profile and args.device != "cuda":
+        raise ValueError("--profile times the GPU's kernels: it needs --device cuda")
     b = ModelBench(args)
     m = b.model
     gpu, copy = "none (CPU)", None
@@ -137,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         rates = Rates(copy, nominal_peak(gpu))  # the floors of the operations tables
         lines += [""] + gaps_prefill(b, args.ubatch, 0, rates)
         lines += [""] + gaps_decode(b, max(depths(args.decode) or [0]), rates)
+        lines += [""] + gaps_served(b, max(depths(args.decode) or [0]))
     body = "\n".join(lines)
     print(body)
     if args.json:
