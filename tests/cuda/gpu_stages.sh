@@ -198,10 +198,13 @@ case "${1:-tests}" in
       --prefill 4096@0 --decode= --multi-decode= --paired 5 \
       --moe-tiles 128,128,32,2,4,2/64,128,32,2,4,2 --record ;;
   moetiles2)  # more MoE tilings around the default (128 x 128, 2 x 4 warps, 2 CTAs an SM): warps
-    # 4 x 2, 64 columns, one CTA an SM (159 registers instead of the cap's 128)
-    bench moe_tiles2 330 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
-      --multi-decode= --paired 5 \
-      --moe-tiles 128,128,32,2,4,2/128,128,32,4,2,2/128,64,32,4,2,2/128,128,32,2,4,1 --record ;;
+    # 4 x 2, 64 columns, one CTA an SM (159 registers instead of the cap's 128), 192 and 160 rows
+    # (~160 rows an expert in one tile); first their bits against the default's
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/cuda/test_qgemm.py \
+      -k tilings_are_bitwise 2>&1 | tail -2
+    bench moe_tiles2 420 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+      --multi-decode= --paired 5 --record --moe-tiles \
+      128,128,32,2,4,2/128,128,32,4,2,2/128,64,32,4,2,2/128,128,32,2,4,1/192,96,16,3,2,1/160,160,16,5,2,1 ;;
   ncu)  # hardware counters (Nsight Compute; Firecracker machines read them, gVisor ones do
     # not: the first lines say which) of the heaviest kernels, each at its first launch: the
     # prompt chunk's MoE GEMMs, DeltaNet scan, HC combine and attention; the decode step's HC

@@ -54,6 +54,14 @@ TUNINGS = [
     QGemmTuning(64, 64, 64, 2, 2, 1),  # 4 warps, k steps of 64: other k tails
     QGemmTuning(32, 64, 16, 1, 2, 1),  # 2 warps, k steps of 16
 ]
+GROUPED_TUNINGS = [  # the MoE tilings bench model --moe-tiles compares (gpu_stages.sh moetiles2)
+    QGemmTuning(bm=64),
+    QGemmTuning(128, 128, 32, 4, 2, 2),  # 4 x 2 warps
+    QGemmTuning(128, 64, 32, 4, 2, 2),  # 64 columns
+    QGemmTuning(128, 128, 32, 2, 4, 1),  # one CTA an SM: registers past the cap of two
+    QGemmTuning(192, 96, 16, 3, 2, 1),  # 6 warps: ~160 rows an expert in one tile
+    QGemmTuning(160, 160, 16, 5, 2, 1),  # 10 warps
+]
 HG_TUNINGS = [
     HGemmTuning(),  # the default: 128 x 256 x 32, 4 stages, 2 x 4 warps
     HGemmTuning(128, 128, 32, 3, 2, 4, 2),  # 2 CTAs an SM
@@ -426,6 +434,27 @@ def test_grouped_moe_batch_invariant(cuda_ops) -> None:
     crowd[20:] = experts[0]
     same = grouped(x, case.w, crowd, weights)
     assert torch.equal(same[:20], alone), "beside 300 tokens on token 0's experts"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tuning", range(len(GROUPED_TUNINGS)))
+def test_grouped_moe_tilings_are_bitwise_the_default(cuda_ops, tuning: int) -> None:
+    """The grouped kernels under each tiling the bench compares give the default's bits (300
+    skewed tokens; gate/up Q4_K, down Q5_0 as a Q4_K_M file's 640-wide experts have them)."""
+    d, ff, e, kk = 256, 320, 16, 4
+    case = make_case("Q4_K", "Q5_0", e, d, ff, fused=False, seed=23, device="cuda")
+    rng = np.random.default_rng(23)
+    x = torch.from_numpy(rng.standard_normal((300, d), dtype=np.float32)).cuda()
+    experts, weights = (t.cuda() for t in skewed_routing(300, kk, e, rng))
+    qgemm, grouped = cuda_ops.linear.qgemm, cuda_ops.moe.prefill.grouped
+    want = grouped(x, case.w, experts, weights)
+    default = qgemm.grouped
+    try:
+        qgemm.grouped = GROUPED_TUNINGS[tuning]
+        got = grouped(x, case.w, experts, weights)
+    finally:
+        qgemm.grouped = default
+    assert torch.equal(got, want), f"tiling {GROUPED_TUNINGS[tuning]} differs from the default"
 
 
 @pytest.mark.gpu
