@@ -254,3 +254,28 @@ def test_op_rows_give_rates_and_floors_from_the_costs() -> None:
     assert _op_rows(summarize(trace, "a step", 2.0, labels))[0] == (
         "| `linear.matmul` | 2 | 0 | 0.155 |"  # no costs: the table as before
     )
+
+
+def test_a_long_gap_full_of_calls_keeps_its_enclosing_frames() -> None:
+    """A 100 ms gap holding 30,000 short calls inside ``gather_rows`` inside ``_prefill``: every
+    call is seen (none put down to "(no Python call)"), the enclosing frames included."""
+    py = "python_function"
+    trace = [
+        _x(py, "/x/mgserve/cuda/runner.py(217): _prefill", 0, 200_000),
+        _x(py, "/x/mgserve/core/reference/ple.py(104): gather_rows", 1000, 100_000),
+        *(
+            _x(py, "/g/gguf/quants.py(313): dequantize_blocks", 1000 + 3 * i, 3)
+            for i in range(30_000)
+        ),
+        _x("cuda_runtime", "cudaLaunchKernel", 10, 5, correlation=1),
+        _x("kernel", "a", 20, 980, tid=7, correlation=1),
+        _x("cuda_runtime", "cudaLaunchKernel", 100_990, 5, correlation=2),
+        _x("kernel", "b", 101_000, 10, tid=7, correlation=2),
+    ]
+    lines = summarize(trace, "a step", 101.0)
+    start = lines.index("| innermost call | ms |") + 2
+    end = lines.index("", start)  # the host table ends where the operations table's gap starts
+    rows = {x.split("`")[1]: float(x.rsplit("|", 2)[1]) for x in lines[start:end]}
+    assert "(no Python call)" not in rows
+    assert rows["/g/gguf/quants.py(313): dequantize_blocks"] == 90.0
+    assert rows["core/reference/ple.py: gather_rows"] == 10.0

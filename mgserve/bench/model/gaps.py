@@ -215,11 +215,11 @@ def summarize(events: list[dict[str, Any]], what: str, wall_ms: float,
 
 def _innermost(calls: list[dict[str, Any]], t0: float, t1: float, out: dict[str, float]) -> None:
     """Adds to ``out`` the time of [t0, t1) spent in each call of ``calls`` (one thread's Python
-    calls sorted by start) outside the calls it made: its self time in the gap."""
+    calls sorted by start) outside the calls it made: its self time in the gap. Every call that
+    starts before t1 is looked at (one that encloses the gap may have started long before)."""
     j = bisect.bisect_left(calls, t1, key=lambda e: e["ts"])
     live = sorted(
-        (e for e in calls[max(0, j - 20000) : j] if e["ts"] + e["dur"] > t0),
-        key=lambda e: (e["ts"], -e["dur"]),
+        (e for e in calls[:j] if e["ts"] + e["dur"] > t0), key=lambda e: (e["ts"], -e["dur"])
     )
 
     def overlap(e: dict[str, Any]) -> float:
