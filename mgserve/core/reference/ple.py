@@ -119,10 +119,11 @@ def gather_rows(t: TensorInfo, rows: np.ndarray) -> torch.Tensor:
 # Table types whose rows ``unpack_rows`` decodes with torch ops on any device, bitwise as
 # ``gather_rows`` (gguf's numpy dequantization): bytes per block and values per block. A row of
 # ``head_dim`` values (160 in the real model) takes 32-value blocks only, so these are every type
-# such a table can have (llama-quantize's fallbacks for rows that are no multiple of 256 are
-# Q5_0, Q5_1, Q8_0, Q4_0 and IQ4_NL). Each value is one float32 product of exact operands (a f16
-# scale times a small integer) plus, for the _1 types, the f16 minimum in a second rounding, as
-# numpy computes it.
+# such a table can have but MXFP4 (llama-quantize's fallbacks for rows that are no multiple of 256
+# are Q5_0, Q5_1, Q8_0, Q4_0 and IQ4_NL; a type not here takes the float rows). Bitwise for every
+# value but NaNs, whose payloads torch may quiet. Each value is one float32 product of exact
+# operands (a f16 scale times a small integer) plus, for the _1 types, the f16 minimum in a second
+# rounding, as numpy computes it.
 PACKED = {
     "F32": (4, 1),
     "F16": (2, 1),
@@ -137,9 +138,21 @@ PACKED = {
 IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
 
+_IQ4_NL_GRIDS: dict[torch.device, torch.Tensor] = {}
+
+
+def _iq4_nl_grid(device: torch.device) -> torch.Tensor:
+    """IQ4_NL_VALUES as float32 on ``device``, made once: a tensor made from a list on a GPU is
+    a copy from pageable memory, which waits for the GPU (and cannot be graph-captured)."""
+    grid = _IQ4_NL_GRIDS.get(device)
+    if grid is None:
+        grid = _IQ4_NL_GRIDS[device] = torch.tensor(IQ4_NL_VALUES, dtype=torch.float32).to(device)
+    return grid
+
+
 def packed_rows(t: TensorInfo, rows: np.ndarray) -> torch.Tensor | None:
     """The table rows ``rows`` [N, heads] as stored: uint8 [N, heads * row bytes] (a quarter to
-    a sixth of ``gather_rows``' float32 for the quantized types), decoded where they are used
+    a seventh of ``gather_rows``' float32 for the quantized types), decoded where they are used
     (``unpack_rows``, on the GPU for a prompt chunk); None for a type it does not decode."""
     if t.type_name not in PACKED or not t.data.dtype.isnative:  # unpack_rows reads native order
         return None
@@ -170,13 +183,12 @@ def unpack_rows(raw: torch.Tensor, type_name: str) -> torch.Tensor:
     qs = b[..., lead:]  # 16 bytes: value j's low 4 bits in byte j % 16, j >= 16 in the high half
     q = torch.cat((qs & 0x0F, qs >> 4), dim=-1).to(torch.int32)  # [N, blocks, 32]
     if type_name == "IQ4_NL":  # d times the nibble's entry of the non-linear grid
-        grid = torch.tensor(IQ4_NL_VALUES, dtype=torch.float32, device=raw.device)
-        return (f16(0) * grid[q.long()]).view(n, blocks * per)
+        return (f16(0) * _iq4_nl_grid(raw.device)[q.long()]).view(n, blocks * per)
     if type_name in ("Q5_0", "Q5_1"):  # the fifth bits: bit j of a little-endian uint32
-        hb = b[..., lead - 4 : lead].to(torch.int64)
+        hb = b[..., lead - 4 : lead].to(torch.int32)  # (an arithmetic shift & 1 is still bit 31)
         qh = hb[..., 0:1] | hb[..., 1:2] << 8 | hb[..., 2:3] << 16 | hb[..., 3:4] << 24
-        bit = torch.arange(32, device=raw.device, dtype=torch.int64)
-        q = q | (((qh >> bit) & 1) << 4).to(torch.int32)
+        bit = torch.arange(32, device=raw.device, dtype=torch.int32)
+        q = q | (((qh >> bit) & 1) << 4)
     if type_name in ("Q4_0", "Q5_0"):  # symmetric: d * (q - 8 or 16)
         out = f16(0) * (q - (8 if type_name == "Q4_0" else 16)).float()
     else:  # d * q + m, two roundings as numpy's
