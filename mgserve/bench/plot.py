@@ -48,12 +48,13 @@ def run(args: argparse.Namespace) -> int:
     if not drawn:
         raise SystemExit("no decode or prefill rows with a depth in " + ", ".join(args.files))
     kinds = [k for k in ("decode", "prefill") if any(key[0] == k for _, key, _ in drawn)]
-    fig, axes = plt.subplots(1, len(kinds), figsize=(6 * len(kinds), 4.5), squeeze=False)
+    width = max(6 * len(kinds), 10)  # one panel still holds a model-and-GPU title
+    fig, axes = plt.subplots(1, len(kinds), figsize=(width, 4.5), squeeze=False)
     panels = dict(zip(kinds, axes[0], strict=True))  # a panel per kind that has rows
     for label, (kind, sessions), pts in drawn:
         who = "1 session" if sessions == 1 else f"{sessions} sessions, aggregate"
         panels[kind].plot(
-            [d / 1024 for d, _ in pts], [t for _, t in pts], "o-", label=f"{label}: {who}"
+            [d / 1000 for d, _ in pts], [t for _, t in pts], "o-", label=f"{label}: {who}"
         )
     for what, ax in panels.items():
         ax.set_xlabel("context depth (k tokens)")
@@ -64,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
         if ax.lines:
             ax.legend(fontsize=8)
     first = runs[0][1]
-    fig.suptitle(args.title or f"{first.get('model', '')} on {first.get('gpu', '')}")
+    title = args.title or f"{first.get('model', '')} on {first.get('gpu', '')}"
+    fig.suptitle(title, fontsize=10 if len(title) > 90 else 12)
     fig.tight_layout()
     fig.savefig(args.out, dpi=120)
     print(f"wrote {args.out}")
