@@ -161,23 +161,28 @@ def test_paired_rounds_time_a_switch_on_and_off(
 
 def test_gc_freeze_is_a_switch_of_the_whole_heap(tmp_path: Path) -> None:
     """``--toggle gc.freeze``: the objects alive out of the collector's sight, then back in it;
-    frozen after the rounds (warm-up freezes them on a GPU, as the server does)."""
+    after the rounds as before them (frozen on a GPU, where warm-up freezes them as the server
+    does; not on the CPU)."""
     import gc
 
-    from mgserve.bench.model.paired import toggle_variants
+    from mgserve.bench.model.paired import freeze_heap, toggle_variants
     from tests.cuda.test_device_models import _export
 
     bench = _bench(_export("qwen3", tmp_path), 1)
-    variants, restore = toggle_variants(bench, "gc.freeze")
-    assert [v for v, _ in variants] == ["gc.freeze on", "gc.freeze off"]
-    variants[1][1]()
-    assert gc.get_freeze_count() == 0
-    variants[0][1]()
-    assert gc.get_freeze_count() > 0
-    variants[1][1]()
-    restore()
-    assert gc.get_freeze_count() > 0
-    gc.unfreeze()  # the other tests' heap as pytest has it
+    try:
+        for frozen_before in (True, False):
+            freeze_heap() if frozen_before else gc.unfreeze()
+            variants, restore = toggle_variants(bench, "gc.freeze")
+            assert [v for v, _ in variants] == ["gc.freeze on", "gc.freeze off"]
+            variants[1][1]()
+            assert gc.get_freeze_count() == 0
+            variants[0][1]()
+            assert gc.get_freeze_count() > 0
+            variants[1][1]()
+            restore()
+            assert (gc.get_freeze_count() > 0) == frozen_before
+    finally:
+        gc.unfreeze()  # the other tests' heap as pytest has it
 
 
 def test_moe_tiles_are_variants_of_the_grouped_kernels(tmp_path: Path) -> None:

@@ -206,8 +206,9 @@ case "${1:-tests}" in
       --multi-decode= --paired 5 --record --moe-tiles \
       128,128,32,2,4,2/128,128,32,4,2,2/128,64,32,4,2,2/128,128,32,2,4,1/192,96,16,3,2,1/160,160,16,5,2,1 ;;
   ncu)  # hardware counters (Nsight Compute; Firecracker machines read them, gVisor ones do
-    # not: the first lines say which) of the heaviest kernels, each at its first launch: the
-    # prompt chunk's MoE GEMMs, DeltaNet scan, HC combine and attention; the decode step's HC
+    # not: the first lines say which) of the heaviest kernels, each at its first launch (layer 0
+    # is DeltaNet; the first combine is layer 1's): the prompt chunk's DeltaNet scan, MoE GEMMs
+    # and HC combine; the decode step's HC
     # projections, Q4_K matvec and MoE gate/up; the dense prompt GEMM. Speed of light, warp
     # stalls, memory and compute workload, occupancy: what bounds each (METHOD.md: clocks left)
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -215,7 +216,7 @@ case "${1:-tests}" in
     W="$Q4X --ctx 8192 --slots 1 --int8 --prefill 4096@0 --decode 0 --decode-steps 1 --multi-decode= --no-graphs"
     SECTIONS="--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
       --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
-    for spec in "prompt:^(qgemm_gate_up|qgemm_down|delta_scan_f32|hc_combine|attn_prefill)$:5" \
+    for spec in "prompt:^(delta_scan_f32|qgemm_gate_up|qgemm_down|hc_combine)$:4" \
         "decode:^(hc_down_Q4_K_t1|hc_up_Q5_0_t1|matvec_q8_Q4_K_t1|moe_q8_gate_up_Q4_K)$:4" \
         "hgemm:^hgemm$:2"; do
       IFS=: read -r name rx n <<< "$spec"

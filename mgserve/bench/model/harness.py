@@ -74,6 +74,8 @@ class ModelBench:
                 hgemm=hgemm,
                 pdl=not args.no_pdl,
             )
+            if "/" in args.moe_tiles and not getattr(args, "paired", 0):
+                raise ValueError("--moe-tiles with several tilings needs bench model --paired R")
             if args.moe_tiles and "/" not in args.moe_tiles:  # one tiling (several: --paired)
                 from mgserve.cuda.ops.qgemm import QGemmTuning
 

@@ -42,7 +42,15 @@ def toggle_variants(b: ModelBench, name: str) -> tuple[list[Variant], Callable[[
     puts its value back as it was; ``gc.freeze``: the objects alive out of the garbage
     collector's sight (harness.warm_up, api/app.py), then back in it."""
     if name == "gc.freeze":  # the process's heap frozen as the server freezes it, or not
-        return [("gc.freeze on", freeze_heap), ("gc.freeze off", gc.unfreeze)], freeze_heap
+
+        def thaw() -> None:  # as freeze_heap, a full collection first: only the freeze differs
+            gc.unfreeze()
+            gc.collect()
+
+        frozen = gc.get_freeze_count() > 0
+        return [("gc.freeze on", freeze_heap), ("gc.freeze off", thaw)], (
+            freeze_heap if frozen else thaw
+        )
     fam_name, _, attr = name.partition(".")
     fam = getattr(b.ops, fam_name, None)
     if fam is None or not isinstance(getattr(fam, attr, None), bool):

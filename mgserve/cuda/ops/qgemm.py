@@ -181,7 +181,8 @@ class GroupedRows:
 
 class QGemm:
     """The qgemm.cu launches (see the module docstring). ``tuning``: the dense GEMM's tiles;
-    ``grouped``: the MoE kernels' (smaller bm: ~M * kk / E rows per expert)."""
+    ``grouped``: the MoE kernels' (GROUPED_TUNING: ~M * kk / E rows per expert; bench model
+    --moe-tiles compares others)."""
 
     def __init__(
         self,
