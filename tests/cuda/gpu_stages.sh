@@ -36,6 +36,7 @@
 #   bash tests/cuda/gpu_stages.sh moe128      the grouped kernels' tests on 128-row tiles,
 #                                              qwen3next's tiles side by side
 #   bash tests/cuda/gpu_stages.sh moetiles2   more MoE tilings around the default
+#   bash tests/cuda/gpu_stages.sh mixedub     mixed load with the lane's chunks of 2048 and 1024
 #   bash tests/cuda/gpu_stages.sh ncu         Nsight Compute counters of the heaviest prompt
 #                                              and decode kernels (what bounds each)
 # Logs and files land in $OUT.
@@ -205,6 +206,12 @@ case "${1:-tests}" in
     bench moe_tiles2 420 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
       --multi-decode= --paired 5 --record --moe-tiles \
       128,128,32,2,4,2/128,128,32,4,2,2/128,64,32,4,2,2/128,128,32,2,4,1/192,96,16,3,2,1/160,160,16,5,2,1 ;;
+  mixedub)  # issue 12: the lane's chunk size against the decoders' p99 (a 4096-token chunk's
+    # DeltaNet scan holds its SMs ~1.5 ms a layer; 2048 and 1024 halve and quarter that)
+    for ub in 2048 1024; do
+      bench mixed_ub$ub 200 mixed $Q4X --int8 --ctx 163840 --slots 3 --depth 131072 --prompt 32768 \
+        --ubatch $ub --itl-target-ms= --time-limit 40 --prefill-lane --decode-steps 32 --record
+    done ;;
   ncu)  # hardware counters (Nsight Compute; Firecracker machines read them, gVisor ones do
     # not: the first lines say which) of the heaviest kernels, each at its first launch (layer 0
     # is DeltaNet; the first combine is layer 1's): the prompt chunk's DeltaNet scan, MoE GEMMs
