@@ -252,3 +252,39 @@ def test_bench_model_runs_on_the_cpu_from_the_command_line(
         assert f"GPU idle gaps of {what}: no GPU operations in the trace" in printed
     assert main([*args, "--profile"]) == 2  # the kernels' table needs a GPU: one clear line
     assert "--profile times the GPU's kernels: it needs --device cuda" in capsys.readouterr().err
+
+
+def test_set_changes_an_op_family_setting_of_its_own_type() -> None:
+    """``--set family.attr=value``: parsed as the attribute's type; a missing family or
+    attribute, a non-scalar one or a value of another type is refused, naming it."""
+    from types import SimpleNamespace
+
+    from mgserve.bench.model.harness import apply_setting
+
+    fam = SimpleNamespace(packed_rows=True, prefill_piece=4096, scale=1.0, name="x")
+    ops = SimpleNamespace(ple=fam)
+    apply_setting(ops, "ple.packed_rows=false")
+    apply_setting(ops, "ple.prefill_piece = 1024")
+    apply_setting(ops, "ple.scale=0.5")
+    assert (fam.packed_rows, fam.prefill_piece, fam.scale) == (False, 1024, 0.5)
+    apply_setting(ops, "ple.packed_rows=on")
+    assert fam.packed_rows is True
+    for bad in ("ple.packed_rows", "nofam.x=1", "ple.nothing=1", "ple.name=y", "ple=1"):
+        with pytest.raises(ValueError, match="not FAMILY.ATTR=VALUE"):
+            apply_setting(ops, bad)
+    for bad, kind in (("ple.prefill_piece=1k", "int"), ("ple.packed_rows=yes", "bool")):
+        with pytest.raises(ValueError, match=f"is not a {kind}"):
+            apply_setting(ops, bad)
+    assert fam.prefill_piece == 1024 and fam.packed_rows is True  # refused: nothing changed
+
+
+def test_set_reaches_the_bench_backend(tmp_path: Path) -> None:
+    """``bench model --set`` on the CPU bench: the backend's family has the value."""
+    from mgserve.bench.model.harness import ModelBench
+    from tests.cuda.test_device_models import _export
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--model", str(_export("qwen3", tmp_path)), "--device", "cpu", "--ctx",
+                         "128", "--slots", "1", "--set", "ple.packed_rows=false"])  # fmt: skip
+    assert ModelBench(args).ops.ple.packed_rows is False

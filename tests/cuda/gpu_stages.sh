@@ -207,10 +207,12 @@ case "${1:-tests}" in
       --multi-decode= --paired 5 --record --moe-tiles \
       128,128,32,2,4,2/128,128,32,4,2,2/128,64,32,4,2,2/128,128,32,2,4,1/192,96,16,3,2,1/160,160,16,5,2,1 ;;
   mixedub)  # issue 12: the lane's chunk size against the decoders' p99 (a 4096-token chunk's
-    # DeltaNet scan holds its SMs ~1.5 ms a layer; 2048 and 1024 halve and quarter that)
-    for ub in 2048 1024; do
-      bench mixed_ub$ub 200 mixed $Q4X --int8 --ctx 163840 --slots 3 --depth 131072 --prompt 32768 \
-        --ubatch $ub --itl-target-ms= --time-limit 40 --prefill-lane --decode-steps 32 --record
+    # DeltaNet scan holds its SMs ~1.5 ms a layer): its scan in pieces of 1024 (the same bits),
+    # then chunks of 2048 and 1024
+    for run in "4096 --set=deltanet.prefill_piece=1024" "2048" "1024"; do
+      set -- $run
+      bench mixed_ub$1 180 mixed $Q4X --int8 --ctx 163840 --slots 3 --depth 131072 --prompt 32768 \
+        --ubatch "$@" --itl-target-ms= --time-limit 40 --prefill-lane --decode-steps 32 --record
     done ;;
   ncu)  # hardware counters (Nsight Compute; Firecracker machines read them, gVisor ones do
     # not: the first lines say which) of the heaviest kernels, each at its first launch (layer 0

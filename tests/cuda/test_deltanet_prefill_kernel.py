@@ -236,6 +236,33 @@ def test_prefill_split_prompt(cuda_ops) -> None:
 
 
 @pytest.mark.gpu
+def test_prefill_pieces_give_the_same_bits(cuda_ops, monkeypatch: pytest.MonkeyPatch) -> None:
+    """4161 tokens at qwen4exp's heads in launch pieces of 1024 and 64 tokens == in 4096 + 65,
+    bitwise (o, conv, ssm): pieces keep the chunks where they are (``check_piece``)."""
+    heads = {"n_k_heads": 16, "n_v_heads": 48, "head_dim": 128, "eps": EPS}
+    qkv, g, beta, conv, ssm, weight = inputs(4161, 16, 48, 4, 1.0, 9, True)
+    runs = []
+    for piece in (4096, 1024, 64):
+        monkeypatch.setattr(cuda_ops.deltanet, "prefill_piece", piece)
+        c, s = conv.clone(), ssm.clone()
+        o = cuda_ops.deltanet.prefill(qkv, g, beta, c, s, 1, weight, **heads)
+        runs.append((o, c[1], s[1]))
+    for other in runs[1:]:
+        for name, a, b in zip(("o", "conv", "ssm"), runs[0], other, strict=True):
+            assert torch.equal(a, b), f"{name} differs between pieces"
+
+
+def test_pieces_are_whole_chunks() -> None:
+    """A piece is a whole number of 64-token chunks up to 4096 (ValueError naming the rule)."""
+    from mgserve.cuda.ops.deltanet_prefill_cuda import check_piece
+
+    assert [check_piece(p) for p in (64, 1024, 4096)] == [64, 1024, 4096]
+    for bad in (0, 32, 100, 8192, 1024.0):
+        with pytest.raises(ValueError, match="a multiple of 64 in 64..4096"):
+            check_piece(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
 def test_prefill_speed(cuda_ops) -> None:
     """4096 tokens at qwen4exp's heads, one layer: the kernels against the torch version
     (printed; run with -s). Asserted: the kernels are faster."""

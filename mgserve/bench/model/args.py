@@ -121,6 +121,14 @@ def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) 
         "[,GROUP_M[,MIN_ROWS]]] (MIN_ROWS: prompt rows from which it replaces qgemm.cu)",
     )
     parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FAMILY.ATTR=VALUE",
+        help="an op family's setting for the whole run (e.g. deltanet.prefill_piece=1024), of the "
+        "attribute's own type (int, float or bool); repeatable",
+    )
+    parser.add_argument(
         "--moe-tiles",
         default="",
         metavar="TUNING[/TUNING...]",

@@ -38,6 +38,31 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
+def apply_setting(ops: Any, setting: str) -> None:
+    """``--set family.attr=value`` on the backend ``ops``: the attribute must exist and be an
+    int, float or bool, and the value parses as that type (ValueError naming what is wrong)."""
+    name, eq, text = setting.partition("=")
+    fam_name, _, attr = name.strip().partition(".")
+    fam = getattr(ops, fam_name, None)
+    current = getattr(fam, attr, None) if fam is not None and attr else None
+    if not eq or not isinstance(current, (bool, int, float)):
+        raise ValueError(
+            f"--set {setting!r}: not FAMILY.ATTR=VALUE with an int, float or bool setting of an "
+            "op family (e.g. deltanet.prefill_piece=1024, ple.packed_rows=false)"
+        )
+    text = text.strip().lower()
+    try:
+        if isinstance(current, bool):
+            if text not in ("true", "false", "1", "0", "on", "off"):
+                raise ValueError(text)
+            value: bool | int | float = text in ("true", "1", "on")
+        else:
+            value = type(current)(text)
+    except ValueError:
+        raise ValueError(f"--set {setting!r}: {text!r} is not a {type(current).__name__}") from None
+    setattr(fam, attr, value)
+
+
 class ModelBench:
     def __init__(self, args: argparse.Namespace) -> None:
         import torch
@@ -85,6 +110,8 @@ class ModelBench:
             if args.moe_tiles:
                 raise ValueError("--moe-tiles: the qgemm.cu kernels run on --device cuda only")
             self.ops = torch_backend()
+        for setting in getattr(args, "set", []):
+            apply_setting(self.ops, setting)
         self.model = load_device_model(
             g, self.ops, self.device, args.slots, args.ctx, args.cache_type, args.cache_type
         )

@@ -24,7 +24,7 @@ from mgserve.cuda.ops.deltanet import (
     check_step,
     check_step_state,
 )
-from mgserve.cuda.ops.deltanet_prefill_cuda import PREFILL_HEAD_DIM, run_prefill
+from mgserve.cuda.ops.deltanet_prefill_cuda import PREFILL_HEAD_DIM, PREFILL_PIECE, run_prefill
 
 DELTANET_SOURCE = "deltanet.cu"
 CONV_THREADS = 128  # channels per CTA of conv_step_f32
@@ -55,6 +55,7 @@ class DeltaNetCuda:
         self.device = kernels.device
         self.prefill_kernels = True  # False: prefill runs the torch version (deltanet_chunked.py)
         self.fused = True  # step_gates in one launch (False: gates, then step)
+        self.prefill_piece = PREFILL_PIECE  # tokens per launch triple (check_piece: same bits)
 
     def prefill(
         self,
@@ -87,7 +88,7 @@ class DeltaNetCuda:
         check_vec4("ssm", ssm, self.device, torch.float32)
         return run_prefill(
             self.kernels, qkv, g, beta, conv, ssm, slot, weight, n_k_heads=n_k_heads,
-            n_v_heads=n_v_heads, eps=eps,
+            n_v_heads=n_v_heads, eps=eps, piece=self.prefill_piece,
         )  # fmt: skip
 
     def gates(

@@ -41,6 +41,18 @@ CHUNK_FLOATS = 2 * CHUNK * CHUNK + 2 * CHUNK  # prep per (value head, chunk): M,
 PREFILL_PIECE = 4096  # tokens per launch triple at most: bounds the scratch y and prep
 
 
+def check_piece(piece: int) -> int:
+    """``piece`` (tokens per launch triple) if it is a whole number of CHUNKs up to
+    PREFILL_PIECE, else ValueError: pieces keep the chunks where they are (the state goes through
+    memory unrounded between them), so any such piece gives the same bits; a shorter one keeps
+    each scan's CTAs on their SMs for less time (decoders beside a prompt wait less for them)."""
+    if not isinstance(piece, int) or piece % CHUNK or not CHUNK <= piece <= PREFILL_PIECE:
+        raise ValueError(
+            f"deltanet prefill piece {piece!r}: a multiple of {CHUNK} in {CHUNK}..{PREFILL_PIECE}"
+        )
+    return piece
+
+
 def prefill_smem(head_dim: int) -> tuple[int, int]:
     """Dynamic shared memory of (delta_prep_f32, delta_scan_f32) in bytes: PREP_SMEM_BYTES and
     SCAN_SMEM_BYTES of deltanet_chunked.cu (which static_asserts that they agree)."""
@@ -75,8 +87,11 @@ def run_prefill(
     n_k_heads: int,
     n_v_heads: int,
     eps: float,
+    piece: int = PREFILL_PIECE,
 ) -> torch.Tensor:  # o [T, H_v, d]
-    """The kernels on checked arguments (``DeltaNetCuda.prefill`` checks them), piece by piece."""
+    """The kernels on checked arguments (``DeltaNetCuda.prefill`` checks them), ``piece`` tokens
+    (``check_piece``) at a time."""
+    step = check_piece(piece)
     t, c = qkv.shape
     d = PREFILL_HEAD_DIM
     defines = prefill_defines(d, weight.shape[1])
@@ -86,13 +101,13 @@ def run_prefill(
     scan_k = kernels.kernel(PREFILL_SOURCE, "delta_scan_f32", defines, smem=scan_smem)
     hk, hv = np.int32(n_k_heads), np.int32(n_v_heads)
     o = torch.empty((t, n_v_heads, d), dtype=torch.float32, device=qkv.device)
-    piece = min(t, PREFILL_PIECE)
-    y = torch.empty((piece, c), dtype=torch.float32, device=qkv.device)  # [T', C] conv output
+    rows = min(t, step)
+    y = torch.empty((rows, c), dtype=torch.float32, device=qkv.device)  # [T', C] conv output
     prep = torch.empty(  # [H_v, chunks, CHUNK_FLOATS] each chunk's M, Aqk and decays
-        (n_v_heads, -(-piece // CHUNK), CHUNK_FLOATS), dtype=torch.float32, device=qkv.device
+        (n_v_heads, -(-rows // CHUNK), CHUNK_FLOATS), dtype=torch.float32, device=qkv.device
     )
-    for t0 in range(0, t, PREFILL_PIECE):
-        n = min(PREFILL_PIECE, t - t0)
+    for t0 in range(0, t, step):
+        n = min(step, t - t0)
         n_chunks = -(-n // CHUNK)
         kernels.launch(
             conv_k,
