@@ -36,6 +36,7 @@
 #   bash tests/cuda/gpu_stages.sh moe128      the grouped kernels' tests on 128-row tiles,
 #                                              qwen3next's tiles side by side
 #   bash tests/cuda/gpu_stages.sh moetiles2   more MoE tilings around the default
+#   bash tests/cuda/gpu_stages.sh next3       this session's unrun GPU tests, --gaps' new tables
 #   bash tests/cuda/gpu_stages.sh mixedub     mixed load with the lane's chunks of 2048 and 1024
 #   bash tests/cuda/gpu_stages.sh ncu         Nsight Compute counters of the heaviest prompt
 #                                              and decode kernels (what bounds each)
@@ -214,6 +215,15 @@ case "${1:-tests}" in
       bench mixed_ub$1 180 mixed $Q4X --int8 --ctx 163840 --slots 3 --depth 131072 --prompt 32768 \
         --ubatch "$@" --itl-target-ms= --time-limit 40 --prefill-lane --decode-steps 32 --record
     done ;;
+  next3)  # what 2026-12-06 07:56 wrote after its last GPU call: the DeltaNet scan's pieces and
+    # the MoE tilings bitwise, then --gaps with its new tables (rates against floors by op family,
+    # decode steps as served)
+    timeout 200 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_deltanet_prefill_kernel.py tests/cuda/test_qgemm.py \
+      -k "pieces or tilings_are_bitwise" > "$OUT/t_next3.log" 2>&1
+    echo "== next3 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_next3.log" | head -20
+    bench gaps3 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --prefill-repeat 3 \
+      --decode 0 --decode-steps 32 --multi-decode= --gaps --record ;;
   ncu)  # hardware counters (Nsight Compute; Firecracker machines read them, gVisor ones do
     # not: the first lines say which) of the heaviest kernels, each at its first launch (layer 0
     # is DeltaNet; the first combine is layer 1's): the prompt chunk's DeltaNet scan, MoE GEMMs
