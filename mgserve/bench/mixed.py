@@ -191,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
     lines = [
         f"model: {b.source}, {b.model.spec.arch}, {b.model.spec.n_layer} layers, on {b.where()}",
         f"{args.decoders} sessions decoding at depth {args.depth} (synthetic state) beside a "
-        f"{args.prompt}-token prompt; ubatch {args.ubatch}, ctx {args.ctx}, one prompt at a time",
+        f"{args.prompt}-token prompt; ubatch {args.ubatch}, ctx {args.ctx}, one prompt at a time"
+        f"{''.join(f', set {x}' for x in args.set)}",
         "",
         "| run | ITL p50 ms | ITL p99 ms | p99 / solo p50 | prefill tokens/s | / solo prefill |",
         "| --- | --- | --- | --- | --- | --- |",

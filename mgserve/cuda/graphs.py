@@ -94,6 +94,9 @@ class _Captured:
         self.io = take() if take is not None else None
 
     def run(self, inp: DecodeInputs, pad_slot: int) -> torch.Tensor:
+        # before any input moves: copy_ would convert rows of another dtype (packed PLE bytes)
+        if self.extra is not None and inp.extra is not None and inp.extra.dtype != self.extra.dtype:
+            raise TypeError(f"{inp.extra.dtype} rows: the graph's are {self.extra.dtype}")
         n = len(inp.tokens)
         pad = self.b - n
         lengths = [p + 1 for p in inp.pos] + [2] * pad
@@ -111,8 +114,6 @@ class _Captured:
         self.chains.depth.copy_(host[5], non_blocking=True)
         self.chains.last.copy_(host[6], non_blocking=True)
         if self.extra is not None and inp.extra is not None:
-            if inp.extra.dtype != self.extra.dtype:  # (copy_ would convert packed bytes)
-                raise TypeError(f"{inp.extra.dtype} rows: the graph's are {self.extra.dtype}")
             self.extra[:n].copy_(inp.extra.pin_memory(), non_blocking=True)
         if self.io is not None:
             self.model.before_replay(self.io)  # type: ignore[attr-defined]

@@ -69,7 +69,7 @@ def test_prefill_repeat_gives_the_median_and_the_range(tmp_path: Path) -> None:
     bench = _bench(_export("qwen3", tmp_path), 1)
     tps, note = workloads.time_prefill(bench, 32, 0, repeat=3)
     lo, hi = (float(x) for x in note.removeprefix("median of 3: ").split(" to "))
-    assert note.startswith("median of 3: ") and 0 < lo <= tps <= hi
+    assert note.startswith("median of 3: ") and 0 < lo <= tps + 0.05 and tps <= hi + 0.05  # (.1f)
     assert workloads.time_prefill(bench, 32, 0)[1] == ""
     with pytest.raises(ValueError, match="--prefill-repeat must be at least 1"):
         workloads.time_prefill(bench, 32, 0, repeat=0)
@@ -100,7 +100,7 @@ def test_paired_rounds_time_every_runner_side_by_side(tmp_path: Path) -> None:
     assert stages == [int(name.split("(")[-1].split()[0]) for name, _, _ in rows]
     for name, tps, note in rows:
         lo, hi = (float(x) for x in note.split(";")[0].removeprefix("median of 2: ").split(" to "))
-        assert 0 < lo <= tps <= hi
+        assert 0 < lo <= tps + 0.05 and tps <= hi + 0.05  # the note's range is printed .1f
         assert ("against 1 virtual stages in the same round" in note) == ("(2 virtual" in name)
     # both runners were kept: the same objects come back, each on its own model; the first
     # is current after the rounds
@@ -243,12 +243,12 @@ def test_bench_model_runs_on_the_cpu_from_the_command_line(
             "--multi-decode=", "--gaps", "--json", str(out)]  # fmt: skip
     assert main(args) == 0
     data = json.loads(out.read_text())
-    assert data["gpu"] == "none (CPU)"
+    assert data["gpu"] == "none (CPU)" and data["set"] == []
     assert [r["kind"] for r in data["rows"]] == ["prefill", "decode"]
     assert all(r["tokens_per_s"] > 0 for r in data["rows"])
     printed = capsys.readouterr().out
     for what in ("a 16-token prefill at depth 0", "one eager decode step at depth 0",
-                 "8 decode steps of 1 session at depth 0 as served (CUDA graphs)"):  # fmt: skip
+                 "8 decode steps of 1 session at depth 0 as served (eager)"):  # fmt: skip
         assert f"GPU idle gaps of {what}: no GPU operations in the trace" in printed
     assert main([*args, "--profile"]) == 2  # the kernels' table needs a GPU: one clear line
     assert "--profile times the GPU's kernels: it needs --device cuda" in capsys.readouterr().err

@@ -203,17 +203,22 @@ case "${1:-tests}" in
     # 4 x 2, 64 columns, one CTA an SM (159 registers instead of the cap's 128), 192 and 160 rows
     # (~160 rows an expert in one tile); first their bits against the default's
     timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/cuda/test_qgemm.py \
-      -k tilings_are_bitwise 2>&1 | tail -2
+      -k tilings_are_bitwise > "$OUT/t_tilings.log" 2>&1
+    echo "== tilings test rc=$?"; grep -E "^(FAILED|E )|passed|failed" "$OUT/t_tilings.log" | head
     bench moe_tiles2 420 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
       --multi-decode= --paired 5 --record --moe-tiles \
       128,128,32,2,4,2/128,128,32,4,2,2/128,64,32,4,2,2/128,128,32,2,4,1/192,96,16,3,2,1/160,160,16,5,2,1 ;;
   mixedub)  # issue 12: the lane's chunk size against the decoders' p99 (a 4096-token chunk's
-    # DeltaNet scan holds its SMs ~1.5 ms a layer): its scan in pieces of 1024 (the same bits),
-    # then chunks of 2048 and 1024
-    for run in "4096 --set=deltanet.prefill_piece=1024" "2048" "1024"; do
+    # DeltaNet scan holds its SMs ~1.5 ms a layer): first the scan's pieces bitwise, then the
+    # lane as it is, its scan in pieces of 1024 (the same bits), chunks of 2048 and of 1024
+    timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu \
+      tests/cuda/test_deltanet_prefill_kernel.py -k pieces > "$OUT/t_pieces.log" 2>&1
+    echo "== pieces test rc=$?"; tail -2 "$OUT/t_pieces.log"
+    for run in "4096" "4096 --set=deltanet.prefill_piece=1024" "2048" "1024"; do
       set -- $run
-      bench mixed_ub$1 180 mixed $Q4X --int8 --ctx 163840 --slots 3 --depth 131072 --prompt 32768 \
-        --ubatch "$@" --itl-target-ms= --time-limit 40 --prefill-lane --decode-steps 32 --record
+      bench "mixed_ub$1${2:+_piece1024}" 130 mixed $Q4X --int8 --ctx 163840 --slots 3 \
+        --depth 131072 --prompt 32768 --ubatch "$@" --itl-target-ms= --time-limit 30 \
+        --prefill-lane --decode-steps 32 --record
     done ;;
   next3)  # what 2026-12-06 07:56 wrote after its last GPU call: the DeltaNet scan's pieces and
     # the MoE tilings bitwise, then --gaps with its new tables (rates against floors by op family,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -254,12 +255,21 @@ def test_prefill_pieces_give_the_same_bits(cuda_ops, monkeypatch: pytest.MonkeyP
 
 def test_pieces_are_whole_chunks() -> None:
     """A piece is a whole number of 64-token chunks up to 4096 (ValueError naming the rule)."""
+    from types import SimpleNamespace
+
     from mgserve.cuda.ops.deltanet_prefill_cuda import check_piece
 
     assert [check_piece(p) for p in (64, 1024, 4096)] == [64, 1024, 4096]
+    kernels: Any = SimpleNamespace(device=torch.device("cpu"))  # no launch: the setting alone
+    family = DeltaNetCuda(kernels, DeltaNetTorch())
+    assert family.prefill_piece == 4096
+    family.prefill_piece = 1024
     for bad in (0, 32, 100, 8192, 1024.0):
         with pytest.raises(ValueError, match="a multiple of 64 in 64..4096"):
             check_piece(bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="a multiple of 64 in 64..4096"):
+            family.prefill_piece = bad  # type: ignore[assignment]  # refused when set
+    assert family.prefill_piece == 1024
 
 
 @pytest.mark.gpu

@@ -47,7 +47,9 @@ def run(args: argparse.Namespace) -> int:
         f"graphs {not args.no_graphs}, virtual stages {args.virtual_stages}"
         f"{f' (links {args.link_gbps} GB/s)' if args.link_gbps else ''}"
         f"{' (buckets 1, 2, 4, 8, 16)' if args.pow2_buckets else ''}, "
-        f"depth fill {args.fill}",
+        f"depth fill {args.fill}"
+        f"{f', moe tiles {args.moe_tiles}' if args.moe_tiles else ''}"
+        f"{''.join(f', set {x}' for x in args.set)}",
         "",
         "| workload | tokens/s | notes |",
         "| --- | --- | --- |",
@@ -154,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
             "int8": args.int8,
             "cublas_prefill": args.cublas_prefill,
             "pdl": not args.no_pdl,
+            "moe_tiles": args.moe_tiles,
+            "set": list(args.set),
         }
         Path(args.json).write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
     if args.record:

@@ -24,7 +24,12 @@ from mgserve.cuda.ops.deltanet import (
     check_step,
     check_step_state,
 )
-from mgserve.cuda.ops.deltanet_prefill_cuda import PREFILL_HEAD_DIM, PREFILL_PIECE, run_prefill
+from mgserve.cuda.ops.deltanet_prefill_cuda import (
+    PREFILL_HEAD_DIM,
+    PREFILL_PIECE,
+    check_piece,
+    run_prefill,
+)
 
 DELTANET_SOURCE = "deltanet.cu"
 CONV_THREADS = 128  # channels per CTA of conv_step_f32
@@ -55,7 +60,17 @@ class DeltaNetCuda:
         self.device = kernels.device
         self.prefill_kernels = True  # False: prefill runs the torch version (deltanet_chunked.py)
         self.fused = True  # step_gates in one launch (False: gates, then step)
-        self.prefill_piece = PREFILL_PIECE  # tokens per launch triple (check_piece: same bits)
+        self._piece = PREFILL_PIECE
+
+    @property
+    def prefill_piece(self) -> int:
+        """Prompt tokens per launch triple: any whole number of chunks up to PREFILL_PIECE gives
+        the same bits (``check_piece``, which a new value must pass)."""
+        return self._piece
+
+    @prefill_piece.setter
+    def prefill_piece(self, piece: int) -> None:
+        self._piece = check_piece(piece)
 
     def prefill(
         self,
