@@ -134,9 +134,10 @@ def prefill(q: Any, k: Any, v: Any, slot: int, start: int, *, scale: float, wind
     return Cost(_b(q) * 2 + kv, 4.0 * h * d * _visible(start, end, window))
 
 
-def _state(ssm: Any) -> int:
-    """Bytes of one slot's recurrent state [H_v, d, d]."""
-    return _b(ssm) // max(ssm.shape[0], 1)
+def _per_slot(pool: Any) -> int:
+    """Bytes of one slot's part of a per-slot pool [n_slots, ...] (recurrent state, conv
+    history)."""
+    return _b(pool) // max(pool.shape[0], 1)
 
 
 def deltanet_prefill(qkv: Any, g: Any, beta: Any, conv: Any, ssm: Any, slot: int, weight: Any,
@@ -144,9 +145,8 @@ def deltanet_prefill(qkv: Any, g: Any, beta: Any, conv: Any, ssm: Any, slot: int
                      chunk: int = 64) -> Cost:  # fmt: skip
     """``deltanet.prefill``: qkv, gates and conv weight in, the slot's conv history and state
     read and written, out [T, H_v, d] f32; flops not counted (module docstring)."""
-    history = _b(conv) // max(conv.shape[0], 1)
     out = 4 * qkv.shape[0] * n_v_heads * head_dim
-    return Cost(_b(qkv, g, beta, weight) + 2 * (history + _state(ssm)) + out, 0.0)
+    return Cost(_b(qkv, g, beta, weight) + 2 * (_per_slot(conv) + _per_slot(ssm)) + out, 0.0)
 
 
 def _rows_alone(y: Any, chains: Any) -> int:
@@ -154,26 +154,29 @@ def _rows_alone(y: Any, chains: Any) -> int:
     return y.shape[0] if chains is None else min(1, y.shape[0])
 
 
+def _step(y: Any, inputs: int, ssm: Any, chains: Any, n_v_heads: int, head_dim: int) -> Cost:
+    """A DeltaNet decode step: ``inputs`` bytes in, each touched slot's state read and
+    written, o [N, H_v, d] f32 out."""
+    o = 4 * y.shape[0] * n_v_heads * head_dim
+    return Cost(inputs + 2 * _rows_alone(y, chains) * _per_slot(ssm) + o, 0.0)
+
+
 def step(y: Any, g: Any, beta: Any, ssm: Any, slots: Any, *, n_k_heads: int, n_v_heads: int,
          head_dim: int, eps: float, chains: Any = None) -> Cost:  # fmt: skip
     """``deltanet.step``: y and gates in, each slot's state read and written, o out."""
-    o = 4 * y.shape[0] * n_v_heads * head_dim
-    return Cost(_b(y, g, beta, slots) + 2 * _rows_alone(y, chains) * _state(ssm) + o, 0.0)
+    return _step(y, _b(y, g, beta, slots), ssm, chains, n_v_heads, head_dim)
 
 
 def step_gates(y: Any, b: Any, alpha: Any, dt_bias: Any, a: Any, ssm: Any, slots: Any, *,
                n_k_heads: int, n_v_heads: int, head_dim: int, eps: float,
                chains: Any = None) -> Cost:  # fmt: skip
     """``deltanet.step_gates``: ``step`` with the gates' inputs read instead of g and beta."""
-    o = 4 * y.shape[0] * n_v_heads * head_dim
-    ins = _b(y, b, alpha, dt_bias, a, slots)
-    return Cost(ins + 2 * _rows_alone(y, chains) * _state(ssm) + o, 0.0)
+    return _step(y, _b(y, b, alpha, dt_bias, a, slots), ssm, chains, n_v_heads, head_dim)
 
 
 def conv_step(x: Any, conv: Any, slots: Any, weight: Any, chains: Any = None) -> Cost:
     """``deltanet.conv_step``: x and weight in, each slot's conv history read and written, out."""
-    history = _b(conv) // max(conv.shape[0], 1)
-    return Cost(_b(x, slots, weight, x) + 2 * _rows_alone(x, chains) * history, 0.0)
+    return Cost(_b(x, slots, weight, x) + 2 * _rows_alone(x, chains) * _per_slot(conv), 0.0)
 
 
 COSTS: dict[str, Callable[..., Cost | None]] = {

@@ -9,6 +9,7 @@ from typing import Any
 from mgserve.bench.model.figures import Rates
 from mgserve.bench.model.gaps import gaps_table
 from mgserve.bench.model.harness import ModelBench
+from mgserve.bench.model.workloads import decoding
 
 
 def bytes_per_token(model: Any) -> float:
@@ -98,15 +99,11 @@ def gaps_served(b: ModelBench, depth: int, steps: int = 8) -> list[str]:
     graphs unless ``--no-graphs``; one session at ``depth``): the idle time over ``steps`` steps
     is the host's share of a step (sampling, the next step's inputs, the PLE rows), which the
     eager step's table cannot show (its launches swamp it)."""
-    b.fill(0, depth)
-    pos = [max(depth, 1)]
-    if depth == 0:  # a one-token prompt first, so decode starts at position 1
-        b.run_step([b.work(0, b.tokens(1, 0), 0, True)])
+    step = decoding(b, 1, depth)
 
     def run(n: int) -> None:
         for _ in range(n):
-            b.run_step([b.work(0, ((1000 + pos[0]) % b.vocab,), pos[0], True)])
-            pos[0] += 1
+            step()
 
     run(3)  # the graph captured, the buffers sized
     graphs = not b.args.no_graphs and b.device.type == "cuda"  # (the CPU runner is eager)

@@ -75,8 +75,6 @@ def run(args: argparse.Namespace) -> int:
         counts = []  # every workload ran in rounds
     elif args.toggle:
         raise ValueError("--toggle needs --paired R (the rounds it is timed in)")
-    elif "/" in args.moe_tiles:
-        raise ValueError("--moe-tiles with several tilings needs --paired R")
     for n_stages, micro in counts:
         if (n_stages, micro) != (b.n_stages, b.micro):
             b.use_stages(n_stages, micro)

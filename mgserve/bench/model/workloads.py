@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 from mgserve.bench.model.harness import ModelBench
 
@@ -61,19 +62,31 @@ def time_sampled_prefill(
     return sessions * ub / statistics.mean(times), note
 
 
-def time_decode(b: ModelBench, sessions: int, depth: int) -> tuple[float, float]:
-    """(aggregate tokens/s, median step ms) of ``sessions`` sessions decoding at ``depth``."""
+def decoding(b: ModelBench, sessions: int, depth: int) -> Callable[[], None]:
+    """Slots 0..sessions-1 brought to ``depth``, and what runs their next decode step (one
+    token each, as the runner serves it), each call one position further on."""
     for s in range(sessions):
         b.fill(s, depth)
-    pos = [max(depth, 1)] * sessions
     if depth == 0:  # a one-token prompt first, so decode starts at position 1
         b.run_step([b.work(s, b.tokens(1, s), 0, True) for s in range(sessions)])
+    i, pos = 0, max(depth, 1)
+
+    def step() -> None:
+        nonlocal i, pos
+        b.run_step([b.work(s, ((1000 + i) % b.vocab,), pos, True) for s in range(sessions)])
+        i, pos = i + 1, pos + 1
+
+    return step
+
+
+def time_decode(b: ModelBench, sessions: int, depth: int) -> tuple[float, float]:
+    """(aggregate tokens/s, median step ms) of ``sessions`` sessions decoding at ``depth``."""
+    step = decoding(b, sessions, depth)
     times = []
     for i in range(b.args.decode_steps + 3):
         t0 = time.perf_counter()
-        b.run_step([b.work(s, ((1000 + i) % b.vocab,), pos[s], True) for s in range(sessions)])
+        step()
         if i >= 3:  # warm-up steps capture the graph
             times.append(time.perf_counter() - t0)
-        pos = [p + 1 for p in pos]
-    step = statistics.median(times)
-    return sessions / step, step * 1e3
+    ms = statistics.median(times)
+    return sessions / ms, ms * 1e3
