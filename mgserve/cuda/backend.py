@@ -22,6 +22,7 @@ from mgserve.cuda.models.base import DeviceLM
 from mgserve.cuda.ops.act import ActCuda, ActTorch
 from mgserve.cuda.ops.attention import AttentionTorch
 from mgserve.cuda.ops.attention_cuda import AttentionCuda
+from mgserve.cuda.ops.branch import Branches
 from mgserve.cuda.ops.deltanet import DeltaNetTorch
 from mgserve.cuda.ops.deltanet_cuda import DeltaNetCuda
 from mgserve.cuda.ops.embed import EmbedCuda, EmbedTorch
@@ -69,12 +70,14 @@ class Backend:
     hc: HCTorch | HCCuda
     ple: Ple
     path: RowPath  # the kind of step running: decode kernels or prompt GEMMs (ops/rowpath.py)
+    branch: Branches  # decode steps' independent chains side by side (ops/branch.py)
 
 
 def torch_backend() -> Backend:
     """All ops in PyTorch on the tensors' device."""
     dense = DenseWeights()
     linear, norm, rope = LinearTorch(dense), NormTorch(), RopeTorch()
+    path = RowPath()  # the torch families take one path at any size
     return Backend(
         dense=dense,
         kernels=None,
@@ -92,7 +95,8 @@ def torch_backend() -> Backend:
         deltanet=DeltaNetTorch(),
         hc=HCTorch(dense),
         ple=Ple(linear, norm),
-        path=RowPath(),  # the torch families take one path at any size
+        path=path,
+        branch=Branches(path),  # inline: side chains run in order
     )
 
 
@@ -139,6 +143,7 @@ def cuda_backend(
     deltanet.fused = fused_decode
     norm, rope = NormCuda(kernels), RopeCuda(kernels, RopeTorch())
     attention = AttentionCuda(kernels, AttentionTorch())
+    branch = Branches(linear.path, kernels.device)
     return Backend(
         dense=dense,
         kernels=kernels,
@@ -154,9 +159,10 @@ def cuda_backend(
         rope=rope,
         act=ActCuda(kernels),
         deltanet=deltanet,
-        hc=HCCuda(kernels, HCTorch(dense), linear, norm),
+        hc=HCCuda(kernels, HCTorch(dense), linear, norm, branch=branch),
         ple=Ple(linear, norm),
         path=linear.path,
+        branch=branch,
     )
 
 

@@ -132,19 +132,26 @@ class GraphDecode:
         """``upfront``: capture the buckets of 1..upfront rows now, not at their first step."""
         self.model, self.device, self.pad_slot = model, device, pad_slot
         self.extra_shape, self.buckets = extra_shape, buckets
-        self._graphs: dict[tuple[int, bool], _Captured] = {}  # (bucket, logged) -> graph
+        # (bucket, logged, side chains forked: ops/branch.py) -> graph; a switch of
+        # branch.decode (bench --toggle) replays graphs of its own setting
+        self._graphs: dict[tuple[int, bool, bool], _Captured] = {}
         self.log: list[Replay] = []  # the last step's (its graph's)
         self._pool = torch.cuda.graph_pool_handle()  # buckets share one memory pool
         for b in sorted({bucket_for(n, buckets) for n in range(1, upfront + 1)}):
-            self._graphs[b, False] = _Captured(model, b, pad_slot, extra_shape, device, self._pool)
+            key = (b, False, self._forks())
+            self._graphs[key] = _Captured(model, b, pad_slot, extra_shape, device, self._pool)
 
     @property
     def captured(self) -> tuple[int, ...]:
-        return tuple(sorted({b for b, _ in self._graphs}))
+        return tuple(sorted({b for b, _, _ in self._graphs}))
 
-    def _key(self, n: int, runs: bool) -> tuple[int, bool]:
+    def _forks(self) -> bool:
+        branch = getattr(self.model.backend, "branch", None)
+        return bool(branch is not None and branch.decode)
+
+    def _key(self, n: int, runs: bool) -> tuple[int, bool, bool]:
         """The graph of ``n`` rows, ``runs``: some rows form runs (a recurrent model logs)."""
-        return bucket_for(n, self.buckets), runs and not self.model.rewindable
+        return bucket_for(n, self.buckets), runs and not self.model.rewindable, self._forks()
 
     def ready(self, n: int, runs: bool = False) -> bool:
         """Whether a step of ``n`` rows (``runs``: with drafts) replays a graph captured."""

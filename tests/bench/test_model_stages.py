@@ -225,6 +225,29 @@ def test_paired_refuses_what_it_does_not_time(tmp_path: Path) -> None:
         paired_report(bench, args, [(1, 1)], lambda *a, **k: None, [])
 
 
+def test_paired_times_branch_decode_with_decode_graphs(tmp_path: Path) -> None:
+    """``--toggle branch.decode`` with decode rows: decode graphs are captured per setting of
+    the switch (cuda/graphs.py), so the bench accepts it with graphs on; on the CPU the side
+    chains run inline, and both variants' rows come out, the switch put back after."""
+    from mgserve.bench.model.paired import paired_report
+    from tests.cuda.test_device_models import _export
+
+    bench = _bench(_export("qwen3", tmp_path), 1)
+    args = bench.args
+    args.paired, args.toggle, args.prefill, args.decode, args.multi_decode = (
+        2, "branch.decode", "", "8", "",
+    )  # fmt: skip
+    args.decode_steps = 2
+    assert not bench.ops.branch.decode  # the torch backend's: inline
+    rows: list[str] = []
+    paired_report(bench, args, [(1, 1)], lambda name, *a, **k: rows.append(name), [])
+    assert rows == [
+        "decode, 1 session at depth 8 (branch.decode on)",
+        "decode, 1 session at depth 8 (branch.decode off)",
+    ]
+    assert not bench.ops.branch.decode
+
+
 def test_bench_model_runs_on_the_cpu_from_the_command_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

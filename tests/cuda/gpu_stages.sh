@@ -38,6 +38,8 @@
 #   bash tests/cuda/gpu_stages.sh moetiles2   more MoE tilings around the default
 #   bash tests/cuda/gpu_stages.sh next3       this session's unrun GPU tests, --gaps' new tables
 #   bash tests/cuda/gpu_stages.sh mixedub     mixed load with the lane's chunks of 2048 and 1024
+#   bash tests/cuda/gpu_stages.sh branches    a decode step's side chains: tests, on and off in
+#                                              rounds, invariance
 #   bash tests/cuda/gpu_stages.sh ncu         Nsight Compute counters of the heaviest prompt
 #                                              and decode kernels (what bounds each)
 # Logs and files land in $OUT.
@@ -229,6 +231,21 @@ case "${1:-tests}" in
     echo "== next3 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_next3.log" | head -20
     bench gaps3 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --prefill-repeat 3 \
       --decode 0 --decode-steps 32 --multi-decode= --gaps --record ;;
+  branches)  # a decode step's independent chains side by side (ops/branch.py): their tests
+    # (fork and join, the same bits eager and from graphs), then decode on and off in rounds,
+    # and batch invariance with them on (carry .tiny/qwen4exp.gguf)
+    timeout 200 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_branch.py > "$OUT/t_branch.log" 2>&1
+    echo "== branch tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_branch.log" | head -20
+    bench branch_toggle 300 model $Q4X --ctx 262144 --slots 5 --int8 --prefill= \
+      --decode 0,131072 --multi-decode 5@32768 --decode-steps 16 --paired 5 \
+      --toggle branch.decode --record
+    bench invariance 150 invariance $Q4X --int8 --record ;;
+  hctime)  # the hyper-connection mix's GPU time per mix (graph-replayed, weights beyond L2) at
+    # 1..16 tokens, and under other tunings (MGSERVE_HC_SWEEP)
+    MGSERVE_HC_SWEEP=1 timeout 400 python3 -m pytest -q -s -p no:cacheprovider -m gpu \
+      tests/cuda/test_hc.py -k "timing" > "$OUT/t_hctime.log" 2>&1
+    echo "== hctime rc=$?"; grep -E "hc_mix|HCTuning|passed|failed" "$OUT/t_hctime.log" | head -60 ;;
   ncu)  # hardware counters (Nsight Compute; Firecracker machines read them, gVisor ones do
     # not: the first lines say which) of the heaviest kernels, each at its first launch (layer 0
     # is DeltaNet; the first combine is layer 1's): the prompt chunk's DeltaNet scan, MoE GEMMs

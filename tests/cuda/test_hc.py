@@ -241,6 +241,24 @@ def test_batch_invariant(hcc, types: str | tuple[str, str, str]) -> None:
             assert torch.equal(inj[t], i1[0]), f"{types}: token {t}'s inject differs in {n}"
 
 
+def test_norm_scales_once_per_cta_are_the_same_bits(hcc, kernels) -> None:
+    """hc_up with each norm scale computed once per CTA (the default) and wherever read (the
+    kernel before 2026-12-06): the same mixed and inject, bitwise, 1..11 tokens."""
+    from mgserve.cuda.ops.hc import HCTuning
+
+    hc, d, r = REAL
+    case = make_case(hc, d, r, ("Q4_K", "Q5_0", "Q4_K"), seed=9, device="cuda")
+    old = hc_cuda(kernels)
+    old.tuning = HCTuning(inv_once=False)
+    assert hcc.tuning.inv_once
+    for n in (1, 3, 8, 11):
+        x = make_streams(n, hc, d, seed=n).cuda()
+        got = hcc.mix(x, case.norm, case.down, case.up, case.inject, EPS)
+        want = old.mix(x, case.norm, case.down, case.up, case.inject, EPS)
+        for name, a, b in zip(("mixed", "inject"), got, want, strict=True):
+            assert a is not None and b is not None and torch.equal(a, b), f"N={n}: {name}"
+
+
 @pytest.mark.parametrize("n", [1, 4, 8])
 def test_graph_capture(hcc, n: int) -> None:
     """combine_mix then mix captured once, replayed with new streams: bitwise the eager ops."""
@@ -398,6 +416,8 @@ def test_timing(hcc, kernels, types: str | tuple[str, str, str]) -> None:
         assert us > 0
     if os.environ.get("MGSERVE_HC_SWEEP"):
         tunings = [
+            HCTuning(inv_once=False),  # before 2026-12-06
+            HCTuning(up_warps=8, up_cols=(2, 2, 2, 2)),
             HCTuning(split_blocks=False),
             HCTuning(prefetch=False),
             HCTuning(down_warps=4),
@@ -406,6 +426,10 @@ def test_timing(hcc, kernels, types: str | tuple[str, str, str]) -> None:
             HCTuning(up_cols=(4, 4, 4, 8), up_batch=(5, 5, 5, 2)),
             HCTuning(up_batch=(3, 3, 3, 3), down_batch=(5, 5, 5, 5)),
             HCTuning(up_batch=(2, 2, 2, 2), down_batch=(3, 3, 3, 3), down_warps=4),
+            HCTuning(up_cols=(1, 1, 1, 1)),  # more hc_up CTAs (N=8: 640 instead of 160)
+            HCTuning(up_cols=(1, 1, 2, 2), up_warps=2),
+            HCTuning(up_cols=(2, 2, 2, 2), down_rows=(1, 1, 1, 1)),
+            HCTuning(down_warps=4, down_rows=(1, 1, 1, 1), up_cols=(1, 1, 1, 1)),
         ]
         for tuning in tunings:
             alt = hc_cuda(kernels)

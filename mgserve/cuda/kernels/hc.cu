@@ -35,7 +35,8 @@
 //   grid = (ceil(d / (UP_WARPS * UP_COLS)), token groups), block = UP_WARPS warps.
 //   Prologue (every CTA, redundantly: a few KB of L2 reads, after an L2 prefetch of its up
 //   rows): low[t, :] = silu(sum_s inv[t, s] * P[s, t, :r] / hc) into shared memory (same
-//   half/run layout), inv recomputed from SS wherever needed; CTA 0 also writes inj. Main loop:
+//   half/run layout), inv computed from SS once per CTA into shared memory after low [NT][r]
+//   (the same expression wherever it is read, so the same bits); CTA 0 also writes inj. Main loop:
 //   a warp owns UP_COLS output columns c; its lanes form 4 groups of 8, group g reads row
 //   (s0 + g) * d + c of up (stream s0 + g), lane j of the group runs j, j + 8, ... of the
 //   r-wide row (8 lanes read 128 contiguous bytes per step; UP_BATCH runs per batch of loads).
@@ -73,6 +74,9 @@
 #endif
 #ifndef PREFETCH
 #define PREFETCH 1  // 1: prefetch the CTA's weights into L2 before its shared-memory prologue
+#endif
+#ifndef INV_ONCE
+#define INV_ONCE 1  // 1: hc_up computes each norm scale once per CTA (0: wherever it is read)
 #endif
 
 
@@ -281,6 +285,7 @@ __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
     extern __shared__ float4 smem4[];
     const float4* low4 = smem4;  // [NT][2][r / 8]: low in the run-half layout
     float* lowf = (float*)smem4;
+    float* inv_s = lowf + NT * r;  // [NT][hc]: the norm scales, each computed once per CTA
     const int tok0 = blockIdx.y * NT, nt = min(NT, n_tok - tok0);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 3, j = lane & 7;  // lane group (stream within a quad), lane in group
@@ -301,10 +306,20 @@ __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
 #endif
     grid_sync();  // only weights were read before (pdl.cuh)
 
-    // inv(t, s): token t's norm scale for stream s, recomputed where needed (no extra barrier)
-    const auto inv = [&](int t, int s) {
+    // inv(t, s): token t's norm scale for stream s, computed once per CTA (a division and an
+    // rsqrt per value of the prologue and per column before: most of the CTA's instructions at
+    // 8 tokens), the same expression, so the same bits
+    const auto inv_of = [&](int t, int s) {
         return rsqrtf(SS[(size_t)s * n_tok + tok0 + t] / (float)d + eps);
     };
+#if INV_ONCE
+    for (int i = threadIdx.x; i < nt * hc; i += blockDim.x) inv_s[i] = inv_of(i / hc, i % hc);
+    __syncthreads();
+    const auto inv = [&](int t, int s) { return inv_s[t * hc + s]; };
+#else  // recomputed wherever it is read (before 2026-12-06; bench and tests compare the two)
+    (void)inv_s;
+    const auto inv = inv_of;
+#endif
     for (int i = threadIdx.x; i < NT * r; i += blockDim.x) {
         const int t = i / r, k = i - t * r;
         float v = 0.f;

@@ -35,6 +35,7 @@ from mgserve.cuda.weights import QuantWeight
 
 if TYPE_CHECKING:
     from mgserve.cuda.backend import Backend
+    from mgserve.cuda.ops.branch import Fork
 
 DELTA_CHUNK = 128  # tokens per step of the chunked delta rule in prefill (same results as 64)
 
@@ -117,15 +118,18 @@ def deltanet_forward(
     recurrent states advance (decode: one kernel step for all sessions; prefill: span by span)."""
     hk, hv, dh = hp.ssm_k_heads, hp.ssm_v_heads, hp.ssm_head_dim
     xq = b.linear.quantize(h)
+    side = b.branch.fork()  # decode: z and beta/alpha beside qkv and the conv
+    with side:
+        z = b.linear.matmul(h, w.z, xq=xq)  # [N, value_dim]
+        beta_x, alpha_x = fused_matmul(b, h, w.ba, [hv, hv], xq)  # [N, H_v] each
     qkv = b.linear.matmul(h, w.qkv, xq=xq)  # [N, conv_dim]
-    z = b.linear.matmul(h, w.z, xq=xq)  # [N, value_dim]
-    beta_x, alpha_x = fused_matmul(b, h, w.ba, [hv, hv], xq)  # [N, H_v] each
     conv, ssm = pools.conv[il], pools.ssm[il]
     if step.decode:
-        o = _decode(b, w, conv, ssm, qkv, beta_x, alpha_x, step.slots, step.chains, hp, eps)
+        o = _decode(b, w, conv, ssm, qkv, beta_x, alpha_x, step.slots, step.chains, hp, eps, side)
         if step.log is not None:
             step.log.append(partial(_replay, b, w, conv, ssm, qkv, beta_x, alpha_x, hp, eps))
     else:
+        side.join()
         g, beta = b.deltanet.gates(beta_x, alpha_x, w.dt_bias, w.a)
         parts, off = [], 0
         for s in step.spans:
@@ -146,10 +150,13 @@ def deltanet_forward(
 def _decode(
     b: Backend, w: DeltaNet, conv: torch.Tensor, ssm: torch.Tensor, qkv: torch.Tensor,
     beta_x: torch.Tensor, alpha_x: torch.Tensor, slots: torch.Tensor, chains: Chains | None,
-    hp: HybridSpec, eps: float,
+    hp: HybridSpec, eps: float, side: Fork | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """The decode rows' conv and delta-rule steps: o [N, H_v, d_v]."""
+    """The decode rows' conv and delta-rule steps: o [N, H_v, d_v] (``side``: the fork that
+    computes beta_x and alpha_x, joined before the gates read them)."""
     y = b.deltanet.conv_step(qkv, conv, slots, w.conv, chains)
+    if side is not None:
+        side.join()
     return b.deltanet.step_gates(
         y, beta_x, alpha_x, w.dt_bias, w.a, ssm, slots, n_k_heads=hp.ssm_k_heads,
         n_v_heads=hp.ssm_v_heads, head_dim=hp.ssm_head_dim, eps=eps, chains=chains,

@@ -216,16 +216,20 @@ class HybridLM(Staged):
         spec, b = self.spec, self.backend
         n, dh = h.shape[0], spec.head_dim
         xq = b.linear.quantize(h)
+        kc, vc = self.pools.k[il], self.pools.v[il]
+        side = b.branch.fork()  # decode: k and v into the cache beside q
+        with side:
+            k = b.linear.matmul(h, w.wk, bias=w.biases[1], xq=xq).view(n, spec.n_head_kv, dh)
+            v = b.linear.matmul(h, w.wv, bias=w.biases[2], xq=xq).view(n, spec.n_head_kv, dh)
+            k = self.rotate(k, w.k_norm, step.pos)
+            b.kv.write(kc, k, step.slots, step.pos)
+            b.kv.write(vc, v, step.slots, step.pos)
         q = b.linear.matmul(h, w.wq, bias=w.biases[0], xq=xq).view(n, spec.n_head, -1)
         gate = None
         if w.gated:  # per head [q | gate]: both read in place
             q, gate = q[..., :dh], q[..., dh:]
-        k = b.linear.matmul(h, w.wk, bias=w.biases[1], xq=xq).view(n, spec.n_head_kv, dh)
-        v = b.linear.matmul(h, w.wv, bias=w.biases[2], xq=xq).view(n, spec.n_head_kv, dh)
-        q, k = self.rotate(q, w.q_norm, step.pos), self.rotate(k, w.k_norm, step.pos)
-        kc, vc = self.pools.k[il], self.pools.v[il]
-        b.kv.write(kc, k, step.slots, step.pos)
-        b.kv.write(vc, v, step.slots, step.pos)
+        q = self.rotate(q, w.q_norm, step.pos)
+        side.join()
         out = self.attend(il, layer, q, kc, vc, h, step, xq)  # [N, H * D]
         oq = None
         if gate is not None:  # the gate kernel writes wo's int8 input too

@@ -61,13 +61,18 @@ def moe_ffn(
     """residual + routed experts (softmax top-k) + the sigmoid-gated shared expert, when loaded:
     [N, d]. h is rounded to int8 once for every product that reads it (int8 decode)."""
     xq = b.linear.quantize(h)
+    if w.shexp_gate_up is None or w.shexp_down is None:
+        logits = b.linear.matmul(h, w.router, xq=xq)
+        experts, weights = b.route.top_k(logits, hp.n_expert_used, hp.norm_topk)
+        return b.moe.experts(h, w.experts, experts, weights, residual=residual, xq=xq)
+    side = b.branch.fork()  # the shared expert beside the router and the routed experts
+    with side:
+        sh = w.shexp_down.k
+        g, u = fused_matmul(b, h, w.shexp_gate_up, [sh, sh], xq)
+        a, aq = b.act.silu_mul_xq(g, u, xq=b.linear.fused_xq(h.shape[0], sh))
+        s = b.linear.matmul(a, w.shexp_down, xq=aq)
     logits = b.linear.matmul(h, w.router, xq=xq)
     experts, weights = b.route.top_k(logits, hp.n_expert_used, hp.norm_topk)
-    if w.shexp_gate_up is None or w.shexp_down is None:
-        return b.moe.experts(h, w.experts, experts, weights, residual=residual, xq=xq)
     y = b.moe.experts(h, w.experts, experts, weights, xq=xq)  # [N, d]
-    sh = w.shexp_down.k
-    g, u = fused_matmul(b, h, w.shexp_gate_up, [sh, sh], xq)
-    a, aq = b.act.silu_mul_xq(g, u, xq=b.linear.fused_xq(h.shape[0], sh))
-    s = b.linear.matmul(a, w.shexp_down, xq=aq)
+    side.join()
     return b.moe.add_shared(y, s, h, w.shexp_gate_inp, residual)

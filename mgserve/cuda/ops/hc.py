@@ -60,6 +60,7 @@ class HCTuning:
     up_batch: tuple[int, int, int, int] = (5, 5, 5, 3)  # loads in flight per lane and column
     prefetch: bool = True  # L2 prefetch of each CTA's weights before its prologue
     split_blocks: bool = True  # Q4_K / Q5_0 / Q6_K through gguf_split.cuh's raw-bits readers
+    inv_once: bool = True  # hc_up's norm scales once per CTA, not wherever read (same bits)
 
     def __post_init__(self) -> None:
         for name in ("down_warps", "up_warps"):
@@ -86,6 +87,7 @@ class HCTuning:
             ("UP_BATCH", packed(self.up_batch)),
             ("PREFETCH", str(int(self.prefetch))),
             ("SPLIT_BLOCKS", str(int(self.split_blocks))),
+            ("INV_ONCE", str(int(self.inv_once))),
         )
 
     def down_rows_per_cta(self, nt: int) -> int:
@@ -115,9 +117,9 @@ def down_part(d: int, nt: int, smem: int = DYNAMIC_SMEM) -> int | None:
     return None
 
 
-def up_smem(nt: int, r: int) -> int:
-    """Bytes of hc_up's shared memory: low [nt, r]."""
-    return nt * r * 4
+def up_smem(nt: int, r: int, hc: int) -> int:
+    """Bytes of hc_up's shared memory: low [nt, r], then the norm scales [nt, hc]."""
+    return nt * (r + hc) * 4
 
 
 def check_mix(

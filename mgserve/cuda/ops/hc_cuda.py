@@ -3,6 +3,7 @@ layout), and on the linear family's GEMMs for prompt chunks."""
 
 from __future__ import annotations
 
+import contextlib
 from functools import partial
 
 import numpy as np
@@ -11,6 +12,7 @@ import torch
 from mgserve.core.reference import hyper_connections
 from mgserve.cuda.checks import check_weight, vec4_input
 from mgserve.cuda.launch import Kernels
+from mgserve.cuda.ops.branch import Branches
 from mgserve.cuda.ops.hc import (
     COMBINE_THREADS,
     DYNAMIC_SMEM,
@@ -42,8 +44,10 @@ class HCCuda:
         linear: LinearCuda,
         norm: NormCuda,
         tuning: HCTuning | None = None,
+        branch: Branches | None = None,
     ) -> None:
         self.kernels, self.fallback, self.linear, self.norm = kernels, fallback, linear, norm
+        self.branch = branch  # decode: a separate inject launch beside the down's (branch.py)
         self.device = kernels.device
         self.tuning = tuning or HCTuning()
         # the prompt mix's gated mean in one kernel (hc_gate_mix) instead of six torch ops a
@@ -63,7 +67,7 @@ class HCCuda:
             return False
         return (
             down_part(d, MAX_TOKEN_GROUP) is not None
-            and up_smem(MAX_TOKEN_GROUP, r) <= DYNAMIC_SMEM
+            and up_smem(MAX_TOKEN_GROUP, r, hc) <= DYNAMIC_SMEM
         )
 
     # -- ops --
@@ -189,14 +193,9 @@ class HCCuda:
         mixed = torch.empty(n, d, dtype=torch.float32, device=dev)
         inj = torch.empty(n, hc, dtype=torch.float32, device=dev) if inject is not None else None
 
-        # [down | inject] in one launch when they share a format, else one launch each
-        if inject is None or inject.type_name == down.type_name:
-            launches: list[tuple[QuantWeight, QuantWeight | None]] = [(down, inject)]
-        else:
-            launches = [(down, None), (inject, None)]
-        col0, aux = 0, 1
         per_cta = tune.down_rows_per_cta(nt)
-        for wa, wb in launches:
+
+        def down_launch(wa: QuantWeight, wb: QuantWeight | None, col0: int, aux: int) -> None:
             rows = wa.rows + (wb.rows if wb is not None else 0)
             self.kernels.launch(
                 self.kernels.kernel(
@@ -224,7 +223,18 @@ class HCCuda:
                 np.int32(aux),
                 shmem=nt * part * 4,
             )
-            col0, aux = col0 + rows, 0
+
+        # [down | inject] in one launch when they share a format, else one launch each: the
+        # inject's (it writes only its own columns of P) on a side stream in decode (branch.py)
+        if inject is None or inject.type_name == down.type_name:
+            down_launch(down, inject, 0, 1)
+        else:
+            side = self.branch.fork() if self.branch is not None else None
+            with side if side is not None else contextlib.nullcontext():
+                down_launch(inject, None, down.rows, 0)
+            down_launch(down, None, 0, 1)
+            if side is not None:
+                side.join()
 
         per_cta = tune.up_cols_per_cta(nt)
         self.kernels.launch(
@@ -246,6 +256,6 @@ class HCCuda:
             np.int32(r),
             np.int32(p_stride),
             np.float32(eps),
-            shmem=up_smem(nt, r),
+            shmem=up_smem(nt, r, hc),
         )
         return x_new, mixed, inj
