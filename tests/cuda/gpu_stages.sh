@@ -243,9 +243,21 @@ case "${1:-tests}" in
     bench invariance 150 invariance $Q4X --int8 --record ;;
   hctime)  # the hyper-connection mix's GPU time per mix (graph-replayed, weights beyond L2) at
     # 1..16 tokens, and under other tunings (MGSERVE_HC_SWEEP)
+    timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/cuda/test_hc.py \
+      -k "once_per_cta or batch_invariant or combine_mix_is or graph_capture" > "$OUT/t_hc.log" 2>&1
+    echo "== hc tests rc=$?"; grep -E "^(FAILED|E )|passed|failed" "$OUT/t_hc.log" | head
     MGSERVE_HC_SWEEP=1 timeout 400 python3 -m pytest -q -s -p no:cacheprovider -m gpu \
-      tests/cuda/test_hc.py -k "timing" > "$OUT/t_hctime.log" 2>&1
+      tests/cuda/test_hc.py -k "timing and types1" > "$OUT/t_hctime.log" 2>&1
     echo "== hctime rc=$?"; grep -E "hc_mix|HCTuning|passed|failed" "$OUT/t_hctime.log" | head -60 ;;
+  hcstep)  # the HC kernels' new defaults (norm scales once per CTA, 8 warps of 2 columns in
+    # hc_up) in whole decode steps, their tests, invariance
+    timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/cuda/test_hc.py \
+      -k "once_per_cta or batch_invariant or combine_mix_is or graph_capture or real_shape" \
+      > "$OUT/t_hc.log" 2>&1
+    echo "== hc tests rc=$?"; grep -E "^(FAILED|E )|passed|failed" "$OUT/t_hc.log" | head
+    bench hcstep 240 model $Q4X --ctx 262144 --slots 5 --int8 --prefill 4096@0 \
+      --decode 0,131072 --multi-decode 5@32768 --decode-steps 16 --record
+    bench invariance 150 invariance $Q4X --int8 --record ;;
   ncu)  # hardware counters (Nsight Compute; Firecracker machines read them, gVisor ones do
     # not: the first lines say which) of the heaviest kernels, each at its first launch (layer 0
     # is DeltaNet; the first combine is layer 1's): the prompt chunk's DeltaNet scan, MoE GEMMs

@@ -416,8 +416,9 @@ def test_timing(hcc, kernels, types: str | tuple[str, str, str]) -> None:
         assert us > 0
     if os.environ.get("MGSERVE_HC_SWEEP"):
         tunings = [
-            HCTuning(inv_once=False),  # before 2026-12-06
-            HCTuning(up_warps=8, up_cols=(2, 2, 2, 2)),
+            HCTuning(inv_once=False),  # before 2026-12-06 (with the two below)
+            HCTuning(inv_once=False, up_warps=4, up_cols=(2, 2, 4, 4)),
+            HCTuning(up_warps=4, up_cols=(2, 2, 4, 4)),
             HCTuning(split_blocks=False),
             HCTuning(prefetch=False),
             HCTuning(down_warps=4),

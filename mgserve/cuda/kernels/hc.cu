@@ -64,10 +64,10 @@
 #define DOWN_BATCH 0xAA55  // runs per lane loaded as one batch (loads in flight) in hc_down
 #endif
 #ifndef UP_WARPS
-#define UP_WARPS 4  // warps per hc_up CTA
+#define UP_WARPS 8  // warps per hc_up CTA
 #endif
 #ifndef UP_COLS
-#define UP_COLS 0x2244  // output columns per warp of hc_up
+#define UP_COLS 0x2222  // output columns per warp of hc_up
 #endif
 #ifndef UP_BATCH
 #define UP_BATCH 0x5553  // runs per lane loaded as one batch in hc_up (320-wide rows: 5 runs)

@@ -55,8 +55,10 @@ class HCTuning:
     down_warps: int = 8  # warps per hc_down CTA
     down_rows: tuple[int, int, int, int] = (1, 1, 1, 2)  # rows of [down | inject] per warp
     down_batch: tuple[int, int, int, int] = (10, 10, 5, 5)  # weight loads in flight per lane+row
-    up_warps: int = 4  # warps per hc_up CTA
-    up_cols: tuple[int, int, int, int] = (2, 2, 4, 4)  # output columns per warp of hc_up
+    # 8 warps of 2 columns: 13.8 / 34.2 us a mix at 1 / 8 tokens against 15.1 / 39.7 for 4 warps
+    # of (2, 2, 4, 4) (H100, test_hc.py's timing sweep, 2026-12-06)
+    up_warps: int = 8  # warps per hc_up CTA
+    up_cols: tuple[int, int, int, int] = (2, 2, 2, 2)  # output columns per warp of hc_up
     up_batch: tuple[int, int, int, int] = (5, 5, 5, 3)  # loads in flight per lane and column
     prefetch: bool = True  # L2 prefetch of each CTA's weights before its prologue
     split_blocks: bool = True  # Q4_K / Q5_0 / Q6_K through gguf_split.cuh's raw-bits readers
