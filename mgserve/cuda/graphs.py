@@ -33,6 +33,9 @@ from mgserve.cuda.models.base import DeviceLM, Replay, Step
 from mgserve.cuda.ops.chains import Chains, has_runs, runs_of, to_device
 
 BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
+# op-family switches that change what a decode step launches but not its bits: a graph is
+# captured per setting (bench model --paired R --toggle one of them times both from graphs)
+GRAPH_SWITCHES = ("branch.decode", "moe.shared_parts")
 POW2_BUCKETS = (1, 2, 4, 8, 16)  # the buckets before 2026-12-03 (bench comparisons)
 # speculation's verify steps: 1 + k rows per drafting session (cuda/runner.py), k up to 48
 DRAFT_BUCKETS = (20, 24, 28, 32, 40, 48, 56, 64, 80, 98)
@@ -132,26 +135,29 @@ class GraphDecode:
         """``upfront``: capture the buckets of 1..upfront rows now, not at their first step."""
         self.model, self.device, self.pad_slot = model, device, pad_slot
         self.extra_shape, self.buckets = extra_shape, buckets
-        # (bucket, logged, side chains forked: ops/branch.py) -> graph; a switch of
-        # branch.decode (bench --toggle) replays graphs of its own setting
-        self._graphs: dict[tuple[int, bool, bool], _Captured] = {}
+        # (bucket, logged, GRAPH_SWITCHES' settings) -> graph
+        self._graphs: dict[tuple[int, bool, tuple[object, ...]], _Captured] = {}
         self.log: list[Replay] = []  # the last step's (its graph's)
         self._pool = torch.cuda.graph_pool_handle()  # buckets share one memory pool
         for b in sorted({bucket_for(n, buckets) for n in range(1, upfront + 1)}):
-            key = (b, False, self._forks())
+            key = (b, False, self._switches())
             self._graphs[key] = _Captured(model, b, pad_slot, extra_shape, device, self._pool)
 
     @property
     def captured(self) -> tuple[int, ...]:
         return tuple(sorted({b for b, _, _ in self._graphs}))
 
-    def _forks(self) -> bool:
-        branch = getattr(self.model.backend, "branch", None)
-        return bool(branch is not None and branch.decode)
+    def _switches(self) -> tuple[object, ...]:
+        """The backend's GRAPH_SWITCHES now (None where a family has no such switch)."""
+        backend = self.model.backend
+        return tuple(
+            getattr(getattr(backend, fam, None), attr, None)
+            for fam, _, attr in (name.partition(".") for name in GRAPH_SWITCHES)
+        )
 
-    def _key(self, n: int, runs: bool) -> tuple[int, bool, bool]:
+    def _key(self, n: int, runs: bool) -> tuple[int, bool, tuple[object, ...]]:
         """The graph of ``n`` rows, ``runs``: some rows form runs (a recurrent model logs)."""
-        return bucket_for(n, self.buckets), runs and not self.model.rewindable, self._forks()
+        return bucket_for(n, self.buckets), runs and not self.model.rewindable, self._switches()
 
     def ready(self, n: int, runs: bool = False) -> bool:
         """Whether a step of ``n`` rows (``runs``: with drafts) replays a graph captured."""
@@ -171,6 +177,23 @@ class GraphDecode:
         if replayed is not None:
             replayed(key[0])
         return logits
+
+    def replay_ms(self, n: int, reps: int = 16) -> float | None:
+        """GPU time of a step of ``n`` rows alone: its graph (None if not captured yet) replayed
+        ``reps`` times back to back between two events, on the inputs the last step left (the
+        rows' state advances: for benchmarks only). Against a served step's time, what is left
+        is the host's share of the step."""
+        g = self._graphs.get(self._key(n, False))
+        if g is None or g.io is not None or reps < 1:  # io: a pipeline rank's hand-offs
+            return None
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        g.graph.replay()  # the first replay after a served step may pay for its setup
+        start.record()
+        for _ in range(reps):
+            g.graph.replay()
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop) / reps
 
 
 class EagerDecode:

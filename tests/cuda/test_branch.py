@@ -161,3 +161,7 @@ def test_graph_decode_steps_bitwise(kernels, which: str, tmp_path: Path) -> None
     with torch.no_grad(), models[0].backend.path.step("decode"):
         graphs_on(DecodeInputs([5, 6], [60, 60], [0, 1], models[0].step_extra([[5], [6]], [0, 1])))
     assert len(graphs_on._graphs) == n_graphs + 1
+    # the bench's GPU-alone figure of a step (after the comparisons: replays advance the state)
+    ms = graphs_on.replay_ms(2, reps=4)
+    assert ms is not None and 0 < ms < 1000
+    assert graphs_on.replay_ms(7) is None  # bucket 7: never captured

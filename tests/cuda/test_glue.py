@@ -83,8 +83,8 @@ def test_moe_residual_and_shared_xq(cuda_ops, cuda_ops_int8, n: int) -> None:
 @pytest.mark.parametrize("n", N_TOKENS)
 @pytest.mark.parametrize("d", [2048, 77])
 def test_add_shared(cuda_ops, torch_ops, n: int, d: int) -> None:
-    """residual + (routed + shared * sigmoid(h . gate)): one CTA per token (the dot product in
-    another order than torch's sum: 1e-5 relative), ungated and without residual too."""
+    """residual + (routed + shared * sigmoid(h . gate)) (the dot product in another order than
+    torch's sum: 1e-5 relative), ungated and without residual too."""
     routed, shared, h = rand(n, d, seed=8), rand(n, d, seed=9), rand(n, d, seed=10)
     gate, x = rand(d, seed=11, scale=0.05), rand(n, d, seed=12)
     for args in ((gate, x), (gate, None), (None, x), (None, None)):
@@ -92,6 +92,21 @@ def test_add_shared(cuda_ops, torch_ops, n: int, d: int) -> None:
         want = torch_ops.moe.add_shared(routed, shared, h, *args)
         close(f"add_shared gate={args[0] is not None} res={args[1] is not None}", got, want,
               1e-5, 1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("d", [2560, 2048, 77])
+def test_add_shared_in_parts_is_one_cta_a_row(cuda_ops, monkeypatch, d: int) -> None:
+    """A decode step's rows cut into parts (a CTA each, every one summing the gate itself) give
+    the bits of one CTA a row, for 1..8 tokens; a prompt's rows (9+) take one CTA a row."""
+    for n in (1, 3, 8, 9):
+        routed, shared, h = rand(n, d, seed=13), rand(n, d, seed=14), rand(n, d, seed=15)
+        gate, x = rand(d, seed=16, scale=0.05), rand(n, d, seed=17)
+        for args in ((gate, x), (None, None)):
+            monkeypatch.setattr(cuda_ops.moe, "shared_parts", True)
+            got = cuda_ops.moe.add_shared(routed, shared, h, *args)
+            monkeypatch.setattr(cuda_ops.moe, "shared_parts", False)
+            want = cuda_ops.moe.add_shared(routed, shared, h, *args)
+            assert torch.equal(got, want), f"d={d} n={n} gate={args[0] is not None}"
 
 
 @pytest.mark.parametrize("n", N_TOKENS)

@@ -24,9 +24,6 @@ from mgserve.bench.model.args import depths, pairs
 from mgserve.bench.model.harness import ModelBench, freeze_heap, stage_label
 
 Row = Callable[..., None]
-# switches a decode step's CUDA graph is captured per setting of (cuda/graphs.py), or that no
-# graph holds: --toggle them with --decode and graphs
-GRAPH_KEYED = ("gc.freeze", "branch.decode")
 Variant = tuple[str, Callable[[], None]]  # (label, make it the current one)
 
 
@@ -107,7 +104,9 @@ def paired_report(b: ModelBench, args: argparse.Namespace, counts: list[tuple[in
         raise ValueError(f"--paired times --prefill, --decode and --multi-decode only: {flag} "
                          "is not timed in rounds (the rounds are the repeats)")  # fmt: skip
     decodes = depths(args.decode) or pairs(args.multi_decode)
-    if args.toggle not in ("", *GRAPH_KEYED) and not args.no_graphs and decodes:
+    from mgserve.cuda.graphs import GRAPH_SWITCHES  # a graph is captured per their setting
+
+    if args.toggle not in ("", "gc.freeze", *GRAPH_SWITCHES) and not args.no_graphs and decodes:
         raise ValueError(
             "--toggle with --decode or --multi-decode: a decode step replays the CUDA graph "
             "captured under the first setting; add --no-graphs, or give --decode= --multi-decode="

@@ -110,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
             row(
                 f"decode, 1 session at depth {depth}",
                 tps,
-                f"{ms:.2f} ms/step, weights {per_tok / ms / 1e6:.0f} GB/s",
+                f"{ms:.2f} ms/step, weights {per_tok / ms / 1e6:.0f} GB/s"
+                + workloads.replay_note(b, 1, ms),
                 kind="decode",
                 sessions=1,
                 depth=depth,
@@ -121,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
             row(
                 f"decode, {sessions} sessions at depth {depth}, aggregate",
                 tps,
-                f"{ms:.2f} ms/step",
+                f"{ms:.2f} ms/step" + workloads.replay_note(b, sessions, ms),
                 kind="decode",
                 sessions=sessions,
                 depth=depth,

@@ -90,3 +90,11 @@ def time_decode(b: ModelBench, sessions: int, depth: int) -> tuple[float, float]
             times.append(time.perf_counter() - t0)
     ms = statistics.median(times)
     return sessions / ms, ms * 1e3
+
+
+def replay_note(b: ModelBench, sessions: int, ms: float) -> str:
+    """``; GPU alone X ms (host Y)``: the last decode workload's graph replayed back to back
+    against its served step time ``ms`` (GraphDecode.replay_ms), or "" (eager, the CPU)."""
+    replay_ms = getattr(getattr(b.runner, "decode", None), "replay_ms", None)
+    gpu = replay_ms(sessions) if replay_ms is not None else None
+    return "" if gpu is None else f"; GPU alone {gpu:.2f} ms (host {ms - gpu:+.2f})"

@@ -2,11 +2,14 @@
 //   out[n, i] = res[n, i] + (routed[n, i] + shared[n, i] * sigmoid(h[n, :] . gate))
 // gate [d] may be null (an ungated shared expert: routed + shared), res too (no residual).
 //
-// Thread mapping: one CTA of blockDim.x (a multiple of 32, <= 1024) threads per token n
-// (blockIdx.x). The gate's dot product is summed per thread (stride blockDim.x), over the warp by
-// shuffles, then over the warps in order through shared memory: a fixed order that depends on d
-// alone, so a token's result is the same whatever else is in the batch. Products and sums are
-// rounded one by one (no FMA contraction), as the torch version computes them.
+// Thread mapping: gridDim.x CTAs of blockDim.x (a multiple of 32, <= 1024) threads per token n
+// (blockIdx.y); CTA x writes part x of gridDim.x equal parts of the row (a decode step's few
+// tokens: several CTAs instead of one CTA walking the whole row, which made the kernel a chain of
+// L2 round trips). Every CTA sums the gate's dot product itself: per thread (stride blockDim.x),
+// over the warp by shuffles, then over the warps in order through shared memory, a fixed order
+// that depends on d and blockDim.x alone, so a token's result is the same whatever else is in the
+// batch and however many parts its row is cut into. Products and sums are rounded one by one (no
+// FMA contraction), as the torch version computes them.
 
 #include "math.cuh"
 #include "pdl.cuh"
@@ -19,10 +22,11 @@ extern "C" __global__ void __launch_bounds__(1024)
     __shared__ float part[32];
     __shared__ float s_gate;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5, n_warps = blockDim.x >> 5;
-    const size_t row = (size_t)blockIdx.x * d;
+    const size_t row = (size_t)blockIdx.y * d;
     float g = 1.0f;
     if (gate) {
         float acc = 0.0f;
+#pragma unroll 4
         for (int i = t; i < d; i += blockDim.x) acc = __fadd_rn(acc, __fmul_rn(h[row + i], gate[i]));
         acc = warp_sum(acc);
         if (lane == 0) part[warp] = acc;
@@ -35,7 +39,9 @@ extern "C" __global__ void __launch_bounds__(1024)
         __syncthreads();
         g = s_gate;
     }
-    for (int i = t; i < d; i += blockDim.x) {
+    const int per = (d + gridDim.x - 1) / gridDim.x;  // this CTA's values [x * per, end)
+    const int end = min(d, (int)(blockIdx.x + 1) * per);
+    for (int i = (int)blockIdx.x * per + t; i < end; i += blockDim.x) {
         const float s = gate ? __fmul_rn(shared[row + i], g) : shared[row + i];
         float y = __fadd_rn(routed[row + i], s);
         if (res) y = __fadd_rn(res[row + i], y);

@@ -66,6 +66,9 @@ class MoeCuda:
         self.cublas_prefill = False
         self.moe_rows = moe_rows
         self._defines = moe_defines(moe_rows)
+        # add_shared's decode rows cut into parts, a CTA each, instead of one CTA a row (the
+        # same bits: tests/cuda/test_glue.py; bench model --paired R --toggle moe.shared_parts)
+        self.shared_parts = True
 
     def experts(
         self,
@@ -187,10 +190,15 @@ class MoeCuda:
                 check_cuda(name, t, self.device, torch.float32)
         n, d = routed.shape
         out = torch.empty_like(routed)  # [N, d]
+        # a decode step's rows in parts of about 2 values a thread (each part's CTA sums the
+        # gate itself, in the same order: the same bits); a prompt chunk's one CTA a row
+        parts = 1
+        if self.shared_parts and n <= MAX_MATVEC_TOKENS:
+            parts = max(1, -(-d // (2 * SHARED_THREADS)))
         if n:
             self.kernels.launch(
                 self.kernels.kernel(SHARED_SOURCE, "moe_add_shared_f32"),
-                n,
+                (parts, n),
                 SHARED_THREADS,
                 routed.data_ptr(),
                 shared.data_ptr(),
