@@ -10,9 +10,13 @@ from typing import Any
 import torch
 
 
-def green_stream(device: torch.device, n_sms: int) -> tuple[Any, torch.cuda.Stream]:
+def green_stream(
+    device: torch.device, n_sms: int, model: Any = None
+) -> tuple[Any, torch.cuda.Stream]:
     """(the green context, keep it alive; its stream) of ``n_sms`` SMs on ``device``;
-    ValueError when this torch, driver or GPU cannot make one."""
+    ValueError when this torch, driver or GPU cannot make one. ``model``'s decode forks on that
+    stream run inline (ops/branch.py: a side stream of the primary context would use every
+    SM)."""
     total = torch.cuda.get_device_properties(device).multi_processor_count
     if not 0 < n_sms < total:
         raise ValueError(f"--prefill-lane-sms {n_sms}: the GPU has {total} SMs (0 < N < {total})")
@@ -20,6 +24,10 @@ def green_stream(device: torch.device, n_sms: int) -> tuple[Any, torch.cuda.Stre
         from torch.cuda.green_contexts import GreenContext
 
         ctx: Any = GreenContext.create(num_sms=n_sms, device_id=device.index or 0)
-        return ctx, ctx.Stream()
+        stream = ctx.Stream()
     except (ImportError, RuntimeError, TypeError, AttributeError) as e:
         raise ValueError(f"--prefill-lane-sms {n_sms}: no green context here ({e})") from e
+    branch = getattr(getattr(model, "backend", None), "branch", None)
+    if branch is not None:
+        branch.inline_on(stream)
+    return ctx, stream

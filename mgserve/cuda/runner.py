@@ -131,7 +131,7 @@ class DeviceRunner:
         gpu = self.device.type == "cuda"
         stream = torch.cuda.Stream(self.device, priority=priority) if gpu and self.lanes else None
         if stream is not None and sms:
-            self._green, stream = green_stream(self.device, sms)
+            self._green, stream = green_stream(self.device, sms, self.model)
         rows = max(self.model.pools.n_slots, self._max_rows)  # verify steps: a row per draft
         host = HostBuffers.allocate(rows, MAX_N_PROBS)
         return Lane(stream, host, torch.cuda.Event() if gpu else None, layers_ahead=layers_ahead)

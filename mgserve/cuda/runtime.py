@@ -78,9 +78,13 @@ def gpu_info(index: int = 0) -> GpuInfo:
     )
 
 
-def new_stream(index: int = 0) -> Stream:
-    """A non-blocking stream on GPU ``index`` (never waits for the legacy default stream)."""
-    return device(index).create_stream()
+def new_stream(index: int = 0, priority: int | None = None) -> Stream:
+    """A non-blocking stream on GPU ``index`` (never waits for the legacy default stream) of its
+    own: not one of torch's pooled streams, which torch hands out again to other code;
+    ``priority`` a CUDA stream priority (lower runs first), None the lowest."""
+    if priority is None:
+        return device(index).create_stream()
+    return device(index).create_stream(options={"nonblocking": True, "priority": priority})
 
 
 def new_event(index: int = 0, timing: bool = False) -> Event:

@@ -260,10 +260,14 @@ case "${1:-tests}" in
     bench invariance 150 invariance $Q4X --int8 --record ;;
   final)  # this session's last call: the graph test with the bench's GPU-alone figure, decode
     # rows with the host's share of a step, the depth sweep after the decode changes
-    timeout 150 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+    timeout 120 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_branch.py tests/cuda/test_glue.py \
-      -k "graph_decode or fork or hc_inject or add_shared" > "$OUT/t_final.log" 2>&1
+      -k "graph_decode or fork or hc_inject or add_shared or own" > "$OUT/t_final.log" 2>&1
     echo "== final tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_final.log" | head
+    timeout 120 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu -x \
+      tests/cuda/test_device_drafts.py tests/cuda/test_device_lanes.py \
+      tests/cuda/test_device_runner.py > "$OUT/t_forks.log" 2>&1
+    echo "== forked paths rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_forks.log" | head
     bench shared_parts 200 model $Q4X --ctx 262144 --slots 5 --int8 --prefill= --decode 0 \
       --multi-decode 5@32768 --decode-steps 16 --paired 5 --toggle moe.shared_parts --record
     bench hostshare 200 model $Q4X --ctx 262144 --slots 5 --int8 --prefill= --decode 0,131072 \

@@ -46,6 +46,25 @@ def test_fork_runs_beside_and_join_orders(cuda_ops) -> None:
     assert torch.equal(got, want + 1.0)
 
 
+def test_side_streams_are_their_own(cuda_ops) -> None:
+    """A side stream is made for its main stream, not drawn from torch's stream pool (which
+    hands the same streams out again to other code), and a stream registered ``inline_on``
+    (a green context's) forks inline."""
+    b = cuda_ops
+    with b.path.step("decode"):
+        main = torch.cuda.current_stream()
+        side = b.branch.fork()
+        side.join()
+        assert side.side is not None
+        pooled = {torch.cuda.Stream(priority=p).cuda_stream for p in (0, -1) for _ in range(80)}
+        assert side.side.cuda_stream not in pooled and side.side.cuda_stream != main.cuda_stream
+        assert b.branch.fork().side.cuda_stream == side.side.cuda_stream  # one per main stream
+        lane = torch.cuda.Stream()
+        b.branch.inline_on(lane)
+        with torch.cuda.stream(lane):
+            assert not b.branch.fork().forked
+
+
 def test_no_fork_outside_decode_or_switched_off(cuda_ops, monkeypatch: pytest.MonkeyPatch) -> None:
     b = cuda_ops
     assert not b.branch.fork().forked  # outside a runner step

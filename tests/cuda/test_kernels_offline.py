@@ -26,17 +26,16 @@ VARIANTS = variants()
 # Variants that do not compile on main, each with its reason (strict xfail: a fix must drop it).
 KNOWN_FAILURES: dict[str, str] = {}
 # (variant, kernel) pairs whose ptxas -v reports spill stores or loads under NVRTC 13.0 for
-# sm_90, as of the commit that added this test: a few bytes each except hc.cu's Q6_K kernels
-# (hc_up_Q6_K_t4 92/60 B at 255 registers, hc_down_Q6_K_t8 32/36 B). A new spill fails the test;
-# so does a fixed one, until it is dropped from here.
+# sm_90: a few bytes each except hc_down_Q6_K_t8 (32/36 B). hc_up on 8 warps of 2 columns
+# (2026-12-06) spills 28/24 B in hc_up_Q5_0_t8 (a Q4_K file's up format: its timing includes it)
+# and no longer in the Q3_K, Q6_K and Q8_0 t4 kernels. A new spill fails the test; so does a
+# fixed one, until it is dropped from here.
 KNOWN_SPILLS = {
     ("attention.cu[d256 kf16 vf16]", "attn_decode"),
     *((f"deltanet_chunked.cu[d128 k{k}]", "delta_prep_f32") for k in range(1, 9)),
     ("hc.cu[IQ4_XS]", "hc_down_IQ4_XS_t4"),
-    ("hc.cu[Q3_K]", "hc_up_Q3_K_t4"),
+    ("hc.cu[Q5_0]", "hc_up_Q5_0_t8"),
     ("hc.cu[Q6_K]", "hc_down_Q6_K_t8"),
-    ("hc.cu[Q6_K]", "hc_up_Q6_K_t4"),
-    ("hc.cu[Q8_0]", "hc_up_Q8_0_t4"),
     ("matvec.cu", "matvec_IQ3_S_t2"),
     ("matvec.cu", "matvec_IQ3_XXS_t2"),
     ("moe.cu", "moe_down_IQ2_XXS"),

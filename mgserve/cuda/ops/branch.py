@@ -22,9 +22,17 @@ chain inline, in order (``bench model --paired R --toggle branch.decode`` times 
 Memory (the caching allocator's blocks belong to the stream that allocated them): a tensor made
 on the side stream and read on the main one returns to the side stream's free blocks when it is
 dropped, and the next side kernel to reuse it is queued after a later fork's wait, so after the
-main stream's reads. A tensor of the main stream that the side chain reads must stay referenced
-until ``join`` (the fork sites hold their inputs as locals), so the main stream cannot reuse it
-before the side chain has read it.
+main stream's reads. That holds only if nothing but forks ever queues work on the side stream:
+each main stream's side stream is created for it (``runtime.new_stream``), never drawn from
+torch's stream pool, which hands its streams out again (pipeline stages, captures, lanes). A
+tensor of the main stream that the side chain reads must stay referenced until ``join`` (the
+fork sites hold their inputs as locals), so the main stream cannot reuse it before the side
+chain has read it. A lazily built device cache (a RoPE table) first made inside a side chain is
+synchronized when it is made (ops/rope.py), since the main chain may read it before the join.
+
+A stream whose kernels must stay on some SMs (the prefill lane in a green context, runner.py)
+is registered with ``inline_on``: its forks run inline, as a side stream of the primary context
+would use every SM.
 """
 
 from __future__ import annotations
@@ -77,7 +85,14 @@ class Branches:
         self.path = path
         self.device = device
         self.decode = device is not None  # the switch (bench: --toggle branch.decode)
-        self._sides: dict[int, torch.cuda.Stream] = {}  # main stream handle -> its side stream
+        # main stream handle -> (cuda.core's stream, kept alive; torch's view of it)
+        self._sides: dict[int, tuple[object, torch.cuda.ExternalStream]] = {}
+        self._inline: set[int] = set()  # streams whose forks run inline (inline_on)
+
+    def inline_on(self, stream: torch.cuda.Stream) -> None:
+        """Forks on ``stream`` run inline (a green context's stream: a side stream would not
+        share its SMs)."""
+        self._inline.add(stream.cuda_stream)
 
     def forks(self) -> bool:
         """Whether a fork now runs on a side stream (a decode step on the GPU, switched on)."""
@@ -88,9 +103,16 @@ class Branches:
         if not self.forks():
             return Fork(None, None)
         main = torch.cuda.current_stream(self.device)
-        side = self._sides.get(main.cuda_stream)
-        if side is None:  # the main stream's priority: a decode stream's side chains keep it
-            side = torch.cuda.Stream(self.device, priority=main.priority)
-            self._sides[main.cuda_stream] = side
+        if main.cuda_stream in self._inline:
+            return Fork(None, None)
+        made = self._sides.get(main.cuda_stream)
+        if made is None:  # the main stream's priority: a decode stream's side chains keep it
+            from mgserve.cuda import runtime
+
+            assert self.device is not None  # forks(): a GPU
+            index = self.device.index or 0
+            own = runtime.new_stream(index, priority=main.priority)
+            made = self._sides[main.cuda_stream] = (own, runtime.torch_stream(own, index))
+        side = made[1]
         side.wait_stream(main)
         return Fork(main, side)

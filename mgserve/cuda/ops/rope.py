@@ -53,6 +53,10 @@ class RopeTorch:
         t = self._inv_freq.get(key)
         if t is None:
             t = self._inv_freq[key] = ops.rope_inv_freq(n_rot, base).to(device)
+            if t.is_cuda and not torch.cuda.is_current_stream_capturing():
+                # the copy is done before any stream reads it: a decode step's side chain
+                # (ops/branch.py) may make it while the main stream's rotation runs beside
+                torch.cuda.current_stream(device).synchronize()
         return t
 
     def apply(
