@@ -311,3 +311,25 @@ def test_set_reaches_the_bench_backend(tmp_path: Path) -> None:
     args = p.parse_args(["--model", str(_export("qwen3", tmp_path)), "--device", "cpu", "--ctx",
                          "128", "--slots", "1", "--set", "ple.packed_rows=false"])  # fmt: skip
     assert ModelBench(args).ops.ple.packed_rows is False
+
+
+def test_decode_rows_name_the_hosts_share_where_a_graph_replays(tmp_path: Path) -> None:
+    """A decode row's note gives the step's GPU time alone (its graph replayed back to back) and
+    the host's share of the served step; on the CPU (eager steps, no graph) it says nothing."""
+    from types import SimpleNamespace
+
+    from mgserve.bench.model import workloads
+    from tests.cuda.test_device_models import _export
+
+    bench = _bench(_export("qwen3", tmp_path), 1)
+    assert workloads.gpu_alone_ms(bench, 1) is None  # EagerDecode: no replay
+    assert workloads.alone_note(None, 6.2) == ""
+    assert workloads.alone_note(5.64, 6.21) == "; GPU alone 5.64 ms (host +0.57)"
+    calls: list[int] = []
+
+    def replay_ms(n: int) -> float:
+        calls.append(n)
+        return 14.34
+
+    fake = SimpleNamespace(runner=SimpleNamespace(decode=SimpleNamespace(replay_ms=replay_ms)))
+    assert workloads.gpu_alone_ms(fake, 5) == 14.34 and calls == [5]  # type: ignore[arg-type]

@@ -107,26 +107,30 @@ def run(args: argparse.Namespace) -> int:
                 sessions=sessions, tokens=n, estimate=True)  # fmt: skip
         for depth in depths(args.decode):
             tps, ms = workloads.time_decode(b, 1, depth)
+            alone = workloads.gpu_alone_ms(b, 1)
             row(
                 f"decode, 1 session at depth {depth}",
                 tps,
                 f"{ms:.2f} ms/step, weights {per_tok / ms / 1e6:.0f} GB/s"
-                + workloads.replay_note(b, 1, ms),
+                + workloads.alone_note(alone, ms),
                 kind="decode",
                 sessions=1,
                 depth=depth,
                 ms=ms,
+                gpu_ms=alone,
             )
         for sessions, depth in pairs(args.multi_decode):
             tps, ms = workloads.time_decode(b, sessions, depth)
+            alone = workloads.gpu_alone_ms(b, sessions)
             row(
                 f"decode, {sessions} sessions at depth {depth}, aggregate",
                 tps,
-                f"{ms:.2f} ms/step" + workloads.replay_note(b, sessions, ms),
+                f"{ms:.2f} ms/step" + workloads.alone_note(alone, ms),
                 kind="decode",
                 sessions=sessions,
                 depth=depth,
                 ms=ms,
+                gpu_ms=alone,
             )
         if n_stages > 1:
             lines.append(stage_figures(b.runner.model))

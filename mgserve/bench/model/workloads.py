@@ -92,9 +92,14 @@ def time_decode(b: ModelBench, sessions: int, depth: int) -> tuple[float, float]
     return sessions / ms, ms * 1e3
 
 
-def replay_note(b: ModelBench, sessions: int, ms: float) -> str:
-    """``; GPU alone X ms (host Y)``: the last decode workload's graph replayed back to back
-    against its served step time ``ms`` (GraphDecode.replay_ms), or "" (eager, the CPU)."""
+def gpu_alone_ms(b: ModelBench, sessions: int) -> float | None:
+    """The GPU time of the last decode workload's step alone: its graph replayed back to back
+    (GraphDecode.replay_ms); against the served step, what is left is the host's share. None
+    where there is no graph (eager, the CPU)."""
     replay_ms = getattr(getattr(b.runner, "decode", None), "replay_ms", None)
-    gpu = replay_ms(sessions) if replay_ms is not None else None
-    return "" if gpu is None else f"; GPU alone {gpu:.2f} ms (host {ms - gpu:+.2f})"
+    return replay_ms(sessions) if replay_ms is not None else None
+
+
+def alone_note(gpu_ms: float | None, ms: float) -> str:
+    """``; GPU alone X ms (host +Y)`` for a served step of ``ms``, or ""."""
+    return "" if gpu_ms is None else f"; GPU alone {gpu_ms:.2f} ms (host {ms - gpu_ms:+.2f})"
