@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 import torch
 
-from tests.cuda.test_fused_decode import _model, _pool_tensors, _run, _step
+from tests.cuda.test_fused_decode import (
+    _model,
+    _pool_tensors,
+    _step,
+    assert_same_runs,
+    assert_same_steps,
+)
 from tests.cuda.test_hc import REAL
 from tests.cuda.test_hc_torch import EPS, make_case, make_streams
 
@@ -128,15 +134,7 @@ def test_eager_decode_steps_bitwise(kernels, which: str, tmp_path: Path) -> None
     """Two sessions' prompt, then 9 eager decode steps (past QSA block ends): logits of every
     step and every pool tensor equal with the side chains on and off."""
     path, int8 = _path(which, tmp_path)
-    prompts = PROMPTS
-    models = _models(kernels, path, int8)
-    got, want = (_run(m, prompts, 9) for m in models)
-    for i, (a, b) in enumerate(zip(got, want, strict=True)):
-        assert torch.equal(a, b), f"{which} step {i}: max diff {(a - b).abs().max().item():.2e}"
-    pools = [_pool_tensors(m.pools) for m in models]
-    assert pools[0].keys() == pools[1].keys() and pools[0]
-    for k, a in pools[0].items():
-        assert torch.equal(a, pools[1][k]), f"{which}: {k} differs"
+    assert_same_runs(_models(kernels, path, int8), PROMPTS, which)
 
 
 @pytest.mark.parametrize("which", ["tiny", "synth"])
@@ -169,12 +167,7 @@ def test_graph_decode_steps_bitwise(kernels, which: str, tmp_path: Path) -> None
             torch.cuda.synchronize()
             outs.append((logits, _pool_tensors(m.pools), graphs))
     (got, pools_on, graphs_on), (want, pools_off, _) = outs
-    for i, (a, b) in enumerate(zip(got, want, strict=True)):
-        diff = (a - b).abs().max().item()
-        assert torch.equal(a, b), f"{which} graph step {i}: max diff {diff:.2e}"
-    assert pools_on.keys() == pools_off.keys() and pools_on
-    for k, a in pools_on.items():
-        assert torch.equal(a, pools_off[k]), f"{which}: {k} differs"
+    assert_same_steps(got, want, [pools_on, pools_off], f"{which} graph")
     n_graphs = len(graphs_on._graphs)
     models[0].backend.branch.decode = False  # a graph of its own for the other setting
     with torch.no_grad(), models[0].backend.path.step("decode"):

@@ -221,10 +221,20 @@ def test_decode_steps_bitwise_unfused(kernels, which: str, tmp_path: Path) -> No
         _model(path, cuda_backend(kernels=kernels, int8=int8, fused_decode=f), 160)
         for f in (True, False)
     ]
+    assert_same_runs(models, prompts, which)
+
+
+def assert_same_runs(models: list[Any], prompts: list[list[int]], which: str) -> None:
+    """Two models' runs of ``prompts`` then 9 decode steps (``_run``): the logits of every step
+    and every pool tensor equal bitwise."""
     got, want = (_run(m, prompts, 9) for m in models)
+    assert_same_steps(got, want, [_pool_tensors(m.pools) for m in models], which)
+
+
+def assert_same_steps(got: list[torch.Tensor], want: list[torch.Tensor],
+                      pools: list[dict[str, torch.Tensor]], which: str) -> None:  # fmt: skip
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         assert torch.equal(a, b), f"{which} step {i}: max diff {(a - b).abs().max().item():.2e}"
-    pools = [_pool_tensors(m.pools) for m in models]
     assert pools[0].keys() == pools[1].keys() and pools[0]
     for k, a in pools[0].items():
         assert torch.equal(a, pools[1][k]), f"{which}: {k} differs"
