@@ -30,7 +30,8 @@ from mgserve.cuda.ops.moe_prefill_cuda import MoePrefillCuda
 MOE_SOURCE = "moe.cu"
 MOE_Q8_SOURCE = "moe_q8.cu"
 SHARED_SOURCE = "moe_shared.cu"
-SHARED_THREADS = 256  # threads per CTA (one token) of moe_add_shared_f32
+SHARED_THREADS = 256  # threads per CTA of moe_add_shared_f32 (the gate's sum order: fixed)
+MAX_GRID_Y = 65535  # rows per launch of moe_add_shared_f32 (a row per grid y index)
 MOE_WARPS = 4  # MOE_WARPS in kernels/moe_decode.cuh
 MOE_Q8_TYPES = frozenset({"Q4_K", "Q6_K", "Q5_0", "Q8_0"})  # expert formats of moe_q8.cu
 MOE_ROWS = (1, 1)  # MoeCuda's default rows per warp: gate/up, down
@@ -195,17 +196,19 @@ class MoeCuda:
         parts = 1
         if self.shared_parts and n <= MAX_MATVEC_TOKENS:
             parts = max(1, -(-d // (2 * SHARED_THREADS)))
-        if n:
+        kernel = self.kernels.kernel(SHARED_SOURCE, "moe_add_shared_f32")
+        for t0 in range(0, n, MAX_GRID_Y):  # rows on the grid's y dimension
+            off = t0 * d * 4  # bytes: every [N, d] operand is contiguous float32
             self.kernels.launch(
-                self.kernels.kernel(SHARED_SOURCE, "moe_add_shared_f32"),
-                (parts, n),
+                kernel,
+                (parts, min(MAX_GRID_Y, n - t0)),
                 SHARED_THREADS,
-                routed.data_ptr(),
-                shared.data_ptr(),
-                h.data_ptr(),
+                routed.data_ptr() + off,
+                shared.data_ptr() + off,
+                h.data_ptr() + off,
                 0 if gate is None else gate.data_ptr(),
-                0 if residual is None else residual.data_ptr(),
-                out.data_ptr(),
+                0 if residual is None else residual.data_ptr() + off,
+                out.data_ptr() + off,
                 np.int32(d),
             )
         return out
