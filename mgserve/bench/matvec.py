@@ -33,7 +33,18 @@ GEMMA_SHAPES = [
     ("gemma down 640x2048", 640, 2048),
     ("gemma q 1024x640", 1024, 640),
 ]
-SHAPE_SETS = {"qwen4exp": SHAPES, "gemma": GEMMA_SHAPES}
+# the qwen4exp (Qwen3.8-Flash-Next) layer's own decode projections (n_embd 2560, 16 + 48 DeltaNet
+# heads of 128, 24 + 2 attention heads of 256 with the gate, shared expert 640)
+QWEN4EXP_PROJ = [
+    ("deltanet qkv 10240x2560", 10240, 2560),
+    ("deltanet z 6144x2560", 6144, 2560),
+    ("deltanet out 2560x6144", 2560, 6144),
+    ("attention q+gate 12288x2560", 12288, 2560),
+    ("attention out 2560x6144", 2560, 6144),
+    ("shared gate+up 1280x2560", 1280, 2560),
+    ("shared down 2560x640", 2560, 640),
+]
+SHAPE_SETS = {"qwen4exp": SHAPES, "qwen4exp-proj": QWEN4EXP_PROJ, "gemma": GEMMA_SHAPES}
 L2_SPAN = 256 << 20  # bytes of distinct weights cycled per case
 
 

@@ -40,6 +40,7 @@
 #   bash tests/cuda/gpu_stages.sh mixedub     mixed load with the lane's chunks of 2048 and 1024
 #   bash tests/cuda/gpu_stages.sh branches    a decode step's side chains: tests, on and off in
 #                                              rounds, invariance
+#   bash tests/cuda/gpu_stages.sh matvec      int8 matvec shapes at qwen4exp's projections
 #   bash tests/cuda/gpu_stages.sh ncu         Nsight Compute counters of the heaviest prompt
 #                                              and decode kernels (what bounds each)
 # Logs and files land in $OUT.
@@ -272,6 +273,13 @@ case "${1:-tests}" in
       --multi-decode 5@32768 --decode-steps 16 --paired 5 --toggle moe.shared_parts --record
     bench hostshare 200 model $Q4X --ctx 262144 --slots 5 --int8 --prefill= --decode 0,131072 \
       --multi-decode 5@32768,5@131072 --decode-steps 16 --record ;;
+  matvec)  # issue 10: the int8 matvec's shapes (rows per thread group for 1 / 2..8 tokens,
+    # threads per group) at the qwen4exp layer's own projections, 1 and 8 tokens: the decode
+    # projections run at ~1.2 TB/s (--gaps, 2026-12-06), the 8-token ones at ~half that
+    bench matvec_proj 500 matvec --shapes qwen4exp-proj --types Q4_K,Q6_K,Q5_0,Q8_0 \
+      --tokens 1,8 --activations int8-pre --q8-mma off \
+      --q8-rows "2,2,128 1,2,128 4,2,128 2,4,128 2,1,128 2,2,32" \
+      --record ;;
   ncu)  # hardware counters (Nsight Compute; Firecracker machines read them, gVisor ones do
     # not: the first lines say which) of the heaviest kernels, each at its first launch (layer 0
     # is DeltaNet; the first combine is layer 1's): the prompt chunk's DeltaNet scan, MoE GEMMs
