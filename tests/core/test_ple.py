@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType, quants
 from mgserve.core.gguf.hparams_qwen4exp import PleSpec
 from mgserve.core.gguf.reader import GGUFError, GGUFFile
 from mgserve.core.gguf.writer import GGUFWriter
-from mgserve.core.reference import ple
+from mgserve.core.reference import ple, ple_rows
 from mgserve.core.reference.dequant import dequantize
 from tests.core.qwen4exp_export import VOCAB, hf_config
 from tests.hf_version import pinned_transformers
@@ -128,10 +128,10 @@ def test_gather_rows_equals_full_dequantize(tmp_path: Path, qtype: str) -> None:
     g = GGUFFile(tmp_path / "t.gguf")
     table = g.tensor("table")
     rows = np.array([[3, 499, 0], [3, 17, 250]])
-    got = ple.gather_rows(table, rows)  # [2, 3, width]
+    got = ple_rows.gather_rows(table, rows)  # [2, 3, width]
     assert got.shape == (2, 3, width) and got.dtype == torch.float32
     assert torch.equal(got, dequantize(g, table)[torch.from_numpy(rows)])
-    assert ple.advise_random(table)
+    assert ple_rows.advise_random(table)
 
 
 @pytest.mark.parametrize("qtype", sorted(ROW_BYTES))
@@ -143,13 +143,13 @@ def test_packed_rows_unpack_to_the_gathered_rows(tmp_path: Path, qtype: str) -> 
     _write_table(tmp_path / "t.gguf", t, 160, 500)
     table = GGUFFile(tmp_path / "t.gguf").tensor("table")
     rows = np.array([[3, 499, 0], [3, 17, 250], [1, 1, 1]])
-    raw = ple.packed_rows(table, rows)
+    raw = ple_rows.packed_rows(table, rows)
     assert raw is not None and raw.dtype == torch.uint8 and raw.shape[0] == 3
     assert raw.shape[1] == 3 * ROW_BYTES[qtype]
-    got = ple.unpack_rows(raw, qtype)
-    assert torch.equal(got, ple.gather_rows(table, rows).flatten(1))
-    none = ple.packed_rows(table, np.zeros((0, 3), dtype=np.int64))  # an empty step
-    assert none is not None and tuple(ple.unpack_rows(none, qtype).shape) == (0, 3 * 160)
+    got = ple_rows.unpack_rows(raw, qtype)
+    assert torch.equal(got, ple_rows.gather_rows(table, rows).flatten(1))
+    none = ple_rows.packed_rows(table, np.zeros((0, 3), dtype=np.int64))  # an empty step
+    assert none is not None and tuple(ple_rows.unpack_rows(none, qtype).shape) == (0, 3 * 160)
 
 
 def test_check_table_needs_every_head_range(tmp_path: Path, spec: PleSpec) -> None:
@@ -182,7 +182,37 @@ def test_packed_rows_unpack_on_the_gpu_to_the_gathered_rows(tmp_path: Path, qtyp
     _write_table(tmp_path / "t.gguf", GGMLQuantizationType[qtype], 160, 500)
     table = GGUFFile(tmp_path / "t.gguf").tensor("table")
     rows = np.random.default_rng(2).integers(0, 500, size=(64, 16))
-    raw = ple.packed_rows(table, rows)
+    raw = ple_rows.packed_rows(table, rows)
     assert raw is not None
-    got = ple.unpack_rows(raw.cuda(), qtype).cpu()
-    assert torch.equal(got, ple.gather_rows(table, rows).flatten(1))
+    got = ple_rows.unpack_rows(raw.cuda(), qtype).cpu()
+    assert torch.equal(got, ple_rows.gather_rows(table, rows).flatten(1))
+
+
+def test_decode_contexts_are_each_sessions_contexts(spec: PleSpec) -> None:
+    """A decode step's contexts of one token per session, made at once, are the columns of each
+    session's ``ngram_contexts`` joined, for histories with EOS in any place."""
+    rng = np.random.default_rng(5)
+    hists = rng.integers(0, 300, (6, spec.ngram - 1))
+    hists[1, -1] = EOS  # the token just before the step
+    hists[2, 0] = EOS  # the oldest
+    hists[3, :] = EOS  # a new session
+    toks = rng.integers(0, 300, 6)
+    toks[4] = EOS  # the token's own EOS does not cut
+    want = np.concatenate(
+        [ple.ngram_contexts(toks[i : i + 1], hists[i], spec) for i in range(6)], axis=1
+    )
+    np.testing.assert_array_equal(ple.decode_contexts(toks, hists, spec), want)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"])
+def test_decode_blocks_is_ggufs_dequantization_bit_for_bit(qtype: str) -> None:
+    """The host's numpy decoding of a decode step's rows (``gather_rows``' fast path) against
+    gguf's on random bytes: every bit pattern of scales and quants (infinities and NaNs too)."""
+    rng = np.random.default_rng(7)
+    nbytes = ple_rows.PACKED[qtype][0]
+    raw = rng.integers(0, 256, size=(24, 5 * nbytes), dtype=np.uint8)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = quants.dequantize(raw, GGMLQuantizationType[qtype]).reshape(24, -1)
+        got = ple_rows.decode_blocks(raw, qtype)
+    assert got.shape == (24, 160) and got.dtype == np.float32
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

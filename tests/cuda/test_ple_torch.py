@@ -78,3 +78,29 @@ def test_conv_prefill_split_is_one_call() -> None:
     assert torch.equal(whole, parts) and torch.equal(h1, h2)
     want, _ = ple.dilated_conv(x, torch.zeros(HIST, HC * D), conv, DIL)
     assert torch.equal(whole, want)
+
+
+def test_step_extra_decode_rows_are_the_loops(tmp_path) -> None:
+    """qwen4exp's ``step_extra`` for a decode step (one token per slot: every session's
+    contexts at once) gives the rows and the slot histories of the per-slot loop, which a step
+    with a slot's drafts (a slot twice: its rows chain) still takes; EOS in the histories."""
+    from mgserve.core.gguf.reader import GGUFFile
+    from mgserve.cuda.backend import load_device_model
+    from tests.cuda.test_device_models import _export
+
+    path = _export("qwen4exp", tmp_path)
+    models = [
+        load_device_model(GGUFFile(path), torch_backend(), torch.device("cpu"), 4, 64)
+        for _ in range(2)
+    ]
+    eos = models[0].qp.ple.eos
+    for m in models:
+        for s in range(4):
+            m.begin_sequence(s)
+        m.step_extra([[11, 12], [eos, 30], [40, eos]], [0, 1, 2])  # histories with EOS
+    fast = models[0].step_extra([[7], [8], [9], [10]], [0, 1, 2, 3])
+    loop = models[1].step_extra([[7], [8], [9], [10], [5]], [0, 1, 2, 3, 0])  # slot 0 twice
+    assert torch.equal(fast, loop[:4])
+    for s in (1, 2, 3):
+        np.testing.assert_array_equal(models[0].host_state(s), models[1].host_state(s))
+    np.testing.assert_array_equal(models[0].host_state(0), [12, 7])

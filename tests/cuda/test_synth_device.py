@@ -21,6 +21,7 @@ from mgserve.core.gguf.hparams_qwen4exp import qwen4exp_spec_from_gguf
 from mgserve.core.gguf.reader import GGUFError, GGUFFile, TensorInfo
 from mgserve.core.gguf.writer import GGUFWriter
 from mgserve.core.reference import ple as ple_ref
+from mgserve.core.reference import ple_rows
 from mgserve.core.reference.dequant import dequantize
 from mgserve.core.synth.mixes import DEFAULT_MIX, MIXES, mix_of
 from mgserve.core.synth.shapes import SHAPES, ShapeSpec, metadata
@@ -272,12 +273,12 @@ def _ple_check(g: sd.SynthFile) -> None:
     ple_ref.check_table(t, q4.ple, g.path)
     n_rows = t.shape[1]
     rows = np.array([[0, 1, n_rows // 2], [n_rows - 3, n_rows - 2, n_rows - 1]])
-    emb = ple_ref.gather_rows(t, rows)  # [2, 3, dim]
+    emb = ple_rows.gather_rows(t, rows)  # [2, 3, dim]
     assert emb.shape == (2, 3, t.shape[0]) and torch.isfinite(emb).all()
     assert 0.015 < emb.std() < 0.06
-    ple_ref.advise_random(t)  # must not fail on a non-mmap table
+    ple_rows.advise_random(t)  # must not fail on a non-mmap table
     hashed = ple_ref.ngram_rows(np.array([5, 17, 300]), np.array([1, 2]), q4.ple)  # [3, heads]
-    assert torch.isfinite(ple_ref.gather_rows(t, hashed)).all()
+    assert torch.isfinite(ple_rows.gather_rows(t, hashed)).all()
     with pytest.raises(ValueError):
         t.data[0, 0] = 1  # read-only, like the memory-mapped file
 

@@ -33,7 +33,7 @@ from mgserve.core.models.kvcache import KVCache
 from mgserve.core.models.qwen3next import Qwen3Next
 from mgserve.core.models.qwen4exp_weights import load_deltanet, load_hc, load_indexer, load_ple
 from mgserve.core.models.state_qwen4exp import Qwen4ExpState
-from mgserve.core.reference import gated_attention, moe, ops, ple, qsa
+from mgserve.core.reference import gated_attention, moe, ops, ple, ple_rows, qsa
 from mgserve.core.reference import hyper_connections as hc
 from mgserve.core.reference.deltanet import DeltaNetWeights
 from mgserve.core.reference.gated_attention import AttnWeights
@@ -68,7 +68,7 @@ class Qwen4Exp(Qwen3Next):
             # Stays memory-mapped: each forward reads only the rows its tokens hash to.
             self.ple_table = g.tensor(PLE_TABLE)
             ple.check_table(self.ple_table, self.qp.ple, g.path)
-            ple.advise_random(self.ple_table)
+            ple_rows.advise_random(self.ple_table)
         super().__init__(g, spec, hybrid)
 
     def load_head(self, g: GGUFFile) -> None:
@@ -131,7 +131,7 @@ class Qwen4Exp(Qwen3Next):
             rows.append(ple.ngram_rows(toks, st.ple_tokens.numpy(), p))
             history = torch.cat((st.ple_tokens, s.tokens))
             st.ple_tokens.copy_(history[history.numel() - st.ple_tokens.numel() :])
-        emb = ple.gather_rows(self.ple_table, np.concatenate(rows))  # [N, n_heads, head_dim]
+        emb = ple_rows.gather_rows(self.ple_table, np.concatenate(rows))  # [N, n_heads, head_dim]
         gated, conv_in = ple.gated_values(x, emb.flatten(1), w, self.spec.rms_eps)
         conv_out, off = torch.empty_like(conv_in), 0  # [N, hc * d]
         for s in seqs:

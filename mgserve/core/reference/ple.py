@@ -9,7 +9,8 @@ EOS does not cut). For n = 2..ngram, ``mixed = XOR_j ctx[j] * m[j]`` over j < n 
 below 2^63, so signed and unsigned arithmetic agree) and head h of that n-gram reads row
 ``mixed % size[h] + offset[h]``.
 
-The table stays memory-mapped: ``gather_rows`` copies and dequantizes only the rows asked for.
+The table stays memory-mapped: ``ple_rows.gather_rows`` copies and dequantizes only the rows asked
+for.
 
 Layer (HF ``Qwen4ExpTextPLELayer``, llama.cpp ``build_ple``), streams x [hc, d], e the token's
 concatenated rows::
@@ -22,14 +23,12 @@ concatenated rows::
 
 from __future__ import annotations
 
+import functools
 import math
-import mmap
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, quants
 
 from mgserve.core.gguf.hparams_qwen4exp import PleSpec
 from mgserve.core.gguf.reader import GGUFError, TensorInfo
@@ -59,18 +58,40 @@ def ngram_contexts(tokens: np.ndarray, history: np.ndarray, ple: PleSpec) -> np.
     return ctx
 
 
+def decode_contexts(tokens: np.ndarray, histories: np.ndarray, ple: PleSpec) -> np.ndarray:
+    """``ngram_contexts`` of one token per session at once: [ngram, S] for ``tokens`` [S], each
+    after its session's ``histories`` row [S, ngram - 1] (oldest first), the same columns as S
+    calls of ``ngram_contexts`` joined (a decode step's host work: no loop over sessions)."""
+    back = ple.ngram - 1
+    ctx = np.empty((ple.ngram, tokens.shape[0]), dtype=np.int64)
+    ctx[0] = tokens
+    cut = np.zeros(tokens.shape[0], dtype=bool)
+    for s in range(1, ple.ngram):
+        prev = histories[:, back - s]
+        cut |= prev == ple.eos
+        ctx[s] = np.where(cut, ple.eos, prev)
+    return ctx
+
+
+@functools.lru_cache(maxsize=8)
+def _hash_consts(ple: PleSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(multipliers [ngram, 1], sizes [n_heads, 1] as uint64; offsets [n_heads, 1] int64)."""
+    return (
+        np.array(ple.multipliers, dtype=np.uint64)[:, None],
+        np.array(ple.sizes, dtype=np.uint64)[:, None],
+        np.array(ple.offsets, dtype=np.int64)[:, None],
+    )
+
+
 def hash_contexts(ctx: np.ndarray, ple: PleSpec) -> np.ndarray:
     """[T, n_heads] int64 table rows of the contexts ``ctx`` [ngram, T] (``ngram_contexts``; the
-    columns of several sessions may be joined, so a decode step hashes once)."""
-    mult = np.array(ple.multipliers, dtype=np.uint64)
-    prods = ctx.astype(np.uint64) * mult[:, None]  # [ngram, T], each < 2^63
-    rows = np.empty((ctx.shape[1], ple.n_heads), dtype=np.int64)
-    for n in range(2, ple.ngram + 1):
-        mixed = np.bitwise_xor.reduce(prods[:n], axis=0)  # [T]
-        for g in range(ple.heads_per_ngram):
-            h = (n - 2) * ple.heads_per_ngram + g
-            rows[:, h] = (mixed % np.uint64(ple.sizes[h])).astype(np.int64) + ple.offsets[h]
-    return rows
+    columns of several sessions may be joined, so a decode step hashes once). Head h reads the
+    n-gram of n = 2 + h // heads_per_ngram tokens: the XOR of its first n products."""
+    mult, sizes, offsets = _hash_consts(ple)
+    prods = ctx.astype(np.uint64) * mult  # [ngram, T], each < 2^63
+    mixed = np.bitwise_xor.accumulate(prods, axis=0)[1:]  # [ngram - 1, T]: n = 2 .. ngram
+    heads = np.repeat(mixed, ple.heads_per_ngram, axis=0)  # [n_heads, T]
+    return ((heads % sizes).astype(np.int64) + offsets).T
 
 
 def check_table(t: TensorInfo, ple: PleSpec, path: object) -> None:
@@ -83,117 +104,6 @@ def check_table(t: TensorInfo, ple: PleSpec, path: object) -> None:
         )
     if t.type_name not in SUPPORTED_TYPES:
         raise GGUFError(f"{path}: tensor {t.name!r} has unsupported type {t.type_name}")
-
-
-def advise_random(t: TensorInfo) -> bool:
-    """Tell the kernel that ``t``'s pages are read at random, so a row read maps the page it
-    needs instead of a 64 KiB fault-around / readahead window (which, for 16 scattered rows per
-    token, would grow the mapped (resident) part of the table by ~1 MiB per token). False when
-    the data is not an mmap or the platform has no madvise."""
-    base: Any = t.data
-    while base is not None and not hasattr(base, "_mmap"):
-        base = base.base
-    mm = getattr(base, "_mmap", None)
-    if not isinstance(mm, mmap.mmap) or not hasattr(mmap, "MADV_RANDOM"):
-        return False
-    start = t.offset - t.offset % mmap.PAGESIZE
-    mm.madvise(mmap.MADV_RANDOM, start, t.offset + t.n_bytes - start)
-    return True
-
-
-def gather_rows(t: TensorInfo, rows: np.ndarray) -> torch.Tensor:
-    """[*rows.shape, row width] float32: the table rows ``rows``, read from the memory map."""
-    flat = rows.reshape(-1)
-    raw = np.asarray(t.data[flat])  # [R, row bytes or elements]: copies only these rows
-    if t.type_name == "F32":
-        values = raw.astype(np.float32, copy=False)
-    elif t.type_name == "F16":
-        values = raw.astype(np.float32)
-    else:
-        values = quants.dequantize(raw, GGMLQuantizationType(t.type_id))
-    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).view(
-        *rows.shape, t.shape[0]
-    )
-
-
-# Table types whose rows ``unpack_rows`` decodes with torch ops on any device, bitwise as
-# ``gather_rows`` (gguf's numpy dequantization): bytes per block and values per block. A row of
-# ``head_dim`` values (160 in the real model) takes 32-value blocks only, so these are every type
-# such a table can have but MXFP4 (llama-quantize's fallbacks for rows that are no multiple of 256
-# are Q5_0, Q5_1, Q8_0, Q4_0 and IQ4_NL; a type not here takes the float rows). Bitwise for every
-# value but NaNs, whose payloads torch may quiet. Each value is one float32 product of exact
-# operands (a f16 scale times a small integer) plus, for the _1 types, the f16 minimum in a second
-# rounding, as numpy computes it.
-PACKED = {
-    "F32": (4, 1),
-    "F16": (2, 1),
-    "BF16": (2, 1),
-    "Q8_0": (34, 32),
-    "Q4_0": (18, 32),
-    "Q4_1": (20, 32),
-    "Q5_0": (22, 32),
-    "Q5_1": (24, 32),
-    "IQ4_NL": (18, 32),
-}
-IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
-
-
-_IQ4_NL_GRIDS: dict[torch.device, torch.Tensor] = {}
-
-
-def _iq4_nl_grid(device: torch.device) -> torch.Tensor:
-    """IQ4_NL_VALUES as float32 on ``device``, made once: a tensor made from a list on a GPU is
-    a copy from pageable memory, which waits for the GPU (and cannot be graph-captured)."""
-    grid = _IQ4_NL_GRIDS.get(device)
-    if grid is None:
-        grid = _IQ4_NL_GRIDS[device] = torch.tensor(IQ4_NL_VALUES, dtype=torch.float32).to(device)
-    return grid
-
-
-def packed_rows(t: TensorInfo, rows: np.ndarray) -> torch.Tensor | None:
-    """The table rows ``rows`` [N, heads] as stored: uint8 [N, heads * row bytes] (a quarter to
-    a seventh of ``gather_rows``' float32 for the quantized types), decoded where they are used
-    (``unpack_rows``, on the GPU for a prompt chunk); None for a type it does not decode."""
-    if t.type_name not in PACKED or not t.data.dtype.isnative:  # unpack_rows reads native order
-        return None
-    n, heads = rows.shape
-    table = np.asarray(t.data).reshape(t.shape[1], -1).view(np.uint8)  # [rows, row bytes]
-    raw = np.take(table, rows.reshape(-1), axis=0)  # [N * heads, row bytes]: only these rows
-    return torch.from_numpy(raw).view(n, heads * table.shape[1])
-
-
-def unpack_rows(raw: torch.Tensor, type_name: str) -> torch.Tensor:
-    """float32 [N, heads * head_dim] from ``packed_rows``' bytes, on their device."""
-    block, per = PACKED[type_name]
-    n, blocks = raw.shape[0], raw.shape[1] // block
-    b = raw.reshape(n, blocks, block)
-    if per == 1:
-        if type_name == "F32":
-            return b.contiguous().view(torch.float32).view(n, blocks)
-        dtype = torch.float16 if type_name == "F16" else torch.bfloat16
-        return b.contiguous().view(dtype).float().view(n, blocks)
-
-    def f16(at: int) -> torch.Tensor:  # the block's f16 at byte ``at`` as float32 [N, blocks, 1]
-        return b[..., at : at + 2].contiguous().view(torch.float16).float()
-
-    if type_name == "Q8_0":
-        q = b[..., 2:].contiguous().view(torch.int8).float()
-        return (q * f16(0)).view(n, blocks * per)
-    lead = {"Q4_0": 2, "Q4_1": 4, "Q5_0": 6, "Q5_1": 8, "IQ4_NL": 2}[type_name]  # before nibbles
-    qs = b[..., lead:]  # 16 bytes: value j's low 4 bits in byte j % 16, j >= 16 in the high half
-    q = torch.cat((qs & 0x0F, qs >> 4), dim=-1).to(torch.int32)  # [N, blocks, 32]
-    if type_name == "IQ4_NL":  # d times the nibble's entry of the non-linear grid
-        return (f16(0) * _iq4_nl_grid(raw.device)[q.long()]).view(n, blocks * per)
-    if type_name in ("Q5_0", "Q5_1"):  # the fifth bits: bit j of a little-endian uint32
-        hb = b[..., lead - 4 : lead].to(torch.int32)  # (an arithmetic shift & 1 is still bit 31)
-        qh = hb[..., 0:1] | hb[..., 1:2] << 8 | hb[..., 2:3] << 16 | hb[..., 3:4] << 24
-        bit = torch.arange(32, device=raw.device, dtype=torch.int32)
-        q = q | (((qh >> bit) & 1) << 4)
-    if type_name in ("Q4_0", "Q5_0"):  # symmetric: d * (q - 8 or 16)
-        out = f16(0) * (q - (8 if type_name == "Q4_0" else 16)).float()
-    else:  # d * q + m, two roundings as numpy's
-        out = f16(0) * q.float() + f16(2)
-    return out.view(n, blocks * per)
 
 
 @dataclass

@@ -21,6 +21,7 @@ import torch
 from mgserve.core.gguf.hparams_qwen4exp import qwen4exp_spec_from_gguf
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.core.reference import ple as ple_ref
+from mgserve.core.reference import ple_rows
 from mgserve.cuda.loader import Loader
 from mgserve.cuda.models.base import Step, key_lengths, loaded
 from mgserve.cuda.models.hybrid import HybridLM, Layer
@@ -40,7 +41,7 @@ class Qwen4ExpLM(HybridLM):
         if qp.ple is not None:
             self.ple_table = g.tensor("per_layer_token_embd.weight")  # stays memory-mapped
             ple_ref.check_table(self.ple_table, qp.ple, g.path)
-            ple_ref.advise_random(self.ple_table)
+            ple_rows.advise_random(self.ple_table)
             self.decode_extra_shape = (qp.ple.n_heads * qp.ple.head_dim,)
         self.handoff_shape = (qp.hc, self.spec.n_embd)  # the residual streams
         # the last ngram - 1 tokens of each slot, for the host-side n-gram hash
@@ -94,25 +95,36 @@ class Qwen4ExpLM(HybridLM):
     ) -> torch.Tensor | None:
         """The PLE rows of the step's tokens [N, n_heads * head_dim] (host float32), hashed with
         each slot's token history, which this advances. ``packed``: the rows as the table stores
-        them where ``ple`` can decode them on the device (``ple_ref.packed_rows``: a prompt
+        them where ``ple`` can decode them on the device (``ple_rows.packed_rows``: a prompt
         chunk's host work and copy shrink to a gather of bytes)."""
         if self.ple_table is None:
             return None
         assert self.qp.ple is not None
         p = self.qp.ple
-        contexts = []
-        for toks, slot in zip(step_tokens, slots, strict=True):
-            hist = self._ple_tokens.get(slot)
-            if hist is None:
-                hist = self._ple_tokens[slot] = np.full(p.ngram - 1, p.eos, dtype=np.int64)
-            t = np.asarray(toks, dtype=np.int64)
-            contexts.append(ple_ref.ngram_contexts(t, hist, p))
-            seq = np.concatenate((hist, t))
-            self._ple_tokens[slot] = seq[seq.size - hist.size :]
-        rows = ple_ref.hash_contexts(np.concatenate(contexts, axis=1), p)  # one hash a step
+        for slot in slots:
+            if slot not in self._ple_tokens:
+                self._ple_tokens[slot] = np.full(p.ngram - 1, p.eos, dtype=np.int64)
+        if len(set(slots)) == len(slots) and all(len(t) == 1 for t in step_tokens):
+            # a decode step (no drafts: a slot's rows would chain): every session at once
+            hists = np.stack([self._ple_tokens[slot] for slot in slots])  # [S, ngram - 1]
+            last = np.array([t[0] for t in step_tokens], dtype=np.int64)
+            ctx = ple_ref.decode_contexts(last, hists, p)
+            new = np.concatenate((hists, last[:, None]), axis=1)[:, 1:]  # each history on
+            for slot, hist in zip(slots, new, strict=True):
+                self._ple_tokens[slot] = hist
+        else:
+            contexts = []
+            for toks, slot in zip(step_tokens, slots, strict=True):
+                hist = self._ple_tokens[slot]
+                t = np.asarray(toks, dtype=np.int64)
+                contexts.append(ple_ref.ngram_contexts(t, hist, p))
+                seq = np.concatenate((hist, t))
+                self._ple_tokens[slot] = seq[seq.size - hist.size :]
+            ctx = np.concatenate(contexts, axis=1)
+        rows = ple_ref.hash_contexts(ctx, p)  # one hash a step
         packed = packed and self.backend.ple.packed_rows
-        raw = ple_ref.packed_rows(self.ple_table, rows) if packed else None
-        return raw if raw is not None else ple_ref.gather_rows(self.ple_table, rows).flatten(1)
+        raw = ple_rows.packed_rows(self.ple_table, rows) if packed else None
+        return raw if raw is not None else ple_rows.gather_rows(self.ple_table, rows).flatten(1)
 
     # -- the forward -------------------------------------------------------------------------
 
@@ -224,7 +236,7 @@ class Qwen4ExpLM(HybridLM):
         emb = step.extra  # [N, n_heads * head_dim] float32, or the packed rows (step_extra)
         if emb.dtype == torch.uint8:
             assert self.ple_table is not None
-            emb = ple_ref.unpack_rows(emb, self.ple_table.type_name)
+            emb = ple_rows.unpack_rows(emb, self.ple_table.type_name)
         gated, conv_in = b.ple.gated(
             x, emb, w.key, w.value, w.norm_key, w.norm_query, w.norm_conv, self.spec.rms_eps
         )

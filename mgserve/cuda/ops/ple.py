@@ -26,7 +26,7 @@ class Ple:
     def __init__(self, linear: LinearTorch | LinearCuda, norm: NormTorch | NormCuda) -> None:
         self.linear, self.norm = linear, norm
         # a prompt chunk's table rows go to the device as stored and are decoded there
-        # (ple_ref.packed_rows); False: dequantized on the host (compare: bench model --paired
+        # (ple_rows.packed_rows); False: dequantized on the host (compare: bench model --paired
         # R --toggle ple.packed_rows)
         self.packed_rows = True
 
