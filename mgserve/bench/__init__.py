@@ -19,6 +19,7 @@ BENCHMARKS = (
     "model",
     "plot",
     "glue",
+    "ple-host",
     "invariance",
     "grammar",
     "structured",

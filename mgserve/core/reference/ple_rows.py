@@ -39,7 +39,7 @@ def gather_rows(t: TensorInfo, rows: np.ndarray) -> torch.Tensor:
         values = raw.astype(np.float32, copy=False)
     elif t.type_name == "F16":
         values = raw.astype(np.float32)
-    elif t.type_name in _NUMPY_BLOCKS and raw.dtype == np.uint8:
+    elif t.type_name in NUMPY_BLOCKS and raw.dtype == np.uint8:
         values = decode_blocks(raw, t.type_name)
     else:
         values = quants.dequantize(raw, GGMLQuantizationType(t.type_id))
@@ -70,7 +70,7 @@ PACKED = {
 IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
 
-_NUMPY_BLOCKS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL")
+NUMPY_BLOCKS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL")
 _LEAD = {"Q4_0": 2, "Q4_1": 4, "Q5_0": 6, "Q5_1": 8, "IQ4_NL": 2}  # bytes before the nibbles
 _BIT = np.arange(32, dtype=np.uint32)
 _IQ4_NL_F32 = np.array(IQ4_NL_VALUES, dtype=np.float32)
@@ -78,7 +78,7 @@ _IQ4_NL_F32 = np.array(IQ4_NL_VALUES, dtype=np.float32)
 
 def decode_blocks(raw: np.ndarray, type_name: str) -> np.ndarray:
     """float32 [R, values] of rows of 32-value blocks ``raw`` uint8 [R, row bytes] (a type of
-    ``_NUMPY_BLOCKS``): ``unpack_rows``' arithmetic in numpy, bitwise gguf's dequantization
+    ``NUMPY_BLOCKS``): ``unpack_rows``' arithmetic in numpy, bitwise gguf's dequantization
     (each value one float32 product of exact operands, plus the minimum for the _1 types) at a
     fraction of its per-call cost for the few rows of a decode step."""
     block = PACKED[type_name][0]

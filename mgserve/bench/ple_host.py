@@ -1,0 +1,99 @@
+"""``mgserve bench ple-host``: the host's PLE work of one qwen4exp decode step, on the CPU.
+
+Between two decode steps the GPU waits while the host reads the sampled tokens and makes the next
+step's inputs (``bench model``'s decode rows give that share: 0.57 ms of a 6.21 ms step for one
+session on an H100, 2026-12-06). For qwen4exp part of it is the PLE rows: each session's n-gram
+contexts, their hash into ``n_heads`` table rows, and those rows read and decoded to float32. This
+times each piece at the real model's PLE shape (3-grams, 16 heads of 160 values) for 1..S sessions
+on a random in-memory table of one type, and the same rows through gguf's dequantization beside
+the project's numpy decoding (``ple_rows.decode_blocks``, the same bits), median of repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+TABLE_ROWS = 200_000  # rows of the random table (the real one has ~4M; a row read costs the same)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--type", default="Q5_0", help="the table's type (a Q4_K_M file's: Q5_0)")
+    parser.add_argument("--sessions", default="1,5", help="comma-separated session counts")
+    parser.add_argument("--repeat", type=int, default=2000, help="calls per timing")
+
+
+def _us(fn: Callable[[], object], repeat: int) -> float:
+    """Median over 5 runs of ``repeat`` calls, in microseconds per call."""
+    runs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            fn()
+        runs.append((time.perf_counter() - t0) / repeat * 1e6)
+    return statistics.median(runs)
+
+
+def _row(s: int, spec: Any, table: np.ndarray, type_name: str, qtype: Any,
+         rng: np.random.Generator, repeat: int) -> str:  # fmt: skip
+    """The table line of ``s`` sessions: each piece's microseconds per step."""
+    from gguf import quants
+
+    from mgserve.core.reference import ple, ple_rows
+
+    toks = rng.integers(0, 248000, s)
+    hists = rng.integers(0, 248000, (s, spec.ngram - 1))
+    ctx = ple.decode_contexts(toks, hists, spec)
+    rows = ple.hash_contexts(ctx, spec).reshape(-1)
+    raw = np.take(table, rows, axis=0)
+    ours, theirs = ple_rows.decode_blocks(raw, type_name), quants.dequantize(raw, qtype)
+    assert np.array_equal(ours.view(np.uint32), theirs.reshape(ours.shape).view(np.uint32))
+    return (
+        f"| {s} | {_us(lambda: ple.decode_contexts(toks, hists, spec), repeat):.1f} "
+        f"| {_us(lambda: ple.hash_contexts(ctx, spec), repeat):.1f} "
+        f"| {_us(lambda: np.take(table, rows, axis=0), repeat):.1f} "
+        f"| {_us(lambda: ple_rows.decode_blocks(raw, type_name), repeat):.1f} "
+        f"| {_us(lambda: quants.dequantize(raw, qtype), repeat):.1f} |"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from gguf import GGMLQuantizationType
+
+    from mgserve.bench import record
+    from mgserve.core.gguf.hparams_qwen4exp import PleSpec
+    from mgserve.core.reference import ple_rows
+
+    if args.type not in ple_rows.NUMPY_BLOCKS:
+        raise ValueError(f"--type {args.type}: one of {', '.join(ple_rows.NUMPY_BLOCKS)}")
+    head_dim, heads, eos = 160, 16, 248046
+    sizes = tuple(TABLE_ROWS // heads - 7 * h for h in range(heads))
+    offsets = tuple(int(o) for o in np.cumsum((0, *sizes[:-1])))
+    spec = PleSpec(1, 3, heads // 2, 4, eos, head_dim, (25912437101140037, 21043097849633001,
+                   26491075874708125), offsets, sizes)  # fmt: skip
+    rng = np.random.default_rng(0)
+    block = ple_rows.PACKED[args.type][0]
+    table = rng.integers(0, 256, size=(TABLE_ROWS, head_dim // 32 * block), dtype=np.uint8)
+    table.reshape(TABLE_ROWS, -1, block)[..., :2] = np.frombuffer(
+        np.float16(0.01).tobytes(), dtype=np.uint8
+    )  # finite scales
+    qtype = GGMLQuantizationType[args.type]
+    lines = [
+        f"PLE host work of a decode step: 3-grams, {heads} heads of {head_dim} values, a "
+        f"{args.type} table; microseconds per step (median of 5 x {args.repeat} calls)",
+        "",
+        "| sessions | contexts | hash | row bytes | rows decoded (numpy) | rows decoded (gguf) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for s in (int(x) for x in args.sessions.split(",")):
+        lines.append(_row(s, spec, table, args.type, qtype, rng, args.repeat))
+        print(lines[-1], flush=True)
+    print("\n".join(lines))
+    if args.record:
+        record("PLE host work of a decode step (CPU)", "\n".join(lines))
+    return 0
