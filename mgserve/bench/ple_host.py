@@ -1,11 +1,12 @@
 """``mgserve bench ple-host``: the host's PLE work of one qwen4exp decode step, on the CPU.
 
-Between two decode steps the GPU waits while the host reads the sampled tokens and makes the next
-step's inputs (``bench model``'s decode rows give that share: 0.57 ms of a 6.21 ms step for one
-session on an H100, 2026-12-06). For qwen4exp part of it is the PLE rows: each session's n-gram
-contexts, their hash into ``n_heads`` table rows, and those rows read and decoded to float32. This
-times each piece at the real model's PLE shape (3-grams, 16 heads of 160 values) for 1..S sessions
-on a random in-memory table of one type, and the same rows through gguf's dequantization beside
+A served decode step takes longer than its graph replayed alone (``bench model``'s decode rows:
+6.21 against 5.64 ms for one session on an H100, 2026-12-06): the sampling kernels, the copies of
+the ids and inputs, and the host's work between steps. For qwen4exp part of that host work is the
+PLE rows: each session's n-gram contexts, their hash into ``n_heads`` table rows, and those rows
+read and decoded to float32. This times each piece at the real model's PLE row shape (3-grams, 16
+heads of 160 values) for 1..S sessions on a random in-memory table of one type (``np.take``: the
+served path reads the memory-mapped file), and the same rows through gguf's dequantization beside
 the project's numpy decoding (``ple_rows.decode_blocks``, the same bits), median of repeats.
 """
 
@@ -68,14 +69,15 @@ def run(args: argparse.Namespace) -> int:
     from mgserve.bench import record
     from mgserve.core.gguf.hparams_qwen4exp import PleSpec
     from mgserve.core.reference import ple_rows
+    from mgserve.core.synth.shapes import ple_layer_multipliers
 
     if args.type not in ple_rows.NUMPY_BLOCKS:
         raise ValueError(f"--type {args.type}: one of {', '.join(ple_rows.NUMPY_BLOCKS)}")
-    head_dim, heads, eos = 160, 16, 248046
-    sizes = tuple(TABLE_ROWS // heads - 7 * h for h in range(heads))
+    head_dim, heads, eos, vocab = 160, 16, 248046, 248320
+    sizes = tuple(TABLE_ROWS // heads - 7 * h for h in range(heads))  # (not primes: timing only)
     offsets = tuple(int(o) for o in np.cumsum((0, *sizes[:-1])))
-    spec = PleSpec(1, 3, heads // 2, 4, eos, head_dim, (25912437101140037, 21043097849633001,
-                   26491075874708125), offsets, sizes)  # fmt: skip
+    mult = tuple(ple_layer_multipliers(vocab, 3))  # each product < 2^63, as the hash needs
+    spec = PleSpec(1, 3, heads // 2, 4, eos, head_dim, mult, offsets, sizes)
     rng = np.random.default_rng(0)
     block = ple_rows.PACKED[args.type][0]
     table = rng.integers(0, 256, size=(TABLE_ROWS, head_dim // 32 * block), dtype=np.uint8)

@@ -182,7 +182,8 @@ class GraphDecode:
         """GPU time of a step of ``n`` rows alone: its graph (None if not captured yet) replayed
         ``reps`` times back to back between two events, on the inputs the last step left (the
         rows' state advances: for benchmarks only). Against a served step's time, what is left
-        is the host's share of the step."""
+        is everything outside the model's graph: sampling, the copies of ids and inputs, the
+        host's work between steps."""
         g = self._graphs.get(self._key(n, False))
         if g is None or g.io is not None or reps < 1:  # io: a pipeline rank's hand-offs
             return None

@@ -313,9 +313,9 @@ def test_set_reaches_the_bench_backend(tmp_path: Path) -> None:
     assert ModelBench(args).ops.ple.packed_rows is False
 
 
-def test_decode_rows_name_the_hosts_share_where_a_graph_replays(tmp_path: Path) -> None:
-    """A decode row's note gives the step's GPU time alone (its graph replayed back to back) and
-    the host's share of the served step; on the CPU (eager steps, no graph) it says nothing."""
+def test_decode_rows_give_the_time_outside_the_graph_where_one_replays(tmp_path: Path) -> None:
+    """A decode row's note gives the step's model graph alone (replayed back to back) and the
+    served step's time outside it; on the CPU (eager steps, no graph) it says nothing."""
     from types import SimpleNamespace
 
     from mgserve.bench.model import workloads
@@ -324,7 +324,7 @@ def test_decode_rows_name_the_hosts_share_where_a_graph_replays(tmp_path: Path) 
     bench = _bench(_export("qwen3", tmp_path), 1)
     assert workloads.gpu_alone_ms(bench, 1) is None  # EagerDecode: no replay
     assert workloads.alone_note(None, 6.2) == ""
-    assert workloads.alone_note(5.64, 6.21) == "; GPU alone 5.64 ms (host +0.57)"
+    assert workloads.alone_note(5.64, 6.21) == "; graph alone 5.64 ms (outside it +0.57)"
     calls: list[int] = []
 
     def replay_ms(n: int) -> float:

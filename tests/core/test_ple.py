@@ -216,3 +216,5 @@ def test_decode_blocks_is_ggufs_dequantization_bit_for_bit(qtype: str) -> None:
         got = ple_rows.decode_blocks(raw, qtype)
     assert got.shape == (24, 160) and got.dtype == np.float32
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    empty = ple_rows.decode_blocks(raw[:0], qtype)  # a step without rows
+    assert empty.shape == (0, 160) and empty.dtype == np.float32

@@ -259,8 +259,8 @@ case "${1:-tests}" in
     bench hcstep 240 model $Q4X --ctx 262144 --slots 5 --int8 --prefill 4096@0 \
       --decode 0,131072 --multi-decode 5@32768 --decode-steps 16 --record
     bench invariance 150 invariance $Q4X --int8 --record ;;
-  final)  # this session's last call: the graph test with the bench's GPU-alone figure, decode
-    # rows with the host's share of a step, the depth sweep after the decode changes
+  final)  # 2026-12-06 11:50: the branch tests after the review, add_shared in parts, decode
+    # rows with their graph's time alone (and so the time outside it)
     timeout 120 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_branch.py tests/cuda/test_glue.py \
       -k "graph_decode or fork or hc_inject or add_shared or own" > "$OUT/t_final.log" 2>&1

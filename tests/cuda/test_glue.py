@@ -109,6 +109,19 @@ def test_add_shared_in_parts_is_one_cta_a_row(cuda_ops, monkeypatch, d: int) -> 
             assert torch.equal(got, want), f"d={d} n={n} gate={args[0] is not None}"
 
 
+def test_add_shared_past_one_launchs_rows(cuda_ops) -> None:
+    """More rows than a launch's grid y holds (65535) go in blocks: every row is its result
+    alone, bitwise, on both sides of a block's edge."""
+    n, d = 65537, 77
+    routed, shared, h = rand(n, d, seed=18), rand(n, d, seed=19), rand(n, d, seed=20)
+    gate, x = rand(d, seed=21, scale=0.05), rand(n, d, seed=22)
+    got = cuda_ops.moe.add_shared(routed, shared, h, gate, x)
+    for r in (0, 65534, 65535, 65536):
+        one = cuda_ops.moe.add_shared(routed[r : r + 1], shared[r : r + 1], h[r : r + 1],
+                                      gate, x[r : r + 1])  # fmt: skip
+        assert torch.equal(got[r : r + 1], one), f"row {r}"
+
+
 @pytest.mark.parametrize("n", N_TOKENS)
 @pytest.mark.parametrize("hv", [48, 5])
 def test_deltanet_gates(cuda_ops, torch_ops, n: int, hv: int) -> None:

@@ -93,13 +93,16 @@ def time_decode(b: ModelBench, sessions: int, depth: int) -> tuple[float, float]
 
 
 def gpu_alone_ms(b: ModelBench, sessions: int) -> float | None:
-    """The GPU time of the last decode workload's step alone: its graph replayed back to back
-    (GraphDecode.replay_ms); against the served step, what is left is the host's share. None
-    where there is no graph (eager, the CPU)."""
+    """The GPU time of the last decode workload's model graph alone, replayed back to back
+    (GraphDecode.replay_ms); against the served step, what is left is everything outside that
+    graph: sampling, the copies of ids and inputs, the host's work between steps. None where
+    there is no graph (eager, the CPU)."""
     replay_ms = getattr(getattr(b.runner, "decode", None), "replay_ms", None)
     return replay_ms(sessions) if replay_ms is not None else None
 
 
 def alone_note(gpu_ms: float | None, ms: float) -> str:
-    """``; GPU alone X ms (host +Y)`` for a served step of ``ms``, or ""."""
-    return "" if gpu_ms is None else f"; GPU alone {gpu_ms:.2f} ms (host {ms - gpu_ms:+.2f})"
+    """``; graph alone X ms (outside it +Y)`` for a served step of ``ms``, or ""."""
+    if gpu_ms is None:
+        return ""
+    return f"; graph alone {gpu_ms:.2f} ms (outside it {ms - gpu_ms:+.2f})"

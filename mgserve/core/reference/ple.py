@@ -91,7 +91,7 @@ def hash_contexts(ctx: np.ndarray, ple: PleSpec) -> np.ndarray:
     prods = ctx.astype(np.uint64) * mult  # [ngram, T], each < 2^63
     mixed = np.bitwise_xor.accumulate(prods, axis=0)[1:]  # [ngram - 1, T]: n = 2 .. ngram
     heads = np.repeat(mixed, ple.heads_per_ngram, axis=0)  # [n_heads, T]
-    return ((heads % sizes).astype(np.int64) + offsets).T
+    return np.ascontiguousarray(((heads % sizes).astype(np.int64) + offsets).T)
 
 
 def check_table(t: TensorInfo, ple: PleSpec, path: object) -> None:

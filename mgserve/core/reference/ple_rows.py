@@ -82,6 +82,8 @@ def decode_blocks(raw: np.ndarray, type_name: str) -> np.ndarray:
     (each value one float32 product of exact operands, plus the minimum for the _1 types) at a
     fraction of its per-call cost for the few rows of a decode step."""
     block = PACKED[type_name][0]
+    if raw.shape[0] == 0:  # an empty step
+        return np.zeros((0, raw.shape[1] // block * 32), dtype=np.float32)
     b = raw.reshape(-1, block)  # [blocks, block bytes]
     d = b[:, 0:2].copy().view(np.float16).astype(np.float32)  # [blocks, 1]
     if type_name == "Q8_0":
