@@ -85,7 +85,7 @@ async def test_a_huge_prompt_that_fits_is_tokenized_off_the_loop(make_client: An
     body = orjson.dumps({"prompt": "a" * BIG, "n_predict": 1})
     out = await while_in_flight(client, "/completion", body)
     assert out["status"] == 200
-    assert out["big_s"] < 5.0
+    assert out["big_s"] < 8.0  # 2-4 s alone; 5.0 s once on CI's 2 cores beside other work
     # The loop keeps answering throughout: tens of probes (each /health, then a short chat) in the
     # 2-4 s the request takes, nearly all in milliseconds; on the loop, the 10 MB of work would
     # leave a handful. A single probe may wait longer: late in a full-suite run (and once in a

@@ -93,14 +93,14 @@ def test_packed_ple_rows_give_the_float_rows_tokens(
 ) -> None:
     """A prompt chunk's PLE rows travel packed (as the table stores them) and are decoded where
     the PLE layer runs: every request's tokens are those of the float32 rows."""
-    from mgserve.core.reference import ple
+    from mgserve.core.reference import ple_rows
     from mgserve.cuda.backend import load_device_model, torch_backend
     from mgserve.cuda.runner import DeviceRunner
 
     path = _export("qwen4exp", tmp_path / "m.gguf")
     cpu = torch.device("cpu")
     packed: list[torch.Tensor] = []
-    pack = ple.packed_rows
+    pack = ple_rows.packed_rows
 
     def spy(t, rows):  # type: ignore[no-untyped-def]
         packed.append(out := pack(t, rows))
@@ -111,8 +111,8 @@ def test_packed_ple_rows_give_the_float_rows_tokens(
         runner = DeviceRunner(model, cpu, graphs=False)
         return asyncio.run(_serve(Engine(model, SETTINGS, runner=runner), _requests()))
 
-    monkeypatch.setattr(ple, "packed_rows", spy)
+    monkeypatch.setattr(ple_rows, "packed_rows", spy)
     got = tokens()
     assert packed and all(p is not None and p.dtype == torch.uint8 for p in packed)
-    monkeypatch.setattr(ple, "packed_rows", lambda t, rows: None)  # float32 rows throughout
+    monkeypatch.setattr(ple_rows, "packed_rows", lambda t, rows: None)  # float32 rows throughout
     assert got == tokens()

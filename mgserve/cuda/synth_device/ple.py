@@ -24,7 +24,7 @@ PLE_MATERIALIZE_BYTES = 256 << 20  # larger tables: one memfd pool mapped many t
 class TiledMapping:
     """A read-only address range that repeats one memfd pool: numpy's ``__array_interface__``
     over it gives a [rows, row bytes] array whose ``base`` is this object (so the mapping lives as
-    long as any view). ``_mmap`` is None so ``ple.advise_random`` stops here."""
+    long as any view). ``_mmap`` is None so ``ple_rows.advise_random`` stops here."""
 
     _mmap = None
     base = None
