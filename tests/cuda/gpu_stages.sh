@@ -40,6 +40,11 @@
 #   bash tests/cuda/gpu_stages.sh mixedub     mixed load with the lane's chunks of 2048 and 1024
 #   bash tests/cuda/gpu_stages.sh branches    a decode step's side chains: tests, on and off in
 #                                              rounds, invariance
+#   bash tests/cuda/gpu_stages.sh hctime      the HC mix's time per mix and other tunings
+#   bash tests/cuda/gpu_stages.sh hcstep      the HC defaults' tests, decode rows, invariance
+#   bash tests/cuda/gpu_stages.sh final       branch / add_shared tests, --toggle
+#                                              moe.shared_parts, decode rows with the graph's
+#                                              time alone
 #   bash tests/cuda/gpu_stages.sh matvec      int8 matvec shapes at qwen4exp's projections
 #   bash tests/cuda/gpu_stages.sh ncu         Nsight Compute counters of the heaviest prompt
 #                                              and decode kernels (what bounds each)
