@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 Defines = tuple[tuple[str, str], ...]
 SMEM_DEFAULT = 48 * 1024  # dynamic shared memory a kernel may use without opting in
+MAX_GRID_Y = 65535  # a launch's grid y (and z) dimension at most
 
 
 class Kernels:

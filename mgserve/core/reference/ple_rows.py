@@ -145,7 +145,7 @@ def unpack_rows(raw: torch.Tensor, type_name: str) -> torch.Tensor:
     if type_name == "Q8_0":
         q = b[..., 2:].contiguous().view(torch.int8).float()
         return (q * f16(0)).view(n, blocks * per)
-    lead = {"Q4_0": 2, "Q4_1": 4, "Q5_0": 6, "Q5_1": 8, "IQ4_NL": 2}[type_name]  # before nibbles
+    lead = _LEAD[type_name]
     qs = b[..., lead:]  # 16 bytes: value j's low 4 bits in byte j % 16, j >= 16 in the high half
     q = torch.cat((qs & 0x0F, qs >> 4), dim=-1).to(torch.int32)  # [N, blocks, 32]
     if type_name == "IQ4_NL":  # d times the nibble's entry of the non-linear grid

@@ -3,7 +3,6 @@ layout), and on the linear family's GEMMs for prompt chunks."""
 
 from __future__ import annotations
 
-import contextlib
 from functools import partial
 
 import numpy as np
@@ -47,7 +46,8 @@ class HCCuda:
         branch: Branches | None = None,
     ) -> None:
         self.kernels, self.fallback, self.linear, self.norm = kernels, fallback, linear, norm
-        self.branch = branch  # decode: a separate inject launch beside the down's (branch.py)
+        # decode: a separate inject launch beside the down's (branch.py); inline by default
+        self.branch = branch if branch is not None else Branches(linear.path)
         self.device = kernels.device
         self.tuning = tuning or HCTuning()
         # the prompt mix's gated mean in one kernel (hc_gate_mix) instead of six torch ops a
@@ -229,12 +229,11 @@ class HCCuda:
         if inject is None or inject.type_name == down.type_name:
             down_launch(down, inject, 0, 1)
         else:
-            side = self.branch.fork() if self.branch is not None else None
-            with side if side is not None else contextlib.nullcontext():
+            side = self.branch.fork()
+            with side:
                 down_launch(inject, None, down.rows, 0)
             down_launch(down, None, 0, 1)
-            if side is not None:
-                side.join()
+            side.join()
 
         per_cta = tune.up_cols_per_cta(nt)
         self.kernels.launch(

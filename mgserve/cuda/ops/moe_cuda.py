@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from mgserve.cuda.checks import check_cuda, check_weight, vec4_input
-from mgserve.cuda.launch import Kernels
+from mgserve.cuda.launch import MAX_GRID_Y, Kernels
 from mgserve.cuda.ops.linear_cuda import LinearCuda
 from mgserve.cuda.ops.linear_tuning import MAX_MATVEC_TOKENS, Q8Activations
 from mgserve.cuda.ops.moe import ExpertWeights, MoeTorch, check_moe, check_residual, check_shared
@@ -31,7 +31,6 @@ MOE_SOURCE = "moe.cu"
 MOE_Q8_SOURCE = "moe_q8.cu"
 SHARED_SOURCE = "moe_shared.cu"
 SHARED_THREADS = 256  # threads per CTA of moe_add_shared_f32 (the gate's sum order: fixed)
-MAX_GRID_Y = 65535  # rows per launch of moe_add_shared_f32 (a row per grid y index)
 MOE_WARPS = 4  # MOE_WARPS in kernels/moe_decode.cuh
 MOE_Q8_TYPES = frozenset({"Q4_K", "Q6_K", "Q5_0", "Q8_0"})  # expert formats of moe_q8.cu
 MOE_ROWS = (1, 1)  # MoeCuda's default rows per warp: gate/up, down

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from mgserve.cuda.checks import check_cuda, check_vec4, check_weight
-from mgserve.cuda.launch import Kernels
+from mgserve.cuda.launch import MAX_GRID_Y, Kernels
 from mgserve.cuda.ops.linear import check_rows
 from mgserve.cuda.weights import QuantWeight
 
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
 QGEMM_SOURCE = "qgemm.cu"
 STATIC_SMEM = 48 * 1024  # the kernels' shared tiles are static: at most 48 KB
-MAX_GRID_Y = 65535
 DEQUANT_THREADS = 256  # DEQUANT_THREADS in qgemm.cu: one thread per 8-value run
 
 

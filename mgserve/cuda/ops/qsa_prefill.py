@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from mgserve.core.reference import rowwise
-from mgserve.cuda.launch import Kernels
+from mgserve.cuda.launch import MAX_GRID_Y, Kernels
 from mgserve.cuda.ops.attention_prefill import cdiv
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ def head_sum(kernels: Kernels, prod: torch.Tensor, norm: float) -> torch.Tensor:
     (stride % 4 == 0, contiguous): sum_h relu(prod[:, h]) / norm, heads in order (kernel)."""
     n, n_hi, stride = prod.shape
     assert stride % 4 == 0 and prod.is_contiguous() and prod.dtype == torch.float32
-    assert n <= 65535, "rows go on the grid's y dimension"
+    assert n <= MAX_GRID_Y, "rows go on the grid's y dimension"
     scores = torch.empty((n, stride), dtype=torch.float32, device=prod.device)
     if n:
         kernels.launch(
