@@ -38,6 +38,8 @@ class Kernels:
         self._smem: dict[tuple[str, str, CompileOptions], int] = {}  # dynamic smem allowed
         self._streams: dict[int, Stream] = {}
         self.pdl = int(runtime.gpu_info(compiler.device_index).arch) >= 90
+        # thread block clusters (kernels/cluster.cuh) exist from sm_90 on
+        self.clusters = int(runtime.gpu_info(compiler.device_index).arch) >= 90
 
     def kernel(self, source: str, name: str, defines: Defines = (), smem: int = 0) -> Kernel:
         """Function ``name`` of ``kernels/<source>`` compiled with ``defines`` (cached), allowed
@@ -64,13 +66,17 @@ class Kernels:
         return s
 
     def launch(self, kernel: Kernel, grid: int | tuple[int, ...], block: int | tuple[int, ...],
-               *args: object, shmem: int = 0, stream: Stream | None = None) -> None:  # fmt: skip
+               *args: object, shmem: int = 0, stream: Stream | None = None,
+               cluster: int | None = None) -> None:  # fmt: skip
         """Launch ``kernel`` on ``stream`` (default: the current one). Pass pointers as
         ``t.data_ptr()`` and scalars as ``np.int32`` / ``np.float32`` / ``np.int64`` (cuda.core
-        needs sized numpy scalars)."""
+        needs sized numpy scalars). ``cluster``: CTAs per thread block cluster along x (sm_90;
+        kernels/cluster.cuh); ``grid`` then counts clusters along x, as cuda.core's does."""
         from cuda.core import LaunchConfig, launch
 
+        extra = {} if cluster is None else {"cluster": (cluster, 1, 1)}
         config = LaunchConfig(
-            grid=grid, block=block, shmem_size=shmem, programmatic_stream_serialization=self.pdl
-        )
+            grid=grid, block=block, shmem_size=shmem, programmatic_stream_serialization=self.pdl,
+            **extra,
+        )  # fmt: skip
         launch(stream if stream is not None else self.stream(), config, kernel, *args)

@@ -45,6 +45,8 @@
 #   bash tests/cuda/gpu_stages.sh final       branch / add_shared tests, --toggle
 #                                              moe.shared_parts, decode rows with the graph's
 #                                              time alone
+#   bash tests/cuda/gpu_stages.sh cluster     the decode mix on thread block clusters: tests,
+#                                              time per mix, decode on and off, invariance
 #   bash tests/cuda/gpu_stages.sh matvec      int8 matvec shapes at qwen4exp's projections
 #   bash tests/cuda/gpu_stages.sh ncu         Nsight Compute counters of the heaviest prompt
 #                                              and decode kernels (what bounds each)
@@ -278,6 +280,21 @@ case "${1:-tests}" in
       --multi-decode 5@32768 --decode-steps 16 --paired 5 --toggle moe.shared_parts --record
     bench hostshare 200 model $Q4X --ctx 262144 --slots 5 --int8 --prefill= --decode 0,131072 \
       --multi-decode 5@32768,5@131072 --decode-steps 16 --record ;;
+  cluster)  # 2026-12-06 13:50: the decode mix on thread block clusters (hc_downc + hc_upl,
+    # HCCuda.cluster): its tests and test_hc's (hc_up's LOW template), the mix's time per mix on
+    # and off side by side, decode on and off in rounds, invariance with it on
+    timeout 240 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_hc_cluster.py ${CLUSTER_TESTS-tests/cuda/test_hc.py} -k "not timing" \
+      > "$OUT/t_cluster.log" 2>&1
+    echo "== cluster tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_cluster.log" | head -20
+    MGSERVE_HC_SWEEP=$HC_SWEEP timeout 200 python3 -m pytest -q -s -p no:cacheprovider -m gpu \
+      tests/cuda/test_hc.py -k "timing and types1" > "$OUT/t_hctime.log" 2>&1
+    echo "== hctime rc=$?"; grep -E "hc_mix|HCTuning|passed|failed" "$OUT/t_hctime.log" | head -30
+    bench cluster_toggle 280 model $Q4X --ctx 262144 --slots 5 --int8 --prefill= \
+      --decode 0,131072 --multi-decode 5@32768 --decode-steps 16 --paired 5 --toggle hc.cluster \
+      --record
+    [ -n "$CLUSTER_INVARIANCE" ] && bench invariance_cluster 150 invariance $Q4X --int8 \
+      --set hc.cluster=true --record ;;
   matvec)  # issue 10: the int8 matvec's shapes (rows per thread group for 1 / 2..8 tokens,
     # threads per group) at the qwen4exp layer's own projections, 1 and 8 tokens: the decode
     # projections run at ~1.2 TB/s (--gaps, 2026-12-06), the 8-token ones at ~half that

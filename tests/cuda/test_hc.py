@@ -50,7 +50,10 @@ def hc_cuda(kernels):
 
 @pytest.fixture(scope="module")
 def hcc(kernels):
-    return hc_cuda(kernels)
+    """The unclustered kernels (hc_down + hc_up; test_hc_cluster.py holds the clustered ones)."""
+    ops = hc_cuda(kernels)
+    ops.cluster = False
+    return ops
 
 
 def reference(
@@ -249,7 +252,7 @@ def test_norm_scales_once_per_cta_are_the_same_bits(hcc, kernels) -> None:
     hc, d, r = REAL
     case = make_case(hc, d, r, ("Q4_K", "Q5_0", "Q4_K"), seed=9, device="cuda")
     old = hc_cuda(kernels)
-    old.tuning = HCTuning(inv_once=False)
+    old.tuning, old.cluster = HCTuning(inv_once=False), False
     assert hcc.tuning.inv_once
     for n in (1, 3, 8, 11):
         x = make_streams(n, hc, d, seed=n).cuda()
@@ -404,10 +407,14 @@ def test_timing(hcc, kernels, types: str | tuple[str, str, str]) -> None:
             for w in (down, up, inject):
                 torch_ops.dense._dense[w.data.data_ptr()] = w.data.view(torch.bfloat16).float()
     prev = {n: (torch.randn(n, d, device="cuda"), torch.ones(n, hc, device="cuda")) for n in (1, 8)}
+    clustered = hc_cuda(kernels)  # the other setting of HCCuda.cluster, side by side
+    clustered.cluster = not hcc.cluster
     for n in (1, 2, 4, 8, 16):
         x = torch.randn(n, hc, d, device="cuda")
         us = time_us(mix_with(hcc), x)
         line = f"hc_mix {types} N={n}: {us:.1f} us per mix, {nbytes / us / 1e3:.0f} GB/s of weights"
+        other = time_us(mix_with(clustered), x)
+        line += f"; cluster {'off' if hcc.cluster else 'on'} {other:.1f} us"
         if n in (1, 8):
             line += f"; fused combine+mix {time_us(combine_mix, x):.1f} us"
             if torch_ops is not None:
@@ -432,8 +439,10 @@ def test_timing(hcc, kernels, types: str | tuple[str, str, str]) -> None:
             HCTuning(up_cols=(2, 2, 2, 2), down_rows=(1, 1, 1, 1)),
             HCTuning(down_warps=4, down_rows=(1, 1, 1, 1), up_cols=(1, 1, 1, 1)),
         ]
-        for tuning in tunings:
+        for tuning in tunings:  # MGSERVE_HC_SWEEP=cluster: each on clusters (hc_cluster.py)
             alt = hc_cuda(kernels)
-            alt.tuning = tuning
+            alt.tuning = alt.cluster_tuning = tuning
+            alt.cluster = os.environ["MGSERVE_HC_SWEEP"] == "cluster"
             times = [time_us(mix_with(alt), torch.randn(n, hc, d, device="cuda")) for n in (1, 8)]
-            print(f"{types} {tuning}: N=1 {times[0]:.1f} us, N=8 {times[1]:.1f} us")
+            label = f"{types}{' cluster' if alt.cluster else ''} {tuning}"
+            print(f"{label}: N=1 {times[0]:.1f} us, N=8 {times[1]:.1f} us")

@@ -32,6 +32,8 @@ KNOWN_SITES = {
     ("cuda/ops/hc_cuda.py", "HC_SOURCE", "self.tuning.defines('BF16')"),
     ("cuda/ops/hc_cuda.py", "HC_SOURCE", "tune.defines(up.type_name)"),
     ("cuda/ops/hc_cuda.py", "HC_SOURCE", "tune.defines(wa.type_name)"),
+    ("cuda/ops/hc_cluster.py", "HC_SOURCE", "tune.defines(wa.type_name)"),
+    ("cuda/ops/hc_cluster.py", "HC_SOURCE", "tune.defines(up.type_name)"),
     ("cuda/ops/hgemm.py", "HGEMM_SOURCE", "t.defines()"),
     ("cuda/ops/kv.py", "UTIL_SOURCE", ""),
     ("cuda/ops/linear_cuda.py", "MATVEC_SOURCE", "self.tuning.defines()"),

@@ -36,6 +36,27 @@ KNOWN_SPILLS = {
     ("hc.cu[IQ4_XS]", "hc_down_IQ4_XS_t4"),
     ("hc.cu[Q5_0]", "hc_up_Q5_0_t8"),
     ("hc.cu[Q6_K]", "hc_down_Q6_K_t8"),
+    # the clustered mix (2026-12-06 14:20): 4-8 B in hc_downc at 8 tokens at the 128-register
+    # mark (Q4_K: a Q4_K_M file's down), hc_upl_BF16_t2 32/20 B
+    *((f"hc.cu[{t}]", f"hc_downc_{t}_t8") for t in ("Q4_K", "Q5_K", "IQ1_M")),
+    ("hc.cu[BF16]", "hc_upl_BF16_t2"),
+    # the clustered mix's own module (CLUSTER_TUNING: fewer loads in flight): its entries, and
+    # the unclustered ones it also holds (never launched from it), 4-36 B
+    *(
+        (f"hc.cu[{t} cluster]", k)
+        for t, k in (
+            ("BF16", "hc_upl_BF16_t2"),
+            ("F32", "hc_downc_F32_t2"),
+            ("F32", "hc_upl_F32_t4"),
+            ("IQ1_M", "hc_downc_IQ1_M_t8"),
+            ("IQ4_XS", "hc_down_IQ4_XS_t4"),
+            ("Q4_K", "hc_downc_Q4_K_t2"),
+            ("Q4_K", "hc_downc_Q4_K_t8"),
+            ("Q5_0", "hc_up_Q5_0_t8"),
+            ("Q5_K", "hc_downc_Q5_K_t8"),
+            ("Q6_K", "hc_down_Q6_K_t8"),
+        )
+    ),  # fmt: skip
     ("matvec.cu", "matvec_IQ3_S_t2"),
     ("matvec.cu", "matvec_IQ3_XXS_t2"),
     ("moe.cu", "moe_down_IQ2_XXS"),

@@ -30,9 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --paired: an op family's boolean switch (qsa.prefill_kernels, "
         "deltanet.prefill_kernels, attention.flash_prefill, ...) timed on and off in rounds, then "
         "put back; decode workloads need --no-graphs (a graph keeps the setting it was captured "
-        "under) except for branch.decode and moe.shared_parts (graphs are captured per their "
-        "setting: cuda/graphs.py); gc.freeze: the heap frozen out of the garbage collector's "
-        "sight, as the server has it, or not",
+        "under) except for branch.decode, moe.shared_parts and hc.cluster (graphs are captured "
+        "per their setting: cuda/graphs.py); gc.freeze: the heap frozen out of the garbage "
+        "collector's sight, as the server has it, or not",
     )
     parser.add_argument("--long-prefill", type=int, default=0, help="one prompt of N tokens")
     parser.add_argument("--multi-prefill", default="", help="S@N: S sessions of N-token prompts")

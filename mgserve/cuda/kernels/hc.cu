@@ -49,6 +49,7 @@
 
 #include "gguf_split.cuh"
 #include "math.cuh"
+#include "cluster.cuh"
 #include "pdl.cuh"
 
 // Tuning (mgserve/cuda/ops/hc.py HCTuning sets them through -D; defaults match its defaults). The
@@ -102,8 +103,9 @@ __device__ __forceinline__ typename T::Raw fetch_run(const u8* row, size_t run) 
 // acc[i][t] += sum over this lane's runs r = start, start + STEP, ... < runs of
 // (run first + r of row wrow[i]) . (token t's 8 staged values of run r), for tokens t < nt;
 // xs: [NT][2][runs] float4 in the run-half layout. The runs go in order, U at a time: the loads of
-// U runs of every row are issued before any is used.
-template <typename T, int NT, int ROWS, int U, int STEP>
+// U runs of every row are issued before any is used. Past the last run a lane loads the last run
+// again (CLAMP, unused: no branch) or nothing (hc_downc, whose lanes have fewer runs than U).
+template <typename T, int NT, int ROWS, int U, int STEP, bool CLAMP = true>
 __device__ __forceinline__ void dot_runs(const u8* const (&wrow)[ROWS], size_t first, int start,
                                          int runs, const float4* xs, int nt,
                                          float (&acc)[ROWS][NT]) {
@@ -111,9 +113,11 @@ __device__ __forceinline__ void dot_runs(const u8* const (&wrow)[ROWS], size_t f
         typename T::Raw raw[U][ROWS];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int r = min(r0 + STEP * u, runs - 1);  // past the end: a valid run, unused
+            const int r = CLAMP ? min(r0 + STEP * u, runs - 1) : r0 + STEP * u;
+            if (CLAMP || r < runs) {
 #pragma unroll
-            for (int i = 0; i < ROWS; i++) raw[u][i] = fetch_run<T>(wrow[i], first + r);
+                for (int i = 0; i < ROWS; i++) raw[u][i] = fetch_run<T>(wrow[i], first + r);
+            }
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -270,12 +274,139 @@ __device__ void hc_down(const float* __restrict__ x, const float* __restrict__ g
     }
 }
 
+// ---- hc_downc: hc_down in clusters (HCTuning.cluster) --------------------------------------------
+
+// The down (and inject) products split over a cluster of hc * pieces CTAs: CTA (s, piece) of a
+// cluster (rank s * pieces + piece) stages and multiplies only values [piece * pl, (piece + 1) * pl)
+// of stream s (pl = d / pieces) for the cluster's DOWN_WARPS * R rows, so a CTA does 1 / pieces of
+// a stream's work in one staged part and the grid has hc * pieces CTAs per row block. Every CTA
+// also sums its slice's squares. Each CTA stores its partial products and sums of squares into
+// the shared memory of the cluster's rank 0; after one cluster barrier the others are done and
+// rank 0 adds them, always in rank order, and finishes the mix's low-rank side itself: inv[t, s] = rsqrt(SS[t, s] / d + eps) and
+//   low[t, row] = silu(sum_s inv[t, s] * P[t, s, row] / hc)         (rows below r)
+//   inj[t, row - r] = 2 * sigmoid(sum_s inv[t, s] * P[t, s, row] / hc)   (the inject's rows)
+// so hc_upl only reads low and inv (no per-CTA sums over streams in its prologue). The pieces are
+// fixed by (hc, d), never by the token count, and every sum runs in a fixed order: a token's bits
+// do not depend on its batch. Rank 0 of the aux launch's row block 0 writes inv [n_tok, hc] (and
+// its CTAs x_new, as hc_down's do).
+//   grid = (row blocks * hc * pieces, token groups), cluster (hc * pieces, 1, 1).
+template <typename T, int NT>
+__device__ void hc_downc(const float* __restrict__ x, const float* __restrict__ gamma,
+                         const float* __restrict__ out_prev, const float* __restrict__ inj_prev,
+                         float* __restrict__ x_new, const u8* __restrict__ wa, int rows_a,
+                         const u8* __restrict__ wb, int rows_b, float* __restrict__ low,
+                         float* __restrict__ inj, float* __restrict__ inv_out, int n_tok, int hc,
+                         int d, int pieces, int r, int col0, int aux, float eps) {
+    constexpr int R = Tune<NT>::DOWN_ROWS_NT, U = Tune<NT>::DOWN_BATCH_NT;
+    constexpr int ROWS = DOWN_WARPS * R;  // rows per cluster
+    extern __shared__ float4 xs4[];  // [NT][2][pl / 8]: x * gamma of this CTA's slice
+    __shared__ float red[DOWN_WARPS][NT];  // per-warp sums of squares
+    // rank 0's: every rank's slice sums of squares and products (the others store into them)
+    __shared__ float gsq[CLUSTER_MAX][NT];
+    __shared__ float gpart[CLUSTER_MAX][ROWS][NT];
+    const int csize = hc * pieces;  // <= CLUSTER_MAX
+    const int rank = (int)cluster_rank(), rb = blockIdx.x / csize;
+    const int s = rank / pieces, piece = rank - s * pieces;
+    const int pl = d / pieces, runs = pl / 8;
+    const int tok0 = blockIdx.y * NT, nt = min(NT, n_tok - tok0);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n_rows = rows_a + rows_b;
+    const size_t row_bytes = (size_t)hc * d / T::BLOCK * T::BYTES;
+    const int cta_row0 = rb * ROWS;
+    const int cta_n = max(0, min(ROWS, n_rows - cta_row0));
+    const int row0 = cta_row0 + warp * R;  // this warp's rows: row0 .. row0 + R - 1
+    const size_t first = (size_t)s * d + (size_t)piece * pl;  // the slice's first value in a row
+    const u8* wrow[R];  // past the last row: the last row again (never written)
+#pragma unroll
+    for (int rr = 0; rr < R; rr++)
+        wrow[rr] = row_ptr(wa, rows_a, wb, row_bytes, min(row0 + rr, n_rows - 1));
+    if (cta_n > 0)
+        prefetch_rows(wa, rows_a, wb, row_bytes, cta_row0, cta_n, first / T::BLOCK * T::BYTES,
+                      (first + pl + T::BLOCK - 1) / T::BLOCK * T::BYTES);
+    grid_sync();  // only weights were read before (pdl.cuh)
+
+    // Stage x * gamma of the slice; thread i takes its float4s q = i (mod blockDim) in order,
+    // so the sums of squares do not depend on NT (nor on the row block).
+    const bool aux0 = aux && rb == 0;  // this CTA writes x_new's slice
+    float ss[NT] = {};
+    const int v0 = piece * pl;  // the slice's first value within the stream
+#pragma unroll 2
+    for (int q = threadIdx.x; q < pl / 4; q += blockDim.x) {
+        const float4 g = *(const float4*)(gamma + (size_t)s * d + v0 + q * 4);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (t < nt) {
+                v = stream4(x, out_prev, inj_prev, tok0 + t, s, hc, d, v0 + q * 4);
+                if (aux0 && out_prev != nullptr)
+                    *(float4*)(x_new + ((size_t)(tok0 + t) * hc + s) * d + v0 + q * 4) = v;
+                ss[t] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+                v = make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w);
+            }
+            xs4[(t * 2 + (q & 1)) * runs + (q >> 1)] = v;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {  // lanes, then warps in order
+        ss[t] = warp_sum(ss[t]);
+        if (lane == 0) red[warp][t] = ss[t];
+    }
+    __syncthreads();
+    if (threadIdx.x < NT) {
+        float v = 0.f;
+        for (int w = 0; w < DOWN_WARPS; w++) v += red[w][threadIdx.x];
+        cluster_store(&gsq[rank][threadIdx.x], 0, v);
+    }
+
+    float acc[R][NT] = {};
+    if (row0 < n_rows)  // warp-uniform
+        dot_runs<T, NT, R, U, 32, false>(wrow, first / 8, lane, runs, xs4, nt, acc);
+#pragma unroll
+    for (int rr = 0; rr < R; rr++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[rr][t] = warp_sum(acc[rr][t]);
+    if (lane == 0) {
+#pragma unroll
+        for (int rr = 0; rr < R; rr++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) cluster_store(&gpart[rank][warp * R + rr][t], 0, acc[rr][t]);
+    }
+    cluster_sync();  // rank 0 holds every CTA's products and sums; the others are done
+
+    if (rank == 0) {
+        for (int i = threadIdx.x; i < cta_n * nt; i += blockDim.x) {
+            const int rl = i / nt, t = i - rl * nt;  // the cluster's row rl, token t
+            float v = 0.f, a = 0.f, b = 0.f;
+#pragma unroll
+            for (int k = 0; k < CLUSTER_MAX; k++) {  // stream k / pieces's slices, in order
+                if (k < csize) {
+                    const int kk = k % pieces;
+                    a = kk == 0 ? gsq[k][t] : a + gsq[k][t];
+                    b = kk == 0 ? gpart[k][rl][t] : b + gpart[k][rl][t];
+                    if (kk == pieces - 1) {
+                        const float iv = rsqrtf(a / (float)d + eps);  // hc_up's expression
+                        v += iv * b;
+                        if (aux0 && rl == 0) inv_out[(size_t)(tok0 + t) * hc + k / pieces] = iv;
+                    }
+                }
+            }
+            const int g = col0 + cta_row0 + rl;  // the row's column of [down | inject]
+            if (g < r)
+                low[(size_t)(tok0 + t) * r + g] = silu(v / (float)hc);
+            else
+                inj[(size_t)(tok0 + t) * hc + (g - r)] = 2.0f * sigmoid(v / (float)hc);
+        }
+    }
+}
+
 // ---- hc_up ---------------------------------------------------------------------------------------
 
 // up: [hc*d rows, r]; P [hc, n_tok, p_stride] (columns 0..r-1 down, r..r+hc-1 inject);
 // SS [hc, n_tok]; x [n_tok, hc, d] (the new x when fused); gamma [hc, d]; mixed [n_tok, d];
 // inj [n_tok, hc] or null.
-template <typename T, int NT>
+// LOW (hc_upl, after hc_downc): P is low [n_tok, r] and SS is inv [n_tok, hc], both final
+// (p_stride unused), and inj was written by hc_downc: the prologue only copies them.
+template <typename T, int NT, bool LOW>
 __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
                       const float* __restrict__ SS, const float* __restrict__ x,
                       const float* __restrict__ gamma, float* __restrict__ mixed,
@@ -313,24 +444,29 @@ __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
         return rsqrtf(SS[(size_t)s * n_tok + tok0 + t] / (float)d + eps);
     };
 #if INV_ONCE
-    for (int i = threadIdx.x; i < nt * hc; i += blockDim.x) inv_s[i] = inv_of(i / hc, i % hc);
-    __syncthreads();
-    const auto inv = [&](int t, int s) { return inv_s[t * hc + s]; };
+    constexpr bool ONCE = true;
 #else  // recomputed wherever it is read (before 2026-12-06; bench and tests compare the two)
-    (void)inv_s;
-    const auto inv = inv_of;
+    constexpr bool ONCE = LOW;
 #endif
+    if (ONCE) {
+        for (int i = threadIdx.x; i < nt * hc; i += blockDim.x)
+            inv_s[i] = LOW ? SS[(size_t)tok0 * hc + i] : inv_of(i / hc, i % hc);
+        __syncthreads();
+    }
+    const auto inv = [&](int t, int s) { return ONCE ? inv_s[t * hc + s] : inv_of(t, s); };
     for (int i = threadIdx.x; i < NT * r; i += blockDim.x) {
         const int t = i / r, k = i - t * r;
         float v = 0.f;
-        if (t < nt) {
+        if (t < nt && LOW) {
+            v = P[(size_t)(tok0 + t) * r + k];
+        } else if (t < nt) {
             const float* p = P + (size_t)(tok0 + t) * p_stride + k;
             for (int s = 0; s < hc; s++) v += inv(t, s) * p[(size_t)s * n_tok * p_stride];
             v = silu(v / (float)hc);
         }
         lowf[((t * 2 + ((k >> 2) & 1)) * runs + (k >> 3)) * 4 + (k & 3)] = v;
     }
-    if (inj != nullptr && blockIdx.x == 0) {
+    if (!LOW && inj != nullptr && blockIdx.x == 0) {
         for (int i = threadIdx.x; i < nt * hc; i += blockDim.x) {
             const int t = i / hc, q = i - t * hc;
             const float* p = P + (size_t)(tok0 + t) * p_stride + r + q;
@@ -400,7 +536,26 @@ __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
         const u8* __restrict__ up, const float* __restrict__ P, const float* __restrict__ SS,     \
         const float* __restrict__ x, const float* __restrict__ gamma, float* __restrict__ mixed,  \
         float* __restrict__ inj, int n_tok, int hc, int d, int r, int p_stride, float eps) {      \
-        hc_up<SplitFormat<TYPE>::T, NT>(up, P, SS, x, gamma, mixed, inj, n_tok, hc, d, r, p_stride, eps);         \
+        hc_up<SplitFormat<TYPE>::T, NT, false>(up, P, SS, x, gamma, mixed, inj, n_tok, hc, d, r,   \
+                                               p_stride, eps);                                    \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * DOWN_WARPS) hc_downc_##TYPE##_t##NT(         \
+        const float* __restrict__ x, const float* __restrict__ gamma,                             \
+        const float* __restrict__ out_prev, const float* __restrict__ inj_prev,                   \
+        float* __restrict__ x_new, const u8* __restrict__ wa, int rows_a,                         \
+        const u8* __restrict__ wb, int rows_b, float* __restrict__ low, float* __restrict__ inj,  \
+        float* __restrict__ inv, int n_tok, int hc, int d, int pieces, int r, int col0, int aux,  \
+        float eps) {                                                                              \
+        hc_downc<SplitFormat<TYPE>::T, NT>(x, gamma, out_prev, inj_prev, x_new, wa, rows_a, wb,   \
+                                           rows_b, low, inj, inv, n_tok, hc, d, pieces, r, col0,  \
+                                           aux, eps);                                             \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * UP_WARPS) hc_upl_##TYPE##_t##NT(             \
+        const u8* __restrict__ up, const float* __restrict__ low, const float* __restrict__ inv,  \
+        const float* __restrict__ x, const float* __restrict__ gamma, float* __restrict__ mixed,  \
+        int n_tok, int hc, int d, int r, float eps) {                                             \
+        hc_up<SplitFormat<TYPE>::T, NT, true>(up, low, inv, x, gamma, mixed, nullptr, n_tok, hc,  \
+                                              d, r, r, eps);                                      \
     }
 
 #define HC_TYPE_ENTRIES(TYPE) \

@@ -99,6 +99,13 @@ class HCTuning:
         return self.up_warps * self.up_cols[TOKEN_GROUPS.index(nt)]
 
 
+# The clustered mix's shape (HCCuda.cluster_tuning; its own hc.cu module): a lane there has 5
+# runs of a 1280-value slice (qwen4exp), and hc_upl no sums in its prologue. At qwen4exp's
+# shape, Q4_K_M formats, on the H100 (test_hc.py's sweep, 2026-12-06 14:25): 14.2 / 26.5 us a
+# mix at 1 / 8 tokens against 18.5 / 26.5 with HCTuning()'s loads in flight.
+CLUSTER_TUNING = HCTuning(down_batch=(5, 5, 5, 5), up_batch=(3, 3, 3, 3))
+
+
 def token_group(n: int) -> int:
     """Tokens per kernel pass for a batch of n: the smallest instance holding min(n, 8)."""
     m = min(max(n, 1), MAX_TOKEN_GROUP)

@@ -13,6 +13,7 @@ from mgserve.cuda.checks import check_weight, vec4_input
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.branch import Branches
 from mgserve.cuda.ops.hc import (
+    CLUSTER_TUNING,
     COMBINE_THREADS,
     DYNAMIC_SMEM,
     HC_SOURCE,
@@ -25,6 +26,7 @@ from mgserve.cuda.ops.hc import (
     token_group,
     up_smem,
 )
+from mgserve.cuda.ops.hc_cluster import cluster_pieces, mix_clustered
 from mgserve.cuda.ops.linear_cuda import LinearCuda
 from mgserve.cuda.ops.norm import NormCuda
 from mgserve.cuda.weights import FORMATS, QuantWeight
@@ -54,6 +56,12 @@ class HCCuda:
         # stream, bitwise those ops (tests/cuda/test_hc.py); False runs the torch ops (compare:
         # bench model --paired R --toggle hc.prompt_gate_kernel)
         self.prompt_gate_kernel = True
+        # decode mixes on thread block clusters (hc_cluster.py: hc_downc + hc_upl), where the
+        # shapes allow; other bits than hc_down + hc_up, batch-invariant as they are. On the
+        # H100 (2026-12-06 14:30, bench model --paired 5 --toggle hc.cluster): the same decode
+        # rate for one session (+0.2 / +0.3% at depth 0 / 131072), +3.5% for five
+        self.cluster = True
+        self.cluster_tuning = CLUSTER_TUNING
 
     # -- helpers --
 
@@ -182,6 +190,15 @@ class HCCuda:
             x_new = torch.empty_like(x)
         tune = self.tuning
         nt = token_group(n)
+        pieces = cluster_pieces(hc, d) if self.cluster and self.kernels.clusters else None
+        if pieces is not None:  # hc_downc + hc_upl (hc_cluster.py)
+            streams = (x, out_prev, inj_prev, x_new)
+            weights = (down, up, inject)
+            mixed, inj = mix_clustered(
+                self.kernels, self.cluster_tuning, self.branch, pieces, streams, norm, weights,
+                nt, eps,
+            )  # fmt: skip
+            return x_new, mixed, inj
         groups = (n + nt - 1) // nt
         part = down_part(d, nt)
         assert part is not None  # hc_kernels_apply checked the largest group

@@ -1,0 +1,43 @@
+// Thread block clusters (sm_90 and later): a CTA's rank in its cluster, the cluster-wide barrier,
+// and stores into another CTA's shared memory (distributed shared memory), in PTX so that no
+// toolkit header is needed. A kernel that uses them is launched with a cluster shape
+// (Kernels.launch(..., cluster=C)); every thread of every CTA must reach each cluster_sync().
+// Before sm_90 there are no clusters: the ops do not launch such kernels there (Kernels.clusters),
+// and these functions trap if one runs anyway.
+#pragma once
+
+#define CLUSTER_MAX 8  // CTAs in a cluster at most (the portable size; ops/hc_cluster.py)
+
+// This CTA's rank in its cluster (0 .. cluster size - 1; blockIdx.x % C for a cluster (C, 1, 1)).
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r = 0;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+    return r;
+}
+
+// Every thread of the cluster's CTAs arrives, then waits for all: shared-memory writes before
+// it (release) are visible to reads after it in any CTA of the cluster (acquire).
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
+                 ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+// v into the float at `p` (an address in this CTA's shared memory) in the shared memory of the
+// cluster's CTA `rank` (the same variable there); visible to that CTA after a cluster_sync().
+__device__ __forceinline__ void cluster_store(float* p, unsigned rank, float v) {
+#if __CUDA_ARCH__ >= 900
+    const unsigned local = (unsigned)__cvta_generic_to_shared(p);
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+#else
+    (void)p, (void)rank, (void)v;
+    __trap();
+#endif
+}

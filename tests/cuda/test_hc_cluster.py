@@ -1,0 +1,151 @@
+"""The decode mix on thread block clusters (``HCCuda.cluster``: kernels/hc.cu's hc_downc and
+hc_upl, cuda/ops/hc_cluster.py) against the float64 reference as test_hc.py holds the unclustered
+kernels to it: qwen4exp's shape in the formats a file has, 1..16 tokens, odd shapes (hc not 4, a
+cluster of one piece per stream, shapes that keep the unclustered kernels), the head's mix; then
+batch invariance, the fused combine and graph replay bitwise, and the pieces' choice itself."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mgserve.cuda.ops.hc import HCTuning
+from mgserve.cuda.ops.hc_cluster import CLUSTER_MAX, cluster_pieces, static_smem
+from tests.cuda.test_hc import ODD, REAL, REAL_N, check_mix, fused_mix, hc_cuda
+from tests.cuda.test_hc_torch import EPS, make_case, make_streams
+
+
+def test_pieces_fill_the_cluster_and_fit() -> None:
+    """qwen4exp: 2 slices of 1280 per stream (8 CTAs); hc 5: one each; no pieces past 8
+    streams, where no slice is a whole number of 8-value runs, or where 8 tokens' slice does
+    not stage in CLUSTER_SMEM; the static shared memory the kernel declares."""
+    assert cluster_pieces(4, 2560) == 2
+    assert cluster_pieces(5, 72) == 1
+    assert cluster_pieces(2, 272) == 2  # 4 pieces: 68 values, not whole runs
+    assert cluster_pieces(9, 64) is None
+    assert cluster_pieces(1, 12) is None
+    assert cluster_pieces(4, 4096) == 2  # 8 tokens of 2048 values: 64 KB, opted in
+    assert cluster_pieces(8, 8192) is None  # one piece: 8 tokens of 8192 values, 256 KB
+    # red [8 warps][8], gsq [8][8], gpart [8][16 rows][8] floats at 8 tokens (2 rows a warp)
+    assert static_smem(HCTuning(), 8) == 4 * (8 * 8 + 8 * 8 + 8 * 16 * 8)
+    for hc, d in ((1, 64), (2, 2048), (3, 96), (4, 2560), (8, 512)):
+        p = cluster_pieces(hc, d)
+        assert p is not None and hc * p <= CLUSTER_MAX and (d // p) % 8 == 0, (hc, d, p)
+
+
+@pytest.fixture(scope="module")
+def hcc(kernels):
+    ops = hc_cuda(kernels)
+    ops.cluster = True
+    return ops
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "types",
+    [
+        "BF16", "Q8_0", ("Q8_0", "BF16", "F32"),
+        ("Q4_K", "Q5_0", "Q4_K"),  # llama-quantize Q4_K_M
+        ("Q4_K", "Q5_0", "Q6_K"),  # down and inject differ: two cluster launches, one aside
+        ("Q6_K", "Q8_0", "Q6_K"),
+    ],
+)  # fmt: skip
+def test_mix_real_shape(hcc, types: str | tuple[str, str, str]) -> None:
+    hc, d, r = REAL
+    case = make_case(hc, d, r, types, seed=1, device="cuda")
+    errors = [
+        check_mix(hcc, case, make_streams(n, hc, d, seed=n), f"{types} N={n}") for n in REAL_N
+    ]
+    print(f"hc_mix cluster {types}: errors {[(f'{a:.1e}', f'{b:.1e}') for a, b in errors]}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", ODD)
+def test_mix_odd_shapes(hcc, shape: tuple) -> None:
+    n, hc, d, r, types = shape
+    case = make_case(hc, d, r, types, seed=n + d, device="cuda")
+    check_mix(hcc, case, make_streams(n, hc, d, seed=d), f"cluster {shape}")
+
+
+@pytest.mark.gpu
+def test_head_mix(hcc) -> None:
+    hc, d, r = REAL
+    case = make_case(hc, d, r, ("Q8_0", "F16", "Q8_0"), seed=2, head=True, device="cuda")
+    for n in (1, 5):
+        check_mix(hcc, case, make_streams(n, hc, d, seed=n), f"cluster head N={n}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("types", ["BF16", ("Q4_K", "Q5_0", "Q4_K"), ("Q4_K", "Q5_0", "Q6_K")])
+def test_batch_invariant(hcc, types: str | tuple[str, str, str]) -> None:
+    """Tokens 0 and 9 alone and in batches of 3, 8, 13, 16: the same bits."""
+    hc, d, r = REAL
+    case = make_case(hc, d, r, types, seed=5, device="cuda")
+    x = make_streams(16, hc, d, seed=5).cuda()
+    alone = {t: fused_mix(hcc, case, x[t : t + 1]) for t in (0, 9)}
+    for n in (3, 8, 13, 16):
+        mixed, inj = fused_mix(hcc, case, x[:n])
+        for t, (m1, i1) in alone.items():
+            if t < n:
+                assert torch.equal(mixed[t], m1[0]), f"{types}: token {t} in {n}"
+                assert inj is not None and i1 is not None and torch.equal(inj[t], i1[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("types", ["BF16", ("Q4_K", "Q5_0", "Q6_K")])
+def test_combine_mix_is_combine_then_mix(hcc, types: str | tuple[str, str, str]) -> None:
+    hc, d, r = REAL
+    case = make_case(hc, d, r, types, seed=4, device="cuda")
+    g = torch.Generator().manual_seed(4)
+    for n in (1, 4, 11):
+        x = make_streams(n, hc, d, seed=n).cuda()
+        out = torch.randn(n, d, generator=g).cuda()
+        inj_prev = (torch.rand(n, hc, generator=g) * 2).cuda()
+        x_new, mixed, inj = hcc.combine_mix(
+            x, out, inj_prev, case.norm, case.down, case.up, case.inject, EPS
+        )
+        want_x = hcc.combine(x, out, inj_prev)
+        want_mixed, want_inj = hcc.mix(want_x, case.norm, case.down, case.up, case.inject, EPS)
+        assert torch.equal(x_new, want_x), f"{types} N={n}: fused new x"
+        assert torch.equal(mixed, want_mixed), f"{types} N={n}: fused mixed"
+        assert inj is not None and want_inj is not None and torch.equal(inj, want_inj)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 8])
+def test_graph_capture(hcc, n: int) -> None:
+    """combine_mix captured once, replayed with new streams: bitwise the eager op."""
+    hc, d, r = REAL
+    case = make_case(hc, d, r, ("Q4_K", "Q5_0", "Q6_K"), seed=6, device="cuda")
+    g = torch.Generator().manual_seed(6)
+    inputs = [
+        (make_streams(n, hc, d, seed=10 + i), torch.randn(n, d, generator=g),
+         torch.rand(n, hc, generator=g) * 2)
+        for i in range(2)
+    ]  # fmt: skip
+
+    def step(x: torch.Tensor, out: torch.Tensor, ip: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        x_new, mixed, inj = hcc.combine_mix(
+            x, out, ip, case.norm, case.down, case.up, case.inject, EPS
+        )
+        assert inj is not None
+        return x_new, mixed, inj
+
+    sx, so, si = (t.cuda() for t in inputs[0])
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step(sx, so, si)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        outs = step(sx, so, si)
+    for x, out, ip in reversed(inputs):
+        sx.copy_(x)
+        so.copy_(out)
+        si.copy_(ip)
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = step(x.cuda(), out.cuda(), ip.cuda())
+        for name, a, b in zip(("x", "mixed", "inject"), outs, eager, strict=True):
+            assert torch.equal(a, b), f"N={n}: graph replay's {name} differs from an eager call"
