@@ -47,6 +47,8 @@
 #                                              time alone
 #   bash tests/cuda/gpu_stages.sh cluster     the decode mix on thread block clusters: tests,
 #                                              time per mix, decode on and off, invariance
+#   bash tests/cuda/gpu_stages.sh next4       the int8 readers' and the tiny qwen4exp's GPU
+#                                              tests (clusters on), matvec times, decode rows
 #   bash tests/cuda/gpu_stages.sh matvec      int8 matvec shapes at qwen4exp's projections
 #   bash tests/cuda/gpu_stages.sh ncu         Nsight Compute counters of the heaviest prompt
 #                                              and decode kernels (what bounds each)
@@ -295,6 +297,24 @@ case "${1:-tests}" in
       --record
     [ -n "$CLUSTER_INVARIANCE" ] && bench invariance_cluster 150 invariance $Q4X --int8 \
       --set hc.cluster=true --record ;;
+  next4)  # what 2026-12-06 13:43 left unrun on a GPU with hc.cluster on by default (carry .whl,
+    # .tiny/qwen4exp.gguf, .tiny/qwen3.gguf): the whole-model tests on the tiny qwen4exp (logits
+    # against transformers, the fused decode launches, batch invariance), then the table's rows
+    # and the int8 readers' decode moved out of the token loop (gguf_blocks_q8.cuh: the same
+    # bits by construction, host-checked in CI; their GPU tests and the 8-token matvec times)
+    timeout 200 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_linear_matvec_q8.py tests/cuda/test_linear_matvec_q8mma.py \
+      tests/cuda/test_moe.py > "$OUT/t_q8.log" 2>&1
+    echo "== q8 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_q8.log" | head -20
+    timeout 300 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_device_models.py tests/cuda/test_fused_decode.py \
+      tests/cuda/test_batch_invariance.py tests/cuda/test_branch.py -k "qwen4exp or branch or fork" \
+      > "$OUT/t_next4.log" 2>&1
+    echo "== next4 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_next4.log" | head -20
+    bench matvec_q8 120 matvec --shapes qwen4exp-proj --types Q4_K,Q6_K,Q5_0 --tokens 1,8 \
+      --activations int8-pre --q8-mma off --record
+    bench quick 280 model $Q4X --ctx 262144 --slots 5 --int8 --prefill 4096@0 \
+      --decode 0,32768,250000 --multi-decode 5@32768,5@131072 --decode-steps 16 --record ;;
   matvec)  # issue 10: the int8 matvec's shapes (rows per thread group for 1 / 2..8 tokens,
     # threads per group) at the qwen4exp layer's own projections, 1 and 8 tokens: the decode
     # projections run at ~1.2 TB/s (--gaps, 2026-12-06), the 8-token ones at ~half that

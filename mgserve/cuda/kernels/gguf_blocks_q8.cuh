@@ -7,6 +7,16 @@
 
 __device__ __forceinline__ int dot4(u32 a, u32 b, int acc) { return __dp4a((int)a, (int)b, acc); }
 
+// Each byte of v, in [0, 2C) (C <= 64), minus C as an int8: per byte v + 128 - C stays below 256
+// (no carry into the next byte) and flipping bit 7 takes the 128 back. The same bytes as
+// __vsubss4(v, C * 0x01010101) there (nothing saturates) in 2 instructions instead of its
+// emulation's ~13 on sm_90 (a Q6_K or Q5_0 dp4a's decode; with several tokens it ran per token).
+template <int C>
+__device__ __forceinline__ u32 unbias4(u32 v) {
+    static_assert(C > 0 && C <= 64, "bytes in [0, 2C) with 2C <= 128");
+    return (v + (128u - C) * 0x01010101u) ^ 0x80808080u;
+}
+
 // (float)i exactly for -2^22 <= i < 2^22, on the fp32 pipe (I2F issues at a quarter of its rate):
 // the float with bits 0x4B400000 + i is 1.5 * 2^23 + i.
 __device__ __forceinline__ float i2f(int i) {
@@ -18,8 +28,10 @@ __device__ __forceinline__ float i2f(int i) {
 // contribution is SUMS exact integer sums (dp4a or mma) turned into a float by finish(sc, s, j,
 // xd) from its scales sc (Sc, head(blk, j)) and the block's activation scales xd (BLOCK / 32),
 // with rounding pinned by explicit intrinsics so that every kernel gets the same bits from the
-// same sums. dp4a: a Frag holds one chunk's raw quants, load(blk, j) fetches chunk j of the block
-// at blk, dot(frag, j, xq, xd) its contribution given the block's int8 activations xq.
+// same sums. dp4a: a Frag holds one chunk's quants, load(blk, j) fetches chunk j of the block at
+// blk (Q5_0 and Q6_K also decode them to int8 words there, once per chunk and row: the
+// several-token kernels call dot per token, and their decode was most of the work), dot(frag, j,
+// xq, xd) its contribution given the block's int8 activations xq.
 // mma (m16n8k32, A = activations of token gid in rows gid and gid + 8, B = weights of row gid;
 // mma.cuh): a tile is TILE_CHUNKS chunks; tile(blk, j, xq, tig, c) computes its MMAS outputs,
 // whose halves (c0, c1: A row gid; c2, c3: row gid + 8) are sums 2 m and 2 m + 1 of the chunk
@@ -63,13 +75,19 @@ struct Q8_0 {
 struct Q5_0 {
     static constexpr int BLOCK = 32, BYTES = 22, CHUNKS = 2, SUMS = 1, TILE_CHUNKS = 2, MMAS = 1;
     typedef float Sc;  // d
-    struct Frag { u32 q[2]; u32 qh; Sc sc; };
+    // the chunk's values as int8 words, decoded once per chunk and row (load), not per token:
+    // v[2 i] low nibbles (values 8j + 4i..), v[2 i + 1] high ones (16 + 8j + 4i..)
+    struct Frag { u32 v[4]; Sc sc; };
     __device__ static Sc head(const u8* b, int) { return ld_f16(b); }
     __device__ static Frag load(const u8* b, int j) {
         Frag f;
-        f.q[0] = ld_u32(b + 6 + 8 * j);
-        f.q[1] = ld_u32(b + 10 + 8 * j);
-        f.qh = ld_u32(b + 2);
+        const u32 qh = ld_u32(b + 2);
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const u32 q = ld_u32(b + 6 + 8 * j + 4 * i);
+            f.v[2 * i] = unbias4<16>((q & 0x0F0F0F0Fu) | hi4(qh, 8 * j + 4 * i));
+            f.v[2 * i + 1] = unbias4<16>(((q >> 4) & 0x0F0F0F0Fu) | hi4(qh, 16 + 8 * j + 4 * i));
+        }
         f.sc = head(b, j);
         return f;
     }
@@ -83,10 +101,8 @@ struct Q5_0 {
         int s = 0;
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            const u32 vl = (f.q[i] & 0x0F0F0F0Fu) | hi4(f.qh, 8 * j + 4 * i);
-            const u32 vh = ((f.q[i] >> 4) & 0x0F0F0F0Fu) | hi4(f.qh, 16 + 8 * j + 4 * i);
-            s = dot4(__vsubss4(vl, 0x10101010u), i ? lo.y : lo.x, s);
-            s = dot4(__vsubss4(vh, 0x10101010u), i ? hi.y : hi.x, s);
+            s = dot4(f.v[2 * i], i ? lo.y : lo.x, s);
+            s = dot4(f.v[2 * i + 1], i ? hi.y : hi.x, s);
         }
         return finish(f.sc, &s, j, xd);
     }
@@ -100,8 +116,8 @@ struct Q5_0 {
         const u32 qh = ld_u32(b + 2);
         const u32 w0 = (ld_u32(b + 6 + o) >> sh) & 0x0F0F0F0Fu;
         const u32 w1 = (ld_u32(b + 14 + o) >> sh) & 0x0F0F0F0Fu;
-        const u32 b0 = __vsubss4(w0 | hi4(qh, v0), 0x10101010u);
-        const u32 b1 = __vsubss4(w1 | hi4(qh, v0 + 8), 0x10101010u);
+        const u32 b0 = unbias4<16>(w0 | hi4(qh, v0));
+        const u32 b1 = unbias4<16>(w1 | hi4(qh, v0 + 8));
         const u32 a[4] = {*(const u32*)(xq + v0), 0u, 0u, *(const u32*)(xq + v0 + 8)};
         mma_s8(c[0], a, b0, b1);
     }
@@ -113,7 +129,7 @@ struct Q5_0 {
 struct Q4_K {
     static constexpr int BLOCK = 256, BYTES = 144, CHUNKS = 8, SUMS = 4, TILE_CHUNKS = 1, MMAS = 2;
     struct Sc { float d, dmin; int sc0, m0, sc1, m1; };  // of sub-blocks s0 = 2 (j / 2), s0 + 1
-    struct Frag { uint4 q; Sc sc; };
+    struct Frag { uint4 q; Sc sc; };  // raw nibbles (split per token: fewer registers at 8)
     __device__ static Sc head(const u8* b, int j) {
         const uint4 h = *(const uint4*)b;  // blocks are 144 = 9 * 16 bytes: aligned
         const u32 w[3] = {h.y, h.z, h.w};
@@ -184,7 +200,9 @@ struct Q4_K {
 struct Q6_K {
     static constexpr int BLOCK = 256, BYTES = 210, CHUNKS = 8, SUMS = 4, TILE_CHUNKS = 1, MMAS = 2;
     struct Sc { u32 sc; float d; };  // the four quarters' i8 scales, one per byte
-    struct Frag { u32 ql[4]; u32 qh[2]; Sc sc; };
+    // the chunk's values as int8 words, decoded once per chunk and row (load), not per token:
+    // v[2 q + i] quarter q's values 4i..4i+3 of the chunk's 8
+    struct Frag { u32 v[8]; Sc sc; };
     // scales 8h + (l0 / 16) + {0, 2, 4, 6}: the bytes at 192 + 8h + l0/16 + 2q
     __device__ static Sc head(const u8* b, int j) {
         const u8* scp = b + 192 + 8 * (j >> 2) + ((j & 3) >> 1);
@@ -193,13 +211,17 @@ struct Q6_K {
     __device__ static Frag load(const u8* b, int j) {
         Frag f;
         const int h = j >> 2, l0 = 8 * (j & 3);
-        const u8* ql = b + 64 * h + l0;
-        f.ql[0] = ld_u32(ql);
-        f.ql[1] = ld_u32(ql + 4);
-        f.ql[2] = ld_u32(ql + 32);
-        f.ql[3] = ld_u32(ql + 36);
-        f.qh[0] = ld_u32(b + 128 + 32 * h + l0);
-        f.qh[1] = ld_u32(b + 132 + 32 * h + l0);
+        const u8* qlp = b + 64 * h + l0;
+        const u32 ql[4] = {ld_u32(qlp), ld_u32(qlp + 4), ld_u32(qlp + 32), ld_u32(qlp + 36)};
+        const u32 qh[2] = {ld_u32(b + 128 + 32 * h + l0), ld_u32(b + 132 + 32 * h + l0)};
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const u32 lo = (ql[2 * (q & 1) + i] >> (4 * (q >> 1))) & 0x0F0F0F0Fu;
+                const u32 hi = ((qh[i] >> (2 * q)) & 0x03030303u) << 4;
+                f.v[2 * q + i] = unbias4<32>(lo | hi);
+            }
         f.sc = head(b, j);
         return f;
     }
@@ -211,11 +233,7 @@ struct Q6_K {
             const uint2 xa = *(const uint2*)(xq + 128 * h + 32 * q + l0);
             s[q] = 0;
 #pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const u32 lo = (f.ql[2 * (q & 1) + i] >> (4 * (q >> 1))) & 0x0F0F0F0Fu;
-                const u32 hi = ((f.qh[i] >> (2 * q)) & 0x03030303u) << 4;
-                s[q] = dot4(__vsubss4(lo | hi, 0x20202020u), i ? xa.y : xa.x, s[q]);
-            }
+            for (int i = 0; i < 2; i++) s[q] = dot4(f.v[2 * q + i], i ? xa.y : xa.x, s[q]);
         }
         return finish(f.sc, s, j, xd);
     }
@@ -234,10 +252,9 @@ struct Q6_K {
     __device__ static void tile(const u8* b, int j, const i8* xq, int tig, int (&c)[MMAS][4]) {
         const int h = j >> 2, l = 8 * (j & 3) + 4 * (tig & 1), q = tig >> 1;
         const u32 ql = ld_u32(b + 64 * h + 32 * q + l), qh = ld_u32(b + 128 + 32 * h + l);
-        const u32 b0 = __vsubss4((ql & 0x0F0F0F0Fu) | (((qh >> (2 * q)) & 0x03030303u) << 4),
-                                 0x20202020u);
-        const u32 b1 = __vsubss4(
-            ((ql >> 4) & 0x0F0F0F0Fu) | (((qh >> (2 * q + 4)) & 0x03030303u) << 4), 0x20202020u);
+        const u32 b0 = unbias4<32>((ql & 0x0F0F0F0Fu) | (((qh >> (2 * q)) & 0x03030303u) << 4));
+        const u32 b1 =
+            unbias4<32>(((ql >> 4) & 0x0F0F0F0Fu) | (((qh >> (2 * q + 4)) & 0x03030303u) << 4));
         const u32 xa = *(const u32*)(xq + 128 * h + 32 * q + l);
         const u32 xc = *(const u32*)(xq + 128 * h + 32 * (q + 2) + l);
         const u32 lo[4] = {q ? 0u : xa, q ? xa : 0u, 0u, 0u};
