@@ -16,7 +16,7 @@ def green_stream(
     """(the green context, keep it alive; its stream) of ``n_sms`` SMs on ``device``;
     ValueError when this torch, driver or GPU cannot make one. ``model``'s decode forks on that
     stream run inline (ops/branch.py: a side stream of the primary context would use every
-    SM)."""
+    SM), and its hyper-connection mixes leave thread block clusters (ops/hc_cluster.py)."""
     total = torch.cuda.get_device_properties(device).multi_processor_count
     if not 0 < n_sms < total:
         raise ValueError(f"--prefill-lane-sms {n_sms}: the GPU has {total} SMs (0 < N < {total})")
@@ -27,7 +27,13 @@ def green_stream(
         stream = ctx.Stream()
     except (ImportError, RuntimeError, TypeError, AttributeError) as e:
         raise ValueError(f"--prefill-lane-sms {n_sms}: no green context here ({e})") from e
-    branch = getattr(getattr(model, "backend", None), "branch", None)
+    backend = getattr(model, "backend", None)
+    branch = getattr(backend, "branch", None)
     if branch is not None:
         branch.inline_on(stream)
+    hc: Any = getattr(backend, "hc", None)
+    if getattr(hc, "cluster", False):  # for the whole process: the same bits in both lanes
+        # a lane batch's decode rows run on this stream, and a partition of SMs need not hold
+        # a cluster's 8 CTAs in one GPC: the unclustered hyper-connection kernels
+        hc.cluster = False
     return ctx, stream

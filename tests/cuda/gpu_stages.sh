@@ -295,8 +295,9 @@ case "${1:-tests}" in
     bench cluster_toggle 280 model $Q4X --ctx 262144 --slots 5 --int8 --prefill= \
       --decode 0,131072 --multi-decode 5@32768 --decode-steps 16 --paired 5 --toggle hc.cluster \
       --record
-    [ -n "$CLUSTER_INVARIANCE" ] && bench invariance_cluster 150 invariance $Q4X --int8 \
-      --set hc.cluster=true --record ;;
+    if [ -n "$CLUSTER_INVARIANCE" ]; then
+      bench invariance_cluster 150 invariance $Q4X --int8 --set hc.cluster=true --record
+    fi ;;
   next4)  # what 2026-12-06 13:43 left unrun on a GPU with hc.cluster on by default (carry .whl,
     # .tiny/qwen4exp.gguf, .tiny/qwen3.gguf): the whole-model tests on the tiny qwen4exp (logits
     # against transformers, the fused decode launches, batch invariance), then the table's rows

@@ -1,8 +1,9 @@
 """The decode mix on thread block clusters (``HCCuda.cluster``: kernels/hc.cu's hc_downc and
 hc_upl, cuda/ops/hc_cluster.py) against the float64 reference as test_hc.py holds the unclustered
 kernels to it: qwen4exp's shape in the formats a file has, 1..16 tokens, odd shapes (hc not 4, a
-cluster of one piece per stream, shapes that keep the unclustered kernels), the head's mix; then
-batch invariance, the fused combine and graph replay bitwise, and the pieces' choice itself."""
+cluster of one piece per stream, a 64 KB slice opted in; hc 9, which keeps the unclustered
+kernels), the head's mix; then batch invariance (every token group), the fused combine and graph
+replay bitwise, and the pieces' choice itself. Each GPU test checks that the clusters ran."""
 
 from __future__ import annotations
 
@@ -26,8 +27,10 @@ def test_pieces_fill_the_cluster_and_fit() -> None:
     assert cluster_pieces(1, 12) is None
     assert cluster_pieces(4, 4096) == 2  # 8 tokens of 2048 values: 64 KB, opted in
     assert cluster_pieces(8, 8192) is None  # one piece: 8 tokens of 8192 values, 256 KB
-    # red [8 warps][8], gsq [8][8], gpart [8][16 rows][8] floats at 8 tokens (2 rows a warp)
-    assert static_smem(HCTuning(), 8) == 4 * (8 * 8 + 8 * 8 + 8 * 16 * 8)
+    assert cluster_pieces(4, 4096, smem=48 * 1024) is None  # 2 pieces' 64 KB over the limit
+    # qwen4exp's slice and the static arrays fit without opting in (test_kernels_offline.py
+    # holds static_smem to what ptxas reports)
+    assert 8 * 1280 * 4 + static_smem(HCTuning(), 8) <= 48 * 1024
     for hc, d in ((1, 64), (2, 2048), (3, 96), (4, 2560), (8, 512)):
         p = cluster_pieces(hc, d)
         assert p is not None and hc * p <= CLUSTER_MAX and (d // p) % 8 == 0, (hc, d, p)
@@ -35,9 +38,30 @@ def test_pieces_fill_the_cluster_and_fit() -> None:
 
 @pytest.fixture(scope="module")
 def hcc(kernels):
+    if not kernels.clusters:
+        pytest.skip("no thread block clusters before sm_90")
     ops = hc_cuda(kernels)
     ops.cluster = True
     return ops
+
+
+@pytest.fixture
+def clustered(hcc, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """Counts the clustered mixes a GPU test runs; one that runs none fails (unless its shapes
+    keep the unclustered kernels: ``UNCLUSTERED``)."""
+    import mgserve.cuda.ops.hc_cuda as hc_cuda_module
+
+    calls: list[int] = []
+    real = hc_cuda_module.mix_clustered
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hc_cuda_module, "mix_clustered", spy)
+    yield calls
+    if request.node.name not in UNCLUSTERED:
+        assert calls, f"{request.node.name}: no mix ran on clusters"
 
 
 @pytest.mark.gpu
@@ -50,7 +74,7 @@ def hcc(kernels):
         ("Q6_K", "Q8_0", "Q6_K"),
     ],
 )  # fmt: skip
-def test_mix_real_shape(hcc, types: str | tuple[str, str, str]) -> None:
+def test_mix_real_shape(hcc, clustered, types: str | tuple[str, str, str]) -> None:
     hc, d, r = REAL
     case = make_case(hc, d, r, types, seed=1, device="cuda")
     errors = [
@@ -59,16 +83,21 @@ def test_mix_real_shape(hcc, types: str | tuple[str, str, str]) -> None:
     print(f"hc_mix cluster {types}: errors {[(f'{a:.1e}', f'{b:.1e}') for a, b in errors]}")
 
 
+HC9 = (3, 9, 64, 16, "F32")  # 9 streams: more than a cluster holds
+UNCLUSTERED = {f"test_mix_odd_shapes[shape{len(ODD)}]"}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", ODD)
-def test_mix_odd_shapes(hcc, shape: tuple) -> None:
+@pytest.mark.parametrize("shape", [*ODD, HC9])
+def test_mix_odd_shapes(hcc, clustered, shape: tuple) -> None:
     n, hc, d, r, types = shape
+    assert (cluster_pieces(hc, d) is None) == (shape == HC9)
     case = make_case(hc, d, r, types, seed=n + d, device="cuda")
     check_mix(hcc, case, make_streams(n, hc, d, seed=d), f"cluster {shape}")
 
 
 @pytest.mark.gpu
-def test_head_mix(hcc) -> None:
+def test_head_mix(hcc, clustered) -> None:
     hc, d, r = REAL
     case = make_case(hc, d, r, ("Q8_0", "F16", "Q8_0"), seed=2, head=True, device="cuda")
     for n in (1, 5):
@@ -77,13 +106,14 @@ def test_head_mix(hcc) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("types", ["BF16", ("Q4_K", "Q5_0", "Q4_K"), ("Q4_K", "Q5_0", "Q6_K")])
-def test_batch_invariant(hcc, types: str | tuple[str, str, str]) -> None:
-    """Tokens 0 and 9 alone and in batches of 3, 8, 13, 16: the same bits."""
+def test_batch_invariant(hcc, clustered, types: str | tuple[str, str, str]) -> None:
+    """Tokens 0 and 9 alone and in batches of 2, 3, 8, 13, 16 (token groups of 2, 4 and 8):
+    the same bits."""
     hc, d, r = REAL
     case = make_case(hc, d, r, types, seed=5, device="cuda")
     x = make_streams(16, hc, d, seed=5).cuda()
     alone = {t: fused_mix(hcc, case, x[t : t + 1]) for t in (0, 9)}
-    for n in (3, 8, 13, 16):
+    for n in (2, 3, 8, 13, 16):
         mixed, inj = fused_mix(hcc, case, x[:n])
         for t, (m1, i1) in alone.items():
             if t < n:
@@ -93,19 +123,20 @@ def test_batch_invariant(hcc, types: str | tuple[str, str, str]) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("types", ["BF16", ("Q4_K", "Q5_0", "Q6_K")])
-def test_combine_mix_is_combine_then_mix(hcc, types: str | tuple[str, str, str]) -> None:
+def test_combine_mix_is_combine_then_mix(hcc, clustered, types: str | tuple[str, str, str]) -> None:
     hc, d, r = REAL
     case = make_case(hc, d, r, types, seed=4, device="cuda")
     g = torch.Generator().manual_seed(4)
-    for n in (1, 4, 11):
+    for n in (1, 4, 11):  # 11 in a decode step: the kernels, as two token groups
         x = make_streams(n, hc, d, seed=n).cuda()
         out = torch.randn(n, d, generator=g).cuda()
         inj_prev = (torch.rand(n, hc, generator=g) * 2).cuda()
-        x_new, mixed, inj = hcc.combine_mix(
-            x, out, inj_prev, case.norm, case.down, case.up, case.inject, EPS
-        )
-        want_x = hcc.combine(x, out, inj_prev)
-        want_mixed, want_inj = hcc.mix(want_x, case.norm, case.down, case.up, case.inject, EPS)
+        with hcc.linear.path.step("decode"):
+            x_new, mixed, inj = hcc.combine_mix(
+                x, out, inj_prev, case.norm, case.down, case.up, case.inject, EPS
+            )
+            want_x = hcc.combine(x, out, inj_prev)
+            want_mixed, want_inj = hcc.mix(want_x, case.norm, case.down, case.up, case.inject, EPS)
         assert torch.equal(x_new, want_x), f"{types} N={n}: fused new x"
         assert torch.equal(mixed, want_mixed), f"{types} N={n}: fused mixed"
         assert inj is not None and want_inj is not None and torch.equal(inj, want_inj)
@@ -113,7 +144,7 @@ def test_combine_mix_is_combine_then_mix(hcc, types: str | tuple[str, str, str])
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [1, 8])
-def test_graph_capture(hcc, n: int) -> None:
+def test_graph_capture(hcc, clustered, n: int) -> None:
     """combine_mix captured once, replayed with new streams: bitwise the eager op."""
     hc, d, r = REAL
     case = make_case(hc, d, r, ("Q4_K", "Q5_0", "Q6_K"), seed=6, device="cuda")

@@ -73,6 +73,17 @@ def compiled() -> dict[str, offline.Compiled]:
     return {r.label: r for r in results}
 
 
+def test_cluster_static_smem_is_what_ptxas_reports(compiled: dict[str, offline.Compiled]) -> None:
+    """hc_cluster.static_smem (what the launch adds to the dynamic part when it opts in) against
+    ptxas's count for hc_downc at every token group."""
+    from mgserve.cuda.ops.hc import CLUSTER_TUNING
+    from mgserve.cuda.ops.hc_cluster import static_smem
+
+    kernels = {k.name: k for k in compiled["hc.cu[Q4_K cluster]"].kernels}
+    for nt in (1, 2, 4, 8):
+        assert kernels[f"hc_downc_Q4_K_t{nt}"].smem == static_smem(CLUSTER_TUNING, nt), nt
+
+
 def _params() -> list[object]:
     return [
         pytest.param(

@@ -1,7 +1,10 @@
 // Thread block clusters (sm_90 and later): a CTA's rank in its cluster, the cluster-wide barrier,
 // and stores into another CTA's shared memory (distributed shared memory), in PTX so that no
 // toolkit header is needed. A kernel that uses them is launched with a cluster shape
-// (Kernels.launch(..., cluster=C)); every thread of every CTA must reach each cluster_sync().
+// (Kernels.launch(..., cluster=C)); every thread of every CTA must reach each barrier call.
+// Another CTA's shared memory may be written only once every CTA of the cluster has started: a
+// kernel calls cluster_arrive() early and cluster_wait() before its first cluster_store, and
+// must not exit while others may still write into it (a cluster_sync() after the last store).
 // Before sm_90 there are no clusters: the ops do not launch such kernels there (Kernels.clusters),
 // and these functions trap if one runs anyway.
 #pragma once
@@ -13,8 +16,29 @@ __device__ __forceinline__ unsigned cluster_rank() {
     unsigned r = 0;
 #if __CUDA_ARCH__ >= 900
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#else
+    __trap();
 #endif
     return r;
+}
+
+// The first half of a cluster barrier: this CTA has started (relaxed: it orders no memory). Pair
+// it with cluster_wait() before the first access to another CTA's shared memory.
+__device__ __forceinline__ void cluster_arrive() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+// The second half: returns once every CTA of the cluster has arrived.
+__device__ __forceinline__ void cluster_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+#else
+    __trap();
+#endif
 }
 
 // Every thread of the cluster's CTAs arrives, then waits for all: shared-memory writes before

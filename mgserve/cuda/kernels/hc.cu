@@ -44,6 +44,10 @@
 //   s0 + g, multiplies it by xn, and lane j of group 0 sums the streams in order s = 0, 1, ...
 //   (NT <= 8 tokens per group of lanes). hc > 4 loops over stream quads.
 //
+// hc_downc_<T>_t<NT> + hc_upl_<T>_t<NT> (sm_90, the default there: HCCuda.cluster, below): the
+//   same mix with hc_down's work split over thread block clusters, whose first CTA also does
+//   hc_up's prologue sums once (low, inject, norm scales); hc_upl is hc_up reading those.
+//
 // hc_combine: y[t, s, c] = x[t, s, c] + inj[t, s] * out[t, c] (float4; explicitly rounded mul
 //   then add, exactly as torch's two elementwise ops), one thread per float4.
 
@@ -104,7 +108,7 @@ __device__ __forceinline__ typename T::Raw fetch_run(const u8* row, size_t run) 
 // (run first + r of row wrow[i]) . (token t's 8 staged values of run r), for tokens t < nt;
 // xs: [NT][2][runs] float4 in the run-half layout. The runs go in order, U at a time: the loads of
 // U runs of every row are issued before any is used. Past the last run a lane loads the last run
-// again (CLAMP, unused: no branch) or nothing (hc_downc, whose lanes have fewer runs than U).
+// again (CLAMP, unused: no branch) or nothing (hc_downc: a slice's runs may not fill a batch).
 template <typename T, int NT, int ROWS, int U, int STEP, bool CLAMP = true>
 __device__ __forceinline__ void dot_runs(const u8* const (&wrow)[ROWS], size_t first, int start,
                                          int runs, const float4* xs, int nt,
@@ -274,7 +278,7 @@ __device__ void hc_down(const float* __restrict__ x, const float* __restrict__ g
     }
 }
 
-// ---- hc_downc: hc_down in clusters (HCTuning.cluster) --------------------------------------------
+// ---- hc_downc: hc_down in clusters (HCCuda.cluster) ---------------------------------------------
 
 // The down (and inject) products split over a cluster of hc * pieces CTAs: CTA (s, piece) of a
 // cluster (rank s * pieces + piece) stages and multiplies only values [piece * pl, (piece + 1) * pl)
@@ -320,6 +324,7 @@ __device__ void hc_downc(const float* __restrict__ x, const float* __restrict__ 
 #pragma unroll
     for (int rr = 0; rr < R; rr++)
         wrow[rr] = row_ptr(wa, rows_a, wb, row_bytes, min(row0 + rr, n_rows - 1));
+    cluster_arrive();  // this CTA has started: the others may store into it after their wait
     if (cta_n > 0)
         prefetch_rows(wa, rows_a, wb, row_bytes, cta_row0, cta_n, first / T::BLOCK * T::BYTES,
                       (first + pl + T::BLOCK - 1) / T::BLOCK * T::BYTES);
@@ -352,6 +357,7 @@ __device__ void hc_downc(const float* __restrict__ x, const float* __restrict__ 
         if (lane == 0) red[warp][t] = ss[t];
     }
     __syncthreads();
+    cluster_wait();  // every CTA of the cluster has started (rank 0 too): stores may go there
     if (threadIdx.x < NT) {
         float v = 0.f;
         for (int w = 0; w < DOWN_WARPS; w++) v += red[w][threadIdx.x];

@@ -1,5 +1,5 @@
-"""A decode mix on thread block clusters (``HCTuning.cluster``; kernels/hc.cu's hc_downc and
-hc_upl, kernels/cluster.cuh).
+"""A decode mix on thread block clusters (``HCCuda.cluster``, on by default where the GPU has
+clusters; kernels/hc.cu's hc_downc and hc_upl, kernels/cluster.cuh).
 
 hc_down gives each CTA one stream's whole row slice, so at 8 tokens (qwen4exp: d = 2560) it stages
 the stream in five parts one after another and runs 84 CTAs on 132 SMs; hc_up then sums the
@@ -30,7 +30,9 @@ if TYPE_CHECKING:
     from mgserve.cuda.weights import QuantWeight
 
 CLUSTER_MAX = 8  # CTAs in a cluster at most (the portable size; kernels/cluster.cuh)
-CLUSTER_SMEM = 96 * 1024  # a CTA's staged slice at most (above 48 KB by opting in)
+# a CTA's staged slice at most (above 48 KB by opting in); with the static arrays well inside
+# every sm_90+ part's per-block limit (99 KB on sm_120); qwen4exp's is 40 KB
+CLUSTER_SMEM = 64 * 1024
 
 
 def static_smem(tune: HCTuning, nt: int) -> int:

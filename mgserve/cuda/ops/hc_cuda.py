@@ -56,11 +56,12 @@ class HCCuda:
         # stream, bitwise those ops (tests/cuda/test_hc.py); False runs the torch ops (compare:
         # bench model --paired R --toggle hc.prompt_gate_kernel)
         self.prompt_gate_kernel = True
-        # decode mixes on thread block clusters (hc_cluster.py: hc_downc + hc_upl), where the
-        # shapes allow; other bits than hc_down + hc_up, batch-invariant as they are. On the
-        # H100 (2026-12-06 14:30, bench model --paired 5 --toggle hc.cluster): the same decode
-        # rate for one session (+0.2 / +0.3% at depth 0 / 131072), +3.5% for five
-        self.cluster = True
+        # decode mixes on thread block clusters (hc_cluster.py: hc_downc + hc_upl) on sm_90 and
+        # later, where the shapes allow; other bits than hc_down + hc_up, batch-invariant as
+        # they are. On the H100 (2026-12-06 14:29, bench model --paired 5 --toggle hc.cluster):
+        # the same decode rate for one session, +3.5% for five. A green-context prefill lane
+        # turns it off for the process (green.py)
+        self.cluster = kernels.clusters
         self.cluster_tuning = CLUSTER_TUNING
 
     # -- helpers --
