@@ -284,6 +284,12 @@ def test_graph_capture(hcc, n: int) -> None:
         assert inj2 is not None
         return x_new, mixed, inj2
 
+    assert_replays_match_eager(step, inputs, f"N={n}")
+
+
+def assert_replays_match_eager(step, inputs: list[tuple[torch.Tensor, ...]], label: str) -> None:
+    """``step(x, out, inject_prev) -> (x, mixed, inject)`` captured once on the first inputs,
+    then replayed on each (copied into the captured ones): bitwise an eager call's results."""
     sx, so, si = (t.cuda() for t in inputs[0])
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -301,7 +307,7 @@ def test_graph_capture(hcc, n: int) -> None:
         torch.cuda.synchronize()
         eager = step(x.cuda(), out.cuda(), ip.cuda())
         for name, a, b in zip(("x", "mixed", "inject"), outs, eager, strict=True):
-            assert torch.equal(a, b), f"N={n}: graph replay's {name} differs from an eager call"
+            assert torch.equal(a, b), f"{label}: graph replay's {name} differs from an eager call"
 
 
 def test_unstageable_shapes_fall_back_to_torch(kernels) -> None:

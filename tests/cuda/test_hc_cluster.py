@@ -12,7 +12,15 @@ import torch
 
 from mgserve.cuda.ops.hc import HCTuning
 from mgserve.cuda.ops.hc_cluster import CLUSTER_MAX, cluster_pieces, static_smem
-from tests.cuda.test_hc import ODD, REAL, REAL_N, check_mix, fused_mix, hc_cuda
+from tests.cuda.test_hc import (
+    ODD,
+    REAL,
+    REAL_N,
+    assert_replays_match_eager,
+    check_mix,
+    fused_mix,
+    hc_cuda,
+)
 from tests.cuda.test_hc_torch import EPS, make_case, make_streams
 
 
@@ -162,21 +170,4 @@ def test_graph_capture(hcc, clustered, n: int) -> None:
         assert inj is not None
         return x_new, mixed, inj
 
-    sx, so, si = (t.cuda() for t in inputs[0])
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step(sx, so, si)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=s):
-        outs = step(sx, so, si)
-    for x, out, ip in reversed(inputs):
-        sx.copy_(x)
-        so.copy_(out)
-        si.copy_(ip)
-        graph.replay()
-        torch.cuda.synchronize()
-        eager = step(x.cuda(), out.cuda(), ip.cuda())
-        for name, a, b in zip(("x", "mixed", "inject"), outs, eager, strict=True):
-            assert torch.equal(a, b), f"N={n}: graph replay's {name} differs from an eager call"
+    assert_replays_match_eager(step, inputs, f"cluster N={n}")

@@ -71,22 +71,16 @@ def decoders(tmp: Path) -> ctypes.CDLL:
         f"            {t}::load(b + i * {t}::BYTES, j, out + i * {t}::BLOCK + 8 * j);\n}}\n"
         for t in TYPES
     )
-    src = tmp / "host_decoders.cpp"
-    src.write_text("#include <cmath>\n" + SHIMS + text + entries)
-    lib = tmp / "host_decoders.so"
-    cmd = [
-        CXX,
-        "-O1",
-        "-std=c++17",
-        "-shared",
-        "-fPIC",
-        "-ffp-contract=off",
-        "-w",
-        "-o",
-        str(lib),
-        str(src),
-    ]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return build(tmp / "host_decoders", SHIMS + text + entries)
+
+
+def build(stem: Path, source: str) -> ctypes.CDLL:
+    """``source`` (after <cmath>) compiled by the host compiler into ``stem``.so, loaded."""
+    assert CXX is not None
+    src, lib = stem.with_suffix(".cpp"), stem.with_suffix(".so")
+    src.write_text("#include <cmath>\n" + source)
+    cmd = [CXX, "-O1", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-w"]
+    subprocess.run([*cmd, "-o", str(lib), str(src)], check=True, capture_output=True, text=True)
     return ctypes.CDLL(str(lib))
 
 

@@ -21,7 +21,7 @@ from gguf.quants import dequantize
 from mgserve.cuda import compiler
 from mgserve.cuda.ops.linear_tuning import INT8_TYPES
 from tests.cuda.test_linear_matvec import random_tensor
-from tests.cuda.test_linear_matvec_host_decoders import CXX, PTX_F16, SHIMS
+from tests.cuda.test_linear_matvec_host_decoders import CXX, PTX_F16, SHIMS, build
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="no host C++ compiler")
 
@@ -65,12 +65,7 @@ def readers(tmp: Path) -> ctypes.CDLL:
         f"        out[i] = acc;\n    }}\n}}\n"
         for t in TYPES
     )
-    src = tmp / "host_q8.cpp"
-    src.write_text("#include <cmath>\n" + SHIMS + Q8_SHIMS + text + entries)
-    lib = tmp / "host_q8.so"
-    cmd = [CXX, "-O1", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-w"]
-    subprocess.run([*cmd, "-o", str(lib), str(src)], check=True, capture_output=True, text=True)
-    return ctypes.CDLL(str(lib))
+    return build(tmp / "host_q8", SHIMS + Q8_SHIMS + text + entries)
 
 
 @pytest.fixture(scope="module")

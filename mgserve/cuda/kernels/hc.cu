@@ -144,6 +144,15 @@ __device__ __forceinline__ void dot_runs(const u8* const (&wrow)[ROWS], size_t f
     }
 }
 
+// Each of a warp's R x NT partial sums over its 32 lanes (every lane ends with the same bits).
+template <int R, int NT>
+__device__ __forceinline__ void warp_sums(float (&acc)[R][NT]) {
+#pragma unroll
+    for (int rr = 0; rr < R; rr++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[rr][t] = warp_sum(acc[rr][t]);
+}
+
 // Row `row` of [wa (rows_a rows) | wb]: both have rows of row_bytes bytes.
 __device__ __forceinline__ const u8* row_ptr(const u8* wa, int rows_a, const u8* wb,
                                              size_t row_bytes, int row) {
@@ -264,10 +273,7 @@ __device__ void hc_down(const float* __restrict__ x, const float* __restrict__ g
 
     if (row0 >= n_rows) return;
     // matvec.cu's epilogue (the warp's rows and tokens, lane 0 writes), into P's layout
-#pragma unroll
-    for (int rr = 0; rr < R; rr++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[rr][t] = warp_sum(acc[rr][t]);
+    warp_sums(acc);
     if (lane == 0) {
 #pragma unroll
         for (int rr = 0; rr < R; rr++)
@@ -367,10 +373,7 @@ __device__ void hc_downc(const float* __restrict__ x, const float* __restrict__ 
     float acc[R][NT] = {};
     if (row0 < n_rows)  // warp-uniform
         dot_runs<T, NT, R, U, 32, false>(wrow, first / 8, lane, runs, xs4, nt, acc);
-#pragma unroll
-    for (int rr = 0; rr < R; rr++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[rr][t] = warp_sum(acc[rr][t]);
+    warp_sums(acc);
     if (lane == 0) {
 #pragma unroll
         for (int rr = 0; rr < R; rr++)

@@ -28,15 +28,21 @@ which read each weight once for the whole chunk.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from mgserve.core.reference import hyper_connections
 from mgserve.cuda.dequantized import DenseWeights
 from mgserve.cuda.ops.linear import rows_linear
 from mgserve.cuda.weights import QuantWeight
+
+if TYPE_CHECKING:
+    from mgserve.cuda.ops.branch import Branches
 
 HC_SOURCE = "hc.cu"
 TOKEN_GROUPS = (1, 2, 4, 8)  # NT instances of the kernels: tokens sharing one pass over weights
@@ -104,6 +110,42 @@ class HCTuning:
 # shape, Q4_K_M formats, on the H100 (test_hc.py's sweep, 2026-12-06 14:25): 14.2 / 26.5 us a
 # mix at 1 / 8 tokens against 18.5 / 26.5 with HCTuning()'s loads in flight.
 CLUSTER_TUNING = HCTuning(down_batch=(5, 5, 5, 5), up_batch=(3, 3, 3, 3))
+
+
+def stream_args(
+    x: torch.Tensor,
+    norm: torch.Tensor,
+    prev: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
+    wa: QuantWeight,
+    wb: QuantWeight | None,
+) -> tuple[object, ...]:
+    """hc_down's and hc_downc's first arguments: x, gamma, out_prev, inj_prev, x_new (the last
+    three ``prev``, 0 where None), then the rows of [wa | wb] (wb absent: 0 rows)."""
+    ptrs = tuple(t.data_ptr() if t is not None else 0 for t in prev)
+    rows_b = np.int32(wb.rows if wb is not None else 0)
+    wb_ptr = wb.data.data_ptr() if wb is not None else 0
+    return (x.data_ptr(), norm.data_ptr(), *ptrs, wa.data.data_ptr(), np.int32(wa.rows), wb_ptr,
+            rows_b)  # fmt: skip
+
+
+def down_and_inject(
+    branch: Branches,
+    down: QuantWeight,
+    inject: QuantWeight | None,
+    launch: Callable[[QuantWeight, QuantWeight | None, int, int], None],
+    inject_col: int,
+) -> None:
+    """``launch(wa, wb, col0, aux)`` for [down | inject] in one launch when they share a format,
+    else the inject's alone (its own output columns from ``inject_col``; no aux work) on a side
+    stream in decode (branch.py) beside the down's."""
+    if inject is None or inject.type_name == down.type_name:
+        launch(down, inject, 0, 1)
+        return
+    side = branch.fork()
+    with side:
+        launch(inject, None, inject_col, 0)
+    launch(down, None, 0, 1)
+    side.join()
 
 
 def token_group(n: int) -> int:

@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mgserve.cuda.ops.hc import HC_SOURCE, MAX_TOKEN_GROUP, up_smem
+from mgserve.cuda.ops.hc import (
+    HC_SOURCE,
+    MAX_TOKEN_GROUP,
+    down_and_inject,
+    stream_args,
+    up_smem,
+)
 
 if TYPE_CHECKING:
     from mgserve.cuda.launch import Kernels
@@ -90,15 +96,7 @@ def mix_clustered(
             ),
             ((rows + per_cluster - 1) // per_cluster, groups),
             32 * tune.down_warps,
-            x.data_ptr(),
-            norm.data_ptr(),
-            out_prev.data_ptr() if out_prev is not None else 0,
-            inj_prev.data_ptr() if inj_prev is not None else 0,
-            x_new.data_ptr() if x_new is not None else 0,
-            wa.data.data_ptr(),
-            np.int32(wa.rows),
-            wb.data.data_ptr() if wb is not None else 0,
-            np.int32(wb.rows if wb is not None else 0),
+            *stream_args(x, norm, (out_prev, inj_prev, x_new), wa, wb),
             low.data_ptr(),
             inj.data_ptr() if inj is not None else 0,
             inv.data_ptr(),
@@ -114,16 +112,7 @@ def mix_clustered(
             cluster=csize,
         )
 
-    # [down | inject] in one launch when they share a format, else the inject's (it writes only
-    # inj) on a side stream in decode (branch.py)
-    if inject is None or inject.type_name == down.type_name:
-        down_launch(down, inject, 0, 1)
-    else:
-        side = branch.fork()
-        with side:
-            down_launch(inject, None, r, 0)
-        down_launch(down, None, 0, 1)
-        side.join()
+    down_and_inject(branch, down, inject, down_launch, r)  # the inject's writes only inj
 
     per_cta = tune.up_cols_per_cta(nt)
     kernels.launch(

@@ -22,7 +22,9 @@ from mgserve.cuda.ops.hc import (
     HCTuning,
     check_combine,
     check_mix,
+    down_and_inject,
     down_part,
+    stream_args,
     token_group,
     up_smem,
 )
@@ -221,15 +223,7 @@ class HCCuda:
                 ),
                 (((rows + per_cta - 1) // per_cta) * hc, groups),
                 32 * tune.down_warps,
-                x.data_ptr(),
-                norm.data_ptr(),
-                out_prev.data_ptr() if out_prev is not None else 0,
-                inj_prev.data_ptr() if inj_prev is not None else 0,
-                x_new.data_ptr() if x_new is not None else 0,
-                wa.data.data_ptr(),
-                np.int32(wa.rows),
-                wb.data.data_ptr() if wb is not None else 0,
-                np.int32(wb.rows if wb is not None else 0),
+                *stream_args(x, norm, (out_prev, inj_prev, x_new), wa, wb),
                 partial.data_ptr(),
                 sumsq.data_ptr(),
                 np.int32(n),
@@ -242,16 +236,7 @@ class HCCuda:
                 shmem=nt * part * 4,
             )
 
-        # [down | inject] in one launch when they share a format, else one launch each: the
-        # inject's (it writes only its own columns of P) on a side stream in decode (branch.py)
-        if inject is None or inject.type_name == down.type_name:
-            down_launch(down, inject, 0, 1)
-        else:
-            side = self.branch.fork()
-            with side:
-                down_launch(inject, None, down.rows, 0)
-            down_launch(down, None, 0, 1)
-            side.join()
+        down_and_inject(self.branch, down, inject, down_launch, down.rows)
 
         per_cta = tune.up_cols_per_cta(nt)
         self.kernels.launch(
