@@ -109,14 +109,14 @@ class DeviceRunner:
         self.new_host_state = model.host_state(self.pad_slot)
         gpu = device.type == "cuda"
         extra = getattr(model, "decode_extra_shape", None)
+        self._decoders = self._lane(-100)  # the top priority; before the graphs (green.py's ops)
+        self._prompts = self._lane(0, lane_sms, LAYERS_AHEAD) if lanes else self._decoders
         self.decode = (
             GraphDecode(model, device, self.pad_slot, extra, buckets, upfront=self.pad_slot * lanes)
             if graphs and gpu
             else EagerDecode(model, device)
         )  # with lanes, every bucket of up to n_slots rows now: a capture waits for an idle lane
         self._eager = EagerDecode(model, device)  # a prompt's last token, in the prefill lane
-        self._decoders = self._lane(-100)  # the highest priority there is
-        self._prompts = self._lane(0, lane_sms, LAYERS_AHEAD) if lanes else self._decoders
         if lanes and gpu:  # the lanes' streams do not wait for the default one: what ran there
             torch.cuda.synchronize(device)
         self._capture = threading.Lock()

@@ -65,7 +65,24 @@ def readers(tmp: Path) -> ctypes.CDLL:
         f"        out[i] = acc;\n    }}\n}}\n"
         for t in TYPES
     )
-    return build(tmp / "host_q8", SHIMS + Q8_SHIMS + text + entries)
+    check = """
+template <int C> static long unbias_mismatches() {  // every word of bytes in [0, 2C)
+    long bad = 0;
+    for (u32 w = 0; w < (u32)(2 * C) * (2 * C) * (2 * C) * (2 * C); w++) {
+        u32 v = 0, want = 0, rest = w;
+        for (int k = 0; k < 4; k++, rest /= 2 * C) {
+            const int b = (int)(rest % (2 * C));
+            v |= (u32)b << 8 * k;
+            want |= (u32)(u8)(signed char)(b - C) << 8 * k;  // no byte saturates here
+        }
+        bad += unbias4<C>(v) != want;
+    }
+    return bad;
+}
+extern "C" long unbias_mismatches_16() { return unbias_mismatches<16>(); }
+extern "C" long unbias_mismatches_32() { return unbias_mismatches<32>(); }
+"""
+    return build(tmp / "host_q8", SHIMS + Q8_SHIMS + text + entries + check)
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +120,12 @@ def test_int8_readers_match_gguf(lib: ctypes.CDLL, type_name: str) -> None:
         f"{type_name}: block {worst}: {out[worst]} against gguf-py's {want[worst]} "
         f"(relative to the terms {err[worst]:.2e})"
     )
+
+
+def test_unbias4_is_the_saturating_subtraction_on_its_range(lib: ctypes.CDLL) -> None:
+    """unbias4<C> (the readers' 2-instruction byte decode) against v - C per byte for every word
+    of bytes in [0, 2C): Q5_0's C = 16 (1M words), Q6_K's C = 32 (16.8M)."""
+    for c in (16, 32):
+        fn = getattr(lib, f"unbias_mismatches_{c}")
+        fn.restype = ctypes.c_long
+        assert fn() == 0, f"unbias4<{c}> differs from a per-byte subtraction"
