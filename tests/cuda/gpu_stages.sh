@@ -2,6 +2,8 @@
 # GPU work for the open issues (device tool, nvidia-h200), in stages that each fit one call (10
 # minutes). Carry [".whl"] plus, for `tests`, the tiny models
 # (.tiny/qwen4exp.gguf, qwen3moe, llama, gemma3, qwen3: ~37 MB; qwen3next does not fit beside them).
+# .whl: ../shared/tools/device-wheels.sh, then llguidance 1.9 (its manylinux_2_31 wheel: the script
+# finds only 1.6), jinja2, markupsafe and prometheus-client for Python 3.12 (the benches need them).
 #   bash tests/cuda/gpu_stages.sh tests       the GPU tests touched since (batch invariance first;
 #                                              TESTS="name:seconds ..." picks others)
 #   bash tests/cuda/gpu_stages.sh quick       full-width invariance and the headline rows
