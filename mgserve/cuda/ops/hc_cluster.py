@@ -5,9 +5,10 @@ hc_down gives each CTA one stream's whole row slice, so at 8 tokens (qwen4exp: d
 the stream in five parts one after another and runs 84 CTAs on 132 SMs; hc_up then sums the
 streams' partial products again in every CTA's prologue. Here a cluster of hc * pieces CTAs shares
 a row block: each CTA stages and multiplies one slice of d / pieces values of one stream in a
-single part, and the cluster's rank 0 adds the slices (from the others' shared memory, in rank
-order), applies the norm scales and the activations, and writes the mix's low-rank values, the
-inject and the norm scales themselves. hc_upl reads those instead of summing streams.
+single part and stores its partial sums into the shared memory of the cluster's rank 0, which adds
+them in rank order, applies the norm scales and the activations, and writes the mix's low-rank
+values, the inject and the norm scales themselves. hc_upl reads those instead of summing streams.
+A green-context prefill lane turns the clusters off for the process (cuda/green.py).
 
 The pieces depend on (hc, d) only, never on the token count, and every sum runs in a fixed order,
 so a token's bits do not depend on its batch. The sums are grouped differently from hc_down's, so
