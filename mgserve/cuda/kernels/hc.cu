@@ -292,7 +292,8 @@ __device__ void hc_down(const float* __restrict__ x, const float* __restrict__ g
 // a stream's work in one staged part and the grid has hc * pieces CTAs per row block. Every CTA
 // also sums its slice's squares. Each CTA stores its partial products and sums of squares into
 // the shared memory of the cluster's rank 0; after one cluster barrier the others are done and
-// rank 0 adds them, always in rank order, and finishes the mix's low-rank side itself: inv[t, s] = rsqrt(SS[t, s] / d + eps) and
+// rank 0 adds them, always in rank order, and finishes the mix's low-rank side itself:
+//   inv[t, s] = rsqrt(SS[t, s] / d + eps),
 //   low[t, row] = silu(sum_s inv[t, s] * P[t, s, row] / hc)         (rows below r)
 //   inj[t, row - r] = 2 * sigmoid(sum_s inv[t, s] * P[t, s, row] / hc)   (the inject's rows)
 // so hc_upl only reads low and inv (no per-CTA sums over streams in its prologue). The pieces are
@@ -378,7 +379,8 @@ __device__ void hc_downc(const float* __restrict__ x, const float* __restrict__ 
 #pragma unroll
         for (int rr = 0; rr < R; rr++)
 #pragma unroll
-            for (int t = 0; t < NT; t++) cluster_store(&gpart[rank][warp * R + rr][t], 0, acc[rr][t]);
+            for (int t = 0; t < NT; t++)
+                cluster_store(&gpart[rank][warp * R + rr][t], 0, acc[rr][t]);
     }
     cluster_sync();  // rank 0 holds every CTA's products and sums; the others are done
 
