@@ -188,11 +188,16 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--depth and --prompt must be in 2..{args.ctx - 1} (--ctx {args.ctx})")
     b = ModelBench(args)
     m = Mixed(b, args)
+    hc: Any = getattr(b.ops, "hc", None)
+    green = args.prefill_lane and args.lane_sms.strip() and getattr(hc, "cluster", False)
+    if green:  # a green-context lane turns the clustered mix off for its process (cuda/green.py):
+        hc.cluster = False  # off from the first row, so that every row runs the same kernels
     lines = [
         f"model: {b.source}, {b.model.spec.arch}, {b.model.spec.n_layer} layers, on {b.where()}",
         f"{args.decoders} sessions decoding at depth {args.depth} (synthetic state) beside a "
         f"{args.prompt}-token prompt; ubatch {args.ubatch}, ctx {args.ctx}, one prompt at a time"
-        f"{''.join(f', set {x}' for x in args.set)}",
+        f"{''.join(f', set {x}' for x in args.set)}"
+        f"{', hc.cluster off (a green-context lane turns it off)' if green else ''}",
         "",
         "| run | ITL p50 ms | ITL p99 ms | p99 / solo p50 | prefill tokens/s | / solo prefill |",
         "| --- | --- | --- | --- | --- | --- |",
