@@ -38,8 +38,9 @@ class Kernels:
         self._smem: dict[tuple[str, str, CompileOptions], int] = {}  # dynamic smem allowed
         self._streams: dict[int, Stream] = {}
         self.pdl = int(runtime.gpu_info(compiler.device_index).arch) >= 90
-        # thread block clusters (kernels/cluster.cuh) exist from sm_90 on
-        self.clusters = int(runtime.gpu_info(compiler.device_index).arch) >= 90
+        # thread block clusters (kernels/cluster.cuh) exist from sm_90 on; cuda.core counts a
+        # cluster launch's grid in clusters from 0.4 on (launch's ``cluster``)
+        self.clusters = self.pdl and runtime.cuda_core_version() >= (0, 4)
 
     def kernel(self, source: str, name: str, defines: Defines = (), smem: int = 0) -> Kernel:
         """Function ``name`` of ``kernels/<source>`` compiled with ``defines`` (cached), allowed

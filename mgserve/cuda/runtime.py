@@ -37,6 +37,14 @@ def nvrtc_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def cuda_core_version() -> tuple[int, ...]:
+    """cuda.core's (major, minor, ...); (0,) where it does not say."""
+    import cuda.core
+
+    text = getattr(cuda.core, "__version__", "0")
+    return tuple(int(part) for part in text.split(".")[:3] if part.isdigit()) or (0,)
+
+
 def allow_smem(kernel: Kernel, nbytes: int, device_index: int) -> None:
     """Let ``kernel`` use ``nbytes`` of dynamic shared memory (above the 48 KB default)."""
     from cuda.bindings import driver
