@@ -188,10 +188,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--depth and --prompt must be in 2..{args.ctx - 1} (--ctx {args.ctx})")
     b = ModelBench(args)
     m = Mixed(b, args)
-    hc: Any = getattr(b.ops, "hc", None)
-    green = args.prefill_lane and args.lane_sms.strip() and getattr(hc, "cluster", False)
-    if green:  # a green-context lane turns the clustered mix off for its process (cuda/green.py):
-        hc.cluster = False  # off from the first row, so that every row runs the same kernels
+    from mgserve.cuda.green import without_clusters
+
+    # a green-context lane turns the clustered mix off for its process (cuda/green.py): off from
+    # the first row, so that every row runs the same kernels
+    green = bool(args.prefill_lane and args.lane_sms.strip()) and without_clusters(b.ops)
     lines = [
         f"model: {b.source}, {b.model.spec.arch}, {b.model.spec.n_layer} layers, on {b.where()}",
         f"{args.decoders} sessions decoding at depth {args.depth} (synthetic state) beside a "

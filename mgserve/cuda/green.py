@@ -31,9 +31,17 @@ def green_stream(
     branch = getattr(backend, "branch", None)
     if branch is not None:
         branch.inline_on(stream)
-    hc: Any = getattr(backend, "hc", None)
-    if getattr(hc, "cluster", False):  # for the whole process: the same bits in both lanes
-        # a lane batch's decode rows run on this stream, and a partition of SMs need not hold
-        # a cluster's 8 CTAs in one GPC: the unclustered hyper-connection kernels
-        hc.cluster = False
+    without_clusters(backend)
     return ctx, stream
+
+
+def without_clusters(backend: Any) -> bool:
+    """The backend's hyper-connection mixes leave thread block clusters (ops/hc_cluster.py), for
+    the whole process so that both lanes keep the same bits: a lane batch's decode rows run on a
+    green context's stream, and a partition of SMs need not hold a cluster's 8 CTAs in one GPC.
+    Whether they were on."""
+    hc: Any = getattr(backend, "hc", None)
+    if not getattr(hc, "cluster", False):
+        return False
+    hc.cluster = False
+    return True

@@ -124,6 +124,6 @@ def variants() -> list[Variant]:
     out += [Variant(s, (), "") for s in plain]
     out += _qgemm()
     out += [Variant(HC_SOURCE, HCTuning().defines(f), f) for f in FORMATS]
-    out += [Variant(HC_SOURCE, CLUSTER_TUNING.defines(f), f"{f} cluster") for f in FORMATS]
+    out += [Variant(HC_SOURCE, CLUSTER_TUNING.defines(f, True), f"{f} cluster") for f in FORMATS]
     out += _attention() + _deltanet()
     return out

@@ -36,12 +36,8 @@ KNOWN_SPILLS = {
     ("hc.cu[IQ4_XS]", "hc_down_IQ4_XS_t4"),
     ("hc.cu[Q5_0]", "hc_up_Q5_0_t8"),
     ("hc.cu[Q6_K]", "hc_down_Q6_K_t8"),
-    # the clustered mix (2026-12-06 14:20): 4-8 B in hc_downc at 8 tokens at the 128-register
-    # mark (Q4_K: a Q4_K_M file's down), hc_upl_BF16_t2 32/20 B
-    *((f"hc.cu[{t}]", f"hc_downc_{t}_t8") for t in ("Q4_K", "Q5_K", "IQ1_M")),
-    ("hc.cu[BF16]", "hc_upl_BF16_t2"),
-    # the clustered mix's own module (CLUSTER_TUNING: fewer loads in flight): its entries, and
-    # the unclustered ones it also holds (never launched from it), 4-36 B
+    # the clustered mix's module (CLUSTER_TUNING, -D HC_CLUSTERED=1: hc_downc and hc_upl only),
+    # 4-24 B: hc_downc at 8 tokens at the 128-register mark (Q4_K: a Q4_K_M file's down)
     *(
         (f"hc.cu[{t} cluster]", k)
         for t, k in (
@@ -49,12 +45,9 @@ KNOWN_SPILLS = {
             ("F32", "hc_downc_F32_t2"),
             ("F32", "hc_upl_F32_t4"),
             ("IQ1_M", "hc_downc_IQ1_M_t8"),
-            ("IQ4_XS", "hc_down_IQ4_XS_t4"),
             ("Q4_K", "hc_downc_Q4_K_t2"),
             ("Q4_K", "hc_downc_Q4_K_t8"),
-            ("Q5_0", "hc_up_Q5_0_t8"),
             ("Q5_K", "hc_downc_Q5_K_t8"),
-            ("Q6_K", "hc_down_Q6_K_t8"),
         )
     ),  # fmt: skip
     ("matvec.cu", "matvec_IQ3_S_t2"),
@@ -82,6 +75,18 @@ def test_cluster_static_smem_is_what_ptxas_reports(compiled: dict[str, offline.C
     kernels = {k.name: k for k in compiled["hc.cu[Q4_K cluster]"].kernels}
     for nt in (1, 2, 4, 8):
         assert kernels[f"hc_downc_Q4_K_t{nt}"].smem == static_smem(CLUSTER_TUNING, nt), nt
+
+
+def test_hc_modules_hold_their_paths_entries(compiled: dict[str, offline.Compiled]) -> None:
+    """Each hc.cu module compiles one path's entries, named for its format: hc_down / hc_up and
+    the combine kernels, or (HC_CLUSTERED) hc_downc / hc_upl; the names hc_cuda.py and
+    hc_cluster.py launch."""
+    groups = [f"t{nt}" for nt in (1, 2, 4, 8)]
+    plain = {f"hc_{k}_Q4_K_{g}" for k in ("down", "up") for g in groups}
+    clustered = {f"hc_{k}_Q4_K_{g}" for k in ("downc", "upl") for g in groups}
+    names = {label: {k.name for k in compiled[label].kernels} for label in compiled}
+    assert names["hc.cu[Q4_K]"] == plain | {"hc_combine", "hc_gate_mix"}
+    assert names["hc.cu[Q4_K cluster]"] == clustered
 
 
 def _params() -> list[object]:

@@ -549,7 +549,9 @@ __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
         float* __restrict__ inj, int n_tok, int hc, int d, int r, int p_stride, float eps) {      \
         hc_up<SplitFormat<TYPE>::T, NT, false>(up, P, SS, x, gamma, mixed, inj, n_tok, hc, d, r,   \
                                                p_stride, eps);                                    \
-    }                                                                                             \
+    }
+
+#define HC_CLUSTER_ENTRIES(TYPE, NT)                                                              \
     extern "C" __global__ void __launch_bounds__(32 * DOWN_WARPS) hc_downc_##TYPE##_t##NT(         \
         const float* __restrict__ x, const float* __restrict__ gamma,                             \
         const float* __restrict__ out_prev, const float* __restrict__ inj_prev,                   \
@@ -569,17 +571,28 @@ __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
                                               d, r, r, eps);                                      \
     }
 
-#define HC_TYPE_ENTRIES(TYPE) \
-    HC_ENTRIES(TYPE, 1)       \
-    HC_ENTRIES(TYPE, 2)       \
-    HC_ENTRIES(TYPE, 4)       \
-    HC_ENTRIES(TYPE, 8)
-
-// One weight format per module (-D HC_TYPE=...), so a model that only uses BF16 compiles only that.
+// One weight format per module (-D HC_TYPE=...), so a model that only uses BF16 compiles only that,
+// and one path: hc_down + hc_up (and the combine kernels below), or with -D HC_CLUSTERED=1 (the
+// clustered mix's module: HCTuning.defines(..., clustered=True)) hc_downc + hc_upl.
 #ifndef HC_TYPE
 #define HC_TYPE BF16
 #endif
+#ifndef HC_CLUSTERED
+#define HC_CLUSTERED 0
+#endif
+#if HC_CLUSTERED
+#define HC_PATH_ENTRIES HC_CLUSTER_ENTRIES
+#else
+#define HC_PATH_ENTRIES HC_ENTRIES
+#endif
+#define HC_TYPE_ENTRIES(TYPE) /* a level of its own: HC_TYPE expands before ## pastes it */ \
+    HC_PATH_ENTRIES(TYPE, 1)                                                                      \
+    HC_PATH_ENTRIES(TYPE, 2)                                                                      \
+    HC_PATH_ENTRIES(TYPE, 4)                                                                      \
+    HC_PATH_ENTRIES(TYPE, 8)
 HC_TYPE_ENTRIES(HC_TYPE)
+
+#if !HC_CLUSTERED
 
 // x, y [n_tok, hc, d] (as float4: d4 = d / 4 per stream); out [n_tok, d]; inj [n_tok, hc].
 extern "C" __global__ void hc_combine(const float4* __restrict__ x, const float4* __restrict__ out,
@@ -623,3 +636,4 @@ extern "C" __global__ void hc_gate_mix(const float4* __restrict__ u, const float
     mixed[i] = make_float4(__fmul_rn(acc.x, r), __fmul_rn(acc.y, r), __fmul_rn(acc.z, r),
                            __fmul_rn(acc.w, r));
 }
+#endif  // !HC_CLUSTERED

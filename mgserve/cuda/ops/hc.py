@@ -79,8 +79,9 @@ class HCTuning:
             if len(v) != len(TOKEN_GROUPS) or not all(1 <= x <= 15 for x in v):
                 raise ValueError(f"HCTuning.{name} must be 4 values in 1..15, got {v}")
 
-    def defines(self, type_name: str) -> tuple[tuple[str, str], ...]:
-        """The -D macros of the hc.cu module for weights of ``type_name``."""
+    def defines(self, type_name: str, clustered: bool = False) -> tuple[tuple[str, str], ...]:
+        """The -D macros of the hc.cu module for weights of ``type_name``: its hc_down / hc_up
+        and combine kernels, or ``clustered`` its hc_downc / hc_upl (hc_cluster.py)."""
 
         def packed(v: tuple[int, ...]) -> str:
             return "0x" + "".join(f"{x:X}" for x in v)
@@ -96,7 +97,7 @@ class HCTuning:
             ("PREFETCH", str(int(self.prefetch))),
             ("SPLIT_BLOCKS", str(int(self.split_blocks))),
             ("INV_ONCE", str(int(self.inv_once))),
-        )
+        ) + ((("HC_CLUSTERED", "1"),) if clustered else ())
 
     def down_rows_per_cta(self, nt: int) -> int:
         return self.down_warps * self.down_rows[TOKEN_GROUPS.index(nt)]

@@ -17,6 +17,7 @@ the bits differ from that path's (both are within the tests' tolerance of the re
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -49,6 +50,7 @@ def static_smem(tune: HCTuning, nt: int) -> int:
     return 4 * nt * (tune.down_warps + CLUSTER_MAX + CLUSTER_MAX * rows)
 
 
+@functools.cache  # asked on every decode mix a graph does not replay
 def cluster_pieces(hc: int, d: int, smem: int = CLUSTER_SMEM) -> int | None:
     """Slices per stream of a cluster (of hc * pieces CTAs): the most that fit the cluster, divide
     d into runs of 8 values and stage 8 tokens' slice in ``smem`` bytes; None when there are none
@@ -93,7 +95,10 @@ def mix_clustered(
         rows = wa.rows + (wb.rows if wb is not None else 0)
         kernels.launch(
             kernels.kernel(
-                HC_SOURCE, f"hc_downc_{wa.type_name}_t{nt}", tune.defines(wa.type_name), allow
+                HC_SOURCE,
+                f"hc_downc_{wa.type_name}_t{nt}",
+                tune.defines(wa.type_name, clustered=True),
+                allow,
             ),
             ((rows + per_cluster - 1) // per_cluster, groups),
             32 * tune.down_warps,
@@ -117,7 +122,9 @@ def mix_clustered(
 
     per_cta = tune.up_cols_per_cta(nt)
     kernels.launch(
-        kernels.kernel(HC_SOURCE, f"hc_upl_{up.type_name}_t{nt}", tune.defines(up.type_name)),
+        kernels.kernel(
+            HC_SOURCE, f"hc_upl_{up.type_name}_t{nt}", tune.defines(up.type_name, clustered=True)
+        ),
         ((d + per_cta - 1) // per_cta, groups),
         32 * tune.up_warps,
         up.data.data_ptr(),
