@@ -36,7 +36,7 @@ from mgserve.cuda.ops.deltanet_prefill_cuda import PREFILL_HEAD_DIM, prefill_def
 from mgserve.cuda.ops.deltanet_prefill_cuda import PREFILL_SOURCE as CHUNKED_SOURCE
 from mgserve.cuda.ops.embed import EMBED_SOURCE
 from mgserve.cuda.ops.hc import CLUSTER_TUNING, HC_SOURCE, HCTuning
-from mgserve.cuda.ops.hgemm import HGEMM_SOURCE, HGemmTuning
+from mgserve.cuda.ops.hgemm import HGEMM_SOURCE, WGMMA_SOURCE, HGemmTuning, WgmmaTuning
 from mgserve.cuda.ops.linear_cuda import DEQUANT_SOURCE
 from mgserve.cuda.ops.linear_tuning import (
     MATVEC_SOURCE,
@@ -69,6 +69,7 @@ class Variant(NamedTuple):
     source: str  # a .cu file of kernels/
     defines: Defines  # as the op passes them (order kept: it is part of the cubin cache key)
     tag: str  # which request this is, e.g. "Q4_K dense" ("" for a source's only variant)
+    sm90a: bool = False  # compiled for sm_90a (wgmma): only when checking sm_90 (offline.check)
 
     @property
     def label(self) -> str:
@@ -120,6 +121,7 @@ def variants() -> list[Variant]:
         Variant(MOE_SOURCE, moe_defines(MOE_ROWS), ""),
         Variant(MOE_Q8_SOURCE, moe_defines(MOE_ROWS), ""),
         Variant(HGEMM_SOURCE, HGemmTuning().defines(), ""),
+        Variant(WGMMA_SOURCE, WgmmaTuning().defines(), "sm_90a", sm90a=True),
     ]
     out += [Variant(s, (), "") for s in plain]
     out += _qgemm()

@@ -12,6 +12,7 @@ earlier kernels' results (kernels/pdl.cuh states the contract every kernel keeps
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
@@ -41,11 +42,20 @@ class Kernels:
         # thread block clusters (kernels/cluster.cuh) exist from sm_90 on; cuda.core counts a
         # cluster launch's grid in clusters from 0.4 on (launch's ``cluster``)
         self.clusters = self.pdl and runtime.cuda_core_version() >= (0, 4)
+        # warpgroup MMA (kernels/wgmma.cuh) is sm_90a's alone: H100 / H200, not later GPUs
+        self.wgmma = runtime.gpu_info(compiler.device_index).arch == "90"
 
-    def kernel(self, source: str, name: str, defines: Defines = (), smem: int = 0) -> Kernel:
+    def kernel(
+        self, source: str, name: str, defines: Defines = (), smem: int = 0, sm90a: bool = False
+    ) -> Kernel:
         """Function ``name`` of ``kernels/<source>`` compiled with ``defines`` (cached), allowed
-        ``smem`` bytes of dynamic shared memory (above the 48 KB a launch gets by default)."""
+        ``smem`` bytes of dynamic shared memory (above the 48 KB a launch gets by default).
+        ``sm90a``: for sm_90a (wgmma; only where ``self.wgmma``)."""
         opts = self.compiler.options(defines=defines)
+        if sm90a:
+            if not self.wgmma:
+                raise ValueError(f"kernels/{source}: sm_90a code on an sm_{opts.arch} GPU")
+            opts = dataclasses.replace(opts, arch=opts.arch + "a")
         key = (source, name, opts)
         k = self._kernels.get(key)
         if k is None:

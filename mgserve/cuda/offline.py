@@ -149,12 +149,14 @@ def parse_usage(log: str) -> list[KernelUsage]:
 
 
 def compile_variant(v: Variant, arch: str) -> Compiled:
-    """NVRTC on one variant for ``sm_<arch>``: the cubin is dropped, the log parsed."""
+    """NVRTC on one variant for ``sm_<arch>`` (``sm_<arch>a`` for an sm90a one): the cubin is
+    dropped, the log parsed."""
     from cuda.bindings import nvrtc
 
     ok_code = nvrtc.nvrtcResult.NVRTC_SUCCESS
     text = expand_includes(KERNEL_DIR / v.source).encode()
-    opts = nvrtc_options(CompileOptions(arch=arch, defines=v.defines))
+    target = arch.rstrip("a") + "a" if v.sm90a else arch
+    opts = nvrtc_options(CompileOptions(arch=target, defines=v.defines))
     args = [o.encode() for o in [*opts, "--ptxas-options=-v"]]
     err, prog = nvrtc.nvrtcCreateProgram(text, v.source.encode(), 0, [], [])
     if err != ok_code:
@@ -183,8 +185,9 @@ def check(
     done: Callable[[Compiled], None] | None = None,
 ) -> list[Compiled]:  # fmt: skip
     """Compile ``chosen`` on ``jobs`` threads (0: one per CPU this process may use); results
-    in ``chosen``'s order, each also given to ``done`` once it and those before it are done."""
-    todo = list(chosen)
+    in ``chosen``'s order, each also given to ``done`` once it and those before it are done.
+    sm_90a variants (wgmma) only when ``arch`` is 90 or 90a: no other GPU runs them."""
+    todo = [v for v in chosen if not v.sm90a or arch in ("90", "90a")]
     with ThreadPoolExecutor(max_workers=jobs or available_cpus()) as pool:
         futures = [pool.submit(compile_variant, v, arch) for v in todo]
         results = []

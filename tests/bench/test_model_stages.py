@@ -285,14 +285,17 @@ def test_set_changes_an_op_family_setting_of_its_own_type() -> None:
     from mgserve.bench.model.harness import apply_setting
 
     fam = SimpleNamespace(packed_rows=True, prefill_piece=4096, scale=1.0, name="x")
-    ops = SimpleNamespace(ple=fam)
+    ops = SimpleNamespace(ple=fam, linear=SimpleNamespace(hgemm=SimpleNamespace(wgmma=False)))
+    apply_setting(ops, "linear.hgemm.wgmma=on")  # a setting of a part of a family
+    assert ops.linear.hgemm.wgmma is True
     apply_setting(ops, "ple.packed_rows=false")
     apply_setting(ops, "ple.prefill_piece = 1024")
     apply_setting(ops, "ple.scale=0.5")
     assert (fam.packed_rows, fam.prefill_piece, fam.scale) == (False, 1024, 0.5)
     apply_setting(ops, "ple.packed_rows=on")
     assert fam.packed_rows is True
-    for bad in ("ple.packed_rows", "nofam.x=1", "ple.nothing=1", "ple.name=y", "ple=1"):
+    bad_names = ("ple.packed_rows", "nofam.x=1", "ple.nothing=1", "ple.name=y", "ple=1")
+    for bad in (*bad_names, "linear.nothing.wgmma=1", "linear.hgemm=1"):
         with pytest.raises(ValueError, match="not FAMILY.ATTR=VALUE"):
             apply_setting(ops, bad)
     for bad, kind in (("ple.prefill_piece=1k", "int"), ("ple.packed_rows=yes", "bool")):

@@ -35,6 +35,7 @@ KNOWN_SITES = {
     ("cuda/ops/hc_cluster.py", "HC_SOURCE", "tune.defines(wa.type_name, clustered=True)"),
     ("cuda/ops/hc_cluster.py", "HC_SOURCE", "tune.defines(up.type_name, clustered=True)"),
     ("cuda/ops/hgemm.py", "HGEMM_SOURCE", "t.defines()"),
+    ("cuda/ops/hgemm.py", "WGMMA_SOURCE", "t.defines()"),
     ("cuda/ops/kv.py", "UTIL_SOURCE", ""),
     ("cuda/ops/linear_cuda.py", "MATVEC_SOURCE", "self.tuning.defines()"),
     ("cuda/ops/linear_cuda.py", "DEQUANT_SOURCE", ""),

@@ -38,12 +38,22 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
+def switch_owner(ops: Any, name: str) -> tuple[Any, str]:
+    """``family.attr`` or ``family.part.attr`` (e.g. linear.hgemm.wgmma): the object holding the
+    setting under the backend ``ops`` and its attribute name (the object is None when a part of
+    the path is missing)."""
+    *path, attr = name.strip().split(".")
+    owner: Any = ops if path else None
+    for part in path:
+        owner = getattr(owner, part, None)
+    return owner, attr
+
+
 def apply_setting(ops: Any, setting: str) -> None:
     """``--set family.attr=value`` on the backend ``ops``: the attribute must exist and be an
     int, float or bool, and the value parses as that type (ValueError naming what is wrong)."""
     name, eq, text = setting.partition("=")
-    fam_name, _, attr = name.strip().partition(".")
-    fam = getattr(ops, fam_name, None)
+    fam, attr = switch_owner(ops, name)
     current = getattr(fam, attr, None) if fam is not None and attr else None
     if not eq or not isinstance(current, (bool, int, float)):
         raise ValueError(

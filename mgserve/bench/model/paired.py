@@ -21,7 +21,7 @@ from typing import Any
 
 from mgserve.bench.model import workloads
 from mgserve.bench.model.args import depths, pairs
-from mgserve.bench.model.harness import ModelBench, freeze_heap, stage_label
+from mgserve.bench.model.harness import ModelBench, freeze_heap, stage_label, switch_owner
 
 Row = Callable[..., None]
 Variant = tuple[str, Callable[[], None]]  # (label, make it the current one)
@@ -51,12 +51,11 @@ def toggle_variants(b: ModelBench, name: str) -> tuple[list[Variant], Callable[[
         return [("gc.freeze on", freeze_heap), ("gc.freeze off", thaw)], (
             freeze_heap if frozen else thaw
         )
-    fam_name, _, attr = name.partition(".")
-    fam = getattr(b.ops, fam_name, None)
+    fam, attr = switch_owner(b.ops, name)
     if fam is None or not isinstance(getattr(fam, attr, None), bool):
         raise ValueError(
             f"--toggle {name!r}: not a boolean switch of an op family (e.g. "
-            "qsa.prefill_kernels, deltanet.prefill_kernels, attention.flash_prefill)"
+            "qsa.prefill_kernels, deltanet.prefill_kernels, linear.hgemm.wgmma)"
         )
     was = getattr(fam, attr)
     variants: list[Variant] = [

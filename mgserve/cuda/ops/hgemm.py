@@ -1,5 +1,6 @@
 """``HGemm``: the prompt GEMM on f16 operands (kernels/hgemm.cu: a cp.async ring for both
-operands, ldmatrix on swizzled tiles, mma.sync m16n8k16 with f32 accumulators).
+operands, ldmatrix on swizzled tiles, mma.sync m16n8k16 with f32 accumulators; on sm_90 with
+``wgmma``, kernels/hgemm_wgmma.cu: the same ring feeding warpgroup MMA from shared memory).
 
 ``LinearCuda`` runs it for prompt chunks of at least ``HGemmTuning.min_rows`` rows: W is
 dequantized once into the f16 scratch by ``QGemm.dequantize`` (the bits qgemm.cu's CTAs decode
@@ -21,6 +22,7 @@ from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.qgemm import check_tiles
 
 HGEMM_SOURCE = "hgemm.cu"
+WGMMA_SOURCE = "hgemm_wgmma.cu"
 MAX_SMEM = 227 * 1024  # dynamic shared memory a CTA may opt into on sm_90
 
 
@@ -87,13 +89,72 @@ class HGemmTuning:
         )
 
 
-class HGemm:
-    """The hgemm.cu launch (module docstring)."""
+@dataclass(frozen=True)
+class WgmmaTuning:
+    """Compile-time tile shape of kernels/hgemm_wgmma.cu (its HW_* -D macros); k steps are 64
+    (one 128-byte swizzled row). Results never depend on it (bitwise); only speed does."""
 
-    def __init__(self, kernels: Kernels, tuning: HGemmTuning | None = None) -> None:
+    bm: int = 128  # output rows per CTA: 64 per warpgroup
+    bn: int = 256  # output columns per CTA (one wgmma's N)
+    stages: int = 4  # shared buffers in the cp.async ring
+    group_m: int = 8  # tile rows per group of the CTA order (L2 reuse)
+
+    def __post_init__(self) -> None:
+        if self.bm not in (64, 128) or self.bn not in (128, 256) or self.group_m < 1:
+            raise ValueError(
+                f"WgmmaTuning: bm {self.bm} (64 or 128), bn {self.bn} (128 or 256), group_m "
+                f"{self.group_m} (>= 1)"
+            )
+        if not 3 <= self.stages <= 8 or self.smem_bytes > MAX_SMEM:
+            raise ValueError(
+                f"WgmmaTuning: {self.stages} stages ({self.smem_bytes} bytes of shared memory; "
+                "3..8 stages within 227 KB)"
+            )
+
+    @property
+    def threads(self) -> int:
+        return 2 * self.bm  # a warpgroup (128 threads) per 64 rows
+
+    @property
+    def smem_bytes(self) -> int:
+        """The ring of ``stages`` (bm + bn) x 64 f16 tiles, and 1024 bytes to align it."""
+        return self.stages * (self.bm + self.bn) * 128 + 1024
+
+    @classmethod
+    def parse(cls, text: str) -> WgmmaTuning:
+        """ "BM,BN,STAGES[,GROUP_M]" as a bench flag."""
+        try:
+            values = [int(v) for v in text.split(",")]
+        except ValueError:
+            values = []
+        if not 3 <= len(values) <= 4:
+            raise ValueError(f"wgmma tuning {text!r}: expected BM,BN,STAGES[,GROUP_M]")
+        return cls(*values)
+
+    def defines(self) -> tuple[tuple[str, str], ...]:
+        return (
+            ("HW_BM", str(self.bm)),
+            ("HW_BN", str(self.bn)),
+            ("HW_STAGES", str(self.stages)),
+            ("HW_GROUP_M", str(self.group_m)),
+        )
+
+
+class HGemm:
+    """The hgemm.cu launch, or hgemm_wgmma.cu's where ``wgmma`` is on (module docstring).
+    ``wgmma`` defaults to off: it is for sm_90 only (``Kernels.wgmma``)."""
+
+    def __init__(
+        self,
+        kernels: Kernels,
+        tuning: HGemmTuning | None = None,
+        wgmma: WgmmaTuning | None = None,
+    ) -> None:
         self.kernels = kernels
         self.device = kernels.device
         self.tuning = tuning or HGemmTuning()
+        self.wgmma_tuning = wgmma or WgmmaTuning()
+        self.wgmma = False
 
     def matmul(self, x16: torch.Tensor, w16: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out [M, n] fp32 = x16 [M, k] @ w16 [n, k]^T, on the current stream. x16 and w16:
@@ -113,8 +174,24 @@ class HGemm:
             )
         if m == 0 or n == 0:
             return out
+        if self.wgmma:
+            return self._wgmma(x16, w16, out)
         t = self.tuning
         kernel = self.kernels.kernel(HGEMM_SOURCE, "hgemm", t.defines(), smem=t.smem_bytes)
+        grid = -(-m // t.bm) * -(-n // t.bn)
+        self.kernels.launch(
+            kernel, grid, t.threads, x16.data_ptr(), w16.data_ptr(), out.data_ptr(),
+            np.int32(m), np.int32(n), np.int32(k), np.int64(out.stride(0)), shmem=t.smem_bytes,
+        )  # fmt: skip
+        return out
+
+    def _wgmma(self, x16: torch.Tensor, w16: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        (m, k), n, t = x16.shape, w16.shape[0], self.wgmma_tuning
+        if not self.kernels.wgmma:
+            raise ValueError("HGemm.wgmma: warpgroup MMA needs an sm_90 GPU (H100 / H200)")
+        kernel = self.kernels.kernel(
+            WGMMA_SOURCE, "hgemm_wg", t.defines(), smem=t.smem_bytes, sm90a=True
+        )
         grid = -(-m // t.bm) * -(-n // t.bn)
         self.kernels.launch(
             kernel, grid, t.threads, x16.data_ptr(), w16.data_ptr(), out.data_ptr(),
