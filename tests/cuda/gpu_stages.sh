@@ -325,13 +325,18 @@ case "${1:-tests}" in
   wgmma)  # issue 10: hgemm_wgmma.cu (HGemm.wgmma, sm_90a) against hgemm.cu: its tests (bitwise
     # equal first), the GEMM's time per tuning at qwen4exp's shapes (a print), then prefill on and
     # off in rounds and invariance with it on (carry .whl)
-    timeout 200 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE -m gpu \
-      tests/cuda/test_hgemm_wgmma.py > "$OUT/t_wgmma.log" 2>&1
+    timeout 300 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_hgemm_wgmma.py tests/cuda/test_qgemm_wgmma.py > "$OUT/t_wgmma.log" 2>&1
     echo "== wgmma tests rc=$?"
-    grep -E "^(FAILED|ERROR|E )|passed|failed|M=4096|  wgmma" "$OUT/t_wgmma.log" | head -40
-    bench wgmma_toggle 240 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0,4096@32768 \
+    grep -E "^(FAILED|ERROR|E )|passed|failed|M=4096|  wgmma|grouped moe" "$OUT/t_wgmma.log" \
+      | head -60
+    bench wgmma_toggle 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0,4096@32768 \
       --decode= --multi-decode= --paired 3 --toggle linear.hgemm.wgmma --record
-    bench invariance_wgmma 150 invariance $Q4X --int8 --set linear.hgemm.wgmma=true --record ;;
+    bench qwgmma_toggle 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0,4096@32768 \
+      --decode= --multi-decode= --paired 3 --toggle linear.qgemm.wgmma \
+      --set linear.hgemm.wgmma=true --record
+    bench invariance_wgmma 120 invariance $Q4X --int8 --set linear.hgemm.wgmma=true \
+      --set linear.qgemm.wgmma=true --record ;;
   matvec)  # issue 10: the int8 matvec's shapes (rows per thread group for 1 / 2..8 tokens,
     # threads per group) at the qwen4exp layer's own projections, 1 and 8 tokens: the decode
     # projections run at ~1.2 TB/s (--gaps, 2026-12-06), the 8-token ones at ~half that

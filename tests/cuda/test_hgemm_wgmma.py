@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from mgserve.cuda.ops.hgemm import HGemm, WgmmaTuning
+from mgserve.cuda.ops.hgemm import HGemm
+from mgserve.cuda.ops.wgmma import WgmmaTuning
 from tests.cuda.test_moe_prefill import gpu_ms
 from tests.cuda.test_moe_torch import bound_error, make_weight
 from tests.cuda.test_qgemm import ACC_TOL, prompt_rows

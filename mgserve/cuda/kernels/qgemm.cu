@@ -42,6 +42,7 @@
 #include "math.cuh"
 #include "mma.cuh"
 #include "pdl.cuh"
+#include "qgemm_common.cuh"
 
 #ifndef QG_TYPE
 #define QG_TYPE Q4_K
@@ -93,32 +94,7 @@ __device__ __forceinline__ void ldsm4(uint4& r, const u16* p) {
                  : "memory");
 }
 
-// The 8 values of a fetched W run as f16 (to nearest even), as the W tiles and qgemm_dequant
-// store them (one code path: the two give the same bits).
-__device__ __forceinline__ uint4 w_f16(const typename WT::Raw& raw) {
-    float wv[8];
-    WT::decode(raw, wv);
-    return make_uint4(f16x2_rn(wv[0], wv[1]), f16x2_rn(wv[2], wv[3]), f16x2_rn(wv[4], wv[5]),
-                      f16x2_rn(wv[6], wv[7]));
-}
-
 // ---- the tile ------------------------------------------------------------------------------------
-
-// Where a CTA's operands come from and where its results go.
-struct TileArgs {
-    const u8* wa;        // W rows (gated: the gate matrix), row 0 of this expert
-    const u8* wb;        // gated: the up matrix (else unused)
-    int n_rows;          // rows of W (gated: of gate and of up), output columns past it masked
-    int n0;              // first shared W row of the tile (gated: 2 x the first h column)
-    const u16* x;        // X f16 [*, k]
-    const int* x_rows;   // X row of output row m0 + i (null: row m0 + i itself)
-    int m0;              // first output row of the tile
-    int m_valid;         // output rows of the tile (<= BM); later rows are masked
-    int k;               // reduction length (a multiple of 8 and of the format's block)
-    float* y;            // f32 output [*, ldy] (not gated)
-    u16* h;              // gated: f16 output [*, n_rows]
-    int ldy;             // row stride of y
-};
 
 template <bool GATED>
 __device__ __forceinline__ void qgemm_tile(const TileArgs& a) {
@@ -165,7 +141,7 @@ __device__ __forceinline__ void qgemm_tile(const TileArgs& a) {
 #pragma unroll
         for (int i = 0; i < W_RUNS; i++)
             *(uint4*)&ws[buf][wr[i]][wc[i] * 8] =
-                wvalid[i] ? w_f16(wraw[i]) : make_uint4(0, 0, 0, 0);
+                wvalid[i] ? w_f16<WT>(wraw[i]) : make_uint4(0, 0, 0, 0);
     };
     auto load_x = [&](int k0, int buf) {
 #pragma unroll
@@ -232,39 +208,10 @@ __device__ __forceinline__ void qgemm_tile(const TileArgs& a) {
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 const float v0 = acc[i][j][2 * half], v1 = acc[i][j][2 * half + 1];
-                const int col = a.n0 + wn * WTN + j * 8 + 2 * t;
-                if constexpr (GATED) {
-                    const int hc = col / 2;
-                    if (hc < a.n_rows) a.h[m * a.n_rows + hc] = f16_rn(silu(v0) * v1);
-                } else {
-                    float* out = a.y + m * a.ldy + col;
-                    if (col + 1 < a.n_rows) {
-                        out[0] = v0;
-                        out[1] = v1;
-                    } else if (col < a.n_rows) {
-                        out[0] = v0;
-                    }
-                }
+                tile_store<GATED>(a, m, a.n0 + wn * WTN + j * 8 + 2 * t, v0, v1);
             }
         }
     }
-}
-
-// The expert and rows of grouped tile t (see the header); false past the last tile.
-__device__ __forceinline__ bool grouped_tile(const int* __restrict__ row_start,
-                                             const int* __restrict__ tile_start, int n_expert,
-                                             int t, int* e, int* m0, int* m_valid) {
-    if (t >= tile_start[n_expert]) return false;
-    int lo = 0, hi = n_expert - 1;  // the last e with tile_start[e] <= t
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (tile_start[mid] <= t) lo = mid;
-        else hi = mid - 1;
-    }
-    *e = lo;
-    *m0 = row_start[lo] + (t - tile_start[lo]) * BM;
-    *m_valid = min(BM, row_start[lo + 1] - *m0);
-    return true;
 }
 
 // ---- entries -------------------------------------------------------------------------------------
@@ -290,7 +237,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, QG_MIN_CTAS)
                   u16* __restrict__ h, int ff, int k, int n_expert) {
     grid_sync();
     int e, m0, m_valid;
-    if (!grouped_tile(row_start, tile_start, n_expert, blockIdx.y, &e, &m0, &m_valid)) return;
+    if (!grouped_tile<BM>(row_start, tile_start, n_expert, blockIdx.y, &e, &m0, &m_valid)) return;
     const size_t off = (size_t)e * expert_rows * ((size_t)(k / WT::BLOCK) * WT::BYTES);
     qgemm_tile<true>({gate + off, up + off, ff, (int)blockIdx.x * BN, x, row_token, m0, m_valid, k,
                       nullptr, h, ff});
@@ -304,7 +251,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, QG_MIN_CTAS)
                float* __restrict__ y, int d, int k, int n_expert) {
     grid_sync();
     int e, m0, m_valid;
-    if (!grouped_tile(row_start, tile_start, n_expert, blockIdx.y, &e, &m0, &m_valid)) return;
+    if (!grouped_tile<BM>(row_start, tile_start, n_expert, blockIdx.y, &e, &m0, &m_valid)) return;
     const u8* w = down + (size_t)e * expert_rows * ((size_t)(k / WT::BLOCK) * WT::BYTES);
     qgemm_tile<false>({w, w, d, (int)blockIdx.x * BN, h, nullptr, m0, m_valid, k, y, nullptr, d});
 }
@@ -325,5 +272,5 @@ extern "C" __global__ void __launch_bounds__(DEQUANT_THREADS)
     const u8* row = w + (size_t)(row0 + r) * ((size_t)(k / WT::BLOCK) * WT::BYTES);
     const int kk = c * 8;
     *(uint4*)(out + (size_t)r * k + kk) =
-        w_f16(WT::fetch(row + (size_t)(kk / WT::BLOCK) * WT::BYTES, (kk % WT::BLOCK) / 8));
+        w_f16<WT>(WT::fetch(row + (size_t)(kk / WT::BLOCK) * WT::BYTES, (kk % WT::BLOCK) / 8));
 }

@@ -20,10 +20,9 @@ import torch
 from mgserve.cuda.checks import check_vec4
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.qgemm import check_tiles
+from mgserve.cuda.ops.wgmma import HGEMM_WG_SOURCE, MAX_SMEM, WgmmaTuning
 
 HGEMM_SOURCE = "hgemm.cu"
-WGMMA_SOURCE = "hgemm_wgmma.cu"
-MAX_SMEM = 227 * 1024  # dynamic shared memory a CTA may opt into on sm_90
 
 
 @dataclass(frozen=True)
@@ -89,57 +88,6 @@ class HGemmTuning:
         )
 
 
-@dataclass(frozen=True)
-class WgmmaTuning:
-    """Compile-time tile shape of kernels/hgemm_wgmma.cu (its HW_* -D macros); k steps are 64
-    (one 128-byte swizzled row). Results never depend on it (bitwise); only speed does."""
-
-    bm: int = 128  # output rows per CTA: 64 per warpgroup
-    bn: int = 256  # output columns per CTA (one wgmma's N)
-    stages: int = 4  # shared buffers in the cp.async ring
-    group_m: int = 8  # tile rows per group of the CTA order (L2 reuse)
-
-    def __post_init__(self) -> None:
-        if self.bm not in (64, 128) or self.bn not in (128, 256) or self.group_m < 1:
-            raise ValueError(
-                f"WgmmaTuning: bm {self.bm} (64 or 128), bn {self.bn} (128 or 256), group_m "
-                f"{self.group_m} (>= 1)"
-            )
-        if not 3 <= self.stages <= 8 or self.smem_bytes > MAX_SMEM:
-            raise ValueError(
-                f"WgmmaTuning: {self.stages} stages ({self.smem_bytes} bytes of shared memory; "
-                "3..8 stages within 227 KB)"
-            )
-
-    @property
-    def threads(self) -> int:
-        return 2 * self.bm  # a warpgroup (128 threads) per 64 rows
-
-    @property
-    def smem_bytes(self) -> int:
-        """The ring of ``stages`` (bm + bn) x 64 f16 tiles, and 1024 bytes to align it."""
-        return self.stages * (self.bm + self.bn) * 128 + 1024
-
-    @classmethod
-    def parse(cls, text: str) -> WgmmaTuning:
-        """ "BM,BN,STAGES[,GROUP_M]" as a bench flag."""
-        try:
-            values = [int(v) for v in text.split(",")]
-        except ValueError:
-            values = []
-        if not 3 <= len(values) <= 4:
-            raise ValueError(f"wgmma tuning {text!r}: expected BM,BN,STAGES[,GROUP_M]")
-        return cls(*values)
-
-    def defines(self) -> tuple[tuple[str, str], ...]:
-        return (
-            ("HW_BM", str(self.bm)),
-            ("HW_BN", str(self.bn)),
-            ("HW_STAGES", str(self.stages)),
-            ("HW_GROUP_M", str(self.group_m)),
-        )
-
-
 class HGemm:
     """The hgemm.cu launch, or hgemm_wgmma.cu's where ``wgmma`` is on (module docstring).
     ``wgmma`` defaults to off: it is for sm_90 only (``Kernels.wgmma``)."""
@@ -190,7 +138,7 @@ class HGemm:
         if not self.kernels.wgmma:
             raise ValueError("HGemm.wgmma: warpgroup MMA needs an sm_90 GPU (H100 / H200)")
         kernel = self.kernels.kernel(
-            WGMMA_SOURCE, "hgemm_wg", t.defines(), smem=t.smem_bytes, sm90a=True
+            HGEMM_WG_SOURCE, "hgemm_wg", t.defines(), smem=t.smem_bytes, sm90a=True
         )
         grid = -(-m // t.bm) * -(-n // t.bn)
         self.kernels.launch(

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from mgserve.cuda.launch import Kernels
+from mgserve.cuda.ops.grouped_rows import GroupedRows
 from mgserve.cuda.ops.linear_cuda import LinearCuda
 from mgserve.cuda.ops.moe import ExpertWeights
-from mgserve.cuda.ops.qgemm import GroupedRows
 
 MOE_PREFILL_SOURCE = "moe_prefill.cu"
 GATHER_THREADS = 128  # blockDim of moe_gather_f16 / moe_combine (4 values per thread)
@@ -63,7 +63,7 @@ class MoePrefillCuda:
         p = n * kk
         flat = experts.reshape(-1).clamp(0, e - 1)  # [P] expert of each pair (token * kk + slot)
         sorted_e, order = torch.sort(flat, stable=True)  # [P] pairs grouped by expert
-        groups = GroupedRows(sorted_e, e, self.linear.qgemm.grouped.bm)
+        groups = GroupedRows(sorted_e, e, self.linear.qgemm.grouped_bm)
         pair_row, row_token = self.rows(sorted_e, order, None, kk, p)  # [P], [P] int32
         x16 = x.to(torch.float16)  # [N, d]
         h = torch.empty(p, ff, dtype=torch.float16, device=self.device)  # [P, ff] sorted pairs

@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from mgserve.cuda.checks import check_cuda, check_vec4, check_weight
 from mgserve.cuda.launch import MAX_GRID_Y, Kernels
+from mgserve.cuda.ops.grouped_rows import GroupedRows
 from mgserve.cuda.ops.linear import check_rows
+from mgserve.cuda.ops.wgmma import QGEMM_WG_SOURCE, QWgmmaTuning
 from mgserve.cuda.weights import QuantWeight
 
 if TYPE_CHECKING:
@@ -150,34 +151,6 @@ class F16Rows:
         self._last.entry = None
 
 
-def grouped_tiles(n_pairs: int, n_expert: int, bm: int) -> int:
-    """An upper bound of sum_e ceil(count_e / bm) over any counts summing to n_pairs: every
-    expert's last tile may be partial, the others are full."""
-    return n_pairs // bm + min(n_expert, n_pairs)
-
-
-class GroupedRows:
-    """The sorted (token, slot) pairs of one MoE layer, by expert, as the grouped kernels read
-    them: int32 [E + 1] row_start (first sorted position of each expert) and tile_start (first
-    tile of each expert, tiles of ``bm`` rows), all made on the device."""
-
-    def __init__(self, sorted_e: torch.Tensor, n_expert: int, bm: int) -> None:
-        dev = sorted_e.device
-        ids = torch.arange(n_expert + 1, dtype=sorted_e.dtype, device=dev)  # [E + 1]
-        self.row_start = torch.searchsorted(sorted_e, ids, out_int32=True)  # [E + 1]
-        tiles = (self.row_start[1:] - self.row_start[:-1] + (bm - 1)) // bm  # [E]
-        self.tile_start = F.pad(torch.cumsum(tiles, 0, dtype=torch.int32), (1, 0))  # [E + 1]
-        self.n_pairs, self.n_expert, self.bm = sorted_e.numel(), n_expert, bm
-
-    @property
-    def grid_y(self) -> int:
-        """CTAs along y: the worst case over all routings (the counts stay on the device)."""
-        y = grouped_tiles(self.n_pairs, self.n_expert, self.bm)
-        if y > MAX_GRID_Y:
-            raise ValueError(f"grouped GEMM: {self.n_pairs} pairs exceed the grid ({y} tiles)")
-        return y
-
-
 class QGemm:
     """The qgemm.cu launches (see the module docstring). ``tuning``: the dense GEMM's tiles;
     ``grouped``: the MoE kernels' (GROUPED_TUNING: ~M * kk / E rows per expert; bench model
@@ -193,9 +166,37 @@ class QGemm:
         self.device = kernels.device
         self.tuning = tuning or DENSE_TUNING
         self.grouped = grouped or GROUPED_TUNING
+        self.wgmma_tuning = QWgmmaTuning()
+        self.wgmma = False  # qgemm_wgmma.cu's kernels instead (sm_90 only: Kernels.wgmma)
 
     def _kernel(self, tuning: QGemmTuning, name: str, type_name: str) -> Kernel:
         return self.kernels.kernel(QGEMM_SOURCE, name, tuning.defines(type_name))
+
+    @property
+    def grouped_bm(self) -> int:
+        """Rows of a grouped MoE tile (``GroupedRows``' bm) for the kernels ``wgmma`` picks."""
+        return self.wgmma_tuning.bm if self.wgmma else self.grouped.bm
+
+    def _launch(self, tuning: QGemmTuning, name: str, type_name: str, grid_x: int,
+                grid_y: int | None, m: int, *args: object) -> None:  # fmt: skip
+        """``name`` (qgemm.cu's, or its qgemm_wgmma.cu twin) for ``type_name`` on a grid of
+        ``grid_x`` column tiles of the kernel's bn (rows of W) by ``grid_y`` row tiles (None:
+        ceil(m / bm)); ``args``: the kernel's."""
+        if self.wgmma:
+            t = self.wgmma_tuning
+            if not self.kernels.wgmma:
+                raise ValueError("QGemm.wgmma: warpgroup MMA needs an sm_90 GPU (H100 / H200)")
+            kernel = self.kernels.kernel(
+                QGEMM_WG_SOURCE, name + "_wg", t.defines(type_name), smem=t.smem_bytes, sm90a=True
+            )
+            bm, bn, threads, smem = t.bm, t.bn, t.threads, t.smem_bytes
+        else:
+            kernel = self._kernel(tuning, name, type_name)
+            bm, bn, threads, smem = tuning.bm, tuning.bn, tuning.threads, 0
+        y = -(-m // bm) if grid_y is None else grid_y
+        if y > MAX_GRID_Y:
+            raise ValueError(f"qgemm: {m} rows exceed the grid ({MAX_GRID_Y} x {bm})")
+        self.kernels.launch(kernel, (-(-grid_x // bn), y), threads, *args, shmem=smem)
 
     def matmul(
         self, x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None
@@ -213,14 +214,10 @@ class QGemm:
         check_cuda("out", out, self.device, torch.float32)
         if tuple(out.shape) != (m, w.rows):
             raise ValueError(f"{w.name}: out has shape {list(out.shape)}, expected [{m}, {w.rows}]")
-        t = self.tuning
-        grid = (-(-w.rows // t.bn), -(-m // t.bm))
         if m == 0 or w.rows == 0:
             return out
-        if grid[1] > MAX_GRID_Y:
-            raise ValueError(f"{w.name}: {m} rows exceed the grid ({MAX_GRID_Y} x {t.bm})")
-        self.kernels.launch(
-            self._kernel(t, "qgemm", w.type_name), grid, t.threads,
+        self._launch(
+            self.tuning, "qgemm", w.type_name, w.rows, None, m,
             w.data.data_ptr(), x16.data_ptr(), out.data_ptr(),
             np.int32(m), np.int32(w.rows), np.int32(k),
         )  # fmt: skip
@@ -256,12 +253,11 @@ class QGemm:
         each expert e. ``gate``: the gate (or fused gate_up) tensor; ``up_ptr``: expert 0's up
         row 0; ``expert_rows``: rows per expert of that storage (ff, or 2 ff fused)."""
         p, ff = h.shape
-        t = self.grouped
         if p == 0:
             return
-        self.kernels.launch(
-            self._kernel(t, "qgemm_gate_up", gate.type_name),
-            (-(-2 * ff // t.bn), rows.grid_y), t.threads,
+        self._check_bm(rows)
+        self._launch(
+            self.grouped, "qgemm_gate_up", gate.type_name, 2 * ff, rows.grid_y, p,
             gate.data.data_ptr(), up_ptr, np.int64(expert_rows), x16.data_ptr(),
             row_token.data_ptr(), rows.row_start.data_ptr(), rows.tile_start.data_ptr(),
             h.data_ptr(), np.int32(ff), np.int32(gate.k), np.int32(rows.n_expert),
@@ -270,13 +266,19 @@ class QGemm:
     def down(self, down: QuantWeight, h: torch.Tensor, rows: GroupedRows, y: torch.Tensor) -> None:
         """y [P, d] fp32 = down_e h (h [P, ff] f16) for the pairs of each expert e."""
         p, d = y.shape
-        t = self.grouped
         if p == 0:
             return
-        self.kernels.launch(
-            self._kernel(t, "qgemm_down", down.type_name),
-            (-(-d // t.bn), rows.grid_y), t.threads,
+        self._check_bm(rows)
+        self._launch(
+            self.grouped, "qgemm_down", down.type_name, d, rows.grid_y, p,
             down.data.data_ptr(), np.int64(d), h.data_ptr(), rows.row_start.data_ptr(),
             rows.tile_start.data_ptr(), y.data_ptr(), np.int32(d), np.int32(down.k),
             np.int32(rows.n_expert),
         )  # fmt: skip
+
+    def _check_bm(self, rows: GroupedRows) -> None:
+        if rows.bm != self.grouped_bm:
+            raise ValueError(
+                f"grouped GEMM: tiles of {rows.bm} rows for kernels of {self.grouped_bm} "
+                "(make GroupedRows with QGemm.grouped_bm)"
+            )

@@ -1,0 +1,205 @@
+// qgemm.cu's prompt GEMMs on Hopper's warpgroup MMA (wgmma; sm_90a, ops/qgemm.py):
+//
+//   qgemm_wg           Y[M, n_out] (f32) = X[M, k] @ W^T, W [n_out, k] in GGUF blocks
+//   qgemm_gate_up_wg   MoE: h[q, :] (f16) = silu(gate_e X[tok(q)]) * (up_e X[tok(q)])
+//   qgemm_down_wg      MoE: y[q, :] (f32) = down_e h[q, :]
+//
+// The same arguments, grids, W decode (gguf_split.cuh's runs, rounded to f16 by w_f16) and
+// grouped tiles as qgemm.cu's kernels; only the products differ. A CTA of QW_BM / 64 warpgroups
+// owns a BM x BN tile (warpgroup w its rows 64 w..64 w + 63) and walks k in steps of 64 through
+// two shared buffers in wgmma.cuh's 128-byte swizzle: step s's four k16 wgmmas run on the tensor
+// cores while the CTA's threads copy X (cp.async) and fetch, decode and store W of step s + 1
+// into the other buffer; then every warpgroup waits for its products, one barrier a step.
+// Where qgemm.cu's warps spent issue slots on ldmatrix and mma.sync beside the decode, here the
+// decode has the SMs' issue slots to itself.
+//
+// Bits: each output is the f32 chain acc = A B + acc over k16 = 0, 16, ... ascending from 0,
+// steps past k adding products of zeros, as in qgemm.cu and hgemm_wgmma.cu. The tile never
+// depends on the other rows (no split-K; grouped tiles never mix experts), so results are
+// batch-invariant; tests/cuda/test_qgemm_wgmma.py holds them bitwise to hgemm_wgmma.cu's on
+// the dequantized W (and to qgemm.cu's where wgmma adds as mma.sync does).
+
+#include "gguf_split.cuh"
+#include "math.cuh"
+#include "mma.cuh"
+#include "pdl.cuh"
+#include "qgemm_common.cuh"
+#include "wgmma.cuh"
+
+#ifndef QG_TYPE
+#define QG_TYPE Q4_K
+#endif
+#ifndef QW_BM
+#define QW_BM 128  // output rows (tokens) per CTA: 64 per warpgroup
+#endif
+#ifndef QW_BN
+#define QW_BN 128  // output columns (W rows) per CTA: 128 or 256 (one wgmma's N)
+#endif
+#ifndef QW_MIN_CTAS
+#define QW_MIN_CTAS 1  // __launch_bounds__ minimum CTAs per SM (caps registers)
+#endif
+
+namespace {
+typedef SplitFormat<QG_TYPE>::T WT;
+constexpr int BM = QW_BM, BN = QW_BN, BK = 64, THREADS = 2 * BM;
+constexpr int W_RUNS = BN * 8 / THREADS, X_COPIES = BM * 8 / THREADS;  // a thread's, a step
+constexpr int X_BYTES = BM * 128, STAGE_BYTES = (BM + BN) * 128;
+constexpr int ACC = BN / 2;  // accumulators a thread: 64 x BN per warpgroup
+static_assert(BM == 64 || BM == 128, "QW_BM: 64 or 128");
+static_assert(BN == 128 || BN == 256, "QW_BN: 128 or 256");
+static_assert(W_RUNS * THREADS == BN * 8 && X_COPIES * THREADS == BM * 8, "even loads");
+}  // namespace
+
+#if QW_BN == 256
+#define wgmma_tile wgmma_n256
+#else
+#define wgmma_tile wgmma_n128
+#endif
+
+// chunk c (16 bytes) of tile row r in the 128-byte swizzle (wgmma.cuh)
+__device__ __forceinline__ unsigned swz128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
+template <bool GATED>
+__device__ __forceinline__ void qgemm_wg_tile(const TileArgs& a) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
+    unsigned char* const sm = smem_raw + (base - raw);  // the two buffers, 1024-byte aligned
+    const int tid = threadIdx.x, wg = tid >> 7;
+    const size_t row_bytes = (size_t)(a.k / WT::BLOCK) * WT::BYTES;
+
+    const u8* wsrc[W_RUNS];  // this thread's W row (null: past n_rows), run, shared offset
+    int wc[W_RUNS];
+    unsigned wo[W_RUNS];
+#pragma unroll
+    for (int i = 0; i < W_RUNS; i++) {
+        const int q = tid + i * THREADS, r = q >> 3;
+        wc[i] = q & 7;
+        wo[i] = X_BYTES + swz128(r, wc[i]);
+        const int src = GATED ? a.n0 / 2 + r / 2 : a.n0 + r;
+        const u8* rows = (GATED && (r & 1)) ? a.wb : a.wa;
+        wsrc[i] = src < a.n_rows ? rows + (size_t)src * row_bytes : nullptr;
+    }
+    const u16* xsrc[X_COPIES];  // this thread's X row (null: past m_valid), run, shared offset
+    int xc[X_COPIES];
+    unsigned xo[X_COPIES];
+#pragma unroll
+    for (int i = 0; i < X_COPIES; i++) {
+        const int q = tid + i * THREADS, r = q >> 3;
+        xc[i] = q & 7;
+        xo[i] = swz128(r, xc[i]);
+        const int m = a.m0 + r;
+        xsrc[i] = r < a.m_valid ? a.x + (size_t)(a.x_rows ? a.x_rows[m] : m) * a.k : nullptr;
+    }
+
+    typename WT::Raw wraw[W_RUNS];  // the next step's W runs as fetched (raw bits)
+    bool wvalid[W_RUNS];
+    auto load_w = [&](int k0) {
+#pragma unroll
+        for (int i = 0; i < W_RUNS; i++) {
+            const int kk = k0 + wc[i] * 8;
+            wvalid[i] = wsrc[i] != nullptr && kk < a.k;
+            wraw[i] = wvalid[i] ? WT::fetch(wsrc[i] + (size_t)(kk / WT::BLOCK) * WT::BYTES,
+                                            (kk % WT::BLOCK) / 8)
+                                : typename WT::Raw{};
+        }
+    };
+    auto store_w = [&](int buf) {
+#pragma unroll
+        for (int i = 0; i < W_RUNS; i++)
+            *(uint4*)(sm + buf * STAGE_BYTES + wo[i]) =
+                wvalid[i] ? w_f16<WT>(wraw[i]) : make_uint4(0, 0, 0, 0);
+    };
+    auto load_x = [&](int k0, int buf) {
+#pragma unroll
+        for (int i = 0; i < X_COPIES; i++) {
+            const int kk = k0 + xc[i] * 8;
+            const bool valid = xsrc[i] != nullptr && kk < a.k;
+            cp16(base + buf * STAGE_BYTES + xo[i], valid ? xsrc[i] + kk : a.x, valid);
+        }
+    };
+
+    float acc[ACC];
+#pragma unroll
+    for (int i = 0; i < ACC; i++) acc[i] = 0.f;
+    wgmma_hold(acc);
+
+    load_x(0, 0);
+    cp_commit();
+    load_w(0);
+    store_w(0);
+    cp_wait<0>();
+    fence_proxy_async();  // the stores and copies, visible to wgmma's reads
+    __syncthreads();
+    const int n_steps = (a.k + BK - 1) / BK;
+    for (int s = 0; s < n_steps; s++) {
+        const int buf = s & 1;
+        const bool more = s + 1 < n_steps;
+        const unsigned xs = base + buf * STAGE_BYTES;
+        const u64 da = wgmma_desc(xs + wg * 64 * 128), db = wgmma_desc(xs + X_BYTES);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) wgmma_tile(acc, da + 2 * kk, db + 2 * kk);
+        wgmma_commit();
+        if (more) {  // the next step's operands while the tensor cores run this one's
+            load_x((s + 1) * BK, buf ^ 1);
+            cp_commit();
+            load_w((s + 1) * BK);
+            store_w(buf ^ 1);
+            cp_wait<0>();
+            fence_proxy_async();
+        }
+        wgmma_wait<0>();  // this warpgroup's products of buf are done ...
+        __syncthreads();  // ... everyone's: buf may be refilled, buf ^ 1 is complete
+    }
+    wgmma_hold(acc);
+
+    // accumulator 4 j + c: row 16 v + g (+8 for c = 2, 3), columns 8 j + 2 q, +1 (wgmma.cuh)
+    const int lane = tid & 31, v = (tid >> 5) & 3, g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int r = wg * 64 + 16 * v + g + half * 8;
+        if (r >= a.m_valid) continue;
+        const size_t m = (size_t)(a.m0 + r);
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++)
+            tile_store<GATED>(a, m, a.n0 + j * 8 + 2 * tq, acc[4 * j + 2 * half],
+                              acc[4 * j + 2 * half + 1]);
+    }
+}
+
+// ---- entries (qgemm.cu's arguments and grids; dynamic shared memory 2 * STAGE_BYTES + 1024) --
+
+extern "C" __global__ void __launch_bounds__(THREADS, QW_MIN_CTAS)
+    qgemm_wg(const u8* __restrict__ w, const u16* __restrict__ x, float* __restrict__ y, int m,
+             int n_out, int k) {
+    grid_sync();
+    const int m0 = blockIdx.y * BM;
+    qgemm_wg_tile<false>({w, w, n_out, (int)blockIdx.x * BN, x, nullptr, m0, min(BM, m - m0), k,
+                          y, nullptr, n_out});
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, QW_MIN_CTAS)
+    qgemm_gate_up_wg(const u8* __restrict__ gate, const u8* __restrict__ up,
+                     long long expert_rows, const u16* __restrict__ x,
+                     const int* __restrict__ row_token, const int* __restrict__ row_start,
+                     const int* __restrict__ tile_start, u16* __restrict__ h, int ff, int k,
+                     int n_expert) {
+    grid_sync();
+    int e, m0, m_valid;
+    if (!grouped_tile<BM>(row_start, tile_start, n_expert, blockIdx.y, &e, &m0, &m_valid)) return;
+    const size_t off = (size_t)e * expert_rows * ((size_t)(k / WT::BLOCK) * WT::BYTES);
+    qgemm_wg_tile<true>({gate + off, up + off, ff, (int)blockIdx.x * BN, x, row_token, m0,
+                         m_valid, k, nullptr, h, ff});
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, QW_MIN_CTAS)
+    qgemm_down_wg(const u8* __restrict__ down, long long expert_rows, const u16* __restrict__ h,
+                  const int* __restrict__ row_start, const int* __restrict__ tile_start,
+                  float* __restrict__ y, int d, int k, int n_expert) {
+    grid_sync();
+    int e, m0, m_valid;
+    if (!grouped_tile<BM>(row_start, tile_start, n_expert, blockIdx.y, &e, &m0, &m_valid)) return;
+    const u8* w = down + (size_t)e * expert_rows * ((size_t)(k / WT::BLOCK) * WT::BYTES);
+    qgemm_wg_tile<false>({w, w, d, (int)blockIdx.x * BN, h, nullptr, m0, m_valid, k, y, nullptr,
+                          d});
+}

@@ -1,0 +1,111 @@
+"""Tile shapes of the warpgroup-MMA kernels (wgmma, sm_90a only: ``Kernels.wgmma``):
+kernels/hgemm_wgmma.cu (``HGemm.wgmma``: long prompts' GEMM on W decoded once) and
+kernels/qgemm_wgmma.cu (``QGemm.wgmma``: the GEMMs that decode GGUF blocks per CTA, dense and
+grouped MoE). Both take k in steps of 64 (one 128-byte swizzled row of f16, kernels/wgmma.cuh)
+and give each warpgroup 64 rows of the tile. Results never depend on the tile shape (each
+output is one ascending chain of k16 products); only speed does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HGEMM_WG_SOURCE = "hgemm_wgmma.cu"
+QGEMM_WG_SOURCE = "qgemm_wgmma.cu"
+MAX_SMEM = 227 * 1024  # dynamic shared memory a CTA may opt into on sm_90
+
+
+@dataclass(frozen=True)
+class WgmmaTuning:
+    """Compile-time tile shape of kernels/hgemm_wgmma.cu (its HW_* -D macros); a ring of ``stages``
+    buffers."""
+
+    bm: int = 128  # output rows per CTA: 64 per warpgroup
+    bn: int = 256  # output columns per CTA (one wgmma's N)
+    stages: int = 4  # shared buffers in the cp.async ring
+    group_m: int = 8  # tile rows per group of the CTA order (L2 reuse)
+
+    def __post_init__(self) -> None:
+        if self.bm not in (64, 128) or self.bn not in (128, 256) or self.group_m < 1:
+            raise ValueError(
+                f"WgmmaTuning: bm {self.bm} (64 or 128), bn {self.bn} (128 or 256), group_m "
+                f"{self.group_m} (>= 1)"
+            )
+        if not 3 <= self.stages <= 8 or self.smem_bytes > MAX_SMEM:
+            raise ValueError(
+                f"WgmmaTuning: {self.stages} stages ({self.smem_bytes} bytes of shared memory; "
+                "3..8 stages within 227 KB)"
+            )
+
+    @property
+    def threads(self) -> int:
+        return 2 * self.bm  # a warpgroup (128 threads) per 64 rows
+
+    @property
+    def smem_bytes(self) -> int:
+        """The ring of ``stages`` (bm + bn) x 64 f16 tiles, and 1024 bytes to align it."""
+        return self.stages * (self.bm + self.bn) * 128 + 1024
+
+    @classmethod
+    def parse(cls, text: str) -> WgmmaTuning:
+        """ "BM,BN,STAGES[,GROUP_M]" as a bench flag."""
+        try:
+            values = [int(v) for v in text.split(",")]
+        except ValueError:
+            values = []
+        if not 3 <= len(values) <= 4:
+            raise ValueError(f"wgmma tuning {text!r}: expected BM,BN,STAGES[,GROUP_M]")
+        return cls(*values)
+
+    def defines(self) -> tuple[tuple[str, str], ...]:
+        return (
+            ("HW_BM", str(self.bm)),
+            ("HW_BN", str(self.bn)),
+            ("HW_STAGES", str(self.stages)),
+            ("HW_GROUP_M", str(self.group_m)),
+        )
+
+
+@dataclass(frozen=True)
+class QWgmmaTuning:
+    """Compile-time tile shape of kernels/qgemm_wgmma.cu (its QW_* -D macros, QG_TYPE per
+    format); two shared buffers (the W tile of the next step is decoded into the other)."""
+
+    bm: int = 128  # output rows per CTA: 64 per warpgroup
+    bn: int = 128  # output columns per CTA (one wgmma's N)
+    min_ctas: int = 2  # CTAs per SM the registers are capped for (__launch_bounds__); two of
+    # the largest tile's 97 KB of shared memory fit one SM's 228 KB
+
+    def __post_init__(self) -> None:
+        if self.bm not in (64, 128) or self.bn not in (128, 256) or self.min_ctas not in (1, 2):
+            raise ValueError(
+                f"QWgmmaTuning: bm {self.bm} (64 or 128), bn {self.bn} (128 or 256), min_ctas "
+                f"{self.min_ctas} (1 or 2)"
+            )
+
+    @property
+    def threads(self) -> int:
+        return 2 * self.bm
+
+    @property
+    def smem_bytes(self) -> int:
+        """Two (bm + bn) x 64 f16 buffers, and 1024 bytes to align them."""
+        return 2 * (self.bm + self.bn) * 128 + 1024
+
+    @classmethod
+    def parse(cls, text: str) -> QWgmmaTuning:
+        """ "BM,BN[,MIN_CTAS]" as a bench flag."""
+        try:
+            values = [int(v) for v in text.split(",")]
+        except ValueError:
+            values = []
+        if not 2 <= len(values) <= 3:
+            raise ValueError(f"qgemm wgmma tuning {text!r}: expected BM,BN[,MIN_CTAS]")
+        return cls(*values)
+
+    def defines(self, type_name: str) -> tuple[tuple[str, str], ...]:
+        return (
+            ("QG_TYPE", type_name),
+            ("QW_BM", str(self.bm)),
+            ("QW_BN", str(self.bn)),
+            ("QW_MIN_CTAS", str(self.min_ctas)),
+        )

@@ -1,0 +1,176 @@
+"""qgemm.cu's GEMMs on warpgroup MMA (kernels/qgemm_wgmma.cu, ``QGemm.wgmma``; sm_90a).
+
+CPU (CI): the tuning's validation and parsing; a grouped launch refuses tiles made for other
+kernels. GPU (marked; an sm_90 GPU, else skipped), for every format:
+
+- the dense GEMM against the float64 products (test_qgemm's ``check_dense``), M and n_out not
+  multiples of the tiles, k with partial last steps; bitwise equal to hgemm_wgmma.cu on the
+  same W decoded once (the pair a prompt takes by its length), and to qgemm.cu (mma.sync);
+- batch invariance: rows alone, in other batches and permuted, bitwise;
+- the grouped MoE path with it on: against the float64 reference, batch-invariant, and bitwise
+  the mma.sync kernels' result;
+- printed timings of a 4096-token chunk's MoE products at qwen4exp's shapes, on and off.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mgserve.cuda.ops.grouped_rows import GroupedRows
+from mgserve.cuda.ops.hgemm import HGemm
+from mgserve.cuda.ops.qgemm import QGemm
+from mgserve.cuda.ops.wgmma import QWgmmaTuning
+from tests.cuda.test_moe_prefill import gpu_ms, skewed_routing
+from tests.cuda.test_moe_torch import RTOL_F16, bound_error, make_case, make_weight, reference_moe
+from tests.cuda.test_qgemm import TYPES, check_dense, k_values
+
+QW_TUNINGS = [QWgmmaTuning(), QWgmmaTuning(64, 128, 1), QWgmmaTuning(128, 256, 1)]
+
+
+def test_tuning_validation() -> None:
+    assert QWgmmaTuning.parse("64,256") == QWgmmaTuning(64, 256)
+    assert QWgmmaTuning().threads == 256 and QWgmmaTuning().smem_bytes == 2 * 256 * 128 + 1024
+    assert dict(QWgmmaTuning().defines("Q6_K"))["QG_TYPE"] == "Q6_K"
+    for bad in ("128", "1,2,3,4", "x,y"):
+        with pytest.raises(ValueError, match="expected BM,BN"):
+            QWgmmaTuning.parse(bad)
+    for args in ((96, 128), (128, 64), (128, 128, 3)):
+        with pytest.raises(ValueError, match="QWgmmaTuning"):
+            QWgmmaTuning(*args)
+
+
+def test_grouped_rows_must_match_the_kernels() -> None:
+    """GroupedRows of another tile height would index tiles the kernel does not have."""
+
+    class Fake:
+        device = torch.device("cpu")
+        wgmma = True
+
+    q = QGemm(Fake())  # type: ignore[arg-type]
+    rows = GroupedRows(torch.tensor([0, 0, 1]), 2, 64)
+    h = torch.zeros(3, 8, dtype=torch.float16)
+    with pytest.raises(ValueError, match="tiles of 64 rows for kernels of 128"):
+        q.gate_up(None, 0, 8, h, torch.zeros(3, dtype=torch.int32), rows, h)  # type: ignore[arg-type]
+    q.wgmma_tuning, q.wgmma = QWgmmaTuning(64, 128), True
+    assert q.grouped_bm == 64
+    with pytest.raises(ValueError, match="tiles of 128 rows for kernels of 64"):
+        rows = GroupedRows(torch.tensor([0, 0, 1]), 2, 128)
+        q.down(None, h, rows, torch.zeros(3, 8))  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def wg_ops(kernels, ops):  # type: ignore[no-untyped-def]
+    if not kernels.wgmma:
+        pytest.skip("warpgroup MMA needs an sm_90 GPU")
+    return ops
+
+
+def wg_qgemm(kernels, tuning: QWgmmaTuning | None = None) -> QGemm:  # type: ignore[no-untyped-def]
+    q = QGemm(kernels)
+    q.wgmma_tuning = tuning or QWgmmaTuning()
+    q.wgmma = True
+    return q
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("type_name", TYPES)
+def test_dense_matches_reference_and_the_other_paths(kernels, wg_ops, type_name: str) -> None:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(100 + TYPES.index(type_name))
+    hg = HGemm(kernels)
+    hg.wgmma = True
+    for k in k_values(type_name):
+        for m, n_out in ((9, 200), (100, 7), (300, 129), (1000, 300)):
+            w, _ = make_weight(type_name, n_out, k, rng, "cuda")
+            x = torch.from_numpy(rng.standard_normal((m, k), dtype=np.float32)).cuda()
+            label = f"{type_name} M={m} n_out={n_out} k={k}"
+            for t in QW_TUNINGS:
+                y = check_dense(wg_qgemm(kernels, t).matmul, w, x, f"{label} {t}")
+                w16 = torch.empty(n_out, k, dtype=torch.float16, device="cuda")
+                wg_ops.qgemm.dequantize(w, 0, n_out, w16)
+                out = torch.empty(m, n_out, device="cuda")
+                assert torch.equal(y, hg.matmul(x.half(), w16, out)), f"{label}: != hgemm_wg"
+                assert torch.equal(y, wg_ops.qgemm.matmul(x, w)), f"{label}: != mma.sync"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q8_0", "BF16"])
+def test_dense_batch_invariant(kernels, wg_ops, type_name: str) -> None:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(110 + TYPES.index(type_name))
+    k = k_values(type_name)[-1]
+    w, _ = make_weight(type_name, 200, k, rng, "cuda")
+    x = torch.from_numpy(rng.standard_normal((4096, k), dtype=np.float32)).cuda() * 2
+    q = wg_qgemm(kernels)
+    full = q.matmul(x, w)
+    for rows in (slice(5, 6), slice(0, 9), slice(100, 117), slice(4032, 4096), slice(7, 107)):
+        assert torch.equal(q.matmul(x[rows], w), full[rows]), f"{type_name} rows {rows}"
+    perm = torch.randperm(4096, device="cuda")
+    assert torch.equal(q.matmul(x[perm], w), full[perm]), f"{type_name} permuted"
+
+
+@pytest.fixture
+def moe_wgmma(wg_ops, cuda_ops):  # type: ignore[no-untyped-def]
+    """cuda_ops with the grouped kernels on wgmma for the test, put back after."""
+    qgemm = cuda_ops.linear.qgemm
+    qgemm.wgmma = True
+    yield cuda_ops
+    qgemm.wgmma = False
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("gate_type", "down_type", "fused"),
+    [
+        ("Q4_K", "Q8_0", False),
+        ("Q6_K", "Q5_0", True),
+        ("Q5_0", "Q4_K", False),
+        ("F16", "BF16", True),
+    ],
+)
+def test_grouped_moe(moe_wgmma, gate_type: str, down_type: str, fused: bool) -> None:  # type: ignore[no-untyped-def]
+    """test_qgemm's grouped case (300 skewed tokens x 4 of 16 experts, ff not a multiple of the
+    tile) with wgmma: within RTOL_F16 of the float64 reference, bitwise the mma.sync kernels'
+    result, and 20 tokens' rows bitwise the same beside 280 others."""
+    d, ff = 256, (512 if down_type.endswith("_K") else 320)
+    case = make_case(gate_type, down_type, 16, d, ff, fused=fused, seed=21, device="cuda")
+    rng = np.random.default_rng(21)
+    x = torch.from_numpy(rng.standard_normal((300, d), dtype=np.float32))
+    experts, weights = skewed_routing(300, 4, 16, rng)
+    ref, scale = reference_moe(case, x, experts, weights)
+    grouped = moe_wgmma.moe.prefill.grouped
+    args = (x.cuda(), case.w, experts.cuda(), weights.cuda())
+    y = grouped(*args)
+    err = bound_error(y.cpu(), ref, scale)
+    assert err <= RTOL_F16, f"{gate_type}/{down_type}: error {err:.2e}"
+    alone = grouped(args[0][:20], case.w, args[2][:20], args[3][:20])
+    assert torch.equal(alone, y[:20]), "20 tokens alone != beside 280 others"
+    moe_wgmma.linear.qgemm.wgmma = False
+    assert torch.equal(y, grouped(*args)), "wgmma != mma.sync"
+
+
+@pytest.mark.gpu
+def test_grouped_moe_timing(moe_wgmma) -> None:  # type: ignore[no-untyped-def]
+    """Printed (not a bench row): grouped MoE products at qwen4exp's shapes and rows per expert
+    (d 2560, ff 640, 8 experts a token; 1024 tokens on 64 experts: 128 rows an expert, as
+    4096 tokens on 256), on and off."""
+    d, ff, e, kk, n = 2560, 640, 64, 8, 1024
+    case = make_case("Q4_K", "Q5_0", e, d, ff, fused=True, seed=5, device="cuda")
+    rng = np.random.default_rng(5)
+    x = torch.from_numpy(rng.standard_normal((n, d), dtype=np.float32)).cuda()
+    experts = torch.from_numpy(
+        np.stack([rng.choice(e, kk, replace=False) for _ in range(n)])
+    ).cuda()
+    weights = torch.full((n, kk), 1.0 / kk, device="cuda")
+    grouped = moe_wgmma.moe.prefill.grouped
+    flop = 2 * n * kk * 3 * d * ff
+    qgemm = moe_wgmma.linear.qgemm
+    for on in (True, False, True):
+        qgemm.wgmma = on
+        ms = gpu_ms(lambda: grouped(x, case.w, experts, weights), 10)
+        print(f"\ngrouped moe wgmma {on}: {ms:.3f} ms {flop / ms / 1e9:.0f} TFLOP/s")
+    for t in QW_TUNINGS[1:]:
+        qgemm.wgmma_tuning = t
+        ms = gpu_ms(lambda: grouped(x, case.w, experts, weights), 10)
+        print(f"grouped moe wgmma {t}: {ms:.3f} ms {flop / ms / 1e9:.0f} TFLOP/s")
+    qgemm.wgmma_tuning = QWgmmaTuning()
