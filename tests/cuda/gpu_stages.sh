@@ -337,6 +337,15 @@ case "${1:-tests}" in
       --set linear.hgemm.wgmma=true --record
     bench invariance_wgmma 120 invariance $Q4X --int8 --set linear.hgemm.wgmma=true \
       --set linear.qgemm.wgmma=true --record ;;
+  wgmma2)  # wgmma on by default (hgemm and qgemm): the GEMM tests that now run it beside the
+    # mma.sync kernels (tilings, invariance, MoE), then the table's prefill rows with profiles
+    timeout 180 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_qgemm.py tests/cuda/test_moe_prefill.py -k "not timing" \
+      > "$OUT/t_wgmma2.log" 2>&1
+    echo "== wgmma2 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_wgmma2.log" | head
+    bench prefill_table 200 model $Q4X --ctx 262144 --slots 5 --int8 --prefill 4096@0,4096@32768 \
+      --sampled-prefill 1@250000,5@131072 --decode 0 --multi-decode= --decode-steps 16 \
+      --profile --record ;;
   matvec)  # issue 10: the int8 matvec's shapes (rows per thread group for 1 / 2..8 tokens,
     # threads per group) at the qwen4exp layer's own projections, 1 and 8 tokens: the decode
     # projections run at ~1.2 TB/s (--gaps, 2026-12-06), the 8-token ones at ~half that

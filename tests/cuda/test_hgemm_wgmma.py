@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from mgserve.cuda.ops.hgemm import HGemm
+from mgserve.cuda.ops.qgemm import QGemm
 from mgserve.cuda.ops.wgmma import WgmmaTuning
 from tests.cuda.test_moe_prefill import gpu_ms
 from tests.cuda.test_moe_torch import bound_error, make_weight
@@ -85,15 +86,14 @@ def operands(m: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Ten
 
 @pytest.mark.gpu
 def test_wgmma_bitwise_equals_mma_sync(wg_kernels) -> None:  # type: ignore[no-untyped-def]
-    mma = HGemm(wg_kernels)
+    mma = HGemm(wg_kernels, wgmma=False)
     for i, (m, n, k) in enumerate(SHAPES):
         x, w = operands(m, n, k, i)
         want = mma.matmul(x, w, torch.empty(m, n, device="cuda"))
         ref = x.double() @ w.double().T
         scale = x.double().abs() @ w.double().abs().T
         for t in WG_TUNINGS:
-            wg = HGemm(wg_kernels, wgmma=t)
-            wg.wgmma = True
+            wg = HGemm(wg_kernels, wgmma_tuning=t, wgmma=True)
             got = wg.matmul(x, w, torch.full((m, n), float("nan"), device="cuda"))
             label = f"M={m} n={n} k={k} {t}"
             assert bound_error(got, ref.cpu(), scale.cpu()) <= ACC_TOL, label
@@ -104,12 +104,12 @@ def test_wgmma_bitwise_equals_mma_sync(wg_kernels) -> None:  # type: ignore[no-u
 def test_wgmma_into_a_column_slice(wg_kernels) -> None:  # type: ignore[no-untyped-def]
     x, w = operands(333, 200, 512, 7)
     wide = torch.full((333, 203), float("nan"), device="cuda")
-    wg = HGemm(wg_kernels)
-    wg.wgmma = True
+    wg = HGemm(wg_kernels, wgmma=True)
     y = wg.matmul(x, w, wide[:, 1:201])
     torch.cuda.synchronize()
     assert wide[:, 0].isnan().all() and wide[:, 201:].isnan().all(), "wrote outside out"
-    assert torch.equal(y, HGemm(wg_kernels).matmul(x, w, torch.empty(333, 200, device="cuda")))
+    mma = HGemm(wg_kernels, wgmma=False)
+    assert torch.equal(y, mma.matmul(x, w, torch.empty(333, 200, device="cuda")))
 
 
 @pytest.mark.gpu
@@ -122,10 +122,9 @@ def test_prompt_rows_invariant_with_wgmma(
     rng = np.random.default_rng(90)
     w, _ = make_weight(type_name, 300, 768, rng, "cuda")
     x = torch.from_numpy(rng.standard_normal((4096, 768), dtype=np.float32)).cuda() * 2
-    want = ops.qgemm.matmul(x, w)
-    hg = HGemm(wg_kernels, ops.hgemm.tuning)
-    hg.wgmma = True
-    monkeypatch.setattr(ops, "hgemm", hg)
+    want = QGemm(wg_kernels, wgmma=False).matmul(x, w)  # qgemm.cu: mma.sync
+    monkeypatch.setattr(ops, "hgemm", HGemm(wg_kernels, ops.hgemm.tuning, wgmma=True))
+    monkeypatch.setattr(ops.qgemm, "wgmma", True)
     for m in (1, 7, 300, 4096):
         assert torch.equal(prompt_rows(ops, x[:m], w), want[:m]), f"{type_name} M={m}"
     assert torch.equal(prompt_rows(ops, x[1000:1300], w), want[1000:1300]), "rows 1000..1299"
@@ -138,11 +137,10 @@ def test_wgmma_timing(wg_kernels) -> None:  # type: ignore[no-untyped-def]
         x, w = operands(4096, n, k, 1)
         out = torch.empty(4096, n, device="cuda")
         flop = 2 * 4096 * n * k
-        mma = HGemm(wg_kernels)
+        mma = HGemm(wg_kernels, wgmma=False)
         ms = gpu_ms(lambda g=mma, x=x, w=w, o=out: g.matmul(x, w, o), 20)
         print(f"\nM=4096 n={n} k={k}: mma.sync {ms:.3f} ms {flop / ms / 1e9:.0f} TFLOP/s")
         for t in [*WG_TUNINGS, dataclasses.replace(WG_TUNINGS[0], stages=3)]:
-            wg = HGemm(wg_kernels, wgmma=t)
-            wg.wgmma = True
+            wg = HGemm(wg_kernels, wgmma_tuning=t, wgmma=True)
             ms = gpu_ms(lambda g=wg, x=x, w=w, o=out: g.matmul(x, w, o), 20)
             print(f"  wgmma {t}: {ms:.3f} ms {flop / ms / 1e9:.0f} TFLOP/s")

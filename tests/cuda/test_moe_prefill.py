@@ -163,6 +163,7 @@ class LaunchRecorder:
     ``MoePrefillCuda`` would launch."""
 
     device = torch.device("cpu")
+    wgmma = False  # qgemm.cu's kernels (a GPU without warpgroup MMA)
 
     def __init__(self) -> None:
         self.launches: list[str] = []

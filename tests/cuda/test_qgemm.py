@@ -275,7 +275,7 @@ def test_qgemm_batch_invariant(kernels, ops, type_name: str) -> None:
     assert torch.equal(ops.qgemm.matmul(x[perm], w), full[perm]), f"{type_name} permuted"
     assert torch.equal(ops.matmul(x[:100], w), full[:100]), "LinearCuda.matmul, N = 100"
     for t in TUNINGS[1:]:
-        other = QGemm(kernels, tuning=t)
+        other = QGemm(kernels, tuning=t, wgmma=False)
         assert torch.equal(other.matmul(x, w), full), f"{type_name}: tuning {t} differs"
 
 
@@ -342,7 +342,9 @@ def test_hgemm_bitwise_across_m(kernels, ops, monkeypatch: pytest.MonkeyPatch, t
     perm = torch.randperm(4096, device="cuda")
     assert torch.equal(prompt_rows(ops, x[perm], w), want[perm]), "permuted"
     for t in HG_TUNINGS:
-        monkeypatch.setattr(ops, "hgemm", HGemm(kernels, dataclasses.replace(t, min_rows=1)))
+        monkeypatch.setattr(
+            ops, "hgemm", HGemm(kernels, dataclasses.replace(t, min_rows=1), wgmma=False)
+        )
         for m in ms:
             assert torch.equal(prompt_rows(ops, x[:m], w), want[:m]), f"{t}: M={m}"
     monkeypatch.setattr(linear_cuda, "SCRATCH_BYTES", 2 * k * 41)
@@ -362,7 +364,7 @@ def test_hgemm_direct(kernels, ops) -> None:
     ops.qgemm.dequantize(w, 0, 200, w16)
     x = torch.from_numpy(rng.standard_normal((333, 512), dtype=np.float32)).cuda()
     wide = torch.full((333, 203), float("nan"), device="cuda")
-    hg = HGemm(kernels, HG_TUNINGS[2])
+    hg = HGemm(kernels, HG_TUNINGS[2], wgmma=False)
     y = hg.matmul(x.half(), w16, wide[:, 1:201])
     torch.cuda.synchronize()
     assert wide[:, 0].isnan().all() and wide[:, 201:].isnan().all(), "wrote outside out"
@@ -449,12 +451,12 @@ def test_grouped_moe_tilings_are_bitwise_the_default(cuda_ops, tuning: int) -> N
     experts, weights = (t.cuda() for t in skewed_routing(300, kk, e, rng))
     qgemm, grouped = cuda_ops.linear.qgemm, cuda_ops.moe.prefill.grouped
     want = grouped(x, case.w, experts, weights)
-    default = qgemm.grouped
-    try:
-        qgemm.grouped = GROUPED_TUNINGS[tuning]
+    default, wgmma = qgemm.grouped, qgemm.wgmma
+    try:  # the tilings are the mma.sync kernels' (want: the default, wgmma on sm_90)
+        qgemm.grouped, qgemm.wgmma = GROUPED_TUNINGS[tuning], False
         got = grouped(x, case.w, experts, weights)
     finally:
-        qgemm.grouped = default
+        qgemm.grouped, qgemm.wgmma = default, wgmma
     assert torch.equal(got, want), f"tiling {GROUPED_TUNINGS[tuning]} differs from the default"
 
 
@@ -517,7 +519,7 @@ def time_dense(lin, w, x: torch.Tensor, monkeypatch: pytest.MonkeyPatch) -> None
         print(f"  {label:28s} {ms:7.3f} ms {flop / ms / 1e9:6.0f} TFLOP/s")
     if os.environ.get("MGSERVE_HGEMM_SWEEP") and w.type_name == "Q4_K":
         for spec in HG_SWEEP:
-            alt = HGemm(lin.kernels, HGemmTuning.parse(spec))
+            alt = HGemm(lin.kernels, HGemmTuning.parse(spec), wgmma=False)
             ms = gpu_ms(lambda alt=alt: alt.matmul(x16, w16, out), 20)
             print(f"  hgemm tiles {spec:24s} {ms:7.3f} ms {flop / ms / 1e9:6.0f} TFLOP/s")
 
@@ -541,7 +543,7 @@ def test_dense_gemm_timing(cuda_ops, monkeypatch: pytest.MonkeyPatch) -> None:
         w, _ = make_weight("Q4_K", 2560, 2560, rng, "cuda")
         x16 = x[:, :2560].half()
         for spec in ("64,128,32,2,4", "128,64,32,4,2", "64,64,64,2,2", "128,128,16,2,4,2"):
-            alt = QGemm(lin.kernels, tuning=QGemmTuning.parse(spec))
+            alt = QGemm(lin.kernels, tuning=QGemmTuning.parse(spec), wgmma=False)
             ms = gpu_ms(lambda alt=alt, w=w: alt.matmul(x16, w))
             print(f"qgemm Q4_K 4096x2560x2560 tiles {spec}: {ms:.3f} ms")
 

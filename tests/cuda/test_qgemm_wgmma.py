@@ -48,7 +48,7 @@ def test_grouped_rows_must_match_the_kernels() -> None:
         device = torch.device("cpu")
         wgmma = True
 
-    q = QGemm(Fake())  # type: ignore[arg-type]
+    q = QGemm(Fake(), wgmma=False)  # type: ignore[arg-type]
     rows = GroupedRows(torch.tensor([0, 0, 1]), 2, 64)
     h = torch.zeros(3, 8, dtype=torch.float16)
     with pytest.raises(ValueError, match="tiles of 64 rows for kernels of 128"):
@@ -68,9 +68,8 @@ def wg_ops(kernels, ops):  # type: ignore[no-untyped-def]
 
 
 def wg_qgemm(kernels, tuning: QWgmmaTuning | None = None) -> QGemm:  # type: ignore[no-untyped-def]
-    q = QGemm(kernels)
+    q = QGemm(kernels, wgmma=True)
     q.wgmma_tuning = tuning or QWgmmaTuning()
-    q.wgmma = True
     return q
 
 
@@ -78,8 +77,8 @@ def wg_qgemm(kernels, tuning: QWgmmaTuning | None = None) -> QGemm:  # type: ign
 @pytest.mark.parametrize("type_name", TYPES)
 def test_dense_matches_reference_and_the_other_paths(kernels, wg_ops, type_name: str) -> None:  # type: ignore[no-untyped-def]
     rng = np.random.default_rng(100 + TYPES.index(type_name))
-    hg = HGemm(kernels)
-    hg.wgmma = True
+    hg = HGemm(kernels, wgmma=True)
+    mma = QGemm(kernels, wgmma=False)
     for k in k_values(type_name):
         for m, n_out in ((9, 200), (100, 7), (300, 129), (1000, 300)):
             w, _ = make_weight(type_name, n_out, k, rng, "cuda")
@@ -91,7 +90,7 @@ def test_dense_matches_reference_and_the_other_paths(kernels, wg_ops, type_name:
                 wg_ops.qgemm.dequantize(w, 0, n_out, w16)
                 out = torch.empty(m, n_out, device="cuda")
                 assert torch.equal(y, hg.matmul(x.half(), w16, out)), f"{label}: != hgemm_wg"
-                assert torch.equal(y, wg_ops.qgemm.matmul(x, w)), f"{label}: != mma.sync"
+                assert torch.equal(y, mma.matmul(x, w)), f"{label}: != mma.sync"
 
 
 @pytest.mark.gpu
@@ -113,9 +112,9 @@ def test_dense_batch_invariant(kernels, wg_ops, type_name: str) -> None:  # type
 def moe_wgmma(wg_ops, cuda_ops):  # type: ignore[no-untyped-def]
     """cuda_ops with the grouped kernels on wgmma for the test, put back after."""
     qgemm = cuda_ops.linear.qgemm
-    qgemm.wgmma = True
+    was, qgemm.wgmma = qgemm.wgmma, True
     yield cuda_ops
-    qgemm.wgmma = False
+    qgemm.wgmma, qgemm.wgmma_tuning = was, QWgmmaTuning()
 
 
 @pytest.mark.gpu
@@ -173,4 +172,3 @@ def test_grouped_moe_timing(moe_wgmma) -> None:  # type: ignore[no-untyped-def]
         qgemm.wgmma_tuning = t
         ms = gpu_ms(lambda: grouped(x, case.w, experts, weights), 10)
         print(f"grouped moe wgmma {t}: {ms:.3f} ms {flop / ms / 1e9:.0f} TFLOP/s")
-    qgemm.wgmma_tuning = QWgmmaTuning()

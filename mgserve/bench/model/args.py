@@ -119,7 +119,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) 
         default=None,
         metavar="TUNING",
         help="long prompts' f16 GEMM (hgemm.cu): BM,BN,BK,STAGES,WARPS_M,WARPS_N[,MIN_CTAS"
-        "[,GROUP_M[,MIN_ROWS]]] (MIN_ROWS: prompt rows from which it replaces qgemm.cu)",
+        "[,GROUP_M[,MIN_ROWS]]] (MIN_ROWS: prompt rows from which it replaces qgemm.cu); "
+        "hgemm.cu's own mma.sync kernel, so its wgmma twin is off in this run",
     )
     parser.add_argument(
         "--set",

@@ -109,6 +109,9 @@ class ModelBench:
                 hgemm=hgemm,
                 pdl=not args.no_pdl,
             )
+            if hgemm is not None:  # the tiles are hgemm.cu's (mma.sync), not its wgmma twin's
+                linear_ops: Any = self.ops.linear
+                linear_ops.hgemm.wgmma = False
             if "/" in args.moe_tiles and not getattr(args, "paired", 0):
                 raise ValueError("--moe-tiles with several tilings needs bench model --paired R")
             if args.moe_tiles and "/" not in args.moe_tiles:  # one tiling (several: --paired)
@@ -116,6 +119,7 @@ class ModelBench:
 
                 linear: Any = self.ops.linear  # LinearCuda on --device cuda
                 linear.qgemm.grouped = QGemmTuning.parse(args.moe_tiles)
+                linear.qgemm.wgmma = False  # the tilings are qgemm.cu's (mma.sync) kernels'
         else:
             if args.moe_tiles:
                 raise ValueError("--moe-tiles: the qgemm.cu kernels run on --device cuda only")

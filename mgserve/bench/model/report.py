@@ -4,6 +4,7 @@ is measured, so a long run shows progress), the optional profile, and ``--record
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from mgserve.bench.model import workloads
 from mgserve.bench.model.args import depths, pairs
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         f"{per_tok / 1e9:.2f} GB of weights read per decode token",
         f"slots {args.slots} x ctx {args.ctx}, cache {args.cache_type}, ubatch {args.ubatch}, "
         f"int8 {args.int8}, cublas prefill {args.cublas_prefill}, pdl {not args.no_pdl}, "
-        f"hgemm {args.hgemm or 'default'}, "
+        f"hgemm {args.hgemm or 'default'}{gemm_kind(b.ops)}, "
         f"graphs {not args.no_graphs}, virtual stages {args.virtual_stages}"
         f"{f' (links {args.link_gbps} GB/s)' if args.link_gbps else ''}"
         f"{' (buckets 1, 2, 4, 8, 16)' if args.pow2_buckets else ''}, "
@@ -183,3 +184,13 @@ def stage_figures(staged: object, which: str = "") -> str:
         f"|  ({which}stages' busy fraction of eager steps: {busy}, together {overlap:.2f}; "
         f"hand-off ms per step: {links}; {t.steps} steps) | | |"
     )
+
+
+def gemm_kind(ops: Any) -> str:
+    """ ", prompt GEMMs on wgmma" (or which of them) where the GPU's prompt GEMMs run on warpgroup
+    MMA (cuda/ops/wgmma.py); "" on the CPU or with none."""
+    linear = getattr(ops, "linear", None)
+    on = [n for n in ("hgemm", "qgemm") if getattr(getattr(linear, n, None), "wgmma", False)]
+    if not on:
+        return ""
+    return ", prompt GEMMs on wgmma" if len(on) == 2 else f", {on[0]} on wgmma"

@@ -23,6 +23,11 @@ from mgserve.cuda.ops.qgemm import check_tiles
 from mgserve.cuda.ops.wgmma import HGEMM_WG_SOURCE, MAX_SMEM, WgmmaTuning
 
 HGEMM_SOURCE = "hgemm.cu"
+# hgemm_wgmma.cu's tiles for outputs of at most NARROW_N columns: 128-column tiles, twice the
+# CTAs of the 256-column default for the SMs (H100 at M = 4096: 2560 x 2560 0.112 ms against
+# 0.118, 2560 x 10240 0.428 against 0.443; 10240 x 2560 0.433 against 0.395, so not there)
+NARROW_N = 4096
+NARROW_TUNING = WgmmaTuning(128, 128, 5)
 
 
 @dataclass(frozen=True)
@@ -89,20 +94,24 @@ class HGemmTuning:
 
 
 class HGemm:
-    """The hgemm.cu launch, or hgemm_wgmma.cu's where ``wgmma`` is on (module docstring).
-    ``wgmma`` defaults to off: it is for sm_90 only (``Kernels.wgmma``)."""
+    """The hgemm.cu launch, or hgemm_wgmma.cu's where ``wgmma`` is on (module docstring): by
+    default where the GPU has warpgroup MMA (``Kernels.wgmma``: sm_90). The two give the same
+    bits (tests/cuda/test_hgemm_wgmma.py); on the H100 wgmma is 1.8-2.1x faster at qwen4exp's
+    shapes and a 4096-token prompt 13.6% faster (BENCHMARKS.md, 2026-12-06 17:07)."""
 
     def __init__(
         self,
         kernels: Kernels,
         tuning: HGemmTuning | None = None,
-        wgmma: WgmmaTuning | None = None,
+        wgmma_tuning: WgmmaTuning | None = None,
+        wgmma: bool | None = None,
     ) -> None:
         self.kernels = kernels
         self.device = kernels.device
         self.tuning = tuning or HGemmTuning()
-        self.wgmma_tuning = wgmma or WgmmaTuning()
-        self.wgmma = False
+        self.wgmma_tuning = wgmma_tuning or WgmmaTuning()
+        self.wgmma_narrow = NARROW_TUNING if wgmma_tuning is None else self.wgmma_tuning
+        self.wgmma = kernels.wgmma if wgmma is None else wgmma
 
     def matmul(self, x16: torch.Tensor, w16: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out [M, n] fp32 = x16 [M, k] @ w16 [n, k]^T, on the current stream. x16 and w16:
@@ -134,7 +143,8 @@ class HGemm:
         return out
 
     def _wgmma(self, x16: torch.Tensor, w16: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        (m, k), n, t = x16.shape, w16.shape[0], self.wgmma_tuning
+        (m, k), n = x16.shape, w16.shape[0]
+        t = self.wgmma_narrow if n <= NARROW_N else self.wgmma_tuning
         if not self.kernels.wgmma:
             raise ValueError("HGemm.wgmma: warpgroup MMA needs an sm_90 GPU (H100 / H200)")
         kernel = self.kernels.kernel(

@@ -152,22 +152,27 @@ class F16Rows:
 
 
 class QGemm:
-    """The qgemm.cu launches (see the module docstring). ``tuning``: the dense GEMM's tiles;
-    ``grouped``: the MoE kernels' (GROUPED_TUNING: ~M * kk / E rows per expert; bench model
-    --moe-tiles compares others)."""
+    """The qgemm.cu launches (see the module docstring), or with ``wgmma`` (the default on
+    sm_90) their qgemm_wgmma.cu twins. ``tuning``: the dense GEMM's tiles; ``grouped``: the MoE
+    kernels' (GROUPED_TUNING: ~M * kk / E rows per expert; bench model --moe-tiles compares
+    others, on the mma.sync kernels); ``wgmma_tuning``: the wgmma kernels' tiles."""
 
     def __init__(
         self,
         kernels: Kernels,
         tuning: QGemmTuning | None = None,
         grouped: QGemmTuning | None = None,
+        wgmma: bool | None = None,
     ) -> None:
         self.kernels = kernels
         self.device = kernels.device
         self.tuning = tuning or DENSE_TUNING
         self.grouped = grouped or GROUPED_TUNING
         self.wgmma_tuning = QWgmmaTuning()
-        self.wgmma = False  # qgemm_wgmma.cu's kernels instead (sm_90 only: Kernels.wgmma)
+        # qgemm_wgmma.cu's kernels where the GPU has warpgroup MMA (Kernels.wgmma: sm_90): the
+        # same bits (tests/cuda/test_qgemm_wgmma.py); on the H100 a 4096-token prompt 6.5%
+        # faster, the grouped MoE products 13% (BENCHMARKS.md, 2026-12-06 17:07)
+        self.wgmma = kernels.wgmma if wgmma is None else wgmma
 
     def _kernel(self, tuning: QGemmTuning, name: str, type_name: str) -> Kernel:
         return self.kernels.kernel(QGEMM_SOURCE, name, tuning.defines(type_name))
