@@ -171,7 +171,7 @@ class QGemm:
         self.wgmma_tuning = QWgmmaTuning()
         # qgemm_wgmma.cu's kernels where the GPU has warpgroup MMA (Kernels.wgmma: sm_90): the
         # same bits (tests/cuda/test_qgemm_wgmma.py); on the H100 a 4096-token prompt 6.5%
-        # faster, the grouped MoE products 13% (BENCHMARKS.md, 2026-12-06 17:07)
+        # faster, the grouped MoE products 13% (BENCHMARKS.md, 2026-12-06 17:10)
         self.wgmma = kernels.wgmma if wgmma is None else wgmma
 
     def _kernel(self, tuning: QGemmTuning, name: str, type_name: str) -> Kernel:
