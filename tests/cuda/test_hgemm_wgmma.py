@@ -64,10 +64,11 @@ def test_wgmma_needs_sm90() -> None:
         wgmma = False
 
     hg = HGemm(NoWgmma())  # type: ignore[arg-type]
+    assert not hg.wgmma  # the default follows the GPU
     hg.wgmma = True
     x = torch.zeros(2, 8, dtype=torch.float16)
     with pytest.raises(ValueError, match="sm_90"):
-        hg._wgmma(x, x, torch.zeros(2, 2))
+        hg.matmul(x, x, torch.zeros(2, 2))
 
 
 @pytest.fixture

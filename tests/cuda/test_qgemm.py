@@ -384,16 +384,16 @@ def test_hgemm_direct(kernels, ops) -> None:
 # ---- GPU: grouped MoE ----------------------------------------------------------------------------
 
 
+GROUPED_CASES = [  # (gate/up format, down format, gate and up fused in one tensor)
+    ("Q4_K", "Q8_0", False),
+    ("Q6_K", "Q5_0", True),
+    ("Q5_0", "Q4_K", False),
+    ("F16", "BF16", True),
+]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    ("gate_type", "down_type", "fused"),
-    [
-        ("Q4_K", "Q8_0", False),
-        ("Q6_K", "Q5_0", True),
-        ("Q5_0", "Q4_K", False),
-        ("F16", "BF16", True),
-    ],
-)
+@pytest.mark.parametrize(("gate_type", "down_type", "fused"), GROUPED_CASES)
 def test_grouped_moe_matches_reference(
     cuda_ops, monkeypatch: pytest.MonkeyPatch, gate_type: str, down_type: str, fused: bool
 ) -> None:

@@ -24,7 +24,7 @@ from mgserve.cuda.ops.qgemm import QGemm
 from mgserve.cuda.ops.wgmma import QWgmmaTuning
 from tests.cuda.test_moe_prefill import gpu_ms, skewed_routing
 from tests.cuda.test_moe_torch import RTOL_F16, bound_error, make_case, make_weight, reference_moe
-from tests.cuda.test_qgemm import TYPES, check_dense, k_values
+from tests.cuda.test_qgemm import GROUPED_CASES, TYPES, check_dense, k_values
 
 QW_TUNINGS = [QWgmmaTuning(), QWgmmaTuning(64, 128, 1), QWgmmaTuning(128, 256, 1)]
 
@@ -118,15 +118,7 @@ def moe_wgmma(wg_ops, cuda_ops):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    ("gate_type", "down_type", "fused"),
-    [
-        ("Q4_K", "Q8_0", False),
-        ("Q6_K", "Q5_0", True),
-        ("Q5_0", "Q4_K", False),
-        ("F16", "BF16", True),
-    ],
-)
+@pytest.mark.parametrize(("gate_type", "down_type", "fused"), GROUPED_CASES)
 def test_grouped_moe(moe_wgmma, gate_type: str, down_type: str, fused: bool) -> None:  # type: ignore[no-untyped-def]
     """test_qgemm's grouped case (300 skewed tokens x 4 of 16 experts, ff not a multiple of the
     tile) with wgmma: within RTOL_F16 of the float64 reference, bitwise the mma.sync kernels'

@@ -131,25 +131,17 @@ class HGemm:
             )
         if m == 0 or n == 0:
             return out
+        t: HGemmTuning | WgmmaTuning
         if self.wgmma:
-            return self._wgmma(x16, w16, out)
-        t = self.tuning
-        kernel = self.kernels.kernel(HGEMM_SOURCE, "hgemm", t.defines(), smem=t.smem_bytes)
-        grid = -(-m // t.bm) * -(-n // t.bn)
-        self.kernels.launch(
-            kernel, grid, t.threads, x16.data_ptr(), w16.data_ptr(), out.data_ptr(),
-            np.int32(m), np.int32(n), np.int32(k), np.int64(out.stride(0)), shmem=t.smem_bytes,
-        )  # fmt: skip
-        return out
-
-    def _wgmma(self, x16: torch.Tensor, w16: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        (m, k), n = x16.shape, w16.shape[0]
-        t = self.wgmma_narrow if n <= NARROW_N else self.wgmma_tuning
-        if not self.kernels.wgmma:
-            raise ValueError("HGemm.wgmma: warpgroup MMA needs an sm_90 GPU (H100 / H200)")
-        kernel = self.kernels.kernel(
-            HGEMM_WG_SOURCE, "hgemm_wg", t.defines(), smem=t.smem_bytes, sm90a=True
-        )
+            t = self.wgmma_narrow if n <= NARROW_N else self.wgmma_tuning
+            if not self.kernels.wgmma:
+                raise ValueError("HGemm.wgmma: warpgroup MMA needs an sm_90 GPU (H100 / H200)")
+            kernel = self.kernels.kernel(
+                HGEMM_WG_SOURCE, "hgemm_wg", t.defines(), smem=t.smem_bytes, sm90a=True
+            )
+        else:
+            t = self.tuning
+            kernel = self.kernels.kernel(HGEMM_SOURCE, "hgemm", t.defines(), smem=t.smem_bytes)
         grid = -(-m // t.bm) * -(-n // t.bn)
         self.kernels.launch(
             kernel, grid, t.threads, x16.data_ptr(), w16.data_ptr(), out.data_ptr(),
