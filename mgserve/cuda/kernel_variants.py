@@ -36,7 +36,7 @@ from mgserve.cuda.ops.deltanet_prefill_cuda import PREFILL_HEAD_DIM, prefill_def
 from mgserve.cuda.ops.deltanet_prefill_cuda import PREFILL_SOURCE as CHUNKED_SOURCE
 from mgserve.cuda.ops.embed import EMBED_SOURCE
 from mgserve.cuda.ops.hc import CLUSTER_TUNING, HC_SOURCE, HCTuning
-from mgserve.cuda.ops.hgemm import HGEMM_SOURCE, HGemmTuning
+from mgserve.cuda.ops.hgemm import HGEMM_SOURCE, NARROW_TUNING, HGemmTuning
 from mgserve.cuda.ops.linear_cuda import DEQUANT_SOURCE
 from mgserve.cuda.ops.linear_tuning import (
     MATVEC_SOURCE,
@@ -58,7 +58,13 @@ from mgserve.cuda.ops.norm import NORM_SOURCE
 from mgserve.cuda.ops.qgemm import DENSE_TUNING, GROUPED_TUNING, QGEMM_SOURCE
 from mgserve.cuda.ops.qsa_cuda import SELECT_SOURCE, UTIL_SOURCE
 from mgserve.cuda.ops.route import ROUTE_SOURCE
-from mgserve.cuda.ops.wgmma import HGEMM_WG_SOURCE, QGEMM_WG_SOURCE, QWgmmaTuning, WgmmaTuning
+from mgserve.cuda.ops.wgmma import (
+    HGEMM_WG_SOURCE,
+    QGEMM_WG_SOURCE,
+    WGMMA_FORMATS,
+    QWgmmaTuning,
+    WgmmaTuning,
+)
 from mgserve.cuda.weights import FORMATS
 
 Defines = tuple[tuple[str, str], ...]
@@ -123,12 +129,14 @@ def variants() -> list[Variant]:
         Variant(MOE_Q8_SOURCE, moe_defines(MOE_ROWS), ""),
         Variant(HGEMM_SOURCE, HGemmTuning().defines(), ""),
         Variant(HGEMM_WG_SOURCE, WgmmaTuning().defines(), "sm_90a", sm90a=True),
+        Variant(HGEMM_WG_SOURCE, NARROW_TUNING.defines(), "narrow sm_90a", sm90a=True),
     ]
     out += [Variant(s, (), "") for s in plain]
     out += _qgemm()
     out += [
         Variant(QGEMM_WG_SOURCE, QWgmmaTuning().defines(f), f"{f} sm_90a", sm90a=True)
         for f in FORMATS
+        if f in WGMMA_FORMATS
     ]
     out += [Variant(HC_SOURCE, HCTuning().defines(f), f) for f in FORMATS]
     out += [Variant(HC_SOURCE, CLUSTER_TUNING.defines(f, True), f"{f} cluster") for f in FORMATS]

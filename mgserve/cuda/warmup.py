@@ -5,11 +5,12 @@ graph is captured at its first step. Without a warm-up the first request pays fo
 first start with a full-width qwen4exp that is two minutes of compilation (matvec.cu alone takes
 about a minute) while ``/health`` already says ok. So the server runs, while it is still loading
 (``/health`` 503 with the "kernels" phase of its progress): a prompt of one batch of tokens in
-slot 0, three decode steps and, where the runner verifies drafts, one verify step of ``spec_k``
-drafts; then it frees the slot. The next request in slot 0 starts a new sequence there (its state
-is reset, and the engine's book never saw these tokens), so the warm-up leaves no trace in any
-answer. With the prefill lane the prompt and the freed slot are lane batches, as the lane
-scheduler would send them: the prompt path's kernels and f16 scratch are the lane stream's from
+slot 0 (its last 16 a chunk of their own, which short prompts' kernels need), three decode
+steps and, where the runner verifies drafts, one verify step of ``spec_k`` drafts; then it frees
+the slot. The next request in slot 0 starts a new sequence there (its state is reset, and the
+engine's book never saw these tokens), so the warm-up leaves no trace in any answer. With the
+prefill lane the prompt and the freed slot are lane batches, as the lane scheduler would send
+them: the prompt path's kernels and f16 scratch are the lane stream's from
 the start (one scratch, not one per stream).
 """
 
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 SLOT = 0
 REQUEST = "mgserve-warm-up"
 DECODE_STEPS = 3
+SHORT_CHUNK = 16  # the prompt's last chunk, when it is long enough to split
 
 
 def warm_up(runner: Any, n_vocab: int, n_ctx: int, n_prompt: int, spec_k: int = 0) -> float:
@@ -47,8 +49,16 @@ def warm_up(runner: Any, n_vocab: int, n_ctx: int, n_prompt: int, spec_k: int = 
         results = runner.run(batch).results
         return results[-1].token if results else 0
 
-    # with the prefill lane, prompts run on the lane's stream (its scratch, as serving does)
-    token = run(SeqWork(SLOT, REQUEST, prompt, 0, True, greedy, new_sequence=True), lane=True)
+    # with the prefill lane, prompts run on the lane's stream (its scratch, as serving does). A
+    # long prompt ends in a short chunk: prompt GEMMs pick their kernels by the chunk's rows (W
+    # decoded once for long chunks, per CTA for short ones: cuda/ops/linear_cuda.py), so both
+    # compile here
+    if n_prompt > 2 * SHORT_CHUNK:
+        cut = n_prompt - SHORT_CHUNK
+        run(SeqWork(SLOT, REQUEST, prompt[:cut], 0, False, greedy, new_sequence=True), lane=True)
+        token = run(SeqWork(SLOT, REQUEST, prompt[cut:], cut, True, greedy), lane=True)
+    else:
+        token = run(SeqWork(SLOT, REQUEST, prompt, 0, True, greedy, new_sequence=True), lane=True)
     pos = len(prompt)
     for _ in range(DECODE_STEPS):
         token = run(SeqWork(SLOT, REQUEST, (token,), pos, True, greedy))

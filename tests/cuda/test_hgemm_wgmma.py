@@ -34,6 +34,8 @@ WG_TUNINGS = [
     WgmmaTuning(128, 128, 5),
     WgmmaTuning(64, 128, 4, 1),  # one warpgroup, plain CTA order
     WgmmaTuning(64, 256, 5),
+    WgmmaTuning(128, 128, 3),  # the fewest stages: copies one step ahead
+    WgmmaTuning(64, 128, 8),  # the most
 ]
 SHAPES = [  # (M, n, k)
     (300, 129, 520),  # k % 64 = 8: a partial last step

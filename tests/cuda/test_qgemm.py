@@ -303,9 +303,10 @@ def prompt_rows(ops, x: torch.Tensor, w) -> torch.Tensor:  # type: ignore[no-unt
 @pytest.mark.parametrize("type_name", TYPES)
 def test_hgemm_matches_reference(ops, type_name: str) -> None:
     """LinearCuda.matmul on the dequantize-once path (>= min_rows = 256 rows: QGemm.dequantize,
-    then hgemm.cu) against the float64 products, as ``check_dense`` bounds them; n_out 1, 7, 129,
-    300 (not multiples of the 256-column tile), k as in test_qgemm_matches_reference (partial
-    last k steps); and bitwise equal to qgemm.cu (per-CTA decode) on the same rows."""
+    then hgemm.cu, or its wgmma twin on sm_90) against the float64 products, as ``check_dense``
+    bounds them; n_out 1, 7, 129, 300 (not multiples of the 256-column tile), k as in
+    test_qgemm_matches_reference (partial last k steps); and bitwise equal to the per-CTA decode
+    path on the same rows."""
     assert ops.hgemm.tuning.min_rows == 256
     rng = np.random.default_rng(60 + TYPES.index(type_name))
     for k in k_values(type_name):
@@ -321,7 +322,8 @@ def test_hgemm_matches_reference(ops, type_name: str) -> None:
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q5_0", "Q6_K", "Q8_0", "F16", "BF16"])
 def test_hgemm_bitwise_across_m(kernels, ops, monkeypatch: pytest.MonkeyPatch, type_name: str):
     """The rule that lets the path depend on M: row i is bitwise the same whichever path runs.
-    ``want`` = qgemm.cu (per-CTA decode) on all 4096 rows of x; then the first M rows, M in
+    ``want`` = the backend's per-CTA decode (qgemm.cu, or qgemm_wgmma.cu on sm_90) on all 4096
+    rows of x; then the first M rows, M in
     (1, 7, 300, 4096), through LinearCuda.matmul as a prompt step (M 1, 7: qgemm.cu; 300, 4096:
     W decoded once + hgemm.cu) must equal want's first M rows (torch.equal), and so must:
     each tuning of HG_TUNINGS with min_rows 1 (every M on hgemm.cu; k steps 16, 32 and 64,
@@ -514,7 +516,10 @@ def time_dense(lin, w, x: torch.Tensor, monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(lin, "cublas_prefill", True)
     times["dequant + cuBLAS"] = gpu_ms(lambda: lin.matmul(x, w), 20)
     monkeypatch.setattr(lin, "cublas_prefill", False)
-    print(f"dense {w.type_name} M={m} n_out={n} k={k} (hgemm {lin.hgemm.tuning}):")
+    hg = lin.hgemm
+    tiles = f"hgemm_wgmma.cu {hg.wgmma_tiles(n)}" if hg.wgmma else f"hgemm.cu {hg.tuning}"
+    kind = "qgemm_wgmma.cu" if lin.qgemm.on_wgmma(w.type_name) else "qgemm.cu"
+    print(f"dense {w.type_name} M={m} n_out={n} k={k} ({tiles}; per-CTA decode: {kind}):")
     for label, ms in times.items():
         print(f"  {label:28s} {ms:7.3f} ms {flop / ms / 1e9:6.0f} TFLOP/s")
     if os.environ.get("MGSERVE_HGEMM_SWEEP") and w.type_name == "Q4_K":
@@ -527,8 +532,9 @@ def time_dense(lin, w, x: torch.Tensor, monkeypatch: pytest.MonkeyPatch) -> None
 @pytest.mark.gpu
 def test_dense_gemm_timing(cuda_ops, monkeypatch: pytest.MonkeyPatch) -> None:
     """Printed, per dense shape at M = 4096 (Q4_K; Q5_0, Q6_K and Q8_0 at 2560 x 2560):
-    LinearCuda.matmul's default path (W decoded once, then hgemm.cu: what a prompt step runs),
-    hgemm.cu alone on the f16 W, the per-CTA-decode qgemm.cu, the dequant + cuBLAS path
+    LinearCuda.matmul's default path (W decoded once, then hgemm.cu, or hgemm_wgmma.cu on sm_90:
+    what a prompt step runs), that GEMM alone on the f16 W, the per-CTA-decode qgemm.cu (or its
+    wgmma twin), the dequant + cuBLAS path
     (``cublas_prefill``) and cuBLAS alone on the f16 W. With MGSERVE_HGEMM_SWEEP=1, hgemm.cu
     alone under the other tunings of HG_SWEEP."""
     lin = cuda_ops.linear
@@ -551,7 +557,7 @@ def test_dense_gemm_timing(cuda_ops, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.gpu
 def test_grouped_moe_timing(cuda_ops, monkeypatch: pytest.MonkeyPatch) -> None:
     """Printed: the qwen4exp MoE layer (4096 x top-10 of 256, Q4_K gate/up, Q5_0 down), the
-    grouped qgemm.cu path vs the bucketed cuBLAS path."""
+    grouped path (qgemm.cu, or qgemm_wgmma.cu on sm_90) vs the bucketed cuBLAS path."""
     from tests.cuda.test_moe import target_case
 
     rng = np.random.default_rng(25)

@@ -14,6 +14,8 @@ kernels. GPU (marked; an sm_90 GPU, else skipped), for every format:
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -21,7 +23,7 @@ import torch
 from mgserve.cuda.ops.grouped_rows import GroupedRows
 from mgserve.cuda.ops.hgemm import HGemm
 from mgserve.cuda.ops.qgemm import QGemm
-from mgserve.cuda.ops.wgmma import QWgmmaTuning
+from mgserve.cuda.ops.wgmma import WGMMA_FORMATS, QWgmmaTuning
 from tests.cuda.test_moe_prefill import gpu_ms, skewed_routing
 from tests.cuda.test_moe_torch import RTOL_F16, bound_error, make_case, make_weight, reference_moe
 from tests.cuda.test_qgemm import GROUPED_CASES, TYPES, check_dense, k_values
@@ -41,23 +43,51 @@ def test_tuning_validation() -> None:
             QWgmmaTuning(*args)
 
 
+class FakeKernels:
+    """Kernels on the CPU that record which kernel each launch names (outputs untouched)."""
+
+    device = torch.device("cpu")
+    wgmma = True
+
+    def __init__(self) -> None:
+        self.launches: list[str] = []
+
+    def kernel(self, source: str, name: str, *args: object, **kw: object) -> str:
+        return f"{source}:{name}"
+
+    def launch(self, kernel: str, *args: object, **kw: object) -> None:
+        self.launches.append(kernel)
+
+
 def test_grouped_rows_must_match_the_kernels() -> None:
     """GroupedRows of another tile height would index tiles the kernel does not have."""
-
-    class Fake:
-        device = torch.device("cpu")
-        wgmma = True
-
-    q = QGemm(Fake(), wgmma=False)  # type: ignore[arg-type]
+    q = QGemm(FakeKernels(), wgmma=False)  # type: ignore[arg-type]
     rows = GroupedRows(torch.tensor([0, 0, 1]), 2, 64)
     h = torch.zeros(3, 8, dtype=torch.float16)
-    with pytest.raises(ValueError, match="tiles of 64 rows for kernels of 128"):
-        q.gate_up(None, 0, 8, h, torch.zeros(3, dtype=torch.int32), rows, h)  # type: ignore[arg-type]
+    gate = SimpleNamespace(type_name="Q4_K")
+    with pytest.raises(ValueError, match="tiles of 64 rows for Q4_K kernels of 128"):
+        q.gate_up(gate, 0, 8, h, torch.zeros(3, dtype=torch.int32), rows, h)  # type: ignore[arg-type]
     q.wgmma_tuning, q.wgmma = QWgmmaTuning(64, 128), True
-    assert q.grouped_bm == 64
-    with pytest.raises(ValueError, match="tiles of 128 rows for kernels of 64"):
+    assert (q.grouped_bm("Q4_K"), q.grouped_bm("Q5_K")) == (64, 128)  # Q5_K: qgemm.cu's tiles
+    with pytest.raises(ValueError, match="tiles of 128 rows for Q4_K kernels of 64"):
         rows = GroupedRows(torch.tensor([0, 0, 1]), 2, 128)
-        q.down(None, h, rows, torch.zeros(3, 8))  # type: ignore[arg-type]
+        q.down(gate, h, rows, torch.zeros(3, 8))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "IQ4_XS", "BF16"])
+def test_formats_take_the_wgmma_kernels_they_have(type_name: str) -> None:
+    """With ``wgmma`` on, a format of WGMMA_FORMATS launches qgemm_wgmma.cu's kernel and another
+    qgemm.cu's; off, every format launches qgemm.cu's."""
+    from mgserve.cuda.weights import FORMATS, QuantWeight, row_bytes
+
+    k = FORMATS[type_name].block * 2
+    w = QuantWeight("w", type_name, (k, 4), torch.zeros(4, row_bytes("w", type_name, k)).byte())
+    x = torch.zeros(3, k)
+    for on in (True, False):
+        kernels = FakeKernels()
+        QGemm(kernels, wgmma=on).matmul(x, w)  # type: ignore[arg-type]
+        wg = on and type_name in WGMMA_FORMATS
+        assert kernels.launches == ["qgemm_wgmma.cu:qgemm_wg" if wg else "qgemm.cu:qgemm"]
 
 
 @pytest.fixture
@@ -74,7 +104,7 @@ def wg_qgemm(kernels, tuning: QWgmmaTuning | None = None) -> QGemm:  # type: ign
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("type_name", sorted(WGMMA_FORMATS))
 def test_dense_matches_reference_and_the_other_paths(kernels, wg_ops, type_name: str) -> None:  # type: ignore[no-untyped-def]
     rng = np.random.default_rng(100 + TYPES.index(type_name))
     hg = HGemm(kernels, wgmma=True)
@@ -160,7 +190,9 @@ def test_grouped_moe_timing(moe_wgmma) -> None:  # type: ignore[no-untyped-def]
         qgemm.wgmma = on
         ms = gpu_ms(lambda: grouped(x, case.w, experts, weights), 10)
         print(f"\ngrouped moe wgmma {on}: {ms:.3f} ms {flop / ms / 1e9:.0f} TFLOP/s")
+    want = grouped(x, case.w, experts, weights)
     for t in QW_TUNINGS[1:]:
         qgemm.wgmma_tuning = t
+        assert torch.equal(grouped(x, case.w, experts, weights), want), f"{t}: not the default's"
         ms = gpu_ms(lambda: grouped(x, case.w, experts, weights), 10)
         print(f"grouped moe wgmma {t}: {ms:.3f} ms {flop / ms / 1e9:.0f} TFLOP/s")

@@ -112,6 +112,6 @@ def test_with_the_prefill_lane_prompts_are_lane_batches(lanes: bool) -> None:
 
     r = Recorder()
     warm_up(r, 100, 128, 40, spec_k=4)
-    prompt, *steps, verify, freed = r.seen
-    assert prompt == (lanes, True, False) and freed == (lanes, False, True)
+    head, prompt, *steps, verify, freed = r.seen  # 24 + 16 prompt tokens
+    assert head == prompt == (lanes, True, False) and freed == (lanes, False, True)
     assert all(s == (False, False, False) for s in steps) and verify == (False, True, False)

@@ -120,7 +120,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) 
         metavar="TUNING",
         help="long prompts' f16 GEMM (hgemm.cu): BM,BN,BK,STAGES,WARPS_M,WARPS_N[,MIN_CTAS"
         "[,GROUP_M[,MIN_ROWS]]] (MIN_ROWS: prompt rows from which it replaces qgemm.cu); "
-        "hgemm.cu's own mma.sync kernel, so its wgmma twin is off in this run",
+        "hgemm.cu's own mma.sync kernel, so its wgmma twin (sm_90) is off for the run",
     )
     parser.add_argument(
         "--set",
@@ -135,7 +135,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) 
         default="",
         metavar="TUNING[/TUNING...]",
         help="the MoE prompt kernels' tiles (qgemm.cu, grouped): BM,BN,BK,WARPS_M,WARPS_N"
-        "[,MIN_CTAS]; with --paired, two or more separated by / are timed side by side",
+        "[,MIN_CTAS]; with --paired, two or more separated by / are timed side by side. These "
+        "are qgemm.cu's mma.sync kernels: their wgmma twins (sm_90) are off for the run, for "
+        "short dense prompts too",
     )
     parser.add_argument(
         "--device",

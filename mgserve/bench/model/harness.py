@@ -109,17 +109,22 @@ class ModelBench:
                 hgemm=hgemm,
                 pdl=not args.no_pdl,
             )
-            if hgemm is not None:  # the tiles are hgemm.cu's (mma.sync), not its wgmma twin's
-                linear_ops: Any = self.ops.linear
-                linear_ops.hgemm.wgmma = False
+            linear: Any = self.ops.linear  # LinearCuda on --device cuda
+            # --hgemm and --moe-tiles tune the mma.sync kernels (hgemm.cu, qgemm.cu): their wgmma
+            # twins are off for the run, qgemm's for short dense prompts too (one switch)
+            if hgemm is not None:
+                linear.hgemm.wgmma = False
+            if args.moe_tiles:
+                sets = getattr(args, "set", [])
+                if any(s.split("=")[0].strip() == "linear.qgemm.wgmma" for s in sets):
+                    raise ValueError("--moe-tiles times qgemm.cu; drop --set linear.qgemm.wgmma")
+                linear.qgemm.wgmma = False
             if "/" in args.moe_tiles and not getattr(args, "paired", 0):
                 raise ValueError("--moe-tiles with several tilings needs bench model --paired R")
             if args.moe_tiles and "/" not in args.moe_tiles:  # one tiling (several: --paired)
                 from mgserve.cuda.ops.qgemm import QGemmTuning
 
-                linear: Any = self.ops.linear  # LinearCuda on --device cuda
                 linear.qgemm.grouped = QGemmTuning.parse(args.moe_tiles)
-                linear.qgemm.wgmma = False  # the tilings are qgemm.cu's (mma.sync) kernels'
         else:
             if args.moe_tiles:
                 raise ValueError("--moe-tiles: the qgemm.cu kernels run on --device cuda only")

@@ -74,8 +74,7 @@ def tile_variants(b: ModelBench, text: str) -> list[Variant]:
     if len(tunings) < 2:
         raise ValueError(f"--paired with --moe-tiles needs two or more tilings, got {text!r}")
     linear: Any = b.ops.linear  # LinearCuda: the bench refuses --moe-tiles on the CPU
-    qgemm = linear.qgemm
-    qgemm.wgmma = False  # the tilings are qgemm.cu's (mma.sync) kernels'
+    qgemm = linear.qgemm  # on qgemm.cu's kernels: ModelBench turned their wgmma twins off
     return [
         (f"moe tiles {t.bm},{t.bn},{t.bk},{t.warps_m},{t.warps_n},{t.min_ctas}",
          lambda t=t: setattr(qgemm, "grouped", t))  # type: ignore[misc]

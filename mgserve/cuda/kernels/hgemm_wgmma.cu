@@ -43,7 +43,7 @@ constexpr int WGS = BM / 64, THREADS = 128 * WGS;
 constexpr int X_COPIES = BM * 8 / THREADS, W_COPIES = BN * 8 / THREADS;  // 16 B each, a step
 constexpr int X_BYTES = BM * 128, STAGE_BYTES = (BM + BN) * 128;
 constexpr int ACC = BN / 2;  // accumulators a thread: 64 x BN per warpgroup
-static_assert(BM == 64 || BM == 128 || BM == 192, "HW_BM: 64, 128 or 192 (warpgroups of 64)");
+static_assert(BM == 64 || BM == 128, "HW_BM: 64 or 128 (warpgroups of 64 rows)");
 static_assert(BN == 128 || BN == 256, "HW_BN: 128 or 256");
 static_assert(STAGES >= 3 && STAGES * STAGE_BYTES + 1024 <= 227 * 1024, "HW_STAGES");
 static_assert(X_COPIES * THREADS == BM * 8 && W_COPIES * THREADS == BN * 8, "even copies");

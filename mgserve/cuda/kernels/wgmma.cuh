@@ -1,5 +1,5 @@
 // Hopper warpgroup MMA (wgmma, sm_90a only) on f16 operands in shared memory, for
-// hgemm_wgmma.cu. A warpgroup is 4 consecutive warps (128 threads) issuing each wgmma together;
+// hgemm_wgmma.cu and qgemm_wgmma.cu. A warpgroup is 4 consecutive warps (128 threads) issuing each wgmma together;
 // the instruction runs asynchronously: wgmma_fence() before the first one that touches the
 // accumulators, wgmma_commit() closes a group, wgmma_wait<N>() returns once at most N groups
 // are in flight. The accumulators must not be read or written in between (wgmma_hold()).

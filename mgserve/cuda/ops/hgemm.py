@@ -110,8 +110,14 @@ class HGemm:
         self.device = kernels.device
         self.tuning = tuning or HGemmTuning()
         self.wgmma_tuning = wgmma_tuning or WgmmaTuning()
-        self.wgmma_narrow = NARROW_TUNING if wgmma_tuning is None else self.wgmma_tuning
         self.wgmma = kernels.wgmma if wgmma is None else wgmma
+
+    def wgmma_tiles(self, n: int) -> WgmmaTuning:
+        """hgemm_wgmma.cu's tiles for n output columns: ``wgmma_tuning``, or NARROW_TUNING for at
+        most NARROW_N columns while ``wgmma_tuning`` is the default."""
+        if n <= NARROW_N and self.wgmma_tuning == WgmmaTuning():
+            return NARROW_TUNING
+        return self.wgmma_tuning
 
     def matmul(self, x16: torch.Tensor, w16: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out [M, n] fp32 = x16 [M, k] @ w16 [n, k]^T, on the current stream. x16 and w16:
@@ -133,7 +139,7 @@ class HGemm:
             return out
         t: HGemmTuning | WgmmaTuning
         if self.wgmma:
-            t = self.wgmma_narrow if n <= NARROW_N else self.wgmma_tuning
+            t = self.wgmma_tiles(n)
             if not self.kernels.wgmma:
                 raise ValueError("HGemm.wgmma: warpgroup MMA needs an sm_90 GPU (H100 / H200)")
             kernel = self.kernels.kernel(

@@ -63,11 +63,11 @@ class MoePrefillCuda:
         p = n * kk
         flat = experts.reshape(-1).clamp(0, e - 1)  # [P] expert of each pair (token * kk + slot)
         sorted_e, order = torch.sort(flat, stable=True)  # [P] pairs grouped by expert
-        groups = GroupedRows(sorted_e, e, self.linear.qgemm.grouped_bm)
+        gate, up_ptr, expert_rows = w.gate_up_storage()
+        groups = GroupedRows(sorted_e, e, self.linear.qgemm.grouped_bm(gate.type_name))
         pair_row, row_token = self.rows(sorted_e, order, None, kk, p)  # [P], [P] int32
         x16 = x.to(torch.float16)  # [N, d]
         h = torch.empty(p, ff, dtype=torch.float16, device=self.device)  # [P, ff] sorted pairs
-        gate, up_ptr, expert_rows = w.gate_up_storage()
         self.linear.qgemm.gate_up(gate, up_ptr, expert_rows, x16, row_token, groups, h)
         y = torch.empty(p, d, dtype=torch.float32, device=self.device)  # [P, d] sorted pairs
         self.linear.qgemm.down(w.down, h, groups, y)

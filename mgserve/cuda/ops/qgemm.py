@@ -28,7 +28,7 @@ from mgserve.cuda.checks import check_cuda, check_vec4, check_weight
 from mgserve.cuda.launch import MAX_GRID_Y, Kernels
 from mgserve.cuda.ops.grouped_rows import GroupedRows
 from mgserve.cuda.ops.linear import check_rows
-from mgserve.cuda.ops.wgmma import QGEMM_WG_SOURCE, QWgmmaTuning
+from mgserve.cuda.ops.wgmma import QGEMM_WG_SOURCE, WGMMA_FORMATS, QWgmmaTuning
 from mgserve.cuda.weights import QuantWeight
 
 if TYPE_CHECKING:
@@ -177,17 +177,21 @@ class QGemm:
     def _kernel(self, tuning: QGemmTuning, name: str, type_name: str) -> Kernel:
         return self.kernels.kernel(QGEMM_SOURCE, name, tuning.defines(type_name))
 
-    @property
-    def grouped_bm(self) -> int:
-        """Rows of a grouped MoE tile (``GroupedRows``' bm) for the kernels ``wgmma`` picks."""
-        return self.wgmma_tuning.bm if self.wgmma else self.grouped.bm
+    def on_wgmma(self, type_name: str) -> bool:
+        """Whether ``type_name``'s products run on qgemm_wgmma.cu (``WGMMA_FORMATS``)."""
+        return self.wgmma and type_name in WGMMA_FORMATS
+
+    def grouped_bm(self, type_name: str) -> int:
+        """Rows of a grouped MoE tile (``GroupedRows``' bm) of the kernels ``type_name`` takes."""
+        return self.wgmma_tuning.bm if self.on_wgmma(type_name) else self.grouped.bm
 
     def _launch(self, tuning: QGemmTuning, name: str, type_name: str, grid_x: int,
-                grid_y: int | None, m: int, *args: object) -> None:  # fmt: skip
+                grid_y: int | None, m: int, *args: object,
+                label: str = "qgemm") -> None:  # fmt: skip
         """``name`` (qgemm.cu's, or its qgemm_wgmma.cu twin) for ``type_name`` on a grid of
         ``grid_x`` column tiles of the kernel's bn (rows of W) by ``grid_y`` row tiles (None:
-        ceil(m / bm)); ``args``: the kernel's."""
-        if self.wgmma:
+        ceil(m / bm)); ``args``: the kernel's; ``label`` names the weight in errors."""
+        if self.on_wgmma(type_name):
             t = self.wgmma_tuning
             if not self.kernels.wgmma:
                 raise ValueError("QGemm.wgmma: warpgroup MMA needs an sm_90 GPU (H100 / H200)")
@@ -200,7 +204,7 @@ class QGemm:
             bm, bn, threads, smem = tuning.bm, tuning.bn, tuning.threads, 0
         y = -(-m // bm) if grid_y is None else grid_y
         if y > MAX_GRID_Y:
-            raise ValueError(f"qgemm: {m} rows exceed the grid ({MAX_GRID_Y} x {bm})")
+            raise ValueError(f"{label}: {m} rows exceed the grid ({MAX_GRID_Y} x {bm})")
         self.kernels.launch(kernel, (-(-grid_x // bn), y), threads, *args, shmem=smem)
 
     def matmul(
@@ -224,7 +228,7 @@ class QGemm:
         self._launch(
             self.tuning, "qgemm", w.type_name, w.rows, None, m,
             w.data.data_ptr(), x16.data_ptr(), out.data_ptr(),
-            np.int32(m), np.int32(w.rows), np.int32(k),
+            np.int32(m), np.int32(w.rows), np.int32(k), label=w.name,
         )  # fmt: skip
         return out
 
@@ -260,7 +264,7 @@ class QGemm:
         p, ff = h.shape
         if p == 0:
             return
-        self._check_bm(rows)
+        self._check_bm(rows, gate.type_name)
         self._launch(
             self.grouped, "qgemm_gate_up", gate.type_name, 2 * ff, rows.grid_y, p,
             gate.data.data_ptr(), up_ptr, np.int64(expert_rows), x16.data_ptr(),
@@ -273,7 +277,7 @@ class QGemm:
         p, d = y.shape
         if p == 0:
             return
-        self._check_bm(rows)
+        self._check_bm(rows, down.type_name)
         self._launch(
             self.grouped, "qgemm_down", down.type_name, d, rows.grid_y, p,
             down.data.data_ptr(), np.int64(d), h.data_ptr(), rows.row_start.data_ptr(),
@@ -281,9 +285,10 @@ class QGemm:
             np.int32(rows.n_expert),
         )  # fmt: skip
 
-    def _check_bm(self, rows: GroupedRows) -> None:
-        if rows.bm != self.grouped_bm:
+    def _check_bm(self, rows: GroupedRows, type_name: str) -> None:
+        if rows.bm != (bm := self.grouped_bm(type_name)):
             raise ValueError(
-                f"grouped GEMM: tiles of {rows.bm} rows for kernels of {self.grouped_bm} "
-                "(make GroupedRows with QGemm.grouped_bm)"
+                f"grouped GEMM: tiles of {rows.bm} rows for {type_name} kernels of {bm} (make "
+                "GroupedRows with QGemm.grouped_bm; a layer's gate/up and down formats must "
+                "agree on it)"
             )

@@ -12,6 +12,11 @@ from dataclasses import dataclass
 HGEMM_WG_SOURCE = "hgemm_wgmma.cu"
 QGEMM_WG_SOURCE = "qgemm_wgmma.cu"
 MAX_SMEM = 227 * 1024  # dynamic shared memory a CTA may opt into on sm_90
+# The formats QGemm takes to qgemm_wgmma.cu: those whose kernels fit the default tile's register
+# cap (two CTAs an SM) without spilling under NVRTC 13.0. The others (Q4_0, Q5_K, IQ4_XS, the
+# IQ and low-bit K types: 12-64 bytes of spilled row pointers each) keep qgemm.cu until their
+# wgmma kernels are timed; both give the same bits, so the choice never changes a result.
+WGMMA_FORMATS = frozenset({"Q4_K", "Q5_0", "Q6_K", "Q8_0", "F16", "BF16", "F32"})
 
 
 @dataclass(frozen=True)
@@ -72,14 +77,19 @@ class QWgmmaTuning:
 
     bm: int = 128  # output rows per CTA: 64 per warpgroup
     bn: int = 128  # output columns per CTA (one wgmma's N)
-    min_ctas: int = 2  # CTAs per SM the registers are capped for (__launch_bounds__); two of
-    # the largest tile's 97 KB of shared memory fit one SM's 228 KB
+    min_ctas: int = 2  # CTAs per SM the registers are capped for (__launch_bounds__)
 
     def __post_init__(self) -> None:
         if self.bm not in (64, 128) or self.bn not in (128, 256) or self.min_ctas not in (1, 2):
             raise ValueError(
                 f"QWgmmaTuning: bm {self.bm} (64 or 128), bn {self.bn} (128 or 256), min_ctas "
                 f"{self.min_ctas} (1 or 2)"
+            )
+        cap = min(255, 65536 // (self.threads * self.min_ctas))  # registers a thread may use
+        if self.bn // 2 + 40 > cap:  # the accumulators and the tile's addressing
+            raise ValueError(
+                f"QWgmmaTuning: {self.bn // 2} accumulators a thread do not fit {self.min_ctas} "
+                f"CTAs of {self.threads} threads an SM ({cap} registers each)"
             )
 
     @property
