@@ -54,6 +54,10 @@
 #   bash tests/cuda/gpu_stages.sh matvec      int8 matvec shapes at qwen4exp's projections
 #   bash tests/cuda/gpu_stages.sh wgmma       the prompt GEMM on warpgroup MMA: bitwise against
 #                                              mma.sync, timings, prefill on and off, invariance
+#   bash tests/cuda/gpu_stages.sh wgmma2      the GEMM tests with wgmma on by default, the
+#                                              table's prefill rows with profiles
+#   bash tests/cuda/gpu_stages.sh next5       the wgmma review's test changes, the warm-up's
+#                                              short chunk, qwen3next's rows
 #   bash tests/cuda/gpu_stages.sh ncu         Nsight Compute counters of the heaviest prompt
 #                                              and decode kernels (what bounds each)
 # Logs and files land in $OUT.
@@ -346,6 +350,18 @@ case "${1:-tests}" in
     bench prefill_table 200 model $Q4X --ctx 262144 --slots 5 --int8 --prefill 4096@0,4096@32768 \
       --sampled-prefill 1@250000,5@131072 --decode 0 --multi-decode= --decode-steps 16 \
       --profile --record ;;
+  next5)  # what 2026-12-06 16:35 left unrun on a GPU after its review (carry .whl and the tiny
+    # qwen4exp / qwen3): the wgmma tests with the added tunings (hgemm stages 3 and 8, grouped
+    # tunings compared bitwise), the warm-up's short last chunk, the GEMM tests beside them;
+    # then qwen3next's rows (not run since the wgmma GEMMs; exact mode: the `exact` stage)
+    timeout 300 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_hgemm_wgmma.py tests/cuda/test_qgemm_wgmma.py tests/cuda/test_warmup.py \
+      tests/cuda/test_qgemm.py -k "not test_dense_gemm_timing" > "$OUT/t_next5.log" 2>&1
+    echo "== next5 tests rc=$?"
+    grep -E "^(FAILED|ERROR|E )|passed|failed|grouped moe|M=4096|  wgmma" "$OUT/t_next5.log" | head -40
+    bench qwen3next_wg 200 model --shape qwen3next-80b-a3b --layers 48 --ctx 262144 --slots 5 \
+      --int8 --prefill 4096@0,4096@32768 --decode 0,131072 --multi-decode 5@32768 \
+      --decode-steps 16 --record ;;
   matvec)  # issue 10: the int8 matvec's shapes (rows per thread group for 1 / 2..8 tokens,
     # threads per group) at the qwen4exp layer's own projections, 1 and 8 tokens: the decode
     # projections run at ~1.2 TB/s (--gaps, 2026-12-06), the 8-token ones at ~half that
