@@ -46,9 +46,11 @@ def nvcc_source(name: str) -> str:
 @pytest.mark.parametrize("name", KERNELS + HEADERS)
 def test_compiles_with_nvcc(name: str, tmp_path: Path) -> None:
     src = tmp_path / f"{Path(name).stem}.cu"
-    src.write_text(nvcc_source(name))
+    text = nvcc_source(name)
+    src.write_text(text)
     ptx = tmp_path / "out.ptx"
-    cmd = [NVCC, "-ptx", "-Xcicc", "-O0", "-arch=sm_90", "-std=c++17", "-o", ptx, src]
+    arch = "sm_90a" if "wgmma.mma_async" in text else "sm_90"  # warpgroup MMA: sm_90a's alone
+    cmd = [NVCC, "-ptx", "-Xcicc", "-O0", f"-arch={arch}", "-std=c++17", "-o", ptx, src]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, f"{name} does not compile:\n{run.stderr[-4000:]}"
     if name.endswith(".cu"):
