@@ -96,7 +96,7 @@ class HGemmTuning:
 class HGemm:
     """The hgemm.cu launch, or hgemm_wgmma.cu's where ``wgmma`` is on (module docstring): by
     default where the GPU has warpgroup MMA (``Kernels.wgmma``: sm_90). The two give the same
-    bits (tests/cuda/test_hgemm_wgmma.py); on the H100 wgmma is 1.8-2.1x faster at qwen4exp's
+    bits (tests/cuda/test_hgemm_wgmma.py); on the H100 wgmma is 1.8-2.2x faster at qwen4exp's
     shapes and a 4096-token prompt 13.6% faster (BENCHMARKS.md, 2026-12-06 17:10)."""
 
     def __init__(
