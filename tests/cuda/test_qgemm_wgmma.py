@@ -90,6 +90,25 @@ def test_formats_take_the_wgmma_kernels_they_have(type_name: str) -> None:
         assert kernels.launches == ["qgemm_wgmma.cu:qgemm_wg" if wg else "qgemm.cu:qgemm"]
 
 
+def test_a_layer_of_mixed_formats_takes_both_kinds_of_kernels() -> None:
+    """A MoE layer whose gate/up format has wgmma kernels and whose down format has not (Q4_K /
+    Q5_K, as a Q5_K_M file might mix them): gate_up on qgemm_wgmma.cu, down on qgemm.cu, one
+    GroupedRows for both (the two kernels' default tiles have the same rows)."""
+    from mgserve.cuda.weights import QuantWeight, row_bytes
+
+    kernels = FakeKernels()
+    q = QGemm(kernels, wgmma=True)  # type: ignore[arg-type]
+    d, ff, e = 256, 256, 2
+    gate = QuantWeight("g", "Q4_K", (d, ff * e), torch.zeros(ff * e, row_bytes("g", "Q4_K", d)))
+    down = QuantWeight("dn", "Q5_K", (ff, d * e), torch.zeros(d * e, row_bytes("dn", "Q5_K", ff)))
+    assert q.grouped_bm("Q4_K") == q.grouped_bm("Q5_K")
+    rows = GroupedRows(torch.tensor([0, 0, 1]), e, q.grouped_bm("Q4_K"))
+    h = torch.zeros(3, ff, dtype=torch.float16)
+    q.gate_up(gate, 0, ff, torch.zeros(3, d), torch.zeros(3, dtype=torch.int32), rows, h)
+    q.down(down, h, rows, torch.zeros(3, d))
+    assert kernels.launches == ["qgemm_wgmma.cu:qgemm_gate_up_wg", "qgemm.cu:qgemm_down"]
+
+
 @pytest.fixture
 def wg_ops(kernels, ops):  # type: ignore[no-untyped-def]
     if not kernels.wgmma:
