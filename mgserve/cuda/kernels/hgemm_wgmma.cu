@@ -14,11 +14,11 @@
 // flight (wgmma_wait<1>). A buffer is refilled two steps after its products were issued, once
 // every warpgroup has waited for them (the barrier in between).
 //
-// Bits: Y[m, n] is the f32 chain acc = A B + acc over k16 = 0, 16, ... (the k16 steps that hold
-// any of k, ascending) from acc = 0, the chain hgemm.cu and qgemm.cu run with mma.sync. Whether
-// one wgmma's 64 x N x 16 product adds like mma.sync's m16n8k16 is the hardware's;
-// tests/cuda/test_hgemm_wgmma.py holds the two bitwise, and ops/hgemm.py uses this kernel only
-// where they are.
+// Bits: Y[m, n] is the f32 chain acc = A B + acc over k16 = 0, 16, ... ascending from acc = 0
+// (the steps past k, up to the next multiple of 64, add products of zeros, as hgemm.cu's do past
+// its k steps), the chain hgemm.cu and qgemm.cu run with mma.sync. Whether one wgmma's 64 x N x
+// 16 product adds like mma.sync's m16n8k16 is the hardware's: on the H100 it does, bitwise
+// (tests/cuda/test_hgemm_wgmma.py), so ops/hgemm.py takes this kernel on sm_90 by default.
 
 #include "mma.cuh"
 #include "pdl.cuh"
