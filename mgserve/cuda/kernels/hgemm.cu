@@ -178,13 +178,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, HG_MIN_CTAS)
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 const float v0 = acc[i][j][2 * half], v1 = acc[i][j][2 * half + 1];
-                const int col = n0 + wn * WTN + j * 8 + 2 * tq;
-                if (pairs && col + 1 < n) {
-                    *(float2*)(out + col) = make_float2(v0, v1);
-                } else {
-                    if (col < n) out[col] = v0;
-                    if (col + 1 < n) out[col + 1] = v1;
-                }
+                store_f32_pair(out, n0 + wn * WTN + j * 8 + 2 * tq, n, v0, v1, pairs);
             }
         }
     }

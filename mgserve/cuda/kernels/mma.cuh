@@ -55,6 +55,19 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], const u32 (&a)[4], u32 b0, u
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
 }
 
+// Columns col, col + 1 of an f32 output row (an accumulator pair of an m16n8 C fragment or of a
+// wgmma's), columns from n on masked: one 8-byte store where ``pairs`` (the row's pairs 8-byte
+// aligned) and both fit, else one store each.
+__device__ __forceinline__ void store_f32_pair(float* out, int col, int n, float v0, float v1,
+                                               bool pairs) {
+    if (pairs && col + 1 < n) {
+        *(float2*)(out + col) = make_float2(v0, v1);
+    } else {
+        if (col < n) out[col] = v0;
+        if (col + 1 < n) out[col + 1] = v1;
+    }
+}
+
 // acc = 0 for MT x NT m16n8 accumulator tiles (the start of every k16 chain).
 template <int MT, int NT>
 __device__ __forceinline__ void zero_tiles(float (&acc)[MT][NT][4]) {
