@@ -394,22 +394,29 @@ GROUPED_CASES = [  # (gate/up format, down format, gate and up fused in one tens
 ]
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize(("gate_type", "down_type", "fused"), GROUPED_CASES)
-def test_grouped_moe_matches_reference(
-    cuda_ops, monkeypatch: pytest.MonkeyPatch, gate_type: str, down_type: str, fused: bool
-) -> None:
-    """300 tokens x 4 of 16 experts, skewed (expert 11 on every token, 12..15 on none), d 256,
-    ff 320 (not a multiple of the 128-column tile; 512 where the down projection is a K-quant,
-    whose rows are whole 256-value blocks): the grouped path against the float64 reference, and
-    against the bucketed cuBLAS path."""
+def grouped_case(gate_type: str, down_type: str, fused: bool):  # type: ignore[no-untyped-def]
+    """The GROUPED_CASES layer: 300 tokens x 4 of 16 experts, skewed (expert 11 on every token,
+    12..15 on none), d 256, ff 320 (not a multiple of the 128-column tile; 512 where the down
+    projection is a K-quant, whose rows are whole 256-value blocks). Returns the kernels'
+    arguments on the GPU (x, weights, experts, routing weights) and the float64 reference with
+    its error scale."""
     d, ff = 256, (512 if down_type.endswith("_K") else 320)
     case = make_case(gate_type, down_type, 16, d, ff, fused=fused, seed=21, device="cuda")
     rng = np.random.default_rng(21)
     x = torch.from_numpy(rng.standard_normal((300, d), dtype=np.float32))
     experts, weights = skewed_routing(300, 4, 16, rng)
     ref, scale = reference_moe(case, x, experts, weights)
-    args = (x.cuda(), case.w, experts.cuda(), weights.cuda())
+    return (x.cuda(), case.w, experts.cuda(), weights.cuda()), ref, scale
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("gate_type", "down_type", "fused"), GROUPED_CASES)
+def test_grouped_moe_matches_reference(
+    cuda_ops, monkeypatch: pytest.MonkeyPatch, gate_type: str, down_type: str, fused: bool
+) -> None:
+    """The grouped path on ``grouped_case``'s layer against the float64 reference, and against
+    the bucketed cuBLAS path."""
+    args, ref, scale = grouped_case(gate_type, down_type, fused)
     y = cuda_ops.moe.experts(*args).cpu()
     err = bound_error(y, ref, scale)
     assert err <= RTOL_F16, f"{gate_type}/{down_type}: grouped error {err:.2e}"

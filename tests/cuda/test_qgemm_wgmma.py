@@ -24,9 +24,9 @@ from mgserve.cuda.ops.grouped_rows import GroupedRows
 from mgserve.cuda.ops.hgemm import HGemm
 from mgserve.cuda.ops.qgemm import QGemm
 from mgserve.cuda.ops.wgmma import WGMMA_FORMATS, QWgmmaTuning
-from tests.cuda.test_moe_prefill import gpu_ms, skewed_routing
-from tests.cuda.test_moe_torch import RTOL_F16, bound_error, make_case, make_weight, reference_moe
-from tests.cuda.test_qgemm import GROUPED_CASES, TYPES, check_dense, k_values
+from tests.cuda.test_moe_prefill import gpu_ms
+from tests.cuda.test_moe_torch import RTOL_F16, bound_error, make_case, make_weight
+from tests.cuda.test_qgemm import GROUPED_CASES, TYPES, check_dense, grouped_case, k_values
 
 QW_TUNINGS = [QWgmmaTuning(), QWgmmaTuning(64, 128, 1), QWgmmaTuning(128, 256, 1)]
 
@@ -172,18 +172,12 @@ def test_grouped_moe(moe_wgmma, gate_type: str, down_type: str, fused: bool) -> 
     """test_qgemm's grouped case (300 skewed tokens x 4 of 16 experts, ff not a multiple of the
     tile) with wgmma: within RTOL_F16 of the float64 reference, bitwise the mma.sync kernels'
     result, and 20 tokens' rows bitwise the same beside 280 others."""
-    d, ff = 256, (512 if down_type.endswith("_K") else 320)
-    case = make_case(gate_type, down_type, 16, d, ff, fused=fused, seed=21, device="cuda")
-    rng = np.random.default_rng(21)
-    x = torch.from_numpy(rng.standard_normal((300, d), dtype=np.float32))
-    experts, weights = skewed_routing(300, 4, 16, rng)
-    ref, scale = reference_moe(case, x, experts, weights)
+    args, ref, scale = grouped_case(gate_type, down_type, fused)
     grouped = moe_wgmma.moe.prefill.grouped
-    args = (x.cuda(), case.w, experts.cuda(), weights.cuda())
     y = grouped(*args)
     err = bound_error(y.cpu(), ref, scale)
     assert err <= RTOL_F16, f"{gate_type}/{down_type}: error {err:.2e}"
-    alone = grouped(args[0][:20], case.w, args[2][:20], args[3][:20])
+    alone = grouped(args[0][:20], args[1], args[2][:20], args[3][:20])
     assert torch.equal(alone, y[:20]), "20 tokens alone != beside 280 others"
     moe_wgmma.linear.qgemm.wgmma = False
     assert torch.equal(y, grouped(*args)), "wgmma != mma.sync"
