@@ -61,9 +61,7 @@ def decoders(tmp: Path) -> ctypes.CDLL:
         '#include "gguf_blocks.cuh"\n#include "gguf_blocks_lowbit.cuh"\n'
         '#include "gguf_blocks_iq.cuh"\n'
     )
-    text = compiler.expand_includes(stub)
-    assert PTX_F16 in text, "f16_bits changed: update the shim"
-    text = text.replace(PTX_F16, "f = host_f16(h);")
+    text = host_text(stub)
     entries = "".join(
         f'extern "C" void decode_{t}(const u8* b, long n, float* out) {{\n'
         f"    for (long i = 0; i < n; i++)\n"
@@ -72,6 +70,14 @@ def decoders(tmp: Path) -> ctypes.CDLL:
         for t in TYPES
     )
     return build(tmp / "host_decoders", SHIMS + text + entries)
+
+
+def host_text(path: Path) -> str:
+    """``path`` with its headers expanded and the device-only f16 conversion (inline PTX)
+    replaced by the host shim."""
+    text = compiler.expand_includes(path)
+    assert PTX_F16 in text, "f16_bits changed: update the shim"
+    return text.replace(PTX_F16, "f = host_f16(h);")
 
 
 def build(stem: Path, source: str) -> ctypes.CDLL:

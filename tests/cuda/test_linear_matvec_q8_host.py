@@ -21,7 +21,7 @@ from gguf.quants import dequantize
 from mgserve.cuda import compiler
 from mgserve.cuda.ops.linear_tuning import INT8_TYPES
 from tests.cuda.test_linear_matvec import random_tensor
-from tests.cuda.test_linear_matvec_host_decoders import CXX, PTX_F16, SHIMS, build
+from tests.cuda.test_linear_matvec_host_decoders import CXX, SHIMS, build, host_text
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="no host C++ compiler")
 
@@ -51,9 +51,7 @@ def readers(tmp: Path) -> ctypes.CDLL:
     stub = tmp / "host_q8.cuh"
     no_mma = "static inline void mma_s8(int (&)[4], const u32 (&)[4], u32, u32) {}\n"
     stub.write_text(header.replace(mma, no_mma))
-    text = compiler.expand_includes(stub)
-    assert PTX_F16 in text, "f16_bits changed: update the shim"
-    text = text.replace(PTX_F16, "f = host_f16(h);")
+    text = host_text(stub)
     entries = "".join(
         f'extern "C" void dot_{t}(const u8* b, long n, const i8* xq, const float* xd, '
         f"float* out) {{\n"
