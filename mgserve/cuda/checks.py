@@ -100,3 +100,18 @@ def vec4_input(name: str, t: torch.Tensor, device: torch.device) -> torch.Tensor
         t = t.clone(memory_format=torch.contiguous_format)
     check_vec4(name, t, device, torch.float32)
     return t
+
+
+def tuning_ints(text: str, what: str, fields: str) -> list[int]:
+    """A kernel tuning's bench flag ``text`` as ints, one per field of ``fields`` (its spelling,
+    optional ones in brackets: "BM,BN[,MIN_CTAS]"); ValueError naming ``what`` unless ``text``
+    is that many comma-separated ints, the required ones at least."""
+    names = fields.replace("[", "").replace("]", "").split(",")
+    required = fields.split("[")[0].rstrip(",").count(",") + 1
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not required <= len(values) <= len(names):
+        raise ValueError(f"{what} tuning {text!r}: expected {fields}")
+    return values

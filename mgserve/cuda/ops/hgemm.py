@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mgserve.cuda.checks import check_vec4
+from mgserve.cuda.checks import check_vec4, tuning_ints
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.qgemm import check_tiles
 from mgserve.cuda.ops.wgmma import HGEMM_WG_SOURCE, MAX_SMEM, WgmmaTuning
@@ -69,16 +69,8 @@ class HGemmTuning:
     @classmethod
     def parse(cls, text: str) -> HGemmTuning:
         """ "BM,BN,BK,STAGES,WARPS_M,WARPS_N[,MIN_CTAS[,GROUP_M[,MIN_ROWS]]]" as a bench flag."""
-        try:
-            values = [int(v) for v in text.split(",")]
-        except ValueError:
-            values = []
-        if not 6 <= len(values) <= 9:
-            raise ValueError(
-                f"hgemm tuning {text!r}: expected BM,BN,BK,STAGES,WARPS_M,WARPS_N"
-                "[,MIN_CTAS[,GROUP_M[,MIN_ROWS]]]"
-            )
-        return cls(*values)
+        fields = "BM,BN,BK,STAGES,WARPS_M,WARPS_N[,MIN_CTAS[,GROUP_M[,MIN_ROWS]]]"
+        return cls(*tuning_ints(text, "hgemm", fields))
 
     def defines(self) -> tuple[tuple[str, str], ...]:
         return (

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mgserve.cuda.checks import check_cuda, check_vec4, check_weight
+from mgserve.cuda.checks import check_cuda, check_vec4, check_weight, tuning_ints
 from mgserve.cuda.launch import MAX_GRID_Y, Kernels
 from mgserve.cuda.ops.grouped_rows import GroupedRows
 from mgserve.cuda.ops.linear import check_rows
@@ -91,13 +91,7 @@ class QGemmTuning:
     @classmethod
     def parse(cls, text: str) -> QGemmTuning:
         """ "BM,BN,BK,WARPS_M,WARPS_N[,MIN_CTAS]" (e.g. "128,128,32,2,4") as a bench flag."""
-        try:
-            values = [int(v) for v in text.split(",")]
-        except ValueError:
-            values = []
-        if len(values) not in (5, 6):
-            raise ValueError(f"qgemm tuning {text!r}: expected BM,BN,BK,WARPS_M,WARPS_N[,MIN_CTAS]")
-        return cls(*values)
+        return cls(*tuning_ints(text, "qgemm", "BM,BN,BK,WARPS_M,WARPS_N[,MIN_CTAS]"))
 
     def defines(self, type_name: str) -> tuple[tuple[str, str], ...]:
         return (

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mgserve.cuda.checks import tuning_ints
+
 HGEMM_WG_SOURCE = "hgemm_wgmma.cu"
 QGEMM_WG_SOURCE = "qgemm_wgmma.cu"
 MAX_SMEM = 227 * 1024  # dynamic shared memory a CTA may opt into on sm_90
@@ -53,13 +55,7 @@ class WgmmaTuning:
     @classmethod
     def parse(cls, text: str) -> WgmmaTuning:
         """ "BM,BN,STAGES[,GROUP_M]" as a bench flag."""
-        try:
-            values = [int(v) for v in text.split(",")]
-        except ValueError:
-            values = []
-        if not 3 <= len(values) <= 4:
-            raise ValueError(f"wgmma tuning {text!r}: expected BM,BN,STAGES[,GROUP_M]")
-        return cls(*values)
+        return cls(*tuning_ints(text, "wgmma", "BM,BN,STAGES[,GROUP_M]"))
 
     def defines(self) -> tuple[tuple[str, str], ...]:
         return (
@@ -104,13 +100,7 @@ class QWgmmaTuning:
     @classmethod
     def parse(cls, text: str) -> QWgmmaTuning:
         """ "BM,BN[,MIN_CTAS]" as a bench flag."""
-        try:
-            values = [int(v) for v in text.split(",")]
-        except ValueError:
-            values = []
-        if not 2 <= len(values) <= 3:
-            raise ValueError(f"qgemm wgmma tuning {text!r}: expected BM,BN[,MIN_CTAS]")
-        return cls(*values)
+        return cls(*tuning_ints(text, "qgemm wgmma", "BM,BN[,MIN_CTAS]"))
 
     def defines(self, type_name: str) -> tuple[tuple[str, str], ...]:
         return (
