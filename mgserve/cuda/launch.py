@@ -38,12 +38,13 @@ class Kernels:
         self._kernels: dict[tuple[str, str, CompileOptions], Kernel] = {}
         self._smem: dict[tuple[str, str, CompileOptions], int] = {}  # dynamic smem allowed
         self._streams: dict[int, Stream] = {}
-        self.pdl = int(runtime.gpu_info(compiler.device_index).arch) >= 90
+        arch = runtime.gpu_info(compiler.device_index).arch
+        self.pdl = int(arch) >= 90
         # thread block clusters (kernels/cluster.cuh) exist from sm_90 on; cuda.core counts a
         # cluster launch's grid in clusters from 0.4 on (launch's ``cluster``)
         self.clusters = self.pdl and runtime.cuda_core_version() >= (0, 4)
         # warpgroup MMA (kernels/wgmma.cuh) is sm_90a's alone: H100 / H200, not later GPUs
-        self.wgmma = runtime.gpu_info(compiler.device_index).arch == "90"
+        self.wgmma = arch == "90"
 
     def kernel(
         self, source: str, name: str, defines: Defines = (), smem: int = 0, sm90a: bool = False
