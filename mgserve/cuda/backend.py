@@ -44,6 +44,7 @@ from mgserve.cuda.ops.route import RouteCuda, RouteTorch
 from mgserve.cuda.ops.rowpath import RowPath
 from mgserve.cuda.plan_sizes import Part
 from mgserve.cuda.pools import PoolSize
+from mgserve.cuda.tickets import Tickets
 
 DENSE_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 HYBRID_ARCHS = ("qwen3moe", "qwen3next", "qwen4exp")
@@ -134,7 +135,8 @@ def cuda_backend(
     kernels.pdl = kernels.pdl and pdl
     dense = DenseWeights()
     linear = LinearCuda(kernels, LinearTorch(dense), hgemm=hgemm)
-    moe = MoeCuda(kernels, MoeTorch(dense), linear)
+    tickets = Tickets(kernels.device)  # the counters of the last-CTA kernels (tickets.py)
+    moe = MoeCuda(kernels, MoeTorch(dense), linear, tickets=tickets)
     linear.int8 = moe.int8 = int8
     linear.prefill_exact = moe.prefill_exact = prefill_exact
     linear.cublas_prefill = moe.cublas_prefill = cublas_prefill
@@ -154,7 +156,7 @@ def cuda_backend(
         qsa_keys=BlockKeys(norm, rope, kernels if fused_decode else None),
         linear=linear,
         moe=moe,
-        route=RouteCuda(kernels, RouteTorch()),
+        route=RouteCuda(kernels, RouteTorch(), linear, tickets),
         norm=norm,
         rope=rope,
         act=ActCuda(kernels),

@@ -124,6 +124,7 @@ def variants() -> list[Variant]:
     plain += [SHARED_SOURCE, MOE_PREFILL_SOURCE, DEQUANT_SOURCE, *TEST_SOURCES]
     out = [
         Variant(MATVEC_SOURCE, MatvecTuning().defines(), ""),
+        Variant(ROUTE_SOURCE, MatvecTuning().defines(), "router"),  # matvec_route: the matvec's
         Variant(Q8_SOURCE, q8_defines(Q8_ROWS, Q8_THREADS), ""),
         Variant(MOE_SOURCE, moe_defines(MOE_ROWS), ""),
         Variant(MOE_Q8_SOURCE, moe_defines(MOE_ROWS), ""),

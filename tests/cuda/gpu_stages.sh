@@ -60,6 +60,10 @@
 #                                              short chunk, qwen3next's rows
 #   bash tests/cuda/gpu_stages.sh ncu         Nsight Compute counters of the heaviest prompt
 #                                              and decode kernels (what bounds each)
+#   bash tests/cuda/gpu_stages.sh router      the fused router and the shared expert in the MoE
+#                                              down kernel: tests, --toggle route.fused
+#   bash tests/cuda/gpu_stages.sh s16         router's tests and rounds, then next5's tests (one
+#                                              call: each call's start costs minutes)
 # Logs and files land in $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/mgserve-out}; mkdir -p "$OUT"
@@ -104,6 +108,24 @@ case "${1:-tests}" in
     M="model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode 0 --multi-decode= --decode-steps 4"
     bench prefill_hgemm 120 $M --record
     bench prefill_qgemm 120 $M --hgemm 128,256,32,4,2,4,1,8,1000000 --record ;;
+  router)  # 2026-12-06 19:25: route.cu's matvec_route and the shared expert added by the MoE
+    # down kernel (carry .whl and the tiny qwen4exp / qwen3): bitwise tests, whole decode steps
+    # fused against unfused, the launch count, then decode with and without them side by side
+    timeout 220 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_fused_router.py tests/cuda/test_fused_decode.py tests/cuda/test_route.py \
+      tests/cuda/test_glue.py tests/cuda/test_moe.py \
+      -k "not timing" > "$OUT/t_router.log" 2>&1
+    echo "== router tests rc=$?"
+    grep -E "^(FAILED|ERROR|E )|passed|failed|fused .* torch" "$OUT/t_router.log" | head -30
+    bench router_paired 200 model $Q4X --ctx 262144 --slots 5 --int8 --prefill= --decode 0 \
+      --multi-decode 5@32768 --decode-steps 16 --paired 5 --toggle route.fused --record ;;
+  s16)  # router, then next5's tests, within one call's 600 s
+    bash "$0" router; cp BENCHMARKS.md "$OUT/"
+    timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_hgemm_wgmma.py tests/cuda/test_qgemm_wgmma.py tests/cuda/test_warmup.py \
+      -k "not timing" > "$OUT/t_next5.log" 2>&1
+    echo "== next5 tests rc=$?"
+    grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_next5.log" | head -20 ;;
   exact)
     bench exact 300 model $Q4X --ctx 262144 --slots 5 --prefill 4096@0 --decode 0,131072 \
       --multi-decode "" --decode-steps 16 --record ;;

@@ -52,7 +52,6 @@ KNOWN_SPILLS = {
     ),  # fmt: skip
     ("matvec.cu", "matvec_IQ3_S_t2"),
     ("matvec.cu", "matvec_IQ3_XXS_t2"),
-    ("moe.cu", "moe_down_IQ2_XXS"),
     ("moe.cu", "moe_down_IQ3_S"),
 }
 

@@ -25,7 +25,8 @@ __device__ void moe_gate_up(const u8* __restrict__ gate, const u8* __restrict__ 
                             const int* __restrict__ experts, float* __restrict__ h, int kk,
                             int ff, int k, int n_expert) {
     constexpr int R = GU_ROWS, RUNS = T::BLOCK / 8;
-    moe_gate_up_warp<T>(gate, up, expert_rows, experts, h, kk, ff, k, n_expert,
+    moe_gate_up_warp<T>(gate, up, expert_rows, experts, h, nullptr, nullptr, nullptr, kk, ff, k,
+                        n_expert,
                         [&](int lane, int n, const u8* const (&grow)[R],
                             const u8* const (&urow)[R], float (&ag)[R], float (&au)[R]) {
         const float* xn = x + (size_t)n * k;
@@ -50,14 +51,16 @@ __device__ void moe_gate_up(const u8* __restrict__ gate, const u8* __restrict__ 
 
 // down: [n_expert * expert_rows, ff / BLOCK * BYTES] bytes; h: fp32 [N, kk, ff];
 // experts: int32 [N, kk]; weights: fp32 [N, kk]; out: fp32 [N, d]; res: fp32 [N, d] added to
-// out, or null. kk <= MOE_MAX_KK.
+// out, or null; shared [N, d] and sgate [N]: the shared expert's output and gate, or null
+// (moe_down_warp). kk <= MOE_MAX_KK.
 template <typename T>
 __device__ void moe_down(const u8* __restrict__ down, long long expert_rows,
                          const float* __restrict__ h, const int* __restrict__ experts,
                          const float* __restrict__ weights, float* __restrict__ out,
-                         const float* __restrict__ res, int kk, int d, int ff, int n_expert) {
+                         const float* __restrict__ res, const float* __restrict__ shared,
+                         const float* __restrict__ sgate, int kk, int d, int ff, int n_expert) {
     constexpr int R = DOWN_ROWS, RUNS = T::BLOCK / 8;
-    moe_down_warp<T>(experts, weights, out, res, kk, d, ff, n_expert,
+    moe_down_warp<T>(experts, weights, out, res, shared, sgate, kk, d, ff, n_expert,
                      [&](int lane, int n, const int* s_e, const float* s_w, size_t row_bytes,
                          const int (&rows)[R], float (&acc)[R]) {
         const float* hn = h + (size_t)n * kk * ff;
@@ -90,10 +93,12 @@ __device__ void moe_down(const u8* __restrict__ down, long long expert_rows,
     extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_down_##TYPE(                \
         const u8* __restrict__ down, long long expert_rows, const float* __restrict__ h,       \
         const int* __restrict__ experts, const float* __restrict__ weights,                    \
-        float* __restrict__ out, const float* __restrict__ res, int kk, int d, int ff,          \
-        int n_expert) {                                                                         \
+        float* __restrict__ out, const float* __restrict__ res,                                \
+        const float* __restrict__ shared, const float* __restrict__ sgate, int kk, int d,       \
+        int ff, int n_expert) {                                                                 \
         grid_sync();                                                                            \
-        moe_down<TYPE>(down, expert_rows, h, experts, weights, out, res, kk, d, ff, n_expert); \
+        moe_down<TYPE>(down, expert_rows, h, experts, weights, out, res, shared, sgate, kk, d,  \
+                       ff, n_expert);                                                           \
     }
 
 MOE_ENTRIES(Q4_0)

@@ -2,7 +2,9 @@
 // activations) and moe_q8.cu (int8 activations, dp4a):
 //
 //   h[n, j, f] = silu(gate_e[f] . x[n]) * (up_e[f] . x[n])          e = experts[n, j]  (gate_up)
-//   out[n, r]  = res[n, r] + sum_j weights[n, j] * (down_e[r] . h[n, j])  (down; res optional)
+//   out[n, r]  = res[n, r] + (sum_j weights[n, j] * (down_e[r] . h[n, j])   (down; res optional)
+//                             + shared[n, r] * gate[n])   (the shared expert's output, optional;
+//                                                          gate optional: ungated)
 //
 // Expert tensors are GGUF's 3-D ffn_{gate,up,down}_exps: expert e's row f of a matrix with
 // expert_rows rows per expert is row e * expert_rows + f (gate/up: expert_rows = ff, or 2 ff for
@@ -46,12 +48,19 @@
 // point into gate's storage); experts: int32 [N, kk]; h: fp32 [N, kk, ff].
 // sum(lane, n, grow, urow, ag, au) adds this lane's share of (gate row rr . x[n]) to ag[rr] and of
 // (up row rr . x[n]) to au[rr], for the warp's GU_ROWS rows starting at grow[rr] / urow[rr].
+// hq, hd, tickets (all null, or none): h is also rounded to int8 as quantize_q8 would round it
+// (hq int8 [N * kk, ff], hd fp32 [N * kk, ff / 32]) by the CTA that finishes each group of 32 rows
+// of a pair last; tickets: one counter per group, 0 before and after (cuda/tickets.py). Needs
+// ff % 32 == 0 and 32 % (MOE_WARPS * GU_ROWS) == 0 (every CTA inside one group, no warp idle:
+// MoeCuda checks both).
 template <typename T, typename Sum>
 __device__ __forceinline__ void moe_gate_up_warp(const u8* __restrict__ gate,
                                                  const u8* __restrict__ up, long long expert_rows,
                                                  const int* __restrict__ experts,
-                                                 float* __restrict__ h, int kk, int ff, int k,
-                                                 int n_expert, Sum sum) {
+                                                 float* __restrict__ h, i8* __restrict__ hq,
+                                                 float* __restrict__ hd,
+                                                 unsigned* __restrict__ tickets, int kk, int ff,
+                                                 int k, int n_expert, Sum sum) {
     constexpr int R = GU_ROWS;
     const int lane = threadIdx.x & 31;
     const int f0 = (blockIdx.y * MOE_WARPS + (threadIdx.x >> 5)) * R;
@@ -75,9 +84,24 @@ __device__ __forceinline__ void moe_gate_up_warp(const u8* __restrict__ gate,
         const float g = warp_sum(ag[rr]), u = warp_sum(au[rr]);
         if (lane == 0 && f0 + rr < ff) h[(size_t)p * ff + f0 + rr] = silu(g) * u;
     }
+    if (hq == nullptr) return;
+    __shared__ bool s_last;
+    __threadfence();  // this warp's rows before the CTA's ticket
+    __syncthreads();
+    const long long group = (long long)p * (ff / 32) + blockIdx.y * (MOE_WARPS * R) / 32;
+    if (threadIdx.x == 0) s_last = atomicAdd(tickets + group, 1u) == 32 / (MOE_WARPS * R) - 1;
+    __syncthreads();
+    if (!s_last || threadIdx.x >= 32) return;  // one warp of the last CTA rounds the group
+    __threadfence();  // the other CTAs' rows, fenced before their tickets, are visible
+    const long long idx = group * 32 + 4 * (lane & 7);  // lanes 0..7: 4 values each
+    const float4 v = lane < 8 ? __ldcg((const float4*)(h + idx)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    q8_store4(v, lane < 8, hq, hd, idx);
+    if (lane == 0) tickets[group] = 0u;
 }
 
 // One down warp: experts: int32 [N, kk]; weights: fp32 [N, kk]; out: fp32 [N, d]; kk <= MOE_MAX_KK.
+// shared: fp32 [N, d] or null, gate: fp32 [N] or null: added as moe_add_shared_f32 adds them
+// (routed + shared * gate, then the residual), so the fused sum has its bits.
 // sum(lane, n, s_e, s_w, row_bytes, rows, acc) adds this lane's share of
 // sum_j s_w[j] * (row rows[rr] of expert s_e[j] . h[n, j]) to acc[rr], for the warp's DOWN_ROWS
 // rows (s_e: the token's clamped expert ids, s_w: their weights, both in shared memory; rows of
@@ -86,7 +110,9 @@ template <typename T, typename Sum>
 __device__ __forceinline__ void moe_down_warp(const int* __restrict__ experts,
                                               const float* __restrict__ weights,
                                               float* __restrict__ out,
-                                              const float* __restrict__ res, int kk, int d,
+                                              const float* __restrict__ res,
+                                              const float* __restrict__ shared,
+                                              const float* __restrict__ gate, int kk, int d,
                                               int ff, int n_expert, Sum sum) {
     constexpr int R = DOWN_ROWS;
     __shared__ int s_e[MOE_MAX_KK];
@@ -108,9 +134,10 @@ __device__ __forceinline__ void moe_down_warp(const int* __restrict__ experts,
     sum(lane, n, s_e, s_w, row_bytes, rows, acc);
 #pragma unroll
     for (int rr = 0; rr < R; rr++) {
-        const float s = warp_sum(acc[rr]);
+        float s = warp_sum(acc[rr]);
         if (lane == 0 && r0 + rr < d) {
             const size_t o = (size_t)n * d + r0 + rr;
+            if (shared) s = __fadd_rn(s, gate ? __fmul_rn(shared[o], gate[n]) : shared[o]);
             out[o] = res ? __fadd_rn(res[o], s) : s;
         }
     }

@@ -5,7 +5,8 @@
 // xq / hq are x and h rounded to int8 by matvec_q8.cu's quantize_q8 (one fp32 scale per 32
 // values: xd / hd), so each weight chunk is multiplied with integer dot products against the
 // weights' packed quants and the block scales are applied in fp32; the weights keep their exact
-// value, only the activations are rounded. h is written in fp32 and quantized by the caller.
+// value, only the activations are rounded. h is written in fp32 and rounded by the gate/up kernel
+// itself (the last CTA of each group of 32 rows: moe_gate_up_warp) or by the caller.
 // Each lane takes a row's chunks (a format's 16-byte unit of quants, T::CHUNKS per block) lane,
 // lane + 32, ..., all of the warp's rows loaded before any arithmetic; the down kernel's flat
 // range is the kk * chunks-per-row of row r of every selected expert.
@@ -17,14 +18,17 @@
 #include "pdl.cuh"
 
 // gate, up: [n_expert * expert_rows, k / BLOCK * BYTES] bytes; xq: int8 [N, k];
-// xd: fp32 [N, k / 32]; experts: int32 [N, kk]; h: fp32 [N, kk, ff].
+// xd: fp32 [N, k / 32]; experts: int32 [N, kk]; h: fp32 [N, kk, ff]; hq, hd, tickets: h's int8
+// form for the down kernel, or null (moe_gate_up_warp).
 template <typename T>
 __device__ void moe_q8_gate_up(const u8* __restrict__ gate, const u8* __restrict__ up,
                                long long expert_rows, const i8* __restrict__ xq,
                                const float* __restrict__ xd, const int* __restrict__ experts,
-                               float* __restrict__ h, int kk, int ff, int k, int n_expert) {
+                               float* __restrict__ h, i8* __restrict__ hq, float* __restrict__ hd,
+                               unsigned* __restrict__ tickets, int kk, int ff, int k,
+                               int n_expert) {
     constexpr int R = GU_ROWS;
-    moe_gate_up_warp<T>(gate, up, expert_rows, experts, h, kk, ff, k, n_expert,
+    moe_gate_up_warp<T>(gate, up, expert_rows, experts, h, hq, hd, tickets, kk, ff, k, n_expert,
                         [&](int lane, int n, const u8* const (&grow)[R],
                             const u8* const (&urow)[R], float (&ag)[R], float (&au)[R]) {
         const i8* xn = xq + (size_t)n * k;
@@ -52,15 +56,17 @@ __device__ void moe_q8_gate_up(const u8* __restrict__ gate, const u8* __restrict
 
 // down: [n_expert * expert_rows, ff / BLOCK * BYTES] bytes; hq: int8 [N * kk, ff];
 // hd: fp32 [N * kk, ff / 32]; experts: int32 [N, kk]; weights: fp32 [N, kk]; out: fp32 [N, d];
-// res: fp32 [N, d] added to out, or null.
+// res: fp32 [N, d] added to out, or null; shared [N, d] and sgate [N]: the shared expert's
+// output and gate, or null (moe_down_warp).
 template <typename T>
 __device__ void moe_q8_down(const u8* __restrict__ down, long long expert_rows,
                             const i8* __restrict__ hq, const float* __restrict__ hd,
                             const int* __restrict__ experts, const float* __restrict__ weights,
-                            float* __restrict__ out, const float* __restrict__ res, int kk, int d,
-                            int ff, int n_expert) {
+                            float* __restrict__ out, const float* __restrict__ res,
+                            const float* __restrict__ shared, const float* __restrict__ sgate,
+                            int kk, int d, int ff, int n_expert) {
     constexpr int R = DOWN_ROWS;
-    moe_down_warp<T>(experts, weights, out, res, kk, d, ff, n_expert,
+    moe_down_warp<T>(experts, weights, out, res, shared, sgate, kk, d, ff, n_expert,
                      [&](int lane, int n, const int* s_e, const float* s_w, size_t row_bytes,
                          const int (&rows)[R], float (&acc)[R]) {
         const int per_row = ff / T::BLOCK * T::CHUNKS, total = kk * per_row;
@@ -87,19 +93,22 @@ __device__ void moe_q8_down(const u8* __restrict__ down, long long expert_rows,
     extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_q8_gate_up_##TYPE(          \
         const u8* __restrict__ gate, const u8* __restrict__ up, long long expert_rows,          \
         const i8* __restrict__ xq, const float* __restrict__ xd,                               \
-        const int* __restrict__ experts, float* __restrict__ h, int kk, int ff, int k,         \
+        const int* __restrict__ experts, float* __restrict__ h, i8* __restrict__ hq,           \
+        float* __restrict__ hd, unsigned* __restrict__ tickets, int kk, int ff, int k,          \
         int n_expert) {                                                                         \
         grid_sync();                                                                            \
-        moe_q8_gate_up<TYPE>(gate, up, expert_rows, xq, xd, experts, h, kk, ff, k, n_expert);  \
+        moe_q8_gate_up<TYPE>(gate, up, expert_rows, xq, xd, experts, h, hq, hd, tickets, kk,   \
+                             ff, k, n_expert);                                                  \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_q8_down_##TYPE(             \
         const u8* __restrict__ down, long long expert_rows, const i8* __restrict__ hq,         \
         const float* __restrict__ hd, const int* __restrict__ experts,                         \
         const float* __restrict__ weights, float* __restrict__ out,                            \
-        const float* __restrict__ res, int kk, int d, int ff, int n_expert) {                   \
+        const float* __restrict__ res, const float* __restrict__ shared,                       \
+        const float* __restrict__ sgate, int kk, int d, int ff, int n_expert) {                 \
         grid_sync();                                                                            \
-        moe_q8_down<TYPE>(down, expert_rows, hq, hd, experts, weights, out, res, kk, d, ff,    \
-                          n_expert);                                                            \
+        moe_q8_down<TYPE>(down, expert_rows, hq, hd, experts, weights, out, res, shared, sgate, \
+                          kk, d, ff, n_expert);                                                 \
     }
 
 MOE_Q8_ENTRIES(Q4_K)

@@ -11,12 +11,21 @@
 //     keeps round r's expert and probability;
 //   - weights: the chosen probabilities, divided by max(sum, min_sum) when `norm` (the sum in rank
 //     order, like llama.cpp's clamp at the smallest normal f16); lanes r < k write.
+//
+// matvec_route_<T>_t<NT> (T: F32, F16, BF16, the router formats of GGUF files; NT: 1, 2, 4, 8
+//   tokens): a decode step's router product, routing and shared-expert gate in one launch. The
+//   CTAs compute the logits exactly as matvec.cu's matvec_<T>_t<NT> (the same template and
+//   tuning, so the same bits), write them, and take a ticket; the CTA that takes the last one
+//   (every other CTA's logits are then written: each writer fences before its CTA's ticket) routes
+//   the tokens as moe_route does (route_warp, below) and computes each token's shared-expert gate
+//   sigmoid(h . gate_inp) in moe_shared.cu's order (shared_gate_dot), then resets the counter for
+//   the next launch (a graph's replay). One launch instead of three (the router's matvec,
+//   moe_route, and the gate's dot product inside moe_add_shared), with the same results.
 
-#include "math.cuh"
-#include "pdl.cuh"
+#include "matvec.cuh"
+#include "route.cuh"
 
 #define ROUTE_WARPS 4
-#define ROUTE_PER_LANE 16  // logits per lane at most: E <= 512
 
 extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32)
 moe_route(const float* __restrict__ logits,  // [N, E]
@@ -24,64 +33,59 @@ moe_route(const float* __restrict__ logits,  // [N, E]
           float* __restrict__ weights,        // [N, k]
           int n_tok, int n_exp, int k, int norm, float min_sum) {
     grid_sync();
-    const int lane = threadIdx.x & 31;
     const int n = blockIdx.x * ROUTE_WARPS + (threadIdx.x >> 5);
     if (n >= n_tok) return;  // warp-uniform
-    const float* x = logits + (size_t)n * n_exp;
-
-    float p[ROUTE_PER_LANE];
-    float mx = NEG_INF;
-#pragma unroll
-    for (int j = 0; j < ROUTE_PER_LANE; ++j) {
-        const int e = lane + 32 * j;
-        p[j] = e < n_exp ? x[e] : NEG_INF;
-        mx = fmaxf(mx, p[j]);
-    }
-    mx = warp_max(mx);
-    float sum = 0.f;
-    unsigned absent = 0u;  // bit j: expert lane + 32 j does not exist
-#pragma unroll
-    for (int j = 0; j < ROUTE_PER_LANE; ++j) {
-        if (lane + 32 * j < n_exp) {
-            p[j] = expf(p[j] - mx);
-            sum += p[j];
-        } else {
-            absent |= 1u << j;
-        }
-    }
-    sum = warp_sum(sum);
-#pragma unroll
-    for (int j = 0; j < ROUTE_PER_LANE; ++j) p[j] = p[j] / sum;
-
-    unsigned taken = absent;
-    int my_e = 0;
-    float my_w = 0.f, wsum = 0.f;
-    for (int r = 0; r < k; ++r) {
-        unsigned long long best = 0ull;  // any real key beats it
-#pragma unroll
-        for (int j = 0; j < ROUTE_PER_LANE; ++j) {
-            const unsigned long long key =
-                ((unsigned long long)__float_as_uint(p[j]) << 32) |
-                (unsigned long long)(0xFFFFFFFFu - (unsigned)(lane + 32 * j));
-            if (!((taken >> j) & 1u) && key > best) best = key;
-        }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            const unsigned long long o = __shfl_xor_sync(FULL, best, off);
-            best = o > best ? o : best;
-        }
-        const int e = (int)(0xFFFFFFFFu - (unsigned)(best & 0xFFFFFFFFull));
-        const float w = __uint_as_float((unsigned)(best >> 32));
-        if ((e & 31) == lane) taken |= 1u << (e >> 5);
-        if (lane == r) {
-            my_e = e;
-            my_w = w;
-        }
-        wsum += w;
-    }
-    if (lane < k) {
-        const float denom = norm ? fmaxf(wsum, min_sum) : 1.f;
-        experts[(size_t)n * k + lane] = my_e;
-        weights[(size_t)n * k + lane] = norm ? my_w / denom : my_w;
-    }
+    route_warp(logits + (size_t)n * n_exp, experts + (size_t)n * k, weights + (size_t)n * k,
+               n_exp, k, norm, min_sum);
 }
+
+// w: the router [n_exp, k_dim] in format T; x: h fp32 [n_tok, k_dim]; logits: fp32 [n_tok, n_exp]
+// (written, then read by the last CTA); experts, weights: [n_tok, k]; gate_inp: fp32 [k_dim] or
+// null (no gate computed); gate: fp32 [n_tok], sigmoid(x[n] . gate_inp); count: an int32 that is
+// 0 before the launch (and after it).
+template <typename T, int NT>
+__device__ void matvec_route(const u8* __restrict__ w, const float* __restrict__ x,
+                             float* __restrict__ logits, int n_exp, int k_dim, int n_tok,
+                             int* __restrict__ experts, float* __restrict__ weights, int k,
+                             int norm, float min_sum, const float* __restrict__ gate_inp,
+                             float* __restrict__ gate, unsigned* __restrict__ count) {
+    matvec<T, NT>(w, x, logits, n_exp, k_dim, n_tok, nullptr, nullptr);
+    __shared__ bool s_last;
+    __threadfence();  // this thread's logits (lane 0s wrote them) before the CTA's ticket
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(count, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!s_last) return;  // CTA-uniform
+    __threadfence();  // the other CTAs' logits, fenced before their tickets, are visible
+    const int warp = threadIdx.x >> 5;
+    for (int n = warp; n < n_tok; n += WARPS_PER_CTA)
+        route_warp(logits + (size_t)n * n_exp, experts + (size_t)n * k, weights + (size_t)n * k,
+                   n_exp, k, norm, min_sum);
+    if (gate_inp) {
+        for (int n = 0; n < n_tok; n++) {
+            const float g = shared_gate_dot(x + (size_t)n * k_dim, gate_inp, k_dim);
+            if (threadIdx.x == 0) gate[n] = g;
+        }
+    }
+    if (threadIdx.x == 0) *count = 0u;  // every CTA has taken its ticket: none reads it again
+}
+
+#define MATVEC_ROUTE_ENTRY(TYPE, NT)                                                            \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS_PER_CTA) matvec_route_##TYPE##_t##NT( \
+        const u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ logits,      \
+        int n_exp, int k_dim, int n_tok, int* __restrict__ experts, float* __restrict__ weights,\
+        int k, int norm, float min_sum, const float* __restrict__ gate_inp,                    \
+        float* __restrict__ gate, unsigned* __restrict__ count) {                               \
+        matvec_route<TYPE, NT>(w, x, logits, n_exp, k_dim, n_tok, experts, weights, k, norm,   \
+                               min_sum, gate_inp, gate, count);                                \
+    }
+
+#define MATVEC_ROUTE_TYPE(TYPE)   \
+    MATVEC_ROUTE_ENTRY(TYPE, 1)   \
+    MATVEC_ROUTE_ENTRY(TYPE, 2)   \
+    MATVEC_ROUTE_ENTRY(TYPE, 4)   \
+    MATVEC_ROUTE_ENTRY(TYPE, 8)
+
+MATVEC_ROUTE_TYPE(F32)
+MATVEC_ROUTE_TYPE(F16)
+MATVEC_ROUTE_TYPE(BF16)

@@ -14,6 +14,8 @@ from mgserve.core.gguf.hparams_hybrid import HybridSpec
 from mgserve.cuda.loader import Loader, fuse_rows
 from mgserve.cuda.models.base import fused_matmul
 from mgserve.cuda.ops.moe import ExpertWeights
+from mgserve.cuda.ops.moe_cuda import MoeCuda, SharedExpert
+from mgserve.cuda.ops.route import RouteCuda
 from mgserve.cuda.weights import QuantWeight
 
 if TYPE_CHECKING:
@@ -59,11 +61,18 @@ def moe_ffn(
     b: Backend, w: Moe, h: torch.Tensor, hp: HybridSpec, residual: torch.Tensor | None = None
 ) -> torch.Tensor:
     """residual + routed experts (softmax top-k) + the sigmoid-gated shared expert, when loaded:
-    [N, d]. h is rounded to int8 once for every product that reads it (int8 decode)."""
+    [N, d]. h is rounded to int8 once for every product that reads it (int8 decode). Where the
+    route family fuses the router (``route.fuses``: a decode step with ``fused_decode``), the
+    router, the routing and the shared expert's gate are one launch and the down kernel adds the
+    shared expert: the same bits as the separate launches."""
     xq = b.linear.quantize(h)
+    k, norm = hp.n_expert_used, hp.norm_topk
+    fused = _fused(b, h.shape[0], w.router, k)
     if w.shexp_gate_up is None or w.shexp_down is None:
-        logits = b.linear.matmul(h, w.router, xq=xq)
-        experts, weights = b.route.top_k(logits, hp.n_expert_used, hp.norm_topk)
+        if fused is not None:
+            experts, weights = fused[0].router(h, w.router, k, norm).route
+        else:
+            experts, weights = b.route.top_k(b.linear.matmul(h, w.router, xq=xq), k, norm)
         return b.moe.experts(h, w.experts, experts, weights, residual=residual, xq=xq)
     side = b.branch.fork()  # the shared expert beside the router and the routed experts
     with side:
@@ -71,8 +80,22 @@ def moe_ffn(
         g, u = fused_matmul(b, h, w.shexp_gate_up, [sh, sh], xq)
         a, aq = b.act.silu_mul_xq(g, u, xq=b.linear.fused_xq(h.shape[0], sh))
         s = b.linear.matmul(a, w.shexp_down, xq=aq)
+    if fused is not None:
+        route, moe = fused
+        (experts, weights), gate = route.router(h, w.router, k, norm, w.shexp_gate_inp)
+        shared = SharedExpert(s, gate, side.join)
+        return moe.experts(h, w.experts, experts, weights, residual=residual, xq=xq,
+                             shared=shared)  # fmt: skip
     logits = b.linear.matmul(h, w.router, xq=xq)
-    experts, weights = b.route.top_k(logits, hp.n_expert_used, hp.norm_topk)
+    experts, weights = b.route.top_k(logits, k, norm)
     y = b.moe.experts(h, w.experts, experts, weights, xq=xq)  # [N, d]
     side.join()
     return b.moe.add_shared(y, s, h, w.shexp_gate_inp, residual)
+
+
+def _fused(b: Backend, n: int, router: QuantWeight, k: int) -> tuple[RouteCuda, MoeCuda] | None:
+    """The route and moe families when n rows take the fused router (``RouteCuda.fuses``)."""
+    if isinstance(b.route, RouteCuda) and isinstance(b.moe, MoeCuda):
+        if b.route.fuses(n, router, k):
+            return b.route, b.moe
+    return None

@@ -11,10 +11,16 @@
   compare with and to fall back on.
 
 The residual is added as the down kernel writes each output (decode); ``add_shared`` is one kernel
-(moe_shared.cu: one CTA per token, the gate's dot product reduced in a fixed order).
+(moe_shared.cu: one CTA per token, the gate's dot product reduced in a fixed order). A decode step
+with ``fused_decode`` hands ``experts`` the shared expert's output and gates instead
+(``SharedExpert``: the gates from ``route.router``), and the down kernel adds them as it writes
+each output, as ``add_shared`` would: the same bits, one launch fewer.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -26,6 +32,7 @@ from mgserve.cuda.ops.linear_tuning import MAX_MATVEC_TOKENS, Q8Activations
 from mgserve.cuda.ops.moe import ExpertWeights, MoeTorch, check_moe, check_residual, check_shared
 from mgserve.cuda.ops.moe_prefill import moe_prefill
 from mgserve.cuda.ops.moe_prefill_cuda import MoePrefillCuda
+from mgserve.cuda.tickets import Tickets
 
 MOE_SOURCE = "moe.cu"
 MOE_Q8_SOURCE = "moe_q8.cu"
@@ -34,6 +41,14 @@ SHARED_THREADS = 256  # threads per CTA of moe_add_shared_f32 (the gate's sum or
 MOE_WARPS = 4  # MOE_WARPS in kernels/moe_decode.cuh
 MOE_Q8_TYPES = frozenset({"Q4_K", "Q6_K", "Q5_0", "Q8_0"})  # expert formats of moe_q8.cu
 MOE_ROWS = (1, 1)  # MoeCuda's default rows per warp: gate/up, down
+
+
+class SharedExpert(NamedTuple):
+    """The shared expert's part of a decode step's MoE sum, added by the down kernel."""
+
+    out: torch.Tensor  # [N, d] float32: the shared expert's output
+    gate: torch.Tensor | None  # [N] float32: sigmoid(h . gate_inp) (route.router), or ungated
+    ready: Callable[[], None]  # makes ``out`` ready on the current stream (the branch's join)
 
 
 def moe_defines(rows: tuple[int, int]) -> tuple[tuple[str, str], ...]:
@@ -47,7 +62,8 @@ class MoeCuda:
     ``prefill_exact``: prompt chunks run the torch version (fp32, every expert; tests).
     ``cublas_prefill``: prompt chunks take the bucketed cuBLAS path (module docstring).
     ``moe_rows``: rows per warp of the gate/up and down kernels (GU_ROWS / DOWN_ROWS of
-    moe_decode.cuh), for tuning."""
+    moe_decode.cuh), for tuning. ``tickets``: counters with which the int8 gate/up kernel rounds
+    h for the int8 down kernel itself (with ``linear.fused_decode``; else a quantize launch)."""
 
     def __init__(
         self,
@@ -55,6 +71,7 @@ class MoeCuda:
         fallback: MoeTorch,
         linear: LinearCuda,
         moe_rows: tuple[int, int] = MOE_ROWS,
+        tickets: Tickets | None = None,
     ) -> None:
         if len(moe_rows) != 2 or not all(1 <= r <= 8 for r in moe_rows):
             raise ValueError(f"moe_rows must be two row counts in 1..8, got {moe_rows}")
@@ -66,6 +83,7 @@ class MoeCuda:
         self.cublas_prefill = False
         self.moe_rows = moe_rows
         self._defines = moe_defines(moe_rows)
+        self.tickets = tickets  # the int8 gate/up kernel's counters (rounding h itself)
         # add_shared's decode rows cut into parts, a CTA each, instead of one CTA a row (the
         # same bits: tests/cuda/test_glue.py; bench model --paired R --toggle moe.shared_parts)
         self.shared_parts = True
@@ -79,12 +97,15 @@ class MoeCuda:
         *,
         residual: torch.Tensor | None = None,
         xq: Q8Activations | None = None,
+        shared: SharedExpert | None = None,
     ) -> torch.Tensor:
         """residual + sum_j weights[:, j] * down_e(silu(gate_e x) * up_e x), e = experts[:, j].
 
         x [N, d] fp32, experts [N, kk] int32 (int64 is converted on the device; ids outside
         [0, E) are clamped), weights [N, kk] fp32, residual [N, d] or None -> [N, d] fp32.
         ``xq``: x as ``linear.quantize`` rounded it, read by the int8 gate/up kernel.
+        ``shared``: a decode step's shared expert, added as ``add_shared`` adds it (decode rows
+        of at most MAX_MATVEC_TOKENS tokens only).
         """
         check_moe(x, w, experts, weights)
         check_residual(residual, x)
@@ -100,6 +121,21 @@ class MoeCuda:
         check_cuda("experts", experts, self.device, torch.int32)
         check_cuda("weights", weights, self.device, torch.float32)
         n = x.shape[0]
+        if shared is not None:
+            if not (0 < n <= MAX_MATVEC_TOKENS and self.linear.path.decode_kernels(n)):
+                raise ValueError(
+                    f"moe.experts: the shared expert is added to decode rows of 1.."
+                    f"{MAX_MATVEC_TOKENS} tokens only, got {n} rows"
+                )
+            check_cuda("shared.out", shared.out, self.device, torch.float32)
+            if shared.out.shape != x.shape:
+                raise ValueError(f"shared.out has shape {list(shared.out.shape)}, expected "
+                                 f"{list(x.shape)}")  # fmt: skip
+            if shared.gate is not None:
+                check_cuda("shared.gate", shared.gate, self.device, torch.float32)
+                if tuple(shared.gate.shape) != (n,):
+                    raise ValueError(f"shared.gate has shape {list(shared.gate.shape)}, "
+                                     f"expected [{n}]")  # fmt: skip
         if n > MAX_MATVEC_TOKENS and self.prefill_exact:
             return self.fallback.experts(x, w, experts, weights, residual=residual)
         if n == 0:
@@ -108,12 +144,12 @@ class MoeCuda:
             if residual is not None:
                 check_cuda("residual", residual, self.device, torch.float32)
             if n <= MAX_MATVEC_TOKENS:
-                return self._decode(x, w, experts, weights, residual, xq)
+                return self._decode(x, w, experts, weights, residual, xq, shared)
             step = MAX_MATVEC_TOKENS
             return torch.cat([
                 self._decode(
                     x[r0 : r0 + step], w, experts[r0 : r0 + step], weights[r0 : r0 + step],
-                    None if residual is None else residual[r0 : r0 + step], None,
+                    None if residual is None else residual[r0 : r0 + step], None, None,
                 )
                 for r0 in range(0, n, step)
             ])  # fmt: skip
@@ -125,7 +161,7 @@ class MoeCuda:
 
     def _decode(
         self, x: torch.Tensor, w: ExpertWeights, experts: torch.Tensor, weights: torch.Tensor,
-        residual: torch.Tensor | None, xq: Q8Activations | None,
+        residual: torch.Tensor | None, xq: Q8Activations | None, shared: SharedExpert | None,
     ) -> torch.Tensor:  # fmt: skip
         gate_w, up, expert_rows = w.gate_up_storage()
         gate = gate_w.data.data_ptr()
@@ -137,26 +173,43 @@ class MoeCuda:
         gt, dt = w.gate_type, w.down.type_name
         # pairs / tokens on the fast grid axis, row tiles on y (see moe.cu)
         grid = (n * kk, -(-ff // (MOE_WARPS * self.moe_rows[0])))
-        tail = (experts.data_ptr(), h.data_ptr(), np.int32(kk), np.int32(ff), np.int32(d))
+        int8_down = self.int8 and dt in MOE_Q8_TYPES
+        hq: Q8Activations | None = None
         if self.int8 and gt in MOE_Q8_TYPES:
             if xq is None:
                 xq = self.linear.q8.quantize(x, stream)
             kernel = self.kernels.kernel(MOE_Q8_SOURCE, f"moe_q8_gate_up_{gt}", self._defines)
             act: tuple[int, ...] = (xq.q.data_ptr(), xq.d.data_ptr())
+            rounds = self._rounds_h(n * kk, ff) if int8_down else None
+            if rounds is not None:  # the kernel rounds h to int8 itself (moe_gate_up_warp)
+                hq = Q8Activations(
+                    torch.empty(n * kk, ff, dtype=torch.int8, device=self.device),
+                    torch.empty(n * kk, ff // 32, dtype=torch.float32, device=self.device),
+                )
+            tail: tuple[object, ...] = (
+                experts.data_ptr(), h.data_ptr(),
+                0 if hq is None else hq.q.data_ptr(), 0 if hq is None else hq.d.data_ptr(),
+                0 if rounds is None else rounds,
+            )  # fmt: skip
         else:
             kernel = self.kernels.kernel(MOE_SOURCE, f"moe_gate_up_{gt}", self._defines)
             act = (x.data_ptr(),)
+            tail = (experts.data_ptr(), h.data_ptr())
         self.kernels.launch(
-            kernel, grid, 32 * MOE_WARPS, gate, up, np.int64(expert_rows), *act, *tail, np.int32(e)
-        )
+            kernel, grid, 32 * MOE_WARPS, gate, up, np.int64(expert_rows), *act, *tail,
+            np.int32(kk), np.int32(ff), np.int32(d), np.int32(e),
+        )  # fmt: skip
         grid = (n, -(-d // (MOE_WARPS * self.moe_rows[1])))
-        if self.int8 and dt in MOE_Q8_TYPES:
-            hq = self.linear.q8.quantize(h.view(n * kk, ff), stream)
+        if int8_down:
+            if hq is None:
+                hq = self.linear.q8.quantize(h.view(n * kk, ff), stream)
             kernel = self.kernels.kernel(MOE_Q8_SOURCE, f"moe_q8_down_{dt}", self._defines)
             act = (hq.q.data_ptr(), hq.d.data_ptr())
         else:
             kernel = self.kernels.kernel(MOE_SOURCE, f"moe_down_{dt}", self._defines)
             act = (h.data_ptr(),)
+        if shared is not None:
+            shared.ready()  # the side chain's output, before the kernel that reads it
         self.kernels.launch(
             kernel,
             grid,
@@ -168,12 +221,23 @@ class MoeCuda:
             weights.data_ptr(),
             out.data_ptr(),
             0 if residual is None else residual.data_ptr(),
+            0 if shared is None else shared.out.data_ptr(),
+            0 if shared is None or shared.gate is None else shared.gate.data_ptr(),
             np.int32(kk),
             np.int32(d),
             np.int32(ff),
             np.int32(e),
         )
         return out
+
+    def _rounds_h(self, rows: int, ff: int) -> int | None:
+        """The counters with which the int8 gate/up kernel rounds h [rows, ff] itself, or None
+        (a quantize launch instead): with ``fused_decode``, ff in groups of 32 that each CTA's
+        rows tile, and counters left."""
+        per_cta = MOE_WARPS * self.moe_rows[0]
+        if not self.linear.fused_decode or self.tickets is None or ff % 32 or 32 % per_cta:
+            return None
+        return self.tickets.at(rows * ff // 32)
 
     def add_shared(
         self,

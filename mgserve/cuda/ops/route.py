@@ -9,29 +9,49 @@ order unspecified, so the two agree except where probabilities tie. Both are sta
 sync-free (decode steps capture them into CUDA graphs).
 
 A MoE block calls ``experts, weights = backend.route.top_k(logits, k, norm)`` on its router's
-logits and hands both to ``backend.moe.experts``.
+logits and hands both to ``backend.moe.experts``. In a decode step of the CUDA backend with
+``fused_decode`` (``RouteCuda.fuses``) it calls ``RouteCuda.router`` instead: the router's
+product, the routing and the shared expert's gate in one launch (route.cu's matvec_route, which
+computes the logits with matvec.cu's code and routes them in its last CTA), the same bits as the
+matvec, ``top_k`` and ``moe.add_shared``'s gate.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
 
 from mgserve.core.reference import moe
 from mgserve.core.reference.moe import MIN_WEIGHT_SUM
+from mgserve.cuda.checks import check_cuda, check_vec4, check_weight
 from mgserve.cuda.launch import Kernels
+from mgserve.cuda.ops.linear_tuning import MATVEC_TOKEN_BUCKETS, MAX_MATVEC_TOKENS
+from mgserve.cuda.weights import QuantWeight
+
+if TYPE_CHECKING:
+    from mgserve.cuda.ops.linear_cuda import LinearCuda
+    from mgserve.cuda.tickets import Tickets
 
 ROUTE_SOURCE = "route.cu"
 ROUTE_WARPS = 4  # ROUTE_WARPS in route.cu: tokens per CTA, one warp each
 ROUTE_MAX_EXPERTS = 512  # 32 * ROUTE_PER_LANE in route.cu
 ROUTE_MAX_K = 32  # one lane keeps each chosen expert
+ROUTER_TYPES = frozenset({"F32", "F16", "BF16"})  # route.cu's matvec_route_<T> formats
 
 
 class Route(NamedTuple):
     experts: torch.Tensor  # [N, k] int32 expert ids, best first
     weights: torch.Tensor  # [N, k] float32
+
+
+class Routed(NamedTuple):
+    """``RouteCuda.router``'s results: the route, and the shared expert's gates
+    sigmoid(h . gate_inp) [N] float32 (None without a gate)."""
+
+    route: Route
+    gate: torch.Tensor | None
 
 
 def _check_route(logits: torch.Tensor, k: int) -> None:
@@ -55,11 +75,36 @@ class RouteTorch:
 
 
 class RouteCuda:
-    """Routing with the route.cu kernel (the torch version past 512 experts or k > 32)."""
+    """Routing with the route.cu kernel (the torch version past 512 experts or k > 32).
+    ``linear``: the backend's linear family, whose matvec tuning and switches the fused router
+    follows, and ``tickets`` its counters (``fuses``, ``router``); without both there is no
+    fused router."""
 
-    def __init__(self, kernels: Kernels, fallback: RouteTorch) -> None:
-        self.kernels, self.fallback = kernels, fallback
+    def __init__(
+        self, kernels: Kernels, fallback: RouteTorch, linear: LinearCuda | None = None,
+        tickets: Tickets | None = None,
+    ) -> None:  # fmt: skip
+        self.kernels, self.fallback, self.linear = kernels, fallback, linear
         self.device = kernels.device
+        self.tickets = tickets
+        self.fused = True  # the switch (bench model --paired R --toggle route.fused)
+
+    def fuses(self, n: int, router: QuantWeight, k: int) -> bool:
+        """Whether ``router`` runs for n rows: a decode step's rows with ``fused_decode`` (and
+        ``self.fused``), in one launch of at most MAX_MATVEC_TOKENS tokens, of a router format,
+        expert count and k that route.cu's kernels take."""
+        lin = self.linear
+        return (
+            lin is not None
+            and self.tickets is not None
+            and self.fused
+            and lin.fused_decode
+            and 1 <= n <= MAX_MATVEC_TOKENS
+            and lin.path.decode_kernels(n)
+            and router.type_name in ROUTER_TYPES
+            and router.rows <= ROUTE_MAX_EXPERTS
+            and k <= min(ROUTE_MAX_K, router.rows)
+        )
 
     def top_k(self, logits: torch.Tensor, k: int, norm: bool) -> Route:
         _check_route(logits, k)
@@ -84,3 +129,57 @@ class RouteCuda:
                 np.float32(MIN_WEIGHT_SUM),
             )
         return Route(experts, weights)
+
+    def router(
+        self, h: torch.Tensor, router: QuantWeight, k: int, norm: bool,
+        gate_inp: torch.Tensor | None = None,
+    ) -> Routed:  # fmt: skip
+        """h [N, d] float32 (N <= 8) -> the route of ``top_k(h @ router^T, k, norm)`` and, with
+        ``gate_inp`` [d], the shared expert's gates sigmoid(h . gate_inp) [N], in one launch
+        (``fuses`` must hold): the bits of the matvec, ``top_k`` and ``moe.add_shared``'s gate."""
+        ticket = None
+        if self.fuses(h.shape[0] if h.dim() == 2 else 0, router, k):
+            assert self.tickets is not None  # fuses
+            ticket = self.tickets.at(1)
+        if ticket is None:
+            raise ValueError(f"route.router: no fused router for {router.name} (see fuses)")
+        assert self.linear is not None  # fuses
+        check_weight(router, self.device)
+        n, d = h.shape
+        if d != router.k:
+            raise ValueError(f"{router.name}: h has {d} columns, the router takes {router.k}")
+        check_vec4("h", h, self.device, torch.float32)  # matvec.cuh reads float4
+        if gate_inp is not None:
+            check_cuda("gate_inp", gate_inp, self.device, torch.float32)
+            if tuple(gate_inp.shape) != (d,):
+                raise ValueError(f"gate_inp has shape {list(gate_inp.shape)}, expected [{d}]")
+        e = router.rows
+        logits = torch.empty(n, e, dtype=torch.float32, device=self.device)
+        experts = torch.empty((n, k), dtype=torch.int32, device=self.device)
+        weights = torch.empty((n, k), dtype=torch.float32, device=self.device)
+        gate = None if gate_inp is None else torch.empty(n, dtype=torch.float32, device=self.device)
+        tuning = self.linear.tuning
+        bucket = next(b for b in MATVEC_TOKEN_BUCKETS if b >= n)
+        per_cta = tuning.rows_per_cta(bucket)
+        self.kernels.launch(
+            self.kernels.kernel(
+                ROUTE_SOURCE, f"matvec_route_{router.type_name}_t{bucket}", tuning.defines()
+            ),
+            -(-e // per_cta),
+            128,  # WARPS_PER_CTA (matvec.cuh) warps
+            router.data.data_ptr(),
+            h.data_ptr(),
+            logits.data_ptr(),
+            np.int32(e),
+            np.int32(d),
+            np.int32(n),
+            experts.data_ptr(),
+            weights.data_ptr(),
+            np.int32(k),
+            np.int32(1 if norm else 0),
+            np.float32(MIN_WEIGHT_SUM),
+            0 if gate_inp is None else gate_inp.data_ptr(),
+            0 if gate is None else gate.data_ptr(),
+            ticket,
+        )
+        return Routed(Route(experts, weights), gate)

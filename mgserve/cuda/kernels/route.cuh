@@ -1,0 +1,103 @@
+// The routing of one token by one warp (route.cu: moe_route and matvec_route_<T>_t<NT>), and
+// the shared expert's gate dot product in moe_shared.cu's order (the fused router computes it).
+#pragma once
+#include "math.cuh"
+
+#define ROUTE_PER_LANE 16  // logits per lane at most: E <= 512
+
+// x: the token's logits [n_exp] (read through L2: the fused router's last CTA reads logits other
+// CTAs wrote); experts, weights: the token's [k] outputs. The method: route.cu's header.
+__device__ __forceinline__ void route_warp(const float* __restrict__ x, int* __restrict__ experts,
+                                           float* __restrict__ weights, int n_exp, int k,
+                                           int norm, float min_sum) {
+    const int lane = threadIdx.x & 31;
+    float p[ROUTE_PER_LANE];
+    float mx = NEG_INF;
+#pragma unroll
+    for (int j = 0; j < ROUTE_PER_LANE; ++j) {
+        const int e = lane + 32 * j;
+        p[j] = e < n_exp ? __ldcg(x + e) : NEG_INF;
+        mx = fmaxf(mx, p[j]);
+    }
+    mx = warp_max(mx);
+    float sum = 0.f;
+    unsigned absent = 0u;  // bit j: expert lane + 32 j does not exist
+#pragma unroll
+    for (int j = 0; j < ROUTE_PER_LANE; ++j) {
+        if (lane + 32 * j < n_exp) {
+            p[j] = expf(p[j] - mx);
+            sum += p[j];
+        } else {
+            absent |= 1u << j;
+        }
+    }
+    sum = warp_sum(sum);
+#pragma unroll
+    for (int j = 0; j < ROUTE_PER_LANE; ++j) p[j] = p[j] / sum;
+
+    unsigned taken = absent;
+    int my_e = 0;
+    float my_w = 0.f, wsum = 0.f;
+    for (int r = 0; r < k; ++r) {
+        unsigned long long best = 0ull;  // any real key beats it
+#pragma unroll
+        for (int j = 0; j < ROUTE_PER_LANE; ++j) {
+            const unsigned long long key =
+                ((unsigned long long)__float_as_uint(p[j]) << 32) |
+                (unsigned long long)(0xFFFFFFFFu - (unsigned)(lane + 32 * j));
+            if (!((taken >> j) & 1u) && key > best) best = key;
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const unsigned long long o = __shfl_xor_sync(FULL, best, off);
+            best = o > best ? o : best;
+        }
+        const int e = (int)(0xFFFFFFFFu - (unsigned)(best & 0xFFFFFFFFull));
+        const float w = __uint_as_float((unsigned)(best >> 32));
+        if ((e & 31) == lane) taken |= 1u << (e >> 5);
+        if (lane == r) {
+            my_e = e;
+            my_w = w;
+        }
+        wsum += w;
+    }
+    if (lane < k) {
+        const float denom = norm ? fmaxf(wsum, min_sum) : 1.f;
+        experts[lane] = my_e;
+        weights[lane] = norm ? my_w / denom : my_w;
+    }
+}
+
+#define SHARED_GATE_THREADS 256  // SHARED_THREADS in moe_cuda.py: moe_add_shared_f32's CTA
+
+// sigmoid(h . gate) over d values, summed in moe_add_shared_f32's order for a CTA of
+// SHARED_GATE_THREADS threads (thread v sums i = v, v + 256, ..; each warp's 32 sums by
+// warp_sum; the 8 warps' in order), computed by a CTA of 128 threads, each standing for threads
+// t and t + 128: the same bits. Every thread of the CTA must call it; every thread gets it.
+__device__ __forceinline__ float shared_gate_dot(const float* __restrict__ h,
+                                                 const float* __restrict__ gate, int d) {
+    static_assert(SHARED_GATE_THREADS == 2 * 32 * 4, "two virtual threads per thread of 4 warps");
+    __shared__ float part[SHARED_GATE_THREADS / 32];
+    __shared__ float s_gate;
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    float lo = 0.0f, hi = 0.0f;
+    for (int i = t; i < d; i += SHARED_GATE_THREADS) lo = __fadd_rn(lo, __fmul_rn(h[i], gate[i]));
+    for (int i = t + 128; i < d; i += SHARED_GATE_THREADS)
+        hi = __fadd_rn(hi, __fmul_rn(h[i], gate[i]));
+    lo = warp_sum(lo);
+    hi = warp_sum(hi);
+    if (lane == 0) {
+        part[warp] = lo;
+        part[warp + 4] = hi;
+    }
+    __syncthreads();
+    if (t == 0) {
+        float total = 0.0f;
+        for (int w = 0; w < SHARED_GATE_THREADS / 32; ++w) total += part[w];
+        s_gate = sigmoid(total);
+    }
+    __syncthreads();
+    const float g = s_gate;
+    __syncthreads();  // s_gate and part are free for the next call
+    return g;
+}

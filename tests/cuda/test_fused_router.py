@@ -1,0 +1,157 @@
+"""The fused MoE decode launches against the separate ones they replace, bitwise on the GPU:
+
+- ``RouteCuda.router`` (route.cu's matvec_route_<T>_t<NT>): the router's product, the routing and
+  the shared expert's gate in one launch, against ``linear.matmul`` then ``route.top_k``, and
+  against the gate ``moe.add_shared`` computes (add_shared(0, 1, h, gate) is that gate exactly);
+  every router format and token bucket, expert counts that fill the last CTA or not, repeated
+  launches (the last CTA resets its counter) and a CUDA-graph replay;
+- ``MoeCuda.experts(shared=...)``: the shared expert added by the down kernel against
+  ``experts`` then ``add_shared``, fp32 and int8, gated or not, with and without a residual.
+
+Whole decode steps with both (``fused_decode``) against the separate launches:
+test_fused_decode.py.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+
+from tests.cuda.test_deltanet import rand
+from tests.cuda.test_moe_torch import make_weight
+
+pytestmark = pytest.mark.gpu
+
+N_TOKENS = (1, 3, 5, 8)
+SHAPES = [(256, 10, 2560), (512, 10, 2048), (64, 8, 256), (100, 7, 96)]  # (experts, k, d)
+
+
+def gate_of(ops, h: torch.Tensor, gate_inp: torch.Tensor) -> torch.Tensor:
+    """The shared expert's gates [N] as ``moe.add_shared`` computes them."""
+    zeros, ones = torch.zeros_like(h), torch.ones_like(h)
+    return ops.moe.add_shared(zeros, ones, h, gate_inp)[:, 0].contiguous()
+
+
+@pytest.mark.parametrize("type_name", ["F32", "F16", "BF16"])
+@pytest.mark.parametrize("n", N_TOKENS)
+@pytest.mark.parametrize(("e", "k", "d"), SHAPES)
+def test_router_is_matvec_then_top_k(cuda_ops, type_name: str, n: int, e: int, k: int,
+                                     d: int) -> None:  # fmt: skip
+    rng = np.random.default_rng(e * 100 + n)
+    w, _ = make_weight(type_name, e, d, rng, "cuda")
+    h, gate_inp = rand(n, d, seed=n), rand(d, seed=n + 50)
+    rt = cuda_ops.route
+    assert rt.fuses(n, w, k)
+    want_gate = gate_of(cuda_ops, h, gate_inp)
+    for norm in (True, False):
+        want = rt.top_k(cuda_ops.linear.matmul(h, w), k, norm)
+        for gate in (gate_inp, None, gate_inp):  # twice: each launch leaves its counter at 0
+            got = rt.router(h, w, k, norm, gate)
+            what = f"{type_name} N={n} E={e} k={k} norm={norm}"
+            assert torch.equal(got.route.experts, want.experts), what
+            assert torch.equal(got.route.weights, want.weights), what
+            if gate is None:
+                assert got.gate is None
+            else:
+                assert got.gate is not None and torch.equal(got.gate, want_gate), what
+
+
+def test_router_replays_in_a_graph(cuda_ops) -> None:
+    rng = np.random.default_rng(3)
+    w, _ = make_weight("F32", 256, 2560, rng, "cuda")
+    h, gate_inp = rand(4, 2560, seed=1), rand(2560, seed=2)
+    rt = cuda_ops.route
+    rt.router(h, w, 10, True, gate_inp)  # compiled outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = rt.router(h, w, 10, True, gate_inp)
+    for seed in (5, 6, 7):
+        h.copy_(rand(4, 2560, seed=seed))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = rt.top_k(cuda_ops.linear.matmul(h, w), 10, True)
+        assert torch.equal(out.route.experts, want.experts), seed
+        assert torch.equal(out.route.weights, want.weights), seed
+        assert out.gate is not None and torch.equal(out.gate, gate_of(cuda_ops, h, gate_inp))
+
+
+def test_router_refuses_what_it_cannot_fuse(cuda_ops) -> None:
+    rng = np.random.default_rng(4)
+    rt = cuda_ops.route
+    q4, _ = make_weight("Q4_K", 256, 256, rng, "cuda")
+    f32, _ = make_weight("F32", 256, 256, rng, "cuda")
+    assert not rt.fuses(1, q4, 8)  # a quantized router: the matvec, then top_k
+    assert not rt.fuses(9, f32, 8)  # more than 8 tokens
+    assert not rt.fuses(1, f32, 33)  # k past one lane per chosen expert
+    with pytest.raises(ValueError, match="no fused router"):
+        rt.router(rand(1, 256, seed=1), q4, 8, True)
+    with pytest.raises(ValueError, match="gate_inp has shape"):
+        rt.router(rand(1, 256, seed=1), f32, 8, True, rand(128, seed=2))
+
+
+@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("n", N_TOKENS)
+def test_shared_in_down_is_add_shared(cuda_ops, cuda_ops_int8, int8: bool, n: int) -> None:
+    from mgserve.cuda.ops.moe import ExpertWeights
+    from mgserve.cuda.ops.moe_cuda import SharedExpert
+
+    ops = cuda_ops_int8 if int8 else cuda_ops
+    rng = np.random.default_rng(17 + n)
+    e, ff, d = 8, 64, 256
+    gate, _ = make_weight("Q4_K", e * ff, d, rng, "cuda")
+    up, _ = make_weight("Q4_K", e * ff, d, rng, "cuda")
+    down, _ = make_weight("Q5_0", e * d, ff, rng, "cuda")
+    w = ExpertWeights(gate, up, None, down, e, ff)
+    h, x, s = rand(n, d, seed=6), rand(n, d, seed=7), rand(n, d, seed=8)
+    gate_inp = rand(d, seed=9)
+    ids = torch.randint(0, e, (n, 3), device="cuda", dtype=torch.int32)
+    wts = torch.rand(n, 3, device="cuda")
+    g = gate_of(ops, h, gate_inp)
+    routed = ops.moe.experts(h, w, ids, wts)
+    for gated in (True, False):
+        for res in (None, x):
+            ready: list[int] = []
+            shared = SharedExpert(s, g if gated else None, partial(ready.append, 1))
+            got = ops.moe.experts(h, w, ids, wts, residual=res, shared=shared)
+            want = ops.moe.add_shared(routed, s, h, gate_inp if gated else None, res)
+            what = f"int8={int8} N={n} gated={gated} residual={res is not None}"
+            assert torch.equal(got, want), what
+            assert ready == [1], what
+    h9, ids9 = rand(9, d, seed=10), torch.zeros(9, 3, device="cuda", dtype=torch.int32)
+    shared9 = SharedExpert(rand(9, d, seed=11), None, lambda: None)
+    with pytest.raises(ValueError, match="decode rows"), ops.path.step("prompt"):
+        ops.moe.experts(h9, w, ids9, torch.rand(9, 3, device="cuda"), shared=shared9)
+
+
+@pytest.mark.parametrize("rows", [(1, 1), (2, 1), (8, 1), (3, 1)])
+@pytest.mark.parametrize(("n", "ff"), [(1, 640), (3, 96), (8, 64), (5, 160)])
+def test_gate_up_rounds_h_as_quantize(cuda_ops_int8, rows: tuple[int, int], n: int,
+                                      ff: int) -> None:  # fmt: skip
+    """The int8 gate/up kernel's own rounding of h (the last CTA of each group of 32 rows) gives
+    the down kernel quantize_q8's bits: the same output as the kernel without counters (a
+    quantize launch). rows (3, 1) (CTAs of 12 rows, across groups) take the quantize launch."""
+    from mgserve.cuda.ops.moe import ExpertWeights
+    from mgserve.cuda.ops.moe_cuda import MoeCuda
+
+    ops = cuda_ops_int8
+    rng = np.random.default_rng(n * 1000 + ff + rows[0])
+    e, d, kk = 12, 256, 10
+    gate_up, _ = make_weight("Q4_K", e * 2 * ff, d, rng, "cuda")
+    down, _ = make_weight("Q8_0", e * d, ff, rng, "cuda")
+    w = ExpertWeights(None, None, gate_up, down, e, ff)
+    h = rand(n, d, seed=n + ff)
+    ids = torch.randint(0, e, (n, kk), device="cuda", dtype=torch.int32)
+    wts = torch.rand(n, kk, device="cuda")
+    made = []
+    for tickets in (ops.moe.tickets, None):
+        moe = MoeCuda(ops.kernels, ops.moe.fallback, ops.linear, moe_rows=rows, tickets=tickets)
+        moe.int8 = True
+        made.append(moe)
+    assert (made[0]._rounds_h(n * kk, ff) is not None) == (32 % (4 * rows[0]) == 0)
+    for _ in range(2):  # twice: each launch leaves its counters at 0
+        got, want = (m.experts(h, w, ids, wts) for m in made)
+        assert torch.equal(got, want), f"rows={rows} N={n} ff={ff}"
