@@ -151,7 +151,7 @@ def test_gate_up_rounds_h_as_quantize(cuda_ops_int8, rows: tuple[int, int], n: i
         moe = MoeCuda(ops.kernels, ops.moe.fallback, ops.linear, moe_rows=rows, tickets=tickets)
         moe.int8 = True
         made.append(moe)
-    assert (made[0]._rounds_h(n * kk, ff) is not None) == (32 % (4 * rows[0]) == 0)
+    assert (made[0]._rounds_h(gate_up, n * kk, ff) is not None) == (32 % (4 * rows[0]) == 0)
     for _ in range(2):  # twice: each launch leaves its counters at 0
         got, want = (m.experts(h, w, ids, wts) for m in made)
         assert torch.equal(got, want), f"rows={rows} N={n} ff={ff}"

@@ -33,6 +33,7 @@ from mgserve.cuda.ops.moe import ExpertWeights, MoeTorch, check_moe, check_resid
 from mgserve.cuda.ops.moe_prefill import moe_prefill
 from mgserve.cuda.ops.moe_prefill_cuda import MoePrefillCuda
 from mgserve.cuda.tickets import Tickets
+from mgserve.cuda.weights import QuantWeight
 
 MOE_SOURCE = "moe.cu"
 MOE_Q8_SOURCE = "moe_q8.cu"
@@ -180,7 +181,7 @@ class MoeCuda:
                 xq = self.linear.q8.quantize(x, stream)
             kernel = self.kernels.kernel(MOE_Q8_SOURCE, f"moe_q8_gate_up_{gt}", self._defines)
             act: tuple[int, ...] = (xq.q.data_ptr(), xq.d.data_ptr())
-            rounds = self._rounds_h(n * kk, ff) if int8_down else None
+            rounds = self._rounds_h(gate_w, n * kk, ff) if int8_down else None
             if rounds is not None:  # the kernel rounds h to int8 itself (moe_gate_up_warp)
                 hq = Q8Activations(
                     torch.empty(n * kk, ff, dtype=torch.int8, device=self.device),
@@ -230,14 +231,14 @@ class MoeCuda:
         )
         return out
 
-    def _rounds_h(self, rows: int, ff: int) -> int | None:
-        """The counters with which the int8 gate/up kernel rounds h [rows, ff] itself, or None
-        (a quantize launch instead): with ``fused_decode``, ff in groups of 32 that each CTA's
-        rows tile, and counters left."""
+    def _rounds_h(self, gate: QuantWeight, rows: int, ff: int) -> int | None:
+        """The counters (``gate``'s: tickets.py) with which the int8 gate/up kernel rounds h
+        [rows, ff] itself, or None (a quantize launch instead): with ``fused_decode``, ff in
+        groups of 32 that each CTA's rows tile, and counters left."""
         per_cta = MOE_WARPS * self.moe_rows[0]
         if not self.linear.fused_decode or self.tickets is None or ff % 32 or 32 % per_cta:
             return None
-        return self.tickets.at(rows * ff // 32)
+        return self.tickets.at(gate.data.data_ptr(), rows * ff // 32)
 
     def add_shared(
         self,

@@ -92,11 +92,10 @@ class RouteCuda:
     def fuses(self, n: int, router: QuantWeight, k: int) -> bool:
         """Whether ``router`` runs for n rows: a decode step's rows with ``fused_decode`` (and
         ``self.fused``), in one launch of at most MAX_MATVEC_TOKENS tokens, of a router format,
-        expert count and k that route.cu's kernels take."""
+        expert count and k that route.cu's kernels take, with a counter for the router."""
         lin = self.linear
         return (
             lin is not None
-            and self.tickets is not None
             and self.fused
             and lin.fused_decode
             and 1 <= n <= MAX_MATVEC_TOKENS
@@ -104,7 +103,12 @@ class RouteCuda:
             and router.type_name in ROUTER_TYPES
             and router.rows <= ROUTE_MAX_EXPERTS
             and k <= min(ROUTE_MAX_K, router.rows)
+            and self._ticket(router) is not None
         )
+
+    def _ticket(self, router: QuantWeight) -> int | None:
+        """The address of ``router``'s counter (tickets.py), or None: no counters."""
+        return None if self.tickets is None else self.tickets.at(router.data.data_ptr(), 1)
 
     def top_k(self, logits: torch.Tensor, k: int, norm: bool) -> Route:
         _check_route(logits, k)
@@ -137,13 +141,10 @@ class RouteCuda:
         """h [N, d] float32 (N <= 8) -> the route of ``top_k(h @ router^T, k, norm)`` and, with
         ``gate_inp`` [d], the shared expert's gates sigmoid(h . gate_inp) [N], in one launch
         (``fuses`` must hold): the bits of the matvec, ``top_k`` and ``moe.add_shared``'s gate."""
-        ticket = None
-        if self.fuses(h.shape[0] if h.dim() == 2 else 0, router, k):
-            assert self.tickets is not None  # fuses
-            ticket = self.tickets.at(1)
-        if ticket is None:
+        if not self.fuses(h.shape[0] if h.dim() == 2 else 0, router, k):
             raise ValueError(f"route.router: no fused router for {router.name} (see fuses)")
         assert self.linear is not None  # fuses
+        ticket = self._ticket(router)
         check_weight(router, self.device)
         n, d = h.shape
         if d != router.k:
