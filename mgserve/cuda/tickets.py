@@ -4,14 +4,18 @@ after the CTAs that wrote them). Each CTA takes a ticket with an atomic add; the
 the last resets the counter, so every counter is 0 before and after each launch, and a CUDA graph
 replays the launches as they were captured.
 
-Counters belong to a weight (a layer's router, its experts' gate/up): launches of one layer never
-run at once (a decode step's layers run in order on one stream; pipeline stages hold other layers;
-the prefill lane runs prompt chunks, which take the GEMMs), while launches of two layers may (two
-virtual stages on one GPU). One buffer per backend, made with it (never during a graph capture),
-handed out in order; a weight that needs more counters than it had gets a new run of them.
+Counters belong to a weight (a layer's router, its experts' gate/up) and a host thread: one
+thread's launches of one layer never run at once (a decode step's layers run in order on one
+stream, captured and replayed by the decoder's thread; pipeline stages hold other layers), while
+two threads' may (the prefill lane runs a prompt's last token through the decode kernels, on its
+own stream, beside the decoder's graphs). One buffer per backend, made with it (never during a
+graph capture), handed out in order; a weight that needs more counters than it had gets a new
+run of them.
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 
@@ -22,16 +26,20 @@ class Tickets:
     def __init__(self, device: torch.device, size: int = TICKETS) -> None:
         self.device = device
         self.buf = torch.zeros(size, dtype=torch.int32, device=device)
-        self._runs: dict[int, tuple[int, int]] = {}  # weight key -> (first counter, counters)
+        # (weight key, thread) -> (first counter, counters)
+        self._runs: dict[tuple[int, int], tuple[int, int]] = {}
         self._used = 0
+        self._lock = threading.Lock()
 
     def at(self, key: int, n: int) -> int | None:
-        """The address of ``n`` counters of the weight ``key`` (its bytes' address), or None
-        where the buffer has no ``n`` left (the caller takes its unfused path)."""
-        run = self._runs.get(key)
-        if run is None or run[1] < n:
-            if self._used + n > self.buf.numel():
-                return None
-            run = self._runs[key] = (self._used, n)
-            self._used += n
+        """The address of ``n`` counters of the weight ``key`` (its bytes' address) for this
+        thread, or None where the buffer has no ``n`` left (the caller takes its unfused path)."""
+        k = (key, threading.get_ident())
+        with self._lock:
+            run = self._runs.get(k)
+            if run is None or run[1] < n:
+                if self._used + n > self.buf.numel():
+                    return None
+                run = self._runs[k] = (self._used, n)
+                self._used += n
         return self.buf.data_ptr() + 4 * run[0]

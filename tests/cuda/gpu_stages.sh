@@ -126,6 +126,19 @@ case "${1:-tests}" in
       -k "not timing" > "$OUT/t_next5.log" 2>&1
     echo "== next5 tests rc=$?"
     grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_next5.log" | head -20 ;;
+  fused4)  # the router fusion (route.fused) and the gate/up's own int8 rounding (moe.round_h)
+    # apart: their tests, then decode rows under the four settings, two rounds
+    timeout 150 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_fused_router.py tests/cuda/test_fused_decode.py > "$OUT/t_fused4.log" 2>&1
+    echo "== fused4 tests rc=$?"
+    grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_fused4.log" | head -20
+    M="model $Q4X --ctx 262144 --slots 5 --int8 --prefill= --decode 0 --multi-decode 5@32768 --decode-steps 16"
+    for r in 1 2; do for f in true false; do for q in true false; do
+      timeout 100 python3 -m mgserve bench $M --set route.fused=$f --set moe.round_h=$q --record \
+        > "$OUT/f4_${f}_${q}_$r.log" 2>&1
+      echo "== route.fused=$f moe.round_h=$q round $r rc=$?"
+      grep -E "^\| decode" "$OUT/f4_${f}_${q}_$r.log"
+    done; done; done ;;
   exact)
     bench exact 300 model $Q4X --ctx 262144 --slots 5 --prefill 4096@0 --decode 0,131072 \
       --multi-decode "" --decode-steps 16 --record ;;

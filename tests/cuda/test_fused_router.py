@@ -51,6 +51,7 @@ def test_router_is_matvec_then_top_k(cuda_ops, type_name: str, n: int, e: int, k
         for gate in (gate_inp, None, gate_inp):  # twice: each launch leaves its counter at 0
             got = rt.router(h, w, k, norm, gate)
             what = f"{type_name} N={n} E={e} k={k} norm={norm}"
+            assert int(rt.tickets.buf.count_nonzero()) == 0, f"{what}: a counter left set"
             assert torch.equal(got.route.experts, want.experts), what
             assert torch.equal(got.route.weights, want.weights), what
             if gate is None:
@@ -151,7 +152,8 @@ def test_gate_up_rounds_h_as_quantize(cuda_ops_int8, rows: tuple[int, int], n: i
         moe = MoeCuda(ops.kernels, ops.moe.fallback, ops.linear, moe_rows=rows, tickets=tickets)
         moe.int8 = True
         made.append(moe)
-    assert (made[0]._rounds_h(gate_up, n * kk, ff) is not None) == (32 % (4 * rows[0]) == 0)
+    assert (made[0]._rounds_h(gate_up, n * kk, ff, kk) is not None) == (32 % (4 * rows[0]) == 0)
     for _ in range(2):  # twice: each launch leaves its counters at 0
         got, want = (m.experts(h, w, ids, wts) for m in made)
         assert torch.equal(got, want), f"rows={rows} N={n} ff={ff}"
+        assert int(ops.moe.tickets.buf.count_nonzero()) == 0, "a counter left set"

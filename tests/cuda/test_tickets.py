@@ -3,6 +3,8 @@ weight, kept while it is big enough, a new one when it is not, None when the buf
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from mgserve.cuda.tickets import Tickets
@@ -20,3 +22,15 @@ def test_runs_per_weight() -> None:
     assert t.at(key=5, n=59) == base + 4 * 41
     assert t.at(key=6, n=1) is None
     assert int(t.buf.abs().sum()) == 0  # handed out as zeros, never written here
+
+
+def test_runs_per_thread() -> None:
+    """Another thread (the prefill lane beside the decoder) gets runs of its own."""
+    t = Tickets(torch.device("cpu"), size=100)
+    mine = t.at(key=7, n=10)
+    theirs: list[int | None] = []
+    th = threading.Thread(target=lambda: theirs.append(t.at(key=7, n=10)))
+    th.start()
+    th.join()
+    assert mine == t.buf.data_ptr() and theirs == [t.buf.data_ptr() + 40]
+    assert t.at(key=7, n=10) == mine

@@ -86,10 +86,13 @@ __device__ __forceinline__ void moe_gate_up_warp(const u8* __restrict__ gate,
     }
     if (hq == nullptr) return;
     __shared__ bool s_last;
-    __threadfence();  // this warp's rows before the CTA's ticket
+    if (lane == 0) __threadfence();  // this warp's rows (lane 0 wrote them) before the ticket
     __syncthreads();
     const long long group = (long long)p * (ff / 32) + blockIdx.y * (MOE_WARPS * R) / 32;
-    if (threadIdx.x == 0) s_last = atomicAdd(tickets + group, 1u) == 32 / (MOE_WARPS * R) - 1;
+    if (threadIdx.x == 0) {
+        s_last = atomicAdd(tickets + group, 1u) == 32 / (MOE_WARPS * R) - 1;
+        __threadfence();  // (acquire) the atomic before the reads below
+    }
     __syncthreads();
     if (!s_last || threadIdx.x >= 32) return;  // one warp of the last CTA rounds the group
     __threadfence();  // the other CTAs' rows, fenced before their tickets, are visible

@@ -17,9 +17,10 @@
 //   CTAs compute the logits exactly as matvec.cu's matvec_<T>_t<NT> (the same template and
 //   tuning, so the same bits), write them, and take a ticket; the CTA that takes the last one
 //   (every other CTA's logits are then written: each writer fences before its CTA's ticket) routes
-//   the tokens as moe_route does (route_warp, below) and computes each token's shared-expert gate
-//   sigmoid(h . gate_inp) in moe_shared.cu's order (shared_gate_dot), then resets the counter for
-//   the next launch (a graph's replay). One launch instead of three (the router's matvec,
+//   the tokens as moe_route does (route_warp, route.cuh), then resets the counter for the next
+//   launch (a graph's replay). With gate_inp, one CTA more (past the rows) computes each token's
+//   shared-expert gate sigmoid(h . gate_inp) in moe_shared.cu's order (shared_gates) while the
+//   others compute their rows. One launch instead of three (the router's matvec,
 //   moe_route, and the gate's dot product inside moe_add_shared), with the same results.
 
 #include "matvec.cuh"
@@ -41,8 +42,8 @@ moe_route(const float* __restrict__ logits,  // [N, E]
 
 // w: the router [n_exp, k_dim] in format T; x: h fp32 [n_tok, k_dim]; logits: fp32 [n_tok, n_exp]
 // (written, then read by the last CTA); experts, weights: [n_tok, k]; gate_inp: fp32 [k_dim] or
-// null (no gate computed); gate: fp32 [n_tok], sigmoid(x[n] . gate_inp); count: an int32 that is
-// 0 before the launch (and after it).
+// null (no gate computed); gate: fp32 [n_tok], sigmoid(x[n] . gate_inp); count: a counter that
+// is 0 before the launch (and after it). The grid: the rows' CTAs, and one more with gate_inp.
 template <typename T, int NT>
 __device__ void matvec_route(const u8* __restrict__ w, const float* __restrict__ x,
                              float* __restrict__ logits, int n_exp, int k_dim, int n_tok,
@@ -50,10 +51,15 @@ __device__ void matvec_route(const u8* __restrict__ w, const float* __restrict__
                              int norm, float min_sum, const float* __restrict__ gate_inp,
                              float* __restrict__ gate, unsigned* __restrict__ count) {
     matvec<T, NT>(w, x, logits, n_exp, k_dim, n_tok, nullptr, nullptr);
+    if (gate_inp && blockIdx.x == gridDim.x - 1)  // the CTA past the rows: the gates, beside
+        shared_gates<NT>(x, gate_inp, gate, n_tok, k_dim);  // the others' rows (read later)
     __shared__ bool s_last;
-    __threadfence();  // this thread's logits (lane 0s wrote them) before the CTA's ticket
+    if ((threadIdx.x & 31) == 0) __threadfence();  // the warp's logits (lane 0 wrote them)
     __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(count, 1u) == gridDim.x - 1;
+    if (threadIdx.x == 0) {
+        s_last = atomicAdd(count, 1u) == gridDim.x - 1;
+        __threadfence();  // (acquire) the atomic before the reads below
+    }
     __syncthreads();
     if (!s_last) return;  // CTA-uniform
     __threadfence();  // the other CTAs' logits, fenced before their tickets, are visible
@@ -61,12 +67,6 @@ __device__ void matvec_route(const u8* __restrict__ w, const float* __restrict__
     for (int n = warp; n < n_tok; n += WARPS_PER_CTA)
         route_warp(logits + (size_t)n * n_exp, experts + (size_t)n * k, weights + (size_t)n * k,
                    n_exp, k, norm, min_sum);
-    if (gate_inp) {
-        for (int n = 0; n < n_tok; n++) {
-            const float g = shared_gate_dot(x + (size_t)n * k_dim, gate_inp, k_dim);
-            if (threadIdx.x == 0) gate[n] = g;
-        }
-    }
     if (threadIdx.x == 0) *count = 0u;  // every CTA has taken its ticket: none reads it again
 }
 

@@ -70,34 +70,46 @@ __device__ __forceinline__ void route_warp(const float* __restrict__ x, int* __r
 
 #define SHARED_GATE_THREADS 256  // SHARED_THREADS in moe_cuda.py: moe_add_shared_f32's CTA
 
-// sigmoid(h . gate) over d values, summed in moe_add_shared_f32's order for a CTA of
-// SHARED_GATE_THREADS threads (thread v sums i = v, v + 256, ..; each warp's 32 sums by
-// warp_sum; the 8 warps' in order), computed by a CTA of 128 threads, each standing for threads
-// t and t + 128: the same bits. Every thread of the CTA must call it; every thread gets it.
-__device__ __forceinline__ float shared_gate_dot(const float* __restrict__ h,
-                                                 const float* __restrict__ gate, int d) {
+// gate[n] = sigmoid(h[n] . gate_inp) for the n_tok <= NT tokens of h [n_tok, d], each summed in
+// moe_add_shared_f32's order for a CTA of SHARED_GATE_THREADS threads (thread v sums
+// i = v, v + 256, ..; each warp's 32 sums by warp_sum; the 8 warps' in order), by a CTA of 128
+// threads, each standing for threads t and t + 128: the same bits. All tokens in one pass (their
+// loads in flight together). Every thread of the CTA must call it.
+template <int NT>
+__device__ __forceinline__ void shared_gates(const float* __restrict__ h,
+                                             const float* __restrict__ gate_inp,
+                                             float* __restrict__ gate, int n_tok, int d) {
     static_assert(SHARED_GATE_THREADS == 2 * 32 * 4, "two virtual threads per thread of 4 warps");
-    __shared__ float part[SHARED_GATE_THREADS / 32];
-    __shared__ float s_gate;
+    __shared__ float part[NT][SHARED_GATE_THREADS / 32];
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    float lo = 0.0f, hi = 0.0f;
-    for (int i = t; i < d; i += SHARED_GATE_THREADS) lo = __fadd_rn(lo, __fmul_rn(h[i], gate[i]));
-    for (int i = t + 128; i < d; i += SHARED_GATE_THREADS)
-        hi = __fadd_rn(hi, __fmul_rn(h[i], gate[i]));
-    lo = warp_sum(lo);
-    hi = warp_sum(hi);
-    if (lane == 0) {
-        part[warp] = lo;
-        part[warp + 4] = hi;
+    float lo[NT], hi[NT];
+#pragma unroll
+    for (int n = 0; n < NT; n++) lo[n] = hi[n] = 0.0f;
+#pragma unroll 2
+    for (int i = t; i < d; i += SHARED_GATE_THREADS) {  // virtual thread t + 128 reads i + 128
+        const bool up = i + 128 < d;
+        const float g0 = gate_inp[i], g1 = up ? gate_inp[i + 128] : 0.0f;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            if (n < n_tok) {
+                lo[n] = __fadd_rn(lo[n], __fmul_rn(h[(size_t)n * d + i], g0));
+                if (up) hi[n] = __fadd_rn(hi[n], __fmul_rn(h[(size_t)n * d + i + 128], g1));
+            }
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        lo[n] = warp_sum(lo[n]);
+        hi[n] = warp_sum(hi[n]);
+        if (lane == 0) {
+            part[n][warp] = lo[n];
+            part[n][warp + 4] = hi[n];
+        }
     }
     __syncthreads();
-    if (t == 0) {
+    if (t < n_tok) {
         float total = 0.0f;
-        for (int w = 0; w < SHARED_GATE_THREADS / 32; ++w) total += part[w];
-        s_gate = sigmoid(total);
+        for (int w = 0; w < SHARED_GATE_THREADS / 32; ++w) total += part[t][w];
+        gate[t] = sigmoid(total);
     }
-    __syncthreads();
-    const float g = s_gate;
-    __syncthreads();  // s_gate and part are free for the next call
-    return g;
 }

@@ -85,6 +85,7 @@ class MoeCuda:
         self.moe_rows = moe_rows
         self._defines = moe_defines(moe_rows)
         self.tickets = tickets  # the int8 gate/up kernel's counters (rounding h itself)
+        self.round_h = True  # the switch (bench model --set moe.round_h=false)
         # add_shared's decode rows cut into parts, a CTA each, instead of one CTA a row (the
         # same bits: tests/cuda/test_glue.py; bench model --paired R --toggle moe.shared_parts)
         self.shared_parts = True
@@ -181,7 +182,7 @@ class MoeCuda:
                 xq = self.linear.q8.quantize(x, stream)
             kernel = self.kernels.kernel(MOE_Q8_SOURCE, f"moe_q8_gate_up_{gt}", self._defines)
             act: tuple[int, ...] = (xq.q.data_ptr(), xq.d.data_ptr())
-            rounds = self._rounds_h(gate_w, n * kk, ff) if int8_down else None
+            rounds = self._rounds_h(gate_w, n * kk, ff, kk) if int8_down else None
             if rounds is not None:  # the kernel rounds h to int8 itself (moe_gate_up_warp)
                 hq = Q8Activations(
                     torch.empty(n * kk, ff, dtype=torch.int8, device=self.device),
@@ -231,14 +232,17 @@ class MoeCuda:
         )
         return out
 
-    def _rounds_h(self, gate: QuantWeight, rows: int, ff: int) -> int | None:
+    def _rounds_h(self, gate: QuantWeight, rows: int, ff: int, kk: int) -> int | None:
         """The counters (``gate``'s: tickets.py) with which the int8 gate/up kernel rounds h
         [rows, ff] itself, or None (a quantize launch instead): with ``fused_decode``, ff in
         groups of 32 that each CTA's rows tile, and counters left."""
         per_cta = MOE_WARPS * self.moe_rows[0]
-        if not self.linear.fused_decode or self.tickets is None or ff % 32 or 32 % per_cta:
+        if not (self.round_h and self.linear.fused_decode) or self.tickets is None:
             return None
-        return self.tickets.at(gate.data.data_ptr(), rows * ff // 32)
+        if ff % 32 or 32 % per_cta:
+            return None
+        # a run for the largest decode group at once (not one more for each size on the way)
+        return self.tickets.at(gate.data.data_ptr(), max(rows, MAX_MATVEC_TOKENS * kk) * ff // 32)
 
     def add_shared(
         self,

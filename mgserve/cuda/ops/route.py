@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 ROUTE_SOURCE = "route.cu"
 ROUTE_WARPS = 4  # ROUTE_WARPS in route.cu: tokens per CTA, one warp each
-ROUTE_MAX_EXPERTS = 512  # 32 * ROUTE_PER_LANE in route.cu
+ROUTE_MAX_EXPERTS = 512  # 32 * ROUTE_PER_LANE in route.cuh
 ROUTE_MAX_K = 32  # one lane keeps each chosen expert
 ROUTER_TYPES = frozenset({"F32", "F16", "BF16"})  # route.cu's matvec_route_<T> formats
 
@@ -166,7 +166,7 @@ class RouteCuda:
             self.kernels.kernel(
                 ROUTE_SOURCE, f"matvec_route_{router.type_name}_t{bucket}", tuning.defines()
             ),
-            -(-e // per_cta),
+            -(-e // per_cta) + (0 if gate_inp is None else 1),  # the gates' CTA (route.cu)
             128,  # WARPS_PER_CTA (matvec.cuh) warps
             router.data.data_ptr(),
             h.data_ptr(),
