@@ -150,7 +150,7 @@ def test_gate_up_rounds_h_as_quantize(cuda_ops_int8, rows: tuple[int, int], n: i
     made = []
     for tickets in (ops.moe.tickets, None):
         moe = MoeCuda(ops.kernels, ops.moe.fallback, ops.linear, moe_rows=rows, tickets=tickets)
-        moe.int8 = True
+        moe.int8 = moe.round_h = True  # round_h: off by default (slower than the launch)
         made.append(moe)
     assert (made[0]._rounds_h(gate_up, n * kk, ff, kk) is not None) == (32 % (4 * rows[0]) == 0)
     for _ in range(2):  # twice: each launch leaves its counters at 0

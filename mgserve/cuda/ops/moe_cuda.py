@@ -63,8 +63,8 @@ class MoeCuda:
     ``prefill_exact``: prompt chunks run the torch version (fp32, every expert; tests).
     ``cublas_prefill``: prompt chunks take the bucketed cuBLAS path (module docstring).
     ``moe_rows``: rows per warp of the gate/up and down kernels (GU_ROWS / DOWN_ROWS of
-    moe_decode.cuh), for tuning. ``tickets``: counters with which the int8 gate/up kernel rounds
-    h for the int8 down kernel itself (with ``linear.fused_decode``; else a quantize launch)."""
+    moe_decode.cuh), for tuning. ``tickets``: counters with which the int8 gate/up kernel can
+    round h for the int8 down kernel itself (``round_h``, off: slower than the quantize launch)."""
 
     def __init__(
         self,
@@ -85,7 +85,11 @@ class MoeCuda:
         self.moe_rows = moe_rows
         self._defines = moe_defines(moe_rows)
         self.tickets = tickets  # the int8 gate/up kernel's counters (rounding h itself)
-        self.round_h = True  # the switch (bench model --set moe.round_h=false)
+        # the int8 gate/up rounds h itself (tickets) instead of a quantize launch: the same bits,
+        # one launch fewer a layer, but each CTA's fence and ticket cost more than the launch
+        # (H100, 2026-12-06: +0.11 / +0.55 ms a step for 1 / 5 sessions): off (--set
+        # moe.round_h=true)
+        self.round_h = False
         # add_shared's decode rows cut into parts, a CTA each, instead of one CTA a row (the
         # same bits: tests/cuda/test_glue.py; bench model --paired R --toggle moe.shared_parts)
         self.shared_parts = True
