@@ -35,7 +35,7 @@ from mgserve.cuda.ops.deltanet_cuda import (
 from mgserve.cuda.ops.deltanet_prefill_cuda import PREFILL_HEAD_DIM, prefill_defines
 from mgserve.cuda.ops.deltanet_prefill_cuda import PREFILL_SOURCE as CHUNKED_SOURCE
 from mgserve.cuda.ops.embed import EMBED_SOURCE
-from mgserve.cuda.ops.hc import CLUSTER_TUNING, HC_SOURCE, HCTuning
+from mgserve.cuda.ops.hc import CLUSTER_TUNING, CLUSTER_XQ_TUNING, HC_SOURCE, HCTuning
 from mgserve.cuda.ops.hgemm import HGEMM_SOURCE, NARROW_TUNING, HGemmTuning
 from mgserve.cuda.ops.linear_cuda import DEQUANT_SOURCE
 from mgserve.cuda.ops.linear_tuning import (
@@ -141,5 +141,8 @@ def variants() -> list[Variant]:
     ]
     out += [Variant(HC_SOURCE, HCTuning().defines(f), f) for f in FORMATS]
     out += [Variant(HC_SOURCE, CLUSTER_TUNING.defines(f, True), f"{f} cluster") for f in FORMATS]
+    out += [
+        Variant(HC_SOURCE, CLUSTER_XQ_TUNING.defines(f, True), f"{f} cluster xq") for f in FORMATS
+    ]
     out += _attention() + _deltanet()
     return out

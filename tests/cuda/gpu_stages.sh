@@ -64,6 +64,9 @@
 #                                              down kernel: tests, --toggle route.fused
 #   bash tests/cuda/gpu_stages.sh s16         router's tests and rounds, then next5's tests (one
 #                                              call: each call's start costs minutes)
+#   bash tests/cuda/gpu_stages.sh fused4      route.fused and moe.round_h apart (tests, 4 settings)
+#   bash tests/cuda/gpu_stages.sh hcxq        the clustered mix writing its int8 form (tests,
+#                                              hc.emit_xq on / off side by side, invariance)
 # Logs and files land in $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/mgserve-out}; mkdir -p "$OUT"
@@ -139,6 +142,18 @@ case "${1:-tests}" in
       echo "== route.fused=$f moe.round_h=$q round $r rc=$?"
       grep -E "^\| decode" "$OUT/f4_${f}_${q}_$r.log"
     done; done; done ;;
+  hcxq)  # 2026-12-06 20:30: hc_upl on 32-column CTAs rounds its output to int8 (hc.emit_xq)
+    timeout 200 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_hc_cluster.py tests/cuda/test_fused_decode.py tests/cuda/test_fused_router.py \
+      > "$OUT/t_hcxq.log" 2>&1
+    echo "== hcxq tests rc=$?"
+    grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_hcxq.log" | head -20
+    M="model $Q4X --ctx 262144 --slots 5 --int8 --prefill= --decode 0 --multi-decode 5@32768 --decode-steps 16"
+    for r in 1 2; do for v in true false; do
+      timeout 100 python3 -m mgserve bench $M --set hc.emit_xq=$v --record > "$OUT/xq_${v}_$r.log" 2>&1
+      echo "== hc.emit_xq=$v round $r rc=$?"; grep -E "^\| decode" "$OUT/xq_${v}_$r.log" | head -2
+    done; done
+    bench invariance 150 invariance $Q4X --int8 --record ;;
   exact)
     bench exact 300 model $Q4X --ctx 262144 --slots 5 --prefill 4096@0 --decode 0,131072 \
       --multi-decode "" --decode-steps 16 --record ;;

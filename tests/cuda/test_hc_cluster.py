@@ -171,3 +171,35 @@ def test_graph_capture(hcc, clustered, n: int) -> None:
         return x_new, mixed, inj
 
     assert_replays_match_eager(step, inputs, f"cluster N={n}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("types", ["BF16", ("Q4_K", "Q5_0", "Q4_K"), ("Q6_K", "Q8_0", "Q6_K")])
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+def test_mix_writes_xq(kernels, types: str | tuple[str, str, str], n: int) -> None:
+    """int8 decode rows: the clustered mix also writes its output rounded to int8 (``emit_xq``,
+    hc_upl on 32-column CTAs). The output is bitwise the 16-column CTAs' (``emit_xq`` off), its
+    int8 form bitwise ``quantize_q8``'s of it, and ``linear.quantize`` hands that form out while
+    the output is unchanged (a write ends it)."""
+    if not kernels.clusters:
+        pytest.skip("no thread block clusters before sm_90")
+    ops = hc_cuda(kernels)
+    ops.cluster, ops.linear.int8 = True, True
+    hc, d, r = REAL
+    case = make_case(hc, d, r, types, seed=n, device="cuda")
+    x = make_streams(n, hc, d, seed=n + 7).cuda()
+    with ops.linear.path.step("decode"):
+        ops.emit_xq = False
+        want, want_inj = fused_mix(ops, case, x)
+        assert ops.linear.q8.offered(want) is None
+        ops.emit_xq = True
+        got, got_inj = fused_mix(ops, case, x)
+        assert torch.equal(got, want), f"{types} N={n}: mixed differs on 32-column CTAs"
+        assert got_inj is not None and want_inj is not None and torch.equal(got_inj, want_inj)
+        offered = ops.linear.q8.offered(got)
+        assert offered is not None, f"{types} N={n}: no int8 form written"
+        fresh = ops.linear.q8.quantize(got)
+        assert torch.equal(offered.q, fresh.q) and torch.equal(offered.d, fresh.d), f"{types}"
+        assert ops.linear.quantize(got) is offered
+        got.add_(0.0)  # a write (even of the same values): the form is no longer handed out
+        assert ops.linear.q8.offered(got) is None

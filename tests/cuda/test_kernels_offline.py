@@ -50,6 +50,20 @@ KNOWN_SPILLS = {
             ("Q5_K", "hc_downc_Q5_K_t8"),
         )
     ),  # fmt: skip
+    # the clustered mix that writes its int8 form (CLUSTER_XQ_TUNING: hc_upl on 16 warps, so 128
+    # registers): hc_downc as in the module above; hc_upl_Q4_K_t1 32 / 20 B (a Q4_K_M file's up
+    # is Q5_0: no spill)
+    *(
+        (f"hc.cu[{t} cluster xq]", k)
+        for t, k in (
+            ("F32", "hc_downc_F32_t2"),
+            ("IQ1_M", "hc_downc_IQ1_M_t8"),
+            ("Q4_K", "hc_downc_Q4_K_t2"),
+            ("Q4_K", "hc_downc_Q4_K_t8"),
+            ("Q4_K", "hc_upl_Q4_K_t1"),
+            ("Q5_K", "hc_downc_Q5_K_t8"),
+        )
+    ),  # fmt: skip
     ("matvec.cu", "matvec_IQ3_S_t2"),
     ("matvec.cu", "matvec_IQ3_XXS_t2"),
     ("moe.cu", "moe_down_IQ3_S"),

@@ -412,17 +412,26 @@ __device__ void hc_downc(const float* __restrict__ x, const float* __restrict__ 
 
 // ---- hc_up ---------------------------------------------------------------------------------------
 
+// The floats of hc_up's staged outputs for xq: NT x the CTA's columns where they round to int8
+// groups (a multiple of 32), else 1 (unused).
+__host__ __device__ constexpr int xq_cols(int nt, int cta_cols) {
+    return cta_cols % 32 == 0 ? nt * cta_cols : 1;
+}
+
 // up: [hc*d rows, r]; P [hc, n_tok, p_stride] (columns 0..r-1 down, r..r+hc-1 inject);
 // SS [hc, n_tok]; x [n_tok, hc, d] (the new x when fused); gamma [hc, d]; mixed [n_tok, d];
 // inj [n_tok, hc] or null.
 // LOW (hc_upl, after hc_downc): P is low [n_tok, r] and SS is inv [n_tok, hc], both final
 // (p_stride unused), and inj was written by hc_downc: the prologue only copies them.
+// xq [n_tok, d] int8 and xd [n_tok, d / 32] (hc_upl; null: none): mixed rounded to int8 as
+// quantize_q8 would, from the CTA's own columns (UP_WARPS * C of them, a multiple of 32 inside d:
+// HCCuda checks).
 template <typename T, int NT, bool LOW>
 __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
                       const float* __restrict__ SS, const float* __restrict__ x,
                       const float* __restrict__ gamma, float* __restrict__ mixed,
-                      float* __restrict__ inj, int n_tok, int hc, int d, int r, int p_stride,
-                      float eps) {
+                      float* __restrict__ inj, i8* __restrict__ xq, float* __restrict__ xd,
+                      int n_tok, int hc, int d, int r, int p_stride, float eps) {
     constexpr int C = Tune<NT>::UP_COLS_NT, U = Tune<NT>::UP_BATCH_NT;
     extern __shared__ float4 smem4[];
     const float4* low4 = smem4;  // [NT][2][r / 8]: low in the run-half layout
@@ -524,10 +533,24 @@ __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
             for (int q = 0; q < 4; q++) total[cc] += __shfl_sync(0xffffffffu, val, q * 8 + j);
         }
     }
+    constexpr int CTA_COLS = UP_WARPS * C;
+    __shared__ float s_mixed[xq_cols(NT, CTA_COLS)];  // [NT][CTA_COLS] where xq is written
     if (lane < nt) {
 #pragma unroll
-        for (int cc = 0; cc < C; cc++)
-            if (c0 + cc < d) mixed[(size_t)(tok0 + lane) * d + c0 + cc] = total[cc] / (float)hc;
+        for (int cc = 0; cc < C; cc++) {
+            const float v = total[cc] / (float)hc;
+            if (c0 + cc < d) mixed[(size_t)(tok0 + lane) * d + c0 + cc] = v;
+            if (CTA_COLS % 32 == 0) s_mixed[lane * CTA_COLS + warp * C + cc] = v;
+        }
+    }
+    if (CTA_COLS % 32 != 0 || xq == nullptr) return;
+    __syncthreads();  // every warp is here: d is a multiple of the CTA's columns (no early return)
+    // warp w rounds (token, group of 32 columns) pairs w, w + UP_WARPS, ..: lanes 0..7 4 values
+    for (int pr = warp; pr < nt * (CTA_COLS / 32); pr += UP_WARPS) {  // warp-uniform
+        const int t = pr / (CTA_COLS / 32), i = (pr % (CTA_COLS / 32)) * 32 + 4 * (lane & 7);
+        const float* v = s_mixed + t * CTA_COLS + i;
+        const float4 v4 = lane < 8 ? make_float4(v[0], v[1], v[2], v[3]) : make_float4(0, 0, 0, 0);
+        q8_store4(v4, lane < 8, xq, xd, (long long)(tok0 + t) * d + blockIdx.x * CTA_COLS + i);
     }
 }
 
@@ -547,8 +570,8 @@ __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
         const u8* __restrict__ up, const float* __restrict__ P, const float* __restrict__ SS,     \
         const float* __restrict__ x, const float* __restrict__ gamma, float* __restrict__ mixed,  \
         float* __restrict__ inj, int n_tok, int hc, int d, int r, int p_stride, float eps) {      \
-        hc_up<SplitFormat<TYPE>::T, NT, false>(up, P, SS, x, gamma, mixed, inj, n_tok, hc, d, r,   \
-                                               p_stride, eps);                                    \
+        hc_up<SplitFormat<TYPE>::T, NT, false>(up, P, SS, x, gamma, mixed, inj, nullptr, nullptr,  \
+                                               n_tok, hc, d, r, p_stride, eps);                   \
     }
 
 #define HC_CLUSTER_ENTRIES(TYPE, NT)                                                              \
@@ -566,9 +589,9 @@ __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
     extern "C" __global__ void __launch_bounds__(32 * UP_WARPS) hc_upl_##TYPE##_t##NT(             \
         const u8* __restrict__ up, const float* __restrict__ low, const float* __restrict__ inv,  \
         const float* __restrict__ x, const float* __restrict__ gamma, float* __restrict__ mixed,  \
-        int n_tok, int hc, int d, int r, float eps) {                                             \
-        hc_up<SplitFormat<TYPE>::T, NT, true>(up, low, inv, x, gamma, mixed, nullptr, n_tok, hc,  \
-                                              d, r, r, eps);                                      \
+        i8* __restrict__ xq, float* __restrict__ xd, int n_tok, int hc, int d, int r, float eps) { \
+        hc_up<SplitFormat<TYPE>::T, NT, true>(up, low, inv, x, gamma, mixed, nullptr, xq, xd,     \
+                                              n_tok, hc, d, r, r, eps);                           \
     }
 
 // One weight format per module (-D HC_TYPE=...), so a model that only uses BF16 compiles only that,

@@ -28,6 +28,7 @@ which read each weight once for the whole chunk.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -105,12 +106,21 @@ class HCTuning:
     def up_cols_per_cta(self, nt: int) -> int:
         return self.up_warps * self.up_cols[TOKEN_GROUPS.index(nt)]
 
+    def writes_xq(self, nt: int, d: int) -> bool:
+        """Whether hc_upl can round its outputs [nt, d] to int8 groups itself: its CTAs' columns
+        are whole groups of 32 and tile d (kernels/hc.cu's hc_up)."""
+        per_cta = self.up_cols_per_cta(nt)
+        return per_cta % 32 == 0 and d % per_cta == 0
+
 
 # The clustered mix's shape (HCCuda.cluster_tuning; its own hc.cu module): a lane there has 5
 # runs of a 1280-value slice (qwen4exp), and hc_upl no sums in its prologue. At qwen4exp's
 # shape, Q4_K_M formats, on the H100 (test_hc.py's sweep, 2026-12-06 14:25): 14.2 / 26.5 us a
 # mix at 1 / 8 tokens against 18.5 / 26.5 with HCTuning()'s loads in flight.
 CLUSTER_TUNING = HCTuning(down_batch=(5, 5, 5, 5), up_batch=(3, 3, 3, 3))
+# The clustered mix that also writes what it mixes rounded to int8 (``HCCuda.emit_xq``): hc_upl's
+# CTAs of 16 warps of 2 columns, 32 columns a CTA, so each CTA rounds whole groups of 32 itself.
+CLUSTER_XQ_TUNING = dataclasses.replace(CLUSTER_TUNING, up_warps=16)
 
 
 def stream_args(

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from mgserve.cuda.launch import Kernels
     from mgserve.cuda.ops.branch import Branches
     from mgserve.cuda.ops.hc import HCTuning
-    from mgserve.cuda.weights import QuantWeight
+    from mgserve.cuda.ops.linear_tuning import Q8Activations
+from mgserve.cuda.weights import QuantWeight
 
 CLUSTER_MAX = 8  # CTAs in a cluster at most (the portable size; kernels/cluster.cuh)
 # a CTA's staged slice at most (above 48 KB by opting in); with the static arrays well inside
@@ -72,10 +73,12 @@ def mix_clustered(
     weights: tuple[QuantWeight, QuantWeight, QuantWeight | None],
     nt: int,
     eps: float,
+    xq: Q8Activations | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(mixed, inject) of a mix whose inputs HCCuda._run checked: ``streams`` = (x, out_prev,
     inj_prev, x_new), the last three None unless the previous combine is fused (x_new is then
-    written here); ``nt`` tokens per group."""
+    written here); ``nt`` tokens per group. ``xq`` [n, d]: written with mixed rounded to int8
+    (``tune.writes_xq(nt, d)`` must hold)."""
     x, out_prev, inj_prev, x_new = streams
     down, up, inject = weights
     n, hc, d = x.shape
@@ -133,6 +136,8 @@ def mix_clustered(
         (x_new if x_new is not None else x).data_ptr(),
         norm.data_ptr(),
         mixed.data_ptr(),
+        0 if xq is None else xq.q.data_ptr(),
+        0 if xq is None else xq.d.data_ptr(),
         np.int32(n),
         np.int32(hc),
         np.int32(d),

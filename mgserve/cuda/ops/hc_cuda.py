@@ -14,6 +14,7 @@ from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.branch import Branches
 from mgserve.cuda.ops.hc import (
     CLUSTER_TUNING,
+    CLUSTER_XQ_TUNING,
     COMBINE_THREADS,
     DYNAMIC_SMEM,
     HC_SOURCE,
@@ -65,6 +66,10 @@ class HCCuda:
         # turns it off for the process (green.py)
         self.cluster = kernels.clusters
         self.cluster_tuning = CLUSTER_TUNING
+        # a clustered decode mix also writes its output rounded to int8 (hc_upl on
+        # CLUSTER_XQ_TUNING's 32-column CTAs), handed to ``linear.quantize`` (q8.offer): one
+        # quantize launch fewer a mix, the same bits (bench model --set hc.emit_xq=false)
+        self.emit_xq = True
 
     # -- helpers --
 
@@ -197,10 +202,14 @@ class HCCuda:
         if pieces is not None:  # hc_downc + hc_upl (hc_cluster.py)
             streams = (x, out_prev, inj_prev, x_new)
             weights = (down, up, inject)
+            tune, xq = self.cluster_tuning, None
+            if self.emit_xq and self.linear.fused_xq(n, d) and CLUSTER_XQ_TUNING.writes_xq(nt, d):
+                tune, xq = CLUSTER_XQ_TUNING, self.linear.q8.empty(n, d)
             mixed, inj = mix_clustered(
-                self.kernels, self.cluster_tuning, self.branch, pieces, streams, norm, weights,
-                nt, eps,
-            )  # fmt: skip
+                self.kernels, tune, self.branch, pieces, streams, norm, weights, nt, eps, xq
+            )
+            if xq is not None:
+                self.linear.q8.offer(mixed, xq)
             return x_new, mixed, inj
         groups = (n + nt - 1) // nt
         part = down_part(d, nt)

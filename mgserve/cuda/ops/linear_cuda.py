@@ -162,11 +162,11 @@ class LinearCuda:
         return out
 
     def quantize(self, x: torch.Tensor) -> Q8Activations | None:
-        """x [N, k] rounded to int8 once for every int8 ``matmul`` (and ``moe.experts``) of it;
-        None where no product would read it (no ``int8``, N > 8, k % 32)."""
+        """x [N, k] rounded to int8 once for every int8 ``matmul`` (and ``moe.experts``) of it
+        (its producer's, ``LinearQ8.offer``); None where no product reads it (N > 8, k % 32)."""
         if not (self.int8 and q8_rows(*x.shape)):
             return None
-        return self.q8.quantize(vec4_input("x", x, self.device))
+        return self.q8.offered(x) or self.q8.quantize(vec4_input("x", x, self.device))
 
     def fused_xq(self, n: int, k: int) -> bool:
         """Whether the producer of decode rows [n, k] writes their ``quantize`` too (fused)."""

@@ -8,6 +8,7 @@ added as each output is written. ``LinearCuda`` (linear_cuda.py) calls them in d
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -69,8 +70,28 @@ class LinearQ8:
             raise ValueError(f"q8_group must be 32 or {Q8_THREADS}, got {group}")
         self.kernels, self.device = kernels, kernels.device
         self.rows, self.group = rows, group
+        self._offered = threading.local()  # offer's (x, its version, xq), per thread
         self.mma = mma and group == Q8_THREADS
         self.defines = q8_defines(rows, group)
+
+    def offer(self, x: torch.Tensor, xq: Q8Activations) -> None:
+        """x's int8 form, written by x's producer as ``quantize`` rounds (the clustered HC mix):
+        ``offered(x)`` returns it while x is the same, unchanged tensor (this thread's last
+        offer, held until the next)."""
+        self._offered.entry = (x, x._version, xq)
+
+    def offered(self, x: torch.Tensor) -> Q8Activations | None:
+        """The int8 form offered for x (``offer``), or None."""
+        entry = getattr(self._offered, "entry", None)
+        if entry is not None and entry[0] is x and entry[1] == x._version:
+            return entry[2]  # type: ignore[no-any-return]
+        return None
+
+    def empty(self, n_tok: int, k: int) -> Q8Activations:
+        """Room for [n_tok, k] rounded to int8 (k % 32 == 0), for a producer that writes it."""
+        q = torch.empty(n_tok, k, dtype=torch.int8, device=self.device)
+        d = torch.empty(n_tok, k // Q8_GROUP, dtype=torch.float32, device=self.device)
+        return Q8Activations(q, d)
 
     def quantize(self, x: torch.Tensor, stream: Stream | None = None) -> Q8Activations:
         """Round fp32 x [n_tok, k] (k a multiple of 32) to int8 groups on ``stream``:
