@@ -143,9 +143,9 @@ case "${1:-tests}" in
       grep -E "^\| decode" "$OUT/f4_${f}_${q}_$r.log"
     done; done; done ;;
   hcxq)  # 2026-12-06 20:30: hc_upl on 32-column CTAs rounds its output to int8 (hc.emit_xq)
-    timeout 200 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
-      tests/cuda/test_hc_cluster.py tests/cuda/test_fused_decode.py tests/cuda/test_fused_router.py \
-      > "$OUT/t_hcxq.log" 2>&1
+    timeout 150 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_hc_cluster.py tests/cuda/test_fused_decode.py \
+      -k "xq or invariant or graph or bitwise or launches" > "$OUT/t_hcxq.log" 2>&1
     echo "== hcxq tests rc=$?"
     grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_hcxq.log" | head -20
     M="model $Q4X --ctx 262144 --slots 5 --int8 --prefill= --decode 0 --multi-decode 5@32768 --decode-steps 16"
