@@ -178,9 +178,9 @@ def test_graph_capture(hcc, clustered, n: int) -> None:
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
 def test_mix_writes_xq(kernels, types: str | tuple[str, str, str], n: int) -> None:
     """int8 decode rows: the clustered mix also writes its output rounded to int8 (``emit_xq``,
-    hc_upl on 32-column CTAs). The output is bitwise the 16-column CTAs' (``emit_xq`` off), its
-    int8 form bitwise ``quantize_q8``'s of it, and ``linear.quantize`` hands that form out while
-    the output is unchanged (a write ends it)."""
+    off by default; hc_upl on 32-column CTAs). The output is bitwise the 16-column CTAs'
+    (``emit_xq`` off), its int8 form bitwise ``quantize_q8``'s of it, and ``linear.quantize``
+    hands that form out while the output is unchanged (a write ends it)."""
     if not kernels.clusters:
         pytest.skip("no thread block clusters before sm_90")
     ops = hc_cuda(kernels)
