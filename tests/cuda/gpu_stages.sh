@@ -154,7 +154,7 @@ case "${1:-tests}" in
       timeout 100 python3 -m mgserve bench $M --set hc.emit_xq=$v --record > "$OUT/xq_${v}_$r.log" 2>&1
       echo "== hc.emit_xq=$v round $r rc=$?"; grep -E "^\| decode" "$OUT/xq_${v}_$r.log" | head -2
     done; done
-    bench invariance 150 invariance $Q4X --int8 --record ;;
+    bench invariance 150 invariance $Q4X --int8 --set hc.emit_xq=true --record ;;
   exact)
     bench exact 300 model $Q4X --ctx 262144 --slots 5 --prefill 4096@0 --decode 0,131072 \
       --multi-decode "" --decode-steps 16 --record ;;
