@@ -51,7 +51,7 @@ KNOWN_SPILLS = {
         )
     ),  # fmt: skip
     # the clustered mix that writes its int8 form (CLUSTER_XQ_TUNING: hc_upl on 16 warps, so 128
-    # registers): hc_downc as in the module above; hc_upl_Q4_K_t1 32 / 20 B (a Q4_K_M file's up
+    # registers): hc_downc as in the module above; hc_uplq_Q4_K_t1 32 / 20 B (a Q4_K_M file's up
     # is Q5_0: no spill)
     *(
         (f"hc.cu[{t} cluster xq]", k)
@@ -60,7 +60,7 @@ KNOWN_SPILLS = {
             ("IQ1_M", "hc_downc_IQ1_M_t8"),
             ("Q4_K", "hc_downc_Q4_K_t2"),
             ("Q4_K", "hc_downc_Q4_K_t8"),
-            ("Q4_K", "hc_upl_Q4_K_t1"),
+            ("Q4_K", "hc_uplq_Q4_K_t1"),
             ("Q5_K", "hc_downc_Q5_K_t8"),
         )
     ),  # fmt: skip
@@ -92,14 +92,15 @@ def test_cluster_static_smem_is_what_ptxas_reports(compiled: dict[str, offline.C
 
 def test_hc_modules_hold_their_paths_entries(compiled: dict[str, offline.Compiled]) -> None:
     """Each hc.cu module compiles one path's entries, named for its format: hc_down / hc_up and
-    the combine kernels, or (HC_CLUSTERED) hc_downc / hc_upl; the names hc_cuda.py and
-    hc_cluster.py launch."""
+    the combine kernels, or (HC_CLUSTERED) hc_downc / hc_upl (hc_uplq with HC_XQ); the names
+    hc_cuda.py and hc_cluster.py launch."""
     groups = [f"t{nt}" for nt in (1, 2, 4, 8)]
     plain = {f"hc_{k}_Q4_K_{g}" for k in ("down", "up") for g in groups}
     clustered = {f"hc_{k}_Q4_K_{g}" for k in ("downc", "upl") for g in groups}
     names = {label: {k.name for k in compiled[label].kernels} for label in compiled}
     assert names["hc.cu[Q4_K]"] == plain | {"hc_combine", "hc_gate_mix"}
     assert names["hc.cu[Q4_K cluster]"] == clustered
+    assert names["hc.cu[Q4_K cluster xq]"] == {n.replace("upl", "uplq") for n in clustered}
 
 
 def _params() -> list[object]:

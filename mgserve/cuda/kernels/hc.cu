@@ -423,7 +423,7 @@ __host__ __device__ constexpr int xq_cols(int nt, int cta_cols) {
 // inj [n_tok, hc] or null.
 // LOW (hc_upl, after hc_downc): P is low [n_tok, r] and SS is inv [n_tok, hc], both final
 // (p_stride unused), and inj was written by hc_downc: the prologue only copies them.
-// xq [n_tok, d] int8 and xd [n_tok, d / 32] (hc_upl; null: none): mixed rounded to int8 as
+// xq [n_tok, d] int8 and xd [n_tok, d / 32] (hc_uplq; null: none): mixed rounded to int8 as
 // quantize_q8 would, from the CTA's own columns (UP_WARPS * C of them, a multiple of 32 inside d:
 // HCCuda checks).
 template <typename T, int NT, bool LOW>
@@ -534,16 +534,24 @@ __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
         }
     }
     constexpr int CTA_COLS = UP_WARPS * C;
-    __shared__ float s_mixed[xq_cols(NT, CTA_COLS)];  // [NT][CTA_COLS] where xq is written
+    if (CTA_COLS % 32 != 0) {  // no int8 form: CTAs that do not hold whole groups of 32
+        if (lane < nt) {
+#pragma unroll
+            for (int cc = 0; cc < C; cc++)
+                if (c0 + cc < d) mixed[(size_t)(tok0 + lane) * d + c0 + cc] = total[cc] / (float)hc;
+        }
+        return;
+    }
+    __shared__ float s_mixed[xq_cols(NT, CTA_COLS)];  // [NT][CTA_COLS]: the CTA's outputs
     if (lane < nt) {
 #pragma unroll
         for (int cc = 0; cc < C; cc++) {
             const float v = total[cc] / (float)hc;
             if (c0 + cc < d) mixed[(size_t)(tok0 + lane) * d + c0 + cc] = v;
-            if (CTA_COLS % 32 == 0) s_mixed[lane * CTA_COLS + warp * C + cc] = v;
+            s_mixed[lane * CTA_COLS + warp * C + cc] = v;
         }
     }
-    if (CTA_COLS % 32 != 0 || xq == nullptr) return;
+    if (xq == nullptr) return;
     __syncthreads();  // every warp is here: d is a multiple of the CTA's columns (no early return)
     // warp w rounds (token, group of 32 columns) pairs w, w + UP_WARPS, ..: lanes 0..7 4 values
     for (int pr = warp; pr < nt * (CTA_COLS / 32); pr += UP_WARPS) {  // warp-uniform
@@ -586,13 +594,31 @@ __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
                                            rows_b, low, inj, inv, n_tok, hc, d, pieces, r, col0,  \
                                            aux, eps);                                             \
     }                                                                                             \
+    HC_UP_ENTRY(TYPE, NT)
+
+// hc_upl, or with -D HC_XQ=1 (HCTuning.xq) hc_uplq, which also writes mixed's int8 form
+#ifndef HC_XQ
+#define HC_XQ 0
+#endif
+#if !HC_XQ
+#define HC_UP_ENTRY(TYPE, NT)                                                                     \
     extern "C" __global__ void __launch_bounds__(32 * UP_WARPS) hc_upl_##TYPE##_t##NT(             \
+        const u8* __restrict__ up, const float* __restrict__ low, const float* __restrict__ inv,  \
+        const float* __restrict__ x, const float* __restrict__ gamma, float* __restrict__ mixed,  \
+        int n_tok, int hc, int d, int r, float eps) {                                             \
+        hc_up<SplitFormat<TYPE>::T, NT, true>(up, low, inv, x, gamma, mixed, nullptr, nullptr,    \
+                                              nullptr, n_tok, hc, d, r, r, eps);                  \
+    }
+#else
+#define HC_UP_ENTRY(TYPE, NT)                                                                     \
+    extern "C" __global__ void __launch_bounds__(32 * UP_WARPS) hc_uplq_##TYPE##_t##NT(            \
         const u8* __restrict__ up, const float* __restrict__ low, const float* __restrict__ inv,  \
         const float* __restrict__ x, const float* __restrict__ gamma, float* __restrict__ mixed,  \
         i8* __restrict__ xq, float* __restrict__ xd, int n_tok, int hc, int d, int r, float eps) { \
         hc_up<SplitFormat<TYPE>::T, NT, true>(up, low, inv, x, gamma, mixed, nullptr, xq, xd,     \
                                               n_tok, hc, d, r, r, eps);                           \
     }
+#endif
 
 // One weight format per module (-D HC_TYPE=...), so a model that only uses BF16 compiles only that,
 // and one path: hc_down + hc_up (and the combine kernels below), or with -D HC_CLUSTERED=1 (the

@@ -70,6 +70,7 @@ class HCTuning:
     prefetch: bool = True  # L2 prefetch of each CTA's weights before its prologue
     split_blocks: bool = True  # Q4_K / Q5_0 / Q6_K through gguf_split.cuh's raw-bits readers
     inv_once: bool = True  # hc_up's norm scales once per CTA, not wherever read (same bits)
+    xq: bool = False  # the clustered module's up kernel also writes the int8 form (hc_uplq)
 
     def __post_init__(self) -> None:
         for name in ("down_warps", "up_warps"):
@@ -82,23 +83,28 @@ class HCTuning:
 
     def defines(self, type_name: str, clustered: bool = False) -> tuple[tuple[str, str], ...]:
         """The -D macros of the hc.cu module for weights of ``type_name``: its hc_down / hc_up
-        and combine kernels, or ``clustered`` its hc_downc / hc_upl (hc_cluster.py)."""
+        and combine kernels, or ``clustered`` its hc_downc / hc_upl (hc_cluster.py; with
+        ``xq``, hc_uplq)."""
 
         def packed(v: tuple[int, ...]) -> str:
             return "0x" + "".join(f"{x:X}" for x in v)
 
         return (
-            ("HC_TYPE", type_name),
-            ("DOWN_WARPS", str(self.down_warps)),
-            ("DOWN_ROWS", packed(self.down_rows)),
-            ("DOWN_BATCH", packed(self.down_batch)),
-            ("UP_WARPS", str(self.up_warps)),
-            ("UP_COLS", packed(self.up_cols)),
-            ("UP_BATCH", packed(self.up_batch)),
-            ("PREFETCH", str(int(self.prefetch))),
-            ("SPLIT_BLOCKS", str(int(self.split_blocks))),
-            ("INV_ONCE", str(int(self.inv_once))),
-        ) + ((("HC_CLUSTERED", "1"),) if clustered else ())
+            (
+                ("HC_TYPE", type_name),
+                ("DOWN_WARPS", str(self.down_warps)),
+                ("DOWN_ROWS", packed(self.down_rows)),
+                ("DOWN_BATCH", packed(self.down_batch)),
+                ("UP_WARPS", str(self.up_warps)),
+                ("UP_COLS", packed(self.up_cols)),
+                ("UP_BATCH", packed(self.up_batch)),
+                ("PREFETCH", str(int(self.prefetch))),
+                ("SPLIT_BLOCKS", str(int(self.split_blocks))),
+                ("INV_ONCE", str(int(self.inv_once))),
+            )
+            + ((("HC_CLUSTERED", "1"),) if clustered else ())
+            + ((("HC_XQ", "1"),) if self.xq else ())
+        )
 
     def down_rows_per_cta(self, nt: int) -> int:
         return self.down_warps * self.down_rows[TOKEN_GROUPS.index(nt)]
@@ -120,7 +126,7 @@ class HCTuning:
 CLUSTER_TUNING = HCTuning(down_batch=(5, 5, 5, 5), up_batch=(3, 3, 3, 3))
 # The clustered mix that also writes what it mixes rounded to int8 (``HCCuda.emit_xq``): hc_upl's
 # CTAs of 16 warps of 2 columns, 32 columns a CTA, so each CTA rounds whole groups of 32 itself.
-CLUSTER_XQ_TUNING = dataclasses.replace(CLUSTER_TUNING, up_warps=16)
+CLUSTER_XQ_TUNING = dataclasses.replace(CLUSTER_TUNING, up_warps=16, xq=True)
 
 
 def stream_args(

@@ -78,7 +78,9 @@ def mix_clustered(
     """(mixed, inject) of a mix whose inputs HCCuda._run checked: ``streams`` = (x, out_prev,
     inj_prev, x_new), the last three None unless the previous combine is fused (x_new is then
     written here); ``nt`` tokens per group. ``xq`` [n, d]: written with mixed rounded to int8
-    (``tune.writes_xq(nt, d)`` must hold)."""
+    (``tune.xq`` and ``tune.writes_xq(nt, d)`` must hold)."""
+    if (xq is not None) != tune.xq:  # hc_uplq is only in the xq module, hc_upl only outside it
+        raise ValueError(f"mix_clustered: xq given: {xq is not None}, tuning.xq {tune.xq}")
     x, out_prev, inj_prev, x_new = streams
     down, up, inject = weights
     n, hc, d = x.shape
@@ -124,9 +126,10 @@ def mix_clustered(
     down_and_inject(branch, down, inject, down_launch, r)  # the inject's writes only inj
 
     per_cta = tune.up_cols_per_cta(nt)
+    name = "hc_upl" if xq is None else "hc_uplq"  # hc_uplq: also the int8 form, xq
     kernels.launch(
         kernels.kernel(
-            HC_SOURCE, f"hc_upl_{up.type_name}_t{nt}", tune.defines(up.type_name, clustered=True)
+            HC_SOURCE, f"{name}_{up.type_name}_t{nt}", tune.defines(up.type_name, clustered=True)
         ),
         ((d + per_cta - 1) // per_cta, groups),
         32 * tune.up_warps,
@@ -136,8 +139,7 @@ def mix_clustered(
         (x_new if x_new is not None else x).data_ptr(),
         norm.data_ptr(),
         mixed.data_ptr(),
-        0 if xq is None else xq.q.data_ptr(),
-        0 if xq is None else xq.d.data_ptr(),
+        *(() if xq is None else (xq.q.data_ptr(), xq.d.data_ptr())),
         np.int32(n),
         np.int32(hc),
         np.int32(d),
