@@ -97,8 +97,7 @@ def test_router_refuses_what_it_cannot_fuse(cuda_ops) -> None:
 @pytest.mark.parametrize("int8", [False, True])
 @pytest.mark.parametrize("n", N_TOKENS)
 def test_shared_in_down_is_add_shared(cuda_ops, cuda_ops_int8, int8: bool, n: int) -> None:
-    from mgserve.cuda.ops.moe import ExpertWeights
-    from mgserve.cuda.ops.moe_cuda import SharedExpert
+    from mgserve.cuda.ops.moe import ExpertWeights, SharedExpert
 
     ops = cuda_ops_int8 if int8 else cuda_ops
     rng = np.random.default_rng(17 + n)

@@ -197,6 +197,29 @@ def test_torch_batch_invariant() -> None:
         assert torch.equal(ys[0], ys[1]) and torch.equal(ys[0], ys[2])
 
 
+def test_shared_expert_in_experts_is_add_shared() -> None:
+    """experts(shared=...) (the fused decode path's torch twin) is experts then add_shared,
+    bitwise, given add_shared's own gates: gated or not, with a residual or not; ``ready`` runs
+    once before the shared output is read."""
+    from mgserve.cuda.ops.moe import SharedExpert
+
+    rng = np.random.default_rng(9)
+    case = make_case("Q8_0", "Q8_0", 4, 64, 32, False, seed=2)
+    x, s, res = (torch.from_numpy(rng.standard_normal((3, 64), dtype=np.float32)) for _ in "xsr")
+    gate_inp = torch.from_numpy(rng.standard_normal(64, dtype=np.float32))
+    experts, weights = routing(3, 2, 4, rng)
+    mt = torch_backend()
+    g = mt.moe.add_shared(torch.zeros_like(x), torch.ones_like(x), x, gate_inp)[:, 0]
+    routed = mt.moe.experts(x, case.w, experts, weights)
+    for gated in (True, False):
+        for r in (None, res):
+            ready: list[int] = []
+            shared = SharedExpert(s, g if gated else None, lambda: ready.append(1))  # noqa: B023
+            got = mt.moe.experts(x, case.w, experts, weights, residual=r, shared=shared)
+            want = mt.moe.add_shared(routed, s, x, gate_inp if gated else None, r)
+            assert torch.equal(got, want) and ready == [1], (gated, r is not None)
+
+
 def test_moe_torch_int64_ids_and_empty_batch() -> None:
     rng = np.random.default_rng(2)
     case = make_case("Q8_0", "Q8_0", 4, 64, 32, False, seed=1)

@@ -61,7 +61,7 @@ def matmul(x: Any, w: Any, *, bias: Any = None, residual: Any = None, xq: Any = 
 
 
 def experts(x: Any, w: Any, experts: Any, weights: Any, *, residual: Any = None,
-            xq: Any = None) -> Cost:  # fmt: skip
+            xq: Any = None, shared: Any = None) -> Cost:  # fmt: skip
     """``moe.experts``: the flops are exact (each token through its kk experts); the bytes count
     kk experts' weights, the number certainly read (a token's kk experts are distinct). N tokens
     read up to min(N kk, E) experts, which only the device's routing says: exact for one token,
@@ -73,6 +73,8 @@ def experts(x: Any, w: Any, experts: Any, weights: Any, *, residual: Any = None,
     macs = sum(m.rows * m.k for m in mats) / e  # one token through one expert
     used = min(kk, e) if n else 0
     act = _b(x, experts, weights, residual) + 4 * n * w.n_embd
+    if shared is not None:  # the shared expert's output (and gates) read by the down kernel
+        act += _b(shared.out, shared.gate)
     return Cost(used * per_expert + act, 2.0 * n * kk * macs)
 
 

@@ -13,8 +13,8 @@ import torch
 from mgserve.core.gguf.hparams_hybrid import HybridSpec
 from mgserve.cuda.loader import Loader, fuse_rows
 from mgserve.cuda.models.base import fused_matmul
-from mgserve.cuda.ops.moe import ExpertWeights
-from mgserve.cuda.ops.moe_cuda import MoeCuda, SharedExpert
+from mgserve.cuda.ops.moe import ExpertWeights, SharedExpert
+from mgserve.cuda.ops.moe_cuda import MoeCuda
 from mgserve.cuda.ops.route import RouteCuda
 from mgserve.cuda.weights import QuantWeight
 

@@ -11,6 +11,7 @@ grouped tensor-core products of moe_prefill_cuda.py for prompt chunks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -23,6 +24,14 @@ from mgserve.cuda.ops.linear_tuning import Q8Activations
 from mgserve.cuda.weights import QuantWeight
 
 MOE_MAX_KK = 64  # MOE_MAX_KK in moe.cu / moe_q8.cu: experts per token
+
+
+class SharedExpert(NamedTuple):
+    """The shared expert's part of a decode step's MoE sum, added by the down kernel."""
+
+    out: torch.Tensor  # [N, d] float32: the shared expert's output
+    gate: torch.Tensor | None  # [N] float32: sigmoid(h . gate_inp) (route.router), or ungated
+    ready: Callable[[], None]  # makes ``out`` ready on the current stream (the branch's join)
 
 
 class ExpertWeights(NamedTuple):
@@ -165,12 +174,14 @@ class MoeTorch:
         *,
         residual: torch.Tensor | None = None,
         xq: Q8Activations | None = None,
+        shared: SharedExpert | None = None,
     ) -> torch.Tensor:
         """residual + sum_j weights[:, j] * down_e(silu(gate_e x) * up_e x), e = experts[:, j].
 
         x [N, d] fp32, experts [N, kk] int32/int64 (clamped to [0, E)), weights [N, kk] fp32,
         residual [N, d] or None -> [N, d] fp32, every expert on every token (see the module
-        docstring). ``xq``: x rounded by ``linear.quantize`` (ignored here).
+        docstring). ``xq``: x rounded by ``linear.quantize`` (ignored here). ``shared``: the
+        shared expert's output times its gate added before the residual, as ``add_shared``.
         """
         check_moe(x, w, experts, weights)
         check_residual(residual, x)
@@ -188,6 +199,10 @@ class MoeTorch:
         idx = experts.long().clamp(0, e - 1)  # [N, kk]
         sel = torch.gather(y, 1, idx[:, :, None].expand(-1, -1, d))  # [N, kk, d]
         out = combine(sel, weights)
+        if shared is not None:
+            shared.ready()
+            sh = shared.out if shared.gate is None else shared.out * shared.gate[:, None]
+            out = out + sh
         return out if residual is None else residual + out
 
     def add_shared(

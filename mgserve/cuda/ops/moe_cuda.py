@@ -19,9 +19,6 @@ each output, as ``add_shared`` would: the same bits, one launch fewer.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NamedTuple
-
 import numpy as np
 import torch
 
@@ -29,7 +26,14 @@ from mgserve.cuda.checks import check_cuda, check_weight, vec4_input
 from mgserve.cuda.launch import MAX_GRID_Y, Kernels
 from mgserve.cuda.ops.linear_cuda import LinearCuda
 from mgserve.cuda.ops.linear_tuning import MAX_MATVEC_TOKENS, Q8Activations
-from mgserve.cuda.ops.moe import ExpertWeights, MoeTorch, check_moe, check_residual, check_shared
+from mgserve.cuda.ops.moe import (
+    ExpertWeights,
+    MoeTorch,
+    SharedExpert,
+    check_moe,
+    check_residual,
+    check_shared,
+)
 from mgserve.cuda.ops.moe_prefill import moe_prefill
 from mgserve.cuda.ops.moe_prefill_cuda import MoePrefillCuda
 from mgserve.cuda.tickets import Tickets
@@ -42,14 +46,6 @@ SHARED_THREADS = 256  # threads per CTA of moe_add_shared_f32 (the gate's sum or
 MOE_WARPS = 4  # MOE_WARPS in kernels/moe_decode.cuh
 MOE_Q8_TYPES = frozenset({"Q4_K", "Q6_K", "Q5_0", "Q8_0"})  # expert formats of moe_q8.cu
 MOE_ROWS = (1, 1)  # MoeCuda's default rows per warp: gate/up, down
-
-
-class SharedExpert(NamedTuple):
-    """The shared expert's part of a decode step's MoE sum, added by the down kernel."""
-
-    out: torch.Tensor  # [N, d] float32: the shared expert's output
-    gate: torch.Tensor | None  # [N] float32: sigmoid(h . gate_inp) (route.router), or ungated
-    ready: Callable[[], None]  # makes ``out`` ready on the current stream (the branch's join)
 
 
 def moe_defines(rows: tuple[int, int]) -> tuple[tuple[str, str], ...]:
