@@ -146,7 +146,7 @@ case "${1:-tests}" in
     timeout 150 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_hc_cluster.py tests/cuda/test_fused_decode.py \
       -k "xq or invariant or graph or bitwise or launches" > "$OUT/t_hcxq.log" 2>&1
-    # (the whole-model tests run emit_xq's default: off until this stage has passed)
+    # (test_decode_steps_bitwise_emit_xq: whole decode steps with it on against off)
     echo "== hcxq tests rc=$?"
     grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_hcxq.log" | head -20
     M="model $Q4X --ctx 262144 --slots 5 --int8 --prefill= --decode 0 --multi-decode 5@32768 --decode-steps 16"

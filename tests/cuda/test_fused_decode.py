@@ -225,6 +225,28 @@ def test_decode_steps_bitwise_unfused(kernels, which: str, tmp_path: Path) -> No
     assert_same_runs(models, prompts, which)
 
 
+def test_decode_steps_bitwise_emit_xq(kernels, tmp_path: Path) -> None:
+    """The quantized qwen4exp (int8 decode) with the clustered mixes writing their int8 form
+    (``hc.emit_xq``, off by default) against without: logits of every step and every pool
+    tensor bitwise, and the mixes did write it."""
+    from mgserve.cuda.backend import cuda_backend
+    from tests.core.qwen4exp_export import write_synth_qwen4exp
+
+    if not kernels.clusters:
+        pytest.skip("no thread block clusters before sm_90")
+    path = write_synth_qwen4exp(tmp_path / "synth.gguf")
+    models = [_model(path, cuda_backend(kernels=kernels, int8=True), 160) for _ in range(2)]
+    models[0].backend.hc.emit_xq = True
+    offers: list[int] = []
+    q8 = models[0].backend.linear.q8
+    real = q8.offer
+    q8.offer = lambda x, xq: (offers.append(1), real(x, xq))[1]  # type: ignore[method-assign]
+    prompts = [[(7 * i + 3) % 250 + 3 for i in range(40)]]
+    prompts.append([(5 * i + 1) % 250 + 3 for i in range(37)])
+    assert_same_runs(models, prompts, "emit_xq")
+    assert offers, "no mix wrote its int8 form"
+
+
 def assert_same_runs(models: list[Any], prompts: list[list[int]], which: str) -> None:
     """Two models' runs of ``prompts`` then 9 decode steps (``_run``): the logits of every step
     and every pool tensor equal bitwise."""

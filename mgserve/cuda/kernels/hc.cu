@@ -496,7 +496,7 @@ __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
         }
     }
     __syncthreads();
-    if (c0 >= d) return;  // warp-uniform; no barrier below
+    if (c0 >= d) return;  // warp-uniform; the xq barrier below: no warp returns (d tiled)
 
     float total[C] = {};
     for (int s0 = 0; s0 < hc; s0 += 4) {

@@ -82,6 +82,9 @@ def mix_clustered(
     if (xq is not None) != tune.xq:  # hc_uplq is only in the xq module, hc_upl only outside it
         raise ValueError(f"mix_clustered: xq given: {xq is not None}, tuning.xq {tune.xq}")
     x, out_prev, inj_prev, x_new = streams
+    if xq is not None and not tune.writes_xq(nt, x.shape[2]):  # hc_uplq's barrier needs it
+        raise ValueError(f"mix_clustered: CTAs of {tune.up_cols_per_cta(nt)} columns cannot "
+                         f"write the int8 form of {x.shape[2]} columns")  # fmt: skip
     down, up, inject = weights
     n, hc, d = x.shape
     r = down.rows

@@ -87,6 +87,19 @@ class HCCuda:
             and up_smem(MAX_TOKEN_GROUP, r, hc) <= DYNAMIC_SMEM
         )
 
+    def _emits_xq(self, n: int, d: int, nt: int, inject: QuantWeight | None) -> bool:
+        """Whether a clustered mix of n decode rows writes its int8 form (``emit_xq``): int8
+        products read it, a block's mix (the head's, without inject, feeds a norm), the default
+        cluster tuning (an override keeps its own kernels) and columns CLUSTER_XQ_TUNING's
+        CTAs tile in whole groups of 32."""
+        return (
+            self.emit_xq
+            and inject is not None
+            and self.cluster_tuning == CLUSTER_TUNING
+            and self.linear.fused_xq(n, d)
+            and CLUSTER_XQ_TUNING.writes_xq(nt, d)
+        )
+
     # -- ops --
 
     def mix(
@@ -204,7 +217,7 @@ class HCCuda:
             streams = (x, out_prev, inj_prev, x_new)
             weights = (down, up, inject)
             tune, xq = self.cluster_tuning, None
-            if self.emit_xq and self.linear.fused_xq(n, d) and CLUSTER_XQ_TUNING.writes_xq(nt, d):
+            if self._emits_xq(n, d, nt, inject):
                 tune, xq = CLUSTER_XQ_TUNING, self.linear.q8.empty(n, d)
             mixed, inj = mix_clustered(
                 self.kernels, tune, self.branch, pieces, streams, norm, weights, nt, eps, xq

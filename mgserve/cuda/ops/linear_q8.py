@@ -76,9 +76,11 @@ class LinearQ8:
 
     def offer(self, x: torch.Tensor, xq: Q8Activations) -> None:
         """x's int8 form, written by x's producer as ``quantize`` rounds (the clustered HC mix):
-        ``offered(x)`` returns it while x is the same, unchanged tensor (this thread's last
-        offer, held until the next)."""
-        self._offered.entry = (x, x._version, xq)
+        ``offered(x)`` returns it while x is the same tensor with no torch write since (its
+        version counter; a kernel writing through its pointer does not count: none writes a
+        mix's output); this thread's last offer, held until the next."""
+        if not x.is_inference():  # (inference tensors keep no version counter)
+            self._offered.entry = (x, x._version, xq)
 
     def offered(self, x: torch.Tensor) -> Q8Activations | None:
         """The int8 form offered for x (``offer``), or None."""
