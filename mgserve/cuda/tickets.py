@@ -19,7 +19,9 @@ import threading
 
 import torch
 
-TICKETS = 1 << 20  # int32 counters per backend (4 MB): qwen4exp's 48 layers take about 80,000
+# int32 counters per backend (4 MB); qwen4exp takes 48 a thread (its routers), 77,000 more with
+# moe.round_h (1,600 a layer)
+TICKETS = 1 << 20
 
 
 class Tickets:

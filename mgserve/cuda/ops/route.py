@@ -87,7 +87,7 @@ class RouteCuda:
         self.kernels, self.fallback, self.linear = kernels, fallback, linear
         self.device = kernels.device
         self.tickets = tickets
-        self.fused = True  # the switch (bench model --paired R --toggle route.fused)
+        self.fused = True  # the switch (bench model --set route.fused=false)
 
     def fuses(self, n: int, router: QuantWeight, k: int) -> bool:
         """Whether ``router`` runs for n rows: a decode step's rows with ``fused_decode`` (and
