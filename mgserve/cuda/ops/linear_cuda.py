@@ -33,7 +33,6 @@ from mgserve.cuda.ops.linear_q8 import LinearQ8, epilogue_ptrs
 from mgserve.cuda.ops.linear_tuning import (
     INT8_TYPES,
     MATVEC_SOURCE,
-    MATVEC_TOKEN_BUCKETS,
     MATVEC_WARPS_PER_CTA,
     MAX_MATVEC_TOKENS,
     Q8_ROWS,
@@ -41,6 +40,7 @@ from mgserve.cuda.ops.linear_tuning import (
     MatvecTuning,
     Q8Activations,
     q8_rows,
+    token_bucket,
 )
 from mgserve.cuda.ops.qgemm import F16Rows, QGemm
 from mgserve.cuda.ops.rowpath import RowPath
@@ -141,7 +141,7 @@ class LinearCuda:
             self.q8.matvec(w, xq, stream, out.view(n_tok, rows), bias, residual)
             return out
 
-        bucket = next(b for b in MATVEC_TOKEN_BUCKETS if b >= n_tok)
+        bucket = token_bucket(n_tok)
         kernel = self.kernels.kernel(
             MATVEC_SOURCE, f"matvec_{w.type_name}_t{bucket}", self.tuning.defines()
         )

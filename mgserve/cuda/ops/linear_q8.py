@@ -18,7 +18,6 @@ from mgserve.cuda.checks import check_cuda, check_vec4
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.linear_tuning import (
     INT8_TYPES,
-    MATVEC_TOKEN_BUCKETS,
     MAX_MATVEC_TOKENS,
     Q8_GROUP,
     Q8_ROWS,
@@ -27,6 +26,7 @@ from mgserve.cuda.ops.linear_tuning import (
     Q8MMA_ROWS,
     Q8Activations,
     q8_defines,
+    token_bucket,
 )
 from mgserve.cuda.weights import QuantWeight
 
@@ -126,7 +126,7 @@ class LinearQ8:
             raise ValueError(f"{w.name}: out has shape {list(out.shape)}")
         check_vec4("out", out, self.device, torch.float32)
         tail = epilogue_ptrs(w, out, bias, residual, self.device)
-        bucket = next(b for b in MATVEC_TOKEN_BUCKETS if b >= xq.n_tok)
+        bucket = token_bucket(xq.n_tok)
         family = "q8mma" if self.mma and bucket > 1 else "q8"
         kernel = self.kernels.kernel(
             Q8_SOURCE, f"matvec_{family}_{w.type_name}_t{bucket}", self.defines

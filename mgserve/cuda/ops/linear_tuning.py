@@ -32,6 +32,11 @@ def q8_defines(rows: tuple[int, int], group: int) -> tuple[tuple[str, str], ...]
     )
 
 
+def token_bucket(n: int) -> int:
+    """The matvec kernels' token instance (NT, a MATVEC_TOKEN_BUCKETS entry) for n <= 8 tokens."""
+    return next(b for b in MATVEC_TOKEN_BUCKETS if b >= n)
+
+
 def q8_rows(n: int, k: int) -> bool:
     """Whether int8 kernels take [n, k] activations: 1..8 tokens, whole groups of 32."""
     return 1 <= n <= MAX_MATVEC_TOKENS and k % Q8_GROUP == 0

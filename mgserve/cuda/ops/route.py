@@ -27,7 +27,7 @@ from mgserve.core.reference import moe
 from mgserve.core.reference.moe import MIN_WEIGHT_SUM
 from mgserve.cuda.checks import check_cuda, check_vec4, check_weight
 from mgserve.cuda.launch import Kernels
-from mgserve.cuda.ops.linear_tuning import MATVEC_TOKEN_BUCKETS, MAX_MATVEC_TOKENS
+from mgserve.cuda.ops.linear_tuning import MATVEC_WARPS_PER_CTA, MAX_MATVEC_TOKENS, token_bucket
 from mgserve.cuda.weights import QuantWeight
 
 if TYPE_CHECKING:
@@ -160,14 +160,14 @@ class RouteCuda:
         weights = torch.empty((n, k), dtype=torch.float32, device=self.device)
         gate = None if gate_inp is None else torch.empty(n, dtype=torch.float32, device=self.device)
         tuning = self.linear.tuning
-        bucket = next(b for b in MATVEC_TOKEN_BUCKETS if b >= n)
+        bucket = token_bucket(n)
         per_cta = tuning.rows_per_cta(bucket)
         self.kernels.launch(
             self.kernels.kernel(
                 ROUTE_SOURCE, f"matvec_route_{router.type_name}_t{bucket}", tuning.defines()
             ),
             -(-e // per_cta) + (0 if gate_inp is None else 1),  # the gates' CTA (route.cu)
-            128,  # WARPS_PER_CTA (matvec.cuh) warps
+            32 * MATVEC_WARPS_PER_CTA,
             router.data.data_ptr(),
             h.data_ptr(),
             logits.data_ptr(),
