@@ -184,10 +184,7 @@ class MoeCuda:
             act: tuple[int, ...] = (xq.q.data_ptr(), xq.d.data_ptr())
             rounds = self._rounds_h(gate_w, n * kk, ff, kk) if int8_down else None
             if rounds is not None:  # the kernel rounds h to int8 itself (moe_gate_up_warp)
-                hq = Q8Activations(
-                    torch.empty(n * kk, ff, dtype=torch.int8, device=self.device),
-                    torch.empty(n * kk, ff // 32, dtype=torch.float32, device=self.device),
-                )
+                hq = self.linear.q8.empty(n * kk, ff)
             tail: tuple[object, ...] = (
                 experts.data_ptr(), h.data_ptr(),
                 0 if hq is None else hq.q.data_ptr(), 0 if hq is None else hq.d.data_ptr(),
