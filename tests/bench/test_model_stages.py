@@ -207,6 +207,26 @@ def test_moe_tiles_are_variants_of_the_grouped_kernels(tmp_path: Path) -> None:
         tile_variants(bench, "64,128/1,2")  # type: ignore[arg-type]
 
 
+def test_moe_tiles_of_the_wgmma_kernels() -> None:
+    """``--moe-tiles wg:A/wg:B``: the wgmma twins' MoE tiles (QGemm.grouped_wgmma), qgemm.cu's
+    left as they are; the two kinds are not mixed in one run."""
+    from types import SimpleNamespace
+
+    from mgserve.bench.model.paired import tile_variants
+    from mgserve.cuda.ops.wgmma import QWgmmaTuning
+
+    qgemm = SimpleNamespace(grouped="untouched", grouped_wgmma=None)
+    bench = SimpleNamespace(ops=SimpleNamespace(linear=SimpleNamespace(qgemm=qgemm)))
+    variants = tile_variants(bench, "wg:128,128/wg:192,128,1")  # type: ignore[arg-type]
+    assert [v for v, _ in variants] == ["moe tiles wg:128,128,2", "moe tiles wg:192,128,1"]
+    variants[1][1]()
+    assert qgemm.grouped_wgmma == QWgmmaTuning(192, 128, 1) and qgemm.grouped == "untouched"
+    with pytest.raises(ValueError, match="all tilings wg:"):
+        tile_variants(bench, "wg:128,128/64,128,32,2,4")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="do not fit 2 CTAs"):
+        tile_variants(bench, "wg:128,128/wg:192,128")  # type: ignore[arg-type]
+
+
 def test_paired_refuses_what_it_does_not_time(tmp_path: Path) -> None:
     from mgserve.bench.model.paired import paired_report
     from tests.cuda.test_device_models import _export

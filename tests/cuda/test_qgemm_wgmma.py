@@ -28,7 +28,13 @@ from tests.cuda.test_moe_prefill import gpu_ms
 from tests.cuda.test_moe_torch import RTOL_F16, bound_error, make_case, make_weight
 from tests.cuda.test_qgemm import GROUPED_CASES, TYPES, check_dense, grouped_case, k_values
 
-QW_TUNINGS = [QWgmmaTuning(), QWgmmaTuning(64, 128, 1), QWgmmaTuning(128, 256, 1)]
+QW_TUNINGS = [
+    QWgmmaTuning(),
+    QWgmmaTuning(64, 128, 1),
+    QWgmmaTuning(128, 256, 1),
+    QWgmmaTuning(192, 128, 1),  # 384 threads: some threads' last W run idle
+    QWgmmaTuning(256, 128, 1),
+]
 
 
 def test_tuning_validation() -> None:
@@ -38,9 +44,12 @@ def test_tuning_validation() -> None:
     for bad in ("128", "1,2,3,4", "x,y"):
         with pytest.raises(ValueError, match="expected BM,BN"):
             QWgmmaTuning.parse(bad)
-    for args in ((96, 128), (128, 64), (128, 128, 3)):
+    assert QWgmmaTuning.parse("192,128,1").threads == 384
+    for args in ((96, 128), (128, 64), (128, 128, 3), (320, 128, 1)):
         with pytest.raises(ValueError, match="QWgmmaTuning"):
             QWgmmaTuning(*args)
+    with pytest.raises(ValueError, match="do not fit 2 CTAs of 384 threads"):
+        QWgmmaTuning(192, 128, 2)  # 64 accumulators a thread beside the tile's addressing
 
 
 class FakeKernels:
@@ -67,11 +76,32 @@ def test_grouped_rows_must_match_the_kernels() -> None:
     gate = SimpleNamespace(type_name="Q4_K")
     with pytest.raises(ValueError, match="tiles of 64 rows for Q4_K kernels of 128"):
         q.gate_up(gate, 0, 8, h, torch.zeros(3, dtype=torch.int32), rows, h)  # type: ignore[arg-type]
-    q.wgmma_tuning, q.wgmma = QWgmmaTuning(64, 128), True
+    q.grouped_wgmma, q.wgmma = QWgmmaTuning(64, 128), True
     assert (q.grouped_bm("Q4_K"), q.grouped_bm("Q5_K")) == (64, 128)  # Q5_K: qgemm.cu's tiles
-    with pytest.raises(ValueError, match="tiles of 128 rows for Q4_K kernels of 64"):
-        rows = GroupedRows(torch.tensor([0, 0, 1]), 2, 128)
+    assert q.grouped_bm("Q4_K", "Q5_K") == 128  # a layer of both kinds: qgemm.cu's rows
+    with pytest.raises(ValueError, match="tiles of 64 rows for Q5_K kernels of 128"):
+        q.down(SimpleNamespace(type_name="Q5_K"), h, rows, torch.zeros(3, 8))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="QWgmmaTuning: bm 96"):  # no wgmma kernel of 96 rows
+        rows = GroupedRows(torch.tensor([0, 0, 1]), 2, 96)
         q.down(gate, h, rows, torch.zeros(3, 8))  # type: ignore[arg-type]
+
+
+def test_wgmma_tiles_follow_the_rows() -> None:
+    """The wgmma MoE kernels run on tiles of the GroupedRows' height: ``grouped_wgmma``'s own,
+    or, in a layer whose other format takes qgemm.cu (whose rows the layer then uses), that
+    tuning's shape on qgemm.cu's rows."""
+    kernels = FakeKernels()
+    seen: list[object] = []
+    kernels.kernel = lambda source, name, defines, **kw: seen.append(dict(defines)) or name  # type: ignore[method-assign]
+    q = QGemm(kernels, wgmma=True)  # type: ignore[arg-type]
+    q.grouped_wgmma = QWgmmaTuning(192, 128, 1)
+    gate = SimpleNamespace(type_name="Q4_K", data=torch.zeros(1), k=256)
+    h = torch.zeros(3, 8, dtype=torch.float16)
+    tok = torch.zeros(3, dtype=torch.int32)
+    for layer, bm in ((("Q4_K", "Q6_K"), 192), (("Q4_K", "Q5_K"), 128)):
+        rows = GroupedRows(torch.tensor([0, 0, 1]), 2, q.grouped_bm(*layer))
+        q.gate_up(gate, 0, 8, h, tok, rows, h)  # type: ignore[arg-type]
+        assert (seen[-1]["QW_BM"], seen[-1]["QW_MIN_CTAS"]) == (str(bm), "1" if bm > 128 else "2")
 
 
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "IQ4_XS", "BF16"])
@@ -163,7 +193,7 @@ def moe_wgmma(wg_ops, cuda_ops):  # type: ignore[no-untyped-def]
     qgemm = cuda_ops.linear.qgemm
     was, qgemm.wgmma = qgemm.wgmma, True
     yield cuda_ops
-    qgemm.wgmma, qgemm.wgmma_tuning = was, QWgmmaTuning()
+    qgemm.wgmma, qgemm.wgmma_tuning, qgemm.grouped_wgmma = was, QWgmmaTuning(), QWgmmaTuning()
 
 
 @pytest.mark.gpu
@@ -205,7 +235,7 @@ def test_grouped_moe_timing(moe_wgmma) -> None:  # type: ignore[no-untyped-def]
         print(f"\ngrouped moe wgmma {on}: {ms:.3f} ms {flop / ms / 1e9:.0f} TFLOP/s")
     want = grouped(x, case.w, experts, weights)
     for t in QW_TUNINGS[1:]:
-        qgemm.wgmma_tuning = t
+        qgemm.grouped_wgmma = t
         assert torch.equal(grouped(x, case.w, experts, weights), want), f"{t}: not the default's"
         ms = gpu_ms(lambda: grouped(x, case.w, experts, weights), 10)
         print(f"grouped moe wgmma {t}: {ms:.3f} ms {flop / ms / 1e9:.0f} TFLOP/s")

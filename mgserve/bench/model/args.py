@@ -137,7 +137,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) 
         help="the MoE prompt kernels' tiles (qgemm.cu, grouped): BM,BN,BK,WARPS_M,WARPS_N"
         "[,MIN_CTAS]; with --paired, two or more separated by / are timed side by side. These "
         "are qgemm.cu's mma.sync kernels: their wgmma twins (sm_90) are off for the run, for "
-        "short dense prompts too",
+        "short dense prompts too. wg:BM,BN[,MIN_CTAS] tiles the wgmma twins instead "
+        "(qgemm_wgmma.cu; BM 64 / 128 / 192 / 256)",
     )
     parser.add_argument(
         "--device",

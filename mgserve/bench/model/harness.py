@@ -9,6 +9,8 @@ import time
 from functools import partial
 from typing import Any
 
+from mgserve.bench.model.tiles import moe_tilings, set_moe_tiles, tiling_label
+
 
 def stage_counts(args: argparse.Namespace) -> list[tuple[int, int]]:
     """``--virtual-stages``: the (stages, micro-batches) to run, in order (``1,3,6x3``: 6 stages
@@ -114,17 +116,16 @@ class ModelBench:
             # twins are off for the run, qgemm's for short dense prompts too (one switch)
             if hgemm is not None:
                 linear.hgemm.wgmma = False
-            if args.moe_tiles:
+            tilings = moe_tilings(args.moe_tiles)
+            if tilings and tiling_label(tilings[0])[:3] != "wg:":  # qgemm.cu's (mma.sync)
                 sets = getattr(args, "set", [])
                 if any(s.split("=")[0].strip() == "linear.qgemm.wgmma" for s in sets):
                     raise ValueError("--moe-tiles times qgemm.cu; drop --set linear.qgemm.wgmma")
                 linear.qgemm.wgmma = False
-            if "/" in args.moe_tiles and not getattr(args, "paired", 0):
+            if len(tilings) > 1 and not getattr(args, "paired", 0):
                 raise ValueError("--moe-tiles with several tilings needs bench model --paired R")
-            if args.moe_tiles and "/" not in args.moe_tiles:  # one tiling (several: --paired)
-                from mgserve.cuda.ops.qgemm import QGemmTuning
-
-                linear.qgemm.grouped = QGemmTuning.parse(args.moe_tiles)
+            if len(tilings) == 1:  # one tiling (several: --paired)
+                set_moe_tiles(linear.qgemm, tilings[0])
         else:
             if args.moe_tiles:
                 raise ValueError("--moe-tiles: the qgemm.cu kernels run on --device cuda only")

@@ -22,6 +22,7 @@ from typing import Any
 from mgserve.bench.model import workloads
 from mgserve.bench.model.args import depths, pairs
 from mgserve.bench.model.harness import ModelBench, freeze_heap, stage_label, switch_owner
+from mgserve.bench.model.tiles import moe_tilings, set_moe_tiles, tiling_label
 
 Row = Callable[..., None]
 Variant = tuple[str, Callable[[], None]]  # (label, make it the current one)
@@ -66,20 +67,17 @@ def toggle_variants(b: ModelBench, name: str) -> tuple[list[Variant], Callable[[
 
 
 def tile_variants(b: ModelBench, text: str) -> list[Variant]:
-    """``--moe-tiles A/B/...``: the MoE prompt kernels under each tiling (QGemmTuning), the
-    first current after."""
-    from mgserve.cuda.ops.qgemm import QGemmTuning
-
-    tunings = [QGemmTuning.parse(t) for t in text.split("/") if t.strip()]
+    """``--moe-tiles A/B/...``: the MoE prompt kernels under each tiling (qgemm.cu's
+    QGemmTuning, or with ``wg:`` their wgmma twins' QWgmmaTuning), the first current after."""
+    tunings = moe_tilings(text)
     if len(tunings) < 2:
         raise ValueError(f"--paired with --moe-tiles needs two or more tilings, got {text!r}")
     linear: Any = b.ops.linear  # LinearCuda: the bench refuses --moe-tiles on the CPU
-    qgemm = linear.qgemm  # on qgemm.cu's kernels: ModelBench turned their wgmma twins off
+    qgemm = linear.qgemm  # qgemm.cu's tilings: ModelBench turned their wgmma twins off
     return [
-        (f"moe tiles {t.bm},{t.bn},{t.bk},{t.warps_m},{t.warps_n},{t.min_ctas}",
-         lambda t=t: setattr(qgemm, "grouped", t))  # type: ignore[misc]
+        (f"moe tiles {tiling_label(t)}", lambda t=t: set_moe_tiles(qgemm, t))  # type: ignore[misc]
         for t in tunings
-    ]  # fmt: skip
+    ]
 
 
 def paired_report(b: ModelBench, args: argparse.Namespace, counts: list[tuple[int, int]],

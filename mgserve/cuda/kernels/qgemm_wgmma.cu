@@ -32,7 +32,7 @@
 #define QG_TYPE Q4_K
 #endif
 #ifndef QW_BM
-#define QW_BM 128  // output rows (tokens) per CTA: 64 per warpgroup
+#define QW_BM 128  // output rows (tokens) per CTA: 64 per warpgroup, up to 4 warpgroups
 #endif
 #ifndef QW_BN
 #define QW_BN 128  // output columns (W rows) per CTA: 128 or 256 (one wgmma's N)
@@ -44,12 +44,16 @@
 namespace {
 typedef SplitFormat<QG_TYPE>::T WT;
 constexpr int BM = QW_BM, BN = QW_BN, BK = 64, THREADS = 2 * BM;
-constexpr int W_RUNS = BN * 8 / THREADS, X_COPIES = BM * 8 / THREADS;  // a thread's, a step
+// a step's 16-byte runs of W (BN rows of 8) spread over the threads: W_RUNS a thread, the last
+// run of some threads idle where BN * 8 is not a multiple of THREADS (BM 192)
+constexpr int W_LOADS = BN * 8, W_RUNS = (W_LOADS + THREADS - 1) / THREADS;
+constexpr bool W_EVEN = W_RUNS * THREADS == W_LOADS;
+constexpr int X_COPIES = BM * 8 / THREADS;  // a thread's 16-byte copies of X a step
 constexpr int X_BYTES = BM * 128, STAGE_BYTES = (BM + BN) * 128;
 constexpr int ACC = BN / 2;  // accumulators a thread: 64 x BN per warpgroup
-static_assert(BM == 64 || BM == 128, "QW_BM: 64 or 128");
+static_assert(BM % 64 == 0 && BM <= 256, "QW_BM: 64, 128, 192 or 256 (64 rows a warpgroup)");
 static_assert(BN == 128 || BN == 256, "QW_BN: 128 or 256");
-static_assert(W_RUNS * THREADS == BN * 8 && X_COPIES * THREADS == BM * 8, "even loads");
+static_assert(X_COPIES * THREADS == BM * 8, "even copies of X");
 }  // namespace
 
 #if QW_BN == 256
@@ -81,6 +85,8 @@ __device__ __forceinline__ void qgemm_wg_tile(const TileArgs& a) {
         const u8* rows = (GATED && (r & 1)) ? a.wb : a.wa;
         wsrc[i] = src < a.n_rows ? rows + (size_t)src * row_bytes : nullptr;
     }
+    // whether run i is one of the tile's (always, but for the last of some threads at BM 192)
+    auto w_mine = [&](int i) { return W_EVEN || tid + i * THREADS < W_LOADS; };
     const u16* xsrc[X_COPIES];  // this thread's X row (null: past m_valid), run, shared offset
     int xc[X_COPIES];
     unsigned xo[X_COPIES];
@@ -99,7 +105,7 @@ __device__ __forceinline__ void qgemm_wg_tile(const TileArgs& a) {
 #pragma unroll
         for (int i = 0; i < W_RUNS; i++) {
             const int kk = k0 + wc[i] * 8;
-            wvalid[i] = wsrc[i] != nullptr && kk < a.k;
+            wvalid[i] = w_mine(i) && wsrc[i] != nullptr && kk < a.k;
             wraw[i] = wvalid[i] ? WT::fetch(wsrc[i] + (size_t)(kk / WT::BLOCK) * WT::BYTES,
                                             (kk % WT::BLOCK) / 8)
                                 : typename WT::Raw{};
@@ -108,8 +114,9 @@ __device__ __forceinline__ void qgemm_wg_tile(const TileArgs& a) {
     auto store_w = [&](int buf) {
 #pragma unroll
         for (int i = 0; i < W_RUNS; i++)
-            *(uint4*)(sm + buf * STAGE_BYTES + wo[i]) =
-                wvalid[i] ? w_f16<WT>(wraw[i]) : make_uint4(0, 0, 0, 0);
+            if (w_mine(i))
+                *(uint4*)(sm + buf * STAGE_BYTES + wo[i]) =
+                    wvalid[i] ? w_f16<WT>(wraw[i]) : make_uint4(0, 0, 0, 0);
     };
     auto load_x = [&](int k0, int buf) {
 #pragma unroll

@@ -64,7 +64,8 @@ class MoePrefillCuda:
         flat = experts.reshape(-1).clamp(0, e - 1)  # [P] expert of each pair (token * kk + slot)
         sorted_e, order = torch.sort(flat, stable=True)  # [P] pairs grouped by expert
         gate, up_ptr, expert_rows = w.gate_up_storage()
-        groups = GroupedRows(sorted_e, e, self.linear.qgemm.grouped_bm(gate.type_name))
+        bm = self.linear.qgemm.grouped_bm(gate.type_name, w.down.type_name)
+        groups = GroupedRows(sorted_e, e, bm)
         pair_row, row_token = self.rows(sorted_e, order, None, kk, p)  # [P], [P] int32
         x16 = x.to(torch.float16)  # [N, d]
         h = torch.empty(p, ff, dtype=torch.float16, device=self.device)  # [P, ff] sorted pairs

@@ -111,6 +111,7 @@ DENSE_TUNING = QGemmTuning()  # QGemm's default tiles: prompt products of the li
 # decide the speed: bm 128 is 11% faster than 64 on a 4096-token qwen4exp chunk, bm 256 (bk 16)
 # 5% slower (BENCHMARKS.md 2026-12-06 08:37, --moe-tiles).
 GROUPED_TUNING = QGemmTuning(bm=128)
+GROUPED_WGMMA_TUNING = QWgmmaTuning()  # their qgemm_wgmma.cu twins' (bench --moe-tiles wg:...)
 
 
 def f16_rows(x: torch.Tensor) -> torch.Tensor:
@@ -163,6 +164,7 @@ class QGemm:
         self.tuning = tuning or DENSE_TUNING
         self.grouped = grouped or GROUPED_TUNING
         self.wgmma_tuning = QWgmmaTuning()
+        self.grouped_wgmma = GROUPED_WGMMA_TUNING  # the wgmma twins' MoE tiles
         # qgemm_wgmma.cu's kernels where the GPU has warpgroup MMA (Kernels.wgmma: sm_90): the
         # same bits (tests/cuda/test_qgemm_wgmma.py); on the H100 a 4096-token prompt 6.5%
         # faster, the grouped MoE products 13% (BENCHMARKS.md, 2026-12-06 17:10)
@@ -175,18 +177,23 @@ class QGemm:
         """Whether ``type_name``'s products run on qgemm_wgmma.cu (``WGMMA_FORMATS``)."""
         return self.wgmma and type_name in WGMMA_FORMATS
 
-    def grouped_bm(self, type_name: str) -> int:
-        """Rows of a grouped MoE tile (``GroupedRows``' bm) of the kernels ``type_name`` takes."""
-        return self.wgmma_tuning.bm if self.on_wgmma(type_name) else self.grouped.bm
+    def grouped_bm(self, *type_names: str) -> int:
+        """Rows of a grouped MoE tile (``GroupedRows``' bm) for a layer whose gate/up and down
+        are in ``type_names``: the wgmma tiles' where every format takes those kernels, else
+        qgemm.cu's (the wgmma kernels then run on tiles of that many rows)."""
+        if all(self.on_wgmma(t) for t in type_names):
+            return self.grouped_wgmma.bm
+        return self.grouped.bm
 
     def _launch(self, tuning: QGemmTuning, name: str, type_name: str, grid_x: int,
-                grid_y: int | None, m: int, *args: object,
-                label: str = "qgemm") -> None:  # fmt: skip
-        """``name`` (qgemm.cu's, or its qgemm_wgmma.cu twin) for ``type_name`` on a grid of
-        ``grid_x`` column tiles of the kernel's bn (rows of W) by ``grid_y`` row tiles (None:
-        ceil(m / bm)); ``args``: the kernel's; ``label`` names the weight in errors."""
+                grid_y: int | None, m: int, *args: object, label: str = "qgemm",
+                wg: QWgmmaTuning | None = None) -> None:  # fmt: skip
+        """``name`` (qgemm.cu's, or its qgemm_wgmma.cu twin, on ``wg`` or the dense tiles) for
+        ``type_name`` on a grid of ``grid_x`` column tiles of the kernel's bn (rows of W) by
+        ``grid_y`` row tiles (None: ceil(m / bm)); ``args``: the kernel's; ``label`` names the
+        weight in errors."""
         if self.on_wgmma(type_name):
-            t = self.wgmma_tuning
+            t = wg or self.wgmma_tuning
             if not self.kernels.wgmma:
                 raise ValueError("QGemm.wgmma: warpgroup MMA needs an sm_90 GPU (H100 / H200)")
             kernel = self.kernels.kernel(
@@ -258,12 +265,12 @@ class QGemm:
         p, ff = h.shape
         if p == 0:
             return
-        self._check_bm(rows, gate.type_name)
+        wg = self._grouped_tiles(rows, gate.type_name)
         self._launch(
             self.grouped, "qgemm_gate_up", gate.type_name, 2 * ff, rows.grid_y, p,
             gate.data.data_ptr(), up_ptr, np.int64(expert_rows), x16.data_ptr(),
             row_token.data_ptr(), rows.row_start.data_ptr(), rows.tile_start.data_ptr(),
-            h.data_ptr(), np.int32(ff), np.int32(gate.k), np.int32(rows.n_expert),
+            h.data_ptr(), np.int32(ff), np.int32(gate.k), np.int32(rows.n_expert), wg=wg,
         )  # fmt: skip
 
     def down(self, down: QuantWeight, h: torch.Tensor, rows: GroupedRows, y: torch.Tensor) -> None:
@@ -271,18 +278,23 @@ class QGemm:
         p, d = y.shape
         if p == 0:
             return
-        self._check_bm(rows, down.type_name)
+        wg = self._grouped_tiles(rows, down.type_name)
         self._launch(
             self.grouped, "qgemm_down", down.type_name, d, rows.grid_y, p,
             down.data.data_ptr(), np.int64(d), h.data_ptr(), rows.row_start.data_ptr(),
             rows.tile_start.data_ptr(), y.data_ptr(), np.int32(d), np.int32(down.k),
-            np.int32(rows.n_expert),
+            np.int32(rows.n_expert), wg=wg,
         )  # fmt: skip
 
-    def _check_bm(self, rows: GroupedRows, type_name: str) -> None:
-        if rows.bm != (bm := self.grouped_bm(type_name)):
+    def _grouped_tiles(self, rows: GroupedRows, type_name: str) -> QWgmmaTuning | None:
+        """The wgmma tiles for ``rows`` (``grouped_wgmma``, or its shape on tiles of rows.bm
+        rows) if ``type_name`` takes those kernels; qgemm.cu's take only ``grouped.bm`` rows."""
+        t = self.grouped_wgmma
+        if self.on_wgmma(type_name):
+            return t if rows.bm == t.bm else QWgmmaTuning(rows.bm, t.bn, 2 if rows.bm <= 128 else 1)
+        if rows.bm != self.grouped.bm:
             raise ValueError(
-                f"grouped GEMM: tiles of {rows.bm} rows for {type_name} kernels of {bm} (make "
-                "GroupedRows with QGemm.grouped_bm; a layer's gate/up and down formats must "
-                "agree on it)"
+                f"grouped GEMM: tiles of {rows.bm} rows for {type_name} kernels of "
+                f"{self.grouped.bm} (make GroupedRows with QGemm.grouped_bm of the layer's formats)"
             )
+        return None

@@ -66,6 +66,9 @@ class WgmmaTuning:
         )
 
 
+QW_BMS = (64, 128, 192, 256)  # qgemm_wgmma.cu's tile rows: 1 to 4 warpgroups
+
+
 @dataclass(frozen=True)
 class QWgmmaTuning:
     """Compile-time tile shape of kernels/qgemm_wgmma.cu (its QW_* -D macros, QG_TYPE per
@@ -76,10 +79,10 @@ class QWgmmaTuning:
     min_ctas: int = 2  # CTAs per SM the registers are capped for (__launch_bounds__)
 
     def __post_init__(self) -> None:
-        if self.bm not in (64, 128) or self.bn not in (128, 256) or self.min_ctas not in (1, 2):
+        if self.bm not in QW_BMS or self.bn not in (128, 256) or self.min_ctas not in (1, 2):
             raise ValueError(
-                f"QWgmmaTuning: bm {self.bm} (64 or 128), bn {self.bn} (128 or 256), min_ctas "
-                f"{self.min_ctas} (1 or 2)"
+                f"QWgmmaTuning: bm {self.bm} (64, 128, 192 or 256), bn {self.bn} (128 or 256), "
+                f"min_ctas {self.min_ctas} (1 or 2)"
             )
         cap = min(255, 65536 // (self.threads * self.min_ctas))  # registers a thread may use
         if self.bn // 2 + 40 > cap:  # the accumulators and the tile's addressing

@@ -1,0 +1,38 @@
+"""``bench model --moe-tiles``: the MoE prompt kernels' tilings a run sets or compares
+(``--paired``), qgemm.cu's mma.sync ones or, written ``wg:...``, their qgemm_wgmma.cu twins'."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def moe_tilings(text: str) -> list[Any]:
+    """``--moe-tiles A/B/...``: qgemm.cu's grouped tilings (QGemmTuning, BM,BN,BK,WARPS_M,
+    WARPS_N[,MIN_CTAS]) or, each written ``wg:BM,BN[,MIN_CTAS]``, their wgmma twins'
+    (QWgmmaTuning); one kind in a run (qgemm.cu's turn the twins off)."""
+    from mgserve.cuda.ops.qgemm import QGemmTuning
+    from mgserve.cuda.ops.wgmma import QWgmmaTuning
+
+    parts = [t.strip() for t in text.split("/") if t.strip()]
+    wg = [t.startswith("wg:") for t in parts]  # wgmma tiles
+    if any(wg) and not all(wg):
+        raise ValueError(f"--moe-tiles {text!r}: all tilings wg:... (wgmma) or none")
+    if any(wg):
+        return [QWgmmaTuning.parse(t[3:]) for t in parts]
+    return [QGemmTuning.parse(t) for t in parts]
+
+
+def tiling_label(t: Any) -> str:
+    from mgserve.cuda.ops.wgmma import QWgmmaTuning
+
+    if isinstance(t, QWgmmaTuning):
+        return f"wg:{t.bm},{t.bn},{t.min_ctas}"
+    return f"{t.bm},{t.bn},{t.bk},{t.warps_m},{t.warps_n},{t.min_ctas}"
+
+
+def set_moe_tiles(qgemm: Any, t: Any) -> None:
+    """The MoE prompt kernels' tiles of ``qgemm`` (QGemm): ``grouped_wgmma`` for a
+    QWgmmaTuning, else ``grouped``."""
+    from mgserve.cuda.ops.wgmma import QWgmmaTuning
+
+    setattr(qgemm, "grouped_wgmma" if isinstance(t, QWgmmaTuning) else "grouped", t)
