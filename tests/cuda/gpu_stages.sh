@@ -68,7 +68,8 @@
 #   bash tests/cuda/gpu_stages.sh hcxq        the clustered mix writing its int8 form (tests,
 #                                              hc.emit_xq on / off side by side, invariance)
 #   bash tests/cuda/gpu_stages.sh moewg       the wgmma MoE prompt kernels on 192- and 256-row
-#                                              tiles: tests, the prompt's tilings side by side
+#                                              tiles, the DeltaNet scan on 16 columns: tests,
+#                                              the prompt's tilings and scan widths side by side
 # Logs and files land in $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/mgserve-out}; mkdir -p "$OUT"
@@ -157,13 +158,21 @@ case "${1:-tests}" in
       echo "== hc.emit_xq=$v round $r rc=$?"; grep -E "^\| decode" "$OUT/xq_${v}_$r.log" | head -2
     done; done
     bench invariance 150 invariance $Q4X --int8 --set hc.emit_xq=true --record ;;
-  moewg)  # 2026-12-06 23:20: qgemm_wgmma.cu on 3 and 4 warpgroups (an expert's ~160 rows, one tile)
-    timeout 240 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
-      tests/cuda/test_qgemm_wgmma.py > "$OUT/t_moewg.log" 2>&1
+  moewg)  # 2026-12-06 23:20: qgemm_wgmma.cu on 3 and 4 warpgroups (an expert's ~160 rows, one
+    # tile); the DeltaNet prompt scan on 16 state columns a CTA (deltanet.scan_cols)
+    timeout 200 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_qgemm_wgmma.py tests/cuda/test_deltanet_prefill_kernel.py \
+      > "$OUT/t_moewg.log" 2>&1
     echo "== moewg tests rc=$?"
     grep -E "^(FAILED|ERROR|E )|passed|failed|grouped moe" "$OUT/t_moewg.log" | head -20
-    bench moewg 330 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
-      --multi-decode= --paired 3 --moe-tiles wg:128,128,2/wg:192,128,1/wg:256,128,1 --record ;;
+    bench moewg 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+      --multi-decode= --paired 3 --moe-tiles wg:128,128,2/wg:192,128,1/wg:256,128,1 --record
+    for r in 1 2; do for c in 16 32; do
+      timeout 90 python3 -m mgserve bench model $Q4X --ctx 65536 --slots 1 --int8 \
+        --prefill 4096@0 --decode= --multi-decode= --set deltanet.scan_cols=$c --record \
+        > "$OUT/scan_${c}_$r.log" 2>&1
+      echo "== scan_cols=$c round $r rc=$?"; grep -E "^\| prefill" "$OUT/scan_${c}_$r.log"
+    done; done ;;
   exact)
     bench exact 300 model $Q4X --ctx 262144 --slots 5 --prefill 4096@0 --decode 0,131072 \
       --multi-decode "" --decode-steps 16 --record ;;

@@ -253,6 +253,45 @@ def test_prefill_pieces_give_the_same_bits(cuda_ops, monkeypatch: pytest.MonkeyP
             assert torch.equal(a, b), f"{name} differs between pieces"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(("t", "hk", "hv", "state"), [(4161, 16, 48, True), (65, 1, 5, False)])
+def test_scan_widths_give_the_same_bits(cuda_ops, monkeypatch: pytest.MonkeyPatch, t: int,
+                                        hk: int, hv: int, state: bool) -> None:  # fmt: skip
+    """The scan on 16 state columns a CTA (twice the CTAs, three an SM) == on 32, bitwise (o,
+    conv, ssm): each value's sums run in the same order whatever the thread mapping."""
+    heads = {"n_k_heads": hk, "n_v_heads": hv, "head_dim": 128, "eps": EPS}
+    qkv, g, beta, conv, ssm, weight = inputs(t, hk, hv, 4, 1.0, 11, state)
+    runs = []
+    for cols in (32, 16):
+        monkeypatch.setattr(cuda_ops.deltanet, "scan_cols", cols)
+        c, s = conv.clone(), ssm.clone()
+        o = cuda_ops.deltanet.prefill(qkv, g, beta, c, s, 1, weight, **heads)
+        runs.append((o, c[1], s[1]))
+    for name, a, b in zip(("o", "conv", "ssm"), *runs, strict=True):
+        assert torch.equal(a, b), f"{name} differs between scan widths (T={t})"
+
+
+def test_scan_widths() -> None:
+    """A scan CTA takes 32 or 16 state columns (ValueError otherwise, the setting unchanged); the
+    kernel is told the width only when it is not its default."""
+    from types import SimpleNamespace
+
+    from mgserve.cuda.ops.deltanet_prefill_cuda import check_scan_cols, prefill_smem
+
+    kernels: Any = SimpleNamespace(device=torch.device("cpu"))
+    family = DeltaNetCuda(kernels, DeltaNetTorch())
+    assert family.scan_cols == 32
+    family.scan_cols = 16
+    for bad in (8, 64, 24):
+        with pytest.raises(ValueError, match=r"one of \(32, 16\)"):
+            family.scan_cols = bad
+    assert family.scan_cols == 16 and check_scan_cols(32) == 32
+    assert "SCAN_COLS" not in dict(prefill_defines(128, 4))
+    narrow = dict(prefill_defines(128, 4, 16))
+    assert narrow["SCAN_COLS"] == "16" and int(narrow["SCAN_SMEM"]) == prefill_smem(128, 16)[1]
+    assert 3 * prefill_smem(128, 16)[1] <= 227 * 1024 < 3 * prefill_smem(128)[1]  # CTAs an SM
+
+
 def test_pieces_are_whole_chunks() -> None:
     """A piece is a whole number of 64-token chunks up to 4096 (ValueError naming the rule)."""
     from types import SimpleNamespace

@@ -36,8 +36,10 @@
 // delta_scan_f32: grid (HEAD_DIM / SCAN_COLS, Hv), block SCAN_THREADS; the chunks of one head in
 //   order. Columns of S are independent given k, g, beta, so each CTA owns SCAN_COLS columns of
 //   S (registers, with a shared-memory copy the products read) and runs the four products above
-//   on its columns. Thread (rg = tid / 8, cg = tid % 8) owns columns 4 cg .. 4 cg + 3, rows
-//   rg and rg + 32 of the [C, cols] products and rows 4 rg .. 4 rg + 3 of S. fp32 FMA on the
+//   on its columns. Thread (rg = tid / SCAN_CG, cg = tid % SCAN_CG) owns columns 4 cg .. 4 cg + 3,
+//   rows rg + SCAN_RG b of the [C, cols] products and rows SCAN_SROWS rg + a of S (32 columns:
+//   rows rg, rg + 32 and 4 rg .. 4 rg + 3; 16 columns: row rg and 2 rg, 2 rg + 1). Each value's
+//   sums run in the same order for either width, so both give the same bits. fp32 FMA on the
 //   SIMT cores throughout; a chunk's k / q rows and M / Aqk are loaded between the products, not
 //   overlapped with them (the second CTA on the SM hides part of it).
 //
@@ -58,7 +60,14 @@
 #define PREP_THREADS 256
 #define PREP_HEADS (PREP_THREADS / CHUNK)  // value heads solved at once (a thread per column)
 #define SCAN_THREADS 256
-#define SCAN_COLS 32                  // state columns per CTA of delta_scan_f32
+#ifndef SCAN_COLS
+#define SCAN_COLS 32  // state columns per CTA of delta_scan_f32: 32 (2 CTAs an SM) or 16 (3)
+#endif
+#define SCAN_CG (SCAN_COLS / 4)           // column groups of 4 (a thread's columns)
+#define SCAN_RG (SCAN_THREADS / SCAN_CG)  // row groups
+#define SCAN_ROWS (CHUNK / SCAN_RG)       // rows of a [CHUNK, cols] product a thread
+#define SCAN_SROWS (HEAD_DIM / SCAN_RG)   // rows of S a thread
+#define SCAN_MIN_CTAS (SCAN_COLS == 32 ? 2 : 3)
 #define KPAD (HEAD_DIM + 4)           // row stride of k / q tiles: float4 rows on distinct banks
 #define CPAD (CHUNK + 4)              // row stride of C x C tiles
 #define CC (CHUNK * CHUNK)
@@ -76,7 +85,8 @@ static_assert(PREP_SMEM == PREP_SMEM_BYTES && SCAN_SMEM == SCAN_SMEM_BYTES,
 #endif
 static_assert(HEAD_DIM == 128, "the scan's thread mapping is written for head_dim 128");
 static_assert(CONV_K - 1 <= CONV_TOKENS, "only the first token tile reads the conv state");
-static_assert(SCAN_THREADS == 8 * 32 && SCAN_COLS == 4 * 8 && 2 * 32 == CHUNK, "scan mapping");
+static_assert(SCAN_THREADS == 256 && (SCAN_COLS == 32 || SCAN_COLS == 16), "scan mapping");
+static_assert(SCAN_ROWS * SCAN_RG == CHUNK && SCAN_SROWS * SCAN_RG == HEAD_DIM, "scan mapping");
 
 __device__ __forceinline__ float4 ld4(const float* p) {
     return *reinterpret_cast<const float4*>(p);
@@ -298,18 +308,20 @@ __device__ __forceinline__ void load_lower(float* dst, const float* src, int tid
     }
 }
 
-// p[b] = rows rg + 32 b of buf [CHUNK][KPAD] times s [HEAD_DIM][SCAN_COLS], columns cg4 .. + 3
+// p[b] = rows rg + SCAN_RG b of buf [CHUNK][KPAD] times s [HEAD_DIM][SCAN_COLS], columns
+// cg4 .. + 3
 __device__ __forceinline__ void rows_times_state(const float* buf, const float* s, int rg, int cg4,
-                                                 float4 p[2]) {
-    p[0] = p[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                                                 float4 p[SCAN_ROWS]) {
+#pragma unroll
+    for (int b = 0; b < SCAN_ROWS; ++b) p[b] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 4
     for (int e = 0; e < HEAD_DIM; e += 4) {
         const float4 b0 = ld4(s + e * SCAN_COLS + cg4), b1 = ld4(s + (e + 1) * SCAN_COLS + cg4);
         const float4 b2 = ld4(s + (e + 2) * SCAN_COLS + cg4);
         const float4 b3 = ld4(s + (e + 3) * SCAN_COLS + cg4);
 #pragma unroll
-        for (int b = 0; b < 2; ++b)
-            p[b] = mac4(ld4(buf + (rg + 32 * b) * KPAD + e), b0, b1, b2, b3, p[b]);
+        for (int b = 0; b < SCAN_ROWS; ++b)
+            p[b] = mac4(ld4(buf + (rg + SCAN_RG * b) * KPAD + e), b0, b1, b2, b3, p[b]);
     }
 }
 
@@ -324,7 +336,7 @@ __device__ __forceinline__ float4 lower_row_times(const float* mat, const float*
     return acc;
 }
 
-extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS, SCAN_MIN_CTAS)
     delta_scan_f32(const float* __restrict__ y, const float* __restrict__ prep,
                    float* __restrict__ ssm, float* __restrict__ out, int T, int n_k_heads,
                    int n_v_heads, int slot) {
@@ -337,17 +349,17 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 2)
     float* vn = rv + CHUNK * SCAN_COLS;            // [CHUNK][SCAN_COLS] V'
     float* ein = vn + CHUNK * SCAN_COLS;           // [CHUNK] exp(G_i)
     float* eout = ein + CHUNK;                     // [CHUNK] exp(G_last - G_i)
-    const int tid = threadIdx.x, rg = tid / 8, cg4 = 4 * (tid % 8);
+    const int tid = threadIdx.x, rg = tid / SCAN_CG, cg4 = 4 * (tid % SCAN_CG);
     const int h = blockIdx.y, col0 = blockIdx.x * SCAN_COLS;
     const int kh = h / (n_v_heads / n_k_heads);
     const long long C = (long long)(2 * n_k_heads + n_v_heads) * HEAD_DIM;
     const int n_chunks = (T + CHUNK - 1) / CHUNK;
     float* S = ssm + ((long long)slot * n_v_heads + h) * HEAD_DIM * HEAD_DIM + col0 + cg4;
-    float4 s[4];  // S rows 4 rg + a, columns cg4 .. cg4 + 3 (of this CTA's)
+    float4 s[SCAN_SROWS];  // S rows SCAN_SROWS rg + a, columns cg4 .. cg4 + 3 (of this CTA's)
 #pragma unroll
-    for (int a = 0; a < 4; ++a) {
-        s[a] = ld4(S + (4 * rg + a) * HEAD_DIM);
-        st4(s_sm + (4 * rg + a) * SCAN_COLS + cg4, s[a]);
+    for (int a = 0; a < SCAN_SROWS; ++a) {
+        s[a] = ld4(S + (SCAN_SROWS * rg + a) * HEAD_DIM);
+        st4(s_sm + (SCAN_SROWS * rg + a) * SCAN_COLS + cg4, s[a]);
     }
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int ci = 0; ci < n_chunks; ++ci) {
@@ -357,51 +369,61 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 2)
         load_rows(buf, rows + (long long)(n_k_heads + kh) * HEAD_DIM, C, n, tid, SCAN_THREADS);
         load_lower(mat, pc, tid);
         if (tid < 2 * CHUNK) ein[tid] = pc[2 * CC + tid];  // ein, eout are contiguous
-        float4 v[2];  // v of rows rg, rg + 32
+        float4 v[SCAN_ROWS];  // v of rows rg + SCAN_RG b
 #pragma unroll
-        for (int b = 0; b < 2; ++b) {
-            const int i = rg + 32 * b;
+        for (int b = 0; b < SCAN_ROWS; ++b) {
+            const int i = rg + SCAN_RG * b;
             v[b] = i < n ? ld4(rows + (2 * n_k_heads + h) * HEAD_DIM + i * C + col0 + cg4) : zero;
         }
         __syncthreads();
         {  // rv = V - diag(exp(G)) K S
-            float4 p[2];
+            float4 p[SCAN_ROWS];
             rows_times_state(buf, s_sm, rg, cg4, p);
-            st4(rv + rg * SCAN_COLS + cg4, fma4(-ein[rg], p[0], v[0]));
-            st4(rv + (rg + 32) * SCAN_COLS + cg4, fma4(-ein[rg + 32], p[1], v[1]));
+#pragma unroll
+            for (int b = 0; b < SCAN_ROWS; ++b) {
+                const int i = rg + SCAN_RG * b;
+                st4(rv + i * SCAN_COLS + cg4, fma4(-ein[i], p[b], v[b]));
+            }
         }
         __syncthreads();
 #pragma unroll
-        for (int b = 0; b < 2; ++b) {  // V' = M rv
-            const int i = rg + 32 * b;
+        for (int b = 0; b < SCAN_ROWS; ++b) {  // V' = M rv
+            const int i = rg + SCAN_RG * b;
             st4(vn + i * SCAN_COLS + cg4, lower_row_times(mat, rv, i, cg4, zero));
         }
         __syncthreads();
-        float4 sn[4] = {zero, zero, zero, zero};  // K^T diag(exp(G_last - G)) V', rows 4 rg + a
+        float4 sn[SCAN_SROWS];  // K^T diag(exp(G_last - G)) V', rows SCAN_SROWS rg + a
+#pragma unroll
+        for (int a = 0; a < SCAN_SROWS; ++a) sn[a] = zero;
         for (int j = 0; j < CHUNK; ++j) {
-            const float4 kj = ld4(buf + j * KPAD + 4 * rg);
+            float kj[SCAN_SROWS];  // k_j's entries of this thread's rows of S
+            if constexpr (SCAN_SROWS == 4) {
+                const float4 k4 = ld4(buf + j * KPAD + 4 * rg);
+                kj[0] = k4.x, kj[1] = k4.y, kj[2] = k4.z, kj[3] = k4.w;
+            } else {
+                const float2 k2 = *reinterpret_cast<const float2*>(buf + j * KPAD + 2 * rg);
+                kj[0] = k2.x, kj[1] = k2.y;
+            }
             const float4 vj = ld4(vn + j * SCAN_COLS + cg4);
             const float ej = eout[j];
             const float4 ve = make_float4(__fmul_rn(vj.x, ej), __fmul_rn(vj.y, ej),
                                           __fmul_rn(vj.z, ej), __fmul_rn(vj.w, ej));
-            sn[0] = fma4(kj.x, ve, sn[0]);
-            sn[1] = fma4(kj.y, ve, sn[1]);
-            sn[2] = fma4(kj.z, ve, sn[2]);
-            sn[3] = fma4(kj.w, ve, sn[3]);
+#pragma unroll
+            for (int a = 0; a < SCAN_SROWS; ++a) sn[a] = fma4(kj[a], ve, sn[a]);
         }
         const float elast = ein[CHUNK - 1];
 #pragma unroll
-        for (int a = 0; a < 4; ++a) sn[a] = fma4(elast, s[a], sn[a]);  // the new S, kept aside
+        for (int a = 0; a < SCAN_SROWS; ++a) sn[a] = fma4(elast, s[a], sn[a]);  // the new S
         __syncthreads();  // k rows and M read by all: q rows and Aqk replace them
         load_rows(buf, rows + (long long)kh * HEAD_DIM, C, n, tid, SCAN_THREADS);
         load_lower(mat, pc + CC, tid);
         __syncthreads();
         {  // O = diag(exp(G)) Q S + Aqk V' (S still the entering state in s_sm)
-            float4 p[2];
+            float4 p[SCAN_ROWS];
             rows_times_state(buf, s_sm, rg, cg4, p);
 #pragma unroll
-            for (int b = 0; b < 2; ++b) {
-                const int i = rg + 32 * b;
+            for (int b = 0; b < SCAN_ROWS; ++b) {
+                const int i = rg + SCAN_RG * b;
                 const float ei = ein[i];
                 const float4 q_s = make_float4(__fmul_rn(p[b].x, ei), __fmul_rn(p[b].y, ei),
                                                __fmul_rn(p[b].z, ei), __fmul_rn(p[b].w, ei));
@@ -412,11 +434,11 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 2)
         }
         __syncthreads();  // every read of the entering S, q rows, Aqk and ein / eout is done
 #pragma unroll
-        for (int a = 0; a < 4; ++a) {
+        for (int a = 0; a < SCAN_SROWS; ++a) {
             s[a] = sn[a];
-            st4(s_sm + (4 * rg + a) * SCAN_COLS + cg4, s[a]);
+            st4(s_sm + (SCAN_SROWS * rg + a) * SCAN_COLS + cg4, s[a]);
         }
     }
 #pragma unroll
-    for (int a = 0; a < 4; ++a) st4(S + (4 * rg + a) * HEAD_DIM, s[a]);
+    for (int a = 0; a < SCAN_SROWS; ++a) st4(S + (SCAN_SROWS * rg + a) * HEAD_DIM, s[a]);
 }

@@ -27,7 +27,9 @@ from mgserve.cuda.ops.deltanet import (
 from mgserve.cuda.ops.deltanet_prefill_cuda import (
     PREFILL_HEAD_DIM,
     PREFILL_PIECE,
+    SCAN_COLS,
     check_piece,
+    check_scan_cols,
     run_prefill,
 )
 
@@ -61,6 +63,7 @@ class DeltaNetCuda:
         self.prefill_kernels = True  # False: prefill runs the torch version (deltanet_chunked.py)
         self.fused = True  # step_gates in one launch (False: gates, then step)
         self._piece = PREFILL_PIECE
+        self._scan_cols = SCAN_COLS
 
     @property
     def prefill_piece(self) -> int:
@@ -71,6 +74,16 @@ class DeltaNetCuda:
     @prefill_piece.setter
     def prefill_piece(self, piece: int) -> None:
         self._piece = check_piece(piece)
+
+    @property
+    def scan_cols(self) -> int:
+        """State columns per CTA of the prompt's scan (``check_scan_cols``): the same bits at
+        either width."""
+        return self._scan_cols
+
+    @scan_cols.setter
+    def scan_cols(self, cols: int) -> None:
+        self._scan_cols = check_scan_cols(cols)
 
     def prefill(
         self,
@@ -103,7 +116,7 @@ class DeltaNetCuda:
         check_vec4("ssm", ssm, self.device, torch.float32)
         return run_prefill(
             self.kernels, qkv, g, beta, conv, ssm, slot, weight, n_k_heads=n_k_heads,
-            n_v_heads=n_v_heads, eps=eps, piece=self.prefill_piece,
+            n_v_heads=n_v_heads, eps=eps, piece=self.prefill_piece, scan_cols=self.scan_cols,
         )  # fmt: skip
 
     def gates(

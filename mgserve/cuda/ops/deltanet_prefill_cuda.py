@@ -7,8 +7,9 @@ piece to piece, in place):
 - ``delta_prep_f32``, one CTA per (chunk, key head), all chunks at once: K K^T and Q K^T, then
   for each value head the float64 cumulative decays, M = (I + A)^-1 diag(beta) by forward
   substitution and the decayed causal Q K^T; stored (32 KB per value head and chunk).
-- ``delta_scan_f32``, one CTA per (value head, 32 state columns): the chunks in order, its columns
-  of the state on chip, fp32 throughout (the kernel file has the algebra and thread mappings).
+- ``delta_scan_f32``, one CTA per (value head, SCAN_COLS state columns): the chunks in order, its
+  columns of the state on chip, fp32 throughout (the kernel file has the algebra and thread
+  mappings). 16 columns a CTA instead of 32 give the same bits on twice the CTAs, three an SM.
 
 Why the solve is computed once and stored rather than recomputed per state slice (qwen4exp:
 C = 64, d = 128, 4 slices per head): K K^T and Q K^T are 2 C^2 d = 1.05 M FMA per key head and
@@ -36,7 +37,8 @@ CONV_TOKENS = 16  # CONV_TOKENS: tokens per CTA of conv_prefill_f32
 PREP_THREADS = 256  # PREP_THREADS
 PREP_HEADS = PREP_THREADS // CHUNK  # PREP_HEADS: value heads solved at once
 SCAN_THREADS = 256  # SCAN_THREADS
-SCAN_COLS = 32  # SCAN_COLS: state columns per CTA of delta_scan_f32
+SCAN_COLS = 32  # SCAN_COLS: state columns per CTA of delta_scan_f32 (the default)
+SCAN_WIDTHS = (32, 16)  # the widths the kernel's thread mapping is written for
 CHUNK_FLOATS = 2 * CHUNK * CHUNK + 2 * CHUNK  # prep per (value head, chunk): M, Aqk, 2 decays
 PREFILL_PIECE = 4096  # tokens per launch triple at most: bounds the scratch y and prep
 
@@ -53,25 +55,36 @@ def check_piece(piece: int) -> int:
     return piece
 
 
-def prefill_smem(head_dim: int) -> tuple[int, int]:
+def check_scan_cols(cols: int) -> int:
+    """``cols`` (state columns per delta_scan_f32 CTA) if the kernel has that width, else
+    ValueError: every width gives the same bits, only the CTAs an SM and the loads differ."""
+    if cols not in SCAN_WIDTHS:
+        raise ValueError(f"deltanet scan columns {cols!r}: one of {SCAN_WIDTHS}")
+    return cols
+
+
+def prefill_smem(head_dim: int, cols: int = SCAN_COLS) -> tuple[int, int]:
     """Dynamic shared memory of (delta_prep_f32, delta_scan_f32) in bytes: PREP_SMEM_BYTES and
     SCAN_SMEM_BYTES of deltanet_chunked.cu (which static_asserts that they agree)."""
     kpad, cpad = head_dim + 4, CHUNK + 4
     kq = max(2 * CHUNK * kpad, PREP_HEADS * CHUNK * cpad)  # k, q rows; later the systems A
     prep = (kq + 2 * CHUNK * cpad) * 4 + PREP_HEADS * CHUNK * (8 + 4 + 4)  # kk, qk; cum, beta, g
     # k or q rows, M or Aqk, the state's columns, V - exp(G) K S and V', exp(G) and exp(G_last - G)
-    scan = CHUNK * kpad + CHUNK * cpad + head_dim * SCAN_COLS + 2 * CHUNK * SCAN_COLS + 2 * CHUNK
+    scan = CHUNK * kpad + CHUNK * cpad + head_dim * cols + 2 * CHUNK * cols + 2 * CHUNK
     return prep, scan * 4
 
 
-def prefill_defines(head_dim: int, conv_k: int) -> tuple[tuple[str, str], ...]:
-    prep, scan = prefill_smem(head_dim)
-    return (
+def prefill_defines(
+    head_dim: int, conv_k: int, cols: int = SCAN_COLS
+) -> tuple[tuple[str, str], ...]:
+    prep, scan = prefill_smem(head_dim, cols)
+    out = (
         ("HEAD_DIM", str(head_dim)),
         ("CONV_K", str(conv_k)),
         ("PREP_SMEM", str(prep)),
         ("SCAN_SMEM", str(scan)),
     )
+    return out if cols == SCAN_COLS else (*out, ("SCAN_COLS", str(check_scan_cols(cols))))
 
 
 def run_prefill(
@@ -88,16 +101,18 @@ def run_prefill(
     n_v_heads: int,
     eps: float,
     piece: int = PREFILL_PIECE,
+    scan_cols: int = SCAN_COLS,
 ) -> torch.Tensor:  # o [T, H_v, d]
     """The kernels on checked arguments (``DeltaNetCuda.prefill`` checks them), ``piece`` tokens
-    (``check_piece``) at a time."""
+    (``check_piece``) at a time, ``scan_cols`` state columns a scan CTA (``check_scan_cols``)."""
     step = check_piece(piece)
     t, c = qkv.shape
     d = PREFILL_HEAD_DIM
-    defines = prefill_defines(d, weight.shape[1])
-    prep_smem, scan_smem = prefill_smem(d)
-    conv_k = kernels.kernel(PREFILL_SOURCE, "conv_prefill_f32", defines)
-    prep_k = kernels.kernel(PREFILL_SOURCE, "delta_prep_f32", defines, smem=prep_smem)
+    base = prefill_defines(d, weight.shape[1])
+    defines = prefill_defines(d, weight.shape[1], scan_cols)
+    prep_smem, scan_smem = prefill_smem(d, scan_cols)
+    conv_k = kernels.kernel(PREFILL_SOURCE, "conv_prefill_f32", base)
+    prep_k = kernels.kernel(PREFILL_SOURCE, "delta_prep_f32", base, smem=prep_smem)
     scan_k = kernels.kernel(PREFILL_SOURCE, "delta_scan_f32", defines, smem=scan_smem)
     hk, hv = np.int32(n_k_heads), np.int32(n_v_heads)
     o = torch.empty((t, n_v_heads, d), dtype=torch.float32, device=qkv.device)
@@ -139,7 +154,7 @@ def run_prefill(
         )
         kernels.launch(
             scan_k,
-            (d // SCAN_COLS, n_v_heads),
+            (d // scan_cols, n_v_heads),
             SCAN_THREADS,
             y.data_ptr(),
             prep.data_ptr(),
