@@ -67,6 +67,8 @@
 #   bash tests/cuda/gpu_stages.sh fused4      route.fused and moe.round_h apart (tests, 4 settings)
 #   bash tests/cuda/gpu_stages.sh hcxq        the clustered mix writing its int8 form (tests,
 #                                              hc.emit_xq on / off side by side, invariance)
+#   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
+#                                              the clustered HC mix and the fused router
 #   bash tests/cuda/gpu_stages.sh moewg       the wgmma MoE prompt kernels on 192- and 256-row
 #                                              tiles, the DeltaNet scan on 16 columns: tests,
 #                                              the prompt's tilings and scan widths side by side
@@ -456,6 +458,20 @@ case "${1:-tests}" in
       timeout 180 "$NCU" --clock-control none --target-processes all -k "regex:$rx" -c "$n" \
         $SECTIONS python3 -m mgserve bench model $W > "$OUT/ncu_$name.txt" 2>&1
       echo "== ncu $name rc=$?"; grep -E "^  [a-z_0-9]+|Duration|Memory Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Stall" "$OUT/ncu_$name.txt" | head -40
+    done ;;
+  ncu2)  # 2026-12-06 23:00: the same counters for the kernels that now take the time: the wgmma
+    # prompt GEMMs (MoE gate/up and down, dense), the clustered HC mix and the fused router
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    echo "ncu: ${NCU:-none}"; [ -n "$NCU" ] || exit 0
+    W="$Q4X --ctx 8192 --slots 1 --int8 --prefill 4096@0 --decode 0 --decode-steps 1 --multi-decode= --no-graphs"
+    SECTIONS="--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
+    for spec in "prompt:^(qgemm_gate_up_wg|qgemm_down_wg|hgemm_wg)$:6" \
+        "decode:^(hc_downc_Q4_K_t1|hc_upl_Q5_0_t1|matvec_route_F32_t1|moe_q8_down_Q5_0)$:4"; do
+      IFS=: read -r name rx n <<< "$spec"
+      timeout 200 "$NCU" --clock-control none --target-processes all -k "regex:$rx" -c "$n" \
+        $SECTIONS python3 -m mgserve bench model $W > "$OUT/ncu_$name.txt" 2>&1
+      echo "== ncu $name rc=$?"; grep -E "^  [a-z_0-9]+|Duration|Memory Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Stall|Issue Slots Busy|Executed Ipc A" "$OUT/ncu_$name.txt" | head -70
     done ;;
   dist)  # two pipeline ranks sharing one GPU (gloo, hand-offs through the host, decode graphs):
     # the serving code's tokens against one process at full width, 8 layers (no speed claim:
