@@ -67,6 +67,7 @@
 #   bash tests/cuda/gpu_stages.sh fused4      route.fused and moe.round_h apart (tests, 4 settings)
 #   bash tests/cuda/gpu_stages.sh hcxq        the clustered mix writing its int8 form (tests,
 #                                              hc.emit_xq on / off side by side, invariance)
+#   bash tests/cuda/gpu_stages.sh moewg2      64 x 256 wgmma MoE tiles against 128 x 128
 #   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
 #                                              the clustered HC mix and the fused router
 #   bash tests/cuda/gpu_stages.sh moewg       the wgmma MoE prompt kernels on 192- and 256-row
@@ -459,6 +460,9 @@ case "${1:-tests}" in
         $SECTIONS python3 -m mgserve bench model $W > "$OUT/ncu_$name.txt" 2>&1
       echo "== ncu $name rc=$?"; grep -E "^  [a-z_0-9]+|Duration|Memory Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Stall" "$OUT/ncu_$name.txt" | head -40
     done ;;
+  moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
+    bench moewg2 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+      --multi-decode= --paired 3 --moe-tiles wg:128,128,2/wg:64,256,2 --record ;;
   ncu2)  # 2026-12-06 23:00: the same counters for the kernels that now take the time: the wgmma
     # prompt GEMMs (MoE gate/up and down, dense), the clustered HC mix and the fused router
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
