@@ -461,6 +461,10 @@ case "${1:-tests}" in
       echo "== ncu $name rc=$?"; grep -E "^  [a-z_0-9]+|Duration|Memory Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Stall" "$OUT/ncu_$name.txt" | head -40
     done ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
+    timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_qgemm_wgmma.py -k "grouped_moe or dense_matches" > "$OUT/t_moewg2.log" 2>&1
+    echo "== moewg2 tests rc=$?"
+    grep -E "^(FAILED|ERROR|E )|passed|failed|grouped moe" "$OUT/t_moewg2.log" | head -20
     bench moewg2 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
       --multi-decode= --paired 3 --moe-tiles wg:128,128,2/wg:64,256,2 --record ;;
   ncu2)  # 2026-12-06 23:00: the same counters for the kernels that now take the time: the wgmma

@@ -32,6 +32,7 @@ QW_TUNINGS = [
     QWgmmaTuning(),
     QWgmmaTuning(64, 128, 1),
     QWgmmaTuning(128, 256, 1),
+    QWgmmaTuning(64, 256),  # one warpgroup, X read by half as many column tiles
     QWgmmaTuning(192, 128, 1),  # 384 threads: some threads' last W run idle
     QWgmmaTuning(256, 128, 1),
 ]
