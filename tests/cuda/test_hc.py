@@ -155,6 +155,28 @@ def test_prompt_gate_kernel_is_the_torch_ops_bitwise(hcc, monkeypatch: pytest.Mo
     assert torch.equal(got[0], want[0]) and got[1] is not None and torch.equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("types", [("Q4_K", "Q5_0", "Q4_K"), ("Q4_K", "Q5_0", "F32"), "BF16"])
+def test_prompt_mix_stacks_inject_bitwise(hcc, monkeypatch: pytest.MonkeyPatch, types) -> None:  # type: ignore[no-untyped-def]
+    """A prompt chunk's mix (300 rows: W decoded once, hgemm) with down and inject in one GEMM
+    (``hc.stack_inject``, linear_stacked.py) against one GEMM each: the same bits, in two GEMM
+    launches instead of three; inject in down's format or another."""
+    hc, d, r = REAL
+    case = make_case(hc, d, r, types, seed=6, device="cuda")
+    x = make_streams(300, hc, d, seed=6).cuda()
+    calls: list[int] = []
+    gemm = hcc.linear.hgemm.matmul
+    monkeypatch.setattr(hcc.linear.hgemm, "matmul", lambda *a: calls.append(1) or gemm(*a))
+    runs = []
+    for on in (False, True):
+        monkeypatch.setattr(hcc, "stack_inject", on)
+        calls.clear()
+        runs.append((hcc.mix(x, case.norm, case.down, case.up, case.inject, EPS), len(calls)))
+    (want, n_want), (got, n_got) = runs
+    assert (n_want, n_got) == (3, 2), f"GEMM launches {n_want} unstacked, {n_got} stacked"
+    assert torch.equal(got[0], want[0]), f"{types}: mixed differs"
+    assert got[1] is not None and want[1] is not None and torch.equal(got[1], want[1]), types
+
+
 ODD = [  # (N, hc, d, r, formats): idle lanes, partial CTAs, hc not 4, hc > 4
     (5, 3, 40, 24, "F32"),
     (9, 5, 72, 16, "BF16"),

@@ -39,6 +39,8 @@ def grouped_norm(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tens
 
 Project = Callable[[torch.Tensor], torch.Tensor]  # x [N, in] -> x @ W^T [N, out]
 GateMix = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (u, xn) [N, hc, d] -> [N, d]
+# xn [N, hc * d] -> (down(xn) [N, r], inject(xn) [N, hc]) in one call
+DownInject = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
 
 
 def mix(
@@ -60,16 +62,20 @@ def mix_with(
     inject: Project | None,  # [N, hc * d] -> [N, hc]; None for the head's mix
     norm: ops.NormFn = grouped_norm,
     gate_mix: GateMix | None = None,
+    down_inject: DownInject | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # input [N, d], inject [N, hc] or None
     """``mix`` with the projections (and the norm, and the gated mean over the streams) given as
-    functions: the device backend runs this same arithmetic with its own products and kernels."""
+    functions: the device backend runs this same arithmetic with its own products and kernels.
+    ``down_inject``: both of xn's projections from one call (for ``down`` and ``inject``)."""
     n, hc, d = x.shape
     xn = norm(x, gamma, eps).reshape(n, hc * d)  # [N, hc * d]
-    low = rowwise.silu(down(xn) / hc)  # [N, r]
+    raw_down, raw_inject = down_inject(xn) if down_inject is not None else (down(xn), None)
+    low = rowwise.silu(raw_down / hc)  # [N, r]
     mixed = (gate_mix or gated_mean)(up(low).view(n, hc, d), xn.view(n, hc, d))  # [N, d]
     if inject is None:
         return mixed, None
-    return mixed, 2.0 * rowwise.sigmoid(inject(xn) / hc)  # [N, hc]
+    raw_inject = inject(xn) if raw_inject is None else raw_inject
+    return mixed, 2.0 * rowwise.sigmoid(raw_inject / hc)  # [N, hc]
 
 
 def gated_mean(u: torch.Tensor, xn: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,7 @@ from mgserve.cuda.ops.hc import (
 )
 from mgserve.cuda.ops.hc_cluster import cluster_pieces, mix_clustered
 from mgserve.cuda.ops.linear_cuda import LinearCuda
+from mgserve.cuda.ops.linear_stacked import matmul_stacked
 from mgserve.cuda.ops.norm import NormCuda
 from mgserve.cuda.weights import FORMATS, QuantWeight
 
@@ -59,6 +60,9 @@ class HCCuda:
         # stream, bitwise those ops (tests/cuda/test_hc.py); False runs the torch ops (compare:
         # bench model --paired R --toggle hc.prompt_gate_kernel)
         self.prompt_gate_kernel = True
+        # a prompt mix's down and inject projections in one GEMM (linear_stacked.py): the same
+        # bits; False launches one each (compare: bench model --paired R --toggle hc.stack_inject)
+        self.stack_inject = True
         # decode mixes on thread block clusters (hc_cluster.py: hc_downc + hc_upl) on sm_90 and
         # later, where the shapes allow; other bits than hc_down + hc_up, batch-invariant as
         # they are. On the H100 (2026-12-06 14:29, bench model --paired 5 --toggle hc.cluster):
@@ -120,8 +124,11 @@ class HCCuda:
             up_p = partial(self.linear.matmul, w=up)
             inj_p = None if inject is None else partial(self.linear.matmul, w=inject)
             gm = self.gate_mix if self.prompt_gate_kernel and x.shape[2] % 4 == 0 else None
+            both = None  # down and inject in one GEMM where they stack (the same bits)
+            if inject is not None and self.stack_inject:
+                both = partial(matmul_stacked, self.linear, weights=(down, inject))
             return hyper_connections.mix_with(
-                x, norm, eps, down_p, up_p, inj_p, self.norm.rms, gate_mix=gm
+                x, norm, eps, down_p, up_p, inj_p, self.norm.rms, gate_mix=gm, down_inject=both
             )
         _, mixed, inj = self._run(x, None, None, norm, down, up, inject, eps)
         return mixed, inj

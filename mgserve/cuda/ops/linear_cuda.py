@@ -85,7 +85,7 @@ class LinearCuda:
         self.qgemm = QGemm(kernels)
         self.hgemm = HGemm(kernels, hgemm)  # prompts of >= hgemm.tuning.min_rows rows
         self._scratch: dict[int, torch.Tensor] = {}  # f16, per torch stream handle
-        self._x16 = F16Rows()  # a prompt activation converted once for every GEMM reading it
+        self.x16 = F16Rows()  # a prompt activation converted once for every GEMM reading it
 
     # -- decode kernels ------------------------------------------------------------------------
 
@@ -272,7 +272,7 @@ class LinearCuda:
         return epilogue(self._prefill(x, w), bias, residual)
 
     def end_prompt(self) -> None:  # a prompt step is over: its last f16 activation goes
-        self._x16.clear()
+        self.x16.clear()
 
     def _prefill(self, x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
         n, k, rows = x.shape[0], w.k, w.rows
@@ -281,7 +281,7 @@ class LinearCuda:
         invariant = not self.cublas_prefill  # qgemm.cu, or its W decoded once and hgemm.cu
         if invariant and n < self.hgemm.tuning.min_rows:
             return self.qgemm.matmul(x, w)
-        x16 = self._x16(x)  # [N, k]
+        x16 = self.x16(x)  # [N, k]
         tile = max(1, min(rows, SCRATCH_BYTES // (2 * k)))  # rows per f16 tile
         buf = self.scratch(tile * k)
         if tile == rows and not invariant:  # cuBLAS' usual case: one tile, written directly
