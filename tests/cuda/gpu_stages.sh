@@ -67,6 +67,8 @@
 #   bash tests/cuda/gpu_stages.sh fused4      route.fused and moe.round_h apart (tests, 4 settings)
 #   bash tests/cuda/gpu_stages.sh hcxq        the clustered mix writing its int8 form (tests,
 #                                              hc.emit_xq on / off side by side, invariance)
+#   bash tests/cuda/gpu_stages.sh s17         the stacked HC inject's tests and prefill on / off,
+#                                              then moewg2
 #   bash tests/cuda/gpu_stages.sh moewg2      64 x 256 wgmma MoE tiles against 128 x 128
 #   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
 #                                              the clustered HC mix and the fused router
@@ -460,6 +462,13 @@ case "${1:-tests}" in
         $SECTIONS python3 -m mgserve bench model $W > "$OUT/ncu_$name.txt" 2>&1
       echo "== ncu $name rc=$?"; grep -E "^  [a-z_0-9]+|Duration|Memory Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Stall" "$OUT/ncu_$name.txt" | head -40
     done ;;
+  s17)  # 2026-12-06 23:00: the stacked HC inject (tests, --toggle hc.stack_inject), then moewg2
+    timeout 150 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_hc.py -k "stacks or prompt" > "$OUT/t_s17.log" 2>&1
+    echo "== s17 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s17.log" | head
+    bench stack 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+      --multi-decode= --paired 3 --toggle hc.stack_inject --record
+    bash "$0" moewg2 ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
     timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm_wgmma.py -k "grouped_moe or dense_matches" > "$OUT/t_moewg2.log" 2>&1
