@@ -356,3 +356,22 @@ def test_decode_rows_give_the_time_outside_the_graph_where_one_replays(tmp_path:
 
     fake = SimpleNamespace(runner=SimpleNamespace(decode=SimpleNamespace(replay_ms=replay_ms)))
     assert workloads.gpu_alone_ms(fake, 5) == 14.34 and calls == [5]  # type: ignore[arg-type]
+
+
+def test_host_profile_splits_a_served_step_by_function(tmp_path: Path) -> None:
+    """``--host-profile``: per served decode step, the functions' calls and own time (ms), the
+    runner's step among them with its callees; own times sum to no more than the step."""
+    import re
+
+    from mgserve.bench.model.host import host_profile
+    from tests.cuda.test_device_models import _export
+
+    bench = _bench(_export("qwen3", tmp_path), 1)
+    lines = host_profile(bench, 8, steps=4, top=200)
+    per_step = float(re.search(r"(\d+\.\d+) ms a step under it", lines[0]).group(1))  # type: ignore[union-attr]
+    rows = [ln.strip("| ").split(" | ") for ln in lines[4:]]
+    assert rows and all(len(r) == 4 for r in rows)
+    assert sum(float(r[2]) for r in rows) <= per_step
+    runner = [r for r in rows if "mgserve/cuda/runner.py" in r[0] and " _run`" in r[0]]
+    assert runner and float(runner[0][1]) == 1.0, "the runner's _run: once a step"
+    assert float(runner[0][3]) <= per_step

@@ -20,6 +20,8 @@ copy rate.
     harness.py    ModelBench: the loaded model and its runner, scheduler-shaped steps, depth fill
     workloads.py  the timed workloads: prefill, interleaved and sampled prefill, decode
     profile.py    weight bytes read per decode token; kernel times of a step
+    host.py       ``--host-profile``: the host's share of a served decode step by function
+    tiles.py      ``--moe-tiles``: the MoE prompt kernels' tilings
     report.py     ``run``: the table, printed row by row as it is measured, and ``--record``
 """
 

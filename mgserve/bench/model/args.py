@@ -61,6 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "speed) or by Python frame (profiled with Python stacks, which slow the host)",
     )
     parser.add_argument(
+        "--host-profile",
+        action="store_true",
+        help="the host's time per served decode step by Python function (cProfile over 64 steps "
+        "of one session at the deepest --decode depth)",
+    )
+    parser.add_argument(
         "--json",
         metavar="PATH",
         help="also write the rows as JSON (what `mgserve bench plot` draws)",

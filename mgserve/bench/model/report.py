@@ -147,6 +147,10 @@ def run(args: argparse.Namespace) -> int:
         lines += [""] + gaps_prefill(b, args.ubatch, 0, rates)
         lines += [""] + gaps_decode(b, max(depths(args.decode) or [0]), rates)
         lines += [""] + gaps_served(b, max(depths(args.decode) or [0]))
+    if args.host_profile:
+        from mgserve.bench.model.host import host_profile
+
+        lines += [""] + host_profile(b, max(depths(args.decode) or [0]))
     body = "\n".join(lines)
     print(body)
     if args.json:
