@@ -468,6 +468,8 @@ case "${1:-tests}" in
     echo "== s17 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s17.log" | head
     bench stack 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
       --multi-decode= --paired 3 --toggle hc.stack_inject --record
+    bench host 150 model $Q4X --ctx 8192 --slots 1 --int8 --prefill= --decode 0 \
+      --multi-decode= --decode-steps 16 --host-profile
     bash "$0" moewg2 ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
     timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
