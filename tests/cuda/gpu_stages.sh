@@ -463,13 +463,15 @@ case "${1:-tests}" in
       echo "== ncu $name rc=$?"; grep -E "^  [a-z_0-9]+|Duration|Memory Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Stall" "$OUT/ncu_$name.txt" | head -40
     done ;;
   s17)  # 2026-12-06 23:00: the stacked HC inject (tests, --toggle hc.stack_inject), then moewg2
-    timeout 150 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
-      tests/cuda/test_hc.py -k "stacks or prompt" > "$OUT/t_s17.log" 2>&1
+    timeout 200 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_hc.py tests/cuda/test_device_runner.py tests/cuda/test_branch.py \
+      tests/cuda/test_device_lanes.py -k "stacks or prompt or graph or runner or decode" \
+      > "$OUT/t_s17.log" 2>&1
     echo "== s17 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s17.log" | head
     bench stack 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
       --multi-decode= --paired 3 --toggle hc.stack_inject --record
-    bench host 150 model $Q4X --ctx 8192 --slots 1 --int8 --prefill= --decode 0 \
-      --multi-decode= --decode-steps 16 --host-profile
+    bench host 150 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
+      --multi-decode 5@32768 --decode-steps 32 --host-profile --record
     bash "$0" moewg2 ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
     timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
