@@ -34,6 +34,7 @@
 #pragma once
 #include "math.cuh"
 #include "scalar.cuh"
+#include "tickets.cuh"
 
 #define MOE_WARPS 4
 #define MOE_MAX_KK 64  // experts per token the down kernel stages in shared memory
@@ -85,16 +86,9 @@ __device__ __forceinline__ void moe_gate_up_warp(const u8* __restrict__ gate,
         if (lane == 0 && f0 + rr < ff) h[(size_t)p * ff + f0 + rr] = silu(g) * u;
     }
     if (hq == nullptr) return;
-    __shared__ bool s_last;
-    if (lane == 0) __threadfence();  // this warp's rows (lane 0 wrote them) before the ticket
-    __syncthreads();
     const long long group = (long long)p * (ff / 32) + blockIdx.y * (MOE_WARPS * R) / 32;
-    if (threadIdx.x == 0) {
-        s_last = atomicAdd(tickets + group, 1u) == 32 / (MOE_WARPS * R) - 1;
-        __threadfence();  // (acquire) the atomic before the reads below
-    }
-    __syncthreads();
-    if (!s_last || threadIdx.x >= 32) return;  // one warp of the last CTA rounds the group
+    const bool last = last_cta(tickets + group, 32 / (MOE_WARPS * R));  // the warps' rows fenced
+    if (!last || threadIdx.x >= 32) return;  // one warp of the last CTA rounds the group
     __threadfence();  // the other CTAs' rows, fenced before their tickets, are visible
     const long long idx = group * 32 + 4 * (lane & 7);  // lanes 0..7: 4 values each
     const float4 v = lane < 8 ? __ldcg((const float4*)(h + idx)) : make_float4(0.f, 0.f, 0.f, 0.f);

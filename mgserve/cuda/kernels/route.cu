@@ -25,6 +25,7 @@
 
 #include "matvec.cuh"
 #include "route.cuh"
+#include "tickets.cuh"
 
 #define ROUTE_WARPS 4
 
@@ -53,15 +54,7 @@ __device__ void matvec_route(const u8* __restrict__ w, const float* __restrict__
     matvec<T, NT>(w, x, logits, n_exp, k_dim, n_tok, nullptr, nullptr);
     if (gate_inp && blockIdx.x == gridDim.x - 1)  // the CTA past the rows: the gates, beside
         shared_gates<NT>(x, gate_inp, gate, n_tok, k_dim);  // the others' rows (read later)
-    __shared__ bool s_last;
-    if ((threadIdx.x & 31) == 0) __threadfence();  // the warp's logits (lane 0 wrote them)
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        s_last = atomicAdd(count, 1u) == gridDim.x - 1;
-        __threadfence();  // (acquire) the atomic before the reads below
-    }
-    __syncthreads();
-    if (!s_last) return;  // CTA-uniform
+    if (!last_cta(count, gridDim.x)) return;  // the warps' logits (lane 0 wrote them) fenced
     __threadfence();  // the other CTAs' logits, fenced before their tickets, are visible
     const int warp = threadIdx.x >> 5;
     for (int n = warp; n < n_tok; n += WARPS_PER_CTA)
