@@ -13,7 +13,8 @@ sites of ``Kernels.kernel`` this inventory covers and fails on one it does not k
 
 Covered: what ``cuda_backend`` (``mgserve serve``) builds, i.e. the default tunings. Not
 covered: the tunings only benchmarks choose (``bench matvec --tunings / --q8-rows``, ``bench
-model --hgemm / --moe-tiles``, ``MoeCuda(moe_rows=...)``), and DeltaNet decode head dims other
+model --hgemm / --moe-tiles``, ``MoeCuda(moe_rows=...)``, ``--set deltanet.scan_cols=16``), and
+DeltaNet decode head dims other
 than 64, 128 and 256 (the runtime takes any up to MAX_STEP_HEAD_DIM; the models served use 128).
 """
 

@@ -27,7 +27,8 @@ KNOWN_SITES = {
     ("cuda/ops/deltanet_cuda.py", "DELTANET_SOURCE", "conv_defines(k, vec)"),
     ("cuda/ops/deltanet_cuda.py", "DELTANET_SOURCE", "step_defines(head_dim)"),
     ("cuda/ops/deltanet_cuda.py", "DELTANET_SOURCE", ""),
-    ("cuda/ops/deltanet_prefill_cuda.py", "PREFILL_SOURCE", "defines"),  # prefill_defines
+    ("cuda/ops/deltanet_prefill_cuda.py", "PREFILL_SOURCE", "base"),  # prefill_defines
+    ("cuda/ops/deltanet_prefill_cuda.py", "PREFILL_SOURCE", "defines"),  # (its scan_cols)
     ("cuda/ops/embed.py", "EMBED_SOURCE", ""),
     ("cuda/ops/hc_cuda.py", "HC_SOURCE", "self.tuning.defines('BF16')"),
     ("cuda/ops/hc_cuda.py", "HC_SOURCE", "tune.defines(up.type_name)"),
