@@ -465,7 +465,8 @@ case "${1:-tests}" in
   s17)  # 2026-12-06 23:00: the stacked HC inject (tests, --toggle hc.stack_inject), then moewg2
     timeout 200 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_hc.py tests/cuda/test_device_runner.py tests/cuda/test_branch.py \
-      tests/cuda/test_device_lanes.py -k "stacks or prompt or graph or runner or decode" \
+      tests/cuda/test_device_lanes.py tests/cuda/test_fused_router.py \
+      -k "stacks or prompt or graph or runner or decode or round or router" \
       > "$OUT/t_s17.log" 2>&1
     echo "== s17 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s17.log" | head
     bench stack 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
