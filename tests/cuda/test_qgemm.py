@@ -36,7 +36,7 @@ import torch
 from mgserve.cuda.dequantized import DenseWeights
 from mgserve.cuda.ops.grouped_rows import GroupedRows, grouped_tiles
 from mgserve.cuda.ops.hgemm import HGemm, HGemmTuning
-from mgserve.cuda.ops.qgemm import QGemm, QGemmTuning
+from mgserve.cuda.ops.qgemm import F16Rows, QGemm, QGemmTuning
 from mgserve.cuda.weights import FORMATS
 from tests.cuda.test_moe_prefill import LaunchRecorder, OpCount, gpu_ms, skewed_routing
 from tests.cuda.test_moe_torch import (
@@ -130,6 +130,7 @@ def test_grouped_launches_without_host_reads() -> None:
     n, kk, e, d, ff = 4096, 10, 256, 2560, 640
     rec = LaunchRecorder()
     rec.qgemm = QGemm(rec)  # type: ignore[attr-defined, arg-type]
+    rec.x16 = F16Rows()  # type: ignore[attr-defined]  # LinearCuda's
 
     def qw(name: str, k: int, rows: int) -> QuantWeight:
         return QuantWeight(name, "Q4_K", (k, rows), torch.empty(0, dtype=torch.uint8))
