@@ -462,18 +462,20 @@ case "${1:-tests}" in
         $SECTIONS python3 -m mgserve bench model $W > "$OUT/ncu_$name.txt" 2>&1
       echo "== ncu $name rc=$?"; grep -E "^  [a-z_0-9]+|Duration|Memory Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Stall" "$OUT/ncu_$name.txt" | head -40
     done ;;
-  s17)  # 2026-12-06 23:00: the stacked HC inject (tests, --toggle hc.stack_inject), then moewg2
+  s17)  # 2026-12-06 23:30: this session's default-on changes (decode graphs' packed inputs, the
+    # stacked HC inject, last_cta) tested, invariance, the served step's host profile, the
+    # stacked inject on / off
     timeout 200 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_hc.py tests/cuda/test_device_runner.py tests/cuda/test_branch.py \
       tests/cuda/test_device_lanes.py tests/cuda/test_fused_router.py \
       -k "stacks or prompt or graph or runner or decode or round or router" \
       > "$OUT/t_s17.log" 2>&1
     echo "== s17 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s17.log" | head
-    bench stack 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
-      --multi-decode= --paired 3 --toggle hc.stack_inject --record
-    bench host 150 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
+    bench invariance 150 invariance $Q4X --int8 --record
+    bench host 120 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
       --multi-decode 5@32768 --decode-steps 32 --host-profile --record
-    bash "$0" moewg2 ;;
+    bench stack 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+      --multi-decode= --paired 3 --toggle hc.stack_inject --record ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
     timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm_wgmma.py -k "grouped_moe or dense_matches" > "$OUT/t_moewg2.log" 2>&1
