@@ -143,7 +143,7 @@ class _Captured:
         if self.extra is not None and inp.extra is not None and self.host_extra is not None:
             self.host_extra[:n].copy_(inp.extra)
             self.extra[:n].copy_(self.host_extra[:n], non_blocking=True)
-        self.copied.record()
+        self.copied.record(torch.cuda.current_stream(self.staging.device))  # the copies' stream
         if self.io is not None:
             self.model.before_replay(self.io)  # type: ignore[attr-defined]
         self.graph.replay()

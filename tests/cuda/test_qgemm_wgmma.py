@@ -103,6 +103,21 @@ def test_wgmma_tiles_follow_the_rows() -> None:
         rows = GroupedRows(torch.tensor([0, 0, 1]), 2, q.grouped_bm(*layer))
         q.gate_up(gate, 0, 8, h, tok, rows, h)  # type: ignore[arg-type]
         assert (seen[-1]["QW_BM"], seen[-1]["QW_MIN_CTAS"]) == (str(bm), "1" if bm > 128 else "2")
+    q.grouped_wgmma = QWgmmaTuning(64, 256)  # 128 rows x 256 columns fit one CTA an SM only
+    rows = GroupedRows(torch.tensor([0, 0, 1]), 2, q.grouped_bm("Q4_K", "Q5_K"))
+    q.down(gate, h, rows, torch.zeros(3, 8))  # type: ignore[arg-type]
+    assert [seen[-1][k] for k in ("QW_BM", "QW_BN", "QW_MIN_CTAS")] == ["128", "256", "1"]
+
+
+def test_tiles_on_other_rows() -> None:
+    """``with_rows``: a tiling's columns on tiles of other rows where the registers allow, two CTAs
+    an SM where they can; 128 columns where nothing else fits; no kernel of 96 rows."""
+    assert QWgmmaTuning(192, 128, 1).with_rows(128) == QWgmmaTuning(128, 128, 2)
+    assert QWgmmaTuning(64, 256).with_rows(128) == QWgmmaTuning(128, 256, 1)
+    assert QWgmmaTuning().with_rows(256) == QWgmmaTuning(256, 128, 1)
+    assert QWgmmaTuning(128, 256, 1).with_rows(256) == QWgmmaTuning(256, 128, 1)  # 512 threads
+    with pytest.raises(ValueError, match="bm 96"):
+        QWgmmaTuning().with_rows(96)
 
 
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "IQ4_XS", "BF16"])

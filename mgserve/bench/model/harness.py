@@ -102,6 +102,7 @@ class ModelBench:
         self.source = str(g.path)
         self.metadata = g.metadata  # the tokenizer's too
         t0 = time.perf_counter()
+        tilings: list[Any] = []  # --moe-tiles'
         if args.device == "cuda":
             hgemm = HGemmTuning.parse(args.hgemm) if args.hgemm else None
             self.ops = cuda_backend(
@@ -132,6 +133,10 @@ class ModelBench:
             self.ops = torch_backend()
         for setting in getattr(args, "set", []):
             apply_setting(self.ops, setting)
+        linear_ops: Any = self.ops.linear  # LinearCuda where there are tilings (cuda)
+        if tilings and tiling_label(tilings[0])[:3] == "wg:" and not linear_ops.qgemm.wgmma:
+            raise ValueError("--moe-tiles wg:...: the wgmma MoE kernels are off (an sm_90 GPU, "
+                             "without --set linear.qgemm.wgmma=false)")  # fmt: skip
         self.model = load_device_model(
             g, self.ops, self.device, args.slots, args.ctx, args.cache_type, args.cache_type
         )

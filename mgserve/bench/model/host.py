@@ -29,6 +29,11 @@ def _where(file: str, line: int, name: str) -> str:
 def host_profile(b: ModelBench, depth: int, steps: int = 64, top: int = 20) -> list[str]:
     """Table lines: the ``top`` functions by their own time over ``steps`` served decode steps
     of one session at ``depth``, per step."""
+    if depth + 4 + steps > b.args.ctx:
+        raise ValueError(
+            f"--host-profile decodes {steps + 4} positions past depth {depth}: more than --ctx "
+            f"{b.args.ctx} holds"
+        )
     step = decoding(b, 1, depth)
     for _ in range(3):  # the graph captured, the buffers sized
         step()

@@ -116,8 +116,8 @@ class HCCuda:
         eps: float,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Decode rows take the fused kernels (weights read once per group of 8 tokens); prompt
-        rows three GEMMs, which read each weight once for the chunk (``linear.path`` decides:
-        rowpath.py)."""
+        rows GEMMs that read each weight once for the chunk (``linear.path`` decides:
+        rowpath.py): down and inject in one where they stack (``stack_inject``), then up."""
         if x.dim() == 3 and not self.linear.path.decode_kernels(x.shape[0]):
             check_mix(x, norm, down, up, inject)
             down_p = partial(self.linear.matmul, w=down)

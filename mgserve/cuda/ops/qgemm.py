@@ -291,7 +291,7 @@ class QGemm:
         rows) if ``type_name`` takes those kernels; qgemm.cu's take only ``grouped.bm`` rows."""
         t = self.grouped_wgmma
         if self.on_wgmma(type_name):
-            return t if rows.bm == t.bm else QWgmmaTuning(rows.bm, t.bn, 2 if rows.bm <= 128 else 1)
+            return t if rows.bm == t.bm else t.with_rows(rows.bm)
         if rows.bm != self.grouped.bm:
             raise ValueError(
                 f"grouped GEMM: tiles of {rows.bm} rows for {type_name} kernels of "

@@ -100,6 +100,16 @@ class QWgmmaTuning:
         """Two (bm + bn) x 64 f16 buffers, and 1024 bytes to align them."""
         return 2 * (self.bm + self.bn) * 128 + 1024
 
+    def with_rows(self, bm: int) -> QWgmmaTuning:
+        """This shape on tiles of ``bm`` rows: its columns where they fit the registers (two CTAs
+        an SM if they can), else 128 columns; ValueError naming bm where no kernel has such rows."""
+        for bn, min_ctas in ((self.bn, 2), (self.bn, 1), (128, 2)):
+            try:
+                return QWgmmaTuning(bm, bn, min_ctas)
+            except ValueError:
+                continue
+        return QWgmmaTuning(bm, 128, 1)
+
     @classmethod
     def parse(cls, text: str) -> QWgmmaTuning:
         """ "BM,BN[,MIN_CTAS]" as a bench flag."""
