@@ -225,6 +225,9 @@ def test_grouped_moe(moe_wgmma, gate_type: str, down_type: str, fused: bool) -> 
     assert err <= RTOL_F16, f"{gate_type}/{down_type}: error {err:.2e}"
     alone = grouped(args[0][:20], args[1], args[2][:20], args[3][:20])
     assert torch.equal(alone, y[:20]), "20 tokens alone != beside 280 others"
+    for t in QW_TUNINGS[1:]:  # every MoE tiling (on qgemm.cu's rows where a format has no wgmma)
+        moe_wgmma.linear.qgemm.grouped_wgmma = t
+        assert torch.equal(grouped(*args), y), f"{gate_type}/{down_type} on {t}"
     moe_wgmma.linear.qgemm.wgmma = False
     assert torch.equal(y, grouped(*args)), "wgmma != mma.sync"
 
