@@ -468,7 +468,8 @@ case "${1:-tests}" in
     timeout 200 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_hc.py tests/cuda/test_device_runner.py tests/cuda/test_branch.py \
       tests/cuda/test_device_lanes.py tests/cuda/test_fused_router.py \
-      -k "stacks or prompt or graph or runner or decode or round or router" \
+      tests/cuda/test_qgemm_wgmma.py \
+      -k "stacks or prompt or graph or runner or decode or round or router or grouped_moe" \
       > "$OUT/t_s17.log" 2>&1
     echo "== s17 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s17.log" | head
     bench invariance 150 invariance $Q4X --int8 --record
