@@ -477,6 +477,15 @@ case "${1:-tests}" in
       --multi-decode 5@32768 --decode-steps 32 --host-profile --record
     bench stack 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
       --multi-decode= --paired 3 --toggle hc.stack_inject --record ;;
+  s17min)  # s17's tests and invariance alone (little device time left)
+    timeout 170 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_hc.py tests/cuda/test_device_runner.py tests/cuda/test_branch.py \
+      tests/cuda/test_fused_router.py -k "stacks or graph or runner or round or router" \
+      > "$OUT/t_s17.log" 2>&1
+    echo "== s17 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s17.log" | head
+    bench host 100 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
+      --multi-decode 5@32768 --decode-steps 32 --host-profile --record
+    bench invariance 120 invariance $Q4X --int8 --record ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
     timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm_wgmma.py -k "grouped_moe or dense_matches" > "$OUT/t_moewg2.log" 2>&1
