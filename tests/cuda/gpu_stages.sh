@@ -82,6 +82,23 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 XDG_CACHE_HOME=/tmp/xdg-cache
 [ -d .tiny ] && export MGSERVE_TEST_TINY=$PWD/.tiny
 Q4X="--shape qwen4exp-flash-next --layers 48 --experts 256 --ple-rows 4000000"
+ncu_kernels() {  # "name:kernel regex:launches" ...: Nsight Compute on one prompt chunk and
+  # one eager decode step of the full-width model, the first launches of the matching kernels
+  local NCU W SECTIONS spec name rx n
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  echo "ncu: ${NCU:-none}"; [ -n "$NCU" ] || return 0
+  W="$Q4X --ctx 8192 --slots 1 --int8 --prefill 4096@0 --decode 0 --decode-steps 1 --multi-decode= --no-graphs"
+  SECTIONS="--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
+    --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
+  for spec in "$@"; do
+    IFS=: read -r name rx n <<< "$spec"
+    timeout 200 "$NCU" --clock-control none --target-processes all -k "regex:$rx" -c "$n" \
+      $SECTIONS python3 -m mgserve bench model $W > "$OUT/ncu_$name.txt" 2>&1
+    echo "== ncu $name rc=$?"
+    grep -E "^  [a-z_0-9]+|Duration|Memory Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Stall|Issue Slots Busy|Executed Ipc A" \
+      "$OUT/ncu_$name.txt" | head -70
+  done
+}
 bench() {  # name timeout args...
   local name=$1 t=$2; shift 2
   timeout "$t" python3 -m mgserve bench "$@" > "$OUT/$name.log" 2>&1
@@ -449,22 +466,17 @@ case "${1:-tests}" in
     # and HC combine; the decode step's HC
     # projections, Q4_K matvec and MoE gate/up; the dense prompt GEMM. Speed of light, warp
     # stalls, memory and compute workload, occupancy: what bounds each (METHOD.md: clocks left)
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    echo "ncu: ${NCU:-none}"; [ -n "$NCU" ] || exit 0
-    W="$Q4X --ctx 8192 --slots 1 --int8 --prefill 4096@0 --decode 0 --decode-steps 1 --multi-decode= --no-graphs"
-    SECTIONS="--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
-      --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
-    for spec in "prompt:^(delta_scan_f32|qgemm_gate_up|qgemm_down|hc_combine)$:4" \
-        "decode:^(hc_down_Q4_K_t1|hc_up_Q5_0_t1|matvec_q8_Q4_K_t1|moe_q8_gate_up_Q4_K)$:4" \
-        "hgemm:^hgemm$:2"; do
-      IFS=: read -r name rx n <<< "$spec"
-      timeout 180 "$NCU" --clock-control none --target-processes all -k "regex:$rx" -c "$n" \
-        $SECTIONS python3 -m mgserve bench model $W > "$OUT/ncu_$name.txt" 2>&1
-      echo "== ncu $name rc=$?"; grep -E "^  [a-z_0-9]+|Duration|Memory Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Stall" "$OUT/ncu_$name.txt" | head -40
-    done ;;
-  s17)  # 2026-12-06 23:30: this session's default-on changes (decode graphs' packed inputs, the
-    # stacked HC inject, last_cta) tested, invariance, the served step's host profile, the
-    # stacked inject on / off
+    ncu_kernels "prompt:^(delta_scan_f32|qgemm_gate_up|qgemm_down|hc_combine)$:4" \
+      "decode:^(hc_down_Q4_K_t1|hc_up_Q5_0_t1|matvec_q8_Q4_K_t1|moe_q8_gate_up_Q4_K)$:4" \
+      "hgemm:^hgemm$:2" ;;
+  ncu2)  # 2026-12-06 23:00: the same counters for the kernels that now take the time: the wgmma
+    # prompt GEMMs (MoE gate/up and down, dense), the clustered HC mix and the fused router
+    ncu_kernels "prompt:^(qgemm_gate_up_wg|qgemm_down_wg|hgemm_wg)$:6" \
+      "decode:^(hc_downc_Q4_K_t1|hc_upl_Q5_0_t1|matvec_route_F32_t1|moe_q8_down_Q5_0)$:4" ;;
+  s17)  # 2026-12-06 23:30: what that session could not run (no GPU came): the decode graphs'
+    # packed inputs (reverted on main: first `git checkout 4147446 -- mgserve/cuda/graphs.py`),
+    # the stacked HC inject (off: its test sets it), last_cta; invariance, the served step's host
+    # profile, the stacked inject on / off
     timeout 200 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_hc.py tests/cuda/test_device_runner.py tests/cuda/test_branch.py \
       tests/cuda/test_device_lanes.py tests/cuda/test_fused_router.py \
@@ -477,7 +489,7 @@ case "${1:-tests}" in
       --multi-decode 5@32768 --decode-steps 32 --host-profile --record
     bench stack 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
       --multi-decode= --paired 3 --toggle hc.stack_inject --record ;;
-  s17min)  # s17's tests and invariance alone (little device time left)
+  s17min)  # s17's tests, the host profile and invariance alone (s17's comment: re-apply first)
     timeout 170 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_hc.py tests/cuda/test_device_runner.py tests/cuda/test_branch.py \
       tests/cuda/test_fused_router.py -k "stacks or graph or runner or round or router" \
@@ -493,20 +505,6 @@ case "${1:-tests}" in
     grep -E "^(FAILED|ERROR|E )|passed|failed|grouped moe" "$OUT/t_moewg2.log" | head -20
     bench moewg2 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
       --multi-decode= --paired 3 --moe-tiles wg:128,128,2/wg:64,256,2 --record ;;
-  ncu2)  # 2026-12-06 23:00: the same counters for the kernels that now take the time: the wgmma
-    # prompt GEMMs (MoE gate/up and down, dense), the clustered HC mix and the fused router
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    echo "ncu: ${NCU:-none}"; [ -n "$NCU" ] || exit 0
-    W="$Q4X --ctx 8192 --slots 1 --int8 --prefill 4096@0 --decode 0 --decode-steps 1 --multi-decode= --no-graphs"
-    SECTIONS="--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
-      --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
-    for spec in "prompt:^(qgemm_gate_up_wg|qgemm_down_wg|hgemm_wg)$:6" \
-        "decode:^(hc_downc_Q4_K_t1|hc_upl_Q5_0_t1|matvec_route_F32_t1|moe_q8_down_Q5_0)$:4"; do
-      IFS=: read -r name rx n <<< "$spec"
-      timeout 200 "$NCU" --clock-control none --target-processes all -k "regex:$rx" -c "$n" \
-        $SECTIONS python3 -m mgserve bench model $W > "$OUT/ncu_$name.txt" 2>&1
-      echo "== ncu $name rc=$?"; grep -E "^  [a-z_0-9]+|Duration|Memory Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Stall|Issue Slots Busy|Executed Ipc A" "$OUT/ncu_$name.txt" | head -70
-    done ;;
   dist)  # two pipeline ranks sharing one GPU (gloo, hand-offs through the host, decode graphs):
     # the serving code's tokens against one process at full width, 8 layers (no speed claim:
     # the ranks share the card)
