@@ -375,3 +375,5 @@ def test_host_profile_splits_a_served_step_by_function(tmp_path: Path) -> None:
     runner = [r for r in rows if "mgserve/cuda/runner.py" in r[0] and " _run`" in r[0]]
     assert runner and float(runner[0][1]) == 1.0, "the runner's _run: once a step"
     assert float(runner[0][3]) <= per_step
+    with pytest.raises(ValueError, match="more than --ctx 128 holds"):  # _bench's ctx
+        host_profile(bench, 100, steps=30)

@@ -67,8 +67,12 @@
 #   bash tests/cuda/gpu_stages.sh fused4      route.fused and moe.round_h apart (tests, 4 settings)
 #   bash tests/cuda/gpu_stages.sh hcxq        the clustered mix writing its int8 form (tests,
 #                                              hc.emit_xq on / off side by side, invariance)
-#   bash tests/cuda/gpu_stages.sh s17         the stacked HC inject's tests and prefill on / off,
-#                                              then moewg2
+#   bash tests/cuda/gpu_stages.sh s17         what 2026-12-06 22:50-01:27 could not run: the
+#                                              graphs' packed inputs (re-apply first: the
+#                                              stage's comment), the stacked HC inject,
+#                                              last_cta; invariance, a served step's host
+#                                              profile, the stacked inject on / off
+#   bash tests/cuda/gpu_stages.sh s17min      s17's tests, host profile and invariance alone
 #   bash tests/cuda/gpu_stages.sh moewg2      64 x 256 wgmma MoE tiles against 128 x 128
 #   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
 #                                              the clustered HC mix and the fused router

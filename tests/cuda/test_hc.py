@@ -159,22 +159,27 @@ def test_prompt_gate_kernel_is_the_torch_ops_bitwise(hcc, monkeypatch: pytest.Mo
 def test_prompt_mix_stacks_inject_bitwise(hcc, monkeypatch: pytest.MonkeyPatch, types) -> None:  # type: ignore[no-untyped-def]
     """A prompt chunk's mix (300 rows: W decoded once, hgemm) with down and inject in one GEMM
     (``hc.stack_inject``, linear_stacked.py) against one GEMM each: the same bits, in two GEMM
-    launches instead of three; inject in down's format or another."""
+    launches instead of three; inject in down's format or another; on hgemm_wgmma.cu and on
+    hgemm.cu."""
     hc, d, r = REAL
     case = make_case(hc, d, r, types, seed=6, device="cuda")
     x = make_streams(300, hc, d, seed=6).cuda()
     calls: list[int] = []
-    gemm = hcc.linear.hgemm.matmul
-    monkeypatch.setattr(hcc.linear.hgemm, "matmul", lambda *a: calls.append(1) or gemm(*a))
-    runs = []
-    for on in (False, True):
-        monkeypatch.setattr(hcc, "stack_inject", on)
-        calls.clear()
-        runs.append((hcc.mix(x, case.norm, case.down, case.up, case.inject, EPS), len(calls)))
-    (want, n_want), (got, n_got) = runs
-    assert (n_want, n_got) == (3, 2), f"GEMM launches {n_want} unstacked, {n_got} stacked"
-    assert torch.equal(got[0], want[0]), f"{types}: mixed differs"
-    assert got[1] is not None and want[1] is not None and torch.equal(got[1], want[1]), types
+    hgemm = hcc.linear.hgemm
+    gemm = hgemm.matmul
+    monkeypatch.setattr(hgemm, "matmul", lambda *a: calls.append(1) or gemm(*a))
+    for wgmma in sorted({False, hgemm.wgmma}):
+        monkeypatch.setattr(hgemm, "wgmma", wgmma)
+        runs = []
+        for on in (False, True):
+            monkeypatch.setattr(hcc, "stack_inject", on)
+            calls.clear()
+            runs.append((hcc.mix(x, case.norm, case.down, case.up, case.inject, EPS), len(calls)))
+        (want, n_want), (got, n_got) = runs
+        tag = f"{types} wgmma {wgmma}"
+        assert (n_want, n_got) == (3, 2), f"{tag}: GEMM launches {n_want} apart, {n_got} stacked"
+        assert torch.equal(got[0], want[0]), f"{tag}: mixed differs"
+        assert got[1] is not None and want[1] is not None and torch.equal(got[1], want[1]), tag
 
 
 ODD = [  # (N, hc, d, r, formats): idle lanes, partial CTAs, hc not 4, hc > 4

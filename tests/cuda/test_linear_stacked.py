@@ -1,5 +1,5 @@
 """``matmul_stacked`` (cuda/ops/linear_stacked.py): which products share one GEMM launch. The
-bits (stacked == one GEMM a weight) are held on the GPU by test_hc.py's
+bits (stacked == one GEMM a weight) are test_hc.py's GPU test
 ``test_prompt_mix_stacks_inject_bitwise``."""
 
 from __future__ import annotations

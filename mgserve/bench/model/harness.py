@@ -113,8 +113,9 @@ class ModelBench:
                 pdl=not args.no_pdl,
             )
             linear: Any = self.ops.linear  # LinearCuda on --device cuda
-            # --hgemm and --moe-tiles tune the mma.sync kernels (hgemm.cu, qgemm.cu): their wgmma
-            # twins are off for the run, qgemm's for short dense prompts too (one switch)
+            # --hgemm and --moe-tiles' qgemm.cu tilings tune the mma.sync kernels (hgemm.cu,
+            # qgemm.cu): their wgmma twins are off for the run, qgemm's for short dense prompts
+            # too (one switch); wg: tilings tune the wgmma MoE kernels and leave them on
             if hgemm is not None:
                 linear.hgemm.wgmma = False
             tilings = moe_tilings(args.moe_tiles)
@@ -129,7 +130,7 @@ class ModelBench:
                 set_moe_tiles(linear.qgemm, tilings[0])
         else:
             if args.moe_tiles:
-                raise ValueError("--moe-tiles: the qgemm.cu kernels run on --device cuda only")
+                raise ValueError("--moe-tiles: the MoE prompt kernels run on --device cuda only")
             self.ops = torch_backend()
         for setting in getattr(args, "set", []):
             apply_setting(self.ops, setting)

@@ -26,14 +26,23 @@ def _where(file: str, line: int, name: str) -> str:
     return f"{short}:{line} {name}"
 
 
-def host_profile(b: ModelBench, depth: int, steps: int = 64, top: int = 20) -> list[str]:
-    """Table lines: the ``top`` functions by their own time over ``steps`` served decode steps
-    of one session at ``depth``, per step."""
-    if depth + 4 + steps > b.args.ctx:
+STEPS = 64  # served steps profiled
+
+
+def check_room(depth: int, ctx: int, steps: int = STEPS) -> None:
+    """ValueError unless one session at ``depth`` has room for the warm-up and profiled steps
+    in ``ctx`` positions (checked before a run's timed workloads)."""
+    if depth + 4 + steps > ctx:
         raise ValueError(
             f"--host-profile decodes {steps + 4} positions past depth {depth}: more than --ctx "
-            f"{b.args.ctx} holds"
+            f"{ctx} holds"
         )
+
+
+def host_profile(b: ModelBench, depth: int, steps: int = STEPS, top: int = 20) -> list[str]:
+    """Table lines: the ``top`` functions by their own time over ``steps`` served decode steps
+    of one session at ``depth``, per step."""
+    check_room(depth, b.args.ctx, steps)
     step = decoding(b, 1, depth)
     for _ in range(3):  # the graph captured, the buffers sized
         step()

@@ -28,6 +28,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.profile and args.device != "cuda":
         raise ValueError("--profile times the GPU's kernels: it needs --device cuda")
+    if args.host_profile:  # before anything is timed
+        from mgserve.bench.model.host import check_room
+
+        check_room(max(depths(args.decode) or [0]), args.ctx)
     b = ModelBench(args)
     m = b.model
     gpu, copy = "none (CPU)", None

@@ -4,9 +4,10 @@ down and inject) in one GEMM launch.
 A prompt chunk's inject projection has ``hc`` (4) output columns and the same input as the down
 projection (320 columns, k = hc * d). Alone it is a GEMM of one 128-column tile row whose CTAs
 (M / 128 of them) each walk the whole k; stacked under down's rows it fills the padding of
-down's last column tile. Each output column of hgemm_wgmma.cu is its own chain of k products,
-whatever the columns beside it, so every result has the bits of ``LinearCuda.matmul`` on its
-weight alone."""
+down's last column tile. Each output column of ``HGemm`` (hgemm_wgmma.cu, or hgemm.cu: the same
+bits) is its own chain of k products, whatever the columns beside it, so every result is meant
+to have the bits of ``LinearCuda.matmul`` on its weight alone (test_hc.py's GPU test checks it
+on both kernels)."""
 
 from __future__ import annotations
 

@@ -148,9 +148,9 @@ class F16Rows:
 
 class QGemm:
     """The qgemm.cu launches (see the module docstring), or with ``wgmma`` (the default on
-    sm_90) their qgemm_wgmma.cu twins. ``tuning``: the dense GEMM's tiles; ``grouped``: the MoE
-    kernels' (GROUPED_TUNING: ~M * kk / E rows per expert; bench model --moe-tiles compares
-    others, on the mma.sync kernels); ``wgmma_tuning``: the wgmma kernels' tiles."""
+    sm_90) their qgemm_wgmma.cu twins. ``tuning`` / ``wgmma_tuning``: the dense GEMM's tiles;
+    ``grouped`` / ``grouped_wgmma``: the MoE kernels' (~M * kk / E rows per expert; bench model
+    --moe-tiles compares others, ``wg:...`` the wgmma ones)."""
 
     def __init__(
         self,
