@@ -9,7 +9,7 @@ import time
 from functools import partial
 from typing import Any
 
-from mgserve.bench.model.tiles import moe_tilings, set_moe_tiles, tiling_label
+from mgserve.bench.model.tiles import is_wgmma, moe_tilings, set_moe_tiles
 
 
 def stage_counts(args: argparse.Namespace) -> list[tuple[int, int]]:
@@ -119,7 +119,7 @@ class ModelBench:
             if hgemm is not None:
                 linear.hgemm.wgmma = False
             tilings = moe_tilings(args.moe_tiles)
-            if tilings and tiling_label(tilings[0])[:3] != "wg:":  # qgemm.cu's (mma.sync)
+            if tilings and not is_wgmma(tilings[0]):  # qgemm.cu's (mma.sync)
                 sets = getattr(args, "set", [])
                 if any(s.split("=")[0].strip() == "linear.qgemm.wgmma" for s in sets):
                     raise ValueError("--moe-tiles times qgemm.cu; drop --set linear.qgemm.wgmma")
@@ -135,7 +135,7 @@ class ModelBench:
         for setting in getattr(args, "set", []):
             apply_setting(self.ops, setting)
         linear_ops: Any = self.ops.linear  # LinearCuda where there are tilings (cuda)
-        if tilings and tiling_label(tilings[0])[:3] == "wg:" and not linear_ops.qgemm.wgmma:
+        if tilings and is_wgmma(tilings[0]) and not linear_ops.qgemm.wgmma:
             raise ValueError("--moe-tiles wg:...: the wgmma MoE kernels are off (an sm_90 GPU, "
                              "without --set linear.qgemm.wgmma=false)")  # fmt: skip
         self.model = load_device_model(

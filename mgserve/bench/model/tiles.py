@@ -22,10 +22,15 @@ def moe_tilings(text: str) -> list[Any]:
     return [QGemmTuning.parse(t) for t in parts]
 
 
-def tiling_label(t: Any) -> str:
+def is_wgmma(t: Any) -> bool:
+    """Whether tiling ``t`` (``moe_tilings``) tiles the wgmma twins (QWgmmaTuning)."""
     from mgserve.cuda.ops.wgmma import QWgmmaTuning
 
-    if isinstance(t, QWgmmaTuning):
+    return isinstance(t, QWgmmaTuning)
+
+
+def tiling_label(t: Any) -> str:
+    if is_wgmma(t):
         return f"wg:{t.bm},{t.bn},{t.min_ctas}"
     return f"{t.bm},{t.bn},{t.bk},{t.warps_m},{t.warps_n},{t.min_ctas}"
 
@@ -33,6 +38,4 @@ def tiling_label(t: Any) -> str:
 def set_moe_tiles(qgemm: Any, t: Any) -> None:
     """The MoE prompt kernels' tiles of ``qgemm`` (QGemm): ``grouped_wgmma`` for a
     QWgmmaTuning, else ``grouped``."""
-    from mgserve.cuda.ops.wgmma import QWgmmaTuning
-
-    setattr(qgemm, "grouped_wgmma" if isinstance(t, QWgmmaTuning) else "grouped", t)
+    setattr(qgemm, "grouped_wgmma" if is_wgmma(t) else "grouped", t)

@@ -52,11 +52,10 @@ def matmul_stacked(
         check_linear(x, w)
     x = vec4_input("x", x, linear.device)
     k, sizes = weights[0].k, [w.rows for w in weights]
-    wt = linear.scratch(sum(sizes) * k)[: sum(sizes) * k].view(sum(sizes), k)  # [rows, k] f16
-    r0 = 0
-    for w in weights:  # each weight's rows as LinearCuda._prefill decodes them, one after another
-        linear.qgemm.dequantize(w, 0, w.rows, wt[r0 : r0 + w.rows])
-        r0 += w.rows
-    out = torch.empty(x.shape[0], sum(sizes), dtype=torch.float32, device=linear.device)
+    rows = sum(sizes)
+    wt = linear.scratch(rows * k)[: rows * k].view(rows, k)  # [rows, k] f16
+    for w, part in zip(weights, wt.split(sizes), strict=True):  # as LinearCuda._prefill decodes
+        linear.qgemm.dequantize(w, 0, w.rows, part)  # each weight's rows, one after another
+    out = torch.empty(x.shape[0], rows, dtype=torch.float32, device=linear.device)
     linear.hgemm.matmul(linear.x16(x), wt, out)
     return out.split(sizes, dim=1)
