@@ -11,11 +11,12 @@ the per-format modules (qgemm.cu, hc.cu), every head dim of ``HEAD_DIMS`` and K/
 attention, every conv width 1..MAX_CONV_K. tests/cuda/test_kernel_variants.py lists the call
 sites of ``Kernels.kernel`` this inventory covers and fails on one it does not know.
 
-Covered: what ``cuda_backend`` (``mgserve serve``) builds, i.e. the default tunings. Not
-covered: the tunings only benchmarks choose (``bench matvec --tunings / --q8-rows``, ``bench
-model --hgemm / --moe-tiles``, ``MoeCuda(moe_rows=...)``, ``--set deltanet.scan_cols=16``), and
-DeltaNet decode head dims other
-than 64, 128 and 256 (the runtime takes any up to MAX_STEP_HEAD_DIM; the models served use 128).
+Covered: what ``cuda_backend`` (``mgserve serve``) builds, i.e. the default tunings, and
+``deltanet.scan_tc``'s one variant (every kernel file is compiled). Not covered: the tunings only
+benchmarks choose (``bench matvec --tunings / --q8-rows``, ``bench model --hgemm /
+--moe-tiles``, ``MoeCuda(moe_rows=...)``, ``--set deltanet.scan_cols=16``), and DeltaNet decode
+head dims other than 64, 128 and 256 (the runtime takes any up to MAX_STEP_HEAD_DIM; the models
+served use 128).
 """
 
 from __future__ import annotations
@@ -33,7 +34,12 @@ from mgserve.cuda.ops.deltanet_cuda import (
     conv_defines,
     step_defines,
 )
-from mgserve.cuda.ops.deltanet_prefill_cuda import PREFILL_HEAD_DIM, prefill_defines
+from mgserve.cuda.ops.deltanet_prefill_cuda import (
+    PREFILL_HEAD_DIM,
+    SCAN_TC_SOURCE,
+    prefill_defines,
+    scan_tc_defines,
+)
 from mgserve.cuda.ops.deltanet_prefill_cuda import PREFILL_SOURCE as CHUNKED_SOURCE
 from mgserve.cuda.ops.embed import EMBED_SOURCE
 from mgserve.cuda.ops.hc import CLUSTER_TUNING, CLUSTER_XQ_TUNING, HC_SOURCE, HCTuning
@@ -116,6 +122,7 @@ def _deltanet() -> list[Variant]:
         Variant(CHUNKED_SOURCE, prefill_defines(PREFILL_HEAD_DIM, k), f"d{PREFILL_HEAD_DIM} k{k}")
         for k in range(1, MAX_CONV_K + 1)
     ]
+    out.append(Variant(SCAN_TC_SOURCE, scan_tc_defines(PREFILL_HEAD_DIM), f"d{PREFILL_HEAD_DIM}"))
     return out
 
 

@@ -73,6 +73,8 @@
 #                                              last_cta; invariance, a served step's host
 #                                              profile, the stacked inject on / off
 #   bash tests/cuda/gpu_stages.sh s17min      s17's tests, host profile and invariance alone
+#   bash tests/cuda/gpu_stages.sh s18         the DeltaNet scan on tensor cores (tests, per layer,
+#                                              in the prompt), then s17min's tests and host profile
 #   bash tests/cuda/gpu_stages.sh moewg2      64 x 256 wgmma MoE tiles against 128 x 128
 #   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
 #                                              the clustered HC mix and the fused router
@@ -502,6 +504,20 @@ case "${1:-tests}" in
     bench host 100 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
       --multi-decode 5@32768 --decode-steps 32 --host-profile --record
     bench invariance 120 invariance $Q4X --int8 --record ;;
+  s18)  # 2026-12-07: delta_scan_tc (deltanet.scan_tc), then s17min's tests and host profile
+    timeout 150 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_deltanet_prefill_kernel.py -k "scan_tc or speed or qwen4exp" \
+      > "$OUT/t_s18.log" 2>&1
+    echo "== s18 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed|deltanet prefill" "$OUT/t_s18.log" | head -30
+    bench scantc 170 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+      --multi-decode= --paired 3 --toggle deltanet.scan_tc --record
+    timeout 150 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_hc.py tests/cuda/test_device_runner.py tests/cuda/test_branch.py \
+      tests/cuda/test_fused_router.py -k "stacks or graph or runner or round or router" \
+      > "$OUT/t_s17.log" 2>&1
+    echo "== s17 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s17.log" | head
+    bench host 100 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
+      --multi-decode 5@32768 --decode-steps 32 --host-profile --record ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
     timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm_wgmma.py -k "grouped_moe or dense_matches" > "$OUT/t_moewg2.log" 2>&1

@@ -271,6 +271,45 @@ def test_scan_widths_give_the_same_bits(cuda_ops, monkeypatch: pytest.MonkeyPatc
         assert torch.equal(a, b), f"{name} differs between scan widths (T={t})"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("t", "hk", "hv", "decay", "state"),
+    [(1, 2, 6, 1.0, True), (63, 2, 6, 20.0, False), (65, 1, 5, 0.01, True),
+     (200, 3, 6, 1.0, True), (4096, 16, 48, 1.0, True), (4161, 16, 48, 0.01, True),
+     (4096, 16, 48, 20.0, True)],
+)  # fmt: skip
+def test_scan_tc(cuda_ops, monkeypatch: pytest.MonkeyPatch, t: int, hk: int, hv: int,
+                 decay: float, state: bool) -> None:  # fmt: skip
+    """The scan on tensor cores (``scan_tc``, 3xTF32) against the three oracles at the fp32
+    scan's tolerances (the recurrent one up to 200 tokens); two runs give the same bits."""
+    monkeypatch.setattr(cuda_ops.deltanet, "scan_tc", True)
+    check(cuda_ops, t, hk, hv, decay, seed=t + hv, state=state, recurrent=t <= 200)
+    heads = {"n_k_heads": hk, "n_v_heads": hv, "head_dim": 128, "eps": EPS}
+    qkv, g, beta, conv, ssm, weight = inputs(t, hk, hv, 4, decay, t + hv, state)
+    runs = []
+    for _ in range(2):
+        c, s = conv.clone(), ssm.clone()
+        runs.append((cuda_ops.deltanet.prefill(qkv, g, beta, c, s, 1, weight, **heads), s[1]))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
+@pytest.mark.gpu
+def test_scan_tc_pieces_give_the_same_bits(cuda_ops, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tensor-core scan in launch pieces of 1024 and 64 tokens == in 4096 + 65, bitwise: the
+    state goes through memory as the fp32 accumulators hold it."""
+    monkeypatch.setattr(cuda_ops.deltanet, "scan_tc", True)
+    heads = {"n_k_heads": 16, "n_v_heads": 48, "head_dim": 128, "eps": EPS}
+    qkv, g, beta, conv, ssm, weight = inputs(4161, 16, 48, 4, 1.0, 9, True)
+    runs = []
+    for piece in (4096, 1024, 64):
+        monkeypatch.setattr(cuda_ops.deltanet, "prefill_piece", piece)
+        c, s = conv.clone(), ssm.clone()
+        o = cuda_ops.deltanet.prefill(qkv, g, beta, c, s, 1, weight, **heads)
+        runs.append((o, s[1]))
+    for other in runs[1:]:
+        assert torch.equal(runs[0][0], other[0]) and torch.equal(runs[0][1], other[1])
+
+
 def test_scan_widths() -> None:
     """A scan CTA takes 32 or 16 state columns (ValueError otherwise, the setting unchanged); the
     kernel is told the width only when it is not its default."""
@@ -318,8 +357,19 @@ def test_prefill_speed(cuda_ops) -> None:
     heads = {"n_k_heads": 16, "n_v_heads": 48, "head_dim": 128, "eps": EPS}
     qkv, g, beta, conv, ssm, weight = inputs(4096, 16, 48, 4, 1.0, 9, True)
     ms = {}
-    for name, fn in (("kernels", cuda_ops.deltanet.prefill), ("torch", DeltaNetTorch().prefill)):
+
+    def tc(*args: Any, **kw: Any) -> torch.Tensor:
+        cuda_ops.deltanet.scan_tc = True
+        try:
+            return cuda_ops.deltanet.prefill(*args, **kw)
+        finally:
+            cuda_ops.deltanet.scan_tc = False
+
+    runs = (("kernels", cuda_ops.deltanet.prefill), ("tensor cores", tc),
+            ("torch", DeltaNetTorch().prefill))  # fmt: skip
+    for name, fn in runs:
         ms[name] = gpu_ms(lambda fn=fn: fn(qkv, g, beta, conv, ssm, 1, weight, chunk=128, **heads))
     print(f"\ndeltanet prefill 4096 tokens x 48 heads: kernels {ms['kernels']:.2f} ms, "
+          f"scan on tensor cores {ms['tensor cores']:.2f} ms, "
           f"torch version {ms['torch']:.2f} ms per layer")  # fmt: skip
-    assert ms["kernels"] < ms["torch"], ms
+    assert ms["kernels"] < ms["torch"] and ms["tensor cores"] < ms["torch"], ms

@@ -29,6 +29,7 @@ KNOWN_SITES = {
     ("cuda/ops/deltanet_cuda.py", "DELTANET_SOURCE", ""),
     ("cuda/ops/deltanet_prefill_cuda.py", "PREFILL_SOURCE", "base"),  # prefill_defines
     ("cuda/ops/deltanet_prefill_cuda.py", "PREFILL_SOURCE", "defines"),  # (its scan_cols)
+    ("cuda/ops/deltanet_prefill_cuda.py", "SCAN_TC_SOURCE", "tc"),  # scan_tc_defines
     ("cuda/ops/embed.py", "EMBED_SOURCE", ""),
     ("cuda/ops/hc_cuda.py", "HC_SOURCE", "self.tuning.defines('BF16')"),
     ("cuda/ops/hc_cuda.py", "HC_SOURCE", "tune.defines(up.type_name)"),

@@ -49,13 +49,10 @@
 #ifndef CONV_K
 #define CONV_K 4
 #endif
-#ifndef HEAD_DIM
-#define HEAD_DIM 128
-#endif
+#include "deltanet_chunked.cuh"
 #include "math.cuh"
 #include "pdl.cuh"
 
-#define CHUNK 64
 #define CONV_TOKENS 16                     // tokens per CTA of conv_prefill_f32
 #define PREP_THREADS 256
 #define PREP_HEADS (PREP_THREADS / CHUNK)  // value heads solved at once (a thread per column)
@@ -68,10 +65,6 @@
 #define SCAN_ROWS (CHUNK / SCAN_RG)       // rows of a [CHUNK, cols] product a thread
 #define SCAN_SROWS (HEAD_DIM / SCAN_RG)   // rows of S a thread
 #define SCAN_MIN_CTAS (SCAN_COLS == 32 ? 2 : 3)
-#define KPAD (HEAD_DIM + 4)           // row stride of k / q tiles: float4 rows on distinct banks
-#define CPAD (CHUNK + 4)              // row stride of C x C tiles
-#define CC (CHUNK * CHUNK)
-#define CHUNK_FLOATS (2 * CC + 2 * CHUNK)  // prep per (value head, chunk): M, Aqk, exp(G), exp(..)
 
 // Dynamic shared memory in bytes; the wrapper passes the same numbers (PREP_SMEM, SCAN_SMEM).
 #define PREP_KQ_FLOATS \
@@ -87,11 +80,6 @@ static_assert(HEAD_DIM == 128, "the scan's thread mapping is written for head_di
 static_assert(CONV_K - 1 <= CONV_TOKENS, "only the first token tile reads the conv state");
 static_assert(SCAN_THREADS == 256 && (SCAN_COLS == 32 || SCAN_COLS == 16), "scan mapping");
 static_assert(SCAN_ROWS * SCAN_RG == CHUNK && SCAN_SROWS * SCAN_RG == HEAD_DIM, "scan mapping");
-
-__device__ __forceinline__ float4 ld4(const float* p) {
-    return *reinterpret_cast<const float4*>(p);
-}
-__device__ __forceinline__ void st4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 
 // acc + a * b, component-wise (a scalar)
 __device__ __forceinline__ float4 fma4(float a, float4 b, float4 acc) {
@@ -172,16 +160,6 @@ extern "C" __global__ void __launch_bounds__(HEAD_DIM)
         if (is_q) v = __fmul_rn(__fmul_rn(v, inv_norm[r]), q_scale);
         if (is_k) v = __fmul_rn(v, inv_norm[r]);
         y[(t0 + r) * C + c] = v;
-    }
-}
-
-// rows [n, HEAD_DIM] of src (row stride ld floats) into dst [CHUNK][KPAD], zero rows past n
-__device__ __forceinline__ void load_rows(float* dst, const float* src, long long ld, int n,
-                                          int tid, int threads) {
-    for (int e = tid; e < CHUNK * (HEAD_DIM / 4); e += threads) {
-        const int row = e / (HEAD_DIM / 4), c4 = 4 * (e % (HEAD_DIM / 4));
-        st4(dst + row * KPAD + c4,
-            row < n ? ld4(src + row * ld + c4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f));
     }
 }
 

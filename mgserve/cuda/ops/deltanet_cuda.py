@@ -64,6 +64,9 @@ class DeltaNetCuda:
         self.fused = True  # step_gates in one launch (False: gates, then step)
         self._piece = PREFILL_PIECE
         self._scan_cols = SCAN_COLS
+        # the prompt's scan on TF32 tensor cores in the 3xTF32 form (deltanet_scan_tc.cu): fp32
+        # accuracy, not the fp32 scan's bits; scan_cols is then not used
+        self.scan_tc = False
 
     @property
     def prefill_piece(self) -> int:
@@ -117,6 +120,7 @@ class DeltaNetCuda:
         return run_prefill(
             self.kernels, qkv, g, beta, conv, ssm, slot, weight, n_k_heads=n_k_heads,
             n_v_heads=n_v_heads, eps=eps, piece=self.prefill_piece, scan_cols=self.scan_cols,
+            tensor_cores=self.scan_tc,
         )  # fmt: skip
 
     def gates(

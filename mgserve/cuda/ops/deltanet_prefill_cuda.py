@@ -10,6 +10,8 @@ piece to piece, in place):
 - ``delta_scan_f32``, one CTA per (value head, SCAN_COLS state columns): the chunks in order, its
   columns of the state on chip, fp32 throughout (the kernel file has the algebra and thread
   mappings). 16 columns a CTA instead of 32 give the same bits on twice the CTAs, three an SM.
+  Or ``delta_scan_tc`` (``kernels/deltanet_scan_tc.cu``, ``tensor_cores``): the same grid and
+  products on TF32 tensor cores in the 3xTF32 form (fp32 accuracy, not delta_scan_f32's bits).
 
 Why the solve is computed once and stored rather than recomputed per state slice (qwen4exp:
 C = 64, d = 128, 4 slices per head): K K^T and Q K^T are 2 C^2 d = 1.05 M FMA per key head and
@@ -31,6 +33,7 @@ import torch
 from mgserve.cuda.launch import Kernels
 
 PREFILL_SOURCE = "deltanet_chunked.cu"
+SCAN_TC_SOURCE = "deltanet_scan_tc.cu"
 PREFILL_HEAD_DIM = 128  # the one head dim deltanet_chunked.cu is written for (qwen3next, qwen4exp)
 CHUNK = 64  # CHUNK in deltanet_chunked.cu
 CONV_TOKENS = 16  # CONV_TOKENS: tokens per CTA of conv_prefill_f32
@@ -39,6 +42,7 @@ PREP_HEADS = PREP_THREADS // CHUNK  # PREP_HEADS: value heads solved at once
 SCAN_THREADS = 256  # SCAN_THREADS
 SCAN_COLS = 32  # SCAN_COLS: state columns per CTA of delta_scan_f32 (the default)
 SCAN_WIDTHS = (32, 16)  # the widths the kernel's thread mapping is written for
+TC_COLS = 32  # TC_COLS: state columns per CTA of delta_scan_tc
 CHUNK_FLOATS = 2 * CHUNK * CHUNK + 2 * CHUNK  # prep per (value head, chunk): M, Aqk, 2 decays
 PREFILL_PIECE = 4096  # tokens per launch triple at most: bounds the scratch y and prep
 
@@ -87,6 +91,15 @@ def prefill_defines(
     return out if cols == SCAN_COLS else (*out, ("SCAN_COLS", str(check_scan_cols(cols))))
 
 
+def scan_tc_defines(head_dim: int) -> tuple[tuple[str, str], ...]:
+    """delta_scan_tc's -D values: its dynamic shared memory, TC_SMEM_BYTES of deltanet_scan_tc.cu
+    (k or q rows, M or Aqk, the state's columns and R or V' as TF32 hi / lo planes of row stride
+    TC_COLS + 8, exp(G) and exp(G_last - G)), which the kernel static_asserts."""
+    spad = TC_COLS + 8
+    floats = CHUNK * (head_dim + 4) + CHUNK * (CHUNK + 4) + 2 * (head_dim + CHUNK) * spad
+    return (("HEAD_DIM", str(head_dim)), ("TC_SMEM", str((floats + 2 * CHUNK) * 4)))
+
+
 def run_prefill(
     kernels: Kernels,
     qkv: torch.Tensor,  # [T, C] raw projections, contiguous
@@ -102,9 +115,11 @@ def run_prefill(
     eps: float,
     piece: int = PREFILL_PIECE,
     scan_cols: int = SCAN_COLS,
+    tensor_cores: bool = False,
 ) -> torch.Tensor:  # o [T, H_v, d]
     """The kernels on checked arguments (``DeltaNetCuda.prefill`` checks them), ``piece`` tokens
-    (``check_piece``) at a time, ``scan_cols`` state columns a scan CTA (``check_scan_cols``)."""
+    (``check_piece``) at a time, ``scan_cols`` state columns a scan CTA (``check_scan_cols``), or
+    with ``tensor_cores`` delta_scan_tc (TC_COLS columns a CTA)."""
     step = check_piece(piece)
     t, c = qkv.shape
     d = PREFILL_HEAD_DIM
@@ -113,7 +128,12 @@ def run_prefill(
     prep_smem, scan_smem = prefill_smem(d, scan_cols)
     conv_k = kernels.kernel(PREFILL_SOURCE, "conv_prefill_f32", base)
     prep_k = kernels.kernel(PREFILL_SOURCE, "delta_prep_f32", base, smem=prep_smem)
-    scan_k = kernels.kernel(PREFILL_SOURCE, "delta_scan_f32", defines, smem=scan_smem)
+    if tensor_cores:
+        scan_cols, tc = TC_COLS, scan_tc_defines(d)
+        scan_smem = int(dict(tc)["TC_SMEM"])
+        scan_k = kernels.kernel(SCAN_TC_SOURCE, "delta_scan_tc", tc, smem=scan_smem)
+    else:
+        scan_k = kernels.kernel(PREFILL_SOURCE, "delta_scan_f32", defines, smem=scan_smem)
     hk, hv = np.int32(n_k_heads), np.int32(n_v_heads)
     o = torch.empty((t, n_v_heads, d), dtype=torch.float32, device=qkv.device)
     rows = min(t, step)
