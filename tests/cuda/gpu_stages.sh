@@ -75,6 +75,10 @@
 #   bash tests/cuda/gpu_stages.sh s17min      s17's tests, host profile and invariance alone
 #   bash tests/cuda/gpu_stages.sh s18         the DeltaNet scan on tensor cores (tests, per layer,
 #                                              in the prompt), then s17min's tests and host profile
+#   bash tests/cuda/gpu_stages.sh s19         the wgmma MoE tiles on three buffers (tests,
+#                                              prompt), the stacked HC inject on / off
+#   bash tests/cuda/gpu_stages.sh s20         invariance, Nsight counters of the prompt GEMMs
+#                                              and delta_scan_tc
 #   bash tests/cuda/gpu_stages.sh moewg2      64 x 256 wgmma MoE tiles against 128 x 128
 #   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
 #                                              the clustered HC mix and the fused router
@@ -93,7 +97,7 @@ ncu_kernels() {  # "name:kernel regex:launches" ...: Nsight Compute on one promp
   local NCU W SECTIONS spec name rx n
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   echo "ncu: ${NCU:-none}"; [ -n "$NCU" ] || return 0
-  W="$Q4X --ctx 8192 --slots 1 --int8 --prefill 4096@0 --decode 0 --decode-steps 1 --multi-decode= --no-graphs"
+  W="$Q4X --ctx 8192 --slots 1 --int8 --prefill 4096@0 --decode 0 --decode-steps 1 --multi-decode= --no-graphs $NCU_EXTRA"
   SECTIONS="--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
     --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
   for spec in "$@"; do
@@ -518,6 +522,20 @@ case "${1:-tests}" in
     echo "== s17 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s17.log" | head
     bench host 100 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
       --multi-decode 5@32768 --decode-steps 32 --host-profile --record ;;
+  s19)  # 2026-12-07: the wgmma MoE tiles on three buffers (tests, prompt), the stacked HC inject
+    # on / off
+    timeout 150 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_qgemm_wgmma.py > "$OUT/t_s19.log" 2>&1
+    echo "== s19 wgmma tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s19.log" | head
+    bench stages 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+      --multi-decode= --paired 3 --moe-tiles wg:128,128,2/wg:128,128,2,3 --record
+    bench stack 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+      --multi-decode= --paired 3 --toggle hc.stack_inject --record ;;
+  s20)  # 2026-12-07: invariance (the graphs' packed inputs), ncu2's prompt GEMMs beside the scan
+    # on tensor cores
+    bench invariance 150 invariance $Q4X --int8 --record
+    NCU_EXTRA="--set deltanet.scan_tc=true" ncu_kernels \
+      "prompt:^(qgemm_gate_up_wg|qgemm_down_wg|hgemm_wg|delta_scan_tc)$:8" ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
     timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm_wgmma.py -k "grouped_moe or dense_matches" > "$OUT/t_moewg2.log" 2>&1

@@ -35,6 +35,8 @@ QW_TUNINGS = [
     QWgmmaTuning(64, 256),  # one warpgroup, X read by half as many column tiles
     QWgmmaTuning(192, 128, 1),  # 384 threads: some threads' last W run idle
     QWgmmaTuning(256, 128, 1),
+    QWgmmaTuning(128, 128, 2, 3),  # three buffers: X and W two steps ahead
+    QWgmmaTuning(64, 256, 2, 3),
 ]
 
 
@@ -42,11 +44,15 @@ def test_tuning_validation() -> None:
     assert QWgmmaTuning.parse("64,256") == QWgmmaTuning(64, 256)
     assert QWgmmaTuning().threads == 256 and QWgmmaTuning().smem_bytes == 2 * 256 * 128 + 1024
     assert dict(QWgmmaTuning().defines("Q6_K"))["QG_TYPE"] == "Q6_K"
-    for bad in ("128", "1,2,3,4", "x,y"):
+    assert QWgmmaTuning.parse("128,128,2,3").smem_bytes == 3 * 256 * 128 + 1024
+    assert dict(QWgmmaTuning(stages=3).defines("Q4_K"))["QW_STAGES"] == "3"
+    assert "QW_STAGES" not in dict(QWgmmaTuning().defines("Q4_K"))  # the default's cache key
+    assert QWgmmaTuning(128, 128, 2, 3).with_rows(64) == QWgmmaTuning(64, 128, 2, 3)
+    for bad in ("128", "1,2,3,4,5", "x,y"):
         with pytest.raises(ValueError, match="expected BM,BN"):
             QWgmmaTuning.parse(bad)
     assert QWgmmaTuning.parse("192,128,1").threads == 384
-    for args in ((96, 128), (128, 64), (128, 128, 3), (320, 128, 1)):
+    for args in ((96, 128), (128, 64), (128, 128, 3), (320, 128, 1), (128, 128, 2, 4)):
         with pytest.raises(ValueError, match="QWgmmaTuning"):
             QWgmmaTuning(*args)
     with pytest.raises(ValueError, match="do not fit 2 CTAs of 384 threads"):

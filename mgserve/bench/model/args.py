@@ -143,8 +143,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) 
         help="the MoE prompt kernels' tiles (qgemm.cu, grouped): BM,BN,BK,WARPS_M,WARPS_N"
         "[,MIN_CTAS]; with --paired, two or more separated by / are timed side by side. These "
         "are qgemm.cu's mma.sync kernels: their wgmma twins (sm_90) are off for the run, for "
-        "short dense prompts too. wg:BM,BN[,MIN_CTAS] tiles the wgmma twins instead "
-        "(qgemm_wgmma.cu; BM 64 / 128 / 192 / 256)",
+        "short dense prompts too. wg:BM,BN[,MIN_CTAS[,STAGES]] tiles the wgmma twins "
+        "instead (qgemm_wgmma.cu; BM 64 / 128 / 192 / 256; STAGES 2 or 3 shared buffers)",
     )
     parser.add_argument(
         "--device",

@@ -40,6 +40,9 @@
 #ifndef QW_MIN_CTAS
 #define QW_MIN_CTAS 1  // __launch_bounds__ minimum CTAs per SM (caps registers)
 #endif
+#ifndef QW_STAGES
+#define QW_STAGES 2  // shared buffers: 2 (X and W of the next step), or 3 (X two steps ahead)
+#endif
 
 namespace {
 typedef SplitFormat<QG_TYPE>::T WT;
@@ -54,6 +57,7 @@ constexpr int ACC = BN / 2;  // accumulators a thread: 64 x BN per warpgroup
 static_assert(BM % 64 == 0 && BM <= 256, "QW_BM: 64, 128, 192 or 256 (64 rows a warpgroup)");
 static_assert(BN == 128 || BN == 256, "QW_BN: 128 or 256");
 static_assert(X_COPIES * THREADS == BM * 8, "even copies of X");
+static_assert(QW_STAGES == 2 || QW_STAGES == 3, "QW_STAGES: 2 or 3");
 }  // namespace
 
 #if QW_BN == 256
@@ -132,6 +136,8 @@ __device__ __forceinline__ void qgemm_wg_tile(const TileArgs& a) {
     for (int i = 0; i < ACC; i++) acc[i] = 0.f;
     wgmma_hold(acc);
 
+    const int n_steps = (a.k + BK - 1) / BK;
+#if QW_STAGES == 2
     load_x(0, 0);
     cp_commit();
     load_w(0);
@@ -139,7 +145,6 @@ __device__ __forceinline__ void qgemm_wg_tile(const TileArgs& a) {
     cp_wait<0>();
     fence_proxy_async();  // the stores and copies, visible to wgmma's reads
     __syncthreads();
-    const int n_steps = (a.k + BK - 1) / BK;
     for (int s = 0; s < n_steps; s++) {
         const int buf = s & 1;
         const bool more = s + 1 < n_steps;
@@ -160,6 +165,40 @@ __device__ __forceinline__ void qgemm_wg_tile(const TileArgs& a) {
         wgmma_wait<0>();  // this warpgroup's products of buf are done ...
         __syncthreads();  // ... everyone's: buf may be refilled, buf ^ 1 is complete
     }
+#else
+    // three buffers: step s's products run while W of step s + 1 (fetched a step earlier) is
+    // decoded into buffer s + 1, and X of step s + 2 is copied and W of step s + 2 fetched, so
+    // neither load's latency is waited for in the step that issues it
+    load_x(0, 0);
+    cp_commit();
+    if (n_steps > 1) load_x(BK, 1);
+    cp_commit();  // (an empty group where there is no step 1)
+    load_w(0);
+    store_w(0);
+    if (n_steps > 1) load_w(BK);
+    cp_wait<1>();  // X of step 0
+    fence_proxy_async();
+    __syncthreads();
+    for (int s = 0; s < n_steps; s++) {
+        const int buf = s % 3, next = buf == 2 ? 0 : buf + 1, after = next == 2 ? 0 : next + 1;
+        const unsigned xs = base + buf * STAGE_BYTES;
+        const u64 da = wgmma_desc(xs + wg * 64 * 128), db = wgmma_desc(xs + X_BYTES);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) wgmma_tile(acc, da + 2 * kk, db + 2 * kk);
+        wgmma_commit();
+        if (s + 1 < n_steps) store_w(next);  // buffer next was last read by step s - 2's
+        if (s + 2 < n_steps) {               // buffer after by step s - 1's: both done
+            load_x((s + 2) * BK, after);
+            load_w((s + 2) * BK);
+        }
+        cp_commit();
+        cp_wait<1>();  // X of step s + 1 (committed a step ago) has landed
+        fence_proxy_async();
+        wgmma_wait<0>();
+        __syncthreads();
+    }
+#endif
     wgmma_hold(acc);
 
     // accumulator 4 j + c: row 16 v + g (+8 for c = 2, 3), columns 8 j + 2 q, +1 (wgmma.cuh)
@@ -176,7 +215,8 @@ __device__ __forceinline__ void qgemm_wg_tile(const TileArgs& a) {
     }
 }
 
-// ---- entries (qgemm.cu's arguments and grids; dynamic shared memory 2 * STAGE_BYTES + 1024) --
+// ---- entries (qgemm.cu's arguments and grids; dynamic shared memory QW_STAGES * STAGE_BYTES +
+// 1024) --
 
 extern "C" __global__ void __launch_bounds__(THREADS, QW_MIN_CTAS)
     qgemm_wg(const u8* __restrict__ w, const u16* __restrict__ x, float* __restrict__ y, int m,

@@ -72,23 +72,36 @@ QW_BMS = (64, 128, 192, 256)  # qgemm_wgmma.cu's tile rows: 1 to 4 warpgroups
 @dataclass(frozen=True)
 class QWgmmaTuning:
     """Compile-time tile shape of kernels/qgemm_wgmma.cu (its QW_* -D macros, QG_TYPE per
-    format); two shared buffers (the W tile of the next step is decoded into the other)."""
+    format); two shared buffers (the W tile of the next step is decoded into the other), or three
+    (X copied and W fetched two steps ahead: neither load waited for in the step that issues
+    it). Every shape gives the same bits."""
 
     bm: int = 128  # output rows per CTA: 64 per warpgroup
     bn: int = 128  # output columns per CTA (one wgmma's N)
     min_ctas: int = 2  # CTAs per SM the registers are capped for (__launch_bounds__)
+    stages: int = 2  # shared buffers: 2 or 3
 
     def __post_init__(self) -> None:
-        if self.bm not in QW_BMS or self.bn not in (128, 256) or self.min_ctas not in (1, 2):
+        if (
+            self.bm not in QW_BMS
+            or self.bn not in (128, 256)
+            or self.min_ctas not in (1, 2)
+            or self.stages not in (2, 3)
+        ):
             raise ValueError(
                 f"QWgmmaTuning: bm {self.bm} (64, 128, 192 or 256), bn {self.bn} (128 or 256), "
-                f"min_ctas {self.min_ctas} (1 or 2)"
+                f"min_ctas {self.min_ctas} (1 or 2), stages {self.stages} (2 or 3)"
             )
         cap = min(255, 65536 // (self.threads * self.min_ctas))  # registers a thread may use
         if self.bn // 2 + 40 > cap:  # the accumulators and the tile's addressing
             raise ValueError(
                 f"QWgmmaTuning: {self.bn // 2} accumulators a thread do not fit {self.min_ctas} "
                 f"CTAs of {self.threads} threads an SM ({cap} registers each)"
+            )
+        if self.smem_bytes > 227 * 1024:
+            raise ValueError(
+                f"QWgmmaTuning: {self.stages} buffers of {self.bm} + {self.bn} rows need "
+                f"{self.smem_bytes} bytes of shared memory (227 KB a CTA)"
             )
 
     @property
@@ -97,23 +110,28 @@ class QWgmmaTuning:
 
     @property
     def smem_bytes(self) -> int:
-        """Two (bm + bn) x 64 f16 buffers, and 1024 bytes to align them."""
-        return 2 * (self.bm + self.bn) * 128 + 1024
+        """``stages`` (bm + bn) x 64 f16 buffers, and 1024 bytes to align them."""
+        return self.stages * (self.bm + self.bn) * 128 + 1024
 
     def with_rows(self, bm: int) -> QWgmmaTuning:
         """This shape on tiles of ``bm`` rows: its columns where they fit the registers (two CTAs
         an SM if they can), else 128 columns; ValueError naming bm where no kernel has such rows."""
-        for bn, min_ctas in ((self.bn, 2), (self.bn, 1), (128, 2)):
+        for bn, min_ctas, stages in (
+            (self.bn, 2, self.stages),
+            (self.bn, 1, self.stages),
+            (128, 2, self.stages),
+            (128, 2, 2),
+        ):
             try:
-                return QWgmmaTuning(bm, bn, min_ctas)
+                return QWgmmaTuning(bm, bn, min_ctas, stages)
             except ValueError:
                 continue
         return QWgmmaTuning(bm, 128, 1)
 
     @classmethod
     def parse(cls, text: str) -> QWgmmaTuning:
-        """ "BM,BN[,MIN_CTAS]" as a bench flag."""
-        return cls(*tuning_ints(text, "qgemm wgmma", "BM,BN[,MIN_CTAS]"))
+        """ "BM,BN[,MIN_CTAS[,STAGES]]" as a bench flag."""
+        return cls(*tuning_ints(text, "qgemm wgmma", "BM,BN[,MIN_CTAS[,STAGES]]"))
 
     def defines(self, type_name: str) -> tuple[tuple[str, str], ...]:
         return (
@@ -121,4 +139,4 @@ class QWgmmaTuning:
             ("QW_BM", str(self.bm)),
             ("QW_BN", str(self.bn)),
             ("QW_MIN_CTAS", str(self.min_ctas)),
-        )
+        ) + ((("QW_STAGES", str(self.stages)),) if self.stages != 2 else ())
