@@ -75,6 +75,7 @@
 #   bash tests/cuda/gpu_stages.sh s17min      s17's tests, host profile and invariance alone
 #   bash tests/cuda/gpu_stages.sh s18         the DeltaNet scan on tensor cores (tests, per layer,
 #                                              in the prompt), then s17min's tests and host profile
+#   bash tests/cuda/gpu_stages.sh s18b        s18's scan and s19's three buffers, in one call
 #   bash tests/cuda/gpu_stages.sh s19         the wgmma MoE tiles on three buffers (tests,
 #                                              prompt), the stacked HC inject on / off
 #   bash tests/cuda/gpu_stages.sh s20         invariance, Nsight counters of the prompt GEMMs
@@ -522,6 +523,19 @@ case "${1:-tests}" in
     echo "== s17 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s17.log" | head
     bench host 100 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
       --multi-decode 5@32768 --decode-steps 32 --host-profile --record ;;
+  s18b)  # 2026-12-07, little device time: the scan on tensor cores (tests, prompt), the wgmma MoE
+    # tiles on three buffers (prompt, then tests)
+    timeout 120 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_deltanet_prefill_kernel.py -k "scan_tc or speed or qwen4exp" \
+      > "$OUT/t_s18.log" 2>&1
+    echo "== s18 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed|deltanet prefill" "$OUT/t_s18.log" | head -30
+    bench scantc 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+      --multi-decode= --paired 3 --toggle deltanet.scan_tc --record
+    bench stages 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+      --multi-decode= --paired 3 --moe-tiles wg:128,128,2/wg:128,128,2,3 --record
+    timeout 100 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_qgemm_wgmma.py > "$OUT/t_s19.log" 2>&1
+    echo "== s19 wgmma tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s19.log" | head ;;
   s19)  # 2026-12-07: the wgmma MoE tiles on three buffers (tests, prompt), the stacked HC inject
     # on / off
     timeout 150 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
