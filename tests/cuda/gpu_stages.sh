@@ -531,8 +531,8 @@ case "${1:-tests}" in
     echo "== s18 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed|deltanet prefill" "$OUT/t_s18.log" | head -30
     bench scantc 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
       --multi-decode= --paired 3 --toggle deltanet.scan_tc --record
-    bench stages 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
-      --multi-decode= --paired 3 --moe-tiles wg:128,128,2/wg:128,128,2,3 --record
+    bench stages 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+      --multi-decode= --paired 3 --moe-tiles wg:128,128,2/wg:128,128,2,3/wg:256,128,1,3 --record
     timeout 100 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm_wgmma.py > "$OUT/t_s19.log" 2>&1
     echo "== s19 wgmma tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s19.log" | head ;;
@@ -542,7 +542,7 @@ case "${1:-tests}" in
       tests/cuda/test_qgemm_wgmma.py > "$OUT/t_s19.log" 2>&1
     echo "== s19 wgmma tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s19.log" | head
     bench stages 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
-      --multi-decode= --paired 3 --moe-tiles wg:128,128,2/wg:128,128,2,3 --record
+      --multi-decode= --paired 3 --moe-tiles wg:128,128,2/wg:128,128,2,3/wg:256,128,1,3 --record
     bench stack 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
       --multi-decode= --paired 3 --toggle hc.stack_inject --record ;;
   s20)  # 2026-12-07: invariance (the graphs' packed inputs), ncu2's prompt GEMMs beside the scan

@@ -37,6 +37,7 @@ QW_TUNINGS = [
     QWgmmaTuning(256, 128, 1),
     QWgmmaTuning(128, 128, 2, 3),  # three buffers: X and W two steps ahead
     QWgmmaTuning(64, 256, 2, 3),
+    QWgmmaTuning(256, 128, 1, 3),  # W decoded once for 256 rows, loads two steps ahead
 ]
 
 
