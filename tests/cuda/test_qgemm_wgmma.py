@@ -49,6 +49,7 @@ def test_tuning_validation() -> None:
     assert dict(QWgmmaTuning(stages=3).defines("Q4_K"))["QW_STAGES"] == "3"
     assert "QW_STAGES" not in dict(QWgmmaTuning().defines("Q4_K"))  # the default's cache key
     assert QWgmmaTuning(128, 128, 2, 3).with_rows(64) == QWgmmaTuning(64, 128, 2, 3)
+    assert QWgmmaTuning(64, 256, 2, 3).with_rows(256) == QWgmmaTuning(256, 128, 1, 3)
     for bad in ("128", "1,2,3,4,5", "x,y"):
         with pytest.raises(ValueError, match="expected BM,BN"):
             QWgmmaTuning.parse(bad)

@@ -26,7 +26,7 @@
 // are split as they are read; B operands (S, R, V') are stored split once, as [rows][SPAD]
 // planes: row stride SPAD = TC_COLS + 8 puts a B fragment's 32 reads on 32 banks (8 t + g), and
 // the k / q rows' KPAD = d_k + 4 and the C x C tiles' CPAD = C + 4 do the same for A (4 g + t).
-// P4's A (K transposed) reads 2-way conflicted (4 t + g), a sixth of the A reads.
+// P4's A (K transposed) reads 2-way conflicted (4 t + g), about a twelfth of the A reads.
 //
 // Padding: rows of the last chunk past the prompt are zero in K, Q and V (and so in R and V'),
 // and write nothing into S (as delta_scan_f32).
@@ -45,13 +45,13 @@ static_assert(HEAD_DIM == 128 && CHUNK == 64 && TC_COLS == 32, "the warp tiles a
 
 typedef unsigned int u32;
 
-// x = hi + lo, both TF32: hi = x rounded to TF32 (to nearest, ties away: add half a unit of the
-// 13 bits TF32 drops, clear them), lo = x - hi (exact) rounded the same way, except that its
-// bits are left for the tensor cores to ignore (an fp32 operand's low 13 bits are truncated):
-// |lo| <= 2^-11 |x| and |x - hi - lo_tf32| <= 2^-22 |x|. Finite x only.
+// x = hi + lo, both TF32 (their low 13 mantissa bits zero, as cvt.rna.tf32.f32 leaves them):
+// each rounded to nearest, ties away, by adding half a unit of the dropped bits and clearing
+// them. x - hi is exact, |lo| <= 2^-11 |x| and |x - hi - lo| <= 2^-22 |x|. |x| < 3.4e38 only
+// (hi would round up to inf).
 __device__ __forceinline__ void split(float x, u32& hi, u32& lo) {
     hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-    lo = __float_as_uint(x - __uint_as_float(hi)) + 0x1000u;
+    lo = (__float_as_uint(x - __uint_as_float(hi)) + 0x1000u) & 0xffffe000u;
 }
 
 __device__ __forceinline__ void mma_tf32(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
@@ -171,22 +171,30 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
         load_rows(buf, rows + (long long)(n_k_heads + kh) * HEAD_DIM, C, n, tid, TC_THREADS);
         load_tiles_lower(mat, pc, tid);
         if (tid < 2 * CHUNK) ein[tid] = pc[2 * CC + tid];  // ein, eout are contiguous
+        // V at this thread's rows of R (16 m[i] + g, + 8), fetched before the barrier so that
+        // P1's products hide the loads' latency
+        float2 v[2][2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int r = 16 * m[i] + g;
+            const float* vrow = rows + (2 * n_k_heads + h) * HEAD_DIM + col0 + n0 + 2 * t;
+            v[i][0] = r < n ? *reinterpret_cast<const float2*>(vrow + r * C)
+                            : make_float2(0.0f, 0.0f);
+            v[i][1] = r + 8 < n ? *reinterpret_cast<const float2*>(vrow + (r + 8) * C)
+                                : make_float2(0.0f, 0.0f);
+        }
         __syncthreads();
         {  // P1: R = V - diag(exp(G)) K S
             float acc[2][4] = {};
             rows_times(acc, buf, KPAD, m, full, s_hi, s_lo, n0, g, t);
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
-                const int r = 16 * m[i] + g, c = n0 + 2 * t;
-                const float* vrow = rows + (2 * n_k_heads + h) * HEAD_DIM + col0 + c;
-                const float2 v0 = r < n ? *reinterpret_cast<const float2*>(vrow + r * C)
-                                        : make_float2(0.0f, 0.0f);
-                const float2 v1 = r + 8 < n ? *reinterpret_cast<const float2*>(vrow + (r + 8) * C)
-                                            : make_float2(0.0f, 0.0f);
+                const int r = 16 * m[i] + g;
                 const float e0 = ein[r], e1 = ein[r + 8];
-                const float rv[4] = {fmaf(-e0, acc[i][0], v0.x), fmaf(-e0, acc[i][1], v0.y),
-                                     fmaf(-e1, acc[i][2], v1.x), fmaf(-e1, acc[i][3], v1.y)};
-                store_split(r_hi, r_lo, r, c, rv);
+                const float rv[4] = {
+                    fmaf(-e0, acc[i][0], v[i][0].x), fmaf(-e0, acc[i][1], v[i][0].y),
+                    fmaf(-e1, acc[i][2], v[i][1].x), fmaf(-e1, acc[i][3], v[i][1].y)};
+                store_split(r_hi, r_lo, r, n0 + 2 * t, rv);
             }
         }
         __syncthreads();

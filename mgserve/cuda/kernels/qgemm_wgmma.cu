@@ -13,7 +13,10 @@
 // Where qgemm.cu's warps spent issue slots on ldmatrix and mma.sync beside the decode, here the
 // decode has the SMs' issue slots to itself. (Fetching W's raw bits a step earlier still, so
 // that the decode never waits on its loads, was no faster on the H100: grouped MoE products
-// 0.886 ms against 0.878-0.890, 2026-12-06; with one CTA an SM, 1.142.)
+// 0.886 ms against 0.878-0.890, 2026-12-06; with one CTA an SM, 1.142.) QW_STAGES 3 (off by
+// default) adds a third buffer: X is copied and W fetched two steps ahead, W decoded one step
+// ahead, so no load is waited for in the step that issues it; its raw W registers stay live
+// across the barrier (Q4_K at 128 x 128 on two CTAs an SM spills 16 bytes, F32 32).
 //
 // Bits: each output is the f32 chain acc = A B + acc over k16 = 0, 16, ... ascending from 0,
 // steps past k adding products of zeros, as in qgemm.cu and hgemm_wgmma.cu. The tile never

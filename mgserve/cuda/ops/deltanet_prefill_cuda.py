@@ -43,6 +43,7 @@ SCAN_THREADS = 256  # SCAN_THREADS
 SCAN_COLS = 32  # SCAN_COLS: state columns per CTA of delta_scan_f32 (the default)
 SCAN_WIDTHS = (32, 16)  # the widths the kernel's thread mapping is written for
 TC_COLS = 32  # TC_COLS: state columns per CTA of delta_scan_tc
+TC_THREADS = 256  # TC_THREADS
 CHUNK_FLOATS = 2 * CHUNK * CHUNK + 2 * CHUNK  # prep per (value head, chunk): M, Aqk, 2 decays
 PREFILL_PIECE = 4096  # tokens per launch triple at most: bounds the scratch y and prep
 
@@ -128,8 +129,9 @@ def run_prefill(
     prep_smem, scan_smem = prefill_smem(d, scan_cols)
     conv_k = kernels.kernel(PREFILL_SOURCE, "conv_prefill_f32", base)
     prep_k = kernels.kernel(PREFILL_SOURCE, "delta_prep_f32", base, smem=prep_smem)
+    scan_threads = SCAN_THREADS
     if tensor_cores:
-        scan_cols, tc = TC_COLS, scan_tc_defines(d)
+        scan_cols, scan_threads, tc = TC_COLS, TC_THREADS, scan_tc_defines(d)
         scan_smem = int(dict(tc)["TC_SMEM"])
         scan_k = kernels.kernel(SCAN_TC_SOURCE, "delta_scan_tc", tc, smem=scan_smem)
     else:
@@ -175,7 +177,7 @@ def run_prefill(
         kernels.launch(
             scan_k,
             (d // scan_cols, n_v_heads),
-            SCAN_THREADS,
+            scan_threads,
             y.data_ptr(),
             prep.data_ptr(),
             ssm.data_ptr(),

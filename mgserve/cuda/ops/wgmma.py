@@ -18,6 +18,7 @@ MAX_SMEM = 227 * 1024  # dynamic shared memory a CTA may opt into on sm_90
 # cap (two CTAs an SM) without spilling under NVRTC 13.0. The others (Q4_0, Q5_K, IQ4_XS, the
 # IQ and low-bit K types: 12-64 bytes of spilled row pointers each) keep qgemm.cu until their
 # wgmma kernels are timed; both give the same bits, so the choice never changes a result.
+# (Tilings of three buffers spill more: QWgmmaTuning's docstring.)
 WGMMA_FORMATS = frozenset({"Q4_K", "Q5_0", "Q6_K", "Q8_0", "F16", "BF16", "F32"})
 
 
@@ -74,7 +75,9 @@ class QWgmmaTuning:
     """Compile-time tile shape of kernels/qgemm_wgmma.cu (its QW_* -D macros, QG_TYPE per
     format); two shared buffers (the W tile of the next step is decoded into the other), or three
     (X copied and W fetched two steps ahead: neither load waited for in the step that issues
-    it). Every shape gives the same bits."""
+    it; the raw W registers then live across the barrier: at 128 x 128 on two CTAs an SM Q4_K
+    spills 16 bytes and F32 32, at 64 x 256 every format spills). Every shape gives the same
+    bits."""
 
     bm: int = 128  # output rows per CTA: 64 per warpgroup
     bn: int = 128  # output columns per CTA (one wgmma's N)
@@ -98,10 +101,10 @@ class QWgmmaTuning:
                 f"QWgmmaTuning: {self.bn // 2} accumulators a thread do not fit {self.min_ctas} "
                 f"CTAs of {self.threads} threads an SM ({cap} registers each)"
             )
-        if self.smem_bytes > 227 * 1024:
+        if self.smem_bytes > MAX_SMEM:
             raise ValueError(
                 f"QWgmmaTuning: {self.stages} buffers of {self.bm} + {self.bn} rows need "
-                f"{self.smem_bytes} bytes of shared memory (227 KB a CTA)"
+                f"{self.smem_bytes} bytes of shared memory ({MAX_SMEM} a CTA)"
             )
 
     @property
@@ -116,17 +119,12 @@ class QWgmmaTuning:
     def with_rows(self, bm: int) -> QWgmmaTuning:
         """This shape on tiles of ``bm`` rows: its columns where they fit the registers (two CTAs
         an SM if they can), else 128 columns; ValueError naming bm where no kernel has such rows."""
-        for bn, min_ctas, stages in (
-            (self.bn, 2, self.stages),
-            (self.bn, 1, self.stages),
-            (128, 2, self.stages),
-            (128, 2, 2),
-        ):
+        for bn, min_ctas in ((self.bn, 2), (self.bn, 1), (128, 2)):
             try:
-                return QWgmmaTuning(bm, bn, min_ctas, stages)
+                return QWgmmaTuning(bm, bn, min_ctas, self.stages)
             except ValueError:
                 continue
-        return QWgmmaTuning(bm, 128, 1)
+        return QWgmmaTuning(bm, 128, 1, self.stages)
 
     @classmethod
     def parse(cls, text: str) -> QWgmmaTuning:
