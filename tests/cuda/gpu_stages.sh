@@ -77,6 +77,7 @@
 #                                              in the prompt), then s17min's tests and host profile
 #   bash tests/cuda/gpu_stages.sh s18b        s18's scan and s19's three buffers, in one call
 #   bash tests/cuda/gpu_stages.sh s18c        s18b in less device time (no wgmma tests)
+#   bash tests/cuda/gpu_stages.sh s18d        the scan on tensor cores alone (tests, prompt)
 #   bash tests/cuda/gpu_stages.sh s19         the wgmma MoE tiles on three buffers (tests,
 #                                              prompt), the stacked HC inject on / off
 #   bash tests/cuda/gpu_stages.sh s20         invariance, Nsight counters of the prompt GEMMs
@@ -545,6 +546,12 @@ case "${1:-tests}" in
       --multi-decode= --paired 2 --toggle deltanet.scan_tc --record
     bench stages 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
       --multi-decode= --paired 2 --moe-tiles wg:128,128,2/wg:128,128,2,3/wg:256,128,1,3 --record ;;
+  s18d)  # the least: the scan on tensor cores against the oracles, and in the prompt
+    timeout 90 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_deltanet_prefill_kernel.py -k "scan_tc" > "$OUT/t_s18.log" 2>&1
+    echo "== s18 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s18.log" | head -30
+    bench scantc 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+      --multi-decode= --paired 2 --toggle deltanet.scan_tc --record ;;
   s19)  # 2026-12-07: the wgmma MoE tiles on three buffers (tests, prompt), the stacked HC inject
     # on / off
     timeout 150 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
