@@ -513,7 +513,7 @@ case "${1:-tests}" in
     bench invariance 120 invariance $Q4X --int8 --record ;;
   s18)  # 2026-12-07: delta_scan_tc (deltanet.scan_tc), then s17min's tests and host profile
     timeout 150 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE -m gpu \
-      tests/cuda/test_deltanet_prefill_kernel.py -k "scan_tc or speed or qwen4exp" \
+      tests/cuda/test_deltanet_prefill_kernel.py -k "scan_tc or pieces or speed or qwen4exp" \
       > "$OUT/t_s18.log" 2>&1
     echo "== s18 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed|deltanet prefill" "$OUT/t_s18.log" | head -30
     bench scantc 170 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
@@ -528,7 +528,7 @@ case "${1:-tests}" in
   s18b)  # 2026-12-07, little device time: the scan on tensor cores (tests, prompt), the wgmma MoE
     # tiles on three buffers (prompt, then tests)
     timeout 120 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE -m gpu \
-      tests/cuda/test_deltanet_prefill_kernel.py -k "scan_tc or speed or qwen4exp" \
+      tests/cuda/test_deltanet_prefill_kernel.py -k "scan_tc or pieces or speed or qwen4exp" \
       > "$OUT/t_s18.log" 2>&1
     echo "== s18 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed|deltanet prefill" "$OUT/t_s18.log" | head -30
     bench scantc 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
@@ -540,7 +540,7 @@ case "${1:-tests}" in
     echo "== s19 wgmma tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s19.log" | head ;;
   s18c)  # s18b in less device time: the scan's tests and both prompt comparisons, 2 rounds each
     timeout 100 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE -m gpu \
-      tests/cuda/test_deltanet_prefill_kernel.py -k "scan_tc or speed" > "$OUT/t_s18.log" 2>&1
+      tests/cuda/test_deltanet_prefill_kernel.py -k "scan_tc or pieces or speed" > "$OUT/t_s18.log" 2>&1
     echo "== s18 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed|deltanet prefill" "$OUT/t_s18.log" | head -30
     bench scantc 130 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
       --multi-decode= --paired 2 --toggle deltanet.scan_tc --record
@@ -548,7 +548,7 @@ case "${1:-tests}" in
       --multi-decode= --paired 2 --moe-tiles wg:128,128,2/wg:128,128,2,3/wg:256,128,1,3 --record ;;
   s18d)  # the least: the scan on tensor cores against the oracles, and in the prompt
     timeout 90 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
-      tests/cuda/test_deltanet_prefill_kernel.py -k "scan_tc" > "$OUT/t_s18.log" 2>&1
+      tests/cuda/test_deltanet_prefill_kernel.py -k "scan_tc or pieces" > "$OUT/t_s18.log" 2>&1
     echo "== s18 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s18.log" | head -30
     bench scantc 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
       --multi-decode= --paired 2 --toggle deltanet.scan_tc --record ;;

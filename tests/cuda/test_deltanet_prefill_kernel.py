@@ -237,9 +237,13 @@ def test_prefill_split_prompt(cuda_ops) -> None:
 
 
 @pytest.mark.gpu
-def test_prefill_pieces_give_the_same_bits(cuda_ops, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("scan_tc", [False, True])
+def test_prefill_pieces_give_the_same_bits(cuda_ops, monkeypatch: pytest.MonkeyPatch,
+                                           scan_tc: bool) -> None:  # fmt: skip
     """4161 tokens at qwen4exp's heads in launch pieces of 1024 and 64 tokens == in 4096 + 65,
-    bitwise (o, conv, ssm): pieces keep the chunks where they are (``check_piece``)."""
+    bitwise (o, conv, ssm): pieces keep the chunks where they are (``check_piece``), and the
+    state goes through memory as the scan holds it (fp32, or the tensor cores' accumulators)."""
+    monkeypatch.setattr(cuda_ops.deltanet, "scan_tc", scan_tc)
     heads = {"n_k_heads": 16, "n_v_heads": 48, "head_dim": 128, "eps": EPS}
     qkv, g, beta, conv, ssm, weight = inputs(4161, 16, 48, 4, 1.0, 9, True)
     runs = []
@@ -291,23 +295,6 @@ def test_scan_tc(cuda_ops, monkeypatch: pytest.MonkeyPatch, t: int, hk: int, hv:
         c, s = conv.clone(), ssm.clone()
         runs.append((cuda_ops.deltanet.prefill(qkv, g, beta, c, s, 1, weight, **heads), s[1]))
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
-
-
-@pytest.mark.gpu
-def test_scan_tc_pieces_give_the_same_bits(cuda_ops, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The tensor-core scan in launch pieces of 1024 and 64 tokens == in 4096 + 65, bitwise: the
-    state goes through memory as the fp32 accumulators hold it."""
-    monkeypatch.setattr(cuda_ops.deltanet, "scan_tc", True)
-    heads = {"n_k_heads": 16, "n_v_heads": 48, "head_dim": 128, "eps": EPS}
-    qkv, g, beta, conv, ssm, weight = inputs(4161, 16, 48, 4, 1.0, 9, True)
-    runs = []
-    for piece in (4096, 1024, 64):
-        monkeypatch.setattr(cuda_ops.deltanet, "prefill_piece", piece)
-        c, s = conv.clone(), ssm.clone()
-        o = cuda_ops.deltanet.prefill(qkv, g, beta, c, s, 1, weight, **heads)
-        runs.append((o, s[1]))
-    for other in runs[1:]:
-        assert torch.equal(runs[0][0], other[0]) and torch.equal(runs[0][1], other[1])
 
 
 def test_scan_widths() -> None:
