@@ -193,3 +193,39 @@ def test_the_cli_reports_and_exits_1_on_a_failure(
     assert good["kernels"][0]["name"] == "g" and good["kernels"][0]["registers"] > 0
     monkeypatch.setattr(kernel_variants, "variants", lambda: chosen[:1])
     assert cli.main(["kernels", "check", "--only", "good"]) == 0
+
+
+def test_scan_on_tensor_cores_fits_two_ctas_an_sm() -> None:
+    """delta_scan_tc (deltanet.scan_tc) compiles with the wrapper's TC_SMEM, within the 128
+    registers of two 256-thread CTAs an SM and without spills, and two CTAs' shared memory (1 KB
+    each reserved) fit an H100 SM's 228 KB; a TC_SMEM off by 4 bytes does not compile (the kernel
+    static_asserts its layout)."""
+    from mgserve.cuda.ops.deltanet_prefill_cuda import SCAN_TC_SOURCE, scan_tc_defines
+
+    defines = scan_tc_defines(128)
+    (scan,) = offline.compile_variant(Variant(SCAN_TC_SOURCE, defines, "d128"), "90").kernels
+    assert scan.name == "delta_scan_tc" and scan.registers <= 128 and not scan.spills, scan
+    assert 2 * (int(dict(defines)["TC_SMEM"]) + 1024) <= 228 * 1024
+    wrong = tuple((k, str(int(v) + 4) if k == "TC_SMEM" else v) for k, v in defines)
+    assert not offline.compile_variant(Variant(SCAN_TC_SOURCE, wrong, "wrong"), "90").ok
+
+
+def test_three_buffer_gemms_spill_only_as_documented() -> None:
+    """The wgmma GEMMs on three buffers (QWgmmaTuning(stages=3), off by default) at 128 x 128 on
+    two CTAs an SM: Q4_K spills 16 bytes a kernel and F32 32 (its raw W registers live across
+    the barrier), the other formats none; 256 x 128 on one CTA an SM spills in no format. A
+    change in either fails here, and the docstring of QWgmmaTuning must follow it."""
+    from mgserve.cuda.ops.wgmma import QGEMM_WG_SOURCE, WGMMA_FORMATS, QWgmmaTuning
+
+    for tuning, spilling in ((QWgmmaTuning(stages=3), {"Q4_K", "F32"}),
+                             (QWgmmaTuning(256, 128, 1, 3), set())):  # fmt: skip
+        chosen = [
+            Variant(QGEMM_WG_SOURCE, tuning.defines(f), f"{f} stages 3", sm90a=True)
+            for f in sorted(WGMMA_FORMATS)
+        ]
+        for result in offline.check(chosen, "90"):
+            assert result.ok, result.log[-2000:]
+            spills = {k.name for k in result.kernels if k.spills}
+            fmt = dict(result.defines)["QG_TYPE"]
+            want = {"qgemm_wg", "qgemm_gate_up_wg", "qgemm_down_wg"} if fmt in spilling else set()
+            assert spills == want, (tuning, fmt, spills)
