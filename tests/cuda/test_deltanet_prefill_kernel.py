@@ -263,6 +263,7 @@ def test_scan_widths_give_the_same_bits(cuda_ops, monkeypatch: pytest.MonkeyPatc
                                         hk: int, hv: int, state: bool) -> None:  # fmt: skip
     """The scan on 16 state columns a CTA (twice the CTAs, three an SM) == on 32, bitwise (o,
     conv, ssm): each value's sums run in the same order whatever the thread mapping."""
+    monkeypatch.setattr(cuda_ops.deltanet, "scan_tc", False)  # the fp32 scan's widths
     heads = {"n_k_heads": hk, "n_v_heads": hv, "head_dim": 128, "eps": EPS}
     qkv, g, beta, conv, ssm, weight = inputs(t, hk, hv, 4, 1.0, 11, state)
     runs = []
