@@ -319,6 +319,25 @@ def test_scan_widths() -> None:
     assert 3 * prefill_smem(128, 16)[1] <= 227 * 1024 < 3 * prefill_smem(128)[1]  # CTAs an SM
 
 
+def test_scan_tc_needs_sm90() -> None:
+    """The scan on tensor cores is a setting of sm_90 GPUs (wgmma's): refused elsewhere, naming
+    it, and off by default."""
+    from types import SimpleNamespace
+
+    for wgmma in (False, True):
+        kernels: Any = SimpleNamespace(device=torch.device("cpu"), wgmma=wgmma)
+        family = DeltaNetCuda(kernels, DeltaNetTorch())
+        assert family.scan_tc is False
+        if wgmma:
+            family.scan_tc = True
+            assert family.scan_tc is True
+        else:
+            with pytest.raises(ValueError, match="deltanet.scan_tc: .* sm_90"):
+                family.scan_tc = True
+            assert family.scan_tc is False
+            family.scan_tc = False
+
+
 def test_pieces_are_whole_chunks() -> None:
     """A piece is a whole number of 64-token chunks up to 4096 (ValueError naming the rule)."""
     from types import SimpleNamespace

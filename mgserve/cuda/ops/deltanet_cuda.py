@@ -64,9 +64,7 @@ class DeltaNetCuda:
         self.fused = True  # step_gates in one launch (False: gates, then step)
         self._piece = PREFILL_PIECE
         self._scan_cols = SCAN_COLS
-        # the prompt's scan on TF32 tensor cores in the 3xTF32 form (deltanet_scan_tc.cu): fp32
-        # accuracy, not the fp32 scan's bits; scan_cols is then not used
-        self.scan_tc = False
+        self._scan_tc = False
 
     @property
     def prefill_piece(self) -> int:
@@ -87,6 +85,21 @@ class DeltaNetCuda:
     @scan_cols.setter
     def scan_cols(self, cols: int) -> None:
         self._scan_cols = check_scan_cols(cols)
+
+    @property
+    def scan_tc(self) -> bool:
+        """The prompt's scan on TF32 tensor cores in the 3xTF32 form (deltanet_scan_tc.cu): fp32
+        accuracy, not the fp32 scan's bits; ``scan_cols`` is then not used. Only on sm_90 (H100 /
+        H200: two CTAs of 113 KB of shared memory an SM); ValueError elsewhere."""
+        return self._scan_tc
+
+    @scan_tc.setter
+    def scan_tc(self, on: bool) -> None:
+        if on and not getattr(self.kernels, "wgmma", False):
+            raise ValueError(
+                "deltanet.scan_tc: the scan on tensor cores runs on sm_90 GPUs (H100 / H200) only"
+            )
+        self._scan_tc = bool(on)
 
     def prefill(
         self,
