@@ -525,33 +525,25 @@ case "${1:-tests}" in
     echo "== s17 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s17.log" | head
     bench host 100 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
       --multi-decode 5@32768 --decode-steps 32 --host-profile --record ;;
-  s18b)  # 2026-12-07, little device time: the scan on tensor cores (tests, prompt), the wgmma MoE
-    # tiles on three buffers (prompt, then tests)
+  s18b|s18c|s18d)  # 2026-12-07: the scan on tensor cores (tests, prompt), the wgmma MoE tiles
+    # on three buffers (prompt, then tests). Less device time: s18c 2 rounds and no wgmma tests,
+    # s18d the scan alone
+    R=3; [ "$1" = s18b ] || R=2
+    K="scan_tc or pieces"; [ "$1" = s18d ] || K="$K or speed"; [ "$1" = s18b ] && K="$K or qwen4exp"
     timeout 120 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE -m gpu \
-      tests/cuda/test_deltanet_prefill_kernel.py -k "scan_tc or pieces or speed or qwen4exp" \
-      > "$OUT/t_s18.log" 2>&1
+      tests/cuda/test_deltanet_prefill_kernel.py -k "$K" > "$OUT/t_s18.log" 2>&1
     echo "== s18 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed|deltanet prefill" "$OUT/t_s18.log" | head -30
     bench scantc 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
-      --multi-decode= --paired 3 --toggle deltanet.scan_tc --record
-    bench stages 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
-      --multi-decode= --paired 3 --moe-tiles wg:128,128,2/wg:128,128,2,3/wg:256,128,1,3 --record
-    timeout 100 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
-      tests/cuda/test_qgemm_wgmma.py > "$OUT/t_s19.log" 2>&1
-    echo "== s19 wgmma tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s19.log" | head ;;
-  s18c)  # s18b in less device time: the scan's tests and both prompt comparisons, 2 rounds each
-    timeout 100 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE -m gpu \
-      tests/cuda/test_deltanet_prefill_kernel.py -k "scan_tc or pieces or speed" > "$OUT/t_s18.log" 2>&1
-    echo "== s18 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed|deltanet prefill" "$OUT/t_s18.log" | head -30
-    bench scantc 130 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
-      --multi-decode= --paired 2 --toggle deltanet.scan_tc --record
-    bench stages 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
-      --multi-decode= --paired 2 --moe-tiles wg:128,128,2/wg:128,128,2,3/wg:256,128,1,3 --record ;;
-  s18d)  # the least: the scan on tensor cores against the oracles, and in the prompt
-    timeout 90 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
-      tests/cuda/test_deltanet_prefill_kernel.py -k "scan_tc or pieces" > "$OUT/t_s18.log" 2>&1
-    echo "== s18 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s18.log" | head -30
-    bench scantc 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
-      --multi-decode= --paired 2 --toggle deltanet.scan_tc --record ;;
+      --multi-decode= --paired $R --toggle deltanet.scan_tc --record
+    if [ "$1" != s18d ]; then
+      bench stages 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+        --multi-decode= --paired $R --moe-tiles wg:128,128,2/wg:128,128,2,3/wg:256,128,1,3 --record
+    fi
+    if [ "$1" = s18b ]; then
+      timeout 100 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
+        tests/cuda/test_qgemm_wgmma.py > "$OUT/t_s19.log" 2>&1
+      echo "== s19 wgmma tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s19.log" | head
+    fi ;;
   s19)  # 2026-12-07: the wgmma MoE tiles on three buffers (tests, prompt), the stacked HC inject
     # on / off
     timeout 150 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
