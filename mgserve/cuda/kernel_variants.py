@@ -12,7 +12,9 @@ attention, every conv width 1..MAX_CONV_K. tests/cuda/test_kernel_variants.py li
 sites of ``Kernels.kernel`` this inventory covers and fails on one it does not know.
 
 Covered: what ``cuda_backend`` (``mgserve serve``) builds, i.e. the default tunings, and
-``deltanet.scan_tc``'s one variant (every kernel file is compiled). Not covered: the tunings only
+``deltanet.scan_tc``'s one variant (every kernel file is compiled), and gguf_split.cuh's
+shifts-and-masks readers in qgemm_wgmma.cu (``--moe-tiles wg:128,128,2,2,1``: the code a bench
+times against stays compiled). Not covered: the tunings only
 benchmarks choose (``bench matvec --tunings / --q8-rows``, ``bench model --hgemm /
 --moe-tiles``, ``MoeCuda(moe_rows=...)``, ``--set deltanet.scan_cols=16``), and DeltaNet decode
 head dims other than 64, 128 and 256 (the runtime takes any up to MAX_STEP_HEAD_DIM; the models
@@ -146,6 +148,10 @@ def variants() -> list[Variant]:
         Variant(QGEMM_WG_SOURCE, QWgmmaTuning().defines(f), f"{f} sm_90a", sm90a=True)
         for f in FORMATS
         if f in WGMMA_FORMATS
+    ]
+    out += [  # gguf_split.cuh's shifts-and-masks readers, kept to time against (bench --moe-tiles)
+        Variant(QGEMM_WG_SOURCE, QWgmmaTuning(decode=1).defines(f), f"{f} decode 1 sm_90a", True)
+        for f in ("Q4_K", "Q5_0", "Q6_K", "Q8_0")
     ]
     out += [Variant(HC_SOURCE, HCTuning().defines(f), f) for f in FORMATS]
     out += [Variant(HC_SOURCE, CLUSTER_TUNING.defines(f, True), f"{f} cluster") for f in FORMATS]

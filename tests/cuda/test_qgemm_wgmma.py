@@ -38,6 +38,7 @@ QW_TUNINGS = [
     QWgmmaTuning(128, 128, 2, 3),  # three buffers: X and W two steps ahead
     QWgmmaTuning(64, 256, 2, 3),
     QWgmmaTuning(256, 128, 1, 3),  # W decoded once for 256 rows, loads two steps ahead
+    QWgmmaTuning(decode=1),  # W's values by shifts and masks (SPLIT_DECODE 1)
 ]
 
 
@@ -50,11 +51,14 @@ def test_tuning_validation() -> None:
     assert "QW_STAGES" not in dict(QWgmmaTuning().defines("Q4_K"))  # the default's cache key
     assert QWgmmaTuning(128, 128, 2, 3).with_rows(64) == QWgmmaTuning(64, 128, 2, 3)
     assert QWgmmaTuning(64, 256, 2, 3).with_rows(256) == QWgmmaTuning(256, 128, 1, 3)
-    for bad in ("128", "1,2,3,4,5", "x,y"):
+    assert dict(QWgmmaTuning.parse("128,128,2,2,1").defines("Q4_K"))["SPLIT_DECODE"] == "1"
+    assert QWgmmaTuning(decode=1).with_rows(256) == QWgmmaTuning(256, 128, 1, 2, 1)
+    for bad in ("128", "1,2,3,4,5,6", "x,y"):
         with pytest.raises(ValueError, match="expected BM,BN"):
             QWgmmaTuning.parse(bad)
     assert QWgmmaTuning.parse("192,128,1").threads == 384
-    for args in ((96, 128), (128, 64), (128, 128, 3), (320, 128, 1), (128, 128, 2, 4)):
+    bad_args = ((96, 128), (128, 64), (128, 128, 3), (320, 128, 1), (128, 128, 2, 4))
+    for args in (*bad_args, (128, 128, 2, 2, 3)):
         with pytest.raises(ValueError, match="QWgmmaTuning"):
             QWgmmaTuning(*args)
     with pytest.raises(ValueError, match="do not fit 2 CTAs of 384 threads"):

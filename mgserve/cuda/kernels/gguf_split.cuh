@@ -11,6 +11,9 @@
 #ifndef SPLIT_BLOCKS
 #define SPLIT_BLOCKS 1  // 1: Q4_K, Q5_0 and Q6_K through the raw-bits readers below
 #endif
+#ifndef SPLIT_DECODE
+#define SPLIT_DECODE 2  // 2: the readers' values by byte permutes; 1: by shifts and masks
+#endif
 
 // Each format: BLOCK values per block, BYTES bytes per block; fetch(blk, j) loads the raw bits of
 // the 8 values j*8 .. j*8+7 of the block starting at blk, decode(raw, w) turns them into floats.
@@ -38,8 +41,14 @@ struct Q8_0 {  // 34-byte blocks: 2-byte loads
     }
     __device__ static void decode(const Raw& r, float* w) {
         const float d = f16_bits((u16)r.d);
+#if SPLIT_DECODE == 2  // s8_to_f of each byte: the offset-128 forms of a word's 4 at once
+        const u32 v[2] = {r.q[0] ^ 0x80808080u, r.q[1] ^ 0x80808080u};
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[i] = d * byte_f(v[i >> 2], i & 3, 128.f);
+#else
 #pragma unroll
         for (int i = 0; i < 8; i++) w[i] = d * s8_to_f((r.q[i >> 2] >> (8 * (i & 3))) & 0xFF);
+#endif
     }
 };
 
@@ -98,8 +107,24 @@ struct Q4_K {  // 144-byte blocks, 16-byte aligned: word loads
         r.q = __ldg((const uint2*)(b + 16 + (r.s >> 1) * 32 + (j & 3) * 8));
         return r;
     }
+    // SPLIT_DECODE 2 (the default): the same values as ggml's get_scale_min_k4 and the nibbles
+    // in byte permutes. t = s & 3 picks byte t of each scale word (x0, x1, x2: bytes t, t + 4,
+    // t + 8); sub-blocks 0..3 take scale x0 & 63 and min x1 & 63, 4..7 the nibbles of x2 with
+    // the top two bits of x0 (scale) and x1 (min) above them: both are formed, one kept.
     __device__ static void decode(const Raw& r, float* w) {
-        const int s = (int)r.s;  // ggml's get_scale_min_k4 (gguf_blocks.cuh scale_min_k4)
+        const u32 s = r.s;
+#if SPLIT_DECODE == 2
+        const u32 t = s & 3, pick = t | (t + 4) << 4;
+        const u32 x01 = __byte_perm(r.sc[0], r.sc[1], pick);       // x0 | x1 << 8
+        const u32 x22 = __byte_perm(r.sc[2], r.sc[2] >> 4, pick);  // x2 | (x2 >> 4) << 8
+        const u32 scmn = s < 4 ? x01 & 0x3F3F : (x22 & 0x0F0F) | ((x01 >> 2) & 0x3030);
+        const float d = f16_bits((u16)(r.dm & 0xFFFF)) * byte_f(scmn, 0, 0.f);
+        const float m = f16_bits((u16)(r.dm >> 16)) * byte_f(scmn, 1, 0.f);
+        const u32 shift = (s & 1) * 4;
+        const u32 q[2] = {(r.q.x >> shift) & 0x0F0F0F0Fu, (r.q.y >> shift) & 0x0F0F0F0Fu};
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[i] = d * byte_f(q[i >> 2], i & 3, 0.f) - m;
+#else  // 1: shifts and masks (gguf_blocks.cuh's arithmetic as written there)
         u32 sc, mn;
         if (s < 4) {
             sc = byte12(r.sc[0], r.sc[1], r.sc[2], s) & 63;
@@ -117,6 +142,7 @@ struct Q4_K {  // 144-byte blocks, 16-byte aligned: word loads
             const u32 word = i < 4 ? r.q.x : r.q.y;
             w[i] = d * u2f((word >> (8 * (i & 3) + shift)) & 0xF, 0.f) - m;
         }
+#endif
     }
 };
 
@@ -134,14 +160,23 @@ struct Q5_0 {  // 22-byte blocks: 2-byte loads
         r.q[1] = ldg_u16(q + 4) | (ldg_u16(q + 6) << 16);
         return r;
     }
+    // SPLIT_DECODE 2: value i is byte i & 3 of word i >> 2, its fifth bit put in place by a
+    // multiply (bit k of a 4-bit x times 0x02040810 lands on bit 8 k + 4, no two terms overlap)
     __device__ static void decode(const Raw& r, float* w) {
         const float d = f16_bits((u16)(r.meta & 0xFFFF));
         const u32 qh = (r.meta >> 16) & 0xFF, shift = r.meta >> 24;
+#if SPLIT_DECODE == 2
+        const u32 v[2] = {((r.q[0] >> shift) & 0x0F0F0F0Fu) | (((qh & 0xF) * 0x02040810u) & 0x10101010u),
+                          ((r.q[1] >> shift) & 0x0F0F0F0Fu) | (((qh >> 4) * 0x02040810u) & 0x10101010u)};
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[i] = d * byte_f(v[i >> 2], i & 3, 16.f);
+#else
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const u32 v = ((r.q[i >> 2] >> (8 * (i & 3) + shift)) & 0xF) | (((qh >> i) & 1) << 4);
             w[i] = d * u2f(v, 16.f);
         }
+#endif
     }
 };
 
@@ -168,12 +203,21 @@ struct Q6_K {  // 210-byte blocks: 2-byte loads
     __device__ static void decode(const Raw& r, float* w) {
         const float d = f16_bits((u16)(r.meta & 0xFFFF)) * (float)(int)(signed char)(r.meta >> 16);
         const u32 quarter = r.meta >> 24, lshift = (quarter >> 1) * 4, hshift = quarter * 2;
+#if SPLIT_DECODE == 2  // the 6-bit values of a word's 4 bytes formed at once, one permute each
+        u32 v[2];
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            v[j] = ((r.ql[j] >> lshift) & 0x0F0F0F0Fu) | (((r.qh[j] >> hshift) & 0x03030303u) << 4);
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[i] = d * byte_f(v[i >> 2], i & 3, 32.f);
+#else
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const u32 lo = (r.ql[i >> 2] >> (8 * (i & 3) + lshift)) & 0xF;
             const u32 hi = (r.qh[i >> 2] >> (8 * (i & 3) + hshift)) & 3;
             w[i] = d * u2f(lo | (hi << 4), 32.f);
         }
+#endif
     }
 };
 

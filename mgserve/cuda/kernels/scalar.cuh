@@ -57,5 +57,10 @@ __device__ __forceinline__ float u2f(u32 v, float bias) {
     return __int_as_float(0x4B000000u | v) - (8388608.f + bias);
 }
 
+// u2f of byte i (0..3) of v: one permute forms 0x4B000000 | byte (the same FADD follows).
+__device__ __forceinline__ float byte_f(u32 v, int i, float bias) {
+    return __int_as_float(__byte_perm(v, 0x4B000000u, 0x7440 + i)) - (8388608.f + bias);
+}
+
 // The int8 whose two's-complement byte is b (0..255), as f32: b ^ 0x80 is its offset-128 form.
 __device__ __forceinline__ float s8_to_f(u32 b) { return u2f(b ^ 0x80u, 128.f); }

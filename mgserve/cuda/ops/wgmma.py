@@ -76,13 +76,15 @@ class QWgmmaTuning:
     format); two shared buffers (the W tile of the next step is decoded into the other), or three
     (X copied and W fetched two steps ahead: neither load waited for in the step that issues
     it; the raw W registers then live across the barrier: at 128 x 128 on two CTAs an SM Q4_K
-    spills 16 bytes and F32 32, at 64 x 256 every format spills). Every shape gives the same
-    bits."""
+    spills 16 bytes and F32 32, at 64 x 256 every format spills). ``decode`` 1 forms W's values
+    from GGUF blocks by shifts and masks as before 2026-12-07 (gguf_split.cuh's SPLIT_DECODE, kept
+    to time against), 2 by byte permutes. Every shape and decode gives the same bits."""
 
     bm: int = 128  # output rows per CTA: 64 per warpgroup
     bn: int = 128  # output columns per CTA (one wgmma's N)
     min_ctas: int = 2  # CTAs per SM the registers are capped for (__launch_bounds__)
     stages: int = 2  # shared buffers: 2 or 3
+    decode: int = 2  # gguf_split.cuh's SPLIT_DECODE: 2 byte permutes, 1 shifts and masks
 
     def __post_init__(self) -> None:
         if (
@@ -90,10 +92,12 @@ class QWgmmaTuning:
             or self.bn not in (128, 256)
             or self.min_ctas not in (1, 2)
             or self.stages not in (2, 3)
+            or self.decode not in (1, 2)
         ):
             raise ValueError(
                 f"QWgmmaTuning: bm {self.bm} (64, 128, 192 or 256), bn {self.bn} (128 or 256), "
-                f"min_ctas {self.min_ctas} (1 or 2), stages {self.stages} (2 or 3)"
+                f"min_ctas {self.min_ctas} (1 or 2), stages {self.stages} (2 or 3), "
+                f"decode {self.decode} (1 or 2)"
             )
         cap = min(255, 65536 // (self.threads * self.min_ctas))  # registers a thread may use
         if self.bn // 2 + 40 > cap:  # the accumulators and the tile's addressing
@@ -121,20 +125,24 @@ class QWgmmaTuning:
         an SM if they can), else 128 columns; ValueError naming bm where no kernel has such rows."""
         for bn, min_ctas in ((self.bn, 2), (self.bn, 1), (128, 2)):
             try:
-                return QWgmmaTuning(bm, bn, min_ctas, self.stages)
+                return QWgmmaTuning(bm, bn, min_ctas, self.stages, self.decode)
             except ValueError:
                 continue
-        return QWgmmaTuning(bm, 128, 1, self.stages)
+        return QWgmmaTuning(bm, 128, 1, self.stages, self.decode)
 
     @classmethod
     def parse(cls, text: str) -> QWgmmaTuning:
-        """ "BM,BN[,MIN_CTAS[,STAGES]]" as a bench flag."""
-        return cls(*tuning_ints(text, "qgemm wgmma", "BM,BN[,MIN_CTAS[,STAGES]]"))
+        """ "BM,BN[,MIN_CTAS[,STAGES[,DECODE]]]" as a bench flag."""
+        return cls(*tuning_ints(text, "qgemm wgmma", "BM,BN[,MIN_CTAS[,STAGES[,DECODE]]]"))
 
     def defines(self, type_name: str) -> tuple[tuple[str, str], ...]:
         return (
-            ("QG_TYPE", type_name),
-            ("QW_BM", str(self.bm)),
-            ("QW_BN", str(self.bn)),
-            ("QW_MIN_CTAS", str(self.min_ctas)),
-        ) + ((("QW_STAGES", str(self.stages)),) if self.stages != 2 else ())
+            (
+                ("QG_TYPE", type_name),
+                ("QW_BM", str(self.bm)),
+                ("QW_BN", str(self.bn)),
+                ("QW_MIN_CTAS", str(self.min_ctas)),
+            )
+            + ((("QW_STAGES", str(self.stages)),) if self.stages != 2 else ())
+            + ((("SPLIT_DECODE", str(self.decode)),) if self.decode != 2 else ())
+        )
