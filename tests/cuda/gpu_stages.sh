@@ -79,7 +79,8 @@
 #   bash tests/cuda/gpu_stages.sh s18c        s18b in less device time (no wgmma tests)
 #   bash tests/cuda/gpu_stages.sh s18d        the scan on tensor cores alone (tests, prompt)
 #   bash tests/cuda/gpu_stages.sh s21         W decoded by byte permutes: tests, the MoE prompt
-#                                              GEMMs on each decode side by side; then s18d
+#                                              GEMMs on each decode and 256-row tiles side by
+#                                              side; then the scan on tensor cores
 #   bash tests/cuda/gpu_stages.sh s19         the wgmma MoE tiles on three buffers (tests,
 #                                              prompt), the stacked HC inject on / off
 #   bash tests/cuda/gpu_stages.sh s20         invariance, Nsight counters of the prompt GEMMs
@@ -560,21 +561,22 @@ case "${1:-tests}" in
     bench invariance 150 invariance $Q4X --int8 --record
     NCU_EXTRA="--set deltanet.scan_tc=true" ncu_kernels \
       "prompt:^(qgemm_gate_up_wg|qgemm_down_wg|hgemm_wg|delta_scan_tc)$:8" ;;
-  s21)  # 2026-12-07: W's values by byte permutes (gguf_split.cuh SPLIT_DECODE 2, now the default):
-    # their tests (against the float64 reference, bitwise the shifts-and-masks decode), the MoE
-    # prompt GEMMs on each decode side by side (and on three buffers), then s18d (the scan on
-    # tensor cores: tests, the prompt on and off)
+  s21)  # 2026-12-07: W's values by byte permutes (gguf_split.cuh SPLIT_DECODE 2, now the default)
+    # and load_w's addressing: their tests (gguf-py bitwise, the float64 reference, the shifts-and-
+    # masks decode bitwise), the MoE prompt GEMMs on each decode and on 256-row tiles side by
+    # side, then the scan on tensor cores (tests, the prompt on and off)
     timeout 150 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
-      tests/cuda/test_qgemm_wgmma.py -k "dense_matches and (Q4_K or Q5_0 or Q6_K or Q8_0)" \
-      > "$OUT/t_s21.log" 2>&1
+      tests/cuda/test_qgemm.py tests/cuda/test_qgemm_wgmma.py \
+      -k "split_readers or hgemm_direct or (dense_matches and (Q4_K or Q5_0))" > "$OUT/t_s21.log" 2>&1
     echo "== s21 decode tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s21.log" | head
-    bench decode 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
-      --multi-decode= --paired 2 --moe-tiles wg:128,128,2/wg:128,128,2,2,1/wg:128,128,2,3 --record
+    bench decode 230 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+      --multi-decode= --paired 2 --moe-tiles \
+      wg:128,128,2/wg:128,128,2,2,1/wg:128,128,2,3/wg:256,128,1/wg:256,128,1,3 --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
-    timeout 90 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE -m gpu \
-      tests/cuda/test_deltanet_prefill_kernel.py -k "scan_tc or pieces" > "$OUT/t_s18.log" 2>&1
+    timeout 70 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_deltanet_prefill_kernel.py -k "scan_tc" > "$OUT/t_s18.log" 2>&1
     echo "== s18 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed|deltanet prefill" "$OUT/t_s18.log" | head -30
-    bench scantc 130 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+    bench scantc 120 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
       --multi-decode= --paired 2 --toggle deltanet.scan_tc --record ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
     timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \

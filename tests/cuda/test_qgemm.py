@@ -356,6 +356,27 @@ def test_hgemm_bitwise_across_m(kernels, ops, monkeypatch: pytest.MonkeyPatch, t
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_0", "Q6_K", "Q8_0", "F16"])
+def test_split_readers_are_gguf_bitwise(ops, type_name: str) -> None:
+    """QGemm.dequantize reads W as the prompt GEMMs do (gguf_split.cuh's raw-bits readers, their
+    values formed by byte permutes since 2026-12-07): each value rounded to f16 is gguf-py's,
+    rounded to f16. A block's scale times its small integer is exact in f32, so the one FFMA
+    or FMUL rounds as numpy's operations do."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    rng = np.random.default_rng(90 + TYPES.index(type_name))
+    n, k = 300, 1024
+    w, raw = make_weight(type_name, n, k, rng, "cuda")
+    w16 = torch.empty(n, k, dtype=torch.float16, device="cuda")
+    ops.qgemm.dequantize(w, 0, n, w16)
+    ref = dequantize(raw.reshape(n, -1), GGMLQuantizationType[type_name]).reshape(n, k)
+    want = torch.from_numpy(ref.astype(np.float32)).half()
+    bad = (w16.cpu().view(torch.int16) != want.view(torch.int16)).nonzero()
+    assert len(bad) == 0, f"{type_name}: {len(bad)} values differ, first at {bad[0].tolist()}"
+
+
+@pytest.mark.gpu
 def test_hgemm_direct(kernels, ops) -> None:
     """HGemm.matmul on f16 operands == the float64 product of the same f16 values within fp32
     accumulation (ACC_TOL), into a column slice of a wider output (ldy != n, odd offset: the

@@ -130,10 +130,10 @@ __device__ __forceinline__ void qgemm_tile(const TileArgs& a) {
     auto load_w = [&](int k0) {  // loads only: decoded by store_w after the step's products
 #pragma unroll
         for (int i = 0; i < W_RUNS; i++) {
-            const int kk = k0 + wc[i] * 8;
-            wvalid[i] = wsrc[i] != nullptr && kk < a.k;
+            const unsigned kk = k0 + wc[i] * 8;  // unsigned: / and % by BLOCK are shifts
+            wvalid[i] = wsrc[i] != nullptr && kk < (unsigned)a.k;
             wraw[i] = wvalid[i] ? WT::fetch(wsrc[i] + (size_t)(kk / WT::BLOCK) * WT::BYTES,
-                                            (kk % WT::BLOCK) / 8)
+                                            (int)(kk % WT::BLOCK) / 8)
                                 : typename WT::Raw{};
         }
     };

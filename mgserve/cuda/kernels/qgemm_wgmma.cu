@@ -16,7 +16,8 @@
 // 0.886 ms against 0.878-0.890, 2026-12-06; with one CTA an SM, 1.142.) QW_STAGES 3 (off by
 // default) adds a third buffer: X is copied and W fetched two steps ahead, W decoded one step
 // ahead, so no load is waited for in the step that issues it; its raw W registers stay live
-// across the barrier (Q4_K at 128 x 128 on two CTAs an SM spills 16 bytes, F32 32).
+// across the barrier (at 128 x 128 on two CTAs an SM Q4_K's MoE kernels spill 4-8 bytes,
+// F32's 16-32).
 //
 // Bits: each output is the f32 chain acc = A B + acc over k16 = 0, 16, ... ascending from 0,
 // steps past k adding products of zeros, as in qgemm.cu and hgemm_wgmma.cu. The tile never
@@ -61,6 +62,7 @@ static_assert(BM % 64 == 0 && BM <= 256, "QW_BM: 64, 128, 192 or 256 (64 rows a 
 static_assert(BN == 128 || BN == 256, "QW_BN: 128 or 256");
 static_assert(X_COPIES * THREADS == BM * 8, "even copies of X");
 static_assert(QW_STAGES == 2 || QW_STAGES == 3, "QW_STAGES: 2 or 3");
+static_assert(WT::BLOCK % BK == 0 || BK % WT::BLOCK == 0, "load_w: blocks and steps nest");
 }  // namespace
 
 #if QW_BN == 256
@@ -80,57 +82,59 @@ __device__ __forceinline__ void qgemm_wg_tile(const TileArgs& a) {
     const int tid = threadIdx.x, wg = tid >> 7;
     const size_t row_bytes = (size_t)(a.k / WT::BLOCK) * WT::BYTES;
 
-    const u8* wsrc[W_RUNS];  // this thread's W row (null: past n_rows), run, shared offset
-    int wc[W_RUNS];
-    unsigned wo[W_RUNS];
+    // A thread copies and fetches 16-byte run c = tid & 7 (k 8 c..8 c + 7 of a step) of rows
+    // tid / 8 + i THREADS / 8, whose shared offsets are the first's + i ROWS_APART (the swizzle
+    // repeats every 8 rows). A step's k0 is a multiple of BK and BLOCK divides BK or BK divides
+    // BLOCK, so run c's block of W and 8-value run within it are the step's (k0 / BLOCK,
+    // k0 % BLOCK / 8) plus the run's own.
+    constexpr unsigned ROWS_APART = THREADS / 8 * 128;
+    const int kc = (tid & 7) * 8;
+    const unsigned wj = (unsigned)kc % WT::BLOCK / 8, wo = X_BYTES + swz128(tid >> 3, tid & 7);
+    const unsigned xo = swz128(tid >> 3, tid & 7);
+    const u8* wsrc[W_RUNS];  // this thread's W rows (null: past n_rows) at run c's block
 #pragma unroll
     for (int i = 0; i < W_RUNS; i++) {
-        const int q = tid + i * THREADS, r = q >> 3;
-        wc[i] = q & 7;
-        wo[i] = X_BYTES + swz128(r, wc[i]);
+        const int r = (tid + i * THREADS) >> 3;
         const int src = GATED ? a.n0 / 2 + r / 2 : a.n0 + r;
         const u8* rows = (GATED && (r & 1)) ? a.wb : a.wa;
-        wsrc[i] = src < a.n_rows ? rows + (size_t)src * row_bytes : nullptr;
+        wsrc[i] = src < a.n_rows ? rows + (size_t)src * row_bytes + kc / WT::BLOCK * WT::BYTES
+                                 : nullptr;
     }
     // whether run i is one of the tile's (always, but for the last of some threads at BM 192)
     auto w_mine = [&](int i) { return W_EVEN || tid + i * THREADS < W_LOADS; };
-    const u16* xsrc[X_COPIES];  // this thread's X row (null: past m_valid), run, shared offset
-    int xc[X_COPIES];
-    unsigned xo[X_COPIES];
+    static_assert(ROWS_APART % 1024 == 0, "the swizzle repeats every 8 rows");
+    const u16* xsrc[X_COPIES];  // this thread's X rows (null: past m_valid) at run c
 #pragma unroll
     for (int i = 0; i < X_COPIES; i++) {
-        const int q = tid + i * THREADS, r = q >> 3;
-        xc[i] = q & 7;
-        xo[i] = swz128(r, xc[i]);
-        const int m = a.m0 + r;
-        xsrc[i] = r < a.m_valid ? a.x + (size_t)(a.x_rows ? a.x_rows[m] : m) * a.k : nullptr;
+        const int r = (tid + i * THREADS) >> 3, m = a.m0 + r;
+        xsrc[i] = r < a.m_valid ? a.x + (size_t)(a.x_rows ? a.x_rows[m] : m) * a.k + kc : nullptr;
     }
 
     typename WT::Raw wraw[W_RUNS];  // the next step's W runs as fetched (raw bits)
     bool wvalid[W_RUNS];
     auto load_w = [&](int k0) {
+        const size_t step = (size_t)((unsigned)k0 / WT::BLOCK) * WT::BYTES;
+        const int j = (int)((unsigned)k0 % WT::BLOCK / 8 + wj);
+        const bool in_k = k0 + kc < a.k;
 #pragma unroll
         for (int i = 0; i < W_RUNS; i++) {
-            const int kk = k0 + wc[i] * 8;
-            wvalid[i] = w_mine(i) && wsrc[i] != nullptr && kk < a.k;
-            wraw[i] = wvalid[i] ? WT::fetch(wsrc[i] + (size_t)(kk / WT::BLOCK) * WT::BYTES,
-                                            (kk % WT::BLOCK) / 8)
-                                : typename WT::Raw{};
+            wvalid[i] = w_mine(i) && wsrc[i] != nullptr && in_k;
+            wraw[i] = wvalid[i] ? WT::fetch(wsrc[i] + step, j) : typename WT::Raw{};
         }
     };
     auto store_w = [&](int buf) {
 #pragma unroll
         for (int i = 0; i < W_RUNS; i++)
             if (w_mine(i))
-                *(uint4*)(sm + buf * STAGE_BYTES + wo[i]) =
+                *(uint4*)(sm + buf * STAGE_BYTES + wo + i * ROWS_APART) =
                     wvalid[i] ? w_f16<WT>(wraw[i]) : make_uint4(0, 0, 0, 0);
     };
     auto load_x = [&](int k0, int buf) {
+        const bool in_k = k0 + kc < a.k;
 #pragma unroll
         for (int i = 0; i < X_COPIES; i++) {
-            const int kk = k0 + xc[i] * 8;
-            const bool valid = xsrc[i] != nullptr && kk < a.k;
-            cp16(base + buf * STAGE_BYTES + xo[i], valid ? xsrc[i] + kk : a.x, valid);
+            const bool valid = xsrc[i] != nullptr && in_k;
+            cp16(base + buf * STAGE_BYTES + xo + i * ROWS_APART, valid ? xsrc[i] + k0 : a.x, valid);
         }
     };
 

@@ -76,9 +76,10 @@ class QWgmmaTuning:
     format); two shared buffers (the W tile of the next step is decoded into the other), or three
     (X copied and W fetched two steps ahead: neither load waited for in the step that issues
     it; the raw W registers then live across the barrier: at 128 x 128 on two CTAs an SM Q4_K
-    spills 16 bytes and F32 32, at 64 x 256 every format spills). ``decode`` 1 forms W's values
-    from GGUF blocks by shifts and masks as before 2026-12-07 (gguf_split.cuh's SPLIT_DECODE, kept
-    to time against), 2 by byte permutes. Every shape and decode gives the same bits."""
+    spills 4-8 bytes in the MoE kernels and F32 16-32, at 64 x 256 most formats spill).
+    ``decode`` 1 forms W's values from GGUF blocks by shifts and masks as before 2026-12-07
+    (gguf_split.cuh's SPLIT_DECODE, kept to time against), 2 by byte permutes. Every shape and
+    decode gives the same bits."""
 
     bm: int = 128  # output rows per CTA: 64 per warpgroup
     bn: int = 128  # output columns per CTA (one wgmma's N)
