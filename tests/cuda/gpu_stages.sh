@@ -81,6 +81,7 @@
 #   bash tests/cuda/gpu_stages.sh s21         W decoded by byte permutes: tests, the MoE prompt
 #                                              GEMMs on each decode and 256-row tiles side by
 #                                              side; then the scan on tensor cores
+#   bash tests/cuda/gpu_stages.sh s21min      s21's decode tests and three tilings alone
 #   bash tests/cuda/gpu_stages.sh s19         the wgmma MoE tiles on three buffers (tests,
 #                                              prompt), the stacked HC inject on / off
 #   bash tests/cuda/gpu_stages.sh s20         invariance, Nsight counters of the prompt GEMMs
@@ -561,6 +562,13 @@ case "${1:-tests}" in
     bench invariance 150 invariance $Q4X --int8 --record
     NCU_EXTRA="--set deltanet.scan_tc=true" ncu_kernels \
       "prompt:^(qgemm_gate_up_wg|qgemm_down_wg|hgemm_wg|delta_scan_tc)$:8" ;;
+  s21min)  # s21 in about half the device time: the decode tests, three MoE tilings side by side
+    timeout 120 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_qgemm.py tests/cuda/test_qgemm_wgmma.py \
+      -k "split_readers or hgemm_direct or (dense_matches and Q4_K)" > "$OUT/t_s21.log" 2>&1
+    echo "== s21 decode tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s21.log" | head
+    bench decode 180 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+      --multi-decode= --paired 2 --moe-tiles wg:128,128,2/wg:128,128,2,2,1/wg:256,128,1 --record ;;
   s21)  # 2026-12-07: W's values by byte permutes (gguf_split.cuh SPLIT_DECODE 2, now the default)
     # and load_w's addressing: their tests (gguf-py bitwise, the float64 reference, the shifts-and-
     # masks decode bitwise), the MoE prompt GEMMs on each decode and on 256-row tiles side by
