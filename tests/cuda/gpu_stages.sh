@@ -565,7 +565,8 @@ case "${1:-tests}" in
   s21min)  # s21 in about half the device time: the decode tests, three MoE tilings side by side
     timeout 120 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm.py tests/cuda/test_qgemm_wgmma.py \
-      -k "split_readers or hgemm_direct or (dense_matches and Q4_K)" > "$OUT/t_s21.log" 2>&1
+      -k "split_readers or hgemm_direct or (dense_matches and (Q4_K or BF16)) or (grouped_moe and Q6_K)" \
+      > "$OUT/t_s21.log" 2>&1
     echo "== s21 decode tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s21.log" | head
     bench decode 180 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
       --multi-decode= --paired 2 --moe-tiles wg:128,128,2/wg:128,128,2,2,1/wg:256,128,1 --record ;;
@@ -575,7 +576,8 @@ case "${1:-tests}" in
     # side, then the scan on tensor cores (tests, the prompt on and off)
     timeout 150 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm.py tests/cuda/test_qgemm_wgmma.py \
-      -k "split_readers or hgemm_direct or (dense_matches and (Q4_K or Q5_0))" > "$OUT/t_s21.log" 2>&1
+      -k "split_readers or hgemm_direct or (dense_matches and (Q4_K or Q5_0 or BF16)) or (grouped_moe and Q6_K)" \
+      > "$OUT/t_s21.log" 2>&1
     echo "== s21 decode tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s21.log" | head
     bench decode 230 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
       --multi-decode= --paired 2 --moe-tiles \
