@@ -82,6 +82,7 @@
 #                                              GEMMs on each decode and 256-row tiles side by
 #                                              side; then the scan on tensor cores
 #   bash tests/cuda/gpu_stages.sh s21min      s21's decode tests and three tilings alone
+#   bash tests/cuda/gpu_stages.sh s21t        the split readers' tests, the two decodes side by side
 #   bash tests/cuda/gpu_stages.sh s19         the wgmma MoE tiles on three buffers (tests,
 #                                              prompt), the stacked HC inject on / off
 #   bash tests/cuda/gpu_stages.sh s20         invariance, Nsight counters of the prompt GEMMs
@@ -562,6 +563,13 @@ case "${1:-tests}" in
     bench invariance 150 invariance $Q4X --int8 --record
     NCU_EXTRA="--set deltanet.scan_tc=true" ncu_kernels \
       "prompt:^(qgemm_gate_up_wg|qgemm_down_wg|hgemm_wg|delta_scan_tc)$:8" ;;
+  s21t)  # s21 in the least device time: the split readers' tests, the two decodes side by side
+    timeout 90 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_qgemm.py tests/cuda/test_qgemm_wgmma.py \
+      -k "split_readers or (dense_matches and Q4_K)" > "$OUT/t_s21.log" 2>&1
+    echo "== s21 decode tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s21.log" | head
+    bench decode 130 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+      --multi-decode= --paired 2 --moe-tiles wg:128,128,2/wg:128,128,2,2,1 --record ;;
   s21min)  # s21 in about half the device time: the decode tests, three MoE tilings side by side
     timeout 120 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm.py tests/cuda/test_qgemm_wgmma.py \
