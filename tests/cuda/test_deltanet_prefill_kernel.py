@@ -320,15 +320,17 @@ def test_scan_widths() -> None:
 
 
 def test_scan_tc_needs_sm90() -> None:
-    """The scan on tensor cores is a setting of sm_90 GPUs (wgmma's): refused elsewhere, naming
-    it, and off by default."""
+    """The scan on tensor cores is a setting of sm_90 GPUs (wgmma's): on by default there,
+    refused elsewhere, naming it."""
     from types import SimpleNamespace
 
     for wgmma in (False, True):
         kernels: Any = SimpleNamespace(device=torch.device("cpu"), wgmma=wgmma)
         family = DeltaNetCuda(kernels, DeltaNetTorch())
-        assert family.scan_tc is False
+        assert family.scan_tc is wgmma
         if wgmma:
+            family.scan_tc = False
+            assert family.scan_tc is False
             family.scan_tc = True
             assert family.scan_tc is True
         else:

@@ -64,7 +64,7 @@ class DeltaNetCuda:
         self.fused = True  # step_gates in one launch (False: gates, then step)
         self._piece = PREFILL_PIECE
         self._scan_cols = SCAN_COLS
-        self._scan_tc = False
+        self._scan_tc = bool(getattr(kernels, "wgmma", False))  # on sm_90 (+2.9% a prompt)
 
     @property
     def prefill_piece(self) -> int:
@@ -90,7 +90,9 @@ class DeltaNetCuda:
     def scan_tc(self) -> bool:
         """The prompt's scan on TF32 tensor cores in the 3xTF32 form (deltanet_scan_tc.cu): fp32
         accuracy, not the fp32 scan's bits; ``scan_cols`` is then not used. Only on sm_90 (H100 /
-        H200: two CTAs of 113 KB of shared memory an SM); ValueError elsewhere."""
+        H200: two CTAs of 113 KB of shared memory an SM), where it is the default (a 4096-token
+        qwen4exp prompt 2.9% faster on the H100, BENCHMARKS.md 2026-12-07 05:32); ValueError
+        elsewhere."""
         return self._scan_tc
 
     @scan_tc.setter
