@@ -563,39 +563,30 @@ case "${1:-tests}" in
     bench invariance 150 invariance $Q4X --int8 --record
     NCU_EXTRA="--set deltanet.scan_tc=true" ncu_kernels \
       "prompt:^(qgemm_gate_up_wg|qgemm_down_wg|hgemm_wg|delta_scan_tc)$:8" ;;
-  s21t)  # s21 in the least device time: the split readers' tests, the two decodes side by side
-    timeout 90 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
-      tests/cuda/test_qgemm.py tests/cuda/test_qgemm_wgmma.py \
-      -k "split_readers or (dense_matches and Q4_K)" > "$OUT/t_s21.log" 2>&1
+  s21|s21min|s21t)  # 2026-12-07 (run at 05:30-05:36): W's values by byte permutes (gguf_split.cuh
+    # SPLIT_DECODE 2, the default) and load_w's addressing: their tests (gguf-py bitwise, the
+    # float64 reference, the shifts-and-masks decode bitwise), the MoE prompt GEMMs on each decode
+    # and other tilings side by side; s21 then the scan on tensor cores (tests, on and off). Less
+    # device time: s21min fewer tests and tilings, s21t the least
+    K="split_readers or (dense_matches and Q4_K)"; TILES=wg:128,128,2/wg:128,128,2,2,1; T=90
+    if [ "$1" != s21t ]; then
+      K="split_readers or hgemm_direct or (dense_matches and (Q4_K or BF16)) or (grouped_moe and Q6_K)"
+      TILES=$TILES/wg:256,128,1; T=120
+    fi
+    [ "$1" = s21 ] && K="$K or (dense_matches and Q5_0)" TILES=$TILES/wg:128,128,2,3/wg:256,128,1,3 T=150
+    timeout $T python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_qgemm.py tests/cuda/test_qgemm_wgmma.py -k "$K" > "$OUT/t_s21.log" 2>&1
     echo "== s21 decode tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s21.log" | head
-    bench decode 130 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
-      --multi-decode= --paired 2 --moe-tiles wg:128,128,2/wg:128,128,2,2,1 --record ;;
-  s21min)  # s21 in about half the device time: the decode tests, three MoE tilings side by side
-    timeout 120 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
-      tests/cuda/test_qgemm.py tests/cuda/test_qgemm_wgmma.py \
-      -k "split_readers or hgemm_direct or (dense_matches and (Q4_K or BF16)) or (grouped_moe and Q6_K)" \
-      > "$OUT/t_s21.log" 2>&1
-    echo "== s21 decode tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s21.log" | head
-    bench decode 180 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
-      --multi-decode= --paired 2 --moe-tiles wg:128,128,2/wg:128,128,2,2,1/wg:256,128,1 --record ;;
-  s21)  # 2026-12-07: W's values by byte permutes (gguf_split.cuh SPLIT_DECODE 2, now the default)
-    # and load_w's addressing: their tests (gguf-py bitwise, the float64 reference, the shifts-and-
-    # masks decode bitwise), the MoE prompt GEMMs on each decode and on 256-row tiles side by
-    # side, then the scan on tensor cores (tests, the prompt on and off)
-    timeout 150 python3 -m pytest -q --tb=line -p no:cacheprovider -rfE -m gpu \
-      tests/cuda/test_qgemm.py tests/cuda/test_qgemm_wgmma.py \
-      -k "split_readers or hgemm_direct or (dense_matches and (Q4_K or Q5_0 or BF16)) or (grouped_moe and Q6_K)" \
-      > "$OUT/t_s21.log" 2>&1
-    echo "== s21 decode tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s21.log" | head
-    bench decode 230 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
-      --multi-decode= --paired 2 --moe-tiles \
-      wg:128,128,2/wg:128,128,2,2,1/wg:128,128,2,3/wg:256,128,1/wg:256,128,1,3 --record
-    cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
-    timeout 70 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE -m gpu \
-      tests/cuda/test_deltanet_prefill_kernel.py -k "scan_tc" > "$OUT/t_s18.log" 2>&1
-    echo "== s18 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed|deltanet prefill" "$OUT/t_s18.log" | head -30
-    bench scantc 120 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
-      --multi-decode= --paired 2 --toggle deltanet.scan_tc --record ;;
+    bench decode $((T + 80)) model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+      --multi-decode= --paired 2 --moe-tiles $TILES --record
+    if [ "$1" = s21 ]; then
+      cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
+      timeout 70 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE -m gpu \
+        tests/cuda/test_deltanet_prefill_kernel.py -k "scan_tc" > "$OUT/t_s18.log" 2>&1
+      echo "== s18 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s18.log" | head
+      bench scantc 120 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+        --multi-decode= --paired 2 --toggle deltanet.scan_tc --record
+    fi ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
     timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm_wgmma.py -k "grouped_moe or dense_matches" > "$OUT/t_moewg2.log" 2>&1
