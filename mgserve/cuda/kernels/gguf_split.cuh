@@ -166,8 +166,10 @@ struct Q5_0 {  // 22-byte blocks: 2-byte loads
         const float d = f16_bits((u16)(r.meta & 0xFFFF));
         const u32 qh = (r.meta >> 16) & 0xFF, shift = r.meta >> 24;
 #if SPLIT_DECODE == 2
-        const u32 v[2] = {((r.q[0] >> shift) & 0x0F0F0F0Fu) | (((qh & 0xF) * 0x02040810u) & 0x10101010u),
-                          ((r.q[1] >> shift) & 0x0F0F0F0Fu) | (((qh >> 4) * 0x02040810u) & 0x10101010u)};
+        const u32 h[2] = {((qh & 0xF) * 0x02040810u) & 0x10101010u,
+                          ((qh >> 4) * 0x02040810u) & 0x10101010u};
+        const u32 v[2] = {((r.q[0] >> shift) & 0x0F0F0F0Fu) | h[0],
+                          ((r.q[1] >> shift) & 0x0F0F0F0Fu) | h[1]};
 #pragma unroll
         for (int i = 0; i < 8; i++) w[i] = d * byte_f(v[i >> 2], i & 3, 16.f);
 #else
@@ -207,7 +209,8 @@ struct Q6_K {  // 210-byte blocks: 2-byte loads
         u32 v[2];
 #pragma unroll
         for (int j = 0; j < 2; j++)
-            v[j] = ((r.ql[j] >> lshift) & 0x0F0F0F0Fu) | (((r.qh[j] >> hshift) & 0x03030303u) << 4);
+            v[j] = ((r.ql[j] >> lshift) & 0x0F0F0F0Fu) |
+                   (((r.qh[j] >> hshift) & 0x03030303u) << 4);
 #pragma unroll
         for (int i = 0; i < 8; i++) w[i] = d * byte_f(v[i >> 2], i & 3, 32.f);
 #else
