@@ -3,9 +3,12 @@ host C++ compiler, against gguf-py's dequantization: every format in FORMATS, ha
 random blocks. No GPU needed, so a wrong shift or offset shows up in CI, not on the device.
 
 The headers are used as the kernels see them (compiler.expand_includes), with a few shims for the
-CUDA-only pieces: __device__ qualifiers, the vector types, __int_as_float / __popc, and the PTX
-f16 conversion. Built with -ffp-contract=off, the values should equal gguf-py's; we allow 1e-6
-of each block's max |value| (the device may fuse d * q - m into one FMA: 2^-24 relative).
+CUDA-only pieces: __device__ qualifiers, the vector types, __int_as_float / __popc / __ldg /
+__byte_perm, and the PTX f16 conversion. Built with -ffp-contract=off, the values should equal
+gguf-py's; we allow 1e-6 of each block's max |value| (the device may fuse d * q - m into one
+FMA: 2^-24 relative). The raw-bits readers of the prompt GEMMs and the HC mix
+(gguf_split.cuh, each SPLIT_DECODE) are held to gguf-py bitwise: each of their products of a
+block's scale and a small integer is exact in f32.
 """
 
 from __future__ import annotations
@@ -41,6 +44,14 @@ struct float4 { float x, y, z, w; };
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 static inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
+template <class T> static inline T __ldg(const T* p) { T v; std::memcpy(&v, p, sizeof v); return v;
+}
+static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {  // prmt, default mode
+    const unsigned long long v = (unsigned long long)y << 32 | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++) r |= (unsigned)(v >> 8 * ((s >> 4 * i) & 7) & 0xFF) << 8 * i;
+    return r;
+}
 static inline float host_f16(unsigned short h) {  // IEEE half -> float, exactly
     const unsigned s = (h >> 15) & 1, e = (h >> 10) & 31, m = h & 1023;
     float v;
@@ -142,3 +153,64 @@ def test_host_decoders_match_gguf(lib: ctypes.CDLL, type_name: str) -> None:
     raw = random_tensor(type_name, 64, block, rng)  # 64 random blocks (of 32 values for floats)
     want = oracle(type_name, raw)
     assert_close(type_name, decode(lib, type_name, raw), want, block)
+
+
+SPLIT_TYPES = ["Q4_K", "Q5_0", "Q6_K", "Q8_0", "F16", "BF16", "F32"]  # gguf_split.cuh's own readers
+
+
+@functools.cache
+def split_readers(tmp: Path, split_decode: int) -> ctypes.CDLL:
+    """gguf_split.cuh under SPLIT_DECODE ``split_decode``: one `split_<TYPE>(blocks, n, out)`
+    entry per reader, each run fetched, then decoded, as the kernels do."""
+    stub = tmp / f"host_split{split_decode}.cu"
+    stub.write_text(f'#define SPLIT_DECODE {split_decode}\n#include "gguf_split.cuh"\n')
+    entries = "".join(
+        f'extern "C" void split_{t}(const u8* b, long n, float* out) {{\n'
+        f"    typedef split::{t} R;\n"
+        f"    for (long i = 0; i < n; i++)\n"
+        f"        for (int j = 0; j < R::BLOCK / 8; j++)\n"
+        f"            R::decode(R::fetch(b + i * R::BYTES, j), out + i * R::BLOCK + 8 * j);\n}}\n"
+        for t in SPLIT_TYPES
+    )
+    return build(tmp / f"host_split{split_decode}", SHIMS + host_text(stub) + entries)
+
+
+@pytest.mark.parametrize("split_decode", [1, 2])
+def test_split_readers_are_gguf_bitwise(
+    tmp_path_factory: pytest.TempPathFactory, split_decode: int
+) -> None:
+    """The prompt GEMMs' and the HC mix's raw-bits readers, by shifts and masks (1) or byte
+    permutes (2, the default), against gguf-py bit for bit: random blocks, and blocks whose
+    scale bytes sweep every 6-bit scale and min of Q4_K's eight sub-blocks."""
+    try:
+        lib = split_readers(tmp_path_factory.mktemp("split"), split_decode)
+    except subprocess.CalledProcessError as e:
+        pytest.fail(f"host build of gguf_split.cuh failed:\n{e.stderr[-4000:]}")
+    for type_name in SPLIT_TYPES:
+        block = max(32, FORMATS[type_name].block)
+        rng = np.random.default_rng(50 + SPLIT_TYPES.index(type_name))
+        raw = random_tensor(type_name, 64, block, rng).reshape(64, -1)
+        if type_name == "Q4_K":  # scale bytes 4..15 of each block: every value of each byte
+            sweep = np.repeat(raw[:1], 256, axis=0)
+            sweep[:, 4:16] = (np.arange(256)[:, None] + 17 * np.arange(12)[None, :]) % 256
+            raw = np.concatenate([raw, sweep])
+        raw = np.ascontiguousarray(raw.reshape(-1))
+        fmt = FORMATS[type_name]  # the readers' blocks (8-value runs of the plain types)
+        n_blocks = raw.size // fmt.nbytes
+        out = np.full(n_blocks * fmt.block, np.nan, dtype=np.float32)
+        getattr(lib, f"split_{type_name}")(
+            raw.ctypes.data_as(ctypes.c_void_p),
+            ctypes.c_long(n_blocks),
+            out.ctypes.data_as(ctypes.c_void_p),
+        )
+        want = oracle(type_name, raw) if type_name != "BF16" else bf16_oracle(raw)
+        bad = np.flatnonzero(out.view(np.uint32) != want.view(np.uint32))
+        assert bad.size == 0, (
+            f"SPLIT_DECODE {split_decode} {type_name}: {bad.size} values differ, first at "
+            f"{bad[0]}: {out[bad[0]]} vs gguf-py {want[bad[0]]}"
+        )
+
+
+def bf16_oracle(raw: np.ndarray) -> np.ndarray:
+    """BF16 bytes as float32: the 16 bits above 16 zero bits."""
+    return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
