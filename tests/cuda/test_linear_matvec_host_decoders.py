@@ -109,7 +109,7 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
         pytest.fail(f"host build of the decoders failed:\n{e.stderr[-4000:]}")
 
 
-def decode(lib: ctypes.CDLL, type_name: str, raw: np.ndarray) -> np.ndarray:
+def decode(lib: ctypes.CDLL, type_name: str, raw: np.ndarray, entry: str = "decode") -> np.ndarray:
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
     if type_name in ("F32", "F16", "BF16"):
         block = 8  # the kernels' "block" of plain types is one 8-value run
@@ -117,7 +117,7 @@ def decode(lib: ctypes.CDLL, type_name: str, raw: np.ndarray) -> np.ndarray:
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
     n = raw.size // size
     out = np.full(n * block, np.nan, dtype=np.float32)
-    fn = getattr(lib, f"decode_{type_name}")
+    fn = getattr(lib, f"{entry}_{type_name}")
     fn(
         raw.ctypes.data_as(ctypes.c_void_p),
         ctypes.c_long(n),
@@ -158,7 +158,6 @@ def test_host_decoders_match_gguf(lib: ctypes.CDLL, type_name: str) -> None:
 SPLIT_TYPES = ["Q4_K", "Q5_0", "Q6_K", "Q8_0", "F16", "BF16", "F32"]  # gguf_split.cuh's own readers
 
 
-@functools.cache
 def split_readers(tmp: Path, split_decode: int) -> ctypes.CDLL:
     """gguf_split.cuh under SPLIT_DECODE ``split_decode``: one `split_<TYPE>(blocks, n, out)`
     entry per reader, each run fetched, then decoded, as the kernels do."""
@@ -194,23 +193,10 @@ def test_split_readers_are_gguf_bitwise(
             sweep = np.repeat(raw[:1], 256, axis=0)
             sweep[:, 4:16] = (np.arange(256)[:, None] + 17 * np.arange(12)[None, :]) % 256
             raw = np.concatenate([raw, sweep])
-        raw = np.ascontiguousarray(raw.reshape(-1))
-        fmt = FORMATS[type_name]  # the readers' blocks (8-value runs of the plain types)
-        n_blocks = raw.size // fmt.nbytes
-        out = np.full(n_blocks * fmt.block, np.nan, dtype=np.float32)
-        getattr(lib, f"split_{type_name}")(
-            raw.ctypes.data_as(ctypes.c_void_p),
-            ctypes.c_long(n_blocks),
-            out.ctypes.data_as(ctypes.c_void_p),
-        )
-        want = oracle(type_name, raw) if type_name != "BF16" else bf16_oracle(raw)
+        raw = raw.reshape(-1)
+        out, want = decode(lib, type_name, raw, "split"), oracle(type_name, raw)
         bad = np.flatnonzero(out.view(np.uint32) != want.view(np.uint32))
         assert bad.size == 0, (
             f"SPLIT_DECODE {split_decode} {type_name}: {bad.size} values differ, first at "
             f"{bad[0]}: {out[bad[0]]} vs gguf-py {want[bad[0]]}"
         )
-
-
-def bf16_oracle(raw: np.ndarray) -> np.ndarray:
-    """BF16 bytes as float32: the 16 bits above 16 zero bits."""
-    return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
