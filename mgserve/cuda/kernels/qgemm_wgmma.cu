@@ -88,9 +88,10 @@ __device__ __forceinline__ void qgemm_wg_tile(const TileArgs& a) {
     // BLOCK, so run c's block of W and 8-value run within it are the step's (k0 / BLOCK,
     // k0 % BLOCK / 8) plus the run's own.
     constexpr unsigned ROWS_APART = THREADS / 8 * 128;
+    static_assert(ROWS_APART % 1024 == 0, "the swizzle repeats every 8 rows");
     const int kc = (tid & 7) * 8;
-    const unsigned wj = (unsigned)kc % WT::BLOCK / 8, wo = X_BYTES + swz128(tid >> 3, tid & 7);
-    const unsigned xo = swz128(tid >> 3, tid & 7);
+    const unsigned xo = swz128(tid >> 3, tid & 7), wo = X_BYTES + xo;  // X's, W's first run
+    const unsigned wj = (unsigned)kc % WT::BLOCK / 8;
     const u8* wsrc[W_RUNS];  // this thread's W rows (null: past n_rows) at run c's block
 #pragma unroll
     for (int i = 0; i < W_RUNS; i++) {
@@ -102,7 +103,6 @@ __device__ __forceinline__ void qgemm_wg_tile(const TileArgs& a) {
     }
     // whether run i is one of the tile's (always, but for the last of some threads at BM 192)
     auto w_mine = [&](int i) { return W_EVEN || tid + i * THREADS < W_LOADS; };
-    static_assert(ROWS_APART % 1024 == 0, "the swizzle repeats every 8 rows");
     const u16* xsrc[X_COPIES];  // this thread's X rows (null: past m_valid) at run c
 #pragma unroll
     for (int i = 0; i < X_COPIES; i++) {
