@@ -559,9 +559,9 @@ case "${1:-tests}" in
     bench stack 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
       --multi-decode= --paired 3 --toggle hc.stack_inject --record ;;
   s20)  # 2026-12-07: invariance (the graphs' packed inputs), ncu2's prompt GEMMs beside the scan
-    # on tensor cores
+    # on tensor cores (the default on sm_90 since 2026-12-07)
     bench invariance 150 invariance $Q4X --int8 --record
-    NCU_EXTRA="--set deltanet.scan_tc=true" ncu_kernels \
+    ncu_kernels \
       "prompt:^(qgemm_gate_up_wg|qgemm_down_wg|hgemm_wg|delta_scan_tc)$:8" ;;
   s21|s21min|s21t)  # 2026-12-07 (run at 05:30-05:36): W's values by byte permutes (gguf_split.cuh
     # SPLIT_DECODE 2, the default) and load_w's addressing: their tests (gguf-py bitwise, the
