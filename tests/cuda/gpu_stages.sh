@@ -87,6 +87,7 @@
 #                                              prompt), the stacked HC inject on / off
 #   bash tests/cuda/gpu_stages.sh s20         invariance, Nsight counters of the prompt GEMMs
 #                                              and delta_scan_tc
+#   bash tests/cuda/gpu_stages.sh s22         the clustered HC tests, then s20's counters
 #   bash tests/cuda/gpu_stages.sh moewg2      64 x 256 wgmma MoE tiles against 128 x 128
 #   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
 #                                              the clustered HC mix and the fused router
@@ -587,6 +588,12 @@ case "${1:-tests}" in
       bench scantc 120 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
         --multi-decode= --paired 2 --toggle deltanet.scan_tc --record
     fi ;;
+  s22)  # 2026-12-07 07:10: the clustered HC tests the 05:30 call did not reach (the decode mix's
+    # readers changed with gguf_split.cuh), then s20's Nsight counters without its invariance
+    timeout 200 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_hc_cluster.py > "$OUT/t_s22.log" 2>&1
+    echo "== s22 hc_cluster tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s22.log" | head
+    ncu_kernels "prompt:^(qgemm_gate_up_wg|qgemm_down_wg|hgemm_wg|delta_scan_tc)$:8" ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
     timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm_wgmma.py -k "grouped_moe or dense_matches" > "$OUT/t_moewg2.log" 2>&1
