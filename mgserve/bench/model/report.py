@@ -18,6 +18,7 @@ from mgserve.bench.model.profile import (
     profile_decode,
     profile_prefill,
 )
+from mgserve.bench.model.served import profile_served
 
 
 def run(args: argparse.Namespace) -> int:
@@ -143,8 +144,10 @@ def run(args: argparse.Namespace) -> int:
     if args.profile:
         depth = max(depths(args.decode) or [0])
         lines += [""] + profile_decode(b, depth)
+        lines += [""] + profile_served(b, depth)
         for sessions, mdepth in pairs(args.multi_decode)[:1]:
             lines += [""] + profile_decode(b, mdepth, sessions)
+            lines += [""] + profile_served(b, mdepth, sessions)
         lines += [""] + profile_prefill(b, args.ubatch, 0)
     if args.gaps:
         rates = Rates(copy, nominal_peak(gpu))  # the floors of the operations tables
