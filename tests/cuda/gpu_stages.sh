@@ -90,6 +90,7 @@
 #   bash tests/cuda/gpu_stages.sh s22         the clustered HC tests, then s20's counters
 #   bash tests/cuda/gpu_stages.sh s23         the MoE GEMMs' warp-specialized ring: tests,
 #                                              prompt side by side, the prompt's counters
+#   bash tests/cuda/gpu_stages.sh s24         route.lean: tests, decode off / on side by side
 #   bash tests/cuda/gpu_stages.sh moewg2      64 x 256 wgmma MoE tiles against 128 x 128
 #   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
 #                                              the clustered HC mix and the fused router
@@ -609,6 +610,15 @@ case "${1:-tests}" in
       --moe-tiles wg:128,128,2/wg:128,128,1,4,2,1/wg:128,128,1,6,2,2/wg:128,128,1,3,2,1 --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
     ncu_kernels "prompt:^(qgemm_gate_up_wg|qgemm_down_wg|hgemm_wg|delta_scan_tc)$:8" ;;
+  s24)  # 2026-12-07 08:50: route.lean (the fused router on a row a warp with every run's loads
+    # in flight, its top k by warp reductions; the same results): its tests, then decode with
+    # it off and on from graphs side by side (the served profile put the router at 0.49 ms of
+    # a one-session step and 1.34 ms of five sessions')
+    timeout 200 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_fused_router.py tests/cuda/test_route.py > "$OUT/t_s24.log" 2>&1
+    echo "== s24 router tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s24.log" | head
+    bench lean 250 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0,32768 \
+      --multi-decode 5@32768 --decode-steps 16 --paired 3 --toggle route.lean --record ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
     timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm_wgmma.py -k "grouped_moe or dense_matches" > "$OUT/t_moewg2.log" 2>&1

@@ -35,11 +35,19 @@ def gate_of(ops, h: torch.Tensor, gate_inp: torch.Tensor) -> torch.Tensor:
     return ops.moe.add_shared(zeros, ones, h, gate_inp)[:, 0].contiguous()
 
 
+@pytest.fixture(params=[False, True], ids=["plain", "lean"])
+def lean(cuda_ops, request):  # type: ignore[no-untyped-def]
+    """route.lean off and on (a row a warp, the top k by warp reductions): the same results."""
+    cuda_ops.route.lean = request.param
+    yield request.param
+    cuda_ops.route.lean = False
+
+
 @pytest.mark.parametrize("type_name", ["F32", "F16", "BF16"])
 @pytest.mark.parametrize("n", N_TOKENS)
 @pytest.mark.parametrize(("e", "k", "d"), SHAPES)
-def test_router_is_matvec_then_top_k(cuda_ops, type_name: str, n: int, e: int, k: int,
-                                     d: int) -> None:  # fmt: skip
+def test_router_is_matvec_then_top_k(cuda_ops, lean: bool, type_name: str, n: int, e: int,
+                                     k: int, d: int) -> None:  # fmt: skip
     rng = np.random.default_rng(e * 100 + n)
     w, _ = make_weight(type_name, e, d, rng, "cuda")
     h, gate_inp = rand(n, d, seed=n), rand(d, seed=n + 50)
@@ -58,6 +66,26 @@ def test_router_is_matvec_then_top_k(cuda_ops, type_name: str, n: int, e: int, k
                 assert got.gate is None
             else:
                 assert got.gate is not None and torch.equal(got.gate, want_gate), what
+
+
+@pytest.mark.parametrize("n", (1, 5))
+def test_router_ties_go_to_the_lower_expert(cuda_ops, lean: bool, n: int) -> None:
+    """Router rows repeated in runs of 4 (equal logits, equal probabilities, across lanes and
+    within one lane's experts): the k chosen are those of top_k, lower ids first among ties."""
+    rng = np.random.default_rng(17)
+    w, _ = make_weight("F32", 64, 256, rng, "cuda")
+    rows = w.data.view(64, -1)
+    rows.copy_(rows[torch.arange(64, device="cuda") // 4 * 4].clone())  # 4 equal rows a run
+    rows[32:].copy_(rows[:32].clone())  # and experts e, e + 32 equal: one lane's two logits
+    h = rand(n, 256, seed=3)
+    rt = cuda_ops.route
+    for norm in (True, False):
+        want = rt.top_k(cuda_ops.linear.matmul(h, w), 10, norm)
+        got = rt.router(h, w, 10, norm).route
+        assert torch.equal(got.experts, want.experts) and torch.equal(got.weights, want.weights)
+        for t in range(n):  # equal weights keep ascending ids
+            ids, ws = want.experts[t].tolist(), want.weights[t].tolist()
+            assert all(ids[i] < ids[i + 1] for i in range(9) if ws[i] == ws[i + 1]), ids
 
 
 def test_router_replays_in_a_graph(cuda_ops) -> None:

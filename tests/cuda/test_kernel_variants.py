@@ -56,7 +56,7 @@ KNOWN_SITES = {
     ("cuda/ops/qsa_keys.py", "NORM_SOURCE", ""),
     ("cuda/ops/rope.py", "NORM_SOURCE", ""),
     ("cuda/ops/route.py", "ROUTE_SOURCE", ""),
-    ("cuda/ops/route.py", "ROUTE_SOURCE", "tuning.defines()"),  # matvec_route (the matvec's)
+    ("cuda/ops/route.py", "ROUTE_SOURCE", "defines"),  # matvec_route (the matvec's, or LEAN_*)
 }
 
 

@@ -4,6 +4,9 @@
 #include "math.cuh"
 
 #define ROUTE_PER_LANE 16  // logits per lane at most: E <= 512
+#ifndef ROUTE_REDUX
+#define ROUTE_REDUX 0  // 1: the top k by warp reductions (the same choice: route_warp)
+#endif
 
 // x: the token's logits [n_exp] (read through L2: the fused router's last CTA reads logits other
 // CTAs wrote); experts, weights: the token's [k] outputs. The method: route.cu's header.
@@ -38,6 +41,40 @@ __device__ __forceinline__ void route_warp(const float* __restrict__ x, int* __r
     unsigned taken = absent;
     int my_e = 0;
     float my_w = 0.f, wsum = 0.f;
+#if ROUTE_REDUX
+    // The same choice in fewer steps: each lane keeps its own best untaken (probability bits,
+    // then the lower expert: the 64-bit key's order), a round takes the warp's largest bits and
+    // the lowest expert among the lanes holding them (two warp reductions, no shuffle tree),
+    // and only the winner's lane looks for its next best.
+    unsigned best_p = 0u;
+    int best_j = -1;
+    auto own_best = [&]() {
+        best_p = 0u;
+        best_j = -1;
+#pragma unroll
+        for (int j = 0; j < ROUTE_PER_LANE; ++j) {
+            const unsigned pb = __float_as_uint(p[j]);
+            if (!((taken >> j) & 1u) && (best_j < 0 || pb > best_p)) best_p = pb, best_j = j;
+        }
+    };
+    own_best();
+    for (int r = 0; r < k; ++r) {
+        const unsigned top = __reduce_max_sync(FULL, best_j < 0 ? 0u : best_p);
+        const unsigned mine =
+            best_j >= 0 && best_p == top ? (unsigned)(lane + 32 * best_j) : 0xFFFFFFFFu;
+        const int e = (int)__reduce_min_sync(FULL, mine);
+        const float w = __uint_as_float(top);
+        if ((e & 31) == lane) {
+            taken |= 1u << (e >> 5);
+            own_best();
+        }
+        if (lane == r) {
+            my_e = e;
+            my_w = w;
+        }
+        wsum += w;
+    }
+#else
     for (int r = 0; r < k; ++r) {
         unsigned long long best = 0ull;  // any real key beats it
 #pragma unroll
@@ -61,6 +98,7 @@ __device__ __forceinline__ void route_warp(const float* __restrict__ x, int* __r
         }
         wsum += w;
     }
+#endif
     if (lane < k) {
         const float denom = norm ? fmaxf(wsum, min_sum) : 1.f;
         experts[lane] = my_e;

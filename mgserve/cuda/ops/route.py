@@ -27,7 +27,12 @@ from mgserve.core.reference import moe
 from mgserve.core.reference.moe import MIN_WEIGHT_SUM
 from mgserve.cuda.checks import check_cuda, check_vec4, check_weight
 from mgserve.cuda.launch import Kernels
-from mgserve.cuda.ops.linear_tuning import MATVEC_WARPS_PER_CTA, MAX_MATVEC_TOKENS, token_bucket
+from mgserve.cuda.ops.linear_tuning import (
+    MATVEC_WARPS_PER_CTA,
+    MAX_MATVEC_TOKENS,
+    MatvecTuning,
+    token_bucket,
+)
 from mgserve.cuda.weights import QuantWeight
 
 if TYPE_CHECKING:
@@ -39,6 +44,10 @@ ROUTE_WARPS = 4  # ROUTE_WARPS in route.cu: tokens per CTA, one warp each
 ROUTE_MAX_EXPERTS = 512  # 32 * ROUTE_PER_LANE in route.cuh
 ROUTE_MAX_K = 32  # one lane keeps each chosen expert
 ROUTER_TYPES = frozenset({"F32", "F16", "BF16"})  # route.cu's matvec_route_<T> formats
+# the fused router's product with ``lean``: a row a warp for any token count, and every run's
+# loads in flight (RUN_UNROLL 8): matvec.cu's bits (a row's sums do not depend on these)
+LEAN_TUNING = MatvecTuning(1, 1, 8)
+LEAN_DEFINES = (("ROUTE_REDUX", "1"),)  # and the top k by warp reductions (route.cuh)
 
 
 class Route(NamedTuple):
@@ -88,6 +97,9 @@ class RouteCuda:
         self.device = kernels.device
         self.tickets = tickets
         self.fused = True  # the switch (bench model --set route.fused=false)
+        # the fused router's lean kernels (LEAN_TUNING, LEAN_DEFINES): the same results
+        # (bench model --paired R --toggle route.lean)
+        self.lean = False
 
     def fuses(self, n: int, router: QuantWeight, k: int) -> bool:
         """Whether ``router`` runs for n rows: a decode step's rows with ``fused_decode`` (and
@@ -159,12 +171,13 @@ class RouteCuda:
         experts = torch.empty((n, k), dtype=torch.int32, device=self.device)
         weights = torch.empty((n, k), dtype=torch.float32, device=self.device)
         gate = None if gate_inp is None else torch.empty(n, dtype=torch.float32, device=self.device)
-        tuning = self.linear.tuning
+        tuning = LEAN_TUNING if self.lean else self.linear.tuning
+        defines = tuning.defines() + (LEAN_DEFINES if self.lean else ())
         bucket = token_bucket(n)
         per_cta = tuning.rows_per_cta(bucket)
         self.kernels.launch(
             self.kernels.kernel(
-                ROUTE_SOURCE, f"matvec_route_{router.type_name}_t{bucket}", tuning.defines()
+                ROUTE_SOURCE, f"matvec_route_{router.type_name}_t{bucket}", defines
             ),
             -(-e // per_cta) + (0 if gate_inp is None else 1),  # the gates' CTA (route.cu)
             32 * MATVEC_WARPS_PER_CTA,
