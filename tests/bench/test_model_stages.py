@@ -217,25 +217,19 @@ def test_moe_tiles_of_the_wgmma_kernels() -> None:
 
     qgemm = SimpleNamespace(grouped="untouched", grouped_wgmma=None)
     bench = SimpleNamespace(ops=SimpleNamespace(linear=SimpleNamespace(qgemm=qgemm)))
-    tiles = "wg:128,128/wg:192,128,1/wg:128,128,2,2,1/wg:128,128,1,4,2,1"
+    tiles = "wg:128,128/wg:192,128,1/wg:128,128,2,2,1"
     variants = tile_variants(bench, tiles)  # type: ignore[arg-type]
     assert [v for v, _ in variants] == [
         "moe tiles wg:128,128,2",
         "moe tiles wg:192,128,1",
         "moe tiles wg:128,128,2,2,1",  # W decoded by shifts and masks (SPLIT_DECODE 1)
-        "moe tiles wg:128,128,1,4,2,1",  # a loader warpgroup and a ring of 4 (QW_WS)
     ]
     variants[1][1]()
     assert qgemm.grouped_wgmma == QWgmmaTuning(192, 128, 1) and qgemm.grouped == "untouched"
-    variants[3][1]()
-    assert qgemm.grouped_wgmma == QWgmmaTuning(128, 128, 1, 4, ws=1)
-    assert qgemm.grouped_wgmma.threads == 384
     with pytest.raises(ValueError, match="all tilings wg:"):
         tile_variants(bench, "wg:128,128/64,128,32,2,4")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="do not fit 2 CTAs"):
         tile_variants(bench, "wg:128,128/wg:192,128")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"stages 2 \(3 to 6\)"):
-        tile_variants(bench, "wg:128,128/wg:128,128,1,2,2,1")  # type: ignore[arg-type]
 
 
 def test_paired_refuses_what_it_does_not_time(tmp_path: Path) -> None:
