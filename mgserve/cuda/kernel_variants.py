@@ -14,11 +14,11 @@ sites of ``Kernels.kernel`` this inventory covers and fails on one it does not k
 Covered: what ``cuda_backend`` (``mgserve serve``) builds, i.e. the default tunings, and
 ``deltanet.scan_tc``'s one variant (every kernel file is compiled), and gguf_split.cuh's
 shifts-and-masks readers in qgemm_wgmma.cu (``--moe-tiles wg:128,128,2,2,1``: the code a bench
-times against stays compiled), and its warp-specialized ring (``WS_TUNING``,
-``wg:128,128,1,4,2,1``). Not covered: the tunings only benchmarks choose (``bench matvec
---tunings / --q8-rows``, ``bench model --hgemm / --moe-tiles``, ``MoeCuda(moe_rows=...)``,
-``--set deltanet.scan_cols=16``), and DeltaNet decode head dims other than 64, 128 and 256 (the
-runtime takes any up to MAX_STEP_HEAD_DIM; the models served use 128).
+times against stays compiled). Not covered: the tunings only
+benchmarks choose (``bench matvec --tunings / --q8-rows``, ``bench model --hgemm /
+--moe-tiles``, ``MoeCuda(moe_rows=...)``, ``--set deltanet.scan_cols=16``), and DeltaNet decode
+head dims other than 64, 128 and 256 (the runtime takes any up to MAX_STEP_HEAD_DIM; the models
+served use 128).
 """
 
 from __future__ import annotations
@@ -79,7 +79,6 @@ from mgserve.cuda.weights import FORMATS
 Defines = tuple[tuple[str, str], ...]
 TEST_SOURCES = ("util.cu",)  # loaded by the tests only (spin_ns: tests/cuda/conftest.py)
 STEP_HEAD_DIMS = (64, 128, MAX_STEP_HEAD_DIM)  # DeltaNet decode head dims compiled offline
-WS_TUNING = QWgmmaTuning(128, 128, 1, 4, ws=1)  # the MoE GEMMs' warp-specialized ring (off)
 
 
 class Variant(NamedTuple):
@@ -153,10 +152,6 @@ def variants() -> list[Variant]:
     ]
     out += [  # gguf_split.cuh's shifts-and-masks readers, kept to time against (bench --moe-tiles)
         Variant(QGEMM_WG_SOURCE, QWgmmaTuning(decode=1).defines(f), f"{f} decode 1 sm_90a", True)
-        for f in ("Q4_K", "Q5_0", "Q6_K", "Q8_0")
-    ]
-    out += [  # the warp-specialized ring (bench --moe-tiles wg:128,128,1,4,2,1), to time against
-        Variant(QGEMM_WG_SOURCE, WS_TUNING.defines(f), f"{f} ws sm_90a", True)
         for f in ("Q4_K", "Q5_0", "Q6_K", "Q8_0")
     ]
     out += [Variant(HC_SOURCE, HCTuning().defines(f), f) for f in FORMATS]

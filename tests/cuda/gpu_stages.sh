@@ -88,8 +88,6 @@
 #   bash tests/cuda/gpu_stages.sh s20         invariance, Nsight counters of the prompt GEMMs
 #                                              and delta_scan_tc
 #   bash tests/cuda/gpu_stages.sh s22         the clustered HC tests, then s20's counters
-#   bash tests/cuda/gpu_stages.sh s23         the MoE GEMMs' warp-specialized ring: tests,
-#                                              prompt side by side, the prompt's counters
 #   bash tests/cuda/gpu_stages.sh s24         route.lean: tests, decode off / on side by side
 #   bash tests/cuda/gpu_stages.sh moewg2      64 x 256 wgmma MoE tiles against 128 x 128
 #   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
@@ -596,19 +594,6 @@ case "${1:-tests}" in
     timeout 200 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_hc_cluster.py > "$OUT/t_s22.log" 2>&1
     echo "== s22 hc_cluster tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s22.log" | head
-    ncu_kernels "prompt:^(qgemm_gate_up_wg|qgemm_down_wg|hgemm_wg|delta_scan_tc)$:8" ;;
-  s23)  # 2026-12-07 08:10: the MoE GEMMs' warp-specialized ring (QW_WS: loader warpgroups fill
-    # a ring of buffers through mbarriers, the consumers only multiply): its tests (bitwise the
-    # default tiles), the prompt on the default and three rings side by side, then the prompt
-    # kernels' Nsight counters
-    timeout 170 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
-      tests/cuda/test_qgemm_wgmma.py -k "grouped_moe and not timing or (dense_matches and (Q4_K or Q6_K))" \
-      > "$OUT/t_s23.log" 2>&1
-    echo "== s23 ws tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s23.log" | head
-    bench ws 230 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
-      --multi-decode= --paired 2 \
-      --moe-tiles wg:128,128,2/wg:128,128,1,4,2,1/wg:128,128,1,6,2,2/wg:128,128,1,3,2,1 --record
-    cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
     ncu_kernels "prompt:^(qgemm_gate_up_wg|qgemm_down_wg|hgemm_wg|delta_scan_tc)$:8" ;;
   s24)  # 2026-12-07 08:50: route.lean (the fused router on a row a warp with every run's loads
     # in flight, its top k by warp reductions; the same results): its tests, then decode with

@@ -39,9 +39,6 @@ QW_TUNINGS = [
     QWgmmaTuning(64, 256, 2, 3),
     QWgmmaTuning(256, 128, 1, 3),  # W decoded once for 256 rows, loads two steps ahead
     QWgmmaTuning(decode=1),  # W's values by shifts and masks (SPLIT_DECODE 1)
-    QWgmmaTuning(128, 128, 1, 4, ws=1),  # a loader warpgroup filling a ring of 4 (mbarriers)
-    QWgmmaTuning(128, 128, 1, 6, ws=2),  # two loader warpgroups, a ring of 6
-    QWgmmaTuning(192, 128, 1, 3, ws=1),  # three multiplying warpgroups, the shortest ring
 ]
 
 

@@ -19,13 +19,6 @@
 // across the barrier (at 128 x 128 on two CTAs an SM Q4_K's MoE kernels spill 4-8 bytes,
 // F32's 16-32).
 //
-// QW_WS 1 or 2 (off by default) specializes the warps: QW_BM / 64 consumer warpgroups only
-// multiply, and QW_WS more warpgroups (the loaders) copy X, fetch and decode W into a ring of
-// QW_STAGES (3..6) buffers, up to QW_STAGES - 1 steps ahead of the products. No block-wide
-// barrier a step: each buffer has two mbarriers, `full` (every loader thread arrives once its
-// X copies have landed and its W stores are fenced for wgmma's reads) and `empty` (each
-// consumer warp arrives once its products of the buffer are done). One CTA an SM.
-//
 // Bits: each output is the f32 chain acc = A B + acc over k16 = 0, 16, ... ascending from 0,
 // steps past k adding products of zeros, as in qgemm.cu and hgemm_wgmma.cu. The tile never
 // depends on the other rows (no split-K; grouped tiles never mix experts), so results are
@@ -51,31 +44,24 @@
 #ifndef QW_MIN_CTAS
 #define QW_MIN_CTAS 1  // __launch_bounds__ minimum CTAs per SM (caps registers)
 #endif
-#ifndef QW_WS
-#define QW_WS 0  // loader warpgroups beside the consumers (0: every thread loads and multiplies)
-#endif
 #ifndef QW_STAGES
-#define QW_STAGES 2  // shared buffers: 2 (X and W of the next step), or 3 (X two steps ahead);
-#endif           // with QW_WS, the ring's 3..6 buffers
+#define QW_STAGES 2  // shared buffers: 2 (X and W of the next step), or 3 (X two steps ahead)
+#endif
 
 namespace {
 typedef SplitFormat<QG_TYPE>::T WT;
-constexpr int BM = QW_BM, BN = QW_BN, BK = 64, MUL_THREADS = 2 * BM;
-constexpr int THREADS = MUL_THREADS + 128 * QW_WS;
-constexpr int LOADERS = QW_WS ? 128 * QW_WS : THREADS;  // the threads that load a step
-// a step's 16-byte runs of W (BN rows of 8) spread over the loaders: W_RUNS a thread, the last
-// run of some threads idle where BN * 8 is not a multiple of LOADERS (BM 192)
-constexpr int W_LOADS = BN * 8, W_RUNS = (W_LOADS + LOADERS - 1) / LOADERS;
-constexpr bool W_EVEN = W_RUNS * LOADERS == W_LOADS;
-constexpr int X_COPIES = BM * 8 / LOADERS;  // a loader's 16-byte copies of X a step
+constexpr int BM = QW_BM, BN = QW_BN, BK = 64, THREADS = 2 * BM;
+// a step's 16-byte runs of W (BN rows of 8) spread over the threads: W_RUNS a thread, the last
+// run of some threads idle where BN * 8 is not a multiple of THREADS (BM 192)
+constexpr int W_LOADS = BN * 8, W_RUNS = (W_LOADS + THREADS - 1) / THREADS;
+constexpr bool W_EVEN = W_RUNS * THREADS == W_LOADS;
+constexpr int X_COPIES = BM * 8 / THREADS;  // a thread's 16-byte copies of X a step
 constexpr int X_BYTES = BM * 128, STAGE_BYTES = (BM + BN) * 128;
 constexpr int ACC = BN / 2;  // accumulators a thread: 64 x BN per warpgroup
 static_assert(BM % 64 == 0 && BM <= 256, "QW_BM: 64, 128, 192 or 256 (64 rows a warpgroup)");
 static_assert(BN == 128 || BN == 256, "QW_BN: 128 or 256");
-static_assert(X_COPIES * LOADERS == BM * 8, "even copies of X");
-static_assert(QW_WS ? QW_STAGES >= 3 && QW_STAGES <= 6 : QW_STAGES == 2 || QW_STAGES == 3,
-              "QW_STAGES: 2 or 3; with QW_WS 3..6");
-static_assert(QW_WS >= 0 && QW_WS <= 2, "QW_WS: 0, 1 or 2 loader warpgroups");
+static_assert(X_COPIES * THREADS == BM * 8, "even copies of X");
+static_assert(QW_STAGES == 2 || QW_STAGES == 3, "QW_STAGES: 2 or 3");
 static_assert(WT::BLOCK % BK == 0 || BK % WT::BLOCK == 0, "load_w: blocks and steps nest");
 }  // namespace
 
@@ -94,34 +80,33 @@ __device__ __forceinline__ void qgemm_wg_tile(const TileArgs& a) {
     const unsigned raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
     unsigned char* const sm = smem_raw + (base - raw);  // the two buffers, 1024-byte aligned
     const int tid = threadIdx.x, wg = tid >> 7;
-    const int ltid = QW_WS ? tid - MUL_THREADS : tid;  // this thread's place among the loaders
     const size_t row_bytes = (size_t)(a.k / WT::BLOCK) * WT::BYTES;
 
-    // A loader copies and fetches 16-byte run c = ltid & 7 (k 8 c..8 c + 7 of a step) of rows
-    // ltid / 8 + i LOADERS / 8, whose shared offsets are the first's + i ROWS_APART (the swizzle
+    // A thread copies and fetches 16-byte run c = tid & 7 (k 8 c..8 c + 7 of a step) of rows
+    // tid / 8 + i THREADS / 8, whose shared offsets are the first's + i ROWS_APART (the swizzle
     // repeats every 8 rows). A step's k0 is a multiple of BK and BLOCK divides BK or BK divides
     // BLOCK, so run c's block of W and 8-value run within it are the step's (k0 / BLOCK,
     // k0 % BLOCK / 8) plus the run's own.
-    constexpr unsigned ROWS_APART = LOADERS / 8 * 128;
+    constexpr unsigned ROWS_APART = THREADS / 8 * 128;
     static_assert(ROWS_APART % 1024 == 0, "the swizzle repeats every 8 rows");
-    const int kc = (ltid & 7) * 8;
-    const unsigned xo = swz128(ltid >> 3, ltid & 7), wo = X_BYTES + xo;  // X's, W's first run
+    const int kc = (tid & 7) * 8;
+    const unsigned xo = swz128(tid >> 3, tid & 7), wo = X_BYTES + xo;  // X's, W's first run
     const unsigned wj = (unsigned)kc % WT::BLOCK / 8;
     const u8* wsrc[W_RUNS];  // this thread's W rows (null: past n_rows) at run c's block
 #pragma unroll
     for (int i = 0; i < W_RUNS; i++) {
-        const int r = (ltid + i * LOADERS) >> 3;
+        const int r = (tid + i * THREADS) >> 3;
         const int src = GATED ? a.n0 / 2 + r / 2 : a.n0 + r;
         const u8* rows = (GATED && (r & 1)) ? a.wb : a.wa;
         wsrc[i] = src < a.n_rows ? rows + (size_t)src * row_bytes + kc / WT::BLOCK * WT::BYTES
                                  : nullptr;
     }
     // whether run i is one of the tile's (always, but for the last of some threads at BM 192)
-    auto w_mine = [&](int i) { return W_EVEN || ltid + i * LOADERS < W_LOADS; };
+    auto w_mine = [&](int i) { return W_EVEN || tid + i * THREADS < W_LOADS; };
     const u16* xsrc[X_COPIES];  // this thread's X rows (null: past m_valid) at run c
 #pragma unroll
     for (int i = 0; i < X_COPIES; i++) {
-        const int r = (ltid + i * LOADERS) >> 3, m = a.m0 + r;
+        const int r = (tid + i * THREADS) >> 3, m = a.m0 + r;
         xsrc[i] = r < a.m_valid ? a.x + (size_t)(a.x_rows ? a.x_rows[m] : m) * a.k + kc : nullptr;
     }
 
@@ -159,51 +144,7 @@ __device__ __forceinline__ void qgemm_wg_tile(const TileArgs& a) {
     wgmma_hold(acc);
 
     const int n_steps = (a.k + BK - 1) / BK;
-#if QW_WS
-    // the ring's mbarriers after its buffers: full[s] then empty[s], 8 bytes each
-    const unsigned full0 = base + QW_STAGES * STAGE_BYTES, empty0 = full0 + 8 * QW_STAGES;
-    if (tid == 0) {
-#pragma unroll
-        for (int b = 0; b < QW_STAGES; b++) {
-            mbar_init(full0 + 8 * b, LOADERS);
-            mbar_init(empty0 + 8 * b, MUL_THREADS / 32);
-        }
-    }
-    __syncthreads();  // the barriers initialized, before anyone arrives or waits
-    if (tid >= MUL_THREADS) {  // a loader: step s into buffer s % STAGES once it is free
-        load_w(0);
-        for (int s = 0; s < n_steps; s++) {
-            const int buf = s % QW_STAGES, use = s / QW_STAGES;
-            if (use) mbar_wait(empty0 + 8 * buf, (use - 1) & 1);  // step s - STAGES multiplied
-            load_x(s * BK, buf);
-            cp_commit();
-            store_w(buf);
-            if (s + 1 < n_steps) load_w((s + 1) * BK);  // in flight until the next store_w
-            cp_wait<1>();  // this thread's copies of step s - 1 have landed
-            if (s) {
-                fence_proxy_async();  // its stores and copies, visible to wgmma's reads
-                mbar_arrive(full0 + 8 * ((s - 1) % QW_STAGES));
-            }
-        }
-        cp_wait<0>();
-        fence_proxy_async();
-        mbar_arrive(full0 + 8 * ((n_steps - 1) % QW_STAGES));
-        return;  // the consumers store the tile
-    }
-    for (int s = 0; s < n_steps; s++) {
-        const int buf = s % QW_STAGES;
-        mbar_wait(full0 + 8 * buf, (s / QW_STAGES) & 1);
-        const unsigned xs = base + buf * STAGE_BYTES;
-        const u64 da = wgmma_desc(xs + wg * 64 * 128), db = wgmma_desc(xs + X_BYTES);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++) wgmma_tile(acc, da + 2 * kk, db + 2 * kk);
-        wgmma_commit();
-        wgmma_wait<1>();  // this warp's products of step s - 1 are done: its buffer is free
-        if (s && (tid & 31) == 0) mbar_arrive(empty0 + 8 * ((s - 1) % QW_STAGES));
-    }
-    wgmma_wait<0>();
-#elif QW_STAGES == 2
+#if QW_STAGES == 2
     load_x(0, 0);
     cp_commit();
     load_w(0);

@@ -45,31 +45,6 @@ __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// mbarriers in shared memory (qgemm_wgmma.cu's ring with QW_WS): a phase completes once `count`
-// threads have arrived; a wait for parity p returns once the phase of that parity has completed
-// (phases 0, 1, 2, .. alternate parities). Arrive releases this thread's prior writes and a
-// completed wait acquires them (CTA scope).
-__device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(unsigned addr) {
-    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(
-                     addr)
-                 : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(unsigned addr, unsigned parity) {
-    unsigned done = 0;
-    while (!done)
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-            "selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(addr), "r"(parity)
-            : "memory");
-}
-
 // keeps the compiler from moving accumulator reads or writes across a wgmma_wait
 template <int R>
 __device__ __forceinline__ void wgmma_hold(float (&d)[R]) {

@@ -78,38 +78,27 @@ class QWgmmaTuning:
     it; the raw W registers then live across the barrier: at 128 x 128 on two CTAs an SM Q4_K
     spills 4-8 bytes in the MoE kernels and F32 16-32, at 64 x 256 most formats spill).
     ``decode`` 1 forms W's values from GGUF blocks by shifts and masks as before 2026-12-07
-    (gguf_split.cuh's SPLIT_DECODE, kept to time against), 2 by byte permutes. ``ws`` 1 or 2
-    adds that many loader warpgroups that fill a ring of ``stages`` (3..6) buffers ahead of the
-    multiplying warpgroups, synchronized by mbarriers instead of a barrier a step (one CTA an
-    SM). Every shape, decode and split of the warps gives the same bits."""
+    (gguf_split.cuh's SPLIT_DECODE, kept to time against), 2 by byte permutes. Every shape and
+    decode gives the same bits."""
 
     bm: int = 128  # output rows per CTA: 64 per warpgroup
     bn: int = 128  # output columns per CTA (one wgmma's N)
     min_ctas: int = 2  # CTAs per SM the registers are capped for (__launch_bounds__)
-    stages: int = 2  # shared buffers: 2 or 3 (with ws, the ring's 3..6)
+    stages: int = 2  # shared buffers: 2 or 3
     decode: int = 2  # gguf_split.cuh's SPLIT_DECODE: 2 byte permutes, 1 shifts and masks
-    ws: int = 0  # loader warpgroups beside the multiplying ones (QW_WS; 0: every thread does both)
 
     def __post_init__(self) -> None:
-        stages = (3, 4, 5, 6) if self.ws else (2, 3)
         if (
             self.bm not in QW_BMS
             or self.bn not in (128, 256)
             or self.min_ctas not in (1, 2)
-            or self.stages not in stages
+            or self.stages not in (2, 3)
             or self.decode not in (1, 2)
-            or self.ws not in (0, 1, 2)
         ):
             raise ValueError(
                 f"QWgmmaTuning: bm {self.bm} (64, 128, 192 or 256), bn {self.bn} (128 or 256), "
-                f"min_ctas {self.min_ctas} (1 or 2), stages {self.stages} "
-                f"({' to '.join(map(str, stages[:: len(stages) - 1]))}), "
-                f"decode {self.decode} (1 or 2), ws {self.ws} (0, 1 or 2)"
-            )
-        if self.ws and (self.bm * 8) % (128 * self.ws):
-            raise ValueError(
-                f"QWgmmaTuning: {self.bm} rows of X do not split evenly over {self.ws} loader "
-                "warpgroups"
+                f"min_ctas {self.min_ctas} (1 or 2), stages {self.stages} (2 or 3), "
+                f"decode {self.decode} (1 or 2)"
             )
         cap = min(255, 65536 // (self.threads * self.min_ctas))  # registers a thread may use
         if self.bn // 2 + 40 > cap:  # the accumulators and the tile's addressing
@@ -125,29 +114,27 @@ class QWgmmaTuning:
 
     @property
     def threads(self) -> int:
-        return 2 * self.bm + 128 * self.ws
+        return 2 * self.bm
 
     @property
     def smem_bytes(self) -> int:
-        """``stages`` (bm + bn) x 64 f16 buffers, 1024 bytes to align them, and with ``ws``
-        two mbarriers a buffer."""
-        return self.stages * (self.bm + self.bn) * 128 + 1024 + (16 * self.stages if self.ws else 0)
+        """``stages`` (bm + bn) x 64 f16 buffers, and 1024 bytes to align them."""
+        return self.stages * (self.bm + self.bn) * 128 + 1024
 
     def with_rows(self, bm: int) -> QWgmmaTuning:
         """This shape on tiles of ``bm`` rows: its columns where they fit the registers (two CTAs
         an SM if they can), else 128 columns; ValueError naming bm where no kernel has such rows."""
         for bn, min_ctas in ((self.bn, 2), (self.bn, 1), (128, 2)):
             try:
-                return QWgmmaTuning(bm, bn, min_ctas, self.stages, self.decode, self.ws)
+                return QWgmmaTuning(bm, bn, min_ctas, self.stages, self.decode)
             except ValueError:
                 continue
-        return QWgmmaTuning(bm, 128, 1, self.stages, self.decode, self.ws)
+        return QWgmmaTuning(bm, 128, 1, self.stages, self.decode)
 
     @classmethod
     def parse(cls, text: str) -> QWgmmaTuning:
-        """ "BM,BN[,MIN_CTAS[,STAGES[,DECODE[,WS]]]]" as a bench flag."""
-        fields = "BM,BN[,MIN_CTAS[,STAGES[,DECODE[,WS]]]]"
-        return cls(*tuning_ints(text, "qgemm wgmma", fields))
+        """ "BM,BN[,MIN_CTAS[,STAGES[,DECODE]]]" as a bench flag."""
+        return cls(*tuning_ints(text, "qgemm wgmma", "BM,BN[,MIN_CTAS[,STAGES[,DECODE]]]"))
 
     def defines(self, type_name: str) -> tuple[tuple[str, str], ...]:
         return (
@@ -159,5 +146,4 @@ class QWgmmaTuning:
             )
             + ((("QW_STAGES", str(self.stages)),) if self.stages != 2 else ())
             + ((("SPLIT_DECODE", str(self.decode)),) if self.decode != 2 else ())
-            + ((("QW_WS", str(self.ws)),) if self.ws else ())
         )
