@@ -36,7 +36,7 @@ BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
 # op-family switches that change what a decode step launches (hc.cluster also its bits, as a
 # tuning does): a graph is captured per setting (bench model --paired R --toggle one of them
 # times both from graphs)
-GRAPH_SWITCHES = ("branch.decode", "moe.shared_parts", "hc.cluster", "route.lean")
+GRAPH_SWITCHES = ("branch.decode", "moe.shared_parts", "hc.cluster", "route.lean", "qsa.cluster")
 _SWITCH_ATTRS = tuple(tuple(name.split(".")) for name in GRAPH_SWITCHES)  # (family, attribute)
 POW2_BUCKETS = (1, 2, 4, 8, 16)  # the buckets before 2026-12-03 (bench comparisons)
 # speculation's verify steps: 1 + k rows per drafting session (cuda/runner.py), k up to 48

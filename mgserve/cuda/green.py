@@ -39,7 +39,11 @@ def without_clusters(backend: Any) -> bool:
     """The backend's hyper-connection mixes leave thread block clusters (ops/hc_cluster.py), for
     the whole process so that both lanes keep the same bits: a lane batch's decode rows run on a
     green context's stream, and a partition of SMs need not hold a cluster's 8 CTAs in one GPC.
-    Whether they were on."""
+    So do the QSA selections (ops/qsa_cuda.py; the same output either way). Whether the mixes
+    were on."""
+    qsa: Any = getattr(backend, "qsa", None)
+    if getattr(qsa, "cluster", False):  # the same output either way: only where it runs
+        qsa.cluster = False
     hc: Any = getattr(backend, "hc", None)
     if not getattr(hc, "cluster", False):
         return False

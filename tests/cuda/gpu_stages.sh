@@ -89,6 +89,7 @@
 #                                              and delta_scan_tc
 #   bash tests/cuda/gpu_stages.sh s22         the clustered HC tests, then s20's counters
 #   bash tests/cuda/gpu_stages.sh s24         route.lean: tests, decode off / on side by side
+#   bash tests/cuda/gpu_stages.sh s25         s24 and qsa.cluster: tests, decode side by side
 #   bash tests/cuda/gpu_stages.sh moewg2      64 x 256 wgmma MoE tiles against 128 x 128
 #   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
 #                                              the clustered HC mix and the fused router
@@ -603,6 +604,19 @@ case "${1:-tests}" in
       tests/cuda/test_fused_router.py tests/cuda/test_route.py > "$OUT/t_s24.log" 2>&1
     echo "== s24 router tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s24.log" | head
     bench lean 250 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0,32768 \
+      --multi-decode 5@32768 --decode-steps 16 --paired 3 --toggle route.lean --record ;;
+  s25)  # 2026-12-07 08:00: s24, and a decode step's QSA selections on thread block clusters
+    # (qsa_select_c, qsa.cluster: a row's tiles over 8 CTAs, the same output; the served
+    # profile put qsa_select at 0.40 ms of a step at 250000): tests, then decode side by side
+    timeout 230 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_fused_router.py tests/cuda/test_route.py tests/cuda/test_qsa_select.py \
+      tests/cuda/test_qsa.py tests/cuda/test_qsa_needle.py > "$OUT/t_s25.log" 2>&1
+    echo "== s25 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s25.log" | head
+    grep -E "QSA selection" "$OUT/t_s25.log" | head -12
+    bench qsacl 170 model $Q4X --ctx 262144 --slots 1 --int8 --prefill= --decode 32768,250000 \
+      --multi-decode= --decode-steps 16 --paired 3 --toggle qsa.cluster --record
+    cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
+    bench lean 170 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
       --multi-decode 5@32768 --decode-steps 16 --paired 3 --toggle route.lean --record ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
     timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \

@@ -2,7 +2,8 @@
 ``select_blocks`` (whose rule tests/cuda/test_qsa_torch.py checks): it must be exactly equal, on
 the same scores: random rows, rows full of ties (all +0, all equal, a few distinct values), the
 best blocks at the tail, dense queries (complete <= top) and lengths from 1 to 262144 (65536
-blocks) in batches of 1..8, and after a CUDA-graph capture + replay. ``pytest -s`` prints the
+blocks) in batches of 1..8, and after a CUDA-graph capture + replay; each with one CTA a row
+(qsa_select) and on thread block clusters (qsa_select_c, sm_90). ``pytest -s`` prints the
 selection's time at 65536 blocks.
 """
 
@@ -64,8 +65,19 @@ def check_selection(cuda_ops, torch_ops, scores: torch.Tensor, lengths: torch.Te
         )
 
 
+@pytest.fixture(params=[False, True], ids=["cta", "cluster"])
+def sel_cluster(cuda_ops, request):  # type: ignore[no-untyped-def]
+    """QsaCuda.cluster off (one CTA a row) and on (a cluster a row: skipped before sm_90)."""
+    if request.param and not cuda_ops.kernels.clusters:
+        pytest.skip("thread block clusters need sm_90")
+    before = cuda_ops.qsa.cluster
+    cuda_ops.qsa.cluster = request.param
+    yield request.param
+    cuda_ops.qsa.cluster = before
+
+
 @pytest.mark.parametrize("kind", SEL_KINDS)
-def test_qsa_select_kernel(cuda_ops, torch_ops, kind: str) -> None:
+def test_qsa_select_kernel(cuda_ops, torch_ops, sel_cluster: bool, kind: str) -> None:
     """Every kind at every length in one batch of 10, each row also alone (the selection must
     not depend on the batch)."""
     scores = score_rows(kind, len(SEL_LENGTHS), SEL_COLS, seed=40)
@@ -83,7 +95,7 @@ def test_qsa_select_kernel(cuda_ops, torch_ops, kind: str) -> None:
 
 
 @pytest.mark.parametrize("b", [1, 2, 3, 5, 8])
-def test_qsa_select_batches(cuda_ops, torch_ops, b: int) -> None:
+def test_qsa_select_batches(cuda_ops, torch_ops, sel_cluster: bool, b: int) -> None:
     """Random lengths 1..262144 in batches of 1..8; ratio 1 and 4, small and large `top`, row
     lengths that are not a multiple of 4 (the padded copy)."""
     g = torch.Generator().manual_seed(41 + b)
@@ -102,7 +114,7 @@ def test_qsa_select_batches(cuda_ops, torch_ops, b: int) -> None:
             )
 
 
-def test_qsa_select_capture_and_timing(cuda_ops, torch_ops) -> None:
+def test_qsa_select_capture_and_timing(cuda_ops, torch_ops, sel_cluster: bool) -> None:
     """The selection captures into a CUDA graph and replays on new scores and lengths; then
     (informational, pytest -s) its time per layer at 65536 blocks beside torch.topk + sort."""
     scores = score_rows("relu", 8, SEL_COLS, seed=43)
@@ -151,4 +163,6 @@ def test_qsa_select_capture_and_timing(cuda_ops, torch_ops) -> None:
             t1.record()
             torch.cuda.synchronize()
             us = t0.elapsed_time(t1) / 20 * 1e3
-            print(f"QSA selection of {SEL_TOP} of {SEL_COLS} blocks, B={b}, {name}: {us:.1f} us")
+            how = "clusters" if sel_cluster else "a CTA a row"
+            print(f"QSA selection of {SEL_TOP} of {SEL_COLS} blocks, B={b}, {name} ({how}): "
+                  f"{us:.1f} us")  # fmt: skip

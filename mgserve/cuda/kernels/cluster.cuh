@@ -65,3 +65,19 @@ __device__ __forceinline__ void cluster_store(float* p, unsigned rank, float v) 
     __trap();
 #endif
 }
+
+// The unsigned at `p` (an address in this CTA's shared memory) in the shared memory of the
+// cluster's CTA `rank` (the same variable there), as that CTA wrote it before a cluster_sync().
+__device__ __forceinline__ unsigned cluster_load(const unsigned* p, unsigned rank) {
+#if __CUDA_ARCH__ >= 900
+    const unsigned local = (unsigned)__cvta_generic_to_shared(p);
+    unsigned remote, v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(remote) : "memory");
+    return v;
+#else
+    (void)p, (void)rank;
+    __trap();
+    return 0u;
+#endif
+}

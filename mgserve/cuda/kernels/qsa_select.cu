@@ -19,8 +19,17 @@
 //     rank, so a key above T goes to position (above before it) + min(equal before it, need), and
 //     a key equal to T is taken iff fewer than `need` equal keys precede it (lower blocks first).
 //   The row is read from L2 (the scoring kernel wrote it just before), at most four times.
+//
+// qsa_select_c, grid (N * SEL_CLUSTER) in thread block clusters of SEL_CLUSTER CTAs (sm_90), one
+//   cluster per query row: the same selection with the row's tiles split into SEL_CLUSTER
+//   contiguous slices, CTA rank r taking slice r. Each pass's histogram is summed from every
+//   CTA's (distributed shared memory; integer counts, so every CTA finds the same threshold),
+//   and each CTA's compaction starts at the counts of the slices before it, so the output is
+//   qsa_select's, element for element. A row of at most SEL_ALONE tiles is done by rank 0 alone,
+//   as qsa_select does it (a decode step at short depth pays no cluster barriers).
 // Scores must not be NaN. Rows are `stride` floats apart, stride % 4 == 0 and 16-byte aligned.
 
+#include "cluster.cuh"
 #include "math.cuh"
 #include "pdl.cuh"
 
@@ -30,6 +39,10 @@
 #define SEL_TILE (SEL_THREADS * SEL_VEC)    // keys per tile (< 65536: counts pack in 16 bits)
 #define SEL_BINS 2048                       // histogram bins: 11-bit digits
 #define SEL_BINS_PER_THREAD (SEL_BINS / SEL_THREADS)
+#ifndef SEL_CLUSTER
+#define SEL_CLUSTER 8  // CTAs a row in qsa_select_c (ops/qsa_cuda.py SEL_CLUSTER)
+#endif
+#define SEL_ALONE 2  // qsa_select_c: rows of at most this many tiles stay on one CTA
 
 static_assert(SEL_WARPS == 32, "block_scan scans the warp totals with one warp");
 static_assert(SEL_BINS_PER_THREAD == 2, "the bucket search gives each thread two bins");
@@ -62,14 +75,15 @@ __device__ __forceinline__ void keys_of(const float4& a, const float4& b, unsign
     k[7] = order_key(b.w);
 }
 
-// body(i0, k) for each tile of the row's first n scores, in order: k holds the order keys of
-// scores i0 .. i0 + 7 (this thread's; those at or past n are not loaded). Every thread walks the
-// same tiles, so body may hold barriers.
+// body(i0, k) for each tile of the row's scores lo .. n - 1 (lo a multiple of SEL_TILE), in
+// order: k holds the order keys of scores i0 .. i0 + 7 (this thread's; those at or past n are not
+// loaded). Every thread walks the same tiles, so body may hold barriers.
 template <typename Body>
-__device__ __forceinline__ void for_each_tile(const float* __restrict__ row, int n, Body body) {
+__device__ __forceinline__ void for_each_tile(const float* __restrict__ row, int lo, int n,
+                                              Body body) {
     float4 a, b, na, nb;
-    load_tile(row, threadIdx.x * SEL_VEC, n, a, b);
-    for (int base = 0; base < n; base += SEL_TILE) {
+    load_tile(row, lo + threadIdx.x * SEL_VEC, n, a, b);
+    for (int base = lo; base < n; base += SEL_TILE) {
         const int i0 = base + threadIdx.x * SEL_VEC;
         load_tile(row, i0 + SEL_TILE, n, na, nb);
         unsigned k[SEL_VEC];
@@ -107,23 +121,33 @@ __device__ __forceinline__ unsigned block_scan(unsigned v, unsigned* s_w, unsign
     return (warp ? s_w[warp - 1] : 0u) + x - v;
 }
 
-extern "C" __global__ void __launch_bounds__(SEL_THREADS)
-qsa_select(const float* __restrict__ scores,  // [N, stride] block scores
-           const int* __restrict__ lengths,   // [N] the query sits at position lengths[n] - 1
-           int* __restrict__ sel,             // [N, top] ascending selected blocks
-           int stride, int n_cols, int ratio, int top) {
-    grid_sync();
+// Row n's selection (the file's header) by the `parts` CTAs of its cluster (1: no cluster, this
+// CTA alone), this one being `rank`; every CTA of the cluster calls it with the same arguments
+// but rank.
+__device__ __forceinline__ void select_row(const float* __restrict__ scores,
+                                           const int* __restrict__ lengths,
+                                           int* __restrict__ sel, int stride, int n_cols,
+                                           int ratio, int top, int n, int parts, unsigned rank) {
     __shared__ unsigned s_hist[SEL_BINS];
     __shared__ unsigned s_scan[2][SEL_WARPS];
     __shared__ unsigned s_pick[3];  // threshold digit, keys above its bin, keys in its bin
+    __shared__ unsigned s_count[2];  // this slice's keys above the threshold and equal to it
 
-    const int n = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
+    const int tid = threadIdx.x, lane = tid & 31;
     int* out = sel + (size_t)n * top;
     const int complete = min(max(lengths[n], 0) / ratio, n_cols);
     if (complete <= top) {  // dense: every complete block
-        for (int i = tid; i < top; i += SEL_THREADS) out[i] = i < complete ? i : -1;
+        if (rank == 0)
+            for (int i = tid; i < top; i += SEL_THREADS) out[i] = i < complete ? i : -1;
         return;
     }
+    const int n_tiles = (complete + SEL_TILE - 1) / SEL_TILE;
+    if (n_tiles <= SEL_ALONE) parts = 1;  // (the same for every CTA of the cluster)
+    if (rank >= (unsigned)parts) return;
+    const bool clustered = parts > 1;
+    const int per = (n_tiles + parts - 1) / parts;  // tiles a slice
+    const int lo = min((int)rank * per, n_tiles) * SEL_TILE;
+    const int hi = min(lo + per * SEL_TILE, complete);  // this CTA's scores lo .. hi - 1
     const float* row = scores + (size_t)n * stride;
     const unsigned kz = order_key(0.f), k0 = order_key(row[0]);  // the usual tie values
 
@@ -137,10 +161,10 @@ qsa_select(const float* __restrict__ scores,  // [N, stride] block scores
         for (int i = tid; i < SEL_BINS; i += SEL_THREADS) s_hist[i] = 0u;
         __syncthreads();
         unsigned cz = 0u, c0 = 0u;
-        for_each_tile(row, complete, [&](int i0, const unsigned (&k)[SEL_VEC]) {
+        for_each_tile(row, lo, hi, [&](int i0, const unsigned (&k)[SEL_VEC]) {
 #pragma unroll
             for (int e = 0; e < SEL_VEC; ++e) {
-                if (i0 + e >= complete) break;
+                if (i0 + e >= hi) break;
                 if (k[e] == kz) {
                     ++cz;
                 } else if (k[e] == k0) {
@@ -163,7 +187,16 @@ qsa_select(const float* __restrict__ scores,  // [N, stride] block scores
         // The bin holding the need-th highest candidate: thread t owns bins 2047 - 2t (hi) and
         // 2046 - 2t (lo), so an exclusive scan in thread order counts the keys in higher bins.
         const int bhi = SEL_BINS - 1 - 2 * tid, blo = bhi - 1;
-        const unsigned hh = s_hist[bhi], hl = s_hist[blo];
+        unsigned hh = s_hist[bhi], hl = s_hist[blo];
+        if (clustered) {  // the row's counts: every slice's histogram
+            cluster_sync();  // every CTA's histogram is complete
+            hh = hl = 0u;
+            for (int r = 0; r < parts; ++r) {
+                hh += cluster_load(&s_hist[bhi], (unsigned)r);
+                hl += cluster_load(&s_hist[blo], (unsigned)r);
+            }
+            cluster_sync();  // every read done: the next pass may clear them
+        }
         unsigned total;
         const unsigned above = block_scan(hh + hl, s_scan[parity], total);
         parity ^= 1;
@@ -184,18 +217,41 @@ qsa_select(const float* __restrict__ scores,  // [N, stride] block scores
         if (need == n_in) break;  // the whole bucket is taken: no finer digit matters
     }
 
-    // Compaction in block order.
-    unsigned above_run = 0u, equal_run = 0u;  // keys above / equal to the threshold before the tile
-    for_each_tile(row, complete, [&](int i0, const unsigned (&k)[SEL_VEC]) {
-        unsigned is_above = 0u, is_equal = 0u;  // bit e: key i0 + e
+    // Compaction in block order. The keys above / equal to the threshold in key i0 + e's bits.
+    auto classify = [&](int i0, const unsigned (&k)[SEL_VEC], unsigned& is_above,
+                        unsigned& is_equal) {
+        is_above = is_equal = 0u;
 #pragma unroll
         for (int e = 0; e < SEL_VEC; ++e) {
-            if (i0 + e < complete) {
-                const unsigned hi = k[e] >> shift;
-                is_above |= (hi > prefix ? 1u : 0u) << e;
-                is_equal |= (hi == prefix ? 1u : 0u) << e;
+            if (i0 + e < hi) {
+                const unsigned top_bits = k[e] >> shift;
+                is_above |= (top_bits > prefix ? 1u : 0u) << e;
+                is_equal |= (top_bits == prefix ? 1u : 0u) << e;
             }
         }
+    };
+    unsigned above_run = 0u, equal_run = 0u;  // keys above / equal to the threshold before the tile
+    if (clustered) {  // start after the slices before this one
+        unsigned my_above = 0u, my_equal = 0u;
+        for_each_tile(row, lo, hi, [&](int i0, const unsigned (&k)[SEL_VEC]) {
+            unsigned is_above, is_equal, total;
+            classify(i0, k, is_above, is_equal);
+            block_scan(__popc(is_above) | (__popc(is_equal) << 16), s_scan[parity], total);
+            parity ^= 1;
+            my_above += total & 0xFFFFu;
+            my_equal += total >> 16;
+        });
+        if (tid == 0) s_count[0] = my_above, s_count[1] = my_equal;
+        cluster_sync();
+        for (unsigned r = 0; r < rank; ++r) {
+            above_run += cluster_load(&s_count[0], r);
+            equal_run += cluster_load(&s_count[1], r);
+        }
+        cluster_sync();  // every read done before any CTA of the cluster exits
+    }
+    for_each_tile(row, lo, hi, [&](int i0, const unsigned (&k)[SEL_VEC]) {
+        unsigned is_above, is_equal;  // bit e: key i0 + e
+        classify(i0, k, is_above, is_equal);
         unsigned total;
         const unsigned before =
             block_scan(__popc(is_above) | (__popc(is_equal) << 16), s_scan[parity], total);
@@ -214,6 +270,24 @@ qsa_select(const float* __restrict__ scores,  // [N, stride] block scores
         above_run += total & 0xFFFFu;
         equal_run += total >> 16;
     });
+}
+
+extern "C" __global__ void __launch_bounds__(SEL_THREADS)
+qsa_select(const float* __restrict__ scores,  // [N, stride] block scores
+           const int* __restrict__ lengths,   // [N] the query sits at position lengths[n] - 1
+           int* __restrict__ sel,             // [N, top] ascending selected blocks
+           int stride, int n_cols, int ratio, int top) {
+    grid_sync();
+    select_row(scores, lengths, sel, stride, n_cols, ratio, top, blockIdx.x, 1, 0u);
+}
+
+// qsa_select's arguments; launched in clusters of SEL_CLUSTER CTAs along x, one a row
+extern "C" __global__ void __launch_bounds__(SEL_THREADS)
+qsa_select_c(const float* __restrict__ scores, const int* __restrict__ lengths,
+             int* __restrict__ sel, int stride, int n_cols, int ratio, int top) {
+    grid_sync();
+    select_row(scores, lengths, sel, stride, n_cols, ratio, top, blockIdx.x / SEL_CLUSTER,
+               SEL_CLUSTER, cluster_rank());
 }
 
 // qsa_head_sum, grid (ceil(stride / 4 / 256), N), 256 threads: the QSA prompt scores from the

@@ -1,5 +1,6 @@
 """``QsaCuda``: the QSA family on ``kernels/attention_util.cu`` (block scores),
-``kernels/qsa_select.cu`` (each query's top blocks, ascending: a radix select in one CTA per query)
+``kernels/qsa_select.cu`` (each query's top blocks, ascending: a radix select in one CTA per query,
+or for a decode step's few rows in a cluster of SEL_CLUSTER CTAs per query on sm_90)
 and the attention family's decode kernel (``AttentionCuda.run_decode`` over the selected blocks'
 cells and the tail).
 
@@ -33,6 +34,8 @@ from mgserve.cuda.pools import KVLayer
 UTIL_SOURCE = "attention_util.cu"
 SELECT_SOURCE = "qsa_select.cu"
 SEL_THREADS = 1024  # SEL_THREADS in qsa_select.cu: one CTA per query row
+SEL_CLUSTER = 8  # SEL_CLUSTER in qsa_select.cu: qsa_select_c's CTAs a row (a cluster)
+SEL_CLUSTER_ROWS = 16  # rows up to which select takes qsa_select_c (a decode step's)
 QS_THREADS = 256  # QS_THREADS in attention_util.cu
 QS_KEYS = 256  # QS_KEYS in attention_util.cu: block keys scored per CTA
 QS_MAX_HI, QS_MAX_DI = 8, 256  # indexer heads / head dim the scoring kernel supports
@@ -54,6 +57,9 @@ class QsaCuda:
         self.kernels, self.fallback, self.attention = kernels, fallback, attention
         self.device = kernels.device
         self.prefill_kernels = True  # False: the prompt's head sums and visibility in torch ops
+        # a decode step's selections on thread block clusters (qsa_select_c: a row's tiles over
+        # SEL_CLUSTER CTAs; the same output); off in a green context's process (green.py)
+        self.cluster = kernels.clusters
 
     # -- kernels ---------------------------------------------------------------------------------
 
@@ -105,9 +111,10 @@ class QsaCuda:
         assert stride % 4 == 0 and n_cols <= stride and scores.is_contiguous()
         sel = torch.empty((n, top), dtype=torch.int32, device=self.device) if out is None else out
         if n:
+            clustered = self.cluster and n <= SEL_CLUSTER_ROWS
             self.kernels.launch(
-                self.kernels.kernel(SELECT_SOURCE, "qsa_select"),
-                n,
+                self.kernels.kernel(SELECT_SOURCE, "qsa_select_c" if clustered else "qsa_select"),
+                n,  # rows: CTAs, or clusters of SEL_CLUSTER
                 SEL_THREADS,
                 scores.data_ptr(),
                 lengths.data_ptr(),
@@ -116,6 +123,7 @@ class QsaCuda:
                 np.int32(n_cols),
                 np.int32(ratio),
                 np.int32(top),
+                cluster=SEL_CLUSTER if clustered else None,
             )
         return sel
 
