@@ -58,8 +58,10 @@ class QsaCuda:
         self.device = kernels.device
         self.prefill_kernels = True  # False: the prompt's head sums and visibility in torch ops
         # a decode step's selections on thread block clusters (qsa_select_c: a row's tiles over
-        # SEL_CLUSTER CTAs; the same output); off in a green context's process (green.py)
-        self.cluster = kernels.clusters
+        # SEL_CLUSTER CTAs; the same output), where the GPU has them (Kernels.clusters); off
+        # until timed on a GPU (bench model --paired R --toggle qsa.cluster), and off in a green
+        # context's process (green.py)
+        self.cluster = False
 
     # -- kernels ---------------------------------------------------------------------------------
 
@@ -111,7 +113,7 @@ class QsaCuda:
         assert stride % 4 == 0 and n_cols <= stride and scores.is_contiguous()
         sel = torch.empty((n, top), dtype=torch.int32, device=self.device) if out is None else out
         if n:
-            clustered = self.cluster and n <= SEL_CLUSTER_ROWS
+            clustered = self.cluster and self.kernels.clusters and n <= SEL_CLUSTER_ROWS
             self.kernels.launch(
                 self.kernels.kernel(SELECT_SOURCE, "qsa_select_c" if clustered else "qsa_select"),
                 n,  # rows: CTAs, or clusters of SEL_CLUSTER
