@@ -134,8 +134,8 @@ def variants() -> list[Variant]:
     plain += [SHARED_SOURCE, MOE_PREFILL_SOURCE, DEQUANT_SOURCE, *TEST_SOURCES]
     out = [
         Variant(MATVEC_SOURCE, MatvecTuning().defines(), ""),
-        Variant(ROUTE_SOURCE, MatvecTuning().defines(), "router"),  # matvec_route: the matvec's
-        Variant(ROUTE_SOURCE, LEAN_TUNING.defines() + LEAN_DEFINES, "router lean"),  # route.lean
+        Variant(ROUTE_SOURCE, MatvecTuning().defines(), "router"),  # route.lean off: the matvec's
+        Variant(ROUTE_SOURCE, LEAN_TUNING.defines() + LEAN_DEFINES, "router lean"),  # the default
         Variant(Q8_SOURCE, q8_defines(Q8_ROWS, Q8_THREADS), ""),
         Variant(MOE_SOURCE, moe_defines(MOE_ROWS), ""),
         Variant(MOE_Q8_SOURCE, moe_defines(MOE_ROWS), ""),

@@ -38,9 +38,10 @@ def gate_of(ops, h: torch.Tensor, gate_inp: torch.Tensor) -> torch.Tensor:
 @pytest.fixture(params=[False, True], ids=["plain", "lean"])
 def lean(cuda_ops, request):  # type: ignore[no-untyped-def]
     """route.lean off and on (a row a warp, the top k by warp reductions): the same results."""
+    before = cuda_ops.route.lean
     cuda_ops.route.lean = request.param
     yield request.param
-    cuda_ops.route.lean = False
+    cuda_ops.route.lean = before
 
 
 @pytest.mark.parametrize("type_name", ["F32", "F16", "BF16"])

@@ -58,10 +58,10 @@ class QsaCuda:
         self.device = kernels.device
         self.prefill_kernels = True  # False: the prompt's head sums and visibility in torch ops
         # a decode step's selections on thread block clusters (qsa_select_c: a row's tiles over
-        # SEL_CLUSTER CTAs; the same output), where the GPU has them (Kernels.clusters); off
-        # until timed on a GPU (bench model --paired R --toggle qsa.cluster), and off in a green
-        # context's process (green.py)
-        self.cluster = False
+        # SEL_CLUSTER CTAs; the same output), where the GPU has them (Kernels.clusters): one
+        # session at 250000 +1.2% on the H100 (bench model --paired 5 --toggle qsa.cluster,
+        # 2026-12-07); off in a green context's process (green.py)
+        self.cluster = kernels.clusters
 
     # -- kernels ---------------------------------------------------------------------------------
 

@@ -44,8 +44,8 @@ ROUTE_WARPS = 4  # ROUTE_WARPS in route.cu: tokens per CTA, one warp each
 ROUTE_MAX_EXPERTS = 512  # 32 * ROUTE_PER_LANE in route.cuh
 ROUTE_MAX_K = 32  # one lane keeps each chosen expert
 ROUTER_TYPES = frozenset({"F32", "F16", "BF16"})  # route.cu's matvec_route_<T> formats
-# the fused router's product with ``lean``: a row a warp for any token count, and every run's
-# loads in flight (RUN_UNROLL 8): matvec.cu's bits (a row's sums do not depend on these)
+# the fused router's product with ``lean`` (the default): a row a warp for any token count, and
+# every run's loads in flight (RUN_UNROLL 8): matvec.cu's bits (a row's sums do not depend on these)
 LEAN_TUNING = MatvecTuning(1, 1, 8)
 LEAN_DEFINES = (("ROUTE_REDUX", "1"),)  # and the top k by warp reductions (route.cuh)
 
@@ -97,9 +97,10 @@ class RouteCuda:
         self.device = kernels.device
         self.tickets = tickets
         self.fused = True  # the switch (bench model --set route.fused=false)
-        # the fused router's lean kernels (LEAN_TUNING, LEAN_DEFINES): the same results
-        # (bench model --paired R --toggle route.lean)
-        self.lean = False
+        # the fused router's lean kernels (LEAN_TUNING, LEAN_DEFINES): the same results, five
+        # sessions' decode +1.3% on the H100 (bench model --paired 5 --toggle route.lean,
+        # 2026-12-07; one session +0.5%, within the noise)
+        self.lean = True
 
     def fuses(self, n: int, router: QuantWeight, k: int) -> bool:
         """Whether ``router`` runs for n rows: a decode step's rows with ``fused_decode`` (and
