@@ -3,7 +3,9 @@ launches in decode).
 
 A decode step reads only device tensors of shape [B] (tokens, positions, slots; see
 ``models/base.Step``), so one capture per B serves every later step of B sessions: the runner
-copies the step's inputs into the graph's static buffers and replays it. B is rounded up to a
+writes the step's inputs into one pinned int64 block, copies it to the device in one transfer
+and replays the graph, whose first nodes spread the block over its typed static buffers (one
+host launch where there were seven copies, each with its dtype conversion). B is rounded up to a
 bucket; the padding rows decode a dummy token in the pools' spare slot (index ``n_slots``, never
 given to a session), whose state nobody reads. Every B up to 8 is its own bucket: a padding row
 costs a real token's work (its ten experts' weights above all: five sessions padded to eight read
@@ -74,6 +76,17 @@ class _Captured:
             else None
         )
         self.chains = Chains.buffers(b, device, runs=logged)
+        # the step's [B] inputs travel as one int64 block (pinned on the host, one copy a step);
+        # the graph's first nodes spread it over the typed buffers above
+        inputs = (self.tokens, self.pos, self.slots, self.lengths, *self._chain_rows())
+        self.staging = torch.stack([t.to(torch.int64) for t in inputs])  # [7, b]
+        self.host = torch.empty_like(self.staging, device="cpu").pin_memory()
+        self.host_extra = (
+            torch.empty((b, *extra_shape), dtype=torch.float32).pin_memory()
+            if extra_shape is not None
+            else None
+        )
+        self.copied: torch.cuda.Event | None = None  # the last copy out of the pinned buffers
         step = Step(
             self.tokens, self.pos, self.slots, decode=True, extra=self.extra, lengths=self.lengths,
             chains=self.chains,
@@ -84,6 +97,7 @@ class _Captured:
         # asks for it: a step inside path.step("decode") or the runner's up-front captures
         path = model.backend.path
         with torch.cuda.stream(stream), path.step("decode"):  # warm up: kernels compiled,
+            self._spread()
             model.forward(step)  # workspaces allocated
         torch.cuda.current_stream(device).wait_stream(stream)
         self.log: list[Replay] = []
@@ -93,33 +107,43 @@ class _Captured:
             ready()
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool), path.step("decode"):
+            self._spread()
             self.logits = model.forward(step)  # [b, V], rewritten by every replay
         self.model = model
         take = getattr(model, "take_graph_io", None)  # a pipeline across processes' hand-offs
         self.io = take() if take is not None else None
+
+    def _chain_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.chains.runs, self.chains.depth, self.chains.last
+
+    def _spread(self) -> None:
+        """The staged int64 block into the typed [B] inputs (graph nodes once captured)."""
+        inputs = (self.tokens, self.pos, self.slots, self.lengths, *self._chain_rows())
+        for row, t in zip(self.staging, inputs, strict=True):
+            t.copy_(row)
 
     def run(self, inp: DecodeInputs, pad_slot: int) -> torch.Tensor:
         # before any input moves: copy_ would convert rows of another dtype (packed PLE bytes)
         if self.extra is not None and inp.extra is not None and inp.extra.dtype != self.extra.dtype:
             raise TypeError(f"{inp.extra.dtype} rows: the graph's are {self.extra.dtype}")
         n = len(inp.tokens)
-        pad = self.b - n
-        lengths = [p + 1 for p in inp.pos] + [2] * pad
         runs, depth, last = runs_of(inp.slots)  # padding rows: each alone
-        host = torch.tensor(
-            [inp.tokens + [0] * pad, inp.pos + [1] * pad, inp.slots + [pad_slot] * pad, lengths,
-             runs + [1] * pad, depth + [0] * pad, last + list(range(n, self.b))],
-            dtype=torch.int64,
-        ).pin_memory()  # fmt: skip
-        self.tokens.copy_(host[0], non_blocking=True)
-        self.pos.copy_(host[1], non_blocking=True)
-        self.slots.copy_(host[2], non_blocking=True)
-        self.lengths.copy_(host[3], non_blocking=True)
-        self.chains.runs.copy_(host[4], non_blocking=True)
-        self.chains.depth.copy_(host[5], non_blocking=True)
-        self.chains.last.copy_(host[6], non_blocking=True)
-        if self.extra is not None and inp.extra is not None:
-            self.extra[:n].copy_(inp.extra.pin_memory(), non_blocking=True)
+        if self.copied is not None:  # the pinned buffers' last copy has left them
+            self.copied.synchronize()
+        else:
+            self.copied = torch.cuda.Event()
+        h = self.host.numpy()
+        for i, (row, fill) in enumerate(
+            ((inp.tokens, 0), (inp.pos, 1), (inp.slots, pad_slot), ([p + 1 for p in inp.pos], 2),
+             (runs, 1), (depth, 0))
+        ):  # fmt: skip
+            h[i, :n], h[i, n:] = row, fill
+        h[6, :n], h[6, n:] = last, range(n, self.b)
+        self.staging.copy_(self.host, non_blocking=True)
+        if self.extra is not None and inp.extra is not None and self.host_extra is not None:
+            self.host_extra[:n].copy_(inp.extra)
+            self.extra[:n].copy_(self.host_extra[:n], non_blocking=True)
+        self.copied.record(torch.cuda.current_stream(self.staging.device))  # the copies' stream
         if self.io is not None:
             self.model.before_replay(self.io)  # type: ignore[attr-defined]
         self.graph.replay()
