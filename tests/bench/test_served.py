@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mgserve.bench.model.served import gpu_ops, split_table, split_timeline
+from mgserve.bench.model.served import split_table, split_timeline
+from mgserve.bench.model.trace import gpu_ops
 
 
 def test_serial_operations_add_their_durations_and_gaps_are_idle() -> None:

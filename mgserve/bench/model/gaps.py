@@ -33,9 +33,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import inspect
-import json
-import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -43,10 +40,10 @@ from typing import Any
 
 from mgserve.bench.model.costs import Cost
 from mgserve.bench.model.figures import Rates, Tally, ops_table
+from mgserve.bench.model.trace import GPU_CATS, trace_events
 
 MIN_GAP_US = 20.0
 LONG_GAP_US = 1000.0  # gaps whose host calls the frame table breaks down
-GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 WAITS = ("Synchronize", "HostAlloc", "MallocHost", "cudaMalloc")
 COPIES = ("cudaMemcpy", "cuMemcpy")  # waits unless Async from pinned memory (module docstring)
 
@@ -69,16 +66,8 @@ def gaps_table(sync: Callable[[], None], work: Callable[[], Any], what: str,
         work()
         sync()
         wall = (time.perf_counter() - t0) * 1e3
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        p.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f)["traceEvents"]
-    finally:
-        os.unlink(path)
     costs = tally.figures() if labels else None
-    return summarize(events, what, wall, labels or None, costs, rates)
+    return summarize(trace_events(p), what, wall, labels or None, costs, rates)
 
 
 @contextmanager

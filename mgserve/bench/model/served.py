@@ -16,14 +16,11 @@ operation that moved it forward.
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mgserve.bench.model.gaps import GPU_CATS
+from mgserve.bench.model.trace import gpu_ops, trace_events
 from mgserve.bench.model.workloads import decoding
 
 WARM_STEPS = 3  # served steps before the profiled ones: the graph captured, buffers sized
@@ -100,15 +97,6 @@ def split_table(split: Split, what: str, steps: int, top: int = 30) -> list[str]
     return lines
 
 
-def gpu_ops(events: list[dict[str, Any]]) -> list[tuple[str, float, float]]:
-    """(name, start, end) in microseconds of a chrome trace's GPU operations."""
-    return [
-        (e["name"], float(e["ts"]), float(e["ts"]) + float(e["dur"]))
-        for e in events
-        if e.get("ph") == "X" and "dur" in e and e.get("cat") in GPU_CATS
-    ]
-
-
 def profile_served(b: Any, depth: int, sessions: int = 1, steps: int = 8) -> list[str]:
     """``steps`` decode steps of ``sessions`` sessions at ``depth`` as the runner serves them
     (CUDA graphs unless ``--no-graphs``), profiled: table lines of ``split_table``."""
@@ -122,14 +110,7 @@ def profile_served(b: Any, depth: int, sessions: int = 1, steps: int = 8) -> lis
         for _ in range(steps):
             step()
         b.sync()
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        p.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f)["traceEvents"]
-    finally:
-        os.unlink(path)
+    events = trace_events(p)
     how = "CUDA graphs" if not b.args.no_graphs and b.device.type == "cuda" else "eager"
     who = "1 session" if sessions == 1 else f"{sessions} sessions"
     what = f"a served decode step of {who} at depth {depth} ({how})"
