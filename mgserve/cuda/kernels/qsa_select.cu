@@ -18,7 +18,8 @@
 //     (two 16-byte loads): a CTA-wide exclusive scan of (above, equal) counts gives every key its
 //     rank, so a key above T goes to position (above before it) + min(equal before it, need), and
 //     a key equal to T is taken iff fewer than `need` equal keys precede it (lower blocks first).
-//   The row is read from L2 (the scoring kernel wrote it just before), at most four times.
+//   The row is read from L2 (the scoring kernel wrote it just before), at most four times (five
+//   in qsa_select_c, whose CTAs count their slice's keys once more before the compaction).
 //
 // qsa_select_c, grid (N * SEL_CLUSTER) in thread block clusters of SEL_CLUSTER CTAs (sm_90), one
 //   cluster per query row: the same selection with the row's tiles split into SEL_CLUSTER

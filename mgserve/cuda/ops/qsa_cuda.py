@@ -35,7 +35,9 @@ UTIL_SOURCE = "attention_util.cu"
 SELECT_SOURCE = "qsa_select.cu"
 SEL_THREADS = 1024  # SEL_THREADS in qsa_select.cu: one CTA per query row
 SEL_CLUSTER = 8  # SEL_CLUSTER in qsa_select.cu: qsa_select_c's CTAs a row (a cluster)
-SEL_CLUSTER_ROWS = 16  # rows up to which select takes qsa_select_c (a decode step's)
+# rows up to which select takes qsa_select_c: a decode step's few sessions (8 rows are 64 CTAs
+# of 1024 threads, an SM each; more rows would queue clusters behind each other)
+SEL_CLUSTER_ROWS = 8
 QS_THREADS = 256  # QS_THREADS in attention_util.cu
 QS_KEYS = 256  # QS_KEYS in attention_util.cu: block keys scored per CTA
 QS_MAX_HI, QS_MAX_DI = 8, 256  # indexer heads / head dim the scoring kernel supports

@@ -45,7 +45,8 @@ ROUTE_MAX_EXPERTS = 512  # 32 * ROUTE_PER_LANE in route.cuh
 ROUTE_MAX_K = 32  # one lane keeps each chosen expert
 ROUTER_TYPES = frozenset({"F32", "F16", "BF16"})  # route.cu's matvec_route_<T> formats
 # the fused router's product with ``lean`` (the default): a row a warp for any token count, and
-# every run's loads in flight (RUN_UNROLL 8): matvec.cu's bits (a row's sums do not depend on these)
+# 8 runs' loads in flight a lane (RUN_UNROLL 8: all of them up to 2048 inputs): matvec.cu's bits
+# (a row's sums do not depend on these)
 LEAN_TUNING = MatvecTuning(1, 1, 8)
 LEAN_DEFINES = (("ROUTE_REDUX", "1"),)  # and the top k by warp reductions (route.cuh)
 
