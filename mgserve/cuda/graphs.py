@@ -38,8 +38,11 @@ BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
 # op-family switches that change what a decode step launches (hc.cluster also its bits, as a
 # tuning does): a graph is captured per setting (bench model --paired R --toggle one of them
 # times both from graphs)
-GRAPH_SWITCHES = ("branch.decode", "moe.shared_parts", "hc.cluster", "route.lean", "qsa.cluster")
-_SWITCH_ATTRS = tuple(tuple(name.split(".")) for name in GRAPH_SWITCHES)  # (family, attribute)
+GRAPH_SWITCHES = (
+    "branch.decode", "moe.shared_parts", "hc.cluster", "route.lean", "qsa.cluster",
+    "linear.q8.hoist",
+)  # fmt: skip
+_SWITCH_PATHS = tuple(tuple(name.split(".")) for name in GRAPH_SWITCHES)  # family, .., attribute
 POW2_BUCKETS = (1, 2, 4, 8, 16)  # the buckets before 2026-12-03 (bench comparisons)
 # speculation's verify steps: 1 + k rows per drafting session (cuda/runner.py), k up to 48
 DRAFT_BUCKETS = (20, 24, 28, 32, 40, 48, 56, 64, 80, 98)
@@ -175,8 +178,13 @@ class GraphDecode:
 
     def _switches(self) -> tuple[object, ...]:
         """The backend's GRAPH_SWITCHES now (None where a family has no such switch)."""
-        b = self.model.backend
-        return tuple(getattr(getattr(b, fam, None), attr, None) for fam, attr in _SWITCH_ATTRS)
+        out = []
+        for path in _SWITCH_PATHS:
+            obj: object = self.model.backend
+            for name in path:
+                obj = getattr(obj, name, None)
+            out.append(obj)
+        return tuple(out)
 
     def _key(self, n: int, runs: bool) -> tuple[int, bool, tuple[object, ...]]:
         """The graph of ``n`` rows, ``runs``: some rows form runs (a recurrent model logs)."""

@@ -137,6 +137,7 @@ def variants() -> list[Variant]:
         Variant(ROUTE_SOURCE, MatvecTuning().defines(), "router"),  # route.lean off: the matvec's
         Variant(ROUTE_SOURCE, LEAN_TUNING.defines() + LEAN_DEFINES, "router lean"),  # the default
         Variant(Q8_SOURCE, q8_defines(Q8_ROWS, Q8_THREADS), ""),
+        Variant(Q8_SOURCE, q8_defines(Q8_ROWS, Q8_THREADS) + (("Q8_HOIST", "1"),), "hoist"),
         Variant(MOE_SOURCE, moe_defines(MOE_ROWS), ""),
         Variant(MOE_Q8_SOURCE, moe_defines(MOE_ROWS), ""),
         Variant(HGEMM_SOURCE, HGemmTuning().defines(), ""),

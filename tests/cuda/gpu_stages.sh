@@ -90,6 +90,7 @@
 #   bash tests/cuda/gpu_stages.sh s22         the clustered HC tests, then s20's counters
 #   bash tests/cuda/gpu_stages.sh s24         route.lean: tests, decode off / on side by side
 #   bash tests/cuda/gpu_stages.sh s25         s24 and qsa.cluster: tests, decode side by side
+#   bash tests/cuda/gpu_stages.sh s26         linear.q8.hoist: tests, decode off / on, invariance
 #   bash tests/cuda/gpu_stages.sh moewg2      64 x 256 wgmma MoE tiles against 128 x 128
 #   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
 #                                              the clustered HC mix and the fused router
@@ -618,6 +619,18 @@ case "${1:-tests}" in
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
     bench lean 170 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
       --multi-decode 5@32768 --decode-steps 16 --paired 3 --toggle route.lean --record ;;
+  s26)  # 2026-12-07 08:45: linear.q8.hoist (the int8 matvec's 2..8 tokens' activations loaded
+    # without a branch a token: in SASS the t8 kernel issued one token's loads, waited, computed,
+    # then the next's; the served profile has matvec_q8_Q4_K_t8 at 1.81 ms of a five-session
+    # step against t1's 0.73 for the same weights): its tests, then decode off / on, invariance
+    timeout 200 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_linear_matvec_q8mma.py tests/cuda/test_linear_matvec_q8.py \
+      > "$OUT/t_s26.log" 2>&1
+    echo "== s26 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s26.log" | head
+    bench hoist 200 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
+      --multi-decode 5@32768 --decode-steps 32 --paired 5 --toggle linear.q8.hoist --record
+    cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
+    bench invariance 120 invariance $Q4X --int8 --set linear.q8.hoist=true --record ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
     timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm_wgmma.py -k "grouped_moe or dense_matches" > "$OUT/t_moewg2.log" 2>&1
