@@ -66,7 +66,7 @@ from mgserve.cuda.ops.moe_prefill_cuda import MOE_PREFILL_SOURCE
 from mgserve.cuda.ops.norm import NORM_SOURCE
 from mgserve.cuda.ops.qgemm import DENSE_TUNING, GROUPED_TUNING, QGEMM_SOURCE
 from mgserve.cuda.ops.qsa_cuda import SELECT_SOURCE, UTIL_SOURCE
-from mgserve.cuda.ops.route import LEAN_DEFINES, LEAN_TUNING, ROUTE_SOURCE
+from mgserve.cuda.ops.route import HOIST_DEFINES, LEAN_DEFINES, LEAN_TUNING, ROUTE_SOURCE
 from mgserve.cuda.ops.wgmma import (
     HGEMM_WG_SOURCE,
     QGEMM_WG_SOURCE,
@@ -136,6 +136,7 @@ def variants() -> list[Variant]:
         Variant(MATVEC_SOURCE, MatvecTuning().defines(), ""),
         Variant(ROUTE_SOURCE, MatvecTuning().defines(), "router"),  # route.lean off: the matvec's
         Variant(ROUTE_SOURCE, LEAN_TUNING.defines() + LEAN_DEFINES, "router lean"),  # the default
+        Variant(ROUTE_SOURCE, LEAN_TUNING.defines() + LEAN_DEFINES + HOIST_DEFINES, "router hoist"),
         Variant(Q8_SOURCE, q8_defines(Q8_ROWS, Q8_THREADS), ""),
         Variant(Q8_SOURCE, q8_defines(Q8_ROWS, Q8_THREADS) + (("Q8_HOIST", "1"),), "hoist"),
         Variant(MOE_SOURCE, moe_defines(MOE_ROWS), ""),

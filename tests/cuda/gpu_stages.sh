@@ -90,7 +90,7 @@
 #   bash tests/cuda/gpu_stages.sh s22         the clustered HC tests, then s20's counters
 #   bash tests/cuda/gpu_stages.sh s24         route.lean: tests, decode off / on side by side
 #   bash tests/cuda/gpu_stages.sh s25         s24 and qsa.cluster: tests, decode side by side
-#   bash tests/cuda/gpu_stages.sh s26         linear.q8.hoist: tests, decode off / on, invariance
+#   bash tests/cuda/gpu_stages.sh s26         linear.q8.hoist, route.hoist: tests, decode off / on
 #   bash tests/cuda/gpu_stages.sh moewg2      64 x 256 wgmma MoE tiles against 128 x 128
 #   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
 #                                              the clustered HC mix and the fused router
@@ -627,10 +627,17 @@ case "${1:-tests}" in
       tests/cuda/test_linear_matvec_q8mma.py tests/cuda/test_linear_matvec_q8.py \
       > "$OUT/t_s26.log" 2>&1
     echo "== s26 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s26.log" | head
+    timeout 150 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_fused_router.py > "$OUT/t_s26r.log" 2>&1
+    echo "== s26 router tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s26r.log" | head
     bench hoist 200 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
       --multi-decode 5@32768 --decode-steps 32 --paired 5 --toggle linear.q8.hoist --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
-    bench invariance 120 invariance $Q4X --int8 --set linear.q8.hoist=true --record ;;
+    bench rhoist 150 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode= \
+      --multi-decode 5@32768 --decode-steps 32 --paired 5 --toggle route.hoist --record
+    cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
+    bench invariance 120 invariance $Q4X --int8 --set linear.q8.hoist=true \
+      --set route.hoist=true --record ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
     timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm_wgmma.py -k "grouped_moe or dense_matches" > "$OUT/t_moewg2.log" 2>&1

@@ -35,9 +35,10 @@ KNOWN_SPILLS = {
     *((f"deltanet_chunked.cu[d128 k{k}]", "delta_prep_f32") for k in range(1, 9)),
     ("hc.cu[IQ4_XS]", "hc_down_IQ4_XS_t4"),
     # route.lean's router (a row a warp, 8 runs' loads in flight) at 2 tokens, 4-8 B, in the
-    # half-float formats only (a GGUF router is F32)
+    # half-float formats (a GGUF router is F32); with route.hoist, F32 at 4 tokens
     ("route.cu[router lean]", "matvec_route_BF16_t2"),
     ("route.cu[router lean]", "matvec_route_F16_t2"),
+    ("route.cu[router hoist]", "matvec_route_F32_t4"),  # route.hoist (off), 8 B
     ("hc.cu[Q6_K]", "hc_down_Q6_K_t8"),
     # the clustered mix's module (CLUSTER_TUNING, -D HC_CLUSTERED=1: hc_downc and hc_upl only),
     # 4-24 B: hc_downc at 8 tokens at the 128-register mark; Q4_K (a Q4_K_M file's down) 4 B at
