@@ -81,8 +81,7 @@ class _Captured:
         self.chains = Chains.buffers(b, device, runs=logged)
         # the step's [B] inputs travel as one int64 block (pinned on the host, one copy a step);
         # the graph's first nodes spread it over the typed buffers above
-        inputs = (self.tokens, self.pos, self.slots, self.lengths, *self._chain_rows())
-        self.staging = torch.stack([t.to(torch.int64) for t in inputs])  # [7, b]
+        self.staging = torch.stack([t.to(torch.int64) for t in self._inputs()])  # [7, b]
         self.host = torch.empty_like(self.staging, device="cpu").pin_memory()
         self.host_extra = (
             torch.empty((b, *extra_shape), dtype=torch.float32).pin_memory()
@@ -116,13 +115,14 @@ class _Captured:
         take = getattr(model, "take_graph_io", None)  # a pipeline across processes' hand-offs
         self.io = take() if take is not None else None
 
-    def _chain_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.chains.runs, self.chains.depth, self.chains.last
+    def _inputs(self) -> tuple[torch.Tensor, ...]:
+        """The typed [B] inputs, in the staged block's row order (``run`` fills the rows)."""
+        c = self.chains
+        return self.tokens, self.pos, self.slots, self.lengths, c.runs, c.depth, c.last
 
     def _spread(self) -> None:
         """The staged int64 block into the typed [B] inputs (graph nodes once captured)."""
-        inputs = (self.tokens, self.pos, self.slots, self.lengths, *self._chain_rows())
-        for row, t in zip(self.staging, inputs, strict=True):
+        for row, t in zip(self.staging, self._inputs(), strict=True):
             t.copy_(row)
 
     def run(self, inp: DecodeInputs, pad_slot: int) -> torch.Tensor:
