@@ -23,6 +23,7 @@ served use 128).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 from mgserve.cuda.ops.act import ACT_SOURCE
@@ -66,7 +67,7 @@ from mgserve.cuda.ops.moe_prefill_cuda import MOE_PREFILL_SOURCE
 from mgserve.cuda.ops.norm import NORM_SOURCE
 from mgserve.cuda.ops.qgemm import DENSE_TUNING, GROUPED_TUNING, QGEMM_SOURCE
 from mgserve.cuda.ops.qsa_cuda import SELECT_SOURCE, UTIL_SOURCE
-from mgserve.cuda.ops.route import HOIST_DEFINES, LEAN_DEFINES, LEAN_TUNING, ROUTE_SOURCE
+from mgserve.cuda.ops.route import LEAN_DEFINES, LEAN_TUNING, ROUTE_SOURCE
 from mgserve.cuda.ops.wgmma import (
     HGEMM_WG_SOURCE,
     QGEMM_WG_SOURCE,
@@ -136,9 +137,7 @@ def variants() -> list[Variant]:
         Variant(MATVEC_SOURCE, MatvecTuning().defines(), ""),
         Variant(ROUTE_SOURCE, MatvecTuning().defines(), "router"),  # route.lean off: the matvec's
         Variant(ROUTE_SOURCE, LEAN_TUNING.defines() + LEAN_DEFINES, "router lean"),  # the default
-        Variant(ROUTE_SOURCE, LEAN_TUNING.defines() + LEAN_DEFINES + HOIST_DEFINES, "router hoist"),
         Variant(Q8_SOURCE, q8_defines(Q8_ROWS, Q8_THREADS), ""),
-        Variant(Q8_SOURCE, q8_defines(Q8_ROWS, Q8_THREADS) + (("Q8_HOIST", "1"),), "hoist"),
         Variant(MOE_SOURCE, moe_defines(MOE_ROWS), ""),
         Variant(MOE_Q8_SOURCE, moe_defines(MOE_ROWS), ""),
         Variant(HGEMM_SOURCE, HGemmTuning().defines(), ""),
@@ -160,6 +159,11 @@ def variants() -> list[Variant]:
     out += [Variant(HC_SOURCE, CLUSTER_TUNING.defines(f, True), f"{f} cluster") for f in FORMATS]
     out += [
         Variant(HC_SOURCE, CLUSTER_XQ_TUNING.defines(f, True), f"{f} cluster xq") for f in FORMATS
+    ]
+    out += [  # HCCuda.stage_hoist off (to time it), the formats of a Q4_K_M file's mixes
+        Variant(HC_SOURCE, replace(t, stage_hoist=False).defines(f, c), f"{f}{tag} branched")
+        for f in ("Q4_K", "Q5_0", "Q6_K", "Q8_0")
+        for t, c, tag in ((HCTuning(), False, ""), (CLUSTER_TUNING, True, " cluster"))
     ]
     out += _attention() + _deltanet()
     return out

@@ -90,7 +90,8 @@
 #   bash tests/cuda/gpu_stages.sh s22         the clustered HC tests, then s20's counters
 #   bash tests/cuda/gpu_stages.sh s24         route.lean: tests, decode off / on side by side
 #   bash tests/cuda/gpu_stages.sh s25         s24 and qsa.cluster: tests, decode side by side
-#   bash tests/cuda/gpu_stages.sh s26         linear.q8.hoist, route.hoist: tests, decode off / on
+#   bash tests/cuda/gpu_stages.sh s27         hc.stage_hoist: the HC tests, invariance, decode off / on
+#   bash tests/cuda/gpu_stages.sh s28         the HC tests, invariance and the decode rows (defaults)
 #   bash tests/cuda/gpu_stages.sh moewg2      64 x 256 wgmma MoE tiles against 128 x 128
 #   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
 #                                              the clustered HC mix and the fused router
@@ -619,25 +620,30 @@ case "${1:-tests}" in
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
     bench lean 170 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
       --multi-decode 5@32768 --decode-steps 16 --paired 3 --toggle route.lean --record ;;
-  s26)  # 2026-12-07 08:45: linear.q8.hoist (the int8 matvec's 2..8 tokens' activations loaded
-    # without a branch a token: in SASS the t8 kernel issued one token's loads, waited, computed,
-    # then the next's; the served profile has matvec_q8_Q4_K_t8 at 1.81 ms of a five-session
-    # step against t1's 0.73 for the same weights): its tests, then decode off / on, invariance
-    timeout 200 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
-      tests/cuda/test_linear_matvec_q8mma.py tests/cuda/test_linear_matvec_q8.py \
-      > "$OUT/t_s26.log" 2>&1
-    echo "== s26 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s26.log" | head
-    timeout 150 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
-      tests/cuda/test_fused_router.py > "$OUT/t_s26r.log" 2>&1
-    echo "== s26 router tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s26r.log" | head
-    bench hoist 200 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
-      --multi-decode 5@32768 --decode-steps 32 --paired 5 --toggle linear.q8.hoist --record
+  s27)  # 2026-12-07 11:10: hc.stage_hoist (the HC down kernels stage 4 tokens from loads issued
+    # together; the sums of squares' FMAs named, since ptxas contracted them by the code around):
+    # the HC tests, invariance with it on, decode off / on (route.gate_hoist, the fused router's
+    # gates CTA loading every token first, was even at 10:52 and is gone, as are s26's
+    # linear.q8.hoist, -6.7%, and route.hoist, -0.7%, at 10:20)
+    timeout 300 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_hc.py tests/cuda/test_hc_cluster.py > "$OUT/t_s27.log" 2>&1
+    echo "== s27 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s27.log" | head
+    bench invariance 120 invariance $Q4X --int8 --set hc.stage_hoist=true --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
-    bench rhoist 150 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode= \
-      --multi-decode 5@32768 --decode-steps 32 --paired 5 --toggle route.hoist --record
+    bench stage_hoist 240 model $Q4X --ctx 262144 --slots 5 --int8 --prefill= --decode 250000 \
+      --multi-decode 5@32768 --decode-steps 32 --paired 5 --toggle hc.stage_hoist --record ;;
+  s28)  # hc.stage_hoist on by default (hc_upl's copy of low too): the HC tests, invariance,
+    # five sessions with it off / on, the decode rows
+    timeout 300 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_hc.py tests/cuda/test_hc_cluster.py > "$OUT/t_s28.log" 2>&1
+    echo "== s28 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s28.log" | head
+    bench invariance 120 invariance $Q4X --int8 --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
-    bench invariance 120 invariance $Q4X --int8 --set linear.q8.hoist=true \
-      --set route.hoist=true --record ;;
+    bench stage_hoist 150 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode= \
+      --multi-decode 5@32768 --decode-steps 32 --paired 5 --toggle hc.stage_hoist --record
+    cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
+    bench decode 240 model $Q4X --ctx 262144 --slots 5 --int8 --prefill= \
+      --decode 0,32768,131072,250000 --multi-decode 5@32768,5@131072 --decode-steps 16 --record ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
     timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm_wgmma.py -k "grouped_moe or dense_matches" > "$OUT/t_moewg2.log" 2>&1

@@ -35,16 +35,13 @@ def gate_of(ops, h: torch.Tensor, gate_inp: torch.Tensor) -> torch.Tensor:
     return ops.moe.add_shared(zeros, ones, h, gate_inp)[:, 0].contiguous()
 
 
-@pytest.fixture(
-    params=[(False, False), (True, False), (True, True)], ids=["plain", "lean", "hoist"]
-)
+@pytest.fixture(params=[False, True], ids=["plain", "lean"])
 def lean(cuda_ops, request):  # type: ignore[no-untyped-def]
-    """route.lean off and on (a row a warp, the top k by warp reductions), and with route.hoist
-    (every token's x loaded without a branch): the same results."""
-    before = cuda_ops.route.lean, cuda_ops.route.hoist
-    cuda_ops.route.lean, cuda_ops.route.hoist = request.param
-    yield request.param[0]
-    cuda_ops.route.lean, cuda_ops.route.hoist = before
+    """route.lean off and on (a row a warp, the top k by warp reductions): the same results."""
+    before = cuda_ops.route.lean
+    cuda_ops.route.lean = request.param
+    yield request.param
+    cuda_ops.route.lean = before
 
 
 @pytest.mark.parametrize("type_name", ["F32", "F16", "BF16"])

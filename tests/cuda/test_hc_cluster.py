@@ -3,7 +3,8 @@ hc_upl, cuda/ops/hc_cluster.py) against the float64 reference as test_hc.py hold
 kernels to it: qwen4exp's shape in the formats a file has, 1..16 tokens, odd shapes (hc not 4, a
 cluster of one piece per stream, a 64 KB slice opted in; hc 9, which keeps the unclustered
 kernels), the head's mix; then batch invariance (every token group), the fused combine and graph
-replay bitwise, and the pieces' choice itself. Each GPU test checks that the clusters ran."""
+replay bitwise, and the pieces' choice itself. Each GPU test checks that the clusters ran (the
+stage_hoist one runs both kernels)."""
 
 from __future__ import annotations
 
@@ -203,3 +204,33 @@ def test_mix_writes_xq(kernels, types: str | tuple[str, str, str], n: int) -> No
         assert ops.linear.quantize(got) is offered
         got.add_(0.0)  # a write (even of the same values): the form is no longer handed out
         assert ops.linear.q8.offered(got) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cluster", [True, False], ids=["cluster", "plain"])
+@pytest.mark.parametrize("types", ["BF16", ("Q4_K", "Q5_0", "Q4_K"), ("Q4_K", "Q5_0", "Q6_K")])
+def test_stage_hoist_is_the_same_bits(kernels, cluster: bool, types: str | tuple) -> None:
+    """``stage_hoist`` (the down kernels load 4 tokens' stream values together, not a token's
+    inside its own branch): the same new x, mixed and inject, bitwise, with and without the
+    fused combine, at 1..16 tokens (every token group, and token groups cut short)."""
+    if cluster and not kernels.clusters:
+        pytest.skip("no thread block clusters before sm_90")
+    ops = hc_cuda(kernels)
+    ops.cluster = cluster
+    hc, d, r = REAL
+    case = make_case(hc, d, r, types, seed=12, device="cuda")
+    g = torch.Generator().manual_seed(12)
+    for n in (1, 2, 3, 5, 7, 8, 11, 16):
+        x = make_streams(n, hc, d, seed=n + 20).cuda()
+        out = torch.randn(n, d, generator=g).cuda()
+        inj_prev = (torch.rand(n, hc, generator=g) * 2).cuda()
+        got = []
+        for hoist in (False, True):
+            ops.stage_hoist = hoist
+            with ops.linear.path.step("decode"):
+                fused = ops.combine_mix(
+                    x, out, inj_prev, case.norm, case.down, case.up, case.inject, EPS
+                )
+                got.append((*fused, *ops.mix(x, case.norm, case.down, case.up, case.inject, EPS)))
+        for name, a, b in zip(("new x", "mixed", "inject", "mix", "mix inject"), *got, strict=True):
+            assert a is not None and b is not None and torch.equal(a, b), f"{types} N={n}: {name}"

@@ -159,28 +159,3 @@ def test_timing_one_vs_five_tokens(mma, dp4a, stream, type_name: str) -> None:
         f"matvec int8 {type_name} {rows}x{k}: 1 token {one:.1f} us; 5 tokens mma {t_mma:.1f} us, "
         f"dp4a {t_dp4a:.1f} us"
     )
-
-
-@pytest.mark.parametrize("type_name", INT8)
-def test_hoisted_token_loads_are_the_same_bits(dp4a, stream, type_name: str) -> None:
-    """``linear.q8.hoist`` (every token's activations loaded without a branch a token) gives the
-    dp4a kernels' bits at 1..8 tokens, and each token the one-token kernel's."""
-    rng = np.random.default_rng(90 + len(type_name))
-    k = 2560
-    raw = random_tensor(type_name, ROWS, k, rng)
-    w = upload_bytes(f"w.{type_name}", type_name, (k, ROWS), raw)
-    torch.cuda.synchronize()
-    for n_tok in range(1, 9):
-        x = torch.from_numpy(rng.standard_normal((n_tok, k), dtype=np.float32))
-        xq = dp4a.q8.quantize(x.cuda(), stream)
-        stream.sync()
-        want = run(dp4a, stream, w, xq)
-        dp4a.q8.hoist = True
-        try:
-            got = run(dp4a, stream, w, xq)
-            alone = [run(dp4a, stream, w, token(xq, t))[0] for t in range(n_tok)]
-        finally:
-            dp4a.q8.hoist = False
-        assert torch.equal(got, want), f"{type_name} n={n_tok}: hoisted != branched"
-        for t in range(n_tok):
-            assert torch.equal(got[t], alone[t]), f"{type_name} n={n_tok}: token {t} differs"

@@ -83,6 +83,9 @@
 #ifndef INV_ONCE
 #define INV_ONCE 1  // 1: hc_up computes each norm scale once per CTA (0: wherever it is read)
 #endif
+#ifndef STAGE_HOIST
+#define STAGE_HOIST 1  // 1: the down kernels stage 4 tokens' values from loads issued together
+#endif
 
 
 template <int NT>
@@ -175,6 +178,13 @@ __device__ __forceinline__ void prefetch_rows(const u8* wa, int rows_a, const u8
 #endif
 }
 
+// v.x^2 + v.y^2 + v.z^2 + v.w^2 with its FMAs named: left to contraction, ptxas chose
+// fma(x, x, y * y) or fma(y, y, x * x) by the code around it, so the same values summed to other
+// bits in kernels of other token counts or staging (this is the contraction the kernels had).
+__device__ __forceinline__ float sumsq4(float4 v) {
+    return __fmaf_rn(v.w, v.w, __fmaf_rn(v.z, v.z, __fmaf_rn(v.x, v.x, __fmul_rn(v.y, v.y))));
+}
+
 // x + a * o rounded as two separate ops (no FMA contraction): torch's x + inject * out.
 __device__ __forceinline__ float4 combine4(float4 x, float a, float4 o) {
     return make_float4(__fadd_rn(x.x, __fmul_rn(a, o.x)), __fadd_rn(x.y, __fmul_rn(a, o.y)),
@@ -190,6 +200,33 @@ __device__ __forceinline__ float4 stream4(const float* __restrict__ x,
     if (out_prev != nullptr)
         v = combine4(v, inj_prev[(size_t)tok * hc + s], *(const float4*)(out_prev + (size_t)tok * d + i));
     return v;
+}
+
+// stream4 of tokens tok0 .. tok0 + G - 1 into v, every load issued before any value is used (a
+// token's loads inside its own branch wait one L2 round trip a token); a token past nt (>= 1)
+// reads token tok0's values, which the caller drops. Each value is stream4's expression. The
+// down kernels stage STAGE_GROUP tokens at a time (8 at once took 174 registers where 128 were).
+#define STAGE_GROUP 4
+template <int G>
+__device__ __forceinline__ void stream4s(float4 (&v)[G], const float* __restrict__ x,
+                                         const float* __restrict__ out_prev,
+                                         const float* __restrict__ inj_prev, int tok0, int nt,
+                                         int s, int hc, int d, int i) {
+#pragma unroll
+    for (int t = 0; t < G; t++)
+        v[t] = *(const float4*)(x + ((size_t)(tok0 + (t < nt ? t : 0)) * hc + s) * d + i);
+    if (out_prev != nullptr) {
+        float a[G];
+        float4 o[G];
+#pragma unroll
+        for (int t = 0; t < G; t++) {
+            const int tok = tok0 + (t < nt ? t : 0);
+            a[t] = inj_prev[(size_t)tok * hc + s];
+            o[t] = *(const float4*)(out_prev + (size_t)tok * d + i);
+        }
+#pragma unroll
+        for (int t = 0; t < G; t++) v[t] = combine4(v[t], a[t], o[t]);
+    }
 }
 
 // ---- hc_down -------------------------------------------------------------------------------------
@@ -237,15 +274,27 @@ __device__ void hc_down(const float* __restrict__ x, const float* __restrict__ g
 #pragma unroll 2
         for (int q = q0; q < part / 4; q += blockDim.x) {  // float4 q of the part
             const float4 g = *(const float4*)(gamma + (size_t)s * d + p0 + q * 4);
+#if STAGE_HOIST
+            constexpr int SG = NT < STAGE_GROUP ? NT : STAGE_GROUP;
+            float4 vs[SG];
+#endif
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#if STAGE_HOIST
+                if (t % SG == 0 && t < nt)
+                    stream4s(vs, x, out_prev, inj_prev, tok0 + t, nt - t, s, hc, d, p0 + q * 4);
+#endif
                 if (t < nt) {
+#if STAGE_HOIST
+                    v = vs[t % SG];
+#else
                     v = stream4(x, out_prev, inj_prev, tok0 + t, s, hc, d, p0 + q * 4);
+#endif
                     if (aux0) {
                         if (out_prev != nullptr)
                             *(float4*)(x_new + ((size_t)(tok0 + t) * hc + s) * d + p0 + q * 4) = v;
-                        ss[t] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+                        ss[t] = __fadd_rn(ss[t], sumsq4(v));
                     }
                     v = make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w);
                 }
@@ -345,14 +394,26 @@ __device__ void hc_downc(const float* __restrict__ x, const float* __restrict__ 
 #pragma unroll 2
     for (int q = threadIdx.x; q < pl / 4; q += blockDim.x) {
         const float4 g = *(const float4*)(gamma + (size_t)s * d + v0 + q * 4);
+#if STAGE_HOIST
+        constexpr int SG = NT < STAGE_GROUP ? NT : STAGE_GROUP;
+        float4 vs[SG];
+#endif
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#if STAGE_HOIST
+            if (t % SG == 0 && t < nt)
+                stream4s(vs, x, out_prev, inj_prev, tok0 + t, nt - t, s, hc, d, v0 + q * 4);
+#endif
             if (t < nt) {
+#if STAGE_HOIST
+                v = vs[t % SG];
+#else
                 v = stream4(x, out_prev, inj_prev, tok0 + t, s, hc, d, v0 + q * 4);
+#endif
                 if (aux0 && out_prev != nullptr)
                     *(float4*)(x_new + ((size_t)(tok0 + t) * hc + s) * d + v0 + q * 4) = v;
-                ss[t] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+                ss[t] = __fadd_rn(ss[t], sumsq4(v));
                 v = make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w);
             }
             xs4[(t * 2 + (q & 1)) * runs + (q >> 1)] = v;
@@ -474,7 +535,30 @@ __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
         __syncthreads();
     }
     const auto inv = [&](int t, int s) { return ONCE ? inv_s[t * hc + s] : inv_of(t, s); };
-    for (int i = threadIdx.x; i < NT * r; i += blockDim.x) {
+    // the staged value i: low [t][k] (t = i / r, k = i % r) in the run-half layout
+    const auto low_at = [&](int i) {
+        const int t = i / r, k = i - t * r;
+        return lowf + ((t * 2 + ((k >> 2) & 1)) * runs + (k >> 3)) * 4 + (k & 3);
+    };
+#if STAGE_HOIST
+    if (LOW) {  // a copy of low's rows: 8 strides' loads issued before any store (in a loop of
+        // one load and one store a stride, each load waited its L2 round trip: 10 of them at
+        // qwen4exp's 8 tokens of 320 columns against 2 at one)
+        constexpr int U = 8;
+        for (int i0 = threadIdx.x; i0 < NT * r; i0 += U * blockDim.x) {
+            float v[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int i = i0 + u * blockDim.x, t = i / r;
+                v[u] = i < NT * r && t < nt ? P[(size_t)tok0 * r + i] : 0.f;
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (i0 + u * blockDim.x < NT * r) *low_at(i0 + u * blockDim.x) = v[u];
+        }
+    }
+#endif
+    for (int i = threadIdx.x; i < NT * r && !(STAGE_HOIST && LOW); i += blockDim.x) {
         const int t = i / r, k = i - t * r;
         float v = 0.f;
         if (t < nt && LOW) {
@@ -484,7 +568,7 @@ __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
             for (int s = 0; s < hc; s++) v += inv(t, s) * p[(size_t)s * n_tok * p_stride];
             v = silu(v / (float)hc);
         }
-        lowf[((t * 2 + ((k >> 2) & 1)) * runs + (k >> 3)) * 4 + (k & 3)] = v;
+        *low_at(i) = v;
     }
     if (!LOW && inj != nullptr && blockIdx.x == 0) {
         for (int i = threadIdx.x; i < nt * hc; i += blockDim.x) {

@@ -17,9 +17,6 @@
 #ifndef RUN_UNROLL
 #define RUN_UNROLL 4  // run-loop unroll: loads of several runs in flight per lane
 #endif
-#ifndef MV_HOIST
-#define MV_HOIST 0  // 1: 2..8 tokens' x loaded without a branch a token (route.hoist)
-#endif
 
 // w: [n_rows, k / BLOCK * BYTES] bytes; x: fp32 [n_tok, k]; y: fp32 [n_tok, n_rows].
 // n_rows: output rows; k: inputs per row, a multiple of BLOCK; n_tok: tokens, 1..NT.
@@ -54,25 +51,12 @@ __device__ void matvec(const u8* __restrict__ w, const float* __restrict__ x, fl
             T::load(wrow[rr] + (size_t)(r / RUNS) * T::BYTES, r % RUNS, v[rr]);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
-#if MV_HOIST
-            // every token's x read without a branch (a token past n_tok reads token 0's and adds
-            // nothing): the loads are issued together, not one L2 round trip a token
-            const int tt = t < n_tok ? t : 0;
-            const float4* xp = (const float4*)(x + (size_t)tt * k + (size_t)r * 8);
-            const float4 a = xp[0], c = xp[1];
-#pragma unroll
-            for (int rr = 0; rr < R; rr++) {
-                const float d = dot8(v[rr], a, c);
-                if (t < n_tok) acc[rr][t] += d;
-            }
-#else
             if (t < n_tok) {
                 const float4* xp = (const float4*)(x + (size_t)t * k + (size_t)r * 8);
                 const float4 a = xp[0], c = xp[1];
 #pragma unroll
                 for (int rr = 0; rr < R; rr++) acc[rr][t] += dot8(v[rr], a, c);
             }
-#endif
         }
     }
 #pragma unroll

@@ -31,9 +31,6 @@
 #ifndef Q8_ROWS_N
 #define Q8_ROWS_N 2  // rows per CTA for 2..8 tokens (1 and 4 each won some shapes, lost more)
 #endif
-#ifndef Q8_HOIST
-#define Q8_HOIST 0  // 1: 2..8 tokens' activations loaded without a branch a token (linear.q8.hoist)
-#endif
 
 // ---- activation quantization -------------------------------------------------------------------
 
@@ -88,26 +85,12 @@ __device__ void matvec_q8(const u8* __restrict__ w, const i8* __restrict__ xq,
         for (int rr = 0; rr < R; rr++) f[rr] = T::load(wrow[rr] + (size_t)b * T::BYTES, j);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
-#if Q8_HOIST
-            // every token's activations read without a branch (a token past n_tok reads token
-            // 0's and adds nothing), so their loads are issued together, not one L2 round trip
-            // a token after the last one's products; the sums are the same
-            const int tt = t < n_tok ? t : 0;
-            const i8* xb = xq + (size_t)tt * k + (size_t)b * T::BLOCK;
-            const float* db = xd + (size_t)tt * (k / 32) + (size_t)b * (T::BLOCK / 32);
-#pragma unroll
-            for (int rr = 0; rr < R; rr++) {
-                const float d = T::dot(f[rr], j, xb, db);
-                if (t < n_tok) acc[rr][t] = __fadd_rn(acc[rr][t], d);
-            }
-#else
             if (t < n_tok) {
                 const i8* xb = xq + (size_t)t * k + (size_t)b * T::BLOCK;
                 const float* db = xd + (size_t)t * (k / 32) + (size_t)b * (T::BLOCK / 32);
 #pragma unroll
                 for (int rr = 0; rr < R; rr++) acc[rr][t] = __fadd_rn(acc[rr][t], T::dot(f[rr], j, xb, db));
             }
-#endif
         }
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

@@ -71,6 +71,10 @@ class HCTuning:
     split_blocks: bool = True  # Q4_K / Q5_0 / Q6_K through gguf_split.cuh's raw-bits readers
     inv_once: bool = True  # hc_up's norm scales once per CTA, not wherever read (same bits)
     xq: bool = False  # the clustered module's up kernel also writes the int8 form (hc_uplq)
+    # the down kernels stage 4 tokens from loads issued together, not each token's loads in its
+    # own branch (one L2 round trip a token): the same bits; five sessions' decode +1.4% / +2.1%
+    # on the H100 (2026-12-07, bench model --paired 5 --toggle hc.stage_hoist), one even
+    stage_hoist: bool = True
 
     def __post_init__(self) -> None:
         for name in ("down_warps", "up_warps"):
@@ -104,6 +108,7 @@ class HCTuning:
             )
             + ((("HC_CLUSTERED", "1"),) if clustered else ())
             + ((("HC_XQ", "1"),) if self.xq else ())
+            + (() if self.stage_hoist else (("STAGE_HOIST", "0"),))
         )
 
     def down_rows_per_cta(self, nt: int) -> int:

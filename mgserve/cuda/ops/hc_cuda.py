@@ -3,6 +3,7 @@ layout), and on the linear family's GEMMs for prompt chunks."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -77,6 +78,7 @@ class HCCuda:
         # quantize launch fewer a mix. Off until it has run on a GPU (its tests and bench model
         # --set hc.emit_xq=true: gpu_stages.sh hcxq)
         self.emit_xq = False
+        self.stage_hoist = True  # False: HCTuning.stage_hoist off in every mix (to time it)
 
     # -- helpers --
 
@@ -228,12 +230,14 @@ class HCCuda:
             tune, xq = self.cluster_tuning, None
             if self._emits_xq(n, d, nt, inject):
                 tune, xq = CLUSTER_XQ_TUNING, self.linear.q8.empty(n, d)
+            tune = tune if self.stage_hoist else replace(tune, stage_hoist=False)
             mixed, inj = mix_clustered(
                 self.kernels, tune, self.branch, pieces, streams, norm, weights, nt, eps, xq
             )
             if xq is not None:
                 self.linear.q8.offer(mixed, xq)
             return x_new, mixed, inj
+        tune = tune if self.stage_hoist else replace(tune, stage_hoist=False)
         groups = (n + nt - 1) // nt
         part = down_part(d, nt)
         assert part is not None  # hc_kernels_apply checked the largest group

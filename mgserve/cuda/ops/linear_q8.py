@@ -72,14 +72,7 @@ class LinearQ8:
         self.rows, self.group = rows, group
         self._offered = threading.local()  # offer's (x, its version, xq), per thread
         self.mma = mma and group == Q8_THREADS
-        # 2..8 tokens' activations loaded without a branch a token (matvec_q8.cu Q8_HOIST: the
-        # same sums), off until timed on a GPU (bench model --paired R --toggle linear.q8.hoist)
-        self.hoist = False
-
-    @property
-    def defines(self) -> tuple[tuple[str, str], ...]:
-        """matvec_q8.cu's -D macros for this shape and ``hoist``."""
-        return q8_defines(self.rows, self.group) + ((("Q8_HOIST", "1"),) if self.hoist else ())
+        self.defines = q8_defines(rows, group)
 
     def offer(self, x: torch.Tensor, xq: Q8Activations) -> None:
         """x's int8 form, written by x's producer as ``quantize`` rounds (the clustered HC mix):

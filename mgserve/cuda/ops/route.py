@@ -49,7 +49,6 @@ ROUTER_TYPES = frozenset({"F32", "F16", "BF16"})  # route.cu's matvec_route_<T> 
 # (a row's sums do not depend on these)
 LEAN_TUNING = MatvecTuning(1, 1, 8)
 LEAN_DEFINES = (("ROUTE_REDUX", "1"),)  # and the top k by warp reductions (route.cuh)
-HOIST_DEFINES = (("MV_HOIST", "1"),)  # ``hoist``: every token's x loaded without a branch
 
 
 class Route(NamedTuple):
@@ -103,9 +102,6 @@ class RouteCuda:
         # sessions' decode +1.3% on the H100 (bench model --paired 5 --toggle route.lean,
         # 2026-12-07; one session +0.5%, within the noise)
         self.lean = True
-        # 2..8 tokens' x loaded without a branch a token in the router's product (matvec.cuh
-        # MV_HOIST: the same sums), off until timed (bench model --paired R --toggle route.hoist)
-        self.hoist = False
 
     def fuses(self, n: int, router: QuantWeight, k: int) -> bool:
         """Whether ``router`` runs for n rows: a decode step's rows with ``fused_decode`` (and
@@ -179,7 +175,6 @@ class RouteCuda:
         gate = None if gate_inp is None else torch.empty(n, dtype=torch.float32, device=self.device)
         tuning = LEAN_TUNING if self.lean else self.linear.tuning
         defines = tuning.defines() + (LEAN_DEFINES if self.lean else ())
-        defines += HOIST_DEFINES if self.hoist else ()
         bucket = token_bucket(n)
         per_cta = tuning.rows_per_cta(bucket)
         self.kernels.launch(
