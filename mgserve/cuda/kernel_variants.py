@@ -14,7 +14,8 @@ sites of ``Kernels.kernel`` this inventory covers and fails on one it does not k
 Covered: what ``cuda_backend`` (``mgserve serve``) builds, i.e. the default tunings, and
 ``deltanet.scan_tc``'s one variant (every kernel file is compiled), and gguf_split.cuh's
 shifts-and-masks readers in qgemm_wgmma.cu (``--moe-tiles wg:128,128,2,2,1``: the code a bench
-times against stays compiled). Not covered: the tunings only
+times against stays compiled), and the clustered HC mix with ``stage_hoist`` off in a Q4_K_M
+file's formats (``--toggle hc.stage_hoist``). Not covered: the tunings only
 benchmarks choose (``bench matvec --tunings / --q8-rows``, ``bench model --hgemm /
 --moe-tiles``, ``MoeCuda(moe_rows=...)``, ``--set deltanet.scan_cols=16``), and DeltaNet decode
 head dims other than 64, 128 and 256 (the runtime takes any up to MAX_STEP_HEAD_DIM; the models
@@ -161,9 +162,9 @@ def variants() -> list[Variant]:
         Variant(HC_SOURCE, CLUSTER_XQ_TUNING.defines(f, True), f"{f} cluster xq") for f in FORMATS
     ]
     out += [  # HCCuda.stage_hoist off (to time it), the formats of a Q4_K_M file's mixes
-        Variant(HC_SOURCE, replace(t, stage_hoist=False).defines(f, c), f"{f}{tag} branched")
+        Variant(HC_SOURCE, replace(t, stage_hoist=False).defines(f, True), f"{f} {tag} branched")
         for f in ("Q4_K", "Q5_0", "Q6_K", "Q8_0")
-        for t, c, tag in ((HCTuning(), False, ""), (CLUSTER_TUNING, True, " cluster"))
+        for t, tag in ((CLUSTER_TUNING, "cluster"), (CLUSTER_XQ_TUNING, "cluster xq"))
     ]
     out += _attention() + _deltanet()
     return out

@@ -92,6 +92,7 @@
 #   bash tests/cuda/gpu_stages.sh s25         s24 and qsa.cluster: tests, decode side by side
 #   bash tests/cuda/gpu_stages.sh s27         hc.stage_hoist: the HC tests, invariance, decode off / on
 #   bash tests/cuda/gpu_stages.sh s28         the HC tests, invariance and the decode rows (defaults)
+#   bash tests/cuda/gpu_stages.sh ncu5        Nsight Compute counters of five sessions' t8 kernels
 #   bash tests/cuda/gpu_stages.sh moewg2      64 x 256 wgmma MoE tiles against 128 x 128
 #   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
 #                                              the clustered HC mix and the fused router
@@ -110,7 +111,7 @@ ncu_kernels() {  # "name:kernel regex:launches" ...: Nsight Compute on one promp
   local NCU W SECTIONS spec name rx n
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   echo "ncu: ${NCU:-none}"; [ -n "$NCU" ] || return 0
-  W="$Q4X --ctx 8192 --slots 1 --int8 --prefill 4096@0 --decode 0 --decode-steps 1 --multi-decode= --no-graphs $NCU_EXTRA"
+  W="${NCU_W:-$Q4X --ctx 8192 --slots 1 --int8 --prefill 4096@0 --decode 0 --decode-steps 1 --multi-decode= --no-graphs} $NCU_EXTRA"
   SECTIONS="--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
     --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
   for spec in "$@"; do
@@ -621,10 +622,10 @@ case "${1:-tests}" in
     bench lean 170 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
       --multi-decode 5@32768 --decode-steps 16 --paired 3 --toggle route.lean --record ;;
   s27)  # 2026-12-07 11:10: hc.stage_hoist (the HC down kernels stage 4 tokens from loads issued
-    # together; the sums of squares' FMAs named, since ptxas contracted them by the code around):
+    # together; the sums of squares' FMAs named, since NVRTC contracted them by the code around):
     # the HC tests, invariance with it on, decode off / on (route.gate_hoist, the fused router's
-    # gates CTA loading every token first, was even at 10:52 and is gone, as are s26's
-    # linear.q8.hoist, -6.7%, and route.hoist, -0.7%, at 10:20)
+    # gates CTA loading every token first, was even at 10:32 and is gone, as are the former stage
+    # s26's linear.q8.hoist, -6.7%, and route.hoist, even, at 10:20)
     timeout 300 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_hc.py tests/cuda/test_hc_cluster.py > "$OUT/t_s27.log" 2>&1
     echo "== s27 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s27.log" | head
@@ -644,6 +645,11 @@ case "${1:-tests}" in
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
     bench decode 240 model $Q4X --ctx 262144 --slots 5 --int8 --prefill= \
       --decode 0,32768,131072,250000 --multi-decode 5@32768,5@131072 --decode-steps 16 --record ;;
+  ncu5)  # 2026-12-07 11:20: five sessions' eager decode step: why its t8 kernels and its router
+    # cost 2-3x their one-token twins (route.gate_hoist, even, ruled out the gates CTA)
+    NCU_W="$Q4X --ctx 8192 --slots 5 --int8 --prefill= --decode= --multi-decode 5@4096 \
+      --decode-steps 1 --no-graphs" ncu_kernels \
+      "five:^(matvec_route_F32_t8|hc_downc_Q4_K_t8|hc_upl_Q5_0_t8|matvec_q8_Q4_K_t8)$:12" ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
     timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm_wgmma.py -k "grouped_moe or dense_matches" > "$OUT/t_moewg2.log" 2>&1

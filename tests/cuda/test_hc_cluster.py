@@ -3,8 +3,7 @@ hc_upl, cuda/ops/hc_cluster.py) against the float64 reference as test_hc.py hold
 kernels to it: qwen4exp's shape in the formats a file has, 1..16 tokens, odd shapes (hc not 4, a
 cluster of one piece per stream, a 64 KB slice opted in; hc 9, which keeps the unclustered
 kernels), the head's mix; then batch invariance (every token group), the fused combine and graph
-replay bitwise, and the pieces' choice itself. Each GPU test checks that the clusters ran (the
-stage_hoist one runs both kernels)."""
+replay bitwise, and the pieces' choice itself. Each GPU test checks that the clusters ran."""
 
 from __future__ import annotations
 
@@ -207,30 +206,35 @@ def test_mix_writes_xq(kernels, types: str | tuple[str, str, str], n: int) -> No
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cluster", [True, False], ids=["cluster", "plain"])
+@pytest.mark.parametrize("xq", [False, True], ids=["f32", "xq"])
 @pytest.mark.parametrize("types", ["BF16", ("Q4_K", "Q5_0", "Q4_K"), ("Q4_K", "Q5_0", "Q6_K")])
-def test_stage_hoist_is_the_same_bits(kernels, cluster: bool, types: str | tuple) -> None:
-    """``stage_hoist`` (the down kernels load 4 tokens' stream values together, not a token's
-    inside its own branch): the same new x, mixed and inject, bitwise, with and without the
-    fused combine, at 1..16 tokens (every token group, and token groups cut short)."""
-    if cluster and not kernels.clusters:
-        pytest.skip("no thread block clusters before sm_90")
-    ops = hc_cuda(kernels)
-    ops.cluster = cluster
+def test_stage_hoist_is_the_same_bits(hcc, clustered, types: str | tuple, xq: bool) -> None:
+    """``stage_hoist`` (hc_downc loads 4 tokens' stream values together, hc_upl 8 strides of
+    low, not each inside its own branch): the same new x, mixed and inject, bitwise, with and
+    without the fused combine, at every token count 1..8, and 11 and 16 (groups cut short);
+    ``xq``: int8 rows, whose mixes with an inject also write the int8 form (hc_uplq)."""
+    before = hcc.stage_hoist, hcc.linear.int8, hcc.emit_xq
+    hcc.linear.int8 = hcc.emit_xq = xq
     hc, d, r = REAL
     case = make_case(hc, d, r, types, seed=12, device="cuda")
     g = torch.Generator().manual_seed(12)
-    for n in (1, 2, 3, 5, 7, 8, 11, 16):
-        x = make_streams(n, hc, d, seed=n + 20).cuda()
-        out = torch.randn(n, d, generator=g).cuda()
-        inj_prev = (torch.rand(n, hc, generator=g) * 2).cuda()
-        got = []
-        for hoist in (False, True):
-            ops.stage_hoist = hoist
-            with ops.linear.path.step("decode"):
-                fused = ops.combine_mix(
-                    x, out, inj_prev, case.norm, case.down, case.up, case.inject, EPS
-                )
-                got.append((*fused, *ops.mix(x, case.norm, case.down, case.up, case.inject, EPS)))
-        for name, a, b in zip(("new x", "mixed", "inject", "mix", "mix inject"), *got, strict=True):
-            assert a is not None and b is not None and torch.equal(a, b), f"{types} N={n}: {name}"
+    try:
+        for n in (1, 2, 3, 4, 5, 6, 7, 8, 11, 16):
+            x = make_streams(n, hc, d, seed=n + 20).cuda()
+            out = torch.randn(n, d, generator=g).cuda()
+            inj_prev = (torch.rand(n, hc, generator=g) * 2).cuda()
+            got = []
+            for hoist in (False, True):
+                hcc.stage_hoist = hoist
+                with hcc.linear.path.step("decode"):
+                    fused = hcc.combine_mix(
+                        x, out, inj_prev, case.norm, case.down, case.up, case.inject, EPS
+                    )
+                    mix = hcc.mix(x, case.norm, case.down, case.up, case.inject, EPS)
+                    got.append((*fused, *mix))
+            names = ("new x", "mixed", "inject", "mix", "mix inject")
+            for name, a, b in zip(names, *got, strict=True):
+                what = f"{types} int8={xq} N={n}: {name}"
+                assert a is not None and b is not None and torch.equal(a, b), what
+    finally:
+        hcc.stage_hoist, hcc.linear.int8, hcc.emit_xq = before

@@ -84,7 +84,7 @@
 #define INV_ONCE 1  // 1: hc_up computes each norm scale once per CTA (0: wherever it is read)
 #endif
 #ifndef STAGE_HOIST
-#define STAGE_HOIST 1  // 1: the down kernels stage 4 tokens' values from loads issued together
+#define STAGE_HOIST 1  // 1: hc_downc / hc_upl stage their inputs from loads issued together
 #endif
 
 
@@ -178,7 +178,7 @@ __device__ __forceinline__ void prefetch_rows(const u8* wa, int rows_a, const u8
 #endif
 }
 
-// v.x^2 + v.y^2 + v.z^2 + v.w^2 with its FMAs named: left to contraction, ptxas chose
+// v.x^2 + v.y^2 + v.z^2 + v.w^2 with its FMAs named: left to contraction, NVRTC chose
 // fma(x, x, y * y) or fma(y, y, x * x) by the code around it, so the same values summed to other
 // bits in kernels of other token counts or staging (this is the contraction the kernels had).
 __device__ __forceinline__ float sumsq4(float4 v) {
@@ -204,8 +204,10 @@ __device__ __forceinline__ float4 stream4(const float* __restrict__ x,
 
 // stream4 of tokens tok0 .. tok0 + G - 1 into v, every load issued before any value is used (a
 // token's loads inside its own branch wait one L2 round trip a token); a token past nt (>= 1)
-// reads token tok0's values, which the caller drops. Each value is stream4's expression. The
-// down kernels stage STAGE_GROUP tokens at a time (8 at once took 174 registers where 128 were).
+// reads token tok0's values, which the caller drops. Each value is stream4's expression.
+// hc_downc's 8-token kernel stages STAGE_GROUP tokens at a time (8 at once took 174 registers
+// where it had 128); the others, and hc_down (the unclustered path: GPUs before sm_90), where
+// staging 4 took a Q6_K kernel from 128 to 195 registers, stage one (as without STAGE_HOIST).
 #define STAGE_GROUP 4
 template <int G>
 __device__ __forceinline__ void stream4s(float4 (&v)[G], const float* __restrict__ x,
@@ -274,23 +276,11 @@ __device__ void hc_down(const float* __restrict__ x, const float* __restrict__ g
 #pragma unroll 2
         for (int q = q0; q < part / 4; q += blockDim.x) {  // float4 q of the part
             const float4 g = *(const float4*)(gamma + (size_t)s * d + p0 + q * 4);
-#if STAGE_HOIST
-            constexpr int SG = NT < STAGE_GROUP ? NT : STAGE_GROUP;
-            float4 vs[SG];
-#endif
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-#if STAGE_HOIST
-                if (t % SG == 0 && t < nt)
-                    stream4s(vs, x, out_prev, inj_prev, tok0 + t, nt - t, s, hc, d, p0 + q * 4);
-#endif
                 if (t < nt) {
-#if STAGE_HOIST
-                    v = vs[t % SG];
-#else
                     v = stream4(x, out_prev, inj_prev, tok0 + t, s, hc, d, p0 + q * 4);
-#endif
                     if (aux0) {
                         if (out_prev != nullptr)
                             *(float4*)(x_new + ((size_t)(tok0 + t) * hc + s) * d + p0 + q * 4) = v;
@@ -395,7 +385,7 @@ __device__ void hc_downc(const float* __restrict__ x, const float* __restrict__ 
     for (int q = threadIdx.x; q < pl / 4; q += blockDim.x) {
         const float4 g = *(const float4*)(gamma + (size_t)s * d + v0 + q * 4);
 #if STAGE_HOIST
-        constexpr int SG = NT < STAGE_GROUP ? NT : STAGE_GROUP;
+        constexpr int SG = NT == 8 ? STAGE_GROUP : 1;  // t4 at 4: 80 -> 98 registers, untimed
         float4 vs[SG];
 #endif
 #pragma unroll
@@ -544,16 +534,16 @@ __device__ void hc_up(const u8* __restrict__ up, const float* __restrict__ P,
     if (LOW) {  // a copy of low's rows: 8 strides' loads issued before any store (in a loop of
         // one load and one store a stride, each load waited its L2 round trip: 10 of them at
         // qwen4exp's 8 tokens of 320 columns against 2 at one)
-        constexpr int U = 8;
-        for (int i0 = threadIdx.x; i0 < NT * r; i0 += U * blockDim.x) {
-            float v[U];
+        constexpr int UC = 8;
+        for (int i0 = threadIdx.x; i0 < NT * r; i0 += UC * blockDim.x) {
+            float v[UC];
 #pragma unroll
-            for (int u = 0; u < U; u++) {
+            for (int u = 0; u < UC; u++) {
                 const int i = i0 + u * blockDim.x, t = i / r;
                 v[u] = i < NT * r && t < nt ? P[(size_t)tok0 * r + i] : 0.f;
             }
 #pragma unroll
-            for (int u = 0; u < U; u++)
+            for (int u = 0; u < UC; u++)
                 if (i0 + u * blockDim.x < NT * r) *low_at(i0 + u * blockDim.x) = v[u];
         }
     }

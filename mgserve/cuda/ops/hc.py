@@ -71,9 +71,10 @@ class HCTuning:
     split_blocks: bool = True  # Q4_K / Q5_0 / Q6_K through gguf_split.cuh's raw-bits readers
     inv_once: bool = True  # hc_up's norm scales once per CTA, not wherever read (same bits)
     xq: bool = False  # the clustered module's up kernel also writes the int8 form (hc_uplq)
-    # the down kernels stage 4 tokens from loads issued together, not each token's loads in its
-    # own branch (one L2 round trip a token): the same bits; five sessions' decode +1.4% / +2.1%
-    # on the H100 (2026-12-07, bench model --paired 5 --toggle hc.stage_hoist), one even
+    # the clustered mix stages its inputs from loads issued together, not each token's (or
+    # stride's) in its own branch, one L2 round trip each: hc_downc at 8 tokens 4 tokens at a
+    # time, hc_upl 8 strides of low. The same bits; five sessions' decode +1.4% / +1.6% on the
+    # H100 (2026-12-07, bench model --paired 5 --toggle hc.stage_hoist), one session even
     stage_hoist: bool = True
 
     def __post_init__(self) -> None:

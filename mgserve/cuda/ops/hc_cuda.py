@@ -78,7 +78,7 @@ class HCCuda:
         # quantize launch fewer a mix. Off until it has run on a GPU (its tests and bench model
         # --set hc.emit_xq=true: gpu_stages.sh hcxq)
         self.emit_xq = False
-        self.stage_hoist = True  # False: HCTuning.stage_hoist off in every mix (to time it)
+        self.stage_hoist = True  # False: HCTuning.stage_hoist off in the clustered mixes
 
     # -- helpers --
 
@@ -237,7 +237,6 @@ class HCCuda:
             if xq is not None:
                 self.linear.q8.offer(mixed, xq)
             return x_new, mixed, inj
-        tune = tune if self.stage_hoist else replace(tune, stage_hoist=False)
         groups = (n + nt - 1) // nt
         part = down_part(d, nt)
         assert part is not None  # hc_kernels_apply checked the largest group
