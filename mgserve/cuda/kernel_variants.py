@@ -130,6 +130,9 @@ def _deltanet() -> list[Variant]:
     return out
 
 
+ACQ_REL = (("TICKET_ACQREL", "1"),)  # Tickets.acq_rel's define
+
+
 def variants() -> list[Variant]:
     """Every variant the runtime can request (module docstring), sources in family order."""
     plain = [ACT_SOURCE, EMBED_SOURCE, NORM_SOURCE, ROUTE_SOURCE, UTIL_SOURCE, SELECT_SOURCE]
@@ -138,9 +141,12 @@ def variants() -> list[Variant]:
         Variant(MATVEC_SOURCE, MatvecTuning().defines(), ""),
         Variant(ROUTE_SOURCE, MatvecTuning().defines(), "router"),  # route.lean off: the matvec's
         Variant(ROUTE_SOURCE, LEAN_TUNING.defines() + LEAN_DEFINES, "router lean"),  # the default
+        # route.tickets.acq_rel (off until timed): the last-CTA kernels' tickets (tickets.cuh)
+        Variant(ROUTE_SOURCE, LEAN_TUNING.defines() + LEAN_DEFINES + ACQ_REL, "lean acq_rel"),
         Variant(Q8_SOURCE, q8_defines(Q8_ROWS, Q8_THREADS), ""),
         Variant(MOE_SOURCE, moe_defines(MOE_ROWS), ""),
         Variant(MOE_Q8_SOURCE, moe_defines(MOE_ROWS), ""),
+        Variant(MOE_Q8_SOURCE, moe_defines(MOE_ROWS) + ACQ_REL, "acq_rel"),
         Variant(HGEMM_SOURCE, HGemmTuning().defines(), ""),
         Variant(HGEMM_WG_SOURCE, WgmmaTuning().defines(), "sm_90a", sm90a=True),
         Variant(HGEMM_WG_SOURCE, NARROW_TUNING.defines(), "narrow sm_90a", sm90a=True),

@@ -32,6 +32,15 @@ class Tickets:
         self._runs: dict[tuple[int, int], tuple[int, int]] = {}
         self._used = 0
         self._lock = threading.Lock()
+        # tickets.cuh's TICKET_ACQREL in the kernels that take them (the fused router, the int8
+        # gate/up): one acq_rel atomic a CTA where three fences were; off until timed (bench
+        # model --paired R --toggle route.tickets.acq_rel)
+        self.acq_rel = False
+
+    @property
+    def defines(self) -> tuple[tuple[str, str], ...]:
+        """The -D macros of tickets.cuh for the kernels that take these counters."""
+        return (("TICKET_ACQREL", "1"),) if self.acq_rel else ()
 
     def at(self, key: int, n: int) -> int | None:
         """The address of ``n`` counters of the weight ``key`` (its bytes' address) for this

@@ -93,6 +93,7 @@
 #   bash tests/cuda/gpu_stages.sh s27         hc.stage_hoist: the HC tests, invariance, decode off / on
 #   bash tests/cuda/gpu_stages.sh s28         the HC tests, invariance and the decode rows (defaults)
 #   bash tests/cuda/gpu_stages.sh ncu5        Nsight Compute counters of five sessions' t8 kernels
+#   bash tests/cuda/gpu_stages.sh s29         route.tickets.acq_rel: tests, decode off / on, invariance
 #   bash tests/cuda/gpu_stages.sh moewg2      64 x 256 wgmma MoE tiles against 128 x 128
 #   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
 #                                              the clustered HC mix and the fused router
@@ -650,6 +651,17 @@ case "${1:-tests}" in
     NCU_W="$Q4X --ctx 8192 --slots 5 --int8 --prefill= --decode= --multi-decode 5@4096 \
       --decode-steps 1 --no-graphs" ncu_kernels \
       "five:^(matvec_route_F32_t8|hc_downc_Q4_K_t8|hc_upl_Q5_0_t8|matvec_q8_Q4_K_t8)$:12" ;;
+  s29)  # 2026-12-07 12:20: route.tickets.acq_rel (tickets.cuh TICKET_ACQREL: the last-CTA
+    # kernels take their ticket by one acq_rel atomic a CTA, CUTLASS's semaphore pattern, where
+    # three __threadfence()s, MEMBAR.SC.GPU each, sat on the fused router's path; one session's
+    # router is 10.5 us a launch for 2.6 MB): its tests, decode off / on, invariance with it on
+    timeout 200 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_fused_router.py > "$OUT/t_s29.log" 2>&1
+    echo "== s29 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s29.log" | head
+    bench acq_rel 200 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
+      --multi-decode 5@32768 --decode-steps 32 --paired 5 --toggle route.tickets.acq_rel --record
+    cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
+    bench invariance 120 invariance $Q4X --int8 --set route.tickets.acq_rel=true --record ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
     timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm_wgmma.py -k "grouped_moe or dense_matches" > "$OUT/t_moewg2.log" 2>&1

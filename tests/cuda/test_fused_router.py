@@ -35,13 +35,17 @@ def gate_of(ops, h: torch.Tensor, gate_inp: torch.Tensor) -> torch.Tensor:
     return ops.moe.add_shared(zeros, ones, h, gate_inp)[:, 0].contiguous()
 
 
-@pytest.fixture(params=[False, True], ids=["plain", "lean"])
+@pytest.fixture(
+    params=[(False, False), (True, False), (True, True)], ids=["plain", "lean", "acq_rel"]
+)
 def lean(cuda_ops, request):  # type: ignore[no-untyped-def]
-    """route.lean off and on (a row a warp, the top k by warp reductions): the same results."""
-    before = cuda_ops.route.lean
-    cuda_ops.route.lean = request.param
-    yield request.param
-    cuda_ops.route.lean = before
+    """route.lean off and on (a row a warp, the top k by warp reductions), and with the tickets
+    taken by one acq_rel atomic a CTA (route.tickets.acq_rel): the same results."""
+    tickets = cuda_ops.route.tickets
+    before = cuda_ops.route.lean, tickets.acq_rel
+    cuda_ops.route.lean, tickets.acq_rel = request.param
+    yield request.param[0]
+    cuda_ops.route.lean, tickets.acq_rel = before
 
 
 @pytest.mark.parametrize("type_name", ["F32", "F16", "BF16"])
@@ -158,11 +162,13 @@ def test_shared_in_down_is_add_shared(cuda_ops, cuda_ops_int8, int8: bool, n: in
 
 @pytest.mark.parametrize("rows", [(1, 1), (2, 1), (8, 1), (3, 1)])
 @pytest.mark.parametrize(("n", "ff"), [(1, 640), (3, 96), (8, 64), (5, 160)])
+@pytest.mark.parametrize("acq_rel", [False, True], ids=["fences", "acq_rel"])
 def test_gate_up_rounds_h_as_quantize(cuda_ops_int8, rows: tuple[int, int], n: int,
-                                      ff: int) -> None:  # fmt: skip
+                                      ff: int, acq_rel: bool) -> None:  # fmt: skip
     """The int8 gate/up kernel's own rounding of h (the last CTA of each group of 32 rows) gives
     the down kernel quantize_q8's bits: the same output as the kernel without counters (a
-    quantize launch). rows (3, 1) (CTAs of 12 rows, across groups) take the quantize launch."""
+    quantize launch). rows (3, 1) (CTAs of 12 rows, across groups) take the quantize launch.
+    ``acq_rel``: the tickets by one acq_rel atomic a CTA (Tickets.acq_rel) instead of fences."""
     from mgserve.cuda.ops.moe import ExpertWeights
     from mgserve.cuda.ops.moe_cuda import MoeCuda
 
@@ -181,7 +187,11 @@ def test_gate_up_rounds_h_as_quantize(cuda_ops_int8, rows: tuple[int, int], n: i
         moe.int8 = moe.round_h = True  # round_h: off by default (slower than the launch)
         made.append(moe)
     assert (made[0]._rounds_h(gate_up, n * kk, ff, kk) is not None) == (32 % (4 * rows[0]) == 0)
-    for _ in range(2):  # twice: each launch leaves its counters at 0
-        got, want = (m.experts(h, w, ids, wts) for m in made)
-        assert torch.equal(got, want), f"rows={rows} N={n} ff={ff}"
-        assert int(ops.moe.tickets.buf.count_nonzero()) == 0, "a counter left set"
+    ops.moe.tickets.acq_rel = acq_rel
+    try:
+        for _ in range(2):  # twice: each launch leaves its counters at 0
+            got, want = (m.experts(h, w, ids, wts) for m in made)
+            assert torch.equal(got, want), f"rows={rows} N={n} ff={ff}"
+            assert int(ops.moe.tickets.buf.count_nonzero()) == 0, "a counter left set"
+    finally:
+        ops.moe.tickets.acq_rel = False

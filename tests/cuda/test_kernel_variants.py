@@ -44,7 +44,8 @@ KNOWN_SITES = {
     ("cuda/ops/linear_cuda.py", "DEQUANT_SOURCE", ""),
     ("cuda/ops/linear_q8.py", "Q8_SOURCE", "self.defines"),  # q8_defines
     ("cuda/ops/moe_cuda.py", "MOE_SOURCE", "self._defines"),  # moe_defines
-    ("cuda/ops/moe_cuda.py", "MOE_Q8_SOURCE", "self._defines"),
+    ("cuda/ops/moe_cuda.py", "MOE_Q8_SOURCE", "self._defines"),  # the down kernels
+    ("cuda/ops/moe_cuda.py", "MOE_Q8_SOURCE", "defines"),  # gate/up: + Tickets.defines
     ("cuda/ops/moe_cuda.py", "SHARED_SOURCE", ""),
     ("cuda/ops/moe_prefill_cuda.py", "MOE_PREFILL_SOURCE", ""),
     ("cuda/ops/norm.py", "NORM_SOURCE", ""),
@@ -56,7 +57,7 @@ KNOWN_SITES = {
     ("cuda/ops/qsa_keys.py", "NORM_SOURCE", ""),
     ("cuda/ops/rope.py", "NORM_SOURCE", ""),
     ("cuda/ops/route.py", "ROUTE_SOURCE", ""),
-    ("cuda/ops/route.py", "ROUTE_SOURCE", "defines"),  # matvec_route (the matvec's, or LEAN_*)
+    ("cuda/ops/route.py", "ROUTE_SOURCE", "defines"),  # matvec_route (matvec.s or LEAN_*, tickets)
 }
 
 

@@ -3,18 +3,44 @@
 // 0 before and after each launch.
 #pragma once
 
+#ifndef TICKET_ACQREL
+#define TICKET_ACQREL 0  // 1: one acq_rel atomic a CTA instead of three sequential fences
+#endif
+
 // Whether this CTA takes the last of `n` tickets of `counter`. Each warp's writes before the call
-// (written by its lane 0) are fenced before the CTA's ticket, and the ticket's atomic before
-// what follows. A CTA that gets true must __threadfence() before it reads the other CTAs'
-// writes (its threads that read them), and reset the counter to 0 once every CTA has its ticket.
+// (written by its lane 0) are ordered before the CTA's ticket, and the ticket's atomic before
+// what follows. A CTA that gets true must call ticket_acquire() before it reads the other CTAs'
+// writes (its threads that read them, through L2: __ldcg), and reset the counter to 0 once every
+// CTA has its ticket.
+// TICKET_ACQREL: CUTLASS's semaphore pattern. The barrier orders the CTA's writes before thread
+// 0's atomic, whose release (cumulative) publishes them at GPU scope and whose acquire orders the
+// other CTAs' published writes before the second barrier. In SASS that is one MEMBAR.ALL.GPU
+// where __threadfence() is a MEMBAR.SC.GPU, here three on the last CTA's path.
 __device__ __forceinline__ bool last_cta(unsigned* counter, unsigned n) {
     __shared__ bool s_last;
+#if TICKET_ACQREL
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned old;
+        asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+        s_last = old == n - 1;
+    }
+#else
     if ((threadIdx.x & 31) == 0) __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
         s_last = atomicAdd(counter, 1u) == n - 1;
         __threadfence();  // (acquire) the atomic before the reads below
     }
+#endif
     __syncthreads();
     return s_last;
+}
+
+// What the last CTA's reading threads do before reading the other CTAs' writes: a fence, or
+// nothing where the ticket's atomic acquired them (TICKET_ACQREL).
+__device__ __forceinline__ void ticket_acquire() {
+#if !TICKET_ACQREL
+    __threadfence();
+#endif
 }

@@ -180,7 +180,8 @@ class MoeCuda:
         if self.int8 and gt in MOE_Q8_TYPES:
             if xq is None:
                 xq = self.linear.q8.quantize(x, stream)
-            kernel = self.kernels.kernel(MOE_Q8_SOURCE, f"moe_q8_gate_up_{gt}", self._defines)
+            defines = self._defines + (() if self.tickets is None else self.tickets.defines)
+            kernel = self.kernels.kernel(MOE_Q8_SOURCE, f"moe_q8_gate_up_{gt}", defines)
             act: tuple[int, ...] = (xq.q.data_ptr(), xq.d.data_ptr())
             rounds = self._rounds_h(gate_w, n * kk, ff, kk) if int8_down else None
             if rounds is not None:  # the kernel rounds h to int8 itself (moe_gate_up_warp)

@@ -157,7 +157,7 @@ class RouteCuda:
         (``fuses`` must hold): the bits of the matvec, ``top_k`` and ``moe.add_shared``'s gate."""
         if not self.fuses(h.shape[0] if h.dim() == 2 else 0, router, k):
             raise ValueError(f"route.router: no fused router for {router.name} (see fuses)")
-        assert self.linear is not None  # fuses
+        assert self.linear is not None and self.tickets is not None  # fuses
         ticket = self._ticket(router)
         check_weight(router, self.device)
         n, d = h.shape
@@ -174,7 +174,7 @@ class RouteCuda:
         weights = torch.empty((n, k), dtype=torch.float32, device=self.device)
         gate = None if gate_inp is None else torch.empty(n, dtype=torch.float32, device=self.device)
         tuning = LEAN_TUNING if self.lean else self.linear.tuning
-        defines = tuning.defines() + (LEAN_DEFINES if self.lean else ())
+        defines = tuning.defines() + (LEAN_DEFINES if self.lean else ()) + self.tickets.defines
         bucket = token_bucket(n)
         per_cta = tuning.rows_per_cta(bucket)
         self.kernels.launch(
