@@ -93,24 +93,32 @@ def test_router_ties_go_to_the_lower_expert(cuda_ops, lean: bool, n: int) -> Non
             assert all(ids[i] < ids[i + 1] for i in range(9) if ws[i] == ws[i + 1]), ids
 
 
-def test_router_replays_in_a_graph(cuda_ops) -> None:
+def test_router_replays_in_a_graph(cuda_ops, lean: bool) -> None:
+    """16 routers captured in one graph, replayed 12 times with new inputs, each checked against
+    the unfused path: a last CTA that read another CTA's logits before they were visible (its
+    ticket's ordering, tickets.cuh) would route on the previous replay's."""
     rng = np.random.default_rng(3)
     w, _ = make_weight("F32", 256, 2560, rng, "cuda")
-    h, gate_inp = rand(4, 2560, seed=1), rand(2560, seed=2)
+    hs = [rand(4, 2560, seed=1 + i) for i in range(16)]
+    gate_inp = rand(2560, seed=2)
     rt = cuda_ops.route
-    rt.router(h, w, 10, True, gate_inp)  # compiled outside the capture
+    rt.router(hs[0], w, 10, True, gate_inp)  # compiled outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = rt.router(h, w, 10, True, gate_inp)
-    for seed in (5, 6, 7):
-        h.copy_(rand(4, 2560, seed=seed))
+        outs = [rt.router(h, w, 10, True, gate_inp) for h in hs]
+    for replay in range(12):
+        for i, h in enumerate(hs):
+            h.copy_(rand(4, 2560, seed=100 * replay + i))
         graph.replay()
         torch.cuda.synchronize()
-        want = rt.top_k(cuda_ops.linear.matmul(h, w), 10, True)
-        assert torch.equal(out.route.experts, want.experts), seed
-        assert torch.equal(out.route.weights, want.weights), seed
-        assert out.gate is not None and torch.equal(out.gate, gate_of(cuda_ops, h, gate_inp))
+        for i, (h, out) in enumerate(zip(hs, outs, strict=True)):
+            want = rt.top_k(cuda_ops.linear.matmul(h, w), 10, True)
+            what = f"replay {replay}, router {i}"
+            assert torch.equal(out.route.experts, want.experts), what
+            assert torch.equal(out.route.weights, want.weights), what
+            assert out.gate is not None and torch.equal(out.gate, gate_of(cuda_ops, h, gate_inp))
+        assert int(rt.tickets.buf.count_nonzero()) == 0, "a counter left set"
 
 
 def test_router_refuses_what_it_cannot_fuse(cuda_ops) -> None:
@@ -187,11 +195,11 @@ def test_gate_up_rounds_h_as_quantize(cuda_ops_int8, rows: tuple[int, int], n: i
         moe.int8 = moe.round_h = True  # round_h: off by default (slower than the launch)
         made.append(moe)
     assert (made[0]._rounds_h(gate_up, n * kk, ff, kk) is not None) == (32 % (4 * rows[0]) == 0)
-    ops.moe.tickets.acq_rel = acq_rel
+    before, ops.moe.tickets.acq_rel = ops.moe.tickets.acq_rel, acq_rel
     try:
         for _ in range(2):  # twice: each launch leaves its counters at 0
             got, want = (m.experts(h, w, ids, wts) for m in made)
             assert torch.equal(got, want), f"rows={rows} N={n} ff={ff}"
             assert int(ops.moe.tickets.buf.count_nonzero()) == 0, "a counter left set"
     finally:
-        ops.moe.tickets.acq_rel = False
+        ops.moe.tickets.acq_rel = before

@@ -87,7 +87,7 @@ __device__ __forceinline__ void moe_gate_up_warp(const u8* __restrict__ gate,
     }
     if (hq == nullptr) return;
     const long long group = (long long)p * (ff / 32) + blockIdx.y * (MOE_WARPS * R) / 32;
-    const bool last = last_cta(tickets + group, 32 / (MOE_WARPS * R));  // the warps' rows fenced
+    const bool last = last_cta(tickets + group, 32 / (MOE_WARPS * R));  // the warps' rows published
     if (!last || threadIdx.x >= 32) return;  // one warp of the last CTA rounds the group
     ticket_acquire();  // the other CTAs' rows, published by their tickets, are visible
     const long long idx = group * 32 + 4 * (lane & 7);  // lanes 0..7: 4 values each

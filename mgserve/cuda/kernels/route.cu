@@ -16,7 +16,7 @@
 //   tokens): a decode step's router product, routing and shared-expert gate in one launch. The
 //   CTAs compute the logits exactly as matvec.cu's matvec_<T>_t<NT> (the same template and
 //   tuning, so the same bits), write them, and take a ticket; the CTA that takes the last one
-//   (every other CTA's logits are then written: each writer fences before its CTA's ticket) routes
+//   (every other CTA's logits are then written and published by its ticket: tickets.cuh) routes
 //   the tokens as moe_route does (route_warp, route.cuh), then resets the counter for the next
 //   launch (a graph's replay). With gate_inp, one CTA more (past the rows) computes each token's
 //   shared-expert gate sigmoid(h . gate_inp) in moe_shared.cu's order (shared_gates) while the
@@ -54,7 +54,7 @@ __device__ void matvec_route(const u8* __restrict__ w, const float* __restrict__
     matvec<T, NT>(w, x, logits, n_exp, k_dim, n_tok, nullptr, nullptr);
     if (gate_inp && blockIdx.x == gridDim.x - 1)  // the CTA past the rows: the gates, beside
         shared_gates<NT>(x, gate_inp, gate, n_tok, k_dim);  // the others' rows (read later)
-    if (!last_cta(count, gridDim.x)) return;  // the warps' logits (lane 0 wrote them) fenced
+    if (!last_cta(count, gridDim.x)) return;  // the warps' logits (lane 0 wrote them) published
     ticket_acquire();  // the other CTAs' logits, published by their tickets, are visible
     const int warp = threadIdx.x >> 5;
     for (int n = warp; n < n_tok; n += WARPS_PER_CTA)

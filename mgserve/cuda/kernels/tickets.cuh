@@ -22,7 +22,8 @@ __device__ __forceinline__ bool last_cta(unsigned* counter, unsigned n) {
     __syncthreads();
     if (threadIdx.x == 0) {
         unsigned old;
-        asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+                     : "=r"(old) : "l"(counter) : "memory");
         s_last = old == n - 1;
     }
 #else
