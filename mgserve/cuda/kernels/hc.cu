@@ -191,23 +191,13 @@ __device__ __forceinline__ float4 combine4(float4 x, float a, float4 o) {
                        __fadd_rn(x.z, __fmul_rn(a, o.z)), __fadd_rn(x.w, __fmul_rn(a, o.w)));
 }
 
-// Values i .. i+3 of token tok's stream s: x, or x + inj_prev * out_prev when fused.
-__device__ __forceinline__ float4 stream4(const float* __restrict__ x,
-                                          const float* __restrict__ out_prev,
-                                          const float* __restrict__ inj_prev, int tok, int s,
-                                          int hc, int d, int i) {
-    float4 v = *(const float4*)(x + ((size_t)tok * hc + s) * d + i);
-    if (out_prev != nullptr)
-        v = combine4(v, inj_prev[(size_t)tok * hc + s], *(const float4*)(out_prev + (size_t)tok * d + i));
-    return v;
-}
-
-// stream4 of tokens tok0 .. tok0 + G - 1 into v, every load issued before any value is used (a
-// token's loads inside its own branch wait one L2 round trip a token); a token past nt (>= 1)
-// reads token tok0's values, which the caller drops. Each value is stream4's expression.
-// hc_downc's 8-token kernel stages STAGE_GROUP tokens at a time (8 at once took 174 registers
-// where it had 128); the others, and hc_down (the unclustered path: GPUs before sm_90), where
-// staging 4 took a Q6_K kernel from 128 to 195 registers, stage one (as without STAGE_HOIST).
+// Values i .. i+3 of tokens tok0 .. tok0 + G - 1 of stream s into v: x, or x + inj_prev *
+// out_prev when fused; every load issued before any value is used (a token's loads inside its
+// own branch wait one L2 round trip a token). A token past nt (>= 1) reads token tok0's values,
+// which the caller drops. hc_downc's 8-token kernel stages STAGE_GROUP tokens at a time (8 at
+// once took 174 registers where it had 128); the others, and hc_down (the unclustered path: GPUs
+// before sm_90), where staging 4 took a Q6_K kernel from 128 to 195 registers, stage one, as
+// all do without STAGE_HOIST.
 #define STAGE_GROUP 4
 template <int G>
 __device__ __forceinline__ void stream4s(float4 (&v)[G], const float* __restrict__ x,
@@ -229,6 +219,18 @@ __device__ __forceinline__ void stream4s(float4 (&v)[G], const float* __restrict
 #pragma unroll
         for (int t = 0; t < G; t++) v[t] = combine4(v[t], a[t], o[t]);
     }
+}
+
+// stream4s's value of the one token tok, written out for hc_down's staging (through stream4s
+// ptxas orders its instructions otherwise there)
+__device__ __forceinline__ float4 stream4(const float* __restrict__ x,
+                                          const float* __restrict__ out_prev,
+                                          const float* __restrict__ inj_prev, int tok, int s,
+                                          int hc, int d, int i) {
+    float4 v = *(const float4*)(x + ((size_t)tok * hc + s) * d + i);
+    if (out_prev != nullptr)
+        v = combine4(v, inj_prev[(size_t)tok * hc + s], *(const float4*)(out_prev + (size_t)tok * d + i));
+    return v;
 }
 
 // ---- hc_down -------------------------------------------------------------------------------------
@@ -384,23 +386,16 @@ __device__ void hc_downc(const float* __restrict__ x, const float* __restrict__ 
 #pragma unroll 2
     for (int q = threadIdx.x; q < pl / 4; q += blockDim.x) {
         const float4 g = *(const float4*)(gamma + (size_t)s * d + v0 + q * 4);
-#if STAGE_HOIST
-        constexpr int SG = NT == 8 ? STAGE_GROUP : 1;  // t4 at 4: 80 -> 98 registers, untimed
+        // (4 tokens at once in t4: 80 -> 98 registers, untimed)
+        constexpr int SG = STAGE_HOIST && NT == 8 ? STAGE_GROUP : 1;
         float4 vs[SG];
-#endif
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-#if STAGE_HOIST
             if (t % SG == 0 && t < nt)
                 stream4s(vs, x, out_prev, inj_prev, tok0 + t, nt - t, s, hc, d, v0 + q * 4);
-#endif
             if (t < nt) {
-#if STAGE_HOIST
                 v = vs[t % SG];
-#else
-                v = stream4(x, out_prev, inj_prev, tok0 + t, s, hc, d, v0 + q * 4);
-#endif
                 if (aux0 && out_prev != nullptr)
                     *(float4*)(x_new + ((size_t)(tok0 + t) * hc + s) * d + v0 + q * 4) = v;
                 ss[t] = __fadd_rn(ss[t], sumsq4(v));
