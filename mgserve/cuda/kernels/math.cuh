@@ -13,6 +13,34 @@ __device__ __forceinline__ V warp_sum(V v) {
     return v;
 }
 
+// The sums over the warp's 32 lanes of N values a lane (N a power of two up to 32) in N - 1 +
+// 5 - log2(N) shuffles where N warp_sums take 5 N: at each of the first log2(N) levels
+// (offsets 16, 8, ..) a lane keeps half of its values, adds its partner's of that half and passes
+// it the other half. Each sum is warp_sum's tree, own value first: the same bits. Returns value
+// lane / (32 / N)'s sum (warp_split_index); the 32 / N lanes that share an index hold the same.
+template <int N, int OFF = 16>
+__device__ __forceinline__ float warp_sum_split(const float (&v)[N], int lane) {
+    static_assert(N >= 1 && N <= 32 && (N & (N - 1)) == 0 && (N == 1 || N <= 2 * OFF),
+                  "N: a power of two up to 32");
+    if constexpr (N == 1) {
+        float s = v[0];
+#pragma unroll
+        for (int off = OFF; off > 0; off >>= 1) s += __shfl_xor_sync(FULL, s, off);
+        return s;
+    } else {
+        const bool upper = lane & OFF;  // keeps values N / 2 .. N - 1 as its 0 .. N / 2 - 1
+        float h[N / 2];
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) {
+            const float keep = upper ? v[N / 2 + i] : v[i], pass = upper ? v[i] : v[N / 2 + i];
+            h[i] = keep + __shfl_xor_sync(FULL, pass, OFF);
+        }
+        return warp_sum_split<N / 2, OFF / 2>(h, lane);
+    }
+}
+template <int N>
+__device__ __forceinline__ int warp_split_index(int lane) { return lane / (32 / N); }
+
 // The max over the warp's 32 lanes (every lane ends with it).
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll

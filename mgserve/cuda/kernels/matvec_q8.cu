@@ -95,19 +95,23 @@ __device__ void matvec_q8(const u8* __restrict__ w, const i8* __restrict__ xq,
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     __shared__ float part[WARPS][R][NT];
+    {  // the R x NT sums over the warp: warp_sum's bits, lane / (32 / (R NT)) holds sum rr NT + t
+        constexpr int N = R * NT;
+        float flat[N];
 #pragma unroll
-    for (int rr = 0; rr < R; rr++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            const float v = warp_sum(acc[rr][t]);
-            if (WARPS == 1) {  // the warp is the group: lane 0 holds the sum
-                if (lane == 0 && t < n_tok && row0 + rr < n_rows)
+        for (int i = 0; i < N; i++) flat[i] = acc[i / NT][i % NT];
+        const float v = warp_sum_split(flat, lane);
+        const int i = warp_split_index<N>(lane), rr = i / NT, t = i % NT;
+        if (lane % (32 / N) == 0) {
+            if (WARPS == 1) {  // the warp is the group
+                if (t < n_tok && row0 + rr < n_rows)
                     y[(size_t)t * n_rows + row0 + rr] = linear_out(v, bias, res, t, row0 + rr,
                                                                    n_rows);
-            } else if (lane == 0) {
+            } else {
                 part[warp][rr][t] = v;
             }
         }
+    }
     if (WARPS == 1) return;
     __syncthreads();
     if (threadIdx.x < R * NT) {
