@@ -95,7 +95,8 @@
 #   bash tests/cuda/gpu_stages.sh ncu5        Nsight Compute counters of five sessions' t8 kernels
 #   bash tests/cuda/gpu_stages.sh s29         route.tickets.acq_rel: tests, decode off / on, invariance
 #   bash tests/cuda/gpu_stages.sh s30         s28's tests and s29 in one call (no decode rows)
-#   bash tests/cuda/gpu_stages.sh s31         linear.q8.split: tests, decode off / on, invariance
+#   bash tests/cuda/gpu_stages.sh s31         linear.q8.split and route.split: tests, decode off / on,
+#                                              invariance
 #   bash tests/cuda/gpu_stages.sh moewg2      64 x 256 wgmma MoE tiles against 128 x 128
 #   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
 #                                              the clustered HC mix and the fused router
@@ -674,14 +675,19 @@ case "${1:-tests}" in
     bench invariance 100 invariance $Q4X --int8 --set route.tickets.acq_rel=true --record ;;
   s31)  # 2026-12-07 14:30: linear.q8.split (Q4_K's nibbles split once a chunk: t8 2984 -> 2464
     # instructions, 64 -> 80 registers; ncu: the t8 kernel is latency-bound at 37.5% occupancy,
-    # so only a paired run tells), the int8 matvec's split warp sums (the same bits), acq_rel on
-    timeout 200 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+    # so only a paired run tells) and route.split (the fused router's tokens in groups of 2:
+    # ncu 26.9 us at 8 tokens, 1.3% issue busy, one warp a scheduler waiting on L1TEX)
+    timeout 230 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_linear_matvec_q8mma.py tests/cuda/test_fused_router.py > "$OUT/t_s31.log" 2>&1
     echo "== s31 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s31.log" | head
-    bench split 200 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
+    bench rsplit 130 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode= \
+      --multi-decode 5@32768 --decode-steps 32 --paired 5 --toggle route.split --record
+    cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
+    bench qsplit 150 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
       --multi-decode 5@32768 --decode-steps 32 --paired 5 --toggle linear.q8.split --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
-    bench invariance 100 invariance $Q4X --int8 --set linear.q8.split=true --record ;;
+    bench invariance 90 invariance $Q4X --int8 --set linear.q8.split=true --set route.split=true \
+      --record ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
     timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm_wgmma.py -k "grouped_moe or dense_matches" > "$OUT/t_moewg2.log" 2>&1

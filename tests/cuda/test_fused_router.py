@@ -4,7 +4,8 @@
   the shared expert's gate in one launch, against ``linear.matmul`` then ``route.top_k``, and
   against the gate ``moe.add_shared`` computes (add_shared(0, 1, h, gate) is that gate exactly);
   every router format and token bucket, expert counts that fill the last CTA or not, repeated
-  launches (the last CTA resets its counter) and a CUDA-graph replay;
+  launches (the last CTA resets its counter) and a CUDA-graph replay, with the launch's tokens
+  in one group or in groups of 2 and 1 (route.split);
 - ``MoeCuda.experts(shared=...)``: the shared expert added by the down kernel against
   ``experts`` then ``add_shared``, fp32 and int8, gated or not, with and without a residual.
 
@@ -36,16 +37,19 @@ def gate_of(ops, h: torch.Tensor, gate_inp: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.fixture(
-    params=[(False, False), (True, False), (True, True)], ids=["plain", "lean", "acq_rel"]
+    params=[(False, False, 0), (True, False, 0), (True, True, 0), (True, True, 2), (True, True, 1)],
+    ids=["plain", "lean", "acq_rel", "split2", "split1"],
 )
 def lean(cuda_ops, request):  # type: ignore[no-untyped-def]
-    """route.lean off and on (a row a warp, the top k by warp reductions), and with the tickets
-    taken by one acq_rel atomic a CTA (route.tickets.acq_rel): the same results."""
-    tickets = cuda_ops.route.tickets
-    before = cuda_ops.route.lean, tickets.acq_rel
-    cuda_ops.route.lean, tickets.acq_rel = request.param
+    """route.lean off and on (a row a warp, the top k by warp reductions), with the tickets
+    taken by one acq_rel atomic a CTA (route.tickets.acq_rel), and the tokens in groups of 2 and
+    of 1 (route.split: grid y, a counter and a last CTA a group): the same results."""
+    rt, tickets = cuda_ops.route, cuda_ops.route.tickets
+    before = rt.lean, tickets.acq_rel, rt.split, rt.split_tokens
+    rt.lean, tickets.acq_rel, group = request.param
+    rt.split, rt.split_tokens = group > 0, group or rt.split_tokens
     yield request.param[0]
-    cuda_ops.route.lean, tickets.acq_rel = before
+    rt.lean, tickets.acq_rel, rt.split, rt.split_tokens = before
 
 
 @pytest.mark.parametrize("type_name", ["F32", "F16", "BF16"])

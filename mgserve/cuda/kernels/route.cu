@@ -22,6 +22,9 @@
 //   shared-expert gate sigmoid(h . gate_inp) in moe_shared.cu's order (shared_gates) while the
 //   others compute their rows. One launch instead of three (the router's matvec,
 //   moe_route, and the gate's dot product inside moe_add_shared), with the same results.
+//   A token's logits, route and gate do not depend on the other tokens of its kernel (each
+//   sums in the same lane order for every NT), so a launch may take its tokens in groups (grid
+//   y, route.split), each group with its own counter, last CTA and routing.
 
 #include "matvec.cuh"
 #include "route.cuh"
@@ -43,14 +46,26 @@ moe_route(const float* __restrict__ logits,  // [N, E]
 
 // w: the router [n_exp, k_dim] in format T; x: h fp32 [n_tok, k_dim]; logits: fp32 [n_tok, n_exp]
 // (written, then read by the last CTA); experts, weights: [n_tok, k]; gate_inp: fp32 [k_dim] or
-// null (no gate computed); gate: fp32 [n_tok], sigmoid(x[n] . gate_inp); count: a counter that
-// is 0 before the launch (and after it). The grid: the rows' CTAs, and one more with gate_inp.
+// null (no gate computed); gate: fp32 [n_tok], sigmoid(x[n] . gate_inp); count: gridDim.y
+// counters, 0 before the launch (and after it). The grid: x the rows' CTAs, and one more with
+// gate_inp; y the groups of NT tokens (route.split: a launch of 8 tokens as 4 groups of 2 has
+// 4x the warps, each with a quarter of the serial work, and routes the groups in parallel).
 template <typename T, int NT>
 __device__ void matvec_route(const u8* __restrict__ w, const float* __restrict__ x,
                              float* __restrict__ logits, int n_exp, int k_dim, int n_tok,
                              int* __restrict__ experts, float* __restrict__ weights, int k,
                              int norm, float min_sum, const float* __restrict__ gate_inp,
                              float* __restrict__ gate, unsigned* __restrict__ count) {
+    // token group blockIdx.y: tokens NT y .. NT y + NT - 1 of the launch's n_tok, with counter
+    // count[y] (a token's bits do not depend on the others in its kernel: see the header)
+    const int g0 = NT * blockIdx.y;
+    x += (size_t)g0 * k_dim;
+    logits += (size_t)g0 * n_exp;
+    experts += (size_t)g0 * k;
+    weights += (size_t)g0 * k;
+    gate += gate ? g0 : 0;
+    count += blockIdx.y;
+    n_tok = min(n_tok - g0, NT);
     matvec<T, NT>(w, x, logits, n_exp, k_dim, n_tok, nullptr, nullptr);
     if (gate_inp && blockIdx.x == gridDim.x - 1)  // the CTA past the rows: the gates, beside
         shared_gates<NT>(x, gate_inp, gate, n_tok, k_dim);  // the others' rows (read later)

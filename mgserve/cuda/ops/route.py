@@ -102,6 +102,11 @@ class RouteCuda:
         # sessions' decode +1.3% on the H100 (bench model --paired 5 --toggle route.lean,
         # 2026-12-07; one session +0.5%, within the noise)
         self.lean = True
+        # 2..8 tokens in groups of split_tokens (grid y; route.cu): each warp does a group's
+        # serial work, not all tokens', and the groups route in parallel; the same bits. Off
+        # until timed (bench model --paired R --toggle route.split)
+        self.split = False
+        self.split_tokens = 2
 
     def fuses(self, n: int, router: QuantWeight, k: int) -> bool:
         """Whether ``router`` runs for n rows: a decode step's rows with ``fused_decode`` (and
@@ -121,8 +126,11 @@ class RouteCuda:
         )
 
     def _ticket(self, router: QuantWeight) -> int | None:
-        """The address of ``router``'s counter (tickets.py), or None: no counters."""
-        return None if self.tickets is None else self.tickets.at(router.data.data_ptr(), 1)
+        """The address of ``router``'s counters (tickets.py: one a token group, so
+        MAX_MATVEC_TOKENS), or None: no counters."""
+        if self.tickets is None:
+            return None
+        return self.tickets.at(router.data.data_ptr(), MAX_MATVEC_TOKENS)
 
     def top_k(self, logits: torch.Tensor, k: int, norm: bool) -> Route:
         _check_route(logits, k)
@@ -175,14 +183,17 @@ class RouteCuda:
         gate = None if gate_inp is None else torch.empty(n, dtype=torch.float32, device=self.device)
         tuning = LEAN_TUNING if self.lean else self.linear.tuning
         defines = tuning.defines() + (LEAN_DEFINES if self.lean else ()) + self.tickets.defines
-        bucket = token_bucket(n)
+        group = n if not self.split else min(n, self.split_tokens)
+        if not 1 <= group <= MAX_MATVEC_TOKENS:
+            raise ValueError(f"route.split_tokens must be in 1..{MAX_MATVEC_TOKENS}, got {group}")
+        bucket = token_bucket(group)
         per_cta = tuning.rows_per_cta(bucket)
         self.kernels.launch(
             self.kernels.kernel(
                 ROUTE_SOURCE, f"matvec_route_{router.type_name}_t{bucket}", defines
             ),
-            -(-e // per_cta) + (0 if gate_inp is None else 1),  # the gates' CTA (route.cu)
-            32 * MATVEC_WARPS_PER_CTA,
+            (-(-e // per_cta) + (0 if gate_inp is None else 1), -(-n // bucket)),  # the gates'
+            32 * MATVEC_WARPS_PER_CTA,  # CTA; the token groups (route.cu)
             router.data.data_ptr(),
             h.data_ptr(),
             logits.data_ptr(),
