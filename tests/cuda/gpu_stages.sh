@@ -677,7 +677,7 @@ case "${1:-tests}" in
     # instructions, 64 -> 80 registers; ncu: the t8 kernel is latency-bound at 37.5% occupancy,
     # so only a paired run tells) and route.split (the fused router's tokens in groups of 2:
     # ncu 26.9 us at 8 tokens, 1.3% issue busy, one warp a scheduler waiting on L1TEX)
-    timeout 230 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+    timeout 150 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu -k split \
       tests/cuda/test_linear_matvec_q8mma.py tests/cuda/test_fused_router.py > "$OUT/t_s31.log" 2>&1
     echo "== s31 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s31.log" | head
     bench rsplit 130 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode= \
