@@ -673,17 +673,18 @@ case "${1:-tests}" in
       --multi-decode 5@32768 --decode-steps 32 --paired 5 --toggle route.tickets.acq_rel --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
     bench invariance 100 invariance $Q4X --int8 --set route.tickets.acq_rel=true --record ;;
-  s31)  # 2026-12-07 14:30: linear.q8.split (Q4_K's nibbles split once a chunk: t8 2984 -> 2464
-    # instructions, 64 -> 80 registers; ncu: the t8 kernel is latency-bound at 37.5% occupancy,
-    # so only a paired run tells) and route.split (the fused router's tokens in groups of 2:
-    # ncu 26.9 us at 8 tokens, 1.3% issue busy, one warp a scheduler waiting on L1TEX)
+  s31)  # 2026-12-07 14:30: route.split (the fused router's tokens in groups of 2: ncu 26.9 us
+    # at 8 tokens, 1.3% issue busy, one warp a scheduler waiting on L1TEX) and linear.q8.split
+    # (Q4_K's nibbles split once a chunk: t8 2984 -> 2464 instructions, 64 -> 80 registers; the
+    # t8 kernel is latency-bound at 37.5% occupancy, so only a paired run tells); the first
+    # paired run before the tests: little device time was left
+    bench rsplit 100 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode= \
+      --multi-decode 5@32768 --decode-steps 32 --paired 5 --toggle route.split --record
+    cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
     timeout 150 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu -k split \
       tests/cuda/test_linear_matvec_q8mma.py tests/cuda/test_fused_router.py > "$OUT/t_s31.log" 2>&1
     echo "== s31 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s31.log" | head
-    bench rsplit 130 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode= \
-      --multi-decode 5@32768 --decode-steps 32 --paired 5 --toggle route.split --record
-    cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
-    bench qsplit 150 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
+    bench qsplit 120 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
       --multi-decode 5@32768 --decode-steps 32 --paired 5 --toggle linear.q8.split --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
     bench invariance 90 invariance $Q4X --int8 --set linear.q8.split=true --set route.split=true \
