@@ -14,10 +14,9 @@ sites of ``Kernels.kernel`` this inventory covers and fails on one it does not k
 Covered: what ``cuda_backend`` (``mgserve serve``) builds, i.e. the default tunings, and
 ``deltanet.scan_tc``'s one variant (every kernel file is compiled), and gguf_split.cuh's
 shifts-and-masks readers in qgemm_wgmma.cu (``--moe-tiles wg:128,128,2,2,1``: the code a bench
-times against stays compiled), and the clustered HC mix with ``stage_hoist`` off in a Q4_K_M
-file's formats (``--toggle hc.stage_hoist``), the router and the int8 gate/up with fenced
-tickets (``--toggle route.tickets.acq_rel``), and matvec_q8.cu with Q4_K's nibbles split once
-(``--toggle linear.q8.split``). Not covered: the tunings only
+times against stays compiled), the clustered HC mix with ``stage_hoist`` off in a Q4_K_M
+file's formats (``--toggle hc.stage_hoist``), and the router and the int8 gate/up with fenced
+tickets (``--toggle route.tickets.acq_rel``). Not covered: the tunings only
 benchmarks choose (``bench matvec --tunings / --q8-rows``, ``bench model --hgemm /
 --moe-tiles``, ``MoeCuda(moe_rows=...)``, ``--set deltanet.scan_cols=16``), and DeltaNet decode
 head dims other than 64, 128 and 256 (the runtime takes any up to MAX_STEP_HEAD_DIM; the models
@@ -149,8 +148,6 @@ def variants() -> list[Variant]:
         Variant(ROUTE_SOURCE, MatvecTuning().defines() + ACQ_REL, "router acq_rel"),
         Variant(ROUTE_SOURCE, MatvecTuning().defines(), "router"),
         Variant(Q8_SOURCE, q8_defines(Q8_ROWS, Q8_THREADS), ""),
-        # linear.q8.split (off until timed): Q4_K's nibbles split once a chunk (gguf_blocks_q8.cuh)
-        Variant(Q8_SOURCE, q8_defines(Q8_ROWS, Q8_THREADS) + (("Q4K_SPLIT", "1"),), "split"),
         Variant(MOE_SOURCE, moe_defines(MOE_ROWS), ""),
         Variant(MOE_Q8_SOURCE, moe_defines(MOE_ROWS), ""),
         Variant(MOE_Q8_SOURCE, moe_defines(MOE_ROWS) + ACQ_REL, "acq_rel"),

@@ -95,7 +95,7 @@
 #   bash tests/cuda/gpu_stages.sh ncu5        Nsight Compute counters of five sessions' t8 kernels
 #   bash tests/cuda/gpu_stages.sh s29         route.tickets.acq_rel: tests, decode off / on, invariance
 #   bash tests/cuda/gpu_stages.sh s30         s28's tests and s29 in one call (no decode rows)
-#   bash tests/cuda/gpu_stages.sh s31         linear.q8.split and route.split: tests, decode off / on,
+#   bash tests/cuda/gpu_stages.sh s31         route.split: tests, decode off / on (groups of 2, of 1),
 #                                              invariance
 #   bash tests/cuda/gpu_stages.sh moewg2      64 x 256 wgmma MoE tiles against 128 x 128
 #   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
@@ -673,22 +673,21 @@ case "${1:-tests}" in
       --multi-decode 5@32768 --decode-steps 32 --paired 5 --toggle route.tickets.acq_rel --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
     bench invariance 100 invariance $Q4X --int8 --set route.tickets.acq_rel=true --record ;;
-  s31)  # 2026-12-07 14:30: route.split (the fused router's tokens in groups of 2: ncu 26.9 us
-    # at 8 tokens, 1.3% issue busy, one warp a scheduler waiting on L1TEX) and linear.q8.split
-    # (Q4_K's nibbles split once a chunk: t8 2984 -> 2464 instructions, 64 -> 80 registers; the
-    # t8 kernel is latency-bound at 37.5% occupancy, so only a paired run tells); the first
-    # paired run before the tests: little device time was left
-    bench rsplit 100 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode= \
-      --multi-decode 5@32768 --decode-steps 32 --paired 5 --toggle route.split --record
-    cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
-    timeout 150 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu -k split \
-      tests/cuda/test_linear_matvec_q8mma.py tests/cuda/test_fused_router.py > "$OUT/t_s31.log" 2>&1
+  s31)  # 2026-12-07 14:30: route.split (the fused router's 2..8 tokens in groups of 2 on grid
+    # y: ncu 26.9 us at 8 tokens, 1.3% issue busy, one warp a scheduler waiting on L1TEX), then
+    # in groups of 1; its tests first. (14:17's run of this stage timed its first bench out
+    # while the model was made; its linear.q8.split, even, is removed.)
+    timeout 150 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_fused_router.py > "$OUT/t_s31.log" 2>&1
     echo "== s31 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s31.log" | head
-    bench qsplit 120 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
-      --multi-decode 5@32768 --decode-steps 32 --paired 5 --toggle linear.q8.split --record
+    bench rsplit 240 model $Q4X --ctx 262144 --slots 5 --int8 --prefill= --decode= \
+      --multi-decode 5@32768,5@131072 --decode-steps 32 --paired 5 --toggle route.split --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
-    bench invariance 90 invariance $Q4X --int8 --set linear.q8.split=true --set route.split=true \
-      --record ;;
+    bench rsplit1 150 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode= \
+      --multi-decode 5@32768 --decode-steps 32 --paired 5 --toggle route.split \
+      --set route.split_tokens=1 --record
+    cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
+    bench invariance 100 invariance $Q4X --int8 --set route.split=true --record ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
     timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm_wgmma.py -k "grouped_moe or dense_matches" > "$OUT/t_moewg2.log" 2>&1

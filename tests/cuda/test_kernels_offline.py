@@ -34,13 +34,6 @@ KNOWN_SPILLS = {
     ("attention.cu[d256 kf16 vf16]", "attn_decode"),
     *((f"deltanet_chunked.cu[d128 k{k}]", "delta_prep_f32") for k in range(1, 9)),
     ("hc.cu[IQ4_XS]", "hc_down_IQ4_XS_t4"),
-    # route.lean's router (a row a warp, 8 runs' loads in flight) at 2 tokens, 4-8 B, in the
-    # half-float formats only (a GGUF router is F32)
-    *(
-        (f"route.cu[{v}]", f"matvec_route_{t}_t2")
-        for v in ("router lean", "lean acq_rel")
-        for t in ("BF16", "F16")
-    ),  # fmt: skip
     ("hc.cu[Q6_K]", "hc_down_Q6_K_t8"),
     # the clustered mix's modules (CLUSTER_TUNING, -D HC_CLUSTERED=1: hc_downc and hc_upl only;
     # CLUSTER_XQ_TUNING: hc_upl on 16 warps, so 128 registers, and its int8 form), 4-24 B, with

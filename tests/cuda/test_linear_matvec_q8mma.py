@@ -159,32 +159,3 @@ def test_timing_one_vs_five_tokens(mma, dp4a, stream, type_name: str) -> None:
         f"matvec int8 {type_name} {rows}x{k}: 1 token {one:.1f} us; 5 tokens mma {t_mma:.1f} us, "
         f"dp4a {t_dp4a:.1f} us"
     )
-
-
-@pytest.mark.parametrize("extremes", [False, True])
-def test_split_nibbles_are_the_same_bits(dp4a, stream, extremes: bool) -> None:
-    """``linear.q8.split`` (Q4_K's nibbles split once a chunk and row, not once a token) gives
-    the dp4a kernels' bits at 1..8 tokens, and each token the one-token kernel's, with random
-    blocks and with every quant and scale at its largest."""
-    rng = np.random.default_rng(95 + extremes)
-    k = 2560
-    raw = random_tensor("Q4_K", ROWS, k, rng)
-    raw = extreme("Q4_K", raw) if extremes else raw
-    w = upload_bytes("w.Q4_K.split", "Q4_K", (k, ROWS), raw)
-    torch.cuda.synchronize()
-    for n_tok in range(1, 9):
-        x = torch.from_numpy(rng.standard_normal((n_tok, k), dtype=np.float32))
-        xq = dp4a.q8.quantize(x.cuda(), stream)
-        stream.sync()
-        want = run(dp4a, stream, w, xq)
-        dp4a.q8.split = True
-        try:
-            assert ("Q4K_SPLIT", "1") in dp4a.q8.defines
-            got = run(dp4a, stream, w, xq)
-            alone = [run(dp4a, stream, w, token(xq, t))[0] for t in range(n_tok)]
-        finally:
-            dp4a.q8.split = False
-        assert not torch.isnan(got).any(), f"n={n_tok}: rows left unwritten"
-        assert torch.equal(got, want), f"n={n_tok}: split != raw nibbles"
-        for t in range(n_tok):
-            assert torch.equal(got[t], alone[t]), f"n={n_tok}: token {t} differs"

@@ -2,10 +2,6 @@
 // moe_q8.cu: with dp4a (one token at a time) and with int8 mma (several tokens). Block layouts:
 // gguf_blocks.cuh.
 #pragma once
-
-#ifndef Q4K_SPLIT
-#define Q4K_SPLIT 0  // 1: Q4_K::Frag holds its nibbles split (LinearQ8.split, linear.q8.split)
-#endif
 #include "gguf_loads.cuh"
 #include "mma.cuh"
 
@@ -133,14 +129,7 @@ struct Q5_0 {
 struct Q4_K {
     static constexpr int BLOCK = 256, BYTES = 144, CHUNKS = 8, SUMS = 4, TILE_CHUNKS = 1, MMAS = 2;
     struct Sc { float d, dmin; int sc0, m0, sc1, m1; };  // of sub-blocks s0 = 2 (j / 2), s0 + 1
-#if Q4K_SPLIT
-    // the chunk's nibbles split once (lo: sub-block s0's 16 values, hi: s0 + 1's), not per
-    // token: ptxas rematerialised a raw word's split for every token (t8: 384 of its 3088
-    // instructions were the split's masks); 80 registers at t8 where raw words take 64
-    struct Frag { u32 lo[4], hi[4]; Sc sc; };
-#else
-    struct Frag { uint4 q; Sc sc; };  // raw nibbles, split where dot reads them
-#endif
+    struct Frag { uint4 q; Sc sc; };  // raw nibbles (split per token: fewer registers at 8)
     __device__ static Sc head(const u8* b, int j) {
         const uint4 h = *(const uint4*)b;  // blocks are 144 = 9 * 16 bytes: aligned
         const u32 w[3] = {h.y, h.z, h.w};
@@ -153,17 +142,7 @@ struct Q4_K {
     }
     __device__ static Frag load(const u8* b, int j) {
         Frag f;
-#if Q4K_SPLIT
-        const uint4 raw = *(const uint4*)(b + 16 + 16 * j);
-        const u32 q[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            f.lo[i] = q[i] & 0x0F0F0F0Fu;
-            f.hi[i] = (q[i] >> 4) & 0x0F0F0F0Fu;
-        }
-#else
         f.q = *(const uint4*)(b + 16 + 16 * j);
-#endif
         f.sc = head(b, j);
         return f;
     }
@@ -184,20 +163,13 @@ struct Q4_K {
         const int s0 = 2 * (j >> 1), pos = 16 * (j & 1);
         const uint4 a = *(const uint4*)(xq + 32 * s0 + pos);
         const uint4 c = *(const uint4*)(xq + 32 * (s0 + 1) + pos);
-#if Q4K_SPLIT
-        const u32(&lo)[4] = f.lo, (&hi)[4] = f.hi;
-#else
         const u32 q[4] = {f.q.x, f.q.y, f.q.z, f.q.w};
-        u32 lo[4], hi[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) lo[i] = q[i] & 0x0F0F0F0Fu, hi[i] = (q[i] >> 4) & 0x0F0F0F0Fu;
-#endif
         const u32 xa[4] = {a.x, a.y, a.z, a.w}, xc[4] = {c.x, c.y, c.z, c.w};
         int s[SUMS] = {};  // dl, dh, and the sums of the activations the mins multiply
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            s[0] = dot4(lo[i], xa[i], s[0]);
-            s[1] = dot4(hi[i], xc[i], s[1]);
+            s[0] = dot4(q[i] & 0x0F0F0F0Fu, xa[i], s[0]);
+            s[1] = dot4((q[i] >> 4) & 0x0F0F0F0Fu, xc[i], s[1]);
             s[2] = dot4(0x01010101u, xa[i], s[2]);
             s[3] = dot4(0x01010101u, xc[i], s[3]);
         }

@@ -72,15 +72,7 @@ class LinearQ8:
         self.rows, self.group = rows, group
         self._offered = threading.local()  # offer's (x, its version, xq), per thread
         self.mma = mma and group == Q8_THREADS
-        # Q4_K's nibbles split once a chunk and row, not once a token (gguf_blocks_q8.cuh
-        # Q4K_SPLIT: the same sums; t8 2984 -> 2464 instructions, 64 -> 80 registers), off until
-        # timed (bench model --paired R --toggle linear.q8.split)
-        self.split = False
-
-    @property
-    def defines(self) -> tuple[tuple[str, str], ...]:
-        """matvec_q8.cu's -D macros for this shape and ``split``."""
-        return q8_defines(self.rows, self.group) + ((("Q4K_SPLIT", "1"),) if self.split else ())
+        self.defines = q8_defines(rows, group)
 
     def offer(self, x: torch.Tensor, xq: Q8Activations) -> None:
         """x's int8 form, written by x's producer as ``quantize`` rounds (the clustered HC mix):
