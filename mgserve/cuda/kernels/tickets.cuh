@@ -4,7 +4,7 @@
 #pragma once
 
 #ifndef TICKET_ACQREL
-#define TICKET_ACQREL 0  // 1: one acq_rel atomic a CTA instead of three fences (Tickets.acq_rel: on)
+#define TICKET_ACQREL 0  // 1: one acq_rel atomic a CTA, not three fences (Tickets.acq_rel: on)
 #endif
 
 // Whether this CTA takes the last of `n` tickets of `counter`. Each warp's writes before the call
