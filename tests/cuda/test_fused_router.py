@@ -37,13 +37,22 @@ def gate_of(ops, h: torch.Tensor, gate_inp: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.fixture(
-    params=[(False, False, 0), (True, False, 0), (True, True, 0), (True, True, 2), (True, True, 1)],
-    ids=["plain", "lean", "acq_rel", "split2", "split1"],
+    params=[
+        (False, False, 0),
+        (True, False, 0),
+        (False, True, 0),
+        (True, True, 0),
+        (True, True, 2),
+        (True, True, 1),
+        (False, True, 2),
+    ],
+    ids=["plain", "lean", "plain_acq_rel", "acq_rel", "split2", "split1", "plain_split2"],
 )
 def lean(cuda_ops, request):  # type: ignore[no-untyped-def]
-    """route.lean off and on (a row a warp, the top k by warp reductions), with the tickets
-    taken by one acq_rel atomic a CTA (route.tickets.acq_rel), and the tokens in groups of 2 and
-    of 1 (route.split: grid y, a counter and a last CTA a group): the same results."""
+    """route.lean off and on (a row a warp, the top k by warp reductions), each with the tickets
+    taken by fences and by one acq_rel atomic a CTA (route.tickets.acq_rel, the default), and
+    the tokens in groups of 2 and of 1 (route.split: grid y, a counter and a last CTA a group):
+    the same results. (Yields route.lean.)"""
     rt, tickets = cuda_ops.route, cuda_ops.route.tickets
     before = rt.lean, tickets.acq_rel, rt.split, rt.split_tokens
     rt.lean, tickets.acq_rel, group = request.param
@@ -137,6 +146,10 @@ def test_router_refuses_what_it_cannot_fuse(cuda_ops) -> None:
         rt.router(rand(1, 256, seed=1), q4, 8, True)
     with pytest.raises(ValueError, match="gate_inp has shape"):
         rt.router(rand(1, 256, seed=1), f32, 8, True, rand(128, seed=2))
+    for bad in (0, 3, 16):  # a group is a token bucket of the kernels
+        with pytest.raises(ValueError, match="route.split_tokens must be one of"):
+            rt.split_tokens = bad
+    assert rt.split_tokens == 2
 
 
 @pytest.mark.parametrize("int8", [False, True])

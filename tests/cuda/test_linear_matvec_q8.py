@@ -104,8 +104,10 @@ def test_int8_rejects_other_types(ops, stream) -> None:
 
 
 # every kernel shape the bench compares must compute the same function (rows past the end are
-# clamped reads, never written)
-@pytest.mark.parametrize("rows_group", [(1, 1, 128), (4, 4, 128), (2, 2, 32), (1, 4, 32)])
+# clamped reads, never written); 3 and 8 rows: R x NT past warp_sum_split's powers of two <= 32
+@pytest.mark.parametrize(
+    "rows_group", [(1, 1, 128), (4, 4, 128), (2, 2, 32), (1, 4, 32), (3, 3, 128), (8, 8, 32)]
+)
 def test_matvec_q8_kernel_shapes(kernels, stream, rows_group: tuple[int, int, int]) -> None:
     ops = linear_cuda(kernels, q8_rows=rows_group[:2], q8_group=rows_group[2])
     for i, type_name in enumerate(INT8):

@@ -95,22 +95,31 @@ __device__ void matvec_q8(const u8* __restrict__ w, const i8* __restrict__ xq,
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     __shared__ float part[WARPS][R][NT];
-    {  // the R x NT sums over the warp: warp_sum's bits, lane / (32 / (R NT)) holds sum rr NT + t
-        constexpr int N = R * NT;
-        float flat[N];
+    // the warp's sum of acc[rr][t] to y (the warp is the group) or to the CTA's partials
+    auto put = [&](float v, int rr, int t) {
+        if (WARPS == 1) {
+            if (t < n_tok && row0 + rr < n_rows)
+                y[(size_t)t * n_rows + row0 + rr] = linear_out(v, bias, res, t, row0 + rr, n_rows);
+        } else {
+            part[warp][rr][t] = v;
+        }
+    };
+    constexpr int N = R * NT;
+    if constexpr ((N & (N - 1)) == 0 && N <= 32) {  // warp_sum's bits in fewer shuffles:
+        float flat[N];                               // lane / (32 / N) holds sum rr NT + t
 #pragma unroll
         for (int i = 0; i < N; i++) flat[i] = acc[i / NT][i % NT];
         const float v = warp_sum_split(flat, lane);
-        const int i = warp_split_index<N>(lane), rr = i / NT, t = i % NT;
-        if (lane % (32 / N) == 0) {
-            if (WARPS == 1) {  // the warp is the group
-                if (t < n_tok && row0 + rr < n_rows)
-                    y[(size_t)t * n_rows + row0 + rr] = linear_out(v, bias, res, t, row0 + rr,
-                                                                   n_rows);
-            } else {
-                part[warp][rr][t] = v;
+        const int i = warp_split_index<N>(lane);
+        if (lane % (32 / N) == 0) put(v, i / NT, i % NT);
+    } else {  // row counts only a bench asks for (bench matvec --q8-rows 3,..)
+#pragma unroll
+        for (int rr = 0; rr < R; rr++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const float v = warp_sum(acc[rr][t]);
+                if (lane == 0) put(v, rr, t);
             }
-        }
     }
     if (WARPS == 1) return;
     __syncthreads();

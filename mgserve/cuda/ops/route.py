@@ -12,8 +12,9 @@ A MoE block calls ``experts, weights = backend.route.top_k(logits, k, norm)`` on
 logits and hands both to ``backend.moe.experts``. In a decode step of the CUDA backend with
 ``fused_decode`` (``RouteCuda.fuses``) it calls ``RouteCuda.router`` instead: the router's
 product, the routing and the shared expert's gate in one launch (route.cu's matvec_route, which
-computes the logits with matvec.cu's code and routes them in its last CTA), the same bits as the
-matvec, ``top_k`` and ``moe.add_shared``'s gate.
+computes the logits with matvec.cu's code and routes them in its last CTA, or with ``split`` in
+each token group's last CTA), the same bits as the matvec, ``top_k`` and ``moe.add_shared``'s
+gate.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from mgserve.core.reference.moe import MIN_WEIGHT_SUM
 from mgserve.cuda.checks import check_cuda, check_vec4, check_weight
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.linear_tuning import (
+    MATVEC_TOKEN_BUCKETS,
     MATVEC_WARPS_PER_CTA,
     MAX_MATVEC_TOKENS,
     MatvecTuning,
@@ -106,7 +108,18 @@ class RouteCuda:
         # serial work, not all tokens', and the groups route in parallel; the same bits. Off
         # until timed (bench model --paired R --toggle route.split)
         self.split = False
-        self.split_tokens = 2
+        self._split_tokens = 2
+
+    @property
+    def split_tokens(self) -> int:
+        """Tokens a group with ``split`` (a token bucket of the matvec kernels: 1, 2, 4 or 8)."""
+        return self._split_tokens
+
+    @split_tokens.setter
+    def split_tokens(self, n: int) -> None:
+        if n not in MATVEC_TOKEN_BUCKETS:
+            raise ValueError(f"route.split_tokens must be one of {MATVEC_TOKEN_BUCKETS}, got {n}")
+        self._split_tokens = n
 
     def fuses(self, n: int, router: QuantWeight, k: int) -> bool:
         """Whether ``router`` runs for n rows: a decode step's rows with ``fused_decode`` (and
@@ -183,17 +196,16 @@ class RouteCuda:
         gate = None if gate_inp is None else torch.empty(n, dtype=torch.float32, device=self.device)
         tuning = LEAN_TUNING if self.lean else self.linear.tuning
         defines = tuning.defines() + (LEAN_DEFINES if self.lean else ()) + self.tickets.defines
-        group = n if not self.split else min(n, self.split_tokens)
-        if not 1 <= group <= MAX_MATVEC_TOKENS:
-            raise ValueError(f"route.split_tokens must be in 1..{MAX_MATVEC_TOKENS}, got {group}")
-        bucket = token_bucket(group)
+        bucket = token_bucket(min(n, self.split_tokens) if self.split else n)
         per_cta = tuning.rows_per_cta(bucket)
+        # x: the rows' CTAs and the gates' one; y: the groups of `bucket` tokens (route.cu)
+        grid = (-(-e // per_cta) + (0 if gate_inp is None else 1), -(-n // bucket))
         self.kernels.launch(
             self.kernels.kernel(
                 ROUTE_SOURCE, f"matvec_route_{router.type_name}_t{bucket}", defines
             ),
-            (-(-e // per_cta) + (0 if gate_inp is None else 1), -(-n // bucket)),  # the gates'
-            32 * MATVEC_WARPS_PER_CTA,  # CTA; the token groups (route.cu)
+            grid,
+            32 * MATVEC_WARPS_PER_CTA,
             router.data.data_ptr(),
             h.data_ptr(),
             logits.data_ptr(),
