@@ -18,6 +18,7 @@ from mgserve.cuda.checks import check_cuda, check_vec4
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.linear_tuning import (
     INT8_TYPES,
+    MATVEC_TOKEN_BUCKETS,
     MAX_MATVEC_TOKENS,
     Q8_GROUP,
     Q8_ROWS,
@@ -72,7 +73,33 @@ class LinearQ8:
         self.rows, self.group = rows, group
         self._offered = threading.local()  # offer's (x, its version, xq), per thread
         self.mma = mma and group == Q8_THREADS
-        self.defines = q8_defines(rows, group)
+        self._defines = q8_defines(rows, group)
+        # 2..8 tokens in groups of group_tokens (grid y; matvec_q8.cu) where the weight has at
+        # most group_ctas CTAs of rows: a small grid's CTAs each do a group's serial work, not
+        # every token's (Nsight, five sessions on the H100: the 48-CTA t8 launch 6.8 us at 1.5%
+        # issue busy). The same bits. Off until timed (bench model --toggle
+        # linear.q8.token_groups)
+        self.token_groups = False
+        self._group_tokens = 2
+        self.group_ctas = 1536
+
+    @property
+    def group_tokens(self) -> int:
+        """Tokens a group with ``token_groups`` (a token bucket: 1, 2, 4 or 8)."""
+        return self._group_tokens
+
+    @group_tokens.setter
+    def group_tokens(self, n: int) -> None:
+        if n not in MATVEC_TOKEN_BUCKETS:
+            raise ValueError(
+                f"linear.q8.group_tokens must be one of {MATVEC_TOKEN_BUCKETS}, got {n}"
+            )
+        self._group_tokens = n
+
+    @property
+    def defines(self) -> tuple[tuple[str, str], ...]:
+        """matvec_q8.cu's -D macros: the shape, and the token groups' kernels where they run."""
+        return self._defines + ((("Q8_TOKEN_GROUPS", "1"),) if self.token_groups else ())
 
     def offer(self, x: torch.Tensor, xq: Q8Activations) -> None:
         """x's int8 form, written by x's producer as ``quantize`` rounds (the clustered HC mix):
@@ -128,17 +155,21 @@ class LinearQ8:
         tail = epilogue_ptrs(w, out, bias, residual, self.device)
         bucket = token_bucket(xq.n_tok)
         family = "q8mma" if self.mma and bucket > 1 else "q8"
+        small = -(-w.rows // self._per_cta(bucket)) <= self.group_ctas
+        if family == "q8" and self.token_groups and small and xq.n_tok > self.group_tokens:
+            family, bucket = "q8g", self.group_tokens  # groups on grid y (matvec_q8.cu)
         kernel = self.kernels.kernel(
             Q8_SOURCE, f"matvec_{family}_{w.type_name}_t{bucket}", self.defines
         )
-        if family == "q8mma":
-            per_cta = Q8MMA_ROWS
-        else:
-            per_group = self.rows[0] if bucket == 1 else self.rows[1]
-            per_cta = per_group * (Q8_THREADS // self.group)
+        per_cta = Q8MMA_ROWS if family == "q8mma" else self._per_cta(bucket)
+        grid = (-(-w.rows // per_cta), -(-xq.n_tok // bucket))  # rows; token groups
         args = (w.data.data_ptr(), xq.q.data_ptr(), xq.d.data_ptr(), out.data_ptr())
         self.kernels.launch(
-            kernel, (w.rows + per_cta - 1) // per_cta, Q8_THREADS,
+            kernel, grid, Q8_THREADS,
             *args, np.int32(w.rows), np.int32(w.k), np.int32(xq.n_tok), *tail, stream=stream,
         )  # fmt: skip
         return out
+
+    def _per_cta(self, bucket: int) -> int:
+        """Rows a CTA of the dp4a kernel of ``bucket`` tokens (Q8_ROWS_1 / _N per group)."""
+        return (self.rows[0] if bucket == 1 else self.rows[1]) * (Q8_THREADS // self.group)
