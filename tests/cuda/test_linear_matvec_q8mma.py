@@ -37,6 +37,7 @@ def dp4a(kernels):
 
 def run(ops, stream, w, xq: Q8Activations, **epilogue) -> torch.Tensor:
     out = torch.full((xq.n_tok, w.rows), float("nan"), device="cuda")  # poisoned
+    torch.cuda.synchronize()  # the fill (torch's stream) before the kernel on ``stream``
     ops.q8.matvec(w, xq, stream, out, **epilogue)
     stream.sync()
     return out.cpu()
@@ -187,6 +188,9 @@ def test_token_groups_are_the_same_bits(dp4a, stream, group_tokens: int) -> None
                 q8.token_groups, q8.group_tokens = before
             what = f"{type_name} n={n_tok} groups of {group_tokens}"
             assert not torch.isnan(got).any(), f"{what}: rows left unwritten"
-            assert torch.equal(got, want), what
-    with pytest.raises(ValueError, match="group_tokens must be one of"):
-        q8.group_tokens = 3
+            assert torch.equal(got.view(torch.int32), want.view(torch.int32)), what  # bits
+        key = ("matvec_q8.cu", f"matvec_q8g_{type_name}_t{group_tokens}")  # it ran, not the
+        assert any(kk[:2] == key for kk in q8.kernels._kernels), f"{key} never launched"  # plain
+    for bad in (3, 8, True):
+        with pytest.raises(ValueError, match="group_tokens must be one of"):
+            q8.group_tokens = bad

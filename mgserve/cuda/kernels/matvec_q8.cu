@@ -15,7 +15,8 @@
 // sums meet through warp shuffles (and a small shared array when the group is the CTA).
 // The weights' exact value is kept: only the activations are rounded.
 // 2..8 tokens: matvec_q8mma_<type>_t<NT> (below) gives each token the one-token kernel's bits
-// with the integer sums from tensor cores.
+// with the integer sums from tensor cores; matvec_q8g_<type>_t<NT> (Q8_TOKEN_GROUPS) takes a
+// launch's tokens in groups of NT on grid y.
 
 #include "gguf_blocks_q8.cuh"
 #include "math.cuh"
@@ -54,7 +55,8 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restri
 // ---- the kernel --------------------------------------------------------------------------------
 
 // w: [n_rows, k / BLOCK * BYTES] bytes; xq: int8 [n_tok, k]; xd: fp32 [n_tok, k / 32];
-// y: fp32 [n_tok, n_rows]. k is a multiple of BLOCK; n_tok is 1..NT. bias [n_rows] and
+// y: fp32 [n_tok, n_rows]. k is a multiple of BLOCK; n_tok is 1..NT (GROUPED: the launch's
+// tokens, NT a grid-y group). bias [n_rows] and
 // res [n_tok, n_rows] (null when absent): y = res + (W x + bias). GROUPED: grid y holds groups
 // of NT tokens (matvec_q8g_*, LinearQ8.token_groups): a token's sums do not depend on the other
 // tokens of its kernel, so a launch's 2..8 tokens may run as groups of 1, 2 or 4, more CTAs of
@@ -75,7 +77,7 @@ __device__ void matvec_q8(const u8* __restrict__ w, const i8* __restrict__ xq,
         xq += (size_t)g0 * k;
         xd += (size_t)g0 * (k / 32);
         y += (size_t)g0 * n_rows;
-        res += res ? (size_t)g0 * n_rows : 0;
+        if (res) res += (size_t)g0 * n_rows;
         n_tok = min(n_tok - g0, NT);
     }
     const size_t n_blocks = k / T::BLOCK, row_bytes = n_blocks * T::BYTES;

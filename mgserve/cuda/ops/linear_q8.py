@@ -1,9 +1,10 @@
 """``LinearQ8``: the int8-activation products of the linear family (matvec_q8.cu): fp32
 activations rounded to int8 per 32 values (``quantize``, once per activation: ``Q8Activations``),
-then each quantized W read once with integer dot products (``matvec``: dp4a for one token,
-int8 tensor-core tiles for 2..8, giving each token the bits it gets alone), a bias and a residual
-added as each output is written. ``LinearCuda`` (linear_cuda.py) calls them in decode with
-``int8``; ``MoeCuda`` rounds its expert inputs here too.
+then each quantized W read once with integer dot products (``matvec``: dp4a, for 2..8 tokens
+optionally int8 tensor-core tiles or, on small grids, groups of tokens on grid y; each token gets
+the bits it gets alone), a bias and a residual added as each output is written. ``LinearCuda``
+(linear_cuda.py) calls them in decode with ``int8``; ``MoeCuda`` rounds its expert inputs here
+too.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from mgserve.cuda.checks import check_cuda, check_vec4
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.linear_tuning import (
     INT8_TYPES,
-    MATVEC_TOKEN_BUCKETS,
     MAX_MATVEC_TOKENS,
     Q8_GROUP,
     Q8_ROWS,
@@ -46,6 +46,9 @@ def epilogue_ptrs(
             if t.shape != shape:
                 raise ValueError(f"{w.name}: {name} has shape {list(t.shape)}")
     return (0 if bias is None else bias.data_ptr(), 0 if residual is None else residual.data_ptr())
+
+
+GROUP_TOKENS = (1, 2, 4)  # the token counts of matvec_q8.cu's matvec_q8g_* kernels
 
 
 class LinearQ8:
@@ -77,23 +80,21 @@ class LinearQ8:
         # 2..8 tokens in groups of group_tokens (grid y; matvec_q8.cu) where the weight has at
         # most group_ctas CTAs of rows: a small grid's CTAs each do a group's serial work, not
         # every token's (Nsight, five sessions on the H100: the 48-CTA t8 launch 6.8 us at 1.5%
-        # issue busy). The same bits. Off until timed (bench model --toggle
-        # linear.q8.token_groups)
+        # issue busy). The same bits; not with ``mma``. Off until timed (bench model --paired R
+        # --toggle linear.q8.token_groups)
         self.token_groups = False
         self._group_tokens = 2
         self.group_ctas = 1536
 
     @property
     def group_tokens(self) -> int:
-        """Tokens a group with ``token_groups`` (a token bucket: 1, 2, 4 or 8)."""
+        """Tokens a group with ``token_groups``: 1, 2 or 4 (matvec_q8g_*'s token counts)."""
         return self._group_tokens
 
     @group_tokens.setter
     def group_tokens(self, n: int) -> None:
-        if n not in MATVEC_TOKEN_BUCKETS:
-            raise ValueError(
-                f"linear.q8.group_tokens must be one of {MATVEC_TOKEN_BUCKETS}, got {n}"
-            )
+        if type(n) is not int or n not in GROUP_TOKENS:
+            raise ValueError(f"linear.q8.group_tokens must be one of {GROUP_TOKENS}, got {n!r}")
         self._group_tokens = n
 
     @property
@@ -155,8 +156,8 @@ class LinearQ8:
         tail = epilogue_ptrs(w, out, bias, residual, self.device)
         bucket = token_bucket(xq.n_tok)
         family = "q8mma" if self.mma and bucket > 1 else "q8"
-        small = -(-w.rows // self._per_cta(bucket)) <= self.group_ctas
-        if family == "q8" and self.token_groups and small and xq.n_tok > self.group_tokens:
+        grouped = family == "q8" and self.token_groups and xq.n_tok > self.group_tokens
+        if grouped and -(-w.rows // self._per_cta(bucket)) <= self.group_ctas:  # a small grid
             family, bucket = "q8g", self.group_tokens  # groups on grid y (matvec_q8.cu)
         kernel = self.kernels.kernel(
             Q8_SOURCE, f"matvec_{family}_{w.type_name}_t{bucket}", self.defines
