@@ -57,7 +57,7 @@ KNOWN_SITES = {
     ("cuda/ops/qsa_keys.py", "NORM_SOURCE", ""),
     ("cuda/ops/rope.py", "NORM_SOURCE", ""),
     ("cuda/ops/route.py", "ROUTE_SOURCE", ""),
-    ("cuda/ops/route.py", "ROUTE_SOURCE", "defines"),  # matvec_route (matvec.s or LEAN_*, tickets)
+    ("cuda/ops/route.py", "ROUTE_SOURCE", "defines"),  # matvec_route (matvec's or LEAN_*, tickets)
 }
 
 

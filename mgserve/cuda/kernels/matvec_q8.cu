@@ -256,35 +256,22 @@ __device__ void matvec_q8mma(const u8* __restrict__ w, const i8* __restrict__ xq
     }
 }
 
-#define MATVEC_Q8_ENTRY(TYPE, NT)                                                               \
+// One kernel of the family: NAME(w, xq, xd, y, n_rows, k, n_tok, bias, res) calls the device
+// function after it (a template instance, whose commas ride in __VA_ARGS__).
+#define MATVEC_Q8_KERNEL(NAME, ...)                                                             \
     extern "C" __global__ void __launch_bounds__(Q8_THREADS)                                    \
-        matvec_q8_##TYPE##_t##NT(const u8* __restrict__ w, const i8* __restrict__ xq,          \
-                                 const float* __restrict__ xd, float* __restrict__ y,          \
-                                 int n_rows, int k, int n_tok, const float* __restrict__ bias, \
-                                 const float* __restrict__ res) {                              \
-        matvec_q8<TYPE, NT>(w, xq, xd, y, n_rows, k, n_tok, bias, res);                       \
+        NAME(const u8* __restrict__ w, const i8* __restrict__ xq, const float* __restrict__ xd, \
+             float* __restrict__ y, int n_rows, int k, int n_tok,                               \
+             const float* __restrict__ bias, const float* __restrict__ res) {                   \
+        __VA_ARGS__(w, xq, xd, y, n_rows, k, n_tok, bias, res);                                 \
     }
-
-#define MATVEC_Q8MMA_ENTRY(TYPE, NT)                                                            \
-    extern "C" __global__ void __launch_bounds__(Q8_THREADS)                                    \
-        matvec_q8mma_##TYPE##_t##NT(const u8* __restrict__ w, const i8* __restrict__ xq,       \
-                                    const float* __restrict__ xd, float* __restrict__ y,       \
-                                    int n_rows, int k, int n_tok,                              \
-                                    const float* __restrict__ bias,                            \
-                                    const float* __restrict__ res) {                           \
-        matvec_q8mma<TYPE, NT>(w, xq, xd, y, n_rows, k, n_tok, bias, res);                    \
-    }
+#define MATVEC_Q8_ENTRY(TYPE, NT) MATVEC_Q8_KERNEL(matvec_q8_##TYPE##_t##NT, matvec_q8<TYPE, NT>)
+#define MATVEC_Q8MMA_ENTRY(TYPE, NT) \
+    MATVEC_Q8_KERNEL(matvec_q8mma_##TYPE##_t##NT, matvec_q8mma<TYPE, NT>)
 
 #if Q8_TOKEN_GROUPS  // LinearQ8.token_groups: the kernels of a launch's token groups
-#define MATVEC_Q8G_ENTRY(TYPE, NT)                                                              \
-    extern "C" __global__ void __launch_bounds__(Q8_THREADS)                                    \
-        matvec_q8g_##TYPE##_t##NT(const u8* __restrict__ w, const i8* __restrict__ xq,         \
-                                  const float* __restrict__ xd, float* __restrict__ y,         \
-                                  int n_rows, int k, int n_tok,                                \
-                                  const float* __restrict__ bias,                              \
-                                  const float* __restrict__ res) {                             \
-        matvec_q8<TYPE, NT, true>(w, xq, xd, y, n_rows, k, n_tok, bias, res);                 \
-    }
+#define MATVEC_Q8G_ENTRY(TYPE, NT) \
+    MATVEC_Q8_KERNEL(matvec_q8g_##TYPE##_t##NT, matvec_q8<TYPE, NT, true>)
 #define MATVEC_Q8G_TYPE(TYPE) \
     MATVEC_Q8G_ENTRY(TYPE, 1) \
     MATVEC_Q8G_ENTRY(TYPE, 2) \
