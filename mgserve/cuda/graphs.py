@@ -40,7 +40,7 @@ BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
 # times both from graphs)
 GRAPH_SWITCHES = (
     "branch.decode", "moe.shared_parts", "hc.cluster", "route.lean", "qsa.cluster",
-    "hc.stage_hoist", "route.tickets.acq_rel", "route.split", "linear.q8.token_groups",
+    "hc.stage_hoist", "route.tickets.acq_rel", "route.split",
 )  # fmt: skip
 _SWITCH_PATHS = tuple(tuple(name.split(".")) for name in GRAPH_SWITCHES)  # family, .., attribute
 POW2_BUCKETS = (1, 2, 4, 8, 16)  # the buckets before 2026-12-03 (bench comparisons)

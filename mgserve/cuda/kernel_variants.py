@@ -16,8 +16,7 @@ Covered: what ``cuda_backend`` (``mgserve serve``) builds, i.e. the default tuni
 shifts-and-masks readers in qgemm_wgmma.cu (``--moe-tiles wg:128,128,2,2,1``: the code a bench
 times against stays compiled), the clustered HC mix with ``stage_hoist`` off in a Q4_K_M
 file's formats (``--toggle hc.stage_hoist``), and the router and the int8 gate/up with fenced
-tickets (``--toggle route.tickets.acq_rel``), and matvec_q8.cu with its token groups' kernels
-(``--toggle linear.q8.token_groups``). Not covered: the tunings only
+tickets (``--toggle route.tickets.acq_rel``). Not covered: the tunings only
 benchmarks choose (``bench matvec --tunings / --q8-rows``, ``bench model --hgemm /
 --moe-tiles``, ``MoeCuda(moe_rows=...)``, ``--set deltanet.scan_cols=16``), and DeltaNet decode
 head dims other than 64, 128 and 256 (the runtime takes any up to MAX_STEP_HEAD_DIM; the models
@@ -149,8 +148,6 @@ def variants() -> list[Variant]:
         Variant(ROUTE_SOURCE, MatvecTuning().defines() + ACQ_REL, "router acq_rel"),
         Variant(ROUTE_SOURCE, MatvecTuning().defines(), "router"),
         Variant(Q8_SOURCE, q8_defines(Q8_ROWS, Q8_THREADS), ""),
-        # linear.q8.token_groups (off until timed): the token groups' kernels beside the others
-        Variant(Q8_SOURCE, q8_defines(Q8_ROWS, Q8_THREADS) + (("Q8_TOKEN_GROUPS", "1"),), "groups"),
         Variant(MOE_SOURCE, moe_defines(MOE_ROWS), ""),
         Variant(MOE_Q8_SOURCE, moe_defines(MOE_ROWS), ""),
         Variant(MOE_Q8_SOURCE, moe_defines(MOE_ROWS) + ACQ_REL, "acq_rel"),

@@ -97,8 +97,6 @@
 #   bash tests/cuda/gpu_stages.sh s30         s28's tests and s29 in one call (no decode rows)
 #   bash tests/cuda/gpu_stages.sh s31         route.split: tests, decode off / on (groups of 2, of 1),
 #                                              invariance
-#   bash tests/cuda/gpu_stages.sh s32         linear.q8.token_groups: tests, decode off / on (groups
-#                                              of 2, of 1), invariance
 #   bash tests/cuda/gpu_stages.sh moewg2      64 x 256 wgmma MoE tiles against 128 x 128
 #   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
 #                                              the clustered HC mix and the fused router
@@ -691,22 +689,6 @@ case "${1:-tests}" in
       --set route.split_tokens=1 --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
     bench invariance 90 invariance $Q4X --int8 --set route.split=true --record ;;
-  s32)  # 2026-12-07 15:30: linear.q8.token_groups (the int8 matvec's 2..8 tokens in groups on
-    # grid y where the weight has at most 1536 CTAs of rows: ncu, the 48-CTA t8 launch 6.8 us at
-    # 1.5% issue busy, the 640-CTA one 7.9 us)
-    timeout 120 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
-      -k "token_groups or kernel_shapes" tests/cuda/test_linear_matvec_q8mma.py \
-      tests/cuda/test_linear_matvec_q8.py > "$OUT/t_s32.log" 2>&1
-    echo "== s32 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s32.log" | head
-    bench qgroups 200 model $Q4X --ctx 262144 --slots 5 --int8 --prefill= --decode= \
-      --multi-decode 5@32768,5@131072 --decode-steps 32 --paired 5 \
-      --toggle linear.q8.token_groups --record
-    cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
-    bench qgroups1 120 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode= \
-      --multi-decode 5@32768 --decode-steps 32 --paired 5 --toggle linear.q8.token_groups \
-      --set linear.q8.group_tokens=1 --record
-    cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
-    bench invariance 90 invariance $Q4X --int8 --set linear.q8.token_groups=true --record ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
     timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm_wgmma.py -k "grouped_moe or dense_matches" > "$OUT/t_moewg2.log" 2>&1

@@ -146,10 +146,10 @@ def test_router_refuses_what_it_cannot_fuse(cuda_ops) -> None:
         rt.router(rand(1, 256, seed=1), q4, 8, True)
     with pytest.raises(ValueError, match="gate_inp has shape"):
         rt.router(rand(1, 256, seed=1), f32, 8, True, rand(128, seed=2))
-    for bad in (0, 3, 16):  # a group is a token bucket of the kernels
+    for bad in (0, 3, 16, True):  # a group is a token bucket of the kernels
         with pytest.raises(ValueError, match="route.split_tokens must be one of"):
             rt.split_tokens = bad
-    assert rt.split_tokens == 2
+    assert rt.split and rt.split_tokens == 1  # the default: groups of 1
 
 
 @pytest.mark.parametrize("int8", [False, True])

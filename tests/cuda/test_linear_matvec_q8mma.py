@@ -160,37 +160,3 @@ def test_timing_one_vs_five_tokens(mma, dp4a, stream, type_name: str) -> None:
         f"matvec int8 {type_name} {rows}x{k}: 1 token {one:.1f} us; 5 tokens mma {t_mma:.1f} us, "
         f"dp4a {t_dp4a:.1f} us"
     )
-
-
-@pytest.mark.parametrize("group_tokens", [1, 2, 4])
-def test_token_groups_are_the_same_bits(dp4a, stream, group_tokens: int) -> None:
-    """``linear.q8.token_groups`` (a small grid's 2..8 tokens as groups of 1, 2 or 4 on grid y)
-    gives the one-launch bits at 1..8 tokens in every int8 format, with a residual and bias."""
-    q8 = dp4a.q8
-    rng = np.random.default_rng(60 + group_tokens)
-    k = 2560
-    for type_name in INT8:
-        raw = random_tensor(type_name, ROWS, k, rng)
-        w = upload_bytes(f"w.{type_name}.groups", type_name, (k, ROWS), raw)
-        bias = torch.from_numpy(rng.standard_normal(ROWS, dtype=np.float32)).cuda()
-        torch.cuda.synchronize()
-        for n_tok in range(1, 9):
-            x = torch.from_numpy(rng.standard_normal((n_tok, k), dtype=np.float32))
-            res = torch.from_numpy(rng.standard_normal((n_tok, ROWS), dtype=np.float32)).cuda()
-            xq = q8.quantize(x.cuda(), stream)
-            stream.sync()
-            want = run(dp4a, stream, w, xq, bias=bias, residual=res)
-            before = q8.token_groups, q8.group_tokens
-            q8.token_groups, q8.group_tokens = True, group_tokens
-            try:
-                got = run(dp4a, stream, w, xq, bias=bias, residual=res)
-            finally:
-                q8.token_groups, q8.group_tokens = before
-            what = f"{type_name} n={n_tok} groups of {group_tokens}"
-            assert not torch.isnan(got).any(), f"{what}: rows left unwritten"
-            assert torch.equal(got.view(torch.int32), want.view(torch.int32)), what  # bits
-        key = ("matvec_q8.cu", f"matvec_q8g_{type_name}_t{group_tokens}")  # it ran, not the
-        assert any(kk[:2] == key for kk in q8.kernels._kernels), f"{key} never launched"  # plain
-    for bad in (3, 8, True):
-        with pytest.raises(ValueError, match="group_tokens must be one of"):
-            q8.group_tokens = bad

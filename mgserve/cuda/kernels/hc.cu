@@ -147,15 +147,6 @@ __device__ __forceinline__ void dot_runs(const u8* const (&wrow)[ROWS], size_t f
     }
 }
 
-// Each of a warp's R x NT partial sums over its 32 lanes (every lane ends with the same bits).
-template <int R, int NT>
-__device__ __forceinline__ void warp_sums(float (&acc)[R][NT]) {
-#pragma unroll
-    for (int rr = 0; rr < R; rr++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[rr][t] = warp_sum(acc[rr][t]);
-}
-
 // Row `row` of [wa (rows_a rows) | wb]: both have rows of row_bytes bytes.
 __device__ __forceinline__ const u8* row_ptr(const u8* wa, int rows_a, const u8* wb,
                                              size_t row_bytes, int row) {
@@ -314,7 +305,12 @@ __device__ void hc_down(const float* __restrict__ x, const float* __restrict__ g
 
     if (row0 >= n_rows) return;
     // matvec.cu's epilogue (the warp's rows and tokens, lane 0 writes), into P's layout
-    warp_sums(acc);
+    // one warp_sum a value, not warp_sums_put: its split spills here under the 64- and
+    // 128-register bounds (F16/BF16 t2, Q5_0/Q6_K t8)
+#pragma unroll
+    for (int rr = 0; rr < R; rr++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[rr][t] = warp_sum(acc[rr][t]);
     if (lane == 0) {
 #pragma unroll
         for (int rr = 0; rr < R; rr++)
@@ -404,11 +400,8 @@ __device__ void hc_downc(const float* __restrict__ x, const float* __restrict__ 
             xs4[(t * 2 + (q & 1)) * runs + (q >> 1)] = v;
         }
     }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {  // lanes, then warps in order
-        ss[t] = warp_sum(ss[t]);
-        if (lane == 0) red[warp][t] = ss[t];
-    }
+    // lanes, then warps in order
+    warp_sums_put(ss, lane, [&](float v, int t) { red[warp][t] = v; });
     __syncthreads();
     cluster_wait();  // every CTA of the cluster has started (rank 0 too): stores may go there
     if (threadIdx.x < NT) {
@@ -420,14 +413,9 @@ __device__ void hc_downc(const float* __restrict__ x, const float* __restrict__ 
     float acc[R][NT] = {};
     if (row0 < n_rows)  // warp-uniform
         dot_runs<T, NT, R, U, 32, false>(wrow, first / 8, lane, runs, xs4, nt, acc);
-    warp_sums(acc);
-    if (lane == 0) {
-#pragma unroll
-        for (int rr = 0; rr < R; rr++)
-#pragma unroll
-            for (int t = 0; t < NT; t++)
-                cluster_store(&gpart[rank][warp * R + rr][t], 0, acc[rr][t]);
-    }
+    warp_sums_put(acc, lane, [&](float v, int rr, int t) {
+        cluster_store(&gpart[rank][warp * R + rr][t], 0, v);
+    });
     cluster_sync();  // rank 0 holds every CTA's products and sums; the others are done
 
     if (rank == 0) {

@@ -59,18 +59,9 @@ __device__ void matvec(const u8* __restrict__ w, const float* __restrict__ x, fl
             }
         }
     }
-#pragma unroll
-    for (int rr = 0; rr < R; rr++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[rr][t] = warp_sum(acc[rr][t]);
-    if (lane == 0) {
-#pragma unroll
-        for (int rr = 0; rr < R; rr++)
-#pragma unroll
-            for (int t = 0; t < NT; t++)
-                if (t < n_tok && row0 + rr < n_rows)
-                    y[(size_t)t * n_rows + row0 + rr] =
-                        linear_out(acc[rr][t], bias, res, t, row0 + rr, n_rows);
-    }
+    warp_sums_put(acc, lane, [&](float v, int rr, int t) {
+        if (t < n_tok && row0 + rr < n_rows)
+            y[(size_t)t * n_rows + row0 + rr] = linear_out(v, bias, res, t, row0 + rr, n_rows);
+    });
 }
 

@@ -15,8 +15,7 @@
 // sums meet through warp shuffles (and a small shared array when the group is the CTA).
 // The weights' exact value is kept: only the activations are rounded.
 // 2..8 tokens: matvec_q8mma_<type>_t<NT> (below) gives each token the one-token kernel's bits
-// with the integer sums from tensor cores; matvec_q8g_<type>_t<NT> (Q8_TOKEN_GROUPS) takes a
-// launch's tokens in groups of NT on grid y.
+// with the integer sums from tensor cores.
 
 #include "gguf_blocks_q8.cuh"
 #include "math.cuh"
@@ -28,9 +27,6 @@
 #endif
 #ifndef Q8_GROUP_THREADS
 #define Q8_GROUP_THREADS 128  // threads sharing rows: 32 (a warp) or Q8_THREADS (the CTA)
-#endif
-#ifndef Q8_TOKEN_GROUPS
-#define Q8_TOKEN_GROUPS 0  // 1: also the matvec_q8g_* kernels (LinearQ8.token_groups)
 #endif
 #ifndef Q8_ROWS_N
 #define Q8_ROWS_N 2  // rows per CTA for 2..8 tokens (1 and 4 each won some shapes, lost more)
@@ -55,13 +51,9 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restri
 // ---- the kernel --------------------------------------------------------------------------------
 
 // w: [n_rows, k / BLOCK * BYTES] bytes; xq: int8 [n_tok, k]; xd: fp32 [n_tok, k / 32];
-// y: fp32 [n_tok, n_rows]. k is a multiple of BLOCK; n_tok is 1..NT (GROUPED: the launch's
-// tokens, NT a grid-y group). bias [n_rows] and
-// res [n_tok, n_rows] (null when absent): y = res + (W x + bias). GROUPED: grid y holds groups
-// of NT tokens (matvec_q8g_*, LinearQ8.token_groups): a token's sums do not depend on the other
-// tokens of its kernel, so a launch's 2..8 tokens may run as groups of 1, 2 or 4, more CTAs of
-// less serial work each. (Separate kernels: the offsets cost the plain ones up to 56 registers.)
-template <typename T, int NT, bool GROUPED = false>
+// y: fp32 [n_tok, n_rows]. k is a multiple of BLOCK; n_tok is 1..NT. bias [n_rows] and
+// res [n_tok, n_rows] (null when absent): y = res + (W x + bias).
+template <typename T, int NT>
 __device__ void matvec_q8(const u8* __restrict__ w, const i8* __restrict__ xq,
                           const float* __restrict__ xd, float* __restrict__ y, int n_rows, int k,
                           int n_tok, const float* __restrict__ bias,
@@ -72,14 +64,6 @@ __device__ void matvec_q8(const u8* __restrict__ w, const i8* __restrict__ xq,
     // (threadIdx.x % G written out: the plain modulo made ptxas use 2.6x the registers at NT=8)
     const int tid = G == Q8_THREADS ? (int)threadIdx.x : (int)(threadIdx.x & 31);
     const int row0 = (blockIdx.x * GROUPS + threadIdx.x / G) * R;
-    if (GROUPED) {  // token group blockIdx.y: tokens NT y .. NT y + NT - 1
-        const int g0 = NT * blockIdx.y;
-        xq += (size_t)g0 * k;
-        xd += (size_t)g0 * (k / 32);
-        y += (size_t)g0 * n_rows;
-        if (res) res += (size_t)g0 * n_rows;
-        n_tok = min(n_tok - g0, NT);
-    }
     const size_t n_blocks = k / T::BLOCK, row_bytes = n_blocks * T::BYTES;
     const u8* wrow[R];
 #pragma unroll
@@ -120,23 +104,7 @@ __device__ void matvec_q8(const u8* __restrict__ w, const i8* __restrict__ xq,
             part[warp][rr][t] = v;
         }
     };
-    constexpr int N = R * NT;
-    if constexpr ((N & (N - 1)) == 0 && N <= 32) {  // warp_sum's bits in fewer shuffles:
-        float flat[N];                               // lane / (32 / N) holds sum rr NT + t
-#pragma unroll
-        for (int i = 0; i < N; i++) flat[i] = acc[i / NT][i % NT];
-        const float v = warp_sum_split(flat, lane);
-        const int i = warp_split_index<N>(lane);
-        if (lane % (32 / N) == 0) put(v, i / NT, i % NT);
-    } else {  // row counts only a bench asks for (bench matvec --q8-rows 3,..)
-#pragma unroll
-        for (int rr = 0; rr < R; rr++)
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                const float v = warp_sum(acc[rr][t]);
-                if (lane == 0) put(v, rr, t);
-            }
-    }
+    warp_sums_put(acc, lane, put);  // warp_sum's bits in fewer shuffles where R NT allows
     if (WARPS == 1) return;
     __syncthreads();
     if (threadIdx.x < R * NT) {
@@ -269,17 +237,6 @@ __device__ void matvec_q8mma(const u8* __restrict__ w, const i8* __restrict__ xq
 #define MATVEC_Q8MMA_ENTRY(TYPE, NT) \
     MATVEC_Q8_KERNEL(matvec_q8mma_##TYPE##_t##NT, matvec_q8mma<TYPE, NT>)
 
-#if Q8_TOKEN_GROUPS  // LinearQ8.token_groups: the kernels of a launch's token groups
-#define MATVEC_Q8G_ENTRY(TYPE, NT) \
-    MATVEC_Q8_KERNEL(matvec_q8g_##TYPE##_t##NT, matvec_q8<TYPE, NT, true>)
-#define MATVEC_Q8G_TYPE(TYPE) \
-    MATVEC_Q8G_ENTRY(TYPE, 1) \
-    MATVEC_Q8G_ENTRY(TYPE, 2) \
-    MATVEC_Q8G_ENTRY(TYPE, 4)
-#else
-#define MATVEC_Q8G_TYPE(TYPE)
-#endif
-
 #if Q8_GROUP_THREADS == Q8_THREADS  // the mma kernels mirror the 128-thread groups only
 #define MATVEC_Q8MMA_TYPE(TYPE)     \
     MATVEC_Q8MMA_ENTRY(TYPE, 2) \
@@ -294,8 +251,7 @@ __device__ void matvec_q8mma(const u8* __restrict__ w, const i8* __restrict__ xq
     MATVEC_Q8_ENTRY(TYPE, 2) \
     MATVEC_Q8_ENTRY(TYPE, 4) \
     MATVEC_Q8_ENTRY(TYPE, 8) \
-    MATVEC_Q8MMA_TYPE(TYPE)  \
-    MATVEC_Q8G_TYPE(TYPE)
+    MATVEC_Q8MMA_TYPE(TYPE)
 
 MATVEC_Q8_TYPE(Q4_K)
 MATVEC_Q8_TYPE(Q6_K)

@@ -1,10 +1,9 @@
 """``LinearQ8``: the int8-activation products of the linear family (matvec_q8.cu): fp32
 activations rounded to int8 per 32 values (``quantize``, once per activation: ``Q8Activations``),
-then each quantized W read once with integer dot products (``matvec``: dp4a, for 2..8 tokens
-optionally int8 tensor-core tiles or, on small grids, groups of tokens on grid y; each token gets
-the bits it gets alone), a bias and a residual added as each output is written. ``LinearCuda``
-(linear_cuda.py) calls them in decode with ``int8``; ``MoeCuda`` rounds its expert inputs here
-too.
+then each quantized W read once with integer dot products (``matvec``: dp4a for one token,
+int8 tensor-core tiles for 2..8, giving each token the bits it gets alone), a bias and a residual
+added as each output is written. ``LinearCuda`` (linear_cuda.py) calls them in decode with
+``int8``; ``MoeCuda`` rounds its expert inputs here too.
 """
 
 from __future__ import annotations
@@ -48,9 +47,6 @@ def epilogue_ptrs(
     return (0 if bias is None else bias.data_ptr(), 0 if residual is None else residual.data_ptr())
 
 
-GROUP_TOKENS = (1, 2, 4)  # the token counts of matvec_q8.cu's matvec_q8g_* kernels
-
-
 class LinearQ8:
     """The int8 kernels with their shape: ``rows``, output rows per thread group for one token
     and for 2..8; ``group``, threads sharing those rows, 32 (a warp) or 128 (the CTA): the
@@ -76,31 +72,7 @@ class LinearQ8:
         self.rows, self.group = rows, group
         self._offered = threading.local()  # offer's (x, its version, xq), per thread
         self.mma = mma and group == Q8_THREADS
-        self._defines = q8_defines(rows, group)
-        # 2..8 tokens in groups of group_tokens (grid y; matvec_q8.cu) where the weight has at
-        # most group_ctas CTAs of rows: a small grid's CTAs each do a group's serial work, not
-        # every token's (Nsight, five sessions on the H100: the 48-CTA t8 launch 6.8 us at 1.5%
-        # issue busy). The same bits; not with ``mma``. Off until timed (bench model --paired R
-        # --toggle linear.q8.token_groups)
-        self.token_groups = False
-        self._group_tokens = 2
-        self.group_ctas = 1536
-
-    @property
-    def group_tokens(self) -> int:
-        """Tokens a group with ``token_groups``: 1, 2 or 4 (matvec_q8g_*'s token counts)."""
-        return self._group_tokens
-
-    @group_tokens.setter
-    def group_tokens(self, n: int) -> None:
-        if type(n) is not int or n not in GROUP_TOKENS:
-            raise ValueError(f"linear.q8.group_tokens must be one of {GROUP_TOKENS}, got {n!r}")
-        self._group_tokens = n
-
-    @property
-    def defines(self) -> tuple[tuple[str, str], ...]:
-        """matvec_q8.cu's -D macros: the shape, and the token groups' kernels where they run."""
-        return self._defines + ((("Q8_TOKEN_GROUPS", "1"),) if self.token_groups else ())
+        self.defines = q8_defines(rows, group)
 
     def offer(self, x: torch.Tensor, xq: Q8Activations) -> None:
         """x's int8 form, written by x's producer as ``quantize`` rounds (the clustered HC mix):
@@ -156,21 +128,17 @@ class LinearQ8:
         tail = epilogue_ptrs(w, out, bias, residual, self.device)
         bucket = token_bucket(xq.n_tok)
         family = "q8mma" if self.mma and bucket > 1 else "q8"
-        grouped = family == "q8" and self.token_groups and xq.n_tok > self.group_tokens
-        if grouped and -(-w.rows // self._per_cta(bucket)) <= self.group_ctas:  # a small grid
-            family, bucket = "q8g", self.group_tokens  # groups on grid y (matvec_q8.cu)
         kernel = self.kernels.kernel(
             Q8_SOURCE, f"matvec_{family}_{w.type_name}_t{bucket}", self.defines
         )
-        per_cta = Q8MMA_ROWS if family == "q8mma" else self._per_cta(bucket)
-        grid = (-(-w.rows // per_cta), -(-xq.n_tok // bucket))  # rows; token groups
+        if family == "q8mma":
+            per_cta = Q8MMA_ROWS
+        else:
+            per_group = self.rows[0] if bucket == 1 else self.rows[1]
+            per_cta = per_group * (Q8_THREADS // self.group)
         args = (w.data.data_ptr(), xq.q.data_ptr(), xq.d.data_ptr(), out.data_ptr())
         self.kernels.launch(
-            kernel, grid, Q8_THREADS,
+            kernel, (w.rows + per_cta - 1) // per_cta, Q8_THREADS,
             *args, np.int32(w.rows), np.int32(w.k), np.int32(xq.n_tok), *tail, stream=stream,
         )  # fmt: skip
         return out
-
-    def _per_cta(self, bucket: int) -> int:
-        """Rows a CTA of the dp4a kernel of ``bucket`` tokens (Q8_ROWS_1 / _N per group)."""
-        return (self.rows[0] if bucket == 1 else self.rows[1]) * (Q8_THREADS // self.group)

@@ -105,10 +105,11 @@ class RouteCuda:
         # 2026-12-07; one session +0.5%, within the noise)
         self.lean = True
         # 2..8 tokens in groups of split_tokens (grid y; route.cu): each warp does a group's
-        # serial work, not all tokens', and the groups route in parallel; the same bits. Off
-        # until timed (bench model --paired R --toggle route.split)
-        self.split = False
-        self._split_tokens = 2
+        # serial work, not all tokens', and the groups route in parallel; the same bits. Five
+        # sessions' decode on the H100 (bench model --paired 5 --toggle route.split, 2026-12-07):
+        # groups of 1 +5.0% at depth 32768; groups of 2 +3.9% / +4.4% at 32768 / 131072
+        self.split = True
+        self._split_tokens = 1
 
     @property
     def split_tokens(self) -> int:
@@ -117,7 +118,7 @@ class RouteCuda:
 
     @split_tokens.setter
     def split_tokens(self, n: int) -> None:
-        if n not in MATVEC_TOKEN_BUCKETS:
+        if type(n) is not int or n not in MATVEC_TOKEN_BUCKETS:
             raise ValueError(f"route.split_tokens must be one of {MATVEC_TOKEN_BUCKETS}, got {n}")
         self._split_tokens = n
 
