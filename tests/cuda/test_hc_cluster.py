@@ -238,3 +238,52 @@ def test_stage_hoist_is_the_same_bits(hcc, clustered, types: str | tuple, xq: bo
                 assert a is not None and b is not None and torch.equal(a, b), what
     finally:
         hcc.stage_hoist, hcc.linear.int8, hcc.emit_xq = before
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cluster", [False, True], ids=["hc_down", "hc_downc"])
+@pytest.mark.parametrize("types", ["BF16", ("Q4_K", "Q5_0", "Q4_K"), ("Q4_K", "Q5_0", "Q6_K")])
+def test_split_is_the_same_bits(
+    hcc, types: str | tuple, cluster: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``split`` (2..16 decode tokens as token groups of ``split_tokens`` 1, 2 or 4 on grid y,
+    not passes of up to 8): the same new x, mixed and inject, bitwise, with and without the
+    fused combine, clustered or not; the groups are the kernels' token count. Other group sizes
+    are refused."""
+    import mgserve.cuda.ops.hc_cuda as hc_cuda_module
+
+    groups: list[int] = []
+    real = hc_cuda_module.token_group
+    monkeypatch.setattr(hc_cuda_module, "token_group", lambda n: groups.append(real(n)) or real(n))
+    before = hcc.cluster, hcc.split, hcc.split_tokens
+    hcc.cluster = cluster
+    hc, d, r = REAL
+    case = make_case(hc, d, r, types, seed=13, device="cuda")
+    g = torch.Generator().manual_seed(13)
+    try:
+        for n in (2, 3, 5, 8, 11, 16):
+            x = make_streams(n, hc, d, seed=n + 30).cuda()
+            out = torch.randn(n, d, generator=g).cuda()
+            inj_prev = (torch.rand(n, hc, generator=g) * 2).cuda()
+            got = []
+            for split, tokens in ((False, 2), (True, 1), (True, 2), (True, 4)):
+                hcc.split, hcc.split_tokens = split, tokens
+                groups.clear()
+                with hcc.linear.path.step("decode"):
+                    fused = hcc.combine_mix(
+                        x, out, inj_prev, case.norm, case.down, case.up, case.inject, EPS
+                    )
+                    mix = hcc.mix(x, case.norm, case.down, case.up, case.inject, EPS)
+                    got.append((*fused, *mix))
+                want = real(min(n, tokens) if split else n)  # tokens a pass: a kernel's count
+                assert groups and set(groups) == {want}, (n, split, tokens, groups)
+            names = ("new x", "mixed", "inject", "mix", "mix inject")
+            for i, other in enumerate(got[1:], 1):
+                for name, a, b in zip(names, got[0], other, strict=True):
+                    what = f"{types} cluster={cluster} N={n} setting {i}: {name}"
+                    assert a is not None and b is not None and torch.equal(a, b), what
+        for bad in (3, 16, True):
+            with pytest.raises(ValueError, match="hc.split_tokens must be one of"):
+                hcc.split_tokens = bad
+    finally:
+        hcc.cluster, hcc.split, hcc.split_tokens = before
