@@ -97,8 +97,6 @@
 #   bash tests/cuda/gpu_stages.sh s30         s28's tests and s29 in one call (no decode rows)
 #   bash tests/cuda/gpu_stages.sh s31         route.split: tests, decode off / on (groups of 2, of 1),
 #                                              invariance
-#   bash tests/cuda/gpu_stages.sh s33         hc.split: tests, decode off / on (groups of 2, 1, 4),
-#                                              invariance
 #   bash tests/cuda/gpu_stages.sh moewg2      64 x 256 wgmma MoE tiles against 128 x 128
 #   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
 #                                              the clustered HC mix and the fused router
@@ -691,20 +689,6 @@ case "${1:-tests}" in
       --set route.split_tokens=1 --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
     bench invariance 90 invariance $Q4X --int8 --set route.split=true --record ;;
-  s33)  # 2026-12-07 17:30: hc.split (the decode mix's 2..8 tokens as token groups on grid y:
-    # hc_downc_Q4_K_t8 17.3 us on 168 CTAs at 18% issue busy, 2.6x its one-token time), groups
-    # of 2, 1 and 4; its tests first (fresh machine: compiles)
-    timeout 200 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
-      -k "split or refuses" tests/cuda/test_hc_cluster.py tests/cuda/test_fused_router.py \
-      > "$OUT/t_s33.log" 2>&1
-    echo "== s33 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s33.log" | head
-    for g in 2 1 4; do
-      bench hsplit$g 150 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode= \
-        --multi-decode 5@32768 --decode-steps 32 --paired 5 --toggle hc.split \
-        --set hc.split_tokens=$g --record
-      cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
-    done
-    bench invariance 90 invariance $Q4X --int8 --set hc.split=true --record ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
     timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm_wgmma.py -k "grouped_moe or dense_matches" > "$OUT/t_moewg2.log" 2>&1

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from mgserve.core.reference import hyper_connections
-from mgserve.cuda.checks import TokenGroupSetting, check_weight, vec4_input
+from mgserve.cuda.checks import check_weight, vec4_input
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.branch import Branches
 from mgserve.cuda.ops.hc import (
@@ -20,7 +20,6 @@ from mgserve.cuda.ops.hc import (
     DYNAMIC_SMEM,
     HC_SOURCE,
     MAX_TOKEN_GROUP,
-    TOKEN_GROUPS,
     HCTorch,
     HCTuning,
     check_combine,
@@ -43,8 +42,6 @@ class HCCuda:
     float32 on this device; weights of every format in weights.FORMATS run on the kernels, shapes
     the kernels cannot stage on the torch version. ``tuning`` sets the kernels' compile-time
     shape."""
-
-    split_tokens = TokenGroupSetting("hc.split_tokens", TOKEN_GROUPS, 2)  # tokens a group, split
 
     def __init__(
         self, kernels: Kernels, fallback: HCTorch, linear: LinearCuda, norm: NormCuda,
@@ -77,10 +74,6 @@ class HCCuda:
         # --set hc.emit_xq=true: gpu_stages.sh hcxq)
         self.emit_xq = False
         self.stage_hoist = True  # False: HCTuning.stage_hoist off in the clustered mixes
-        # 2..8 decode tokens as token groups (grid y) of split_tokens, not one pass of up to 8:
-        # more CTAs with less serial work each, the weights re-read from L2; the same bits (a
-        # token's values depend on it alone). Off until timed (--paired R --toggle hc.split)
-        self.split = False
 
     # -- helpers --
 
@@ -224,7 +217,7 @@ class HCCuda:
             inj_prev = vec4_input("inject", inj_prev, self.device)
             x_new = torch.empty_like(x)
         tune = self.tuning
-        nt = token_group(min(n, self.split_tokens) if self.split else n)
+        nt = token_group(n)  # one pass of up to 8 tokens (token groups of 2 or 4 were slower)
         pieces = cluster_pieces(hc, d) if self.cluster and self.kernels.clusters else None
         if pieces is not None:  # hc_downc + hc_upl (hc_cluster.py)
             streams = (x, out_prev, inj_prev, x_new)
