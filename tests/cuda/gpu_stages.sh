@@ -93,6 +93,7 @@
 #   bash tests/cuda/gpu_stages.sh s27         hc.stage_hoist: the HC tests, invariance, decode off / on
 #   bash tests/cuda/gpu_stages.sh s28         the HC tests, invariance and the decode rows (defaults)
 #   bash tests/cuda/gpu_stages.sh ncu5        Nsight Compute counters of five sessions' t8 kernels
+#   bash tests/cuda/gpu_stages.sh ncu1        Nsight Compute counters of one session's t1 kernels
 #   bash tests/cuda/gpu_stages.sh s29         route.tickets.acq_rel: tests, decode off / on, invariance
 #   bash tests/cuda/gpu_stages.sh s30         s28's tests and s29 in one call (no decode rows)
 #   bash tests/cuda/gpu_stages.sh s31         route.split: tests, decode off / on (groups of 2, of 1),
@@ -227,7 +228,7 @@ case "${1:-tests}" in
     bench exact 300 model $Q4X --ctx 262144 --slots 5 --prefill 4096@0 --decode 0,131072 \
       --multi-decode "" --decode-steps 16 --record ;;
   sweep)
-    bench sweep 540 model $Q4X --ctx 262144 --slots 5 --int8 --prefill "" \
+    bench sweep 300 model $Q4X --ctx 262144 --slots 5 --int8 --prefill "" \
       --decode 4096,32768,65536,131072,204800,250000 \
       --multi-decode 5@4096,5@32768,5@65536,5@131072,5@204800,5@250000 --decode-steps 8 \
       --json "$OUT/sweep.json" --record
@@ -654,6 +655,11 @@ case "${1:-tests}" in
     NCU_W="$Q4X --ctx 8192 --slots 5 --int8 --prefill= --decode= --multi-decode 5@4096 \
       --decode-steps 1 --no-graphs" ncu_kernels \
       "five:^(matvec_route_F32_t8|hc_downc_Q4_K_t8|hc_upl_Q5_0_t8|matvec_q8_Q4_K_t8)$:12" ;;
+  ncu1)  # 2026-12-07 17:30: one session's eager decode step: what bounds its t1 kernels (the
+    # router 9.8 us a launch for 2.6 MB, hc_downc 6.8 us for 1.9 MB, hc_upl 7.3 us for 2.3 MB)
+    NCU_W="$Q4X --ctx 8192 --slots 1 --int8 --prefill= --decode 0 --multi-decode= \
+      --decode-steps 1 --no-graphs" ncu_kernels \
+      "one:^(matvec_route_F32_t1|hc_downc_Q4_K_t1|hc_upl_Q5_0_t1|matvec_q8_Q4_K_t1|moe_q8_gate_up_Q4_K)$:14" ;;
   s29)  # 2026-12-07 12:20: route.tickets.acq_rel (tickets.cuh TICKET_ACQREL: the last-CTA
     # kernels take their ticket by one acq_rel atomic a CTA, CUTLASS's semaphore pattern, where
     # three __threadfence()s, MEMBAR.SC.GPU each, sat on the fused router's path; one session's

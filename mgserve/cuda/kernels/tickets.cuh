@@ -7,15 +7,15 @@
 #define TICKET_ACQREL 0  // 1: one acq_rel atomic a CTA, not three fences (Tickets.acq_rel: on)
 #endif
 
-// Whether this CTA takes the last of `n` tickets of `counter`. Each warp's writes before the call
-// (written by its lane 0) are ordered before the CTA's ticket, and the ticket's atomic before
+// Whether this CTA takes the last of `n` tickets of `counter`. The CTA's writes before the call
+// (by any of its threads) are ordered before the CTA's ticket, and the ticket's atomic before
 // what follows. A CTA that gets true must call ticket_acquire() before it reads the other CTAs'
 // writes (its threads that read them, through L2: __ldcg), and reset the counter to 0 once every
 // CTA has its ticket.
 // TICKET_ACQREL: CUTLASS's semaphore pattern. The barrier orders the CTA's writes before thread
 // 0's atomic, whose release (cumulative) publishes them at GPU scope and whose acquire orders the
 // other CTAs' published writes before the second barrier. In SASS that is one MEMBAR.ALL.GPU
-// where __threadfence() is a MEMBAR.SC.GPU, here three on the last CTA's path.
+// where __threadfence() is a MEMBAR.SC.GPU, two on the fenced path (and the readers' own).
 __device__ __forceinline__ bool last_cta(unsigned* counter, unsigned n) {
     __shared__ bool s_last;
 #if TICKET_ACQREL
@@ -27,10 +27,10 @@ __device__ __forceinline__ bool last_cta(unsigned* counter, unsigned n) {
         s_last = old == n - 1;
     }
 #else
-    if ((threadIdx.x & 31) == 0) __threadfence();
-    __syncthreads();
+    __syncthreads();  // the CTA's writes before thread 0's fence, which is cumulative over them
     if (threadIdx.x == 0) {
-        s_last = atomicAdd(counter, 1u) == n - 1;
+        __threadfence();  // (release) every thread's writes before the ticket: since the warp
+        s_last = atomicAdd(counter, 1u) == n - 1;  // sums went to several lanes, not lane 0's
         __threadfence();  // (acquire) the atomic before the reads below
     }
 #endif
