@@ -93,6 +93,7 @@
 #   bash tests/cuda/gpu_stages.sh s27         hc.stage_hoist: the HC tests, invariance, decode off / on
 #   bash tests/cuda/gpu_stages.sh s28         the HC tests, invariance and the decode rows (defaults)
 #   bash tests/cuda/gpu_stages.sh ncu5        Nsight Compute counters of five sessions' t8 kernels
+#   bash tests/cuda/gpu_stages.sh s34         fenced tickets' router tests, ncu1, the defaults
 #   bash tests/cuda/gpu_stages.sh ncu1        Nsight Compute counters of one session's t1 kernels
 #   bash tests/cuda/gpu_stages.sh s29         route.tickets.acq_rel: tests, decode off / on, invariance
 #   bash tests/cuda/gpu_stages.sh s30         s28's tests and s29 in one call (no decode rows)
@@ -655,6 +656,15 @@ case "${1:-tests}" in
     NCU_W="$Q4X --ctx 8192 --slots 5 --int8 --prefill= --decode= --multi-decode 5@4096 \
       --decode-steps 1 --no-graphs" ncu_kernels \
       "five:^(matvec_route_F32_t8|hc_downc_Q4_K_t8|hc_upl_Q5_0_t8|matvec_q8_Q4_K_t8)$:12" ;;
+  s34)  # 2026-12-07 17:30: the fenced tickets (one fence after the barrier) under the router's
+    # tests, then ncu1, then the defaults unprofiled (one session's time outside the graph)
+    timeout 150 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+      -k "plain or lean or split1 or refuses" tests/cuda/test_fused_router.py > "$OUT/t_s34.log" 2>&1
+    echo "== s34 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s34.log" | head
+    bash "$0" ncu1
+    bench defaults 150 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
+      --multi-decode 5@32768 --decode-steps 32 --record
+    cp BENCHMARKS.md "$OUT/BENCHMARKS.md" ;;
   ncu1)  # 2026-12-07 17:30: one session's eager decode step: what bounds its t1 kernels (the
     # router 9.8 us a launch for 2.6 MB, hc_downc 6.8 us for 1.9 MB, hc_upl 7.3 us for 2.3 MB)
     NCU_W="$Q4X --ctx 8192 --slots 1 --int8 --prefill= --decode 0 --multi-decode= \
