@@ -118,9 +118,9 @@ def tuning_ints(text: str, what: str, fields: str) -> list[int]:
 
 
 class TokenGroupSetting:
-    """A switch's tokens a group (route.split_tokens, hc.split_tokens): one of ``allowed``, the
-    token counts its kernels are built for; anything else (a bool too) is refused when set, by a
-    ValueError naming ``what``. A class attribute: ``split_tokens = TokenGroupSetting(...)``."""
+    """A switch's tokens a group (route.split_tokens): one of ``allowed``, the token counts its
+    kernels are built for; anything else (a bool too) is refused when set, by a ValueError naming
+    ``what``. A class attribute: ``split_tokens = TokenGroupSetting(...)``."""
 
     def __init__(self, what: str, allowed: tuple[int, ...], default: int) -> None:
         self.what, self.allowed, self.default = what, allowed, default

@@ -698,13 +698,14 @@ case "${1:-tests}" in
       tests/cuda/test_linear_matvec_q8.py > "$OUT/t_s31.log" 2>&1
     echo "== s31 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s31.log" | head
     bench rsplit 200 model $Q4X --ctx 262144 --slots 5 --int8 --prefill= --decode= \
-      --multi-decode 5@32768,5@131072 --decode-steps 32 --paired 5 --toggle route.split --record
+      --multi-decode 5@32768,5@131072 --decode-steps 32 --paired 5 --toggle route.split \
+      --set route.split_tokens=2 --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
     bench rsplit1 120 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode= \
       --multi-decode 5@32768 --decode-steps 32 --paired 5 --toggle route.split \
       --set route.split_tokens=1 --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
-    bench invariance 90 invariance $Q4X --int8 --set route.split=true --record ;;
+    bench invariance 90 invariance $Q4X --int8 --set route.split_tokens=2 --record ;;
   moewg2)  # 64 x 256 MoE tiles: X (re-read by every column tile) half as often, W decoded 1.5x
     timeout 150 python3 -m pytest -q -s --tb=line -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm_wgmma.py -k "grouped_moe or dense_matches" > "$OUT/t_moewg2.log" 2>&1

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+from mgserve.cuda.ops.linear_tuning import token_bucket
 from tests.cuda.test_deltanet import rand
 from tests.cuda.test_moe_torch import make_weight
 
@@ -65,18 +66,25 @@ def lean(cuda_ops, request):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("n", N_TOKENS)
 @pytest.mark.parametrize(("e", "k", "d"), SHAPES)
 def test_router_is_matvec_then_top_k(cuda_ops, lean: bool, type_name: str, n: int, e: int,
-                                     k: int, d: int) -> None:  # fmt: skip
+                                     k: int, d: int, monkeypatch) -> None:  # fmt: skip
     rng = np.random.default_rng(e * 100 + n)
     w, _ = make_weight(type_name, e, d, rng, "cuda")
     h, gate_inp = rand(n, d, seed=n), rand(d, seed=n + 50)
     rt = cuda_ops.route
     assert rt.fuses(n, w, k)
+    grids: list[tuple[int, int]] = []  # each launch's grid (the router's: y, its token groups)
+    real = rt.kernels.launch
+    monkeypatch.setattr(rt.kernels, "launch", lambda kern, grid, *a, **kw: (
+        grids.append(grid), real(kern, grid, *a, **kw)))  # fmt: skip
+    group = token_bucket(min(n, rt.split_tokens) if rt.split else n)  # tokens a group
     want_gate = gate_of(cuda_ops, h, gate_inp)
     for norm in (True, False):
         want = rt.top_k(cuda_ops.linear.matmul(h, w), k, norm)
         for gate in (gate_inp, None, gate_inp):  # twice: each launch leaves its counter at 0
+            grids.clear()
             got = rt.router(h, w, k, norm, gate)
             what = f"{type_name} N={n} E={e} k={k} norm={norm}"
+            assert [g[1] for g in grids] == [-(-n // group)], f"{what}: {grids}"
             assert int(rt.tickets.buf.count_nonzero()) == 0, f"{what}: a counter left set"
             assert torch.equal(got.route.experts, want.experts), what
             assert torch.equal(got.route.weights, want.weights), what

@@ -142,7 +142,7 @@ def linear_cuda(kernels, **kw):
 
 # every tuning the bench compares must compute the same function (rows per warp clamps the last
 # warp's extra rows; the unroll has a remainder loop)
-TUNINGS = ["1,1,1", "1,2,4", "2,4,8"]
+TUNINGS = ["1,1,1", "1,2,4", "2,4,8", "1,3,4"]  # R NT = 6..24: one warp_sum a value
 
 
 @pytest.mark.parametrize("tuning", TUNINGS)

@@ -304,9 +304,9 @@ __device__ void hc_down(const float* __restrict__ x, const float* __restrict__ g
     }
 
     if (row0 >= n_rows) return;
-    // matvec.cu's epilogue (the warp's rows and tokens, lane 0 writes), into P's layout
-    // one warp_sum a value, not warp_sums_put: its split spills here under the 64- and
-    // 128-register bounds (F16/BF16 t2, Q5_0/Q6_K t8)
+    // the warp's rows and tokens into P's layout: one warp_sum a value, lane 0 writes (not
+    // warp_sums_put: its split spills here under the 64- and 128-register bounds, F16/BF16 t2
+    // and Q5_0/Q6_K t8)
 #pragma unroll
     for (int rr = 0; rr < R; rr++)
 #pragma unroll

@@ -69,7 +69,7 @@ __device__ void matvec_route(const u8* __restrict__ w, const float* __restrict__
     matvec<T, NT>(w, x, logits, n_exp, k_dim, n_tok, nullptr, nullptr);
     if (gate_inp && blockIdx.x == gridDim.x - 1)  // the CTA past the rows: the gates, beside
         shared_gates<NT>(x, gate_inp, gate, n_tok, k_dim);  // the others' rows (read later)
-    if (!last_cta(count, gridDim.x)) return;  // the warps' logits (lane 0 wrote them) published
+    if (!last_cta(count, gridDim.x)) return;  // the logits (warp_sums_put's lanes) published
     ticket_acquire();  // the other CTAs' logits, published by their tickets, are visible
     const int warp = threadIdx.x >> 5;
     for (int n = warp; n < n_tok; n += WARPS_PER_CTA)

@@ -217,7 +217,7 @@ class HCCuda:
             inj_prev = vec4_input("inject", inj_prev, self.device)
             x_new = torch.empty_like(x)
         tune = self.tuning
-        nt = token_group(n)  # one pass of up to 8 tokens (token groups of 2 or 4 were slower)
+        nt = token_group(n)  # one pass of up to 8 tokens (groups of 1, 2 or 4 were slower)
         pieces = cluster_pieces(hc, d) if self.cluster and self.kernels.clusters else None
         if pieces is not None:  # hc_downc + hc_upl (hc_cluster.py)
             streams = (x, out_prev, inj_prev, x_new)

@@ -110,8 +110,8 @@ class RouteCuda:
         # 2..8 tokens in groups of split_tokens (grid y; route.cu): each warp does a group's
         # serial work, not all tokens', and the groups route in parallel; the same bits. Five
         # sessions' decode on the H100 (bench model --paired 5 --toggle route.split, 2026-12-07):
-        # groups of 1 +5.0% at depth 32768; groups of 2 +3.9% / +4.4% at 32768 / 131072 (the
-        # group: split_tokens, above)
+        # groups of 1 +5.2% at depth 32768; groups of 2 +4.0% / +4.6% at 32768 / 131072 (the
+        # group: split_tokens, above; on against off, by the medians)
         self.split = True
 
     def fuses(self, n: int, router: QuantWeight, k: int) -> bool:
