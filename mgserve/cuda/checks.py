@@ -115,24 +115,3 @@ def tuning_ints(text: str, what: str, fields: str) -> list[int]:
     if not required <= len(values) <= len(names):
         raise ValueError(f"{what} tuning {text!r}: expected {fields}")
     return values
-
-
-class TokenGroupSetting:
-    """A switch's tokens a group (route.split_tokens): one of ``allowed``, the token counts its
-    kernels are built for; anything else (a bool too) is refused when set, by a ValueError naming
-    ``what``. A class attribute: ``split_tokens = TokenGroupSetting(...)``."""
-
-    def __init__(self, what: str, allowed: tuple[int, ...], default: int) -> None:
-        self.what, self.allowed, self.default = what, allowed, default
-        self.attr = ""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.attr = "_" + name
-
-    def __get__(self, obj: object, objtype: type | None = None) -> int:
-        return self.default if obj is None else int(getattr(obj, self.attr, self.default))
-
-    def __set__(self, obj: object, n: int) -> None:
-        if type(n) is not int or n not in self.allowed:
-            raise ValueError(f"{self.what} must be one of {self.allowed}, got {n!r}")
-        setattr(obj, self.attr, n)

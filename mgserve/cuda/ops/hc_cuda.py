@@ -44,9 +44,14 @@ class HCCuda:
     shape."""
 
     def __init__(
-        self, kernels: Kernels, fallback: HCTorch, linear: LinearCuda, norm: NormCuda,
-        tuning: HCTuning | None = None, branch: Branches | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        kernels: Kernels,
+        fallback: HCTorch,
+        linear: LinearCuda,
+        norm: NormCuda,
+        tuning: HCTuning | None = None,
+        branch: Branches | None = None,
+    ) -> None:
         self.kernels, self.fallback, self.linear, self.norm = kernels, fallback, linear, norm
         # decode: a separate inject launch beside the down's (branch.py); inline by default
         self.branch = branch if branch is not None else Branches(linear.path)

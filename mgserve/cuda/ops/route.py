@@ -26,7 +26,7 @@ import torch
 
 from mgserve.core.reference import moe
 from mgserve.core.reference.moe import MIN_WEIGHT_SUM
-from mgserve.cuda.checks import TokenGroupSetting, check_cuda, check_vec4, check_weight
+from mgserve.cuda.checks import check_cuda, check_vec4, check_weight
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.linear_tuning import (
     MATVEC_TOKEN_BUCKETS,
@@ -92,9 +92,6 @@ class RouteCuda:
     follows, and ``tickets`` its counters (``fuses``, ``router``); without both there is no
     fused router."""
 
-    # tokens a group with ``split``: a token bucket of the matvec kernels
-    split_tokens = TokenGroupSetting("route.split_tokens", MATVEC_TOKEN_BUCKETS, 1)
-
     def __init__(
         self, kernels: Kernels, fallback: RouteTorch, linear: LinearCuda | None = None,
         tickets: Tickets | None = None,
@@ -111,8 +108,20 @@ class RouteCuda:
         # serial work, not all tokens', and the groups route in parallel; the same bits. Five
         # sessions' decode on the H100 (bench model --paired 5 --toggle route.split, 2026-12-07):
         # groups of 1 +5.2% at depth 32768; groups of 2 +4.0% / +4.6% at 32768 / 131072 (the
-        # group: split_tokens, above; on against off, by the medians)
+        # group: split_tokens, below; on against off, by the medians)
         self.split = True
+        self._split_tokens = 1
+
+    @property
+    def split_tokens(self) -> int:
+        """Tokens a group with ``split`` (a token bucket of the matvec kernels: 1, 2, 4 or 8)."""
+        return self._split_tokens
+
+    @split_tokens.setter
+    def split_tokens(self, n: int) -> None:
+        if type(n) is not int or n not in MATVEC_TOKEN_BUCKETS:  # a bool is refused too
+            raise ValueError(f"route.split_tokens must be one of {MATVEC_TOKEN_BUCKETS}, got {n!r}")
+        self._split_tokens = n
 
     def fuses(self, n: int, router: QuantWeight, k: int) -> bool:
         """Whether ``router`` runs for n rows: a decode step's rows with ``fused_decode`` (and
