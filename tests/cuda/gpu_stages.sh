@@ -658,9 +658,9 @@ case "${1:-tests}" in
       "five:^(matvec_route_F32_t8|hc_downc_Q4_K_t8|hc_upl_Q5_0_t8|matvec_q8_Q4_K_t8)$:12" ;;
   s34)  # 2026-12-07 17:30: the fenced tickets (one fence after the barrier) under the router's
     # tests, then ncu1, then the defaults unprofiled (one session's time outside the graph)
-    timeout 170 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
-      -k "plain or split1 or refuses or tunings" tests/cuda/test_fused_router.py \
-      tests/cuda/test_linear_matvec.py > "$OUT/t_s34.log" 2>&1
+    timeout 230 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+      -k "plain or split1 or refuses or tunings or mix or invariant" tests/cuda/test_fused_router.py \
+      tests/cuda/test_linear_matvec.py tests/cuda/test_hc.py > "$OUT/t_s34.log" 2>&1
     echo "== s34 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s34.log" | head
     bash "$0" ncu1
     bench defaults 120 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \

@@ -304,21 +304,12 @@ __device__ void hc_down(const float* __restrict__ x, const float* __restrict__ g
     }
 
     if (row0 >= n_rows) return;
-    // the warp's rows and tokens into P's layout: one warp_sum a value, lane 0 writes (not
-    // warp_sums_put: its split spills here under the 64- and 128-register bounds, F16/BF16 t2
-    // and Q5_0/Q6_K t8)
-#pragma unroll
-    for (int rr = 0; rr < R; rr++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[rr][t] = warp_sum(acc[rr][t]);
-    if (lane == 0) {
-#pragma unroll
-        for (int rr = 0; rr < R; rr++)
-#pragma unroll
-            for (int t = 0; t < NT; t++)
-                if (t < nt && row0 + rr < n_rows)
-                    P[((size_t)s * n_tok + tok0 + t) * p_stride + col0 + row0 + rr] = acc[rr][t];
-    }
+    // the warp's rows and tokens into P's layout, lane 0 writing (no split: it spills here
+    // under the 64- and 128-register bounds, F16/BF16 t2 and Q5_0/Q6_K t8)
+    warp_sums_put<false>(acc, lane, [&](float v, int rr, int t) {
+        if (t < nt && row0 + rr < n_rows)
+            P[((size_t)s * n_tok + tok0 + t) * p_stride + col0 + row0 + rr] = v;
+    });
 }
 
 // ---- hc_downc: hc_down in clusters (HCCuda.cluster) ---------------------------------------------

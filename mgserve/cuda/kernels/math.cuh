@@ -42,11 +42,12 @@ template <int N>
 __device__ __forceinline__ int warp_split_index(int lane) { return lane / (32 / N); }
 
 // The warp's sums of N values a lane over its 32 lanes, each handed once to put(sum, i) on one
-// lane: by warp_sum_split where N is a power of two up to 32 (sum i on lane (32 / N) i), else one
-// warp_sum a value, put on lane 0. warp_sum's bits either way.
-template <int N, typename Put>
+// lane: by warp_sum_split where N is a power of two up to 32 (sum i on lane (32 / N) i), else (or
+// without SPLIT, where a kernel's register bound makes the split spill) one warp_sum a value, put
+// on lane 0. warp_sum's bits either way.
+template <bool SPLIT = true, int N, typename Put>
 __device__ __forceinline__ void warp_sums_put(const float (&v)[N], int lane, Put&& put) {
-    if constexpr ((N & (N - 1)) == 0 && N <= 32) {
+    if constexpr (SPLIT && (N & (N - 1)) == 0 && N <= 32) {
         const float s = warp_sum_split(v, lane);
         if (lane % (32 / N) == 0) put(s, warp_split_index<N>(lane));
     } else {
@@ -58,12 +59,12 @@ __device__ __forceinline__ void warp_sums_put(const float (&v)[N], int lane, Put
     }
 }
 // The same for R x NT values a lane: put(sum, rr, t).
-template <int R, int NT, typename Put>
+template <bool SPLIT = true, int R, int NT, typename Put>
 __device__ __forceinline__ void warp_sums_put(const float (&acc)[R][NT], int lane, Put&& put) {
     float flat[R * NT];
 #pragma unroll
     for (int i = 0; i < R * NT; i++) flat[i] = acc[i / NT][i % NT];
-    warp_sums_put(flat, lane, [&](float v, int i) { put(v, i / NT, i % NT); });
+    warp_sums_put<SPLIT>(flat, lane, [&](float v, int i) { put(v, i / NT, i % NT); });
 }
 
 // The max over the warp's 32 lanes (every lane ends with it).
