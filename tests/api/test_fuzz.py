@@ -17,8 +17,9 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from yarl import URL
 
 from mgserve.api.app import create_app
 from mgserve.core.engine.slot_store import SlotStore
@@ -131,8 +132,11 @@ def test_fuzz_raw_bytes(harness: Harness, route: str) -> None:
     method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]),
     query=st.dictionaries(st.text(max_size=6), st.text(max_size=6), max_size=3),
 )
+@example(path="//0", method="GET", query={})  # CI 2026-12-07: the client's assert, not a 5xx
 def test_fuzz_paths_and_methods(harness: Harness, path: str, method: str, query: Any) -> None:
     try:
+        if URL(path).absolute:  # "//0": a scheme-relative URL, which the test client refuses
+            return
         r, data = harness.call(method, path, params=query)
     except (ValueError, aiohttp.InvalidURL):
         return  # not a URL the client can send
