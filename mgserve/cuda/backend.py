@@ -141,9 +141,10 @@ def cuda_backend(
     linear.prefill_exact = moe.prefill_exact = prefill_exact
     linear.cublas_prefill = moe.cublas_prefill = cublas_prefill
     linear.fused_decode = fused_decode
+    linear.x16.offers = not prefill_exact  # (exact prompts multiply fp32: no GEMM reads f16)
     deltanet = DeltaNetCuda(kernels, DeltaNetTorch())
     deltanet.fused = fused_decode
-    norm, rope = NormCuda(kernels), RopeCuda(kernels, RopeTorch())
+    norm, rope = NormCuda(kernels, linear.x16), RopeCuda(kernels, RopeTorch())
     attention = AttentionCuda(kernels, AttentionTorch())
     branch = Branches(linear.path, kernels.device)
     return Backend(
@@ -159,7 +160,7 @@ def cuda_backend(
         route=RouteCuda(kernels, RouteTorch(), linear, tickets),
         norm=norm,
         rope=rope,
-        act=ActCuda(kernels),
+        act=ActCuda(kernels, linear.x16),
         deltanet=deltanet,
         hc=HCCuda(kernels, HCTorch(dense), linear, norm, branch=branch),
         ple=Ple(linear, norm),

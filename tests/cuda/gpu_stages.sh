@@ -119,7 +119,7 @@ ncu_kernels() {  # "name:kernel regex:launches" ...: Nsight Compute on one promp
   echo "ncu: ${NCU:-none}"; [ -n "$NCU" ] || return 0
   W="${NCU_W:-$Q4X --ctx 8192 --slots 1 --int8 --prefill 4096@0 --decode 0 --decode-steps 1 --multi-decode= --no-graphs} $NCU_EXTRA"
   SECTIONS="--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
-    --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
+    --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats ${SECTIONS_EXTRA:-}"
   for spec in "$@"; do
     IFS=: read -r name rx n <<< "$spec"
     timeout 200 "$NCU" --clock-control none --target-processes all -k "regex:$rx" -c "$n" \
@@ -666,6 +666,39 @@ case "${1:-tests}" in
     bench defaults 120 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
       --multi-decode 5@32768 --decode-steps 32 --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md" ;;
+  s36)  # 2026-12-07 20:30: s34's tests; the producers' f16 copies of prompt activations
+    # (f16_rows.py: norm, gated norm, gate_mix, gated activations; the casts were 532 launches,
+    # 21 ms of a 4096-token chunk) and hc.stack_inject's test, then both toggled on a chunk
+    timeout 260 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_f16_offers.py tests/cuda/test_hc.py \
+      tests/cuda/test_fused_router.py tests/cuda/test_linear_matvec.py \
+      -k "(f16 or conversion or copies or stacks_inject or plain or split1 or refuses or tunings or mix or invariant) and not qwen3next" \
+      > "$OUT/t_s36.log" 2>&1
+    echo "== s36 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s36.log" | head -20
+    bench f16_toggle 240 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0,4096@32768 \
+      --decode= --multi-decode= --paired 3 --toggle linear.x16.offers --record
+    cp BENCHMARKS.md "$OUT/BENCHMARKS.md" ;;
+  s37)  # 2026-12-07 20:30: hc.stack_inject on a chunk, the defaults, then ncu2
+    bench stack_toggle 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 \
+      --decode= --multi-decode= --paired 3 --toggle hc.stack_inject --record
+    bench defaults 130 model $Q4X --ctx 65536 --slots 5 --int8 --prefill 4096@0 --decode 0 \
+      --multi-decode 5@32768 --decode-steps 32 --record
+    cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
+    bash "$0" ncu2 ;;
+  s35)  # 2026-12-07 20:05: s34's tests, the defaults unprofiled, then ncu2 (the prompt GEMMs)
+    timeout 230 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+      -k "plain or split1 or refuses or tunings or mix or invariant" tests/cuda/test_fused_router.py \
+      tests/cuda/test_linear_matvec.py tests/cuda/test_hc.py > "$OUT/t_s35.log" 2>&1
+    echo "== s35 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s35.log" | head
+    bench defaults 150 model $Q4X --ctx 65536 --slots 5 --int8 --prefill 4096@0 --decode 0 \
+      --multi-decode 5@32768 --decode-steps 32 --record
+    cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
+    bash "$0" ncu2 ;;
+  ncu2)  # 2026-12-07 19:50: a 4096-token chunk's GEMMs: the MoE's grouped products (31% of the
+    # chunk, ~181 TFLOP/s on gate/up counting only real rows) and the dense hgemm_wg: whether the
+    # W decode's issue slots, the tensor cores or the barriers bound them
+    SECTIONS_EXTRA="--section InstructionStats --section SchedulerStats" ncu_kernels \
+      "moe:^(qgemm_gate_up_wg|qgemm_down_wg)$:4" "hg:^hgemm_wg$:4" ;;
   ncu1)  # 2026-12-07 17:30: one session's eager decode step: what bounds its t1 kernels (the
     # router 9.8 us a launch for 2.6 MB, hc_downc 6.8 us for 1.9 MB, hc_upl 7.3 us for 2.3 MB)
     NCU_W="$Q4X --ctx 8192 --slots 1 --int8 --prefill= --decode 0 --multi-decode= \

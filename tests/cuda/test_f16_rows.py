@@ -1,4 +1,4 @@
-"""``F16Rows`` (cuda/ops/qgemm.py): the prompt GEMMs' f16 copy of an activation made once for
+"""``F16Rows`` (cuda/ops/f16_rows.py): the prompt GEMMs' f16 copy of an activation made once for
 every GEMM reading the same tensor, and made again whenever it could differ (on the CPU: the
 conversion is torch's on any device)."""
 
@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
-from mgserve.cuda.ops.qgemm import F16Rows, f16_rows
+from mgserve.cuda.ops.f16_rows import F16Rows, f16_rows
+from mgserve.cuda.ops.rowpath import RowPath
 
 
 def test_the_same_unchanged_tensor_is_converted_once() -> None:
@@ -52,3 +54,50 @@ def test_clear_forgets_the_entry() -> None:
     first = rows(x)
     rows.clear()  # the end of a prompt step
     assert rows(x) is not first
+
+
+def test_a_reshape_of_the_same_memory_hits() -> None:
+    """The producer's output [N, hc, d] and the GEMM's [N, hc * d] view of it: one copy."""
+    rows = F16Rows()
+    x = torch.randn(4, 2, 8)
+    first = rows(x)
+    flat = x.reshape(4, 16)
+    assert rows(flat).data_ptr() == first.data_ptr() and rows(flat).shape == (4, 16)
+    assert rows(x[1:]) is not None and rows(x[1:]).data_ptr() != first.data_ptr()  # a slice
+
+
+def test_the_last_two_entries_are_kept() -> None:
+    """The router reads the mix's output again after the shared expert's activation was
+    converted: both copies are still there; a third pushes out the least recently used."""
+    rows = F16Rows()
+    h, a, b = torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8)
+    h16, a16 = rows(h), rows(a)
+    assert rows(h) is h16 and rows(a) is a16
+    rows(b)  # a, then b, most recent: h goes
+    assert rows(a) is a16 and rows(h) is not h16
+
+
+def test_an_offered_copy_is_returned_until_x_changes() -> None:
+    rows = F16Rows()
+    x = torch.randn(4, 8)
+    x16 = f16_rows(x)
+    rows.offer(x, x16)
+    assert rows(x) is x16
+    assert rows(x.view(2, 16)).data_ptr() == x16.data_ptr()
+    x.mul_(3.0)
+    assert rows(x) is not x16 and torch.equal(rows(x), f16_rows(x))
+    with pytest.raises(ValueError, match="does not match"):
+        rows.offer(x, torch.zeros(4, 4, dtype=torch.float16))
+
+
+def test_copies_are_wanted_for_prompt_rows_only() -> None:
+    path = RowPath()
+    rows = F16Rows(path)
+    assert rows.wanted(64) and not rows.wanted(8)  # outside a step: by size
+    with path.step("decode"):
+        assert not rows.wanted(64)
+    with path.step("prompt"):
+        assert rows.wanted(3)
+        rows.offers = False
+        assert not rows.wanted(3)
+    assert not F16Rows().wanted(64)  # no path: no producer writes one

@@ -34,9 +34,10 @@ import pytest
 import torch
 
 from mgserve.cuda.dequantized import DenseWeights
+from mgserve.cuda.ops.f16_rows import F16Rows
 from mgserve.cuda.ops.grouped_rows import GroupedRows, grouped_tiles
 from mgserve.cuda.ops.hgemm import HGemm, HGemmTuning
-from mgserve.cuda.ops.qgemm import F16Rows, QGemm, QGemmTuning
+from mgserve.cuda.ops.qgemm import QGemm, QGemmTuning
 from mgserve.cuda.weights import FORMATS
 from tests.cuda.test_moe_prefill import LaunchRecorder, OpCount, gpu_ms, skewed_routing
 from tests.cuda.test_moe_torch import (

@@ -708,9 +708,11 @@ extern "C" __global__ void hc_combine(const float4* __restrict__ x, const float4
 //                 / hc, streams added in order from 0, each product and sum rounded once,
 // the same bits as the torch ops it replaces (sigmoid, *, the in-order sum, then / hc as ATen
 // divides by a scalar: a product with the float reciprocal). u, xn [n_tok, hc, d] and mixed
-// [n_tok, d] as float4 (d4 = d / 4); n4 = n_tok * d4.
+// [n_tok, d] as float4 (d4 = d / 4); n4 = n_tok * d4. mixed16 (or null): mixed rounded to f16
+// as well, the prompt GEMMs' copy (cuda/ops/f16_rows.py).
 extern "C" __global__ void hc_gate_mix(const float4* __restrict__ u, const float4* __restrict__ xn,
-                                       float4* __restrict__ mixed, int hc, int d4, long long n4) {
+                                       float4* __restrict__ mixed, int hc, int d4, long long n4,
+                                       u16* __restrict__ mixed16) {
     grid_sync();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n4) return;
@@ -730,7 +732,9 @@ extern "C" __global__ void hc_gate_mix(const float4* __restrict__ u, const float
         }
     }
     const float r = __fdiv_rn(1.f, (float)hc);
-    mixed[i] = make_float4(__fmul_rn(acc.x, r), __fmul_rn(acc.y, r), __fmul_rn(acc.z, r),
-                           __fmul_rn(acc.w, r));
+    const float4 m = make_float4(__fmul_rn(acc.x, r), __fmul_rn(acc.y, r), __fmul_rn(acc.z, r),
+                                 __fmul_rn(acc.w, r));
+    mixed[i] = m;
+    if (mixed16) store_f16x4(mixed16 + 4 * i, m);
 }
 #endif  // !HC_CLUSTERED

@@ -26,6 +26,7 @@
 
 #include "math.cuh"
 #include "pdl.cuh"
+#include "scalar.cuh"
 
 #define MAX_ROW_WARPS 8  // 256 threads per row at most
 
@@ -34,7 +35,7 @@ __device__ __forceinline__ float gate_act(float z, int gate) {
     return gate == 1 ? silu(z) : sigmoid(z);
 }
 
-template <bool VEC, bool Q8 = false>
+template <bool VEC, bool Q8 = false, bool F16 = false>
 __device__ __forceinline__ void rms_norm_row(const float* __restrict__ x, long long x_stride,
                                              const float* __restrict__ w, int n_groups,
                                              const float* __restrict__ z, int z_group,
@@ -42,7 +43,8 @@ __device__ __forceinline__ void rms_norm_row(const float* __restrict__ x, long l
                                              const int* __restrict__ dest, float* __restrict__ y,
                                              int n_rows, int D, float eps, int gate,
                                              signed char* __restrict__ xq = nullptr,
-                                             float* __restrict__ xd = nullptr) {
+                                             float* __restrict__ xd = nullptr,
+                                             u16* __restrict__ y16 = nullptr) {
     __shared__ float partial[32][MAX_ROW_WARPS];  // [row in CTA][warp in row]
     const int tpr = blockDim.x, t = threadIdx.x, ry = threadIdx.y;
     const int row = blockIdx.x * blockDim.y + ry;
@@ -104,6 +106,7 @@ __device__ __forceinline__ void rms_norm_row(const float* __restrict__ x, long l
                     o.w = __fadd_rn(q.w, o.w);
                 }
                 y4[i] = o;
+                if (F16) store_f16x4(y16 + out_row * D + 4LL * i, o);
             }
             if (Q8) q8_store4(o, on, xq, xd, out_row * D + 4LL * (on ? i : 0));
         }
@@ -188,6 +191,19 @@ extern "C" __global__ void __launch_bounds__(256)
     grid_sync();
     rms_norm_row<true, true>(x, x_stride, w, n_groups, z, z_group, z_stride, res, dest, y,
                              n_rows, D, eps, gate, xq, xd);
+}
+
+// rms_norm_f32_v4 that also writes y rounded to f16 (y16 [rows * D], as y): the prompt GEMMs'
+// copy of y (cuda/ops/f16_rows.py), so they skip its conversion.
+extern "C" __global__ void __launch_bounds__(256)
+    rms_norm_f16_f32_v4(const float* __restrict__ x, long long x_stride,
+                        const float* __restrict__ w, int n_groups, const float* __restrict__ z,
+                        int z_group, long long z_stride, const float* __restrict__ res,
+                        const int* __restrict__ dest, float* __restrict__ y, int n_rows, int D,
+                        float eps, int gate, u16* __restrict__ y16) {
+    grid_sync();
+    rms_norm_row<true, false, true>(x, x_stride, w, n_groups, z, z_group, z_stride, res, dest, y,
+                                    n_rows, D, eps, gate, nullptr, nullptr, y16);
 }
 
 // x [N, H, D] with strides (x_sn, x_sh, 1); w [D] or null (no norm); y [N, H, D] contiguous;

@@ -165,13 +165,13 @@ class DenseLM(Staged):
         branch (the output projection, or Gemma's post-norm)."""
         b = self.backend
         eps = self.spec.rms_eps
-        h = b.norm.rms(x, layer.attn_norm, eps)
+        h = b.norm.rms(x, layer.attn_norm, eps, f16=True)
         if layer.post_attn_norm is not None:
             a = self.attend(il, layer, h, step)
             x = b.norm.rms(a, layer.post_attn_norm, eps, residual=x)
         else:
             x = self.attend(il, layer, h, step, residual=x)
-        h = b.norm.rms(x, layer.ffn_norm, eps)
+        h = b.norm.rms(x, layer.ffn_norm, eps, f16=True)
         if layer.moe is not None and self.experts is not None:
             return moe_ffn(b, layer.moe, h, self.experts, residual=x)
         assert layer.gate is not None and layer.up is not None and layer.down is not None

@@ -189,8 +189,10 @@ class HybridLM(Staged):
         branch (the output projection, the experts' sum)."""
         layer, b, eps = self.layers[il], self.backend, self.spec.rms_eps
         assert layer.attn_norm is not None and layer.ffn_norm is not None
-        x = self.mixer(il, layer, b.norm.rms(x, layer.attn_norm, eps), step, residual=x)
-        return moe_ffn(b, layer.moe, b.norm.rms(x, layer.ffn_norm, eps), self.hp, residual=x)
+        h = b.norm.rms(x, layer.attn_norm, eps, f16=True)  # (f16: the GEMMs' copy)
+        x = self.mixer(il, layer, h, step, residual=x)
+        h = b.norm.rms(x, layer.ffn_norm, eps, f16=True)
+        return moe_ffn(b, layer.moe, h, self.hp, residual=x)
 
     def mixer(self, il: int, layer: Layer, h: torch.Tensor, step: Step,
               residual: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip

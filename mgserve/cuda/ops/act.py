@@ -17,6 +17,7 @@ import torch
 from mgserve.core.reference import ops, rowwise
 from mgserve.cuda.checks import check_f32, rows_view, vec4_ok
 from mgserve.cuda.launch import Kernels
+from mgserve.cuda.ops.f16_rows import F16Rows
 from mgserve.cuda.ops.linear_tuning import Q8_GROUP, Q8Activations
 
 ACT_SOURCE = "act.cu"
@@ -62,15 +63,17 @@ class ActTorch:
 class ActCuda:
     """The activations on act.cu; float32 on this device, outputs new contiguous tensors."""
 
-    def __init__(self, kernels: Kernels) -> None:
+    def __init__(self, kernels: Kernels, f16: F16Rows | None = None) -> None:
         self.kernels = kernels
         self.device = kernels.device
+        self.f16 = f16  # prompt rows: an f16 copy of out for the product that reads it
 
     def _launch(
         self, name: str, gate: torch.Tensor, up: torch.Tensor, xq: bool = False
     ) -> tuple[torch.Tensor, Q8Activations | None]:
         """out, and with ``xq`` (_v4 rows of F % 32 == 0 only, else None) out rounded to int8
-        as [out.shape[0], the rest] (tokens first)."""
+        as [out.shape[0], the rest] (tokens first). Without, prompt rows (``F16Rows.wanted``)
+        get out's f16 copy too: a down or output projection reads every gated activation."""
         _check_pair(gate, up)
         for t_name, t in (("gate", gate), ("up", up)):
             if t.device != self.device:
@@ -92,6 +95,10 @@ class ActCuda:
                 torch.empty(n_tok, k // Q8_GROUP, dtype=torch.float32, device=self.device),
             )
             name, q8_args = f"{name}_q8", (q.q.data_ptr(), q.d.data_ptr())
+        out16 = None
+        if vec and q is None and shape and self.f16 is not None and self.f16.wanted(shape[0]):
+            out16 = self.f16.room(out)
+            name, q8_args = f"{name}_f16", (out16.data_ptr(),)
         self.kernels.launch(
             self.kernels.kernel(ACT_SOURCE, f"{name}_f32{'_v4' if vec else ''}"),
             (n_rows, (per_row + ACT_THREADS - 1) // ACT_THREADS),
@@ -104,6 +111,8 @@ class ActCuda:
             np.int32(f),
             *q8_args,
         )
+        if out16 is not None:
+            self.f16.offer(out, out16)  # type: ignore[union-attr]
         return out, q
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

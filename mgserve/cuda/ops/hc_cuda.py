@@ -58,8 +58,7 @@ class HCCuda:
         self.device = kernels.device
         self.tuning = tuning or HCTuning()
         # the prompt mix's gated mean in one kernel (hc_gate_mix) instead of six torch ops a
-        # stream, bitwise those ops (tests/cuda/test_hc.py); False runs the torch ops (compare:
-        # bench model --paired R --toggle hc.prompt_gate_kernel)
+        # stream, bitwise those ops (tests/cuda/test_hc.py); False runs the torch ops
         self.prompt_gate_kernel = True
         # a prompt mix's down and inject projections in one GEMM (linear_stacked.py): the same
         # bits by construction, one GEMM launch fewer a mix. Off until its GPU test
@@ -75,8 +74,8 @@ class HCCuda:
         self.cluster_tuning = CLUSTER_TUNING
         # a clustered decode mix also writes its output rounded to int8 (hc_upl on
         # CLUSTER_XQ_TUNING's 32-column CTAs), handed to ``linear.quantize`` (q8.offer): one
-        # quantize launch fewer a mix. Off until it has run on a GPU (its tests and bench model
-        # --set hc.emit_xq=true: gpu_stages.sh hcxq)
+        # quantize launch fewer a mix. Bitwise, and slower on the H100 (BENCHMARKS.md 2026-12-06
+        # 22:43): off
         self.emit_xq = False
         self.stage_hoist = True  # False: HCTuning.stage_hoist off in the clustered mixes
 
@@ -131,8 +130,9 @@ class HCCuda:
             both = None  # down and inject in one GEMM where they stack (the same bits)
             if inject is not None and self.stack_inject:
                 both = partial(matmul_stacked, self.linear, weights=(down, inject))
+            norm_f = partial(self.norm.rms, f16=True)  # its output's f16 copy for down, inject
             return hyper_connections.mix_with(
-                x, norm, eps, down_p, up_p, inj_p, self.norm.rms, gate_mix=gm, down_inject=both
+                x, norm, eps, down_p, up_p, inj_p, norm_f, gate_mix=gm, down_inject=both
             )
         _, mixed, inj = self._run(x, None, None, norm, down, up, inject, eps)
         return mixed, inj
@@ -158,11 +158,16 @@ class HCCuda:
 
     def gate_mix(self, u: torch.Tensor, xn: torch.Tensor) -> torch.Tensor:
         """``hyper_connections.gated_mean`` in one kernel (hc_gate_mix): u, xn [N, hc, d]
-        float32 with d % 4 == 0 -> [N, d], the same bits."""
+        float32 with d % 4 == 0 -> [N, d], the same bits; with its f16 copy for the block's
+        GEMMs (``F16Rows.wanted``)."""
         n, hc, d = u.shape
         u, xn = (vec4_input(k, t, self.device) for k, t in (("u", u), ("xn", xn)))
         mixed = torch.empty((n, d), dtype=torch.float32, device=self.device)
-        self._per_float4("hc_gate_mix", n * d // 4, u, xn, mixed, hc=hc, d=d)
+        m16 = self.linear.x16.room(mixed) if self.linear.x16.wanted(n) else None
+        ptr16 = 0 if m16 is None else m16.data_ptr()
+        self._per_float4("hc_gate_mix", n * d // 4, u, xn, mixed, hc=hc, d=d, tail=(ptr16,))
+        if m16 is not None:
+            self.linear.x16.offer(mixed, m16)
         return mixed
 
     def combine(self, x: torch.Tensor, out: torch.Tensor, inject: torch.Tensor) -> torch.Tensor:
@@ -178,18 +183,15 @@ class HCCuda:
         return y
 
     def _per_float4(
-        self, name: str, n4: int, *tensors: torch.Tensor, hc: int, d: int
+        self, name: str, n4: int, *tensors: torch.Tensor, hc: int, d: int, tail: tuple = ()
     ) -> None:  # a thread per float4 of the output: hc_combine, hc_gate_mix
         if n4:
             self.kernels.launch(
                 self.kernels.kernel(HC_SOURCE, name, self.tuning.defines("BF16")),
-                (n4 + COMBINE_THREADS - 1) // COMBINE_THREADS,
-                COMBINE_THREADS,
-                *(t.data_ptr() for t in tensors),
-                np.int32(hc),
-                np.int32(d // 4),
-                np.int64(n4),
-            )
+                (n4 + COMBINE_THREADS - 1) // COMBINE_THREADS, COMBINE_THREADS,
+                *(t.data_ptr() for t in tensors), np.int32(hc), np.int32(d // 4), np.int64(n4),
+                *tail,
+            )  # fmt: skip
 
     def _run(
         self,

@@ -27,6 +27,7 @@ import torch
 from mgserve.cuda.checks import check_vec4, check_weight, vec4_input
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.f16_products import f16_mm
+from mgserve.cuda.ops.f16_rows import F16Rows
 from mgserve.cuda.ops.hgemm import HGemm, HGemmTuning
 from mgserve.cuda.ops.linear import LinearTorch, check_epilogue, check_linear, check_rows, epilogue
 from mgserve.cuda.ops.linear_q8 import LinearQ8, epilogue_ptrs
@@ -42,7 +43,7 @@ from mgserve.cuda.ops.linear_tuning import (
     q8_rows,
     token_bucket,
 )
-from mgserve.cuda.ops.qgemm import F16Rows, QGemm
+from mgserve.cuda.ops.qgemm import QGemm
 from mgserve.cuda.ops.rowpath import RowPath
 from mgserve.cuda.weights import QuantWeight
 
@@ -85,7 +86,7 @@ class LinearCuda:
         self.qgemm = QGemm(kernels)
         self.hgemm = HGemm(kernels, hgemm)  # prompts of >= hgemm.tuning.min_rows rows
         self._scratch: dict[int, torch.Tensor] = {}  # f16, per torch stream handle
-        self.x16 = F16Rows()  # a prompt activation converted once for every GEMM reading it
+        self.x16 = F16Rows(self.path)  # prompt activations in f16, made once (f16_rows.py)
 
     # -- decode kernels ------------------------------------------------------------------------
 
@@ -206,18 +207,10 @@ class LinearCuda:
         runs = n_rows * (w.k // 8)
         grid = ((runs + DEQUANT_THREADS - 1) // DEQUANT_THREADS, n_groups)
         self.kernels.launch(
-            kernel,
-            grid,
-            DEQUANT_THREADS,
-            w.data.data_ptr(),
-            out_ptr,
-            0 if ids is None else ids.data_ptr(),
-            np.int64(group_stride),
-            np.int64(row0),
-            np.int32(n_rows),
-            np.int32(out_group_rows or n_rows),
-            np.int32(w.k),
-        )
+            kernel, grid, DEQUANT_THREADS, w.data.data_ptr(), out_ptr,
+            0 if ids is None else ids.data_ptr(), np.int64(group_stride), np.int64(row0),
+            np.int32(n_rows), np.int32(out_group_rows or n_rows), np.int32(w.k),
+        )  # fmt: skip
 
     # -- ops -------------------------------------------------------------------------------------
 
@@ -279,9 +272,9 @@ class LinearCuda:
         if self.prefill_exact:  # fp32 weights and product (tests, debugging: slow, memory-hungry)
             return self.fallback.matmul(x, w)
         invariant = not self.cublas_prefill  # qgemm.cu, or its W decoded once and hgemm.cu
-        if invariant and n < self.hgemm.tuning.min_rows:
-            return self.qgemm.matmul(x, w)
         x16 = self.x16(x)  # [N, k]
+        if invariant and n < self.hgemm.tuning.min_rows:
+            return self.qgemm.matmul(x16, w)
         tile = max(1, min(rows, SCRATCH_BYTES // (2 * k)))  # rows per f16 tile
         buf = self.scratch(tile * k)
         if tile == rows and not invariant:  # cuBLAS' usual case: one tile, written directly

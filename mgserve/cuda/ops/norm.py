@@ -15,6 +15,7 @@ import torch
 from mgserve.core.reference import ops, rowwise
 from mgserve.cuda.checks import check_cuda, check_f32, rows_view, shape_error, vec4_ok
 from mgserve.cuda.launch import Kernels
+from mgserve.cuda.ops.f16_rows import F16Rows
 from mgserve.cuda.ops.linear_tuning import Q8_GROUP, Q8Activations
 
 NORM_SOURCE = "norm.cu"
@@ -72,11 +73,13 @@ class NormTorch:
     """The norms in PyTorch on the tensors' device (the reference arithmetic)."""
 
     def rms(
-        self, x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.Tensor | None = None
-    ) -> torch.Tensor:
+        self, x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+        *, f16: bool = False,
+    ) -> torch.Tensor:  # fmt: skip
         """x / sqrt(mean(x^2) + eps) * w over the last dim; x [..., D] f32, w [D] or [G, D] (then
         x is [..., G, D] and row g of every group uses w[g]: hyper-connection streams).
-        ``residual`` (x's shape): residual + that (Gemma's post-norms)."""
+        ``residual`` (x's shape): residual + that (Gemma's post-norms). ``f16``: prompt GEMMs
+        read the output (NormCuda writes their f16 copy beside it; nothing to write here)."""
         check_norm(x, w)
         check_residual(residual, x)
         y = ops.rms_norm(x, w, eps)
@@ -115,9 +118,10 @@ class NormCuda:
     """The norms on rms_norm_f32. Inputs must be float32 on this device; outputs are new
     contiguous tensors."""
 
-    def __init__(self, kernels: Kernels) -> None:
+    def __init__(self, kernels: Kernels, f16: F16Rows | None = None) -> None:
         self.kernels = kernels
         self.device = kernels.device
+        self.f16 = f16  # where outputs that prompt GEMMs read get their f16 copy (f16_rows.py)
 
     def _rows(
         self,
@@ -130,6 +134,7 @@ class NormCuda:
         res: torch.Tensor | None = None,  # [rows, D] contiguous, added after the norm
         dest: torch.Tensor | None = None,  # [z_group] int32: row r written as a permuted row
         q8_tokens: int = 0,  # > 0: also y rounded to int8 as [q8_tokens, rows * D / q8_tokens]
+        f16_tokens: int = 0,  # > 0: GEMMs read y (rows of f16_tokens tokens): an f16 copy
     ) -> tuple[torch.Tensor, Q8Activations | None]:  # [rows * D] flat, contiguous; int8 y
         d = w.shape[-1]
         x, n_rows, x_stride = rows_view(x, d)
@@ -154,6 +159,10 @@ class NormCuda:
                 torch.empty(q8_tokens, k // Q8_GROUP, dtype=torch.float32, device=self.device),
             )
             name, q8_args = "rms_norm_q8_f32_v4", (xq.q.data_ptr(), xq.d.data_ptr())
+        y16 = None
+        if vec and xq is None and f16_tokens and self.f16 and self.f16.wanted(f16_tokens):
+            y16 = self.f16.room(y)
+            name, q8_args = "rms_norm_f16_f32_v4", (y16.data_ptr(),)
         self.kernels.launch(
             self.kernels.kernel(NORM_SOURCE, name),
             (n_rows + rpc - 1) // rpc,
@@ -174,11 +183,14 @@ class NormCuda:
             np.int32(gate),
             *q8_args,
         )
+        if y16 is not None:
+            self.f16.offer(y, y16)  # type: ignore[union-attr]
         return y, xq
 
     def rms(
-        self, x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.Tensor | None = None
-    ) -> torch.Tensor:
+        self, x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+        *, f16: bool = False,
+    ) -> torch.Tensor:  # fmt: skip
         check_norm(x, w)
         check_residual(residual, x)
         check_cuda("w", w, self.device, torch.float32)
@@ -186,7 +198,9 @@ class NormCuda:
             raise ValueError(f"x is on {x.device}, expected {self.device}")
         if residual is not None:
             check_cuda("residual", residual, self.device, torch.float32)
-        return self._rows(x, w, eps, None, 1, _GATE_NONE, res=residual)[0].view(x.shape)
+        tokens = x.shape[0] if f16 and residual is None and x.dim() > 1 else 0
+        y = self._rows(x, w, eps, None, 1, _GATE_NONE, res=residual, f16_tokens=tokens)[0]
+        return y.view(x.shape)
 
     def gated(
         self, o: torch.Tensor, z: torch.Tensor, w: torch.Tensor, eps: float, sigmoid: bool,
@@ -208,5 +222,6 @@ class NormCuda:
         if heads is not None:
             check_cuda("heads", heads, self.device, torch.int32)
         gate = _GATE_SIGMOID if sigmoid else _GATE_SILU
-        y, yq = self._rows(o, w, eps, z, hv, gate, dest=heads, q8_tokens=n if xq else 0)
+        q8, f16 = (n, 0) if xq else (0, n)  # the out projection reads y: int8 or f16
+        y, yq = self._rows(o, w, eps, z, hv, gate, dest=heads, q8_tokens=q8, f16_tokens=f16)
         return y.view(n, hv * dv), yq

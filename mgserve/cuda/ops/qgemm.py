@@ -17,7 +17,6 @@ any M and any ``QGemmTuning`` (fixed k order, no split-K, masked edges).
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,6 +25,7 @@ import torch
 
 from mgserve.cuda.checks import check_cuda, check_vec4, check_weight, tuning_ints
 from mgserve.cuda.launch import MAX_GRID_Y, Kernels
+from mgserve.cuda.ops.f16_rows import f16_rows
 from mgserve.cuda.ops.grouped_rows import GroupedRows
 from mgserve.cuda.ops.linear import check_rows
 from mgserve.cuda.ops.wgmma import QGEMM_WG_SOURCE, WGMMA_FORMATS, QWgmmaTuning
@@ -112,38 +112,6 @@ DENSE_TUNING = QGemmTuning()  # QGemm's default tiles: prompt products of the li
 # 5% slower (BENCHMARKS.md 2026-12-06 08:37, --moe-tiles).
 GROUPED_TUNING = QGemmTuning(bm=128)
 GROUPED_WGMMA_TUNING = QWgmmaTuning()  # their qgemm_wgmma.cu twins' (bench --moe-tiles wg:...)
-
-
-def f16_rows(x: torch.Tensor) -> torch.Tensor:
-    """x [M, k] rounded to f16 once (to nearest even), contiguous and 16-byte aligned: the X
-    operand of qgemm.cu and hgemm.cu (cp.async copies 16-byte pieces of each row)."""
-    x16 = x.to(torch.float16).contiguous()  # [M, k]
-    return x16.clone() if x16.data_ptr() % 16 else x16
-
-
-class F16Rows:
-    """``f16_rows`` remembering its last input, per thread: the prompt GEMMs that read one
-    activation (q, k, v and the indexer's projections of one normed input; DeltaNet's qkv and
-    z; the router and the shared expert's gate and up) convert it once instead of once each.
-    A hit needs the same tensor object, unchanged since (its version counter); the entry holds
-    both tensors until the thread's next conversion or ``clear`` (DeviceRunner clears it when a
-    prompt step ends)."""
-
-    def __init__(self) -> None:
-        self._last = threading.local()
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        last = getattr(self._last, "entry", None)
-        if last is not None and last[0] is x and last[1] == x._version:
-            return last[2]  # type: ignore[no-any-return]
-        x16 = f16_rows(x)
-        self._last.entry = (x, x._version, x16)
-        return x16
-
-    def clear(self) -> None:
-        """Forget this thread's entry (the end of a prompt step: its tensors go back to the
-        allocator)."""
-        self._last.entry = None
 
 
 class QGemm:

@@ -1,0 +1,94 @@
+"""Prompt activations' f16 copies written by their producers (cuda/ops/f16_rows.py): the norm,
+the gated norm, the hyper-connection mix's gated mean and the gated activations write each
+output's f16 copy beside it, which the prompt GEMMs read instead of converting the output again.
+Each copy is the conversion's bits, and whole prompts give the same logits with fewer
+conversions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from mgserve.cuda.ops import f16_rows as f16_rows_module
+from mgserve.cuda.ops.f16_rows import f16_rows
+from tests.cuda.test_batch_invariance import _all_logits, _bench
+from tests.cuda.test_device_models import _export, _tokens
+
+pytestmark = pytest.mark.gpu
+
+N = 37  # prompt rows (more than the decode kernels' 8: the GEMMs read them)
+
+
+def _offered(ops, y: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    got = ops.linear.x16.find(y)
+    assert got is not None, "no f16 copy was offered"
+    return got
+
+
+def _rand(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, device="cuda") * 3.0
+
+
+def test_norm_copies_are_the_conversion(cuda_ops) -> None:  # type: ignore[no-untyped-def]
+    ops = cuda_ops
+    ops.linear.x16.clear()
+    x, w = _rand(N, 4, 64), _rand(4, 64)
+    y = ops.norm.rms(x, w, 1e-6, f16=True)
+    flat = y.reshape(N, 256)  # what the mix's down projection reads
+    assert torch.equal(_offered(ops, flat), f16_rows(flat))
+    assert ops.linear.x16.find(ops.norm.rms(x, w, 1e-6)) is None  # not asked for: none
+    o, z, g = _rand(N, 6, 32), _rand(N, 192), _rand(32)
+    heads = torch.tensor([3, 0, 5, 1, 4, 2], dtype=torch.int32, device="cuda")
+    for perm in (None, heads):
+        y, yq = ops.norm.gated_xq(o, z, g, 1e-6, True, perm, xq=False)
+        assert yq is None and torch.equal(_offered(ops, y), f16_rows(y))
+    few = _rand(3, 64)  # decode rows (outside a step: by size) take no copy
+    assert ops.linear.x16.find(ops.norm.rms(few, _rand(64), 1e-6, f16=True)) is None
+
+
+def test_gated_activation_copies_are_the_conversion(cuda_ops) -> None:  # type: ignore[no-untyped-def]
+    ops = cuda_ops
+    gu = _rand(N, 2 * 96)  # gate and up as column slices of one projection, read in place
+    for fn in (ops.act.silu_mul, ops.act.gelu_mul, ops.act.sigmoid_mul):
+        out = fn(gu[:, :96], gu[:, 96:])
+        assert torch.equal(_offered(ops, out), f16_rows(out)), fn.__name__
+
+
+def test_gate_mix_copy_is_the_conversion(cuda_ops) -> None:  # type: ignore[no-untyped-def]
+    ops = cuda_ops
+    mixed = ops.hc.gate_mix(_rand(N, 4, 128), _rand(N, 4, 128))
+    assert torch.equal(_offered(ops, mixed), f16_rows(mixed))
+    ops.linear.x16.offers = False
+    try:
+        assert ops.linear.x16.find(ops.hc.gate_mix(_rand(N, 4, 128), _rand(N, 4, 128))) is None
+    finally:
+        ops.linear.x16.offers = True
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3next", "qwen4exp"])
+def test_prompt_logits_keep_their_bits_with_fewer_conversions(
+    arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two prompts in one step with the producers' copies on and off: the same logits, bitwise,
+    and fewer f16 conversions with them on."""
+    b = _bench(_export(arch, tmp_path), "cuda")
+    x16 = b.model.backend.linear.x16
+    conversions: list[tuple[int, ...]] = []
+    real = f16_rows_module.f16_rows
+    monkeypatch.setattr(
+        f16_rows_module, "f16_rows", lambda x: conversions.append(tuple(x.shape)) or real(x)
+    )
+    n_vocab = b.model.spec.n_vocab
+    spans = [(0, tuple(_tokens(45, 1, n_vocab))), (1, tuple(_tokens(70, 2, n_vocab)))]
+    runs = {}
+    for on in (False, True):
+        x16.offers = on
+        conversions.clear()
+        runs[on] = (_all_logits(b.model, b.device, spans), len(conversions))
+        x16.clear()
+    x16.offers = True
+    (off, n_off), (on_, n_on) = runs[False], runs[True]
+    assert torch.equal(off, on_), f"{arch}: logits differ with the producers' copies"
+    assert n_on < n_off, f"{arch}: {n_on} conversions with the copies, {n_off} without"
