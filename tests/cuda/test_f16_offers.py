@@ -1,8 +1,9 @@
 """Prompt activations' f16 copies written by their producers (cuda/ops/f16_rows.py): the norm,
 the gated norm, the hyper-connection mix's gated mean and the gated activations write each
-output's f16 copy beside it, which the prompt GEMMs read instead of converting the output again.
-Each copy is the conversion's bits, and whole prompts give the same logits with fewer
-conversions."""
+output's f16 copy beside it, which the prompt GEMMs read instead of converting the output again;
+and the prompt mix's combine and norm in one kernel (hc_prompt.py). Each copy is the
+conversion's bits, the fused pass the two ops' bits, and whole prompts give the same logits with
+fewer conversions."""
 
 from __future__ import annotations
 
@@ -67,12 +68,46 @@ def test_gate_mix_copy_is_the_conversion(cuda_ops) -> None:  # type: ignore[no-u
         ops.linear.x16.offers = True
 
 
+def test_combine_norm_is_combine_then_norm(cuda_ops) -> None:  # type: ignore[no-untyped-def]
+    ops = cuda_ops
+    for n, g, d in ((N, 4, 2560), (5, 3, 40), (N, 4, 64), (1, 1, 4)):
+        x, out, inj, w = _rand(n, g, d), _rand(n, d), _rand(n, g), _rand(g, d)
+        got = ops.norm.combine_rms(x, out, inj, w, 1e-6)
+        assert got is not None, (n, g, d)
+        want = ops.hc.combine(x, out, inj)
+        assert torch.equal(got[0], want), f"streams differ at {(n, g, d)}"
+        assert torch.equal(got[1], ops.norm.rms(want, w, 1e-6)), f"norm differs at {(n, g, d)}"
+        if n > 8:
+            flat = got[1].reshape(n, g * d)
+            assert torch.equal(_offered(ops, flat), f16_rows(flat))
+    odd = (_rand(3, 2, 6), _rand(3, 6), _rand(3, 2), _rand(2, 6))
+    assert ops.norm.combine_rms(*odd, 1e-6) is None  # d % 4: hc_combine, then the norm
+
+
+def test_prompt_combine_mix_keeps_its_bits(cuda_ops) -> None:  # type: ignore[no-untyped-def]
+    """The prompt mix after a block (``combine_mix``) with the combine and norm fused or not."""
+    from tests.cuda.test_hc import EPS, REAL, make_case, make_streams
+
+    hc, d, r = REAL
+    case = make_case(hc, d, r, ("Q4_K", "Q5_0", "Q4_K"), seed=9, device="cuda")
+    x = make_streams(300, hc, d, seed=9).cuda()
+    out, inj = _rand(300, d), torch.rand(300, hc, device="cuda") * 2.0
+    runs = []
+    for fused in (False, True):
+        cuda_ops.hc.prompt_combine_norm = fused
+        args = (case.norm, case.down, case.up, case.inject, EPS)
+        runs.append(cuda_ops.hc.combine_mix(x, out, inj, *args))
+    cuda_ops.hc.prompt_combine_norm = True
+    for name, a, b in zip(("streams", "mixed", "inject"), *runs, strict=True):
+        assert torch.equal(a, b), f"{name} differ with the combine and norm fused"
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3next", "qwen4exp"])
 def test_prompt_logits_keep_their_bits_with_fewer_conversions(
     arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two prompts in one step with the producers' copies on and off: the same logits, bitwise,
-    and fewer f16 conversions with them on."""
+    """Two prompts in one step with the producers' copies and the fused combine and norm on,
+    then off: the same logits, bitwise, and fewer f16 conversions with them on."""
     b = _bench(_export(arch, tmp_path), "cuda")
     x16 = b.model.backend.linear.x16
     conversions: list[tuple[int, ...]] = []
@@ -84,11 +119,11 @@ def test_prompt_logits_keep_their_bits_with_fewer_conversions(
     spans = [(0, tuple(_tokens(45, 1, n_vocab))), (1, tuple(_tokens(70, 2, n_vocab)))]
     runs = {}
     for on in (False, True):
-        x16.offers = on
+        x16.offers = b.model.backend.hc.prompt_combine_norm = on
         conversions.clear()
         runs[on] = (_all_logits(b.model, b.device, spans), len(conversions))
         x16.clear()
-    x16.offers = True
+    x16.offers = b.model.backend.hc.prompt_combine_norm = True
     (off, n_off), (on_, n_on) = runs[False], runs[True]
     assert torch.equal(off, on_), f"{arch}: logits differ with the producers' copies"
     assert n_on < n_off, f"{arch}: {n_on} conversions with the copies, {n_off} without"

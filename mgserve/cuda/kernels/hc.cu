@@ -176,12 +176,6 @@ __device__ __forceinline__ float sumsq4(float4 v) {
     return __fmaf_rn(v.w, v.w, __fmaf_rn(v.z, v.z, __fmaf_rn(v.x, v.x, __fmul_rn(v.y, v.y))));
 }
 
-// x + a * o rounded as two separate ops (no FMA contraction): torch's x + inject * out.
-__device__ __forceinline__ float4 combine4(float4 x, float a, float4 o) {
-    return make_float4(__fadd_rn(x.x, __fmul_rn(a, o.x)), __fadd_rn(x.y, __fmul_rn(a, o.y)),
-                       __fadd_rn(x.z, __fmul_rn(a, o.z)), __fadd_rn(x.w, __fmul_rn(a, o.w)));
-}
-
 // Values i .. i+3 of tokens tok0 .. tok0 + G - 1 of stream s into v: x, or x + inj_prev *
 // out_prev when fused; every load issued before any value is used (a token's loads inside its
 // own branch wait one L2 round trip a token). A token past nt (>= 1) reads token tok0's values,

@@ -119,3 +119,10 @@ __device__ __forceinline__ void q8_store4(float4 o, bool live, signed char* __re
     *reinterpret_cast<char4*>(xq + idx) = q;
     if ((idx & 31) == 0) xd[idx >> 5] = d;
 }
+
+// x + a * o rounded as two separate ops (no FMA contraction): torch's x + inject * out, the
+// hyper-connection combine (hc.cu, norm.cu).
+__device__ __forceinline__ float4 combine4(float4 x, float a, float4 o) {
+    return make_float4(__fadd_rn(x.x, __fmul_rn(a, o.x)), __fadd_rn(x.y, __fmul_rn(a, o.y)),
+                       __fadd_rn(x.z, __fmul_rn(a, o.z)), __fadd_rn(x.w, __fmul_rn(a, o.w)));
+}

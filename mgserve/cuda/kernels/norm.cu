@@ -35,7 +35,15 @@ __device__ __forceinline__ float gate_act(float z, int gate) {
     return gate == 1 ? silu(z) : sigmoid(z);
 }
 
-template <bool VEC, bool Q8 = false, bool F16 = false>
+// The combined streams' rows (COMBINE): row r (token r / G, stream r % G) of x + inj[r] *
+// out[r / G] (hc_combine's arithmetic), written to comb, whose rows then take x's place.
+struct Combine {
+    const float* out;  // [rows / G, D] the block output
+    const float* inj;  // [rows] its inject weight for each row
+    float* comb;       // [rows, D] the combined streams
+};
+
+template <bool VEC, bool Q8 = false, bool F16 = false, bool COMBINE = false>
 __device__ __forceinline__ void rms_norm_row(const float* __restrict__ x, long long x_stride,
                                              const float* __restrict__ w, int n_groups,
                                              const float* __restrict__ z, int z_group,
@@ -44,7 +52,8 @@ __device__ __forceinline__ void rms_norm_row(const float* __restrict__ x, long l
                                              int n_rows, int D, float eps, int gate,
                                              signed char* __restrict__ xq = nullptr,
                                              float* __restrict__ xd = nullptr,
-                                             u16* __restrict__ y16 = nullptr) {
+                                             u16* __restrict__ y16 = nullptr,
+                                             Combine cb = {}) {
     __shared__ float partial[32][MAX_ROW_WARPS];  // [row in CTA][warp in row]
     const int tpr = blockDim.x, t = threadIdx.x, ry = threadIdx.y;
     const int row = blockIdx.x * blockDim.y + ry;
@@ -56,6 +65,12 @@ __device__ __forceinline__ void rms_norm_row(const float* __restrict__ x, long l
             const float4* x4 = reinterpret_cast<const float4*>(xr);
             for (int i = t; i < D / 4; i += tpr) {
                 float4 v = x4[i];
+                if (COMBINE) {  // the combined row, written; pass 2 re-reads this thread's own
+                    const float4 o = reinterpret_cast<const float4*>(cb.out)[
+                        (long long)(row / n_groups) * (D / 4) + i];
+                    v = combine4(v, cb.inj[row], o);
+                    reinterpret_cast<float4*>(cb.comb)[(long long)row * (D / 4) + i] = v;
+                }
                 ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
             }
         } else {
@@ -78,7 +93,8 @@ __device__ __forceinline__ void rms_norm_row(const float* __restrict__ x, long l
     const float* rr = res ? res + (long long)row * D : nullptr;
     float* yr = y + out_row * D;
     if (VEC) {
-        const float4* x4 = reinterpret_cast<const float4*>(xr);
+        const float4* x4 = reinterpret_cast<const float4*>(COMBINE ? cb.comb + (long long)row * D
+                                                                   : xr);
         const float4* w4 = reinterpret_cast<const float4*>(wr);
         float4* y4 = reinterpret_cast<float4*>(yr);
         // with Q8 every lane runs each round (q8_store4 shuffles), live (on) or not
@@ -204,6 +220,24 @@ extern "C" __global__ void __launch_bounds__(256)
     grid_sync();
     rms_norm_row<true, false, true>(x, x_stride, w, n_groups, z, z_group, z_stride, res, dest, y,
                                     n_rows, D, eps, gate, nullptr, nullptr, y16);
+}
+
+// A prompt mix's streams combined with the previous block's output, then normed, in one pass:
+// comb = x + inj * out per (token, stream) row (hc_combine's bits: the new streams, [rows, D]),
+// y = rms_norm_f32_v4 of comb with w [G, D] (G streams), y16 its f16 copy (or null).
+extern "C" __global__ void __launch_bounds__(256)
+    rms_norm_combine_f32_v4(const float* __restrict__ x, const float* __restrict__ w, int G,
+                            const float* __restrict__ out, const float* __restrict__ inj,
+                            float* __restrict__ comb, float* __restrict__ y, int n_rows, int D,
+                            float eps, u16* __restrict__ y16) {
+    grid_sync();
+    const Combine cb = {out, inj, comb};
+    if (y16)
+        rms_norm_row<true, false, true, true>(x, D, w, G, nullptr, 1, 0, nullptr, nullptr, y,
+                                              n_rows, D, eps, 0, nullptr, nullptr, y16, cb);
+    else
+        rms_norm_row<true, false, false, true>(x, D, w, G, nullptr, 1, 0, nullptr, nullptr, y,
+                                               n_rows, D, eps, 0, nullptr, nullptr, nullptr, cb);
 }
 
 // x [N, H, D] with strides (x_sn, x_sh, 1); w [D] or null (no norm); y [N, H, D] contiguous;

@@ -4,19 +4,17 @@ layout), and on the linear family's GEMMs for prompt chunks."""
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import partial
 
 import numpy as np
 import torch
 
-from mgserve.core.reference import hyper_connections
 from mgserve.cuda.checks import check_weight, vec4_input
 from mgserve.cuda.launch import Kernels
+from mgserve.cuda.ops import hc_prompt
 from mgserve.cuda.ops.branch import Branches
 from mgserve.cuda.ops.hc import (
     CLUSTER_TUNING,
     CLUSTER_XQ_TUNING,
-    COMBINE_THREADS,
     DYNAMIC_SMEM,
     HC_SOURCE,
     MAX_TOKEN_GROUP,
@@ -32,7 +30,6 @@ from mgserve.cuda.ops.hc import (
 )
 from mgserve.cuda.ops.hc_cluster import cluster_pieces, mix_clustered
 from mgserve.cuda.ops.linear_cuda import LinearCuda
-from mgserve.cuda.ops.linear_stacked import matmul_stacked
 from mgserve.cuda.ops.norm import NormCuda
 from mgserve.cuda.weights import FORMATS, QuantWeight
 
@@ -60,6 +57,9 @@ class HCCuda:
         # the prompt mix's gated mean in one kernel (hc_gate_mix) instead of six torch ops a
         # stream, bitwise those ops (tests/cuda/test_hc.py); False runs the torch ops
         self.prompt_gate_kernel = True
+        # a prompt mix's combine and norm in one kernel (NormCuda.combine_rms: the same bits,
+        # one pass over the streams fewer); False: hc_combine, then the norm
+        self.prompt_combine_norm = True
         # a prompt mix's down and inject projections in one GEMM (linear_stacked.py): the same
         # bits by construction, one GEMM launch fewer a mix. Off until its GPU test
         # (test_hc.py::test_prompt_mix_stacks_inject_bitwise, gpu_stages.sh s17) has run; then
@@ -122,18 +122,7 @@ class HCCuda:
         rows GEMMs that read each weight once for the chunk (``linear.path`` decides:
         rowpath.py): down and inject in one where they stack (``stack_inject``), then up."""
         if x.dim() == 3 and not self.linear.path.decode_kernels(x.shape[0]):
-            check_mix(x, norm, down, up, inject)
-            down_p = partial(self.linear.matmul, w=down)
-            up_p = partial(self.linear.matmul, w=up)
-            inj_p = None if inject is None else partial(self.linear.matmul, w=inject)
-            gm = self.gate_mix if self.prompt_gate_kernel and x.shape[2] % 4 == 0 else None
-            both = None  # down and inject in one GEMM where they stack (the same bits)
-            if inject is not None and self.stack_inject:
-                both = partial(matmul_stacked, self.linear, weights=(down, inject))
-            norm_f = partial(self.norm.rms, f16=True)  # its output's f16 copy for down, inject
-            return hyper_connections.mix_with(
-                x, norm, eps, down_p, up_p, inj_p, norm_f, gate_mix=gm, down_inject=both
-            )
+            return hc_prompt.mix(self, x, norm, down, up, inject, eps)
         _, mixed, inj = self._run(x, None, None, norm, down, up, inject, eps)
         return mixed, inj
 
@@ -150,48 +139,17 @@ class HCCuda:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         check_combine(x, out, inject_prev)
         if x.dim() == 3 and not self.linear.path.decode_kernels(x.shape[0]):  # prompt rows
-            x = self.combine(x, out, inject_prev)
-            return (x, *self.mix(x, norm, down, up, inject, eps))
+            return hc_prompt.combine_mix(self, x, out, inject_prev, norm, down, up, inject, eps)
         fused, mixed, inj = self._run(x, out, inject_prev, norm, down, up, inject, eps)
         assert fused is not None  # given out, _run always combines
         return fused, mixed, inj
 
     def gate_mix(self, u: torch.Tensor, xn: torch.Tensor) -> torch.Tensor:
-        """``hyper_connections.gated_mean`` in one kernel (hc_gate_mix): u, xn [N, hc, d]
-        float32 with d % 4 == 0 -> [N, d], the same bits; with its f16 copy for the block's
-        GEMMs (``F16Rows.wanted``)."""
-        n, hc, d = u.shape
-        u, xn = (vec4_input(k, t, self.device) for k, t in (("u", u), ("xn", xn)))
-        mixed = torch.empty((n, d), dtype=torch.float32, device=self.device)
-        m16 = self.linear.x16.room(mixed) if self.linear.x16.wanted(n) else None
-        ptr16 = 0 if m16 is None else m16.data_ptr()
-        self._per_float4("hc_gate_mix", n * d // 4, u, xn, mixed, hc=hc, d=d, tail=(ptr16,))
-        if m16 is not None:
-            self.linear.x16.offer(mixed, m16)
-        return mixed
+        return hc_prompt.gate_mix(self, u, xn)
 
     def combine(self, x: torch.Tensor, out: torch.Tensor, inject: torch.Tensor) -> torch.Tensor:
         check_combine(x, out, inject)
-        n, hc, d = x.shape
-        if d % 4 or n == 0:  # the kernel reads float4 runs of each stream
-            return self.fallback.combine(x, out, inject)
-        x, out, inject = (
-            vec4_input(k, t, self.device) for k, t in (("x", x), ("out", out), ("inject", inject))
-        )
-        y = torch.empty_like(x)
-        self._per_float4("hc_combine", n * hc * d // 4, x, out, inject, y, hc=hc, d=d)
-        return y
-
-    def _per_float4(
-        self, name: str, n4: int, *tensors: torch.Tensor, hc: int, d: int, tail: tuple = ()
-    ) -> None:  # a thread per float4 of the output: hc_combine, hc_gate_mix
-        if n4:
-            self.kernels.launch(
-                self.kernels.kernel(HC_SOURCE, name, self.tuning.defines("BF16")),
-                (n4 + COMBINE_THREADS - 1) // COMBINE_THREADS, COMBINE_THREADS,
-                *(t.data_ptr() for t in tensors), np.int32(hc), np.int32(d // 4), np.int64(n4),
-                *tail,
-            )  # fmt: skip
+        return hc_prompt.combine(self, x, out, inject)
 
     def _run(
         self,

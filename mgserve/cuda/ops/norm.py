@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from mgserve.core.reference import ops, rowwise
-from mgserve.cuda.checks import check_cuda, check_f32, rows_view, shape_error, vec4_ok
+from mgserve.cuda.checks import check_cuda, check_f32, rows_view, shape_error, vec4_input, vec4_ok
 from mgserve.cuda.launch import Kernels
 from mgserve.cuda.ops.f16_rows import F16Rows
 from mgserve.cuda.ops.linear_tuning import Q8_GROUP, Q8Activations
@@ -201,6 +201,36 @@ class NormCuda:
         tokens = x.shape[0] if f16 and residual is None and x.dim() > 1 else 0
         y = self._rows(x, w, eps, None, 1, _GATE_NONE, res=residual, f16_tokens=tokens)[0]
         return y.view(x.shape)
+
+    def combine_rms(
+        self, x: torch.Tensor, out: torch.Tensor, inject: torch.Tensor, w: torch.Tensor,
+        eps: float,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:  # fmt: skip
+        """A prompt mix's first pass in one kernel (rms_norm_combine_f32_v4): the streams x [N,
+        G, D] combined with the last block's output out [N, D] by inject [N, G] (hc_combine's
+        bits), and ``rms`` of them with w [G, D] (its bits), with the f16 copy of that for the
+        GEMMs (``F16Rows.wanted``): (new streams, normed), or None where D % 4 != 0."""
+        n, g, d = x.shape
+        if d % 4 or w.shape != (g, d) or out.shape != (n, d) or inject.shape != (n, g):
+            return None
+        x, out, inject, w = (
+            vec4_input(k, t, self.device) for k, t in (("x", x), ("out", out), ("inject", inject),
+                                                       ("w", w))
+        )  # fmt: skip
+        comb, y = torch.empty_like(x), torch.empty_like(x)
+        y16 = self.f16.room(y) if self.f16 is not None and self.f16.wanted(n) else None
+        tpr = row_threads(d, True)
+        rpc = max(1, 256 // tpr)
+        if n:
+            self.kernels.launch(
+                self.kernels.kernel(NORM_SOURCE, "rms_norm_combine_f32_v4"),
+                (n * g + rpc - 1) // rpc, (tpr, rpc), x.data_ptr(), w.data_ptr(), np.int32(g),
+                out.data_ptr(), inject.data_ptr(), comb.data_ptr(), y.data_ptr(),
+                np.int32(n * g), np.int32(d), np.float32(eps), 0 if y16 is None else y16.data_ptr(),
+            )  # fmt: skip
+        if y16 is not None:
+            self.f16.offer(y, y16)  # type: ignore[union-attr]
+        return comb, y
 
     def gated(
         self, o: torch.Tensor, z: torch.Tensor, w: torch.Tensor, eps: float, sigmoid: bool,
