@@ -31,7 +31,7 @@ KNOWN_SITES = {
     ("cuda/ops/deltanet_prefill_cuda.py", "PREFILL_SOURCE", "defines"),  # (its scan_cols)
     ("cuda/ops/deltanet_prefill_cuda.py", "SCAN_TC_SOURCE", "tc"),  # scan_tc_defines
     ("cuda/ops/embed.py", "EMBED_SOURCE", ""),
-    ("cuda/ops/hc_cuda.py", "HC_SOURCE", "self.tuning.defines('BF16')"),
+    ("cuda/ops/hc_prompt.py", "HC_SOURCE", "ops.tuning.defines('BF16')"),
     ("cuda/ops/hc_cuda.py", "HC_SOURCE", "tune.defines(up.type_name)"),
     ("cuda/ops/hc_cuda.py", "HC_SOURCE", "tune.defines(wa.type_name)"),
     ("cuda/ops/hc_cluster.py", "HC_SOURCE", "tune.defines(wa.type_name, clustered=True)"),
