@@ -668,20 +668,21 @@ case "${1:-tests}" in
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md" ;;
   s36)  # 2026-12-07 20:30: s34's tests; the producers' f16 copies of prompt activations
     # (f16_rows.py: norm, gated norm, gate_mix, gated activations; the casts were 532 launches,
-    # 21 ms of a 4096-token chunk) and hc.stack_inject's test, then both toggled on a chunk
-    timeout 260 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+    # 21 ms of a 4096-token chunk), the fused prompt combine + norm, hc.stack_inject's test;
+    # then the first two toggled on a chunk
+    timeout 220 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_f16_offers.py tests/cuda/test_hc.py \
       tests/cuda/test_fused_router.py tests/cuda/test_linear_matvec.py \
       -k "(f16 or conversion or copies or combine or stacks_inject or plain or split1 or refuses or tunings or mix or invariant) and not qwen3next" \
       > "$OUT/t_s36.log" 2>&1
     echo "== s36 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s36.log" | head -20
-    bench f16_toggle 240 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0,4096@32768 \
+    bench f16_toggle 170 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 \
       --decode= --multi-decode= --paired 3 --toggle linear.x16.offers --record
-    cp BENCHMARKS.md "$OUT/BENCHMARKS.md" ;;
-  s37)  # 2026-12-07 20:30: hc.prompt_combine_norm and hc.stack_inject on a chunk, the defaults,
-    # then ncu2
-    bench combine_toggle 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 \
+    cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
+    bench combine_toggle 110 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 \
       --decode= --multi-decode= --paired 3 --toggle hc.prompt_combine_norm --record
+    cp BENCHMARKS.md "$OUT/BENCHMARKS.md" ;;
+  s37)  # 2026-12-07 20:30: hc.stack_inject on a chunk, the defaults, then ncu2
     bench stack_toggle 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 \
       --decode= --multi-decode= --paired 3 --toggle hc.stack_inject --record
     bench defaults 130 model $Q4X --ctx 65536 --slots 5 --int8 --prefill 4096@0 --decode 0 \
