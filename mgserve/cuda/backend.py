@@ -141,7 +141,6 @@ def cuda_backend(
     linear.prefill_exact = moe.prefill_exact = prefill_exact
     linear.cublas_prefill = moe.cublas_prefill = cublas_prefill
     linear.fused_decode = fused_decode
-    linear.x16.offers = not prefill_exact  # (exact prompts multiply fp32: no GEMM reads f16)
     deltanet = DeltaNetCuda(kernels, DeltaNetTorch())
     deltanet.fused = fused_decode
     norm, rope = NormCuda(kernels, linear.x16), RopeCuda(kernels, RopeTorch())

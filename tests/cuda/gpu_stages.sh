@@ -677,10 +677,12 @@ case "${1:-tests}" in
       > "$OUT/t_s36.log" 2>&1
     echo "== s36 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s36.log" | head -20
     bench f16_toggle 170 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 \
-      --decode= --multi-decode= --paired 3 --toggle linear.x16.offers --record
+      --decode= --multi-decode= --paired 3 --toggle linear.x16.offers \
+      --set hc.prompt_combine_norm=true --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
     bench combine_toggle 110 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 \
-      --decode= --multi-decode= --paired 3 --toggle hc.prompt_combine_norm --record
+      --decode= --multi-decode= --paired 3 --toggle hc.prompt_combine_norm \
+      --set linear.x16.offers=true --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md" ;;
   s37)  # 2026-12-07 20:30: hc.stack_inject on a chunk, the defaults, then ncu2
     bench stack_toggle 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 \

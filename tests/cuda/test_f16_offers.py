@@ -22,6 +22,17 @@ pytestmark = pytest.mark.gpu
 N = 37  # prompt rows (more than the decode kernels' 8: the GEMMs read them)
 
 
+@pytest.fixture(autouse=True)
+def copies_on(cuda_ops):  # type: ignore[no-untyped-def]
+    """The producers' copies and the fused combine + norm on (off by default until these
+    tests have run on a GPU), restored after."""
+    x16, hc = cuda_ops.linear.x16, cuda_ops.hc
+    saved = x16.offers, hc.prompt_combine_norm
+    x16.offers = hc.prompt_combine_norm = True
+    yield
+    x16.offers, hc.prompt_combine_norm = saved
+
+
 def _offered(ops, y: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
     got = ops.linear.x16.find(y)
     assert got is not None, "no f16 copy was offered"
@@ -61,11 +72,8 @@ def test_gate_mix_copy_is_the_conversion(cuda_ops) -> None:  # type: ignore[no-u
     ops = cuda_ops
     mixed = ops.hc.gate_mix(_rand(N, 4, 128), _rand(N, 4, 128))
     assert torch.equal(_offered(ops, mixed), f16_rows(mixed))
-    ops.linear.x16.offers = False
-    try:
-        assert ops.linear.x16.find(ops.hc.gate_mix(_rand(N, 4, 128), _rand(N, 4, 128))) is None
-    finally:
-        ops.linear.x16.offers = True
+    ops.linear.x16.offers = False  # (the fixture restores it)
+    assert ops.linear.x16.find(ops.hc.gate_mix(_rand(N, 4, 128), _rand(N, 4, 128))) is None
 
 
 def test_combine_norm_is_combine_then_norm(cuda_ops) -> None:  # type: ignore[no-untyped-def]
@@ -97,7 +105,6 @@ def test_prompt_combine_mix_keeps_its_bits(cuda_ops) -> None:  # type: ignore[no
         cuda_ops.hc.prompt_combine_norm = fused
         args = (case.norm, case.down, case.up, case.inject, EPS)
         runs.append(cuda_ops.hc.combine_mix(x, out, inj, *args))
-    cuda_ops.hc.prompt_combine_norm = True
     for name, a, b in zip(("streams", "mixed", "inject"), *runs, strict=True):
         assert torch.equal(a, b), f"{name} differ with the combine and norm fused"
 
@@ -123,7 +130,6 @@ def test_prompt_logits_keep_their_bits_with_fewer_conversions(
         conversions.clear()
         runs[on] = (_all_logits(b.model, b.device, spans), len(conversions))
         x16.clear()
-    x16.offers = b.model.backend.hc.prompt_combine_norm = True
     (off, n_off), (on_, n_on) = runs[False], runs[True]
     assert torch.equal(off, on_), f"{arch}: logits differ with the producers' copies"
     assert n_on < n_off, f"{arch}: {n_on} conversions with the copies, {n_off} without"

@@ -43,14 +43,15 @@ class F16Rows:
     their tensors until pushed out or ``clear`` (DeviceRunner clears them when a prompt step
     ends).
     ``path``: the backend's step kind, for ``wanted``; ``offers`` False turns producers' copies
-    off (each GEMM then converts; the same bits)."""
+    off (each GEMM then converts; the same bits). Off by default until its GPU tests
+    (tests/cuda/test_f16_offers.py, gpu_stages.sh s36) have run."""
 
     ENTRIES = 2  # an input's copy survives the shared expert's own beside the router
 
     def __init__(self, path: RowPath | None = None) -> None:
         self._local = threading.local()
         self.path = path
-        self.offers = True
+        self.offers = False
 
     def _entries(self) -> list[_Entry]:
         entries = getattr(self._local, "entries", None)
