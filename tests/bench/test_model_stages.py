@@ -159,6 +159,42 @@ def test_paired_rounds_time_a_switch_on_and_off(
             toggle_variants(bench, bad)
 
 
+def test_a_setting_is_timed_at_each_of_its_values(tmp_path: Path) -> None:
+    """``--toggle family.attr=A/B``: an int setting at each value in turn, then put back; what is
+    not an int or float setting, or not two different values of its type, is refused."""
+    from mgserve.bench.model.paired import toggle_variants
+    from tests.cuda.test_device_models import _export
+
+    bench = _bench(_export("qwen3", tmp_path), 1)
+    fam = bench.ops.linear
+    fam.probe_n = 64  # type: ignore[attr-defined]  # a setting the family reads nowhere
+    fam.probe = False  # type: ignore[attr-defined]
+    variants, restore = toggle_variants(bench, "linear.probe_n=128/256/64")
+    assert [label for label, _ in variants] == [
+        "linear.probe_n=128",
+        "linear.probe_n=256",
+        "linear.probe_n=64",
+    ]
+    seen = []
+    for _, use in variants:
+        use()
+        seen.append(fam.probe_n)  # type: ignore[attr-defined]
+    assert seen == [128, 256, 64]
+    variants[1][1]()
+    restore()
+    assert fam.probe_n == 64  # type: ignore[attr-defined]
+    bad = {
+        "linear.probe_n=64": "two or more different values",
+        "linear.probe_n=64/64": "two or more different values",
+        "linear.probe_n=a/b": "not ints",
+        "linear.probe=1/0": "not an int or float setting",
+        "linear.nothing=1/2": "not an int or float setting",
+    }
+    for text, why in bad.items():
+        with pytest.raises(ValueError, match=why):
+            toggle_variants(bench, text)
+
+
 def test_gc_freeze_is_a_switch_of_the_whole_heap(tmp_path: Path) -> None:
     """``--toggle gc.freeze``: the objects alive out of the collector's sight, then back in it;
     after the rounds as before them (frozen on a GPU, where warm-up freezes them as the server

@@ -684,9 +684,15 @@ case "${1:-tests}" in
       --decode= --multi-decode= --paired 3 --toggle hc.prompt_combine_norm \
       --set linear.x16.offers=true --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md" ;;
-  s37)  # 2026-12-07 20:30: hc.stack_inject on a chunk, the defaults, then ncu2
+  s37)  # 2026-12-07 20:30: hc.stack_inject and qsa.score_group (its test) on a chunk, the
+    # defaults, then ncu2
+    timeout 90 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_qsa.py -k "test_qsa_prefill" > "$OUT/t_s37.log" 2>&1
+    echo "== s37 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s37.log" | head
     bench stack_toggle 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 \
       --decode= --multi-decode= --paired 3 --toggle hc.stack_inject --record
+    bench group_toggle 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0,4096@32768 \
+      --decode= --multi-decode= --paired 3 --toggle qsa.score_group=64/256 --record
     bench defaults 130 model $Q4X --ctx 65536 --slots 5 --int8 --prefill 4096@0 --decode 0 \
       --multi-decode 5@32768 --decode-steps 32 --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"

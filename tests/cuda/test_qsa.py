@@ -178,10 +178,13 @@ def test_qsa_prefill(
         close(name + " (flash kernel rows)", got[:split], want[:split], RTOL_FLASH)
     if split < t:
         close(name + " (decode kernel rows)", got[split:], want[split:])
-    monkeypatch.setattr(qsa_prefill, "QSA_SCORE_GROUP", 7)
+    monkeypatch.setattr(cuda_ops.qsa, "score_group", 7)
     monkeypatch.setattr(attention_cuda, "_PREFILL_PART_ELEMS", 11 * n_head * 2 * d)
     again = cuda_ops.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw)
     assert torch.equal(again, got), "QSA prefill in groups of 7 / 11 queries differs"
+    monkeypatch.setattr(cuda_ops.qsa, "score_group", 256)  # (bench --toggle qsa.score_group=)
+    wide = cuda_ops.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw)
+    assert torch.equal(wide, got), "QSA prefill in groups of 256 queries differs"
     monkeypatch.setattr(cuda_ops.qsa, "prefill_kernels", False)  # the torch ops (bench --toggle)
     monkeypatch.setattr(attention_prefill, "VIS_ELEMS", 5 * (start + t + 32))
     torch_ops_path = cuda_ops.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw)

@@ -2,7 +2,8 @@
 side. The variants are either stage counts (``--virtual-stages 1,6``: every count's runner is
 built once and kept; they share the model's weights and pools), an op family's switch on and
 off (``--toggle qsa.prefill_kernels``: a boolean attribute of ``ModelBench.ops``; ``gc.freeze``
-the heap frozen or not), or the MoE prompt kernels' tilings (``--moe-tiles A/B``). Each variant
+the heap frozen or not) or setting at several values (``--toggle qsa.score_group=64/256``), or
+the MoE prompt kernels' tilings (``--moe-tiles A/B``). Each variant
 runs every workload once untimed first (its kernels compiled, its buffers sized); then each
 workload runs R rounds, and in each round once on every variant in turn, round r starting at
 variant r mod V (a variant run first in every round would take any first-in-round cost alone:
@@ -52,16 +53,43 @@ def toggle_variants(b: ModelBench, name: str) -> tuple[list[Variant], Callable[[
         return [("gc.freeze on", freeze_heap), ("gc.freeze off", thaw)], (
             freeze_heap if frozen else thaw
         )
+    if "=" in name:
+        return value_variants(b, name)
     fam, attr = switch_owner(b.ops, name)
     if fam is None or not isinstance(getattr(fam, attr, None), bool):
         raise ValueError(
             f"--toggle {name!r}: not a boolean switch of an op family (e.g. "
-            "qsa.prefill_kernels, deltanet.prefill_kernels, linear.hgemm.wgmma)"
+            "qsa.prefill_kernels, deltanet.prefill_kernels, linear.hgemm.wgmma; an int or "
+            "float setting takes its values: qsa.score_group=64/256)"
         )
     was = getattr(fam, attr)
     variants: list[Variant] = [
         (f"{name} {word}", lambda on=on: setattr(fam, attr, on))  # type: ignore[misc]
         for word, on in (("on", True), ("off", False))
+    ]
+    return variants, lambda: setattr(fam, attr, was)
+
+
+def value_variants(b: ModelBench, text: str) -> tuple[list[Variant], Callable[[], None]]:
+    """``family.attribute=A/B/...``: an int or float setting of the bench's backend at each
+    value in turn (the first is the one the others are compared with), and what puts it back."""
+    name, _, values = text.partition("=")
+    fam, attr = switch_owner(b.ops, name)
+    was = getattr(fam, attr, None) if fam is not None and attr else None
+    if isinstance(was, bool) or not isinstance(was, (int, float)):
+        raise ValueError(
+            f"--toggle {text!r}: {name!r} is not an int or float setting of an op family "
+            "(e.g. qsa.score_group=64/256, route.split_tokens=1/2)"
+        )
+    try:
+        parsed = [type(was)(v) for v in values.split("/")]
+    except ValueError:
+        raise ValueError(f"--toggle {text!r}: the values are not {type(was).__name__}s") from None
+    if len(parsed) < 2 or len(set(parsed)) < len(parsed):
+        raise ValueError(f"--toggle {text!r}: two or more different values, A/B")
+    variants: list[Variant] = [
+        (f"{name}={v}", lambda v=v: setattr(fam, attr, v))  # type: ignore[misc]
+        for v in parsed
     ]
     return variants, lambda: setattr(fam, attr, was)
 
@@ -103,7 +131,8 @@ def paired_report(b: ModelBench, args: argparse.Namespace, counts: list[tuple[in
     decodes = depths(args.decode) or pairs(args.multi_decode)
     from mgserve.cuda.graphs import GRAPH_SWITCHES  # a graph is captured per their setting
 
-    if args.toggle not in ("", "gc.freeze", *GRAPH_SWITCHES) and not args.no_graphs and decodes:
+    switch = args.toggle.partition("=")[0]
+    if switch not in ("", "gc.freeze", *GRAPH_SWITCHES) and not args.no_graphs and decodes:
         raise ValueError(
             "--toggle with --decode or --multi-decode: a decode step replays the CUDA graph "
             "captured under the first setting; add --no-graphs, or give --decode= --multi-decode="

@@ -28,7 +28,7 @@ from mgserve.cuda.ops.attention_cuda import AttentionCuda
 from mgserve.cuda.ops.attention_prefill import cdiv, visibility, visibility_kernel
 from mgserve.cuda.ops.kv import check_kv, check_span
 from mgserve.cuda.ops.qsa import QsaTorch, check_qsa, check_select
-from mgserve.cuda.ops.qsa_prefill import prefill_select
+from mgserve.cuda.ops.qsa_prefill import QSA_SCORE_GROUP, prefill_select
 from mgserve.cuda.pools import KVLayer
 
 UTIL_SOURCE = "attention_util.cu"
@@ -59,6 +59,9 @@ class QsaCuda:
         self.kernels, self.fallback, self.attention = kernels, fallback, attention
         self.device = kernels.device
         self.prefill_kernels = True  # False: the prompt's head sums and visibility in torch ops
+        # prompt queries a selection score product takes (qsa_prefill.py: one shape for all;
+        # three launches a group): bench model --paired R --toggle qsa.score_group=64/256
+        self.score_group = QSA_SCORE_GROUP
         # a decode step's selections on thread block clusters (qsa_select_c: a row's tiles over
         # SEL_CLUSTER CTAs; the same output), where the GPU has them (Kernels.clusters): one
         # session at 250000 +1.2% on the H100 (bench model --paired 5 --toggle qsa.cluster,

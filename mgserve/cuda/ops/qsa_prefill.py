@@ -1,6 +1,6 @@
 """QSA prompt selection on the GPU (``QsaCuda.prefill``'s first part): each prompt query's
 ``top`` blocks among the complete ones, scored by one fp32 cuBLAS matmul per group of
-QSA_SCORE_GROUP queries (each block key reused across the group's queries), the heads' relus
+``QsaCuda.score_group`` queries (each block key reused across the group's queries), the heads' relus
 summed by ``qsa_head_sum`` and selected by ``qsa_select`` (``kernels/qsa_select.cu``): three
 launches a group (the torch ops of the heads' sum were about half of a 4096-token qwen4exp
 chunk's 13,000 launches)."""
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from mgserve.cuda.ops.qsa_cuda import QsaCuda
 
 SELECT_SOURCE = "qsa_select.cu"
-QSA_SCORE_GROUP = 64  # queries per QSA prefill score product: one shape for every product
+QSA_SCORE_GROUP = 64  # queries per QSA prefill score product (the default of QsaCuda's)
 
 
 def head_sum(kernels: Kernels, prod: torch.Tensor, norm: float) -> torch.Tensor:
@@ -57,7 +57,7 @@ def prefill_select(
     top: int,
 ) -> torch.Tensor:  # [T, top] int32
     """QSA prefill selection: every query of the chunk scored against the complete blocks by
-    one fp32 matmul per group of QSA_SCORE_GROUP queries (cuBLAS reuses each block key
+    one fp32 matmul per group of ``qsa.score_group`` queries (cuBLAS reuses each block key
     across queries), then per group one kernel for the heads' relu sum (``head_sum``) and
     one for the selection (qsa_select): three launches a group. The last group is
     zero-padded to the full size, so every product has one shape and a query's scores do
@@ -72,7 +72,7 @@ def prefill_select(
     blt = bl.t()  # [D_idx, stride]
     iq = iq.contiguous()
     sel = torch.empty((t, top), dtype=torch.int32, device=qsa.device)
-    group, norm = QSA_SCORE_GROUP, float(np.float32(math.sqrt(di)))
+    group, norm = qsa.score_group, float(np.float32(math.sqrt(di)))
     for c0 in range(0, t, group):
         c1 = min(t, c0 + group)
         part = iq[c0:c1]
