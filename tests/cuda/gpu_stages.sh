@@ -673,7 +673,7 @@ case "${1:-tests}" in
     timeout 220 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_f16_offers.py tests/cuda/test_hc.py \
       tests/cuda/test_fused_router.py tests/cuda/test_linear_matvec.py \
-      -k "(f16 or conversion or copies or combine or stacks_inject or plain or split1 or refuses or tunings or mix or invariant) and not qwen3next" \
+      -k "(f16 or conversion or copies or combine or up_gate or up_and or stacks_inject or plain or split1 or refuses or tunings or mix or invariant) and not qwen3next" \
       > "$OUT/t_s36.log" 2>&1
     echo "== s36 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s36.log" | head -20
     bench f16_toggle 170 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 \
@@ -684,11 +684,14 @@ case "${1:-tests}" in
       --decode= --multi-decode= --paired 3 --toggle hc.prompt_combine_norm \
       --set linear.x16.offers=true --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md" ;;
-  s37)  # 2026-12-07 20:30: hc.stack_inject and qsa.score_group (its test) on a chunk, the
-    # defaults, then ncu2
+  s37)  # 2026-12-07 20:30: hc.prompt_up_gate, hc.stack_inject and qsa.score_group (its
+    # test) on a chunk, the defaults, then ncu2
     timeout 90 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qsa.py -k "test_qsa_prefill" > "$OUT/t_s37.log" 2>&1
     echo "== s37 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s37.log" | head
+    bench up_gate_toggle 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 \
+      --decode= --multi-decode= --paired 3 --toggle hc.prompt_up_gate \
+      --set linear.x16.offers=true --set hc.prompt_combine_norm=true --record
     bench stack_toggle 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 \
       --decode= --multi-decode= --paired 3 --toggle hc.stack_inject --record
     bench group_toggle 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0,4096@32768 \

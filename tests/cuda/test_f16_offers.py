@@ -24,13 +24,13 @@ N = 37  # prompt rows (more than the decode kernels' 8: the GEMMs read them)
 
 @pytest.fixture(autouse=True)
 def copies_on(cuda_ops):  # type: ignore[no-untyped-def]
-    """The producers' copies and the fused combine + norm on (off by default until these
-    tests have run on a GPU), restored after."""
+    """The producers' copies, the fused combine + norm and the fused up + gated mean on (off by
+    default until these tests have run on a GPU), restored after."""
     x16, hc = cuda_ops.linear.x16, cuda_ops.hc
-    saved = x16.offers, hc.prompt_combine_norm
-    x16.offers = hc.prompt_combine_norm = True
+    saved = x16.offers, hc.prompt_combine_norm, hc.prompt_up_gate
+    x16.offers = hc.prompt_combine_norm = hc.prompt_up_gate = True
     yield
-    x16.offers, hc.prompt_combine_norm = saved
+    x16.offers, hc.prompt_combine_norm, hc.prompt_up_gate = saved
 
 
 def _offered(ops, y: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
@@ -109,6 +109,30 @@ def test_prompt_combine_mix_keeps_its_bits(cuda_ops) -> None:  # type: ignore[no
         assert torch.equal(a, b), f"{name} differ with the combine and norm fused"
 
 
+@pytest.mark.parametrize("types", [("Q4_K", "Q5_0", "Q4_K"), ("BF16", "Q4_K", "BF16")])
+def test_prompt_up_gate_keeps_its_bits(cuda_ops, monkeypatch: pytest.MonkeyPatch, types) -> None:  # type: ignore[no-untyped-def]
+    """A prompt mix (300 rows: W decoded once) with up's GEMM and the gated mean in one kernel
+    (``prompt_up_gate``: hgemm_wg_gate_mix) against the up GEMM, then hc_gate_mix: the same
+    bits, the fused kernel run once."""
+    from tests.cuda.test_hc import EPS, REAL, make_case, make_streams
+
+    hc, d, r = REAL
+    case = make_case(hc, d, r, types, seed=12, device="cuda")
+    x = make_streams(300, hc, d, seed=12).cuda()
+    hgemm = cuda_ops.linear.hgemm
+    calls: list[int] = []
+    real = hgemm.matmul_gate_mix
+    monkeypatch.setattr(hgemm, "matmul_gate_mix", lambda *a: calls.append(1) or real(*a))
+    runs = []
+    for fused in (False, True):
+        cuda_ops.hc.prompt_up_gate = fused
+        runs.append(cuda_ops.hc.mix(x, case.norm, case.down, case.up, case.inject, EPS))
+    assert calls == [1], f"the fused kernel ran {len(calls)} times"
+    assert torch.equal(runs[0][0], runs[1][0]), f"{types}: mixed differs"
+    assert torch.equal(runs[0][1], runs[1][1]), f"{types}: inject differs"
+    assert torch.equal(_offered(cuda_ops, runs[1][0]), f16_rows(runs[1][0]))
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3next", "qwen4exp"])
 def test_prompt_logits_keep_their_bits_with_fewer_conversions(
     arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -126,7 +150,8 @@ def test_prompt_logits_keep_their_bits_with_fewer_conversions(
     spans = [(0, tuple(_tokens(45, 1, n_vocab))), (1, tuple(_tokens(70, 2, n_vocab)))]
     runs = {}
     for on in (False, True):
-        x16.offers = b.model.backend.hc.prompt_combine_norm = on
+        hc = b.model.backend.hc
+        x16.offers = hc.prompt_combine_norm = hc.prompt_up_gate = on
         conversions.clear()
         runs[on] = (_all_logits(b.model, b.device, spans), len(conversions))
         x16.clear()

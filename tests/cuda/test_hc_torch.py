@@ -149,6 +149,35 @@ def test_head_mix_is_reference(hct: HCTorch) -> None:
     equal("mixed", mixed, want_mixed)
 
 
+def test_mix_with_takes_up_and_the_gated_mean_in_one_call() -> None:
+    """``mix_with``'s ``up_gate_mix`` hook gets low [N, r] and xn [N, hc, d] and returns the
+    block's input (what the device's fused up GEMM and gated mean compute); given the reference
+    ops, the mix is the reference's, bitwise."""
+    from functools import partial
+
+    from mgserve.core.reference import ops
+
+    case = make_case(4, 64, 32, "F32", seed=8)
+    x = make_streams(5, 4, 64, seed=9)
+    w = case.ref
+    seen: list[tuple[int, ...]] = []
+
+    def fused(low: torch.Tensor, xn: torch.Tensor) -> torch.Tensor:
+        seen.append((*low.shape, *xn.shape))
+        return hcref.gated_mean(ops.linear(low, w.up).view(xn.shape), xn)
+
+    assert w.inject is not None
+    got = hcref.mix_with(
+        x, w.norm, EPS, partial(ops.linear, w=w.down), partial(ops.linear, w=w.up),
+        partial(ops.linear, w=w.inject), up_gate_mix=fused,
+    )  # fmt: skip
+    want = hcref.mix(x, w, EPS)
+    assert seen == [(5, 32, 5, 4, 64)]
+    equal("mixed", got[0], want[0])
+    assert got[1] is not None and want[1] is not None
+    equal("inject", got[1], want[1])
+
+
 def test_combine_is_reference(hct: HCTorch) -> None:
     g = torch.Generator().manual_seed(5)
     x = torch.randn(3, 4, 40, generator=g)

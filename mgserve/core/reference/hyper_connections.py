@@ -63,15 +63,20 @@ def mix_with(
     norm: ops.NormFn = grouped_norm,
     gate_mix: GateMix | None = None,
     down_inject: DownInject | None = None,
+    up_gate_mix: GateMix | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # input [N, d], inject [N, hc] or None
     """``mix`` with the projections (and the norm, and the gated mean over the streams) given as
     functions: the device backend runs this same arithmetic with its own products and kernels.
-    ``down_inject``: both of xn's projections from one call (for ``down`` and ``inject``)."""
+    ``down_inject``: both of xn's projections from one call (for ``down`` and ``inject``);
+    ``up_gate_mix``: (low [N, r], xn [N, hc, d]) -> the gated mean of up(low), in one call."""
     n, hc, d = x.shape
     xn = norm(x, gamma, eps).reshape(n, hc * d)  # [N, hc * d]
     raw_down, raw_inject = down_inject(xn) if down_inject is not None else (down(xn), None)
     low = rowwise.silu(raw_down / hc)  # [N, r]
-    mixed = (gate_mix or gated_mean)(up(low).view(n, hc, d), xn.view(n, hc, d))  # [N, d]
+    if up_gate_mix is not None:
+        mixed = up_gate_mix(low, xn.view(n, hc, d))
+    else:
+        mixed = (gate_mix or gated_mean)(up(low).view(n, hc, d), xn.view(n, hc, d))  # [N, d]
     if inject is None:
         return mixed, None
     raw_inject = inject(xn) if raw_inject is None else raw_inject

@@ -20,6 +20,7 @@
 // 16 product adds like mma.sync's m16n8k16 is the hardware's: on the H100 it does, bitwise
 // (tests/cuda/test_hgemm_wgmma.py), so ops/hgemm.py takes this kernel on sm_90 by default.
 
+#include "math.cuh"
 #include "mma.cuh"
 #include "pdl.cuh"
 #include "wgmma.cuh"
@@ -55,14 +56,25 @@ static_assert(X_COPIES * THREADS == BM * 8 && W_COPIES * THREADS == BN * 8, "eve
 #define wgmma_tile wgmma_n128
 #endif
 
+// The gated mean of a prompt mix over hc = 4 streams (hgemm_wg_gate_mix's epilogue): the
+// GEMM's columns are up's rows interleaved by stream (column 4 c + s is stream s of column c),
+// and each output is mixed[m, c] = (sigmoid(u_0) xn_0 + sigmoid(u_1) xn_1 + sigmoid(u_2) xn_2 +
+// sigmoid(u_3) xn_3) / 4 over xn [m, 4, d], added in stream order as hc_gate_mix adds.
+struct GateMix {
+    const float* xn;  // [m, 4, d] the normed streams
+    float* mixed;     // [m, d]
+    u16* mixed16;     // [m, d] its f16 copy, or null
+    int d;
+};
+
 // x: f16 [m, k]; w: f16 [n, k]; y: f32 [m, *] (row stride ldy); k a multiple of 8, x and w
 // 16-byte aligned. 1-D grid of ceil(m / BM) * ceil(n / BN) CTAs; dynamic shared memory
 // STAGES * STAGE_BYTES + 1024 bytes (the ring is aligned to 1024 inside it).
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
-    hgemm_wg(const u16* __restrict__ x, const u16* __restrict__ w, float* __restrict__ y, int m,
-             int n, int k, long long ldy) {
+template <bool GATE_MIX>
+__device__ __forceinline__ void hgemm_wg_body(const u16* __restrict__ x, const u16* __restrict__ w,
+                                              float* __restrict__ y, int m, int n, int k,
+                                              long long ldy, GateMix gm) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    grid_sync();
     const int tid = threadIdx.x;
     const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;
 
@@ -145,6 +157,36 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
     // accumulator 4 j + c: row 16 v + g (+8 for c = 2, 3), columns 8 j + 2 q, +1 (wgmma.cuh)
     const int lane = tid & 31, v = (tid >> 5) & 3, g = lane >> 2, tq = lane & 3;
+    if constexpr (GATE_MIX) {
+        // columns 8 j + 2 q, +1 are streams 0, 1 (q even) or 2, 3 (q odd) of column c: the
+        // quad's lanes q and q ^ 1 hold one column's four streams
+        const float r_hc = __fdiv_rn(1.f, 4.f);
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int r = m0 + wg * 64 + 16 * v + g + half * 8;
+            const bool row_ok = r < m;
+            const float* xr = gm.xn + (size_t)(row_ok ? r : 0) * 4 * gm.d;
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++) {
+                const int col = n0 + j * 8 + 2 * tq, c = col >> 2, s0 = col & 3;
+                const bool ok = row_ok && c < gm.d;
+                float p0 = 0.f, p1 = 0.f;
+                if (ok) {
+                    p0 = __fmul_rn(sigmoid(acc[4 * j + 2 * half]), xr[s0 * gm.d + c]);
+                    p1 = __fmul_rn(sigmoid(acc[4 * j + 2 * half + 1]), xr[(s0 + 1) * gm.d + c]);
+                }
+                const float p2 = __shfl_xor_sync(0xffffffffu, p0, 1);
+                const float p3 = __shfl_xor_sync(0xffffffffu, p1, 1);
+                if (ok && s0 == 0) {
+                    const float mv = __fmul_rn(__fadd_rn(__fadd_rn(__fadd_rn(p0, p1), p2), p3),
+                                               r_hc);
+                    gm.mixed[(size_t)r * gm.d + c] = mv;
+                    if (gm.mixed16) gm.mixed16[(size_t)r * gm.d + c] = f16_rn(mv);
+                }
+            }
+        }
+        return;
+    }
     const bool pairs = ((size_t)y & 7) == 0 && (ldy & 1) == 0;  // 8-byte aligned column pairs
 #pragma unroll
     for (int half = 0; half < 2; half++) {
@@ -157,4 +199,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             store_f32_pair(out, n0 + j * 8 + 2 * tq, n, v0, v1, pairs);
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    hgemm_wg(const u16* __restrict__ x, const u16* __restrict__ w, float* __restrict__ y, int m,
+             int n, int k, long long ldy) {
+    grid_sync();
+    hgemm_wg_body<false>(x, w, y, m, n, k, ldy, GateMix{nullptr, nullptr, nullptr, 0});
+}
+
+// The up GEMM of a prompt mix and its gated mean (GateMix) in one kernel: x the silu'd low-rank
+// rows f16 [m, k], w up's rows f16 interleaved by stream ([4 d, k]: row 4 c + s is stream s's row
+// c), xn f32 [m, 4, d]; writes mixed f32 [m, d] and, when mixed16 is not null, its f16 copy. The
+// products are hgemm_wg's, so each mixed value is hc_gate_mix's of hgemm_wg's u, bitwise.
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    hgemm_wg_gate_mix(const u16* __restrict__ x, const u16* __restrict__ w,
+                      const float* __restrict__ xn, float* __restrict__ mixed,
+                      u16* __restrict__ mixed16, int m, int n, int k, int d) {
+    grid_sync();
+    hgemm_wg_body<true>(x, w, nullptr, m, n, k, 0, GateMix{xn, mixed, mixed16, d});
 }

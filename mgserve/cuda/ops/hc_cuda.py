@@ -61,6 +61,9 @@ class HCCuda:
         # one pass over the streams fewer); False: hc_combine, then the norm. Off until its GPU
         # tests (test_f16_offers.py, gpu_stages.sh s36) have run
         self.prompt_combine_norm = False
+        # a prompt mix's up GEMM and gated mean in one kernel (hc_prompt.up_gate_mix: the same
+        # bits, u [N, hc d] neither written nor read); off until its GPU test has run (s36)
+        self.prompt_up_gate = False
         # a prompt mix's down and inject projections in one GEMM (linear_stacked.py): the same
         # bits by construction, one GEMM launch fewer a mix. Off until its GPU test
         # (test_hc.py::test_prompt_mix_stacks_inject_bitwise, gpu_stages.sh s17) has run; then

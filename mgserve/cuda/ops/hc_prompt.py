@@ -48,10 +48,45 @@ def mix(
     norm_f: ops_.NormFn = partial(ops.norm.rms, f16=True)  # with the f16 copy for down, inject
     if xn is not None:
         norm_f = lambda *_: xn  # noqa: E731
+    fused = partial(up_gate_mix, ops, up) if gm is not None and _up_gate(ops, x) else None
     return hyper_connections.mix_with(
         x, norm, eps, partial(matmul, w=down), partial(matmul, w=up), inj_p, norm_f,
-        gate_mix=gm, down_inject=both,
+        gate_mix=gm, down_inject=both, up_gate_mix=fused,
     )  # fmt: skip
+
+
+def _up_gate(ops: HCCuda, x: torch.Tensor) -> bool:
+    """Whether the up GEMM and the gated mean of prompt rows x [N, hc, d] run as one kernel
+    (``prompt_up_gate``): four streams, and the up GEMM on hgemm_wgmma.cu (W decoded once)."""
+    lin, n = ops.linear, x.shape[0]
+    return (
+        ops.prompt_up_gate
+        and x.shape[1] == 4
+        and not (lin.cublas_prefill or lin.prefill_exact)
+        and n >= lin.hgemm.tuning.min_rows
+        and lin.hgemm.wgmma
+        and ops.kernels.wgmma
+    )
+
+
+def up_gate_mix(ops: HCCuda, up: QuantWeight, low: torch.Tensor, xn: torch.Tensor) -> torch.Tensor:
+    """The gated mean over the streams of up(low), in one kernel (hgemm_wg_gate_mix): up decoded
+    to f16 once (the bits ``linear.matmul`` multiplies) with its rows interleaved by stream, then
+    multiplied by low [N, r] and mixed with xn [N, 4, d] in the GEMM's epilogue: the bits of
+    ``gate_mix`` on ``linear.matmul``'s u, without writing u [N, 4 d] and reading it again."""
+    lin = ops.linear
+    n, hc, d = xn.shape
+    rows, k = up.rows, up.k
+    w16 = lin.scratch(rows * k)[: rows * k].view(rows, k)
+    lin.qgemm.dequantize(up, 0, rows, w16)
+    w16 = w16.view(hc, d, k).transpose(0, 1).contiguous().view(rows, k)  # row 4 c + s
+    mixed = torch.empty((n, d), dtype=torch.float32, device=ops.device)
+    x16 = lin.x16
+    m16 = x16.room(mixed) if x16.wanted(n) else None
+    lin.hgemm.matmul_gate_mix(x16(low), w16, vec4_input("xn", xn, ops.device), mixed, m16)
+    if m16 is not None:
+        x16.offer(mixed, m16)
+    return mixed
 
 
 def combine_mix(

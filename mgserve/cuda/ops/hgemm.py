@@ -146,3 +146,40 @@ class HGemm:
             np.int32(m), np.int32(n), np.int32(k), np.int64(out.stride(0)), shmem=t.smem_bytes,
         )  # fmt: skip
         return out
+
+    def matmul_gate_mix(
+        self, x16: torch.Tensor, w16: torch.Tensor, xn: torch.Tensor, mixed: torch.Tensor,
+        mixed16: torch.Tensor | None,
+    ) -> None:  # fmt: skip
+        """A prompt mix's up GEMM and gated mean in one kernel (hgemm_wg_gate_mix, sm_90):
+        x16 [M, k] the silu'd low-rank rows, w16 [4 d, k] up's rows interleaved by stream (row
+        4 c + s: stream s's row c), xn [M, 4, d] fp32 -> mixed [M, d] fp32 (and its f16 copy
+        in ``mixed16``): hc_gate_mix's bits on ``matmul``'s products."""
+        m, k = x16.shape
+        d = xn.shape[2]
+        check_vec4("x16", x16, self.device, torch.float16)
+        check_vec4("w16", w16, self.device, torch.float16)
+        for name, f32 in (("xn", xn), ("mixed", mixed)):
+            check_vec4(name, f32, self.device, torch.float32)
+        if not (self.wgmma and self.kernels.wgmma):
+            raise ValueError("HGemm.matmul_gate_mix: on hgemm_wgmma.cu only (sm_90, wgmma on)")
+        ok = w16.shape == (4 * d, k) and tuple(xn.shape) == (m, 4, d) and k % 8 == 0
+        ok = ok and tuple(mixed.shape) == (m, d)  # (check_vec4: both contiguous)
+        if not ok or (mixed16 is not None and mixed16.shape != mixed.shape):
+            raise ValueError(
+                f"hgemm gate mix: x16 {list(x16.shape)}, w16 {list(w16.shape)}, xn "
+                f"{list(xn.shape)}, mixed {list(mixed.shape)}: expected [M, k], [4 d, k], "
+                "[M, 4, d], [M, d] contiguous"
+            )
+        if m == 0:
+            return
+        t = self.wgmma_tiles(4 * d)
+        kernel = self.kernels.kernel(
+            HGEMM_WG_SOURCE, "hgemm_wg_gate_mix", t.defines(), smem=t.smem_bytes, sm90a=True
+        )
+        self.kernels.launch(
+            kernel, -(-m // t.bm) * -(-4 * d // t.bn), t.threads, x16.data_ptr(),
+            w16.data_ptr(), xn.data_ptr(), mixed.data_ptr(),
+            0 if mixed16 is None else mixed16.data_ptr(), np.int32(m), np.int32(4 * d),
+            np.int32(k), np.int32(d), shmem=t.smem_bytes,
+        )  # fmt: skip
