@@ -154,9 +154,21 @@ def test_paired_rounds_time_a_switch_on_and_off(
         "against linear.probe on in the same round -10.0% (-10.0% to -10.0%)"
     )
     assert fam.probe is False  # type: ignore[attr-defined]  # put back as it was
-    for bad in ("linear.nothing", "nofamily.x", "linear.matmul"):
+    for bad in ("linear.nothing", "nofamily.x", "linear.matmul", "linear.probe+linear.nothing"):
         with pytest.raises(ValueError, match="not a boolean switch"):
             toggle_variants(bench, bad)
+    fam.probe2 = True  # type: ignore[attr-defined]
+    both, restore = toggle_variants(bench, "linear.probe+linear.probe2")  # together
+    assert [label for label, _ in both] == [
+        "linear.probe+linear.probe2 on",
+        "linear.probe+linear.probe2 off",
+    ]
+    both[0][1]()
+    assert fam.probe is True and fam.probe2 is True  # type: ignore[attr-defined]
+    both[1][1]()
+    assert fam.probe is False and fam.probe2 is False  # type: ignore[attr-defined]
+    restore()
+    assert fam.probe is False and fam.probe2 is True  # type: ignore[attr-defined]
 
 
 def test_a_setting_is_timed_at_each_of_its_values(tmp_path: Path) -> None:

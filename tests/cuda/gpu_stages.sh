@@ -666,37 +666,44 @@ case "${1:-tests}" in
     bench defaults 120 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
       --multi-decode 5@32768 --decode-steps 32 --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md" ;;
-  s36)  # 2026-12-07 20:30: s34's tests; the producers' f16 copies of prompt activations
-    # (f16_rows.py: norm, gated norm, gate_mix, gated activations; the casts were 532 launches,
-    # 21 ms of a 4096-token chunk), the fused prompt combine + norm, hc.stack_inject's test;
-    # then the first two toggled on a chunk
+  s36)  # 2026-12-07 20:50: s34's tests (the fenced tickets, router grid, float tuning, HC
+    # mixes); the three prompt fusions' tests (f16_rows.py: the producers' f16 copies, the casts
+    # were 532 launches, 21 ms of a 4096-token chunk; the combine + norm pass; the up GEMM +
+    # gated mean) and hc.stack_inject's; then the fusions toggled together and the copies alone
     timeout 220 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_f16_offers.py tests/cuda/test_hc.py \
       tests/cuda/test_fused_router.py tests/cuda/test_linear_matvec.py \
       -k "(f16 or conversion or copies or combine or up_gate or up_and or stacks_inject or plain or split1 or refuses or tunings or mix or invariant) and not qwen3next" \
       > "$OUT/t_s36.log" 2>&1
     echo "== s36 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s36.log" | head -20
-    bench f16_toggle 170 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 \
-      --decode= --multi-decode= --paired 3 --toggle linear.x16.offers \
-      --set hc.prompt_combine_norm=true --record
+    # all three prompt fusions together, then each against the other two on
+    bench fusions_toggle 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0,4096@32768 \
+      --decode= --multi-decode= --paired 3 \
+      --toggle linear.x16.offers+hc.prompt_combine_norm+hc.prompt_up_gate --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
-    bench combine_toggle 110 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 \
-      --decode= --multi-decode= --paired 3 --toggle hc.prompt_combine_norm \
-      --set linear.x16.offers=true --record
+    bench f16_toggle 100 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 \
+      --decode= --multi-decode= --paired 3 --toggle linear.x16.offers \
+      --set hc.prompt_combine_norm=true --set hc.prompt_up_gate=true --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md" ;;
-  s37)  # 2026-12-07 20:30: hc.prompt_up_gate, hc.stack_inject and qsa.score_group (its
-    # test) on a chunk, the defaults, then ncu2
+  s37)  # 2026-12-07 20:50: each prompt fusion against the other two on, hc.stack_inject, and
+    # qsa.score_group (its test first) on a chunk
     timeout 90 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qsa.py -k "test_qsa_prefill" > "$OUT/t_s37.log" 2>&1
     echo "== s37 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s37.log" | head
     bench up_gate_toggle 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 \
       --decode= --multi-decode= --paired 3 --toggle hc.prompt_up_gate \
       --set linear.x16.offers=true --set hc.prompt_combine_norm=true --record
+    bench combine_toggle 110 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 \
+      --decode= --multi-decode= --paired 3 --toggle hc.prompt_combine_norm \
+      --set linear.x16.offers=true --set hc.prompt_up_gate=true --record
     bench stack_toggle 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 \
       --decode= --multi-decode= --paired 3 --toggle hc.stack_inject --record
     bench group_toggle 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0,4096@32768 \
       --decode= --multi-decode= --paired 3 --toggle qsa.score_group=64/256 --record
-    bench defaults 130 model $Q4X --ctx 65536 --slots 5 --int8 --prefill 4096@0 --decode 0 \
+    cp BENCHMARKS.md "$OUT/BENCHMARKS.md" ;;
+  s38)  # 2026-12-07 20:50: the defaults unprofiled (one session's time outside the graph:
+    # 1.24 ms at 17:12 against 0.23-0.54 before), then ncu2 (the prompt GEMMs)
+    bench defaults 150 model $Q4X --ctx 65536 --slots 5 --int8 --prefill 4096@0 --decode 0 \
       --multi-decode 5@32768 --decode-steps 32 --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
     bash "$0" ncu2 ;;

@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--toggle",
         default="",
         help="with --paired: an op family's boolean switch (qsa.prefill_kernels, "
-        "deltanet.prefill_kernels, attention.flash_prefill, ...) timed on and off in rounds, or "
+        "deltanet.prefill_kernels, attention.flash_prefill, ...; several together: a+b) timed "
+        "on and off in rounds, or "
         "an int or float setting at each of its values (qsa.score_group=64/256), then "
         "put back; decode workloads need --no-graphs (a graph keeps the setting it was captured "
         "under) except for branch.decode, moe.shared_parts and hc.cluster (graphs are captured "

@@ -55,19 +55,26 @@ def toggle_variants(b: ModelBench, name: str) -> tuple[list[Variant], Callable[[
         )
     if "=" in name:
         return value_variants(b, name)
-    fam, attr = switch_owner(b.ops, name)
-    if fam is None or not isinstance(getattr(fam, attr, None), bool):
-        raise ValueError(
-            f"--toggle {name!r}: not a boolean switch of an op family (e.g. "
-            "qsa.prefill_kernels, deltanet.prefill_kernels, linear.hgemm.wgmma; an int or "
-            "float setting takes its values: qsa.score_group=64/256)"
-        )
-    was = getattr(fam, attr)
+    owners = []  # a+b: several switches turned on and off together
+    for one in name.split("+"):
+        fam, attr = switch_owner(b.ops, one)
+        if fam is None or not isinstance(getattr(fam, attr, None), bool):
+            raise ValueError(
+                f"--toggle {name!r}: {one!r} is not a boolean switch of an op family (e.g. "
+                "qsa.prefill_kernels, deltanet.prefill_kernels, linear.hgemm.wgmma; several "
+                "together: a+b; an int or float setting takes its values: qsa.score_group=64/256)"
+            )
+        owners.append((fam, attr, getattr(fam, attr)))
+
+    def put(on: bool | None) -> None:  # None: each as it was
+        for fam, attr, was in owners:
+            setattr(fam, attr, was if on is None else on)
+
     variants: list[Variant] = [
-        (f"{name} {word}", lambda on=on: setattr(fam, attr, on))  # type: ignore[misc]
+        (f"{name} {word}", lambda on=on: put(on))  # type: ignore[misc]
         for word, on in (("on", True), ("off", False))
     ]
-    return variants, lambda: setattr(fam, attr, was)
+    return variants, lambda: put(None)
 
 
 def value_variants(b: ModelBench, text: str) -> tuple[list[Variant], Callable[[], None]]:
@@ -131,8 +138,9 @@ def paired_report(b: ModelBench, args: argparse.Namespace, counts: list[tuple[in
     decodes = depths(args.decode) or pairs(args.multi_decode)
     from mgserve.cuda.graphs import GRAPH_SWITCHES  # a graph is captured per their setting
 
-    switch = args.toggle.partition("=")[0]
-    if switch not in ("", "gc.freeze", *GRAPH_SWITCHES) and not args.no_graphs and decodes:
+    switches = args.toggle.partition("=")[0].split("+")
+    graphed = ("", "gc.freeze", *GRAPH_SWITCHES)
+    if any(s not in graphed for s in switches) and not args.no_graphs and decodes:
         raise ValueError(
             "--toggle with --decode or --multi-decode: a decode step replays the CUDA graph "
             "captured under the first setting; add --no-graphs, or give --decode= --multi-decode="
