@@ -226,9 +226,10 @@ class ModelSizes:
         if experts is not None:  # routed experts: kk rows per token (h in f16), the shared one
             kk, ff = experts.n_expert_used, experts.n_ff_exp
             ffn = experts.n_expert + 2 * kk + kk * (ff // 2 + d) + 2 * d + 3 * experts.n_ff_shexp
-        widest = max(s.n_ff, d, q_out, hp.value_dim if hp is not None else 0)
-        # + an f16 copy of the widest input, and F16Rows' second entry (an fp32 input and its
-        # f16 copy held past the input's use: f16_rows.py)
+        widest = max(s.n_ff, hc * d, q_out, hp.value_dim if hp is not None else 0)
+        # + an f16 copy of the widest GEMM input (the normed streams of a mix, hc * d wide),
+        # and F16Rows' second entry (an fp32 input and its f16 copy held past the input's use:
+        # f16_rows.py)
         return streams + mixer + ffn + widest + 3 * widest // 2
 
     def workspace(self, n_ctx: int, n_slots: int, batch: int, part: Part | None = None) -> int:

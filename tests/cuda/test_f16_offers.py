@@ -157,4 +157,11 @@ def test_prompt_logits_keep_their_bits_with_fewer_conversions(
         x16.clear()
     (off, n_off), (on_, n_on) = runs[False], runs[True]
     assert torch.equal(off, on_), f"{arch}: logits differ with the producers' copies"
-    assert n_on < n_off, f"{arch}: {n_on} conversions with the copies, {n_off} without"
+    # each layer's norm or mix outputs, and its gated activation, were converted: 2 a layer at
+    # least are not now (qwen4exp: the normed streams, the mixes' outputs, the gated outputs)
+    saved, layers = n_off - n_on, b.model.spec.n_layer
+    assert saved >= 2 * layers, f"{arch}: {n_on} conversions with the copies, {n_off} without"
+    qp = getattr(b.model, "qp", None)
+    if qp is not None:  # the normed streams [N, hc * d] (down's and inject's input): never
+        wide = [s for s in conversions if s[-1] == qp.hc * b.model.spec.n_embd]
+        assert not wide, f"{arch}: the normed streams were converted {len(wide)} times"

@@ -63,7 +63,34 @@ def test_a_reshape_of_the_same_memory_hits() -> None:
     first = rows(x)
     flat = x.reshape(4, 16)
     assert rows(flat).data_ptr() == first.data_ptr() and rows(flat).shape == (4, 16)
-    assert rows(x[1:]) is not None and rows(x[1:]).data_ptr() != first.data_ptr()  # a slice
+    part = rows(x[1:])  # a slice: another start, fewer values
+    assert part.data_ptr() != first.data_ptr() and torch.equal(part, f16_rows(x[1:]))
+
+
+def test_other_layouts_dtypes_and_aliases_miss() -> None:
+    """A transpose over the same memory, another dtype's view of it, and an alias with a
+    version counter of its own (``x.data``, which an in-place write through x does not move)
+    are converted, never handed x's copy."""
+    rows = F16Rows()
+    x = torch.randn(8, 8)
+    first = rows(x)
+    t = x.t()  # the same pointer and count, not contiguous
+    assert rows(t) is not first and torch.equal(rows(t), f16_rows(t))
+    bits = x.view(torch.int32)  # the same memory as another dtype
+    assert rows.find(bits) is None
+    x.mul_(2.0)
+    alias = x.data  # its own counter, still 0: it must not match the stale entry
+    assert rows.find(alias) is None and torch.equal(rows(alias), f16_rows(x))
+
+
+def test_inference_tensors_are_converted_and_not_kept() -> None:
+    path = RowPath()
+    rows = F16Rows(path)
+    rows.offers = True
+    with torch.inference_mode():
+        x = torch.randn(16, 8)
+        assert not rows.wanted(64)  # no producer writes a copy nobody can find
+        assert torch.equal(rows(x), f16_rows(x)) and rows.find(x) is None
 
 
 def test_the_last_two_entries_are_kept() -> None:

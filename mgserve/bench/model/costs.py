@@ -103,9 +103,10 @@ def combine(x: Any, out: Any, inject: Any) -> Cost:
     return Cost(_b(x, out, inject, x), 0.0)
 
 
-def rms(x: Any, w: Any, eps: float, residual: Any = None) -> Cost:
-    """``norm.rms``: x, w (and residual) in, y out (x's shape, f32)."""
-    return Cost(_b(x, w, residual) + 4 * x.numel(), 0.0)
+def rms(x: Any, w: Any, eps: float, residual: Any = None, *, f16: bool = False) -> Cost:
+    """``norm.rms``: x, w (and residual) in, y out (x's shape, f32; with ``f16`` its f16 copy
+    too, where the CUDA family writes one: counted, as the floor of the bytes it may move)."""
+    return Cost(_b(x, w, residual) + (6 if f16 else 4) * x.numel(), 0.0)
 
 
 def _per_position(kv: Any) -> float:

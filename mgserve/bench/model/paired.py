@@ -2,7 +2,7 @@
 side. The variants are either stage counts (``--virtual-stages 1,6``: every count's runner is
 built once and kept; they share the model's weights and pools), an op family's switch on and
 off (``--toggle qsa.prefill_kernels``: a boolean attribute of ``ModelBench.ops``; ``gc.freeze``
-the heap frozen or not) or setting at several values (``--toggle qsa.score_group=64/256``), or
+the heap frozen or not) or a setting at several values (``--toggle qsa.score_group=64/256``), or
 the MoE prompt kernels' tilings (``--moe-tiles A/B``). Each variant
 runs every workload once untimed first (its kernels compiled, its buffers sized); then each
 workload runs R rounds, and in each round once on every variant in turn, round r starting at

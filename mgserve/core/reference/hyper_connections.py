@@ -72,14 +72,15 @@ def mix_with(
     n, hc, d = x.shape
     xn = norm(x, gamma, eps).reshape(n, hc * d)  # [N, hc * d]
     raw_down, raw_inject = down_inject(xn) if down_inject is not None else (down(xn), None)
+    if inject is not None and raw_inject is None:  # both of xn's products before anything else
+        raw_inject = inject(xn)  # (a device backend's f16 copy of xn is then still at hand)
     low = rowwise.silu(raw_down / hc)  # [N, r]
     if up_gate_mix is not None:
         mixed = up_gate_mix(low, xn.view(n, hc, d))
     else:
         mixed = (gate_mix or gated_mean)(up(low).view(n, hc, d), xn.view(n, hc, d))  # [N, d]
-    if inject is None:
+    if raw_inject is None:  # the head's mix
         return mixed, None
-    raw_inject = inject(xn) if raw_inject is None else raw_inject
     return mixed, 2.0 * rowwise.sigmoid(raw_inject / hc)  # [N, hc]
 
 

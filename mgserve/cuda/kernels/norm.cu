@@ -54,6 +54,7 @@ __device__ __forceinline__ void rms_norm_row(const float* __restrict__ x, long l
                                              float* __restrict__ xd = nullptr,
                                              u16* __restrict__ y16 = nullptr,
                                              Combine cb = {}) {
+    static_assert(VEC || !COMBINE, "the combined rows are float4 rows");
     __shared__ float partial[32][MAX_ROW_WARPS];  // [row in CTA][warp in row]
     const int tpr = blockDim.x, t = threadIdx.x, ry = threadIdx.y;
     const int row = blockIdx.x * blockDim.y + ry;

@@ -27,6 +27,13 @@ def f16_rows(x: torch.Tensor) -> torch.Tensor:
     return x16.clone() if x16.data_ptr() % 16 else x16
 
 
+def _root(x: torch.Tensor) -> torch.Tensor:
+    """The tensor x is a view of (x itself if none): views of one root share its version
+    counter, so their counters compare; an alias with a counter of its own (``x.data``) does
+    not match."""
+    return x if x._base is None else x._base
+
+
 class _Entry(NamedTuple):
     x: torch.Tensor  # the fp32 tensor (held: its memory cannot be handed to another meanwhile)
     version: int  # its version counter when the copy was made (a view shares its base's)
@@ -36,12 +43,12 @@ class _Entry(NamedTuple):
 class F16Rows:
     """The last ``ENTRIES`` f16 copies of prompt activations, per thread (module docstring).
 
-    A hit is an entry's tensor, or one over its memory with its layout (the same data pointer,
-    element count and dtype, both contiguous: a reshape of the producer's output), with the
-    version counter unchanged since (an in-place torch write moves it; a kernel writing through
-    the pointer does not, and no kernel writes an activation a later GEMM reads). Entries hold
-    their tensors until pushed out or ``clear`` (DeviceRunner clears them when a prompt step
-    ends).
+    A hit is an entry's tensor, or a view of the same root over its memory with its layout (the
+    same data pointer, element count and dtype, both contiguous: a reshape of the producer's
+    output), with the version counter unchanged since (an in-place torch write moves it; a kernel
+    writing through the pointer does not, so no kernel may write an activation in place once a
+    GEMM has read it). Entries hold their tensors until pushed out or ``clear`` (DeviceRunner
+    clears them when a prompt step ends).
     ``path``: the backend's step kind, for ``wanted``; ``offers`` False turns producers' copies
     off (each GEMM then converts; the same bits). Off by default until its GPU tests
     (tests/cuda/test_f16_offers.py, gpu_stages.sh s36) have run."""
@@ -75,7 +82,8 @@ class F16Rows:
         entries = self._entries()
         for i, e in enumerate(entries):
             same = e.x is x or (
-                x.is_contiguous()
+                _root(x) is _root(e.x)  # (a view shares its root's version counter)
+                and x.is_contiguous()
                 and e.x.is_contiguous()
                 and e.x.data_ptr() == x.data_ptr()
                 and e.x.numel() == x.numel()
@@ -89,6 +97,8 @@ class F16Rows:
     def wanted(self, n_tok: int) -> bool:
         """Whether the producer of an activation of ``n_tok`` tokens should write its f16 copy
         (``offer``): prompt rows, which the GEMMs read (decode rows take the matvecs)."""
+        if torch.is_inference_mode_enabled():  # (its tensors have no version counter to key)
+            return False
         return self.offers and self.path is not None and not self.path.decode_kernels(n_tok)
 
     def room(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,12 +1,14 @@
 """The hyper-connection mix of prompt rows on the device (``HCCuda`` hands them here): GEMMs
 that read each weight once for the chunk, around three passes over the streams, each one kernel:
 
-- ``combine_norm``: the last block's output added to the streams and the streams normed
-  (``NormCuda.combine_rms``, or hc_combine then the norm where it does not apply), the normed
-  streams' f16 copy written beside them for the down and inject GEMMs (f16_rows.py);
+- ``combine_mix``: the last block's output added to the streams and the streams normed in one
+  pass (``NormCuda.combine_rms``, where ``prompt_combine_norm``; else hc_combine then the
+  norm), the normed streams' f16 copy written beside them for the down and inject GEMMs
+  (f16_rows.py, where ``linear.x16.offers``);
 - the down and inject GEMMs (one GEMM where they stack: ``stack_inject``), the small silu and
   sigmoid on their outputs, the up GEMM;
-- ``gate_mix``: the gated mean over the streams (hc_gate_mix), with its f16 copy for the block.
+- ``gate_mix``: the gated mean over the streams (hc_gate_mix), with its f16 copy for the block;
+  or, with ``prompt_up_gate``, the up GEMM and the gated mean in one kernel (``up_gate_mix``).
 
 Each kernel computes the torch ops' bits (hyper_connections.mix_with's arithmetic), so the
 prompt mix keeps the bits of the reference path's sequence of ops on f16 GEMMs.

@@ -264,7 +264,9 @@ class LinearCuda:
             return out
         return epilogue(self._prefill(x, w), bias, residual)
 
-    def end_prompt(self) -> None:  # a prompt step is over: its last f16 activation goes
+    def end_prompt(
+        self,
+    ) -> None:  # a prompt step is over: its f16 activations (F16Rows' entries) go
         self.x16.clear()
 
     def _prefill(self, x: torch.Tensor, w: QuantWeight) -> torch.Tensor:

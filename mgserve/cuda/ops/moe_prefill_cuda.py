@@ -67,7 +67,7 @@ class MoePrefillCuda:
         bm = self.linear.qgemm.grouped_bm(gate.type_name, w.down.type_name)
         groups = GroupedRows(sorted_e, e, bm)
         pair_row, row_token = self.rows(sorted_e, order, None, kk, p)  # [P], [P] int32
-        x16 = self.linear.x16(x)  # [N, d]: the router's conversion of the same x, if it was last
+        x16 = self.linear.x16(x)  # [N, d]: x's f16 copy (its producer's or the router's: F16Rows)
         h = torch.empty(p, ff, dtype=torch.float16, device=self.device)  # [P, ff] sorted pairs
         self.linear.qgemm.gate_up(gate, up_ptr, expert_rows, x16, row_token, groups, h)
         y = torch.empty(p, d, dtype=torch.float32, device=self.device)  # [P, d] sorted pairs
