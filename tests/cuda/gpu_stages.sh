@@ -701,8 +701,13 @@ case "${1:-tests}" in
     bench group_toggle 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0,4096@32768 \
       --decode= --multi-decode= --paired 3 --toggle qsa.score_group=64/256 --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md" ;;
-  s38)  # 2026-12-07 20:50: the defaults unprofiled (one session's time outside the graph:
-    # 1.24 ms at 17:12 against 0.23-0.54 before), then ncu2 (the prompt GEMMs)
+  s38)  # 2026-12-07 20:50: the plan's workspace against the allocator's peak (F16Rows keeps two
+    # entries now), the defaults unprofiled (one session's time outside the graph: 1.24 ms at
+    # 17:12 against 0.23-0.54 before), then ncu2 (the prompt GEMMs)
+    timeout 150 python3 -m pytest -q --tb=short -p no:cacheprovider -rfEs -s -m gpu \
+      tests/cuda/test_plan.py -k "gpu_plan and qwen4exp" > "$OUT/t_s38.log" 2>&1
+    echo "== s38 tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed|workspace peak" \
+      "$OUT/t_s38.log" | head
     bench defaults 150 model $Q4X --ctx 65536 --slots 5 --int8 --prefill 4096@0 --decode 0 \
       --multi-decode 5@32768 --decode-steps 32 --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
