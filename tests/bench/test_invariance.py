@@ -45,8 +45,8 @@ def test_the_command_fails_when_a_row_depends_on_the_batch(
 
     rms = NormTorch.rms
 
-    def batch_dependent(self: NormTorch, x: torch.Tensor, *args: Any) -> torch.Tensor:
-        return rms(self, x, *args) + 1e-3 * x.shape[0]  # as if a tile were sized by the batch
+    def batch_dependent(self: NormTorch, x: torch.Tensor, *args: Any, **kw: Any) -> torch.Tensor:
+        return rms(self, x, *args, **kw) + 1e-3 * x.shape[0]  # as if a tile were sized by the batch
 
     monkeypatch.setattr(NormTorch, "rms", batch_dependent)
     assert main(ARGS) == 1

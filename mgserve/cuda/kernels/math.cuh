@@ -1,6 +1,7 @@
 // Device math that several kernels share: warp reductions, the activations as ATen writes them,
 // and the 8-value dot product of the weight-streaming kernels.
 #pragma once
+#include "scalar.cuh"
 
 #define FULL 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000)
@@ -125,4 +126,11 @@ __device__ __forceinline__ void q8_store4(float4 o, bool live, signed char* __re
 __device__ __forceinline__ float4 combine4(float4 x, float a, float4 o) {
     return make_float4(__fadd_rn(x.x, __fmul_rn(a, o.x)), __fadd_rn(x.y, __fmul_rn(a, o.y)),
                        __fadd_rn(x.z, __fmul_rn(a, o.z)), __fadd_rn(x.w, __fmul_rn(a, o.w)));
+}
+
+// o's four values rounded to f16 (to nearest even) at p (8-byte aligned): the f16 copy a
+// prompt activation's producer writes for the GEMMs that read it (cuda/ops/f16_rows.py). (Here,
+// not in scalar.cuh, which the host decoder tests compile for the CPU.)
+__device__ __forceinline__ void store_f16x4(u16* p, const float4& o) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(f16x2_rn(o.x, o.y), f16x2_rn(o.z, o.w));
 }

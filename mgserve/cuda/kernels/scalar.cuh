@@ -30,12 +30,6 @@ __device__ __forceinline__ u32 f16x2_rn(float lo, float hi) {
     return r;
 }
 
-// o's four values rounded to f16 (to nearest even) at p (8-byte aligned): the f16 copy a
-// prompt activation's producer writes for the GEMMs that read it (cuda/ops/f16_rows.py).
-__device__ __forceinline__ void store_f16x4(u16* p, const float4& o) {
-    *reinterpret_cast<uint2*>(p) = make_uint2(f16x2_rn(o.x, o.y), f16x2_rn(o.z, o.w));
-}
-
 // The 8 f16 values packed in a (value 2i in the low half of word i) as f32.
 __device__ __forceinline__ void f16x8_to_f32(const uint4& a, float* w) {
     const u32 v[4] = {a.x, a.y, a.z, a.w};
