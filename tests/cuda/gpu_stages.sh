@@ -685,6 +685,17 @@ case "${1:-tests}" in
       --decode= --multi-decode= --paired 3 --toggle linear.x16.offers \
       --set hc.prompt_combine_norm=true --set hc.prompt_up_gate=true --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md" ;;
+  s36a)  # 2026-12-07 21:55: s36 in a short call: the fusions' and last session's tests, then the
+    # three prompt fusions toggled together on one chunk size
+    timeout 200 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_f16_offers.py tests/cuda/test_hc.py tests/cuda/test_fused_router.py \
+      -k "(f16 or conversion or copies or combine or up_gate or stacks_inject or plain or split1 or refuses or mix) and not qwen3next" \
+      > "$OUT/t_s36a.log" 2>&1
+    echo "== s36a tests rc=$?"; grep -E "^(FAILED|ERROR|E )|passed|failed" "$OUT/t_s36a.log" | head -20
+    bench fusions_toggle 170 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 \
+      --decode= --multi-decode= --paired 3 \
+      --toggle linear.x16.offers+hc.prompt_combine_norm+hc.prompt_up_gate --record
+    cp BENCHMARKS.md "$OUT/BENCHMARKS.md" ;;
   s37)  # 2026-12-07 20:50: each prompt fusion against the other two on, hc.stack_inject, and
     # qsa.score_group (its test first) on a chunk
     timeout 90 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
