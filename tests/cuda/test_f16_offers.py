@@ -24,8 +24,8 @@ N = 37  # prompt rows (more than the decode kernels' 8: the GEMMs read them)
 
 @pytest.fixture(autouse=True)
 def copies_on(cuda_ops):  # type: ignore[no-untyped-def]
-    """The producers' copies, the fused combine + norm and the fused up + gated mean on (off by
-    default until these tests have run on a GPU), restored after."""
+    """The producers' copies, the fused combine + norm and the fused up + gated mean on (the
+    last is off by default: slower), restored after."""
     x16, hc = cuda_ops.linear.x16, cuda_ops.hc
     saved = x16.offers, hc.prompt_combine_norm, hc.prompt_up_gate
     x16.offers = hc.prompt_combine_norm = hc.prompt_up_gate = True
@@ -109,7 +109,7 @@ def test_prompt_combine_mix_keeps_its_bits(cuda_ops) -> None:  # type: ignore[no
         assert torch.equal(a, b), f"{name} differ with the combine and norm fused"
 
 
-@pytest.mark.parametrize("types", [("Q4_K", "Q5_0", "Q4_K"), ("BF16", "Q4_K", "BF16")])
+@pytest.mark.parametrize("types", [("Q4_K", "Q5_0", "Q4_K"), ("BF16", "Q8_0", "BF16")])
 def test_prompt_up_gate_keeps_its_bits(cuda_ops, monkeypatch: pytest.MonkeyPatch, types) -> None:  # type: ignore[no-untyped-def]
     """A prompt mix (300 rows: W decoded once) with up's GEMM and the gated mean in one kernel
     (``prompt_up_gate``: hgemm_wg_gate_mix) against the up GEMM, then hc_gate_mix: the same

@@ -120,8 +120,6 @@ def test_an_offered_copy_is_returned_until_x_changes() -> None:
 def test_copies_are_wanted_for_prompt_rows_only() -> None:
     path = RowPath()
     rows = F16Rows(path)
-    assert not rows.wanted(64)  # off by default
-    rows.offers = True
     assert rows.wanted(64) and not rows.wanted(8)  # outside a step: by size
     with path.step("decode"):
         assert not rows.wanted(64)

@@ -50,15 +50,15 @@ class F16Rows:
     GEMM has read it). Entries hold their tensors until pushed out or ``clear`` (DeviceRunner
     clears them when a prompt step ends).
     ``path``: the backend's step kind, for ``wanted``; ``offers`` False turns producers' copies
-    off (each GEMM then converts; the same bits). Off by default until its GPU tests
-    (tests/cuda/test_f16_offers.py, gpu_stages.sh s36) have run."""
+    off (each GEMM then converts; the same bits). On: a 4096-token qwen4exp chunk 2.7% faster
+    on an H100 (BENCHMARKS.md 2026-12-07 21:46)."""
 
     ENTRIES = 2  # an input's copy survives the shared expert's own beside the router
 
     def __init__(self, path: RowPath | None = None) -> None:
         self._local = threading.local()
         self.path = path
-        self.offers = False
+        self.offers = True
 
     def _entries(self) -> list[_Entry]:
         entries = getattr(self._local, "entries", None)

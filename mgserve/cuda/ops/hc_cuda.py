@@ -58,17 +58,17 @@ class HCCuda:
         # stream, bitwise those ops (tests/cuda/test_hc.py); False runs the torch ops
         self.prompt_gate_kernel = True
         # a prompt mix's combine and norm in one kernel (NormCuda.combine_rms: the same bits,
-        # one pass over the streams fewer); False: hc_combine, then the norm. Off until its GPU
-        # tests (test_f16_offers.py, gpu_stages.sh s36) have run
-        self.prompt_combine_norm = False
+        # one pass over the streams fewer); False: hc_combine, then the norm. With the f16
+        # copies, a 4096-token chunk +4.2% on an H100 (BENCHMARKS.md 2026-12-07 21:47)
+        self.prompt_combine_norm = True
         # a prompt mix's up GEMM and gated mean in one kernel (hc_prompt.up_gate_mix: the same
-        # bits, u [N, hc d] neither written nor read); off until its GPU test has run (s36)
+        # bits, u [N, hc d] neither written nor read); bitwise, and 5.8% slower on an H100
+        # (BENCHMARKS.md 2026-12-07 21:46: the epilogue's scattered loads and stores): off
         self.prompt_up_gate = False
         # a prompt mix's down and inject projections in one GEMM (linear_stacked.py): the same
-        # bits by construction, one GEMM launch fewer a mix. Off until its GPU test
-        # (test_hc.py::test_prompt_mix_stacks_inject_bitwise, gpu_stages.sh s17) has run; then
-        # compare: bench model --paired R --toggle hc.stack_inject
-        self.stack_inject = False
+        # bits (test_hc.py::test_prompt_mix_stacks_inject_bitwise), one GEMM fewer a mix; +1.8%
+        # on a 4096-token chunk on an H100 (BENCHMARKS.md 2026-12-07 21:47)
+        self.stack_inject = True
         # decode mixes on thread block clusters (hc_cluster.py: hc_downc + hc_upl) on sm_90 and
         # later, where the shapes allow; other bits than hc_down + hc_up, batch-invariant as
         # they are. On the H100 (2026-12-06 14:29, bench model --paired 5 --toggle hc.cluster):
