@@ -121,6 +121,10 @@ def test_copies_are_wanted_for_prompt_rows_only() -> None:
     path = RowPath()
     rows = F16Rows(path)
     assert rows.wanted(64) and not rows.wanted(8)  # outside a step: by size
+    x = torch.randn(64, 8)
+    room = rows.room(x, 64)  # where wanted: an f16 tensor of x's shape
+    assert room is not None and room.dtype == torch.float16 and room.shape == x.shape
+    assert rows.room(x, 8) is None
     with path.step("decode"):
         assert not rows.wanted(64)
     with path.step("prompt"):

@@ -96,8 +96,9 @@ class ActCuda:
             )
             name, q8_args = f"{name}_q8", (q.q.data_ptr(), q.d.data_ptr())
         out16 = None
-        if vec and q is None and shape and self.f16 is not None and self.f16.wanted(shape[0]):
-            out16 = self.f16.room(out)
+        if vec and q is None and shape and self.f16 is not None:
+            out16 = self.f16.room(out, shape[0])
+        if out16 is not None:
             name, q8_args = f"{name}_f16", (out16.data_ptr(),)
         self.kernels.launch(
             self.kernels.kernel(ACT_SOURCE, f"{name}_f32{'_v4' if vec else ''}"),

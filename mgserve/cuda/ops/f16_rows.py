@@ -101,8 +101,11 @@ class F16Rows:
             return False
         return self.offers and self.path is not None and not self.path.decode_kernels(n_tok)
 
-    def room(self, x: torch.Tensor) -> torch.Tensor:
-        """An f16 tensor for x's copy (contiguous, 16-byte aligned, x's shape)."""
+    def room(self, x: torch.Tensor, n_tok: int) -> torch.Tensor | None:
+        """An f16 tensor for the copy of x, an activation of ``n_tok`` tokens (contiguous,
+        16-byte aligned, x's shape), where ``wanted``; else None."""
+        if not self.wanted(n_tok):
+            return None
         return torch.empty(x.shape, dtype=torch.float16, device=x.device)
 
     def offer(self, x: torch.Tensor, x16: torch.Tensor) -> None:

@@ -84,7 +84,7 @@ def up_gate_mix(ops: HCCuda, up: QuantWeight, low: torch.Tensor, xn: torch.Tenso
     w16 = w16.view(hc, d, k).transpose(0, 1).contiguous().view(rows, k)  # row 4 c + s
     mixed = torch.empty((n, d), dtype=torch.float32, device=ops.device)
     x16 = lin.x16
-    m16 = x16.room(mixed) if x16.wanted(n) else None
+    m16 = x16.room(mixed, n)
     lin.hgemm.matmul_gate_mix(x16(low), w16, vec4_input("xn", xn, ops.device), mixed, m16)
     if m16 is not None:
         x16.offer(mixed, m16)
@@ -116,7 +116,7 @@ def gate_mix(ops: HCCuda, u: torch.Tensor, xn: torch.Tensor) -> torch.Tensor:
     u, xn = (vec4_input(k, t, ops.device) for k, t in (("u", u), ("xn", xn)))
     mixed = torch.empty((n, d), dtype=torch.float32, device=ops.device)
     x16 = ops.linear.x16
-    m16 = x16.room(mixed) if x16.wanted(n) else None
+    m16 = x16.room(mixed, n)
     tail = (0 if m16 is None else m16.data_ptr(),)
     _per_float4(ops, "hc_gate_mix", n * d // 4, u, xn, mixed, hc=hc, d=d, tail=tail)
     if m16 is not None:

@@ -264,9 +264,7 @@ class LinearCuda:
             return out
         return epilogue(self._prefill(x, w), bias, residual)
 
-    def end_prompt(
-        self,
-    ) -> None:  # a prompt step is over: its f16 activations (F16Rows' entries) go
+    def end_prompt(self) -> None:  # a prompt step is over: F16Rows' f16 copies go
         self.x16.clear()
 
     def _prefill(self, x: torch.Tensor, w: QuantWeight) -> torch.Tensor:

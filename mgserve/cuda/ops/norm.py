@@ -160,8 +160,9 @@ class NormCuda:
             )
             name, q8_args = "rms_norm_q8_f32_v4", (xq.q.data_ptr(), xq.d.data_ptr())
         y16 = None
-        if vec and xq is None and f16_tokens and self.f16 and self.f16.wanted(f16_tokens):
-            y16 = self.f16.room(y)
+        if vec and xq is None and f16_tokens and self.f16 is not None:
+            y16 = self.f16.room(y, f16_tokens)
+        if y16 is not None:
             name, q8_args = "rms_norm_f16_f32_v4", (y16.data_ptr(),)
         self.kernels.launch(
             self.kernels.kernel(NORM_SOURCE, name),
@@ -218,7 +219,7 @@ class NormCuda:
                                                        ("w", w))
         )  # fmt: skip
         comb, y = torch.empty_like(x), torch.empty_like(x)
-        y16 = self.f16.room(y) if self.f16 is not None and self.f16.wanted(n) else None
+        y16 = None if self.f16 is None else self.f16.room(y, n)
         tpr = row_threads(d, True)
         rpc = max(1, 256 // tpr)
         if n:
