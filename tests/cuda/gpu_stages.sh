@@ -100,8 +100,12 @@
 #   bash tests/cuda/gpu_stages.sh s31         route.split: tests, decode off / on (groups of 2, of 1),
 #                                              invariance
 #   bash tests/cuda/gpu_stages.sh moewg2      64 x 256 wgmma MoE tiles against 128 x 128
+#   bash tests/cuda/gpu_stages.sh s39         the tests 21:45 left unrun, qsa.score_group side
+#                                              by side, the defaults, one session's host profile
 #   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
 #                                              the clustered HC mix and the fused router
+#   bash tests/cuda/gpu_stages.sh ncu3        the MoE prompt GEMMs' and hgemm_wg's counters with
+#                                              instruction and scheduler statistics
 #   bash tests/cuda/gpu_stages.sh moewg       the wgmma MoE prompt kernels on 192- and 256-row
 #                                              tiles, the DeltaNet scan on 16 columns: tests,
 #                                              the prompt's tilings and scan widths side by side
@@ -722,7 +726,25 @@ case "${1:-tests}" in
     bench defaults 150 model $Q4X --ctx 65536 --slots 5 --int8 --prefill 4096@0 --decode 0 \
       --multi-decode 5@32768 --decode-steps 32 --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
-    bash "$0" ncu2 ;;
+    bash "$0" ncu3 ;;
+  s39)  # 2026-12-07 22:55: the GPU tests 21:45 did not run (the float matvec's tunings, the
+    # fused up GEMM's Q8_0 case, qsa.score_group 256, the plan's workspace: its load check now
+    # asserted last), qsa.score_group 64 / 256 side by side at depth, the defaults unprofiled
+    # (one session's time outside the graph) and one session's host profile
+    timeout 200 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -s -m gpu \
+      tests/cuda/test_linear_matvec.py tests/cuda/test_qsa.py tests/cuda/test_plan.py \
+      "tests/cuda/test_f16_offers.py::test_prompt_up_gate_keeps_its_bits" \
+      -k "(tunings or qsa_prefill or up_gate or gpu_plan) and not qwen3next" > "$OUT/t_s39.log" 2>&1
+    echo "== s39 tests rc=$?"
+    grep -E "^(FAILED|ERROR|E )|passed|failed|workspace peak|loaded" "$OUT/t_s39.log" | head -20
+    bench group_toggle 120 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@32768 \
+      --decode= --multi-decode= --paired 3 --toggle qsa.score_group=64/256 --record
+    cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
+    bench defaults 120 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
+      --multi-decode 5@32768 --decode-steps 32 --record
+    cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
+    bench host1 100 model $Q4X --ctx 65536 --slots 1 --int8 --prefill= --decode 0 \
+      --multi-decode= --decode-steps 32 --host-profile --record ;;
   s35)  # 2026-12-07 20:05: s34's tests, the defaults unprofiled, then ncu2 (the prompt GEMMs)
     timeout 230 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
       -k "plain or split1 or refuses or tunings or mix or invariant" tests/cuda/test_fused_router.py \
@@ -731,8 +753,8 @@ case "${1:-tests}" in
     bench defaults 150 model $Q4X --ctx 65536 --slots 5 --int8 --prefill 4096@0 --decode 0 \
       --multi-decode 5@32768 --decode-steps 32 --record
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
-    bash "$0" ncu2 ;;
-  ncu2)  # 2026-12-07 19:50: a 4096-token chunk's GEMMs: the MoE's grouped products (31% of the
+    bash "$0" ncu3 ;;
+  ncu3)  # 2026-12-07 19:50: a 4096-token chunk's GEMMs: the MoE's grouped products (31% of the
     # chunk, ~181 TFLOP/s on gate/up counting only real rows) and the dense hgemm_wg: whether the
     # W decode's issue slots, the tensor cores or the barriers bound them
     SECTIONS_EXTRA="--section InstructionStats --section SchedulerStats" ncu_kernels \
