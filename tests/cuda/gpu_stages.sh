@@ -102,6 +102,7 @@
 #   bash tests/cuda/gpu_stages.sh moewg2      64 x 256 wgmma MoE tiles against 128 x 128
 #   bash tests/cuda/gpu_stages.sh s39         the tests 21:45 left unrun, qsa.score_group side
 #                                              by side, the defaults, one session's host profile
+#   bash tests/cuda/gpu_stages.sh s40         ncu3, then ncu1
 #   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
 #                                              the clustered HC mix and the fused router
 #   bash tests/cuda/gpu_stages.sh ncu3        the MoE prompt GEMMs' and hgemm_wg's counters with
@@ -745,6 +746,11 @@ case "${1:-tests}" in
     cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
     bench host1 100 model $Q4X --ctx 65536 --slots 1 --int8 --prefill= --decode 0 \
       --multi-decode= --decode-steps 32 --host-profile --record ;;
+  s40)  # 2026-12-07 23:20: Nsight on what bounds the two largest parts left: a prompt chunk's
+    # MoE GEMMs and hgemm_wg (ncu3), one session's t1 decode kernels (ncu1: the router at 9.6 us
+    # a launch for 2.6 MB)
+    bash "$0" ncu3
+    bash "$0" ncu1 ;;
   s35)  # 2026-12-07 20:05: s34's tests, the defaults unprofiled, then ncu2 (the prompt GEMMs)
     timeout 230 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
       -k "plain or split1 or refuses or tunings or mix or invariant" tests/cuda/test_fused_router.py \
