@@ -207,6 +207,42 @@ def test_a_setting_is_timed_at_each_of_its_values(tmp_path: Path) -> None:
             toggle_variants(bench, text)
 
 
+def test_chunk_sizes_are_timed_side_by_side(tmp_path: Path) -> None:
+    """``--toggle ubatch=A/B``: the same prompt cut into chunks of A tokens, then of B, in rounds
+    (the steps the runner is given show it), then ``--ubatch`` as it was; sizes that are not two
+    or more different positive integers are refused."""
+    from mgserve.bench.model.paired import run_paired, toggle_variants
+    from tests.cuda.test_device_models import _export
+
+    bench = _bench(_export("qwen3", tmp_path), 1)
+    args = bench.args
+    args.prefill, args.decode, args.multi_decode, args.paired = "24@0", "", "", 2
+    was = args.ubatch
+    chunks: list[int] = []
+    step = bench.run_step
+
+    def counted(work: list) -> object:  # type: ignore[type-arg]
+        chunks.extend(len(w.tokens) for w in work)
+        return step(work)
+
+    bench.run_step = counted  # type: ignore[method-assign]
+    variants, restore = toggle_variants(bench, "ubatch=8/16")
+    rows: list[str] = []
+    run_paired(bench, args, variants, lambda name, tps, note, **_: rows.append(name))
+    restore()
+    # warm-ups 8 then 16; round 0 starts at 8, round 1 at 16
+    by8, by16 = [8, 8, 8], [16, 8]
+    assert chunks == by8 + by16 + by8 + by16 + by16 + by8
+    assert rows == [
+        "prefill 24 tokens at depth 0 (ubatch 8)",
+        "prefill 24 tokens at depth 0 (ubatch 16)",
+    ]
+    assert args.ubatch == was
+    for text in ("ubatch=8", "ubatch=8/8", "ubatch=a/b", "ubatch=0/8"):
+        with pytest.raises(ValueError, match="chunk sizes"):
+            toggle_variants(bench, text)
+
+
 def test_gc_freeze_is_a_switch_of_the_whole_heap(tmp_path: Path) -> None:
     """``--toggle gc.freeze``: the objects alive out of the collector's sight, then back in it;
     after the rounds as before them (frozen on a GPU, where warm-up freezes them as the server

@@ -2,8 +2,9 @@
 side. The variants are either stage counts (``--virtual-stages 1,6``: every count's runner is
 built once and kept; they share the model's weights and pools), an op family's switch on and
 off (``--toggle qsa.prefill_kernels``: a boolean attribute of ``ModelBench.ops``; ``gc.freeze``
-the heap frozen or not) or a setting at several values (``--toggle qsa.score_group=64/256``), or
-the MoE prompt kernels' tilings (``--moe-tiles A/B``). Each variant
+the heap frozen or not) or a setting at several values (``--toggle qsa.score_group=64/256``;
+``ubatch=2048/4096/8192``: the prompt chunk's tokens, the bench's own ``--ubatch``), or the MoE
+prompt kernels' tilings (``--moe-tiles A/B``). Each variant
 runs every workload once untimed first (its kernels compiled, its buffers sized); then each
 workload runs R rounds, and in each round once on every variant in turn, round r starting at
 variant r mod V (a variant run first in every round would take any first-in-round cost alone:
@@ -53,6 +54,8 @@ def toggle_variants(b: ModelBench, name: str) -> tuple[list[Variant], Callable[[
         return [("gc.freeze on", freeze_heap), ("gc.freeze off", thaw)], (
             freeze_heap if frozen else thaw
         )
+    if name.startswith("ubatch="):
+        return chunk_variants(b, name)
     if "=" in name:
         return value_variants(b, name)
     owners = []  # a+b: several switches turned on and off together
@@ -101,6 +104,23 @@ def value_variants(b: ModelBench, text: str) -> tuple[list[Variant], Callable[[]
     return variants, lambda: setattr(fam, attr, was)
 
 
+def chunk_variants(b: ModelBench, text: str) -> tuple[list[Variant], Callable[[], None]]:
+    """``ubatch=A/B/...``: the prompt cut into chunks of A tokens, then of B, ... (``--ubatch``,
+    which the server's ``--batch-size`` is), and what puts it back."""
+    was = b.args.ubatch
+    try:
+        sizes = [int(v) for v in text.partition("=")[2].split("/")]
+    except ValueError:
+        raise ValueError(f"--toggle {text!r}: the chunk sizes are not integers") from None
+    if len(sizes) < 2 or len(set(sizes)) < len(sizes) or min(sizes) < 1:
+        raise ValueError(f"--toggle {text!r}: two or more different chunk sizes, A/B")
+    variants: list[Variant] = [
+        (f"ubatch {n}", lambda n=n: setattr(b.args, "ubatch", n))  # type: ignore[misc]
+        for n in sizes
+    ]
+    return variants, lambda: setattr(b.args, "ubatch", was)
+
+
 def tile_variants(b: ModelBench, text: str) -> list[Variant]:
     """``--moe-tiles A/B/...``: the MoE prompt kernels under each tiling (qgemm.cu's
     QGemmTuning, or with ``wg:`` their wgmma twins' QWgmmaTuning), the first current after."""
@@ -139,7 +159,7 @@ def paired_report(b: ModelBench, args: argparse.Namespace, counts: list[tuple[in
     from mgserve.cuda.graphs import GRAPH_SWITCHES  # a graph is captured per their setting
 
     switches = args.toggle.partition("=")[0].split("+")
-    graphed = ("", "gc.freeze", *GRAPH_SWITCHES)
+    graphed = ("", "gc.freeze", "ubatch", *GRAPH_SWITCHES)  # (a decode step has no chunk)
     if any(s not in graphed for s in switches) and not args.no_graphs and decodes:
         raise ValueError(
             "--toggle with --decode or --multi-decode: a decode step replays the CUDA graph "
