@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "deltanet.prefill_kernels, attention.flash_prefill, ...; several together: a+b) timed "
         "on and off in rounds, or "
         "an int or float setting at each of its values (qsa.score_group=64/256), then "
-        "put back (ubatch=2048/4096/8192: the prompt chunk's tokens); decode workloads need --no-graphs (a graph keeps the setting it was captured "
+        "put back (ubatch=2048/4096/8192: the prompt chunk's tokens); decode workloads need "
+        "--no-graphs (a graph keeps the setting it was captured "
         "under) except for branch.decode, moe.shared_parts and hc.cluster (graphs are captured "
         "per their setting: cuda/graphs.py); gc.freeze: the heap frozen out of the garbage "
         "collector's sight, as the server has it, or not",
