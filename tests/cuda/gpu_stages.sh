@@ -103,6 +103,9 @@
 #   bash tests/cuda/gpu_stages.sh s39         the tests 21:45 left unrun, qsa.score_group side
 #                                              by side, the defaults, one session's host profile
 #   bash tests/cuda/gpu_stages.sh s40         ncu3, then ncu1
+#   bash tests/cuda/gpu_stages.sh rows        Q4_K's W by half row-steps: tests, a chunk side by
+#                                              side
+#   bash tests/cuda/gpu_stages.sh chunks      a 16384-token prompt in chunks of 512..8192 tokens
 #   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
 #                                              the clustered HC mix and the fused router
 #   bash tests/cuda/gpu_stages.sh ncu3        the MoE prompt GEMMs' and hgemm_wg's counters with
@@ -751,6 +754,21 @@ case "${1:-tests}" in
     # a launch for 2.6 MB)
     bash "$0" ncu3
     bash "$0" ncu1 ;;
+  rows)  # 2026-12-07 23:55: Q4_K's W tiles by half row-steps (QWgmmaTuning.rows: 294 SASS
+    # instructions a thread and step against 424; Nsight at 23:10: the decode is most of the MoE
+    # kernels' instructions, issue slots 48% busy): bitwise the runs' reader (dense Q4_K, the
+    # grouped cases, qwen4exp's shapes with timings), then a prompt chunk side by side
+    timeout 260 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_qgemm_wgmma.py -k "(dense_matches and Q4_K) or grouped_moe" \
+      > "$OUT/t_rows.log" 2>&1
+    echo "== rows tests rc=$?"
+    grep -E "^(FAILED|ERROR|E )|passed|failed|grouped moe" "$OUT/t_rows.log" | head -30
+    bench rows 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+      --multi-decode= --paired 3 --moe-tiles wg:128,128,2/wg:128,128,2,2,2,1 --record ;;
+  chunks)  # 2026-12-07 23:10: the prompt chunk's size by measurement (the server's --batch-size
+    # is 512 by default, the benches' --ubatch 4096): one 16384-token prompt cut five ways
+    bench chunks 300 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 16384@0 --decode= \
+      --multi-decode= --paired 3 --toggle ubatch=4096/512/1024/2048/8192 --record ;;
   s35)  # 2026-12-07 20:05: s34's tests, the defaults unprofiled, then ncu2 (the prompt GEMMs)
     timeout 230 python3 -m pytest -q --tb=short -p no:cacheprovider -rfE -m gpu \
       -k "plain or split1 or refuses or tunings or mix or invariant" tests/cuda/test_fused_router.py \

@@ -8,8 +8,8 @@ from typing import Any
 
 def moe_tilings(text: str) -> list[Any]:
     """``--moe-tiles A/B/...``: qgemm.cu's grouped tilings (QGemmTuning, BM,BN,BK,WARPS_M,
-    WARPS_N[,MIN_CTAS]) or, each written ``wg:BM,BN[,MIN_CTAS[,STAGES[,DECODE]]]``, their wgmma
-    twins' (QWgmmaTuning); one kind in a run (qgemm.cu's turn the twins off)."""
+    WARPS_N[,MIN_CTAS]) or, each written ``wg:BM,BN[,MIN_CTAS[,STAGES[,DECODE[,ROWS]]]]``,
+    their wgmma twins' (QWgmmaTuning); one kind in a run (qgemm.cu's turn the twins off)."""
     from mgserve.cuda.ops.qgemm import QGemmTuning
     from mgserve.cuda.ops.wgmma import QWgmmaTuning
 
@@ -31,7 +31,9 @@ def is_wgmma(t: Any) -> bool:
 
 def tiling_label(t: Any) -> str:
     if is_wgmma(t):
-        tail = [t.stages, t.decode] if t.decode != 2 else [t.stages] if t.stages != 2 else []
+        tail = [t.stages, t.decode, int(t.rows)]
+        while tail and tail[-1] == (2, 2, 0)[len(tail) - 1]:  # the defaults left off the end
+            tail.pop()
         return "wg:" + ",".join(str(v) for v in [t.bm, t.bn, t.min_ctas, *tail])
     return f"{t.bm},{t.bn},{t.bk},{t.warps_m},{t.warps_n},{t.min_ctas}"
 

@@ -107,23 +107,35 @@ struct Q4_K {  // 144-byte blocks, 16-byte aligned: word loads
         r.q = __ldg((const uint2*)(b + 16 + (r.s >> 1) * 32 + (j & 3) * 8));
         return r;
     }
-    // SPLIT_DECODE 2 (the default): the same values as ggml's get_scale_min_k4 and the nibbles
-    // in byte permutes. t = s & 3 picks byte t of each scale word (x0, x1, x2: bytes t, t + 4,
-    // t + 8); sub-blocks 0..3 take scale x0 & 63 and min x1 & 63, 4..7 the nibbles of x2 with
-    // the top two bits of x0 (scale) and x1 (min) above them: both are formed, one kept.
+    // Sub-block s's scale d x sc and min dmin x mn from the block's header words (dm: f16 d
+    // and dmin; sc0..2: the 12 scale bytes), the values of ggml's get_scale_min_k4 by byte
+    // permutes: t = s & 3 picks byte t of each scale word (x0, x1, x2: bytes t, t + 4, t + 8);
+    // sub-blocks 0..3 take scale x0 & 63 and min x1 & 63, 4..7 the nibbles of x2 with the top
+    // two bits of x0 (scale) and x1 (min) above them: both are formed, one kept.
+    __device__ static void scale_min(u32 dm, u32 sc0, u32 sc1, u32 sc2, u32 s, float& d,
+                                     float& m) {
+        const u32 t = s & 3, pick = t | (t + 4) << 4;
+        const u32 x01 = __byte_perm(sc0, sc1, pick);       // x0 | x1 << 8
+        const u32 x22 = __byte_perm(sc2, sc2 >> 4, pick);  // x2 | (x2 >> 4) << 8
+        const u32 scmn = s < 4 ? x01 & 0x3F3F : (x22 & 0x0F0F) | ((x01 >> 2) & 0x3030);
+        d = f16_bits((u16)(dm & 0xFFFF)) * byte_f(scmn, 0, 0.f);
+        m = f16_bits((u16)(dm >> 16)) * byte_f(scmn, 1, 0.f);
+    }
+    // The 8 values of a run of one sub-block: value i = d q_i - m, q_i byte i & 3 of q0 (i < 4)
+    // or q1, each a nibble already (0..15).
+    __device__ static void values(float d, float m, u32 q0, u32 q1, float* w) {
+        const u32 q[2] = {q0, q1};
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[i] = d * byte_f(q[i >> 2], i & 3, 0.f) - m;
+    }
+    // SPLIT_DECODE 2 (the default): scale_min, and the run's nibbles by byte permutes (values)
     __device__ static void decode(const Raw& r, float* w) {
         const u32 s = r.s;
 #if SPLIT_DECODE == 2
-        const u32 t = s & 3, pick = t | (t + 4) << 4;
-        const u32 x01 = __byte_perm(r.sc[0], r.sc[1], pick);       // x0 | x1 << 8
-        const u32 x22 = __byte_perm(r.sc[2], r.sc[2] >> 4, pick);  // x2 | (x2 >> 4) << 8
-        const u32 scmn = s < 4 ? x01 & 0x3F3F : (x22 & 0x0F0F) | ((x01 >> 2) & 0x3030);
-        const float d = f16_bits((u16)(r.dm & 0xFFFF)) * byte_f(scmn, 0, 0.f);
-        const float m = f16_bits((u16)(r.dm >> 16)) * byte_f(scmn, 1, 0.f);
+        float d, m;
+        scale_min(r.dm, r.sc[0], r.sc[1], r.sc[2], s, d, m);
         const u32 shift = (s & 1) * 4;
-        const u32 q[2] = {(r.q.x >> shift) & 0x0F0F0F0Fu, (r.q.y >> shift) & 0x0F0F0F0Fu};
-#pragma unroll
-        for (int i = 0; i < 8; i++) w[i] = d * byte_f(q[i >> 2], i & 3, 0.f) - m;
+        values(d, m, (r.q.x >> shift) & 0x0F0F0F0Fu, (r.q.y >> shift) & 0x0F0F0F0Fu, w);
 #else  // 1: shifts and masks (gguf_blocks.cuh's arithmetic as written there)
         u32 sc, mn;
         if (s < 4) {

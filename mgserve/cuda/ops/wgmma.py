@@ -78,14 +78,18 @@ class QWgmmaTuning:
     it; the raw W registers then live across the barrier: at 128 x 128 on two CTAs an SM Q4_K
     spills 4-8 bytes in the MoE kernels and F32 16-32, at 64 x 256 most formats spill).
     ``decode`` 1 forms W's values from GGUF blocks by shifts and masks as before 2026-12-07
-    (gguf_split.cuh's SPLIT_DECODE, kept to time against), 2 by byte permutes. Every shape and
-    decode gives the same bits."""
+    (gguf_split.cuh's SPLIT_DECODE, kept to time against), 2 by byte permutes. ``rows``: Q4_K's
+    W tiles read by half row-steps (a thread's 32 values from two 16-byte loads and two scale /
+    min pairs, where the runs' reader makes 20 loads and four pairs: the decode was most of the
+    MoE kernels' instructions, 2026-12-07 23:10 Nsight), where 2 x bn divides by the threads;
+    other formats and shapes keep the runs. Every shape and decode gives the same bits."""
 
     bm: int = 128  # output rows per CTA: 64 per warpgroup
     bn: int = 128  # output columns per CTA (one wgmma's N)
     min_ctas: int = 2  # CTAs per SM the registers are capped for (__launch_bounds__)
     stages: int = 2  # shared buffers: 2 or 3
     decode: int = 2  # gguf_split.cuh's SPLIT_DECODE: 2 byte permutes, 1 shifts and masks
+    rows: bool = False  # Q4_K's W by half row-steps (QW_ROWS)
 
     def __post_init__(self) -> None:
         if (
@@ -94,11 +98,12 @@ class QWgmmaTuning:
             or self.min_ctas not in (1, 2)
             or self.stages not in (2, 3)
             or self.decode not in (1, 2)
+            or not isinstance(self.rows, bool)
         ):
             raise ValueError(
                 f"QWgmmaTuning: bm {self.bm} (64, 128, 192 or 256), bn {self.bn} (128 or 256), "
                 f"min_ctas {self.min_ctas} (1 or 2), stages {self.stages} (2 or 3), "
-                f"decode {self.decode} (1 or 2)"
+                f"decode {self.decode} (1 or 2), rows {self.rows!r} (a bool)"
             )
         cap = min(255, 65536 // (self.threads * self.min_ctas))  # registers a thread may use
         if self.bn // 2 + 40 > cap:  # the accumulators and the tile's addressing
@@ -126,15 +131,19 @@ class QWgmmaTuning:
         an SM if they can), else 128 columns; ValueError naming bm where no kernel has such rows."""
         for bn, min_ctas in ((self.bn, 2), (self.bn, 1), (128, 2)):
             try:
-                return QWgmmaTuning(bm, bn, min_ctas, self.stages, self.decode)
+                return QWgmmaTuning(bm, bn, min_ctas, self.stages, self.decode, self.rows)
             except ValueError:
                 continue
-        return QWgmmaTuning(bm, 128, 1, self.stages, self.decode)
+        return QWgmmaTuning(bm, 128, 1, self.stages, self.decode, self.rows)
 
     @classmethod
     def parse(cls, text: str) -> QWgmmaTuning:
-        """ "BM,BN[,MIN_CTAS[,STAGES[,DECODE]]]" as a bench flag."""
-        return cls(*tuning_ints(text, "qgemm wgmma", "BM,BN[,MIN_CTAS[,STAGES[,DECODE]]]"))
+        """ "BM,BN[,MIN_CTAS[,STAGES[,DECODE[,ROWS]]]]" as a bench flag (ROWS 0 or 1)."""
+        v = tuning_ints(text, "qgemm wgmma", "BM,BN[,MIN_CTAS[,STAGES[,DECODE[,ROWS]]]]")
+        if len(v) == 6 and v[5] not in (0, 1):
+            raise ValueError(f"qgemm wgmma tuning {text!r}: ROWS is 0 or 1")
+        ints = dict(zip(("bm", "bn", "min_ctas", "stages", "decode"), v, strict=False))
+        return cls(**ints, rows=len(v) == 6 and v[5] == 1)
 
     def defines(self, type_name: str) -> tuple[tuple[str, str], ...]:
         return (
@@ -146,4 +155,5 @@ class QWgmmaTuning:
             )
             + ((("QW_STAGES", str(self.stages)),) if self.stages != 2 else ())
             + ((("SPLIT_DECODE", str(self.decode)),) if self.decode != 2 else ())
+            + ((("QW_ROWS", "1"),) if self.rows and type_name == "Q4_K" else ())
         )
