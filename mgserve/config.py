@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mgserve import env
-from mgserve.settings_checks import check_settings
+from mgserve.settings_checks import CPU_BATCH, GPU_BATCHES, check_settings
 
 # KV cache types, as llama.cpp names them (their storage: core/models/kvcache.py)
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0")
@@ -43,10 +43,10 @@ class Settings:
     )
     parallel: int = _opt(4, "number of slots (sessions served at once)", "-np", "--parallel")
     batch_size: int = _opt(
-        512,
-        "prompt tokens per step, shared by all slots; prompts are cut into chunks of this size",
-        "-b",
-        "--batch-size",
+        0,
+        "prompt tokens per step, shared by all slots; prompts are cut into chunks of this size "
+        f"(0: {CPU_BATCH} on the CPU; on a GPU the first of {GPU_BATCHES} its memory plan holds)",
+        *("-b", "--batch-size"),
     )
     checkpoint_every: int = _opt(
         8192,

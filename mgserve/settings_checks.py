@@ -15,11 +15,17 @@ if TYPE_CHECKING:
     from mgserve.config import Settings
 
 # the least value of a whole-number setting
-MINIMUM = {"ctx_size": 0, "parallel": 1, "batch_size": 1, "checkpoint_every": -1,
+MINIMUM = {"ctx_size": 0, "parallel": 1, "batch_size": 0, "checkpoint_every": -1,
            "ctx_checkpoints": 0, "cache_ram": 0, "prefix_copy_min": 0, "itl_target_ms": 0,
            "prefill_sessions": 0, "max_queue": 0, "reasoning_budget": -1, "threads": 0,
            "max_body_mb": 1, "virtual_stages": 1, "pipeline_micro_batches": 1, "dist_rank": -1,
            "dist_world_size": 0}  # fmt: skip
+# --batch-size 0 (the default): CPU_BATCH prompt tokens a step on the CPU; on a GPU the first
+# of GPU_BATCHES its memory plan holds (cuda/plan_fit.gpu_batch). On an H100 a 16384-token
+# qwen4exp prompt ran at 2,555 tokens/s in chunks of 512, 8,596 of 2048, 10,311 of 4096 and
+# 11,095 of 8192 (BENCHMARKS.md 2026-12-07 23:10); 4096 is what the benches and the mixed-load
+# figures use.
+CPU_BATCH, GPU_BATCHES = 512, (4096, 2048, 1024, 512)
 INIT_SCHEMES = ("tcp://", "file://", "env://")  # torch.distributed's init_method URLs
 
 
@@ -62,3 +68,9 @@ def _processes(s: Settings) -> int:
         return s.dist_world_size
     world = env.torchrun().get("WORLD_SIZE", "1")
     return int(world) if world.isdigit() else 1
+
+
+def with_batch(s: Settings, gpu: bool) -> Settings:
+    """``s`` with a ``batch_size`` of 0 made CPU_BATCH, or on a GPU GPU_BATCHES[0] (unfitted:
+    the single-GPU server fits it to the memory plan, ``cuda.plan_fit.gpu_batch``)."""
+    return dataclasses.replace(s, batch_size=s.batch_size or (GPU_BATCHES[0] if gpu else CPU_BATCH))

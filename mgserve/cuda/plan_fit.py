@@ -12,6 +12,7 @@ from mgserve.config import Settings
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.cuda.plan import Item, ModelSizes, device_total, human, plan
 from mgserve.cuda.plan_sizes import Part
+from mgserve.settings_checks import GPU_BATCHES, with_batch
 from mgserve.sizes import parse_sizes
 
 CTX_STEP = 256  # a suggested --ctx-size is a multiple of this
@@ -144,6 +145,22 @@ def summary(g: GGUFFile, settings: Settings) -> str:
         f"{s.ctx_size:,} tokens x {s.parallel} slot(s) = {session * s.parallel:,} bytes "
         f"({human(session * s.parallel)}); the whole GPU plan: mgserve info --plan",
     ])  # fmt: skip
+
+
+def gpu_batch(g: GGUFFile, settings: Settings) -> Settings:
+    """``settings`` (resolved for the model) with an automatic ``--batch-size`` (0) made
+    concrete for one GPU: the first of GPU_BATCHES that the plan holds in the free memory
+    (``free_memory``); the last where none does (the check then names what else to lower), the
+    first where the free memory is unknown."""
+    if settings.batch_size:
+        return settings
+    free, _ = free_memory(settings)
+    if free is None:
+        return with_batch(settings, gpu=True)
+    fits = _fits(ModelSizes.of(g), free)
+    batch = next((b for b in GPU_BATCHES if fits(dataclasses.replace(settings, batch_size=b))),
+                 GPU_BATCHES[-1])  # fmt: skip
+    return dataclasses.replace(settings, batch_size=batch)
 
 
 def checked_plan(g: GGUFFile, settings: Settings, part: Part | None = None) -> str:

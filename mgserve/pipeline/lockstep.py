@@ -82,19 +82,15 @@ def stage_runner(g: GGUFFile, settings: Settings, device: str, rv: Rendezvous) -
     from mgserve.core.gguf.hparams import spec_from_gguf
     from mgserve.core.gguf.hparams_hybrid import HYBRID_ARCHS, hybrid_spec_from_gguf
     from mgserve.core.models import set_threads
-    from mgserve.cuda.backend import (
-        cuda_backend,
-        int8_activations,
-        load_device_model,
-        torch_backend,
-    )
+    from mgserve.cuda.backend import cuda_backend, int8_activations, load_device_model
     from mgserve.cuda.plan_sizes import Part
     from mgserve.cuda.runner import DeviceRunner
     from mgserve.pipeline.staged import StagedLM, process_ranges
     from mgserve.pipeline.transport_dist import DistTransport
+    from mgserve.settings_checks import with_batch
 
     spec = hybrid_spec_from_gguf(g)[0] if g.architecture in HYBRID_ARCHS else spec_from_gguf(g)
-    settings = settings.for_model(spec.n_ctx_train)
+    settings = with_batch(settings.for_model(spec.n_ctx_train), gpu=device == "cuda")
     ranges = process_ranges(g, settings, rv.world_size, spec.n_layer)
     a, b = ranges[rv.rank]
     part = Part(a, b, a == 0, b == spec.n_layer)  # this rank loads only its stage
@@ -109,6 +105,8 @@ def stage_runner(g: GGUFFile, settings: Settings, device: str, rv: Rendezvous) -
         set_threads(settings.threads)
         if settings.activations == "int8":
             raise ValueError("--activations int8 is for the GPU runner (--device cuda)")
+        from mgserve.cuda.backend import torch_backend
+
         dev, backend = torch.device("cpu"), torch_backend()
     kv = (settings.cache_type_k, settings.cache_type_v)
     model = load_device_model(g, backend, dev, settings.parallel, settings.ctx_size, *kv, part)

@@ -156,6 +156,32 @@ def test_weights_that_do_not_fit_say_so(tmp_path: Path) -> None:
         check(sizes, s, sizes.weights // 2, "test")
 
 
+def test_an_automatic_batch_is_the_largest_the_plan_holds(tmp_path: Path) -> None:
+    """``--batch-size 0`` (the default) on a GPU: 4096 prompt tokens a step, or the largest of
+    2048, 1024, 512 that the plan holds in the free memory (here ``--gpu-memory``); 512 where
+    none fits (the refusal then names what else to lower), 4096 where nothing says what is
+    free; a size given is kept; the CPU's is 512."""
+    from mgserve.cuda.plan_fit import gpu_batch
+    from mgserve.settings_checks import GPU_BATCHES, with_batch
+
+    g = _file("qwen4exp", tmp_path)
+    sizes = ModelSizes.of(g)
+    base = dataclasses.replace(SETTINGS, ctx_size=2048, batch_size=0)
+
+    def need(b: int) -> int:
+        return device_total(plan(sizes, dataclasses.replace(base, batch_size=b)))
+
+    assert need(4096) > need(2048) > need(1024) > need(512)  # the workspace grows with it
+    for mem, want in ((need(4096), 4096), (need(2048) - 1, 1024), (need(512) - 1, 512)):
+        got = gpu_batch(g, dataclasses.replace(base, gpu_memory=f"{mem}B"))
+        assert got.batch_size == want, (mem, got.batch_size)
+    given = dataclasses.replace(base, batch_size=300, gpu_memory=f"{need(512) - 1}B")
+    assert gpu_batch(g, given).batch_size == 300
+    assert (with_batch(base, gpu=False).batch_size, GPU_BATCHES[0]) == (512, 4096)
+    if not torch.cuda.is_available():  # nothing says what is free: the first size
+        assert gpu_batch(g, base).batch_size == 4096
+
+
 def test_info_plan_prints_the_table_and_refuses_what_does_not_fit(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -164,7 +190,7 @@ def test_info_plan_prints_the_table_and_refuses_what_does_not_fit(
     path = str(_file("qwen4exp", tmp_path).path)
     assert main(["info", path, "--plan", "-c", "1024", "-np", "3", "--gpu-memory", "1GiB"]) == 0
     out = capsys.readouterr().out
-    assert "memory plan: qwen4exp, 3 slot(s) x 1,024 tokens, K f16 / V f16, batch 512" in out
+    assert "memory plan: qwen4exp, 3 slot(s) x 1,024 tokens, K f16 / V f16, batch 4096" in out
     rows = ("weights", "token embedding", "KV cache", "QSA block keys", "recurrent state")
     for row in (*rows, "device checkpoints", "host checkpoints", "workspace", "PLE table", "total"):
         assert f"\n  {row} " in out, row

@@ -34,6 +34,7 @@ from mgserve.core.engine.metrics import EngineMetrics
 from mgserve.core.engine.scheduler import Scheduler
 from mgserve.core.engine.slot_store import SlotWaiters
 from mgserve.core.engine.stream import QueueFull, RequestStream
+from mgserve.settings_checks import with_batch
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +70,8 @@ class Engine:
         runner: Runner | None = None,
         drafter: Drafter | None = None,
     ) -> None:
-        self.settings = settings
-        self.n_slots = settings.parallel
-        self.n_ctx = settings.ctx_size
-        self.model = model
+        self.settings = settings = with_batch(settings, gpu=False)  # 0 the factory left: the CPU's
+        self.n_slots, self.n_ctx, self.model = settings.parallel, settings.ctx_size, model
         if runner is None:
             from mgserve.core.engine.runner import ReferenceRunner
 

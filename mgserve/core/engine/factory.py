@@ -16,6 +16,7 @@ from mgserve.core.engine.actor import Engine
 from mgserve.core.engine.drafting import GreedyOnly
 from mgserve.core.gguf.reader import GGUFFile
 from mgserve.machine import choose_gpu
+from mgserve.settings_checks import with_batch
 from mgserve.spec import speculator_from
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def load_engine(settings: Settings) -> LoadedEngine:
     model = load_model(g, threads=settings.threads)
     if settings.prefill_lane == "on":
         log.info("--prefill-lane on is for the GPU: the CPU runner computes steps in order")
-    settings = settings.for_model(model.spec.n_ctx_train)
+    settings = with_batch(settings.for_model(model.spec.n_ctx_train), gpu=False)
     drafter = speculator_from(settings)  # greedy requests only on the CPU (drafting.GreedyOnly)
     engine = Engine(model, settings, drafter=GreedyOnly(drafter) if drafter else None)
     return LoadedEngine(engine, g, device)
@@ -77,8 +78,9 @@ def memory_plan(g: GGUFFile, settings: Settings, check: bool) -> str:
     """The GPU memory plan of serving ``g`` with ``settings`` (resolved for the model): its
     table, checked against GPU 0's free memory or ``--gpu-memory`` (``check``; ValueError naming
     what to lower when it does not fit), or its summary lines."""
-    from mgserve.cuda.plan_fit import checked_plan, summary
+    from mgserve.cuda.plan_fit import checked_plan, gpu_batch, summary
 
+    settings = gpu_batch(g, settings)
     return checked_plan(g, settings) if check else summary(g, settings)
 
 
@@ -91,11 +93,12 @@ def _on_gpu(g: GGUFFile, settings: Settings) -> LoadedEngine:
     from mgserve.core.gguf.hparams import spec_from_gguf
     from mgserve.core.gguf.hparams_hybrid import HYBRID_ARCHS, hybrid_spec_from_gguf
     from mgserve.cuda.backend import cuda_backend, int8_activations, load_device_model
+    from mgserve.cuda.plan_fit import gpu_batch
     from mgserve.cuda.runner import DeviceRunner
     from mgserve.cuda.warmup import warm_up
 
     spec = hybrid_spec_from_gguf(g)[0] if g.architecture in HYBRID_ARCHS else spec_from_gguf(g)
-    settings = settings.for_model(spec.n_ctx_train)
+    settings = gpu_batch(g, settings.for_model(spec.n_ctx_train))  # --batch-size 0: fitted
     log.info("%s", memory_plan(g, settings, check=True))  # refuses a plan that does not fit
     device = torch.device("cuda", 0)
     int8 = int8_activations(g, settings.activations)
