@@ -182,9 +182,9 @@ def test_qsa_prefill(
     monkeypatch.setattr(attention_cuda, "_PREFILL_PART_ELEMS", 11 * n_head * 2 * d)
     again = cuda_ops.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw)
     assert torch.equal(again, got), "QSA prefill in groups of 7 / 11 queries differs"
-    monkeypatch.setattr(cuda_ops.qsa, "score_group", 256)  # (bench --toggle qsa.score_group=)
-    wide = cuda_ops.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw)
-    assert torch.equal(wide, got), "QSA prefill in groups of 256 queries differs"
+    monkeypatch.setattr(cuda_ops.qsa, "score_group", 64)  # (bench --toggle qsa.score_group=)
+    narrow = cuda_ops.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw)
+    assert torch.equal(narrow, got), "QSA prefill in groups of 64 queries differs"
     monkeypatch.setattr(cuda_ops.qsa, "prefill_kernels", False)  # the torch ops (bench --toggle)
     monkeypatch.setattr(attention_prefill, "VIS_ELEMS", 5 * (start + t + 32))
     torch_ops_path = cuda_ops.qsa.prefill(q, iq, k, v, blocks, 1, start, **kw)

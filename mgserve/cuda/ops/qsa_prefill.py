@@ -22,7 +22,10 @@ if TYPE_CHECKING:
     from mgserve.cuda.ops.qsa_cuda import QsaCuda
 
 SELECT_SOURCE = "qsa_select.cu"
-QSA_SCORE_GROUP = 64  # queries per QSA prefill score product (the default of QsaCuda's)
+# queries per QSA prefill score product (the default of QsaCuda's): 256 against 64, a 4096-token
+# qwen4exp chunk at depth 32768 +3.8% (+3.1% to +4.0%, paired 3, H100, BENCHMARKS.md 2026-12-07
+# 23:10; a quarter of the launches); the bits do not depend on it (test_qsa.py)
+QSA_SCORE_GROUP = 256
 
 
 def head_sum(kernels: Kernels, prod: torch.Tensor, norm: float) -> torch.Tensor:
