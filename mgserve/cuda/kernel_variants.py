@@ -14,7 +14,7 @@ sites of ``Kernels.kernel`` this inventory covers and fails on one it does not k
 Covered: what ``cuda_backend`` (``mgserve serve``) builds, i.e. the default tunings, and
 ``deltanet.scan_tc``'s one variant (every kernel file is compiled), and gguf_split.cuh's
 shifts-and-masks readers in qgemm_wgmma.cu (``--moe-tiles wg:128,128,2,2,1``: the code a bench
-times against stays compiled) and its Q4_K half row-steps (``wg:128,128,2,2,2,1``), the
+times against stays compiled) and its half row-step readers (``wg:128,128,2,2,2,1``), the
 clustered HC mix with ``stage_hoist`` off in a Q4_K_M file's formats (``--toggle
 hc.stage_hoist``), and the router and the int8 gate/up with fenced tickets (``--toggle
 route.tickets.acq_rel``). Not covered: the tunings only
@@ -74,6 +74,7 @@ from mgserve.cuda.ops.route import LEAN_DEFINES, LEAN_TUNING, ROUTE_SOURCE
 from mgserve.cuda.ops.wgmma import (
     HGEMM_WG_SOURCE,
     QGEMM_WG_SOURCE,
+    ROW_FORMATS,
     WGMMA_FORMATS,
     QWgmmaTuning,
     WgmmaTuning,
@@ -167,8 +168,9 @@ def variants() -> list[Variant]:
         Variant(QGEMM_WG_SOURCE, QWgmmaTuning(decode=1).defines(f), f"{f} decode 1 sm_90a", True)
         for f in ("Q4_K", "Q5_0", "Q6_K", "Q8_0")
     ]
-    out += [  # Q4_K's W by half row-steps (bench --moe-tiles wg:128,128,2,2,2,1)
-        Variant(QGEMM_WG_SOURCE, QWgmmaTuning(rows=True).defines("Q4_K"), "Q4_K rows sm_90a", True)
+    out += [  # W by half row-steps (bench --moe-tiles wg:128,128,2,2,2,1)
+        Variant(QGEMM_WG_SOURCE, QWgmmaTuning(rows=True).defines(f), f"{f} rows sm_90a", True)
+        for f in sorted(ROW_FORMATS)
     ]
     out += [Variant(HC_SOURCE, HCTuning().defines(f), f) for f in FORMATS]
     out += [Variant(HC_SOURCE, CLUSTER_TUNING.defines(f, True), f"{f} cluster") for f in FORMATS]

@@ -754,12 +754,14 @@ case "${1:-tests}" in
     # a launch for 2.6 MB)
     bash "$0" ncu3
     bash "$0" ncu1 ;;
-  rows)  # 2026-12-07 23:55: Q4_K's W tiles by half row-steps (QWgmmaTuning.rows: 294 SASS
-    # instructions a thread and step against 424; Nsight at 23:10: the decode is most of the MoE
-    # kernels' instructions, issue slots 48% busy): bitwise the runs' reader (dense Q4_K, the
-    # grouped cases, qwen4exp's shapes with timings), then a prompt chunk side by side
-    timeout 260 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE -m gpu \
-      tests/cuda/test_qgemm_wgmma.py -k "(dense_matches and Q4_K) or grouped_moe" \
+  rows)  # 2026-12-07 23:55: W tiles by half row-steps (QWgmmaTuning.rows, qgemm_rows.cuh:
+    # Q4_K's step loop 298 SASS instructions a thread against 424, Q5_0's 320 against 398 with
+    # 12 loads against 29; Nsight at 23:10: the decode is most of the MoE kernels' instructions,
+    # issue slots 48% busy): bitwise the runs' reader (dense Q4_K / Q5_0 / Q8_0, the grouped
+    # cases, qwen4exp's shapes with timings), then a prompt chunk side by side
+    timeout 280 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_qgemm_wgmma.py \
+      -k "(dense_matches and (Q4_K or Q5_0 or Q8_0)) or grouped_moe" \
       > "$OUT/t_rows.log" 2>&1
     echo "== rows tests rc=$?"
     grep -E "^(FAILED|ERROR|E )|passed|failed|grouped moe" "$OUT/t_rows.log" | head -30

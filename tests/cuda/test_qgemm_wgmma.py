@@ -39,7 +39,7 @@ QW_TUNINGS = [
     QWgmmaTuning(64, 256, 2, 3),
     QWgmmaTuning(256, 128, 1, 3),  # W decoded once for 256 rows, loads two steps ahead
     QWgmmaTuning(decode=1),  # W's values by shifts and masks (SPLIT_DECODE 1)
-    QWgmmaTuning(rows=True),  # Q4_K's W by half row-steps, one a thread
+    QWgmmaTuning(rows=True),  # Q4_K / Q5_0 / Q8_0's W by half row-steps, one a thread
     QWgmmaTuning(64, 128, 1, rows=True),  # two a thread
     QWgmmaTuning(128, 128, 2, 3, rows=True),  # three buffers
     QWgmmaTuning(192, 128, 1, rows=True),  # 256 half rows on 384 threads: the runs' reader
@@ -64,7 +64,7 @@ def test_tuning_validation() -> None:
     with pytest.raises(ValueError, match="ROWS is 0 or 1"):
         QWgmmaTuning.parse("128,128,2,2,2,3")
     assert dict(QWgmmaTuning(rows=True).defines("Q4_K"))["QW_ROWS"] == "1"
-    assert "QW_ROWS" not in dict(QWgmmaTuning(rows=True).defines("Q6_K"))  # Q4_K's reader only
+    assert "QW_ROWS" not in dict(QWgmmaTuning(rows=True).defines("Q6_K"))  # no reader for it
     assert QWgmmaTuning(rows=True).with_rows(64) == QWgmmaTuning(64, 128, 2, rows=True)
     assert QWgmmaTuning.parse("192,128,1").threads == 384
     bad_args = ((96, 128), (128, 64), (128, 128, 3), (320, 128, 1), (128, 128, 2, 4))

@@ -30,6 +30,7 @@
 #include "mma.cuh"
 #include "pdl.cuh"
 #include "qgemm_common.cuh"
+#include "qgemm_rows.cuh"
 #include "wgmma.cuh"
 
 #ifndef QG_TYPE
@@ -48,18 +49,8 @@
 #define QW_STAGES 2  // shared buffers: 2 (X and W of the next step), or 3 (X two steps ahead)
 #endif
 #ifndef QW_ROWS
-#define QW_ROWS 0  // 1: Q4_K's W read by half row-steps, not 8-value runs (QWgmmaTuning.rows)
+#define QW_ROWS 0  // 1: W read by half row-steps, not 8-value runs (qgemm_rows.cuh)
 #endif
-
-// The formats whose W tiles may be read by half row-steps (QW_ROWS; the tile below)
-template <typename T>
-struct RowSteps {
-    static constexpr bool ON = false;
-};
-template <>
-struct RowSteps<split::Q4_K> {
-    static constexpr bool ON = true;
-};
 
 namespace {
 typedef SplitFormat<QG_TYPE>::T WT;
@@ -86,9 +77,6 @@ constexpr int R_ITEMS = ROWS ? 2 * BN / THREADS : 1;
 #else
 #define wgmma_tile wgmma_n128
 #endif
-
-// chunk c (16 bytes) of tile row r in the 128-byte swizzle (wgmma.cuh)
-__device__ __forceinline__ unsigned swz128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
 template <bool GATED>
 __device__ __forceinline__ void qgemm_wg_tile(const TileArgs& a) {
@@ -126,17 +114,11 @@ __device__ __forceinline__ void qgemm_wg_tile(const TileArgs& a) {
         xsrc[i] = r < a.m_valid ? a.x + (size_t)(a.x_rows ? a.x_rows[m] : m) * a.k + kc : nullptr;
     }
 
-    // ROWS (Q4_K): this thread's item i, t = tid + i THREADS, is half h = t & 1 of tile row
-    // r = t >> 1. A step's 64 values are group j = k0 % 256 / 64 of the row's block, quant bytes
-    // 32 j.. of its 128; the half's bytes 16 h..16 h + 15 hold in their low nibbles values
-    // 16 h.. of sub-block 2 j (the runs' reader's runs 2 h, 2 h + 1) and in their high nibbles
-    // values 16 h.. of sub-block 2 j + 1 (runs 4 + 2 h, 5 + 2 h). Two 16-byte loads (those bytes
-    // and the block's header: d, dmin, the 12 scale bytes) and two scale / min pairs for 32
-    // values, where the runs' reader makes four runs' five loads and scales: the same values
-    // (scale_min, values), the same f16.
+    // ROWS: this thread's item i, t = tid + i THREADS, is half h = t & 1 (THREADS is even:
+    // tid & 1) of the step's tile row r = t >> 1 (qgemm_rows.cuh)
+    typedef RowSteps<WT> RS;
     const u8* rsrc[R_ITEMS];  // item i's W row (null: past n_rows)
-    uint4 rhead[R_ITEMS], rq[R_ITEMS];  // the next step's header and quant bytes
-    int rj = 0;                         // and its group in the block
+    typename RS::Raw rraw[R_ITEMS];  // the next step's, as fetched
     if constexpr (ROWS) {
 #pragma unroll
         for (int i = 0; i < R_ITEMS; i++) {
@@ -147,37 +129,15 @@ __device__ __forceinline__ void qgemm_wg_tile(const TileArgs& a) {
         }
     }
     auto load_rows = [&](int k0) {
-        const size_t blk = (size_t)((unsigned)k0 / WT::BLOCK) * WT::BYTES;
-        rj = (int)((unsigned)k0 % WT::BLOCK / BK);
-        const int qo = 16 + 32 * rj + 16 * (tid & 1);  // (THREADS is even: h = tid & 1)
 #pragma unroll
-        for (int i = 0; i < R_ITEMS; i++) {
-            const bool valid = rsrc[i] != nullptr && k0 < a.k;
-            rhead[i] = valid ? __ldg((const uint4*)(rsrc[i] + blk)) : make_uint4(0, 0, 0, 0);
-            rq[i] = valid ? __ldg((const uint4*)(rsrc[i] + blk + qo)) : make_uint4(0, 0, 0, 0);
-        }
+        for (int i = 0; i < R_ITEMS; i++)
+            rraw[i] = RS::load(rsrc[i], k0, a.k, tid & 1, rsrc[i] != nullptr);
     };
     auto store_rows = [&](int buf) {
-        unsigned char* const tile = sm + buf * STAGE_BYTES + X_BYTES;
 #pragma unroll
-        for (int i = 0; i < R_ITEMS; i++) {
-            const int t = tid + i * THREADS, r = t >> 1, h = t & 1;
-            float d0, m0, d1, m1, w[8];
-            split::Q4_K::scale_min(rhead[i].x, rhead[i].y, rhead[i].z, rhead[i].w, 2 * rj, d0,
-                                   m0);
-            split::Q4_K::scale_min(rhead[i].x, rhead[i].y, rhead[i].z, rhead[i].w, 2 * rj + 1,
-                                   d1, m1);
-            const u32 q[4] = {rq[i].x, rq[i].y, rq[i].z, rq[i].w};
-#pragma unroll
-            for (int c = 0; c < 2; c++) {  // bytes 8 c..8 c + 7 of the half
-                split::Q4_K::values(d0, m0, q[2 * c] & 0x0F0F0F0Fu, q[2 * c + 1] & 0x0F0F0F0Fu,
-                                    w);
-                *(uint4*)(tile + swz128(r, 2 * h + c)) = f16x8_rn(w);
-                split::Q4_K::values(d1, m1, (q[2 * c] >> 4) & 0x0F0F0F0Fu,
-                                    (q[2 * c + 1] >> 4) & 0x0F0F0F0Fu, w);
-                *(uint4*)(tile + swz128(r, 4 + 2 * h + c)) = f16x8_rn(w);
-            }
-        }
+        for (int i = 0; i < R_ITEMS; i++)
+            RS::store(sm + buf * STAGE_BYTES + X_BYTES, (tid + i * THREADS) >> 1, tid & 1,
+                      rraw[i]);
     };
 
     typename WT::Raw wraw[W_RUNS];  // the next step's W runs as fetched (raw bits)

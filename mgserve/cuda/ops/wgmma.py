@@ -68,6 +68,7 @@ class WgmmaTuning:
 
 
 QW_BMS = (64, 128, 192, 256)  # qgemm_wgmma.cu's tile rows: 1 to 4 warpgroups
+ROW_FORMATS = frozenset({"Q4_K", "Q5_0", "Q8_0"})  # qgemm_rows.cuh's readers (QWgmmaTuning.rows)
 
 
 @dataclass(frozen=True)
@@ -78,18 +79,19 @@ class QWgmmaTuning:
     it; the raw W registers then live across the barrier: at 128 x 128 on two CTAs an SM Q4_K
     spills 4-8 bytes in the MoE kernels and F32 16-32, at 64 x 256 most formats spill).
     ``decode`` 1 forms W's values from GGUF blocks by shifts and masks as before 2026-12-07
-    (gguf_split.cuh's SPLIT_DECODE, kept to time against), 2 by byte permutes. ``rows``: Q4_K's
-    W tiles read by half row-steps (a thread's 32 values from two 16-byte loads and two scale /
-    min pairs, where the runs' reader makes 20 loads and four pairs: the decode was most of the
-    MoE kernels' instructions, 2026-12-07 23:10 Nsight), where 2 x bn divides by the threads;
-    other formats and shapes keep the runs. Every shape and decode gives the same bits."""
+    (gguf_split.cuh's SPLIT_DECODE, kept to time against), 2 by byte permutes. ``rows``: the W
+    tiles of ROW_FORMATS read by half row-steps (kernels/qgemm_rows.cuh: a thread's 32 values
+    of a step from few wide loads, the scales once for them; Q4_K's runs' reader makes 20 loads
+    and four scale / min pairs for them, and the decode was most of the MoE kernels'
+    instructions, Nsight 2026-12-07 23:10), where 2 x bn divides by the threads; other formats
+    and shapes keep the runs. Every shape, decode and reader gives the same bits."""
 
     bm: int = 128  # output rows per CTA: 64 per warpgroup
     bn: int = 128  # output columns per CTA (one wgmma's N)
     min_ctas: int = 2  # CTAs per SM the registers are capped for (__launch_bounds__)
     stages: int = 2  # shared buffers: 2 or 3
     decode: int = 2  # gguf_split.cuh's SPLIT_DECODE: 2 byte permutes, 1 shifts and masks
-    rows: bool = False  # Q4_K's W by half row-steps (QW_ROWS)
+    rows: bool = False  # ROW_FORMATS' W by half row-steps (QW_ROWS)
 
     def __post_init__(self) -> None:
         if (
@@ -155,5 +157,5 @@ class QWgmmaTuning:
             )
             + ((("QW_STAGES", str(self.stages)),) if self.stages != 2 else ())
             + ((("SPLIT_DECODE", str(self.decode)),) if self.decode != 2 else ())
-            + ((("QW_ROWS", "1"),) if self.rows and type_name == "Q4_K" else ())
+            + ((("QW_ROWS", "1"),) if self.rows and type_name in ROW_FORMATS else ())
         )

@@ -1,0 +1,159 @@
+// qgemm_wgmma.cu's W tiles read by half row-steps (QW_ROWS, QWgmmaTuning.rows): a step's 64
+// values of a W row in two items, a thread each, where the runs' reader gives a thread one
+// 8-value run of each of several rows. An item's loads are few and wide, and its block header
+// (scales) serves 32 values, not 8. Each format's values are its split reader's (gguf_split.cuh:
+// the same arithmetic, the same f16), written to the tile's 16-byte chunks (8 values of k each)
+// in the 128-byte swizzle.
+//
+// RowSteps<T>: ON for the formats with an item reader; load(row, k0, k, h, valid) fetches half
+// h of the step at k0 of the row at `row` (nothing where !valid: its chunks are zeros), and
+// store(tile, r, h, raw) writes its four chunks of tile row r.
+#pragma once
+
+#include "gguf_split.cuh"
+#include "qgemm_common.cuh"
+
+// chunk c (16 bytes) of tile row r in the 128-byte swizzle (wgmma.cuh)
+__device__ __forceinline__ unsigned swz128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
+__device__ __forceinline__ void store_chunk(unsigned char* tile, int r, int c, const float* w) {
+    *(uint4*)(tile + swz128(r, c)) = f16x8_rn(w);
+}
+
+template <typename T>
+struct RowSteps {
+    static constexpr bool ON = false;
+    struct Raw {};
+    __device__ static Raw load(const u8*, int, int, int, bool) { return Raw{}; }
+    __device__ static void store(unsigned char*, int, int, const Raw&) {}
+};
+
+// Q4_K: a step's 64 values are group j = k0 % 256 / 64 of the row's block, quant bytes 32 j..
+// of its 128. Half h's bytes 16 h..16 h + 15 hold in their low nibbles values 16 h.. of
+// sub-block 2 j (chunks 2 h, 2 h + 1 of the step) and in their high nibbles values 16 h.. of
+// sub-block 2 j + 1 (chunks 4 + 2 h, 5 + 2 h): two 16-byte loads (those bytes and the block's
+// header: d, dmin, the 12 scale bytes) and two scale / min pairs for 32 values, where the runs'
+// reader makes four runs' five loads and four pairs.
+template <>
+struct RowSteps<split::Q4_K> {
+    static constexpr bool ON = true;
+    struct Raw {
+        uint4 head, q;
+        int j;
+    };
+    __device__ static Raw load(const u8* row, int k0, int k, int h, bool valid) {
+        Raw r{make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0), (int)((unsigned)k0 % 256 / 64)};
+        if (valid && k0 < k) {  // (k is a multiple of 256: a step is wholly in or out)
+            const u8* b = row + (size_t)((unsigned)k0 / 256) * split::Q4_K::BYTES;
+            r.head = __ldg((const uint4*)b);
+            r.q = __ldg((const uint4*)(b + 16 + 32 * r.j + 16 * h));
+        }
+        return r;
+    }
+    __device__ static void store(unsigned char* tile, int r, int h, const Raw& raw) {
+        const uint4 hd = raw.head;
+        float d0, m0, d1, m1, w[8];
+        split::Q4_K::scale_min(hd.x, hd.y, hd.z, hd.w, 2 * raw.j, d0, m0);
+        split::Q4_K::scale_min(hd.x, hd.y, hd.z, hd.w, 2 * raw.j + 1, d1, m1);
+        const u32 q[4] = {raw.q.x, raw.q.y, raw.q.z, raw.q.w};
+#pragma unroll
+        for (int c = 0; c < 2; c++) {  // bytes 8 c..8 c + 7 of the half
+            split::Q4_K::values(d0, m0, q[2 * c] & 0x0F0F0F0Fu, q[2 * c + 1] & 0x0F0F0F0Fu, w);
+            store_chunk(tile, r, 2 * h + c, w);
+            split::Q4_K::values(d1, m1, (q[2 * c] >> 4) & 0x0F0F0F0Fu,
+                                (q[2 * c + 1] >> 4) & 0x0F0F0F0Fu, w);
+            store_chunk(tile, r, 4 + 2 * h + c, w);
+        }
+    }
+};
+
+// Blocks of 32 values (Q5_0, Q8_0): half h is block k0 / 32 + h, the step's chunks 4 h..4 h + 3
+// (its runs 0..3). Its BYTES (even) start 2-byte aligned: the words from the one below are
+// loaded (the last as 2 bytes where it would pass the block) and shifted into place.
+template <int N>
+struct BlockWords {
+    u32 w[N];
+    u32 shift;  // 8 x the block's offset in the first word (0 or 16)
+    bool valid;
+    __device__ void load(const u8* b) {
+        const unsigned off = (unsigned)(size_t)b & 3u;
+        const u32* base = (const u32*)(b - off);
+#pragma unroll
+        for (int i = 0; i < N - 1; i++) w[i] = __ldg(base + i);
+        w[N - 1] = off ? __ldg(base + N - 1) : split::ldg_u16((const u8*)(base + N - 1));
+        shift = 8 * off;
+    }
+    // bytes 4 i + o..4 i + o + 3 of the block (o 0 or 2), from the words
+    __device__ u32 at(int i, int o) const {
+        const u32 lo = __funnelshift_r(w[i], w[i + 1], shift);
+        const u32 hi = i + 2 < N ? __funnelshift_r(w[i + 1], w[i + 2], shift) : w[i + 1] >> shift;
+        return o ? __funnelshift_r(lo, hi, 16) : lo;
+    }
+};
+
+// Q5_0 (22 bytes: f16 d | u32 qh | 16 bytes of nibbles): 6 words
+template <>
+struct RowSteps<split::Q5_0> {
+    static constexpr bool ON = true;
+    typedef BlockWords<6> Raw;
+    __device__ static Raw load(const u8* row, int k0, int k, int h, bool valid) {
+        Raw r;
+        r.valid = valid && k0 + 32 * h < k;
+        if (r.valid) r.load(row + (size_t)(k0 / 32 + h) * split::Q5_0::BYTES);
+        return r;
+    }
+    __device__ static void store(unsigned char* tile, int r, int h, const Raw& raw) {
+        float w[8];
+        if (!raw.valid) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) w[i] = 0.f;
+#pragma unroll
+            for (int c = 0; c < 4; c++) store_chunk(tile, r, 4 * h + c, w);
+            return;
+        }
+        const u32 b0 = raw.at(0, 0), qh = raw.at(0, 2);  // bytes 0..3, 2..5
+        const u32 qs[4] = {raw.at(1, 2), raw.at(2, 2), raw.at(3, 2), raw.at(4, 2)};  // 6..21
+#pragma unroll
+        for (int c = 0; c < 4; c++) {  // run c: split::Q5_0::fetch(block, c)'s raw bits
+            split::Q5_0::Raw run;
+            run.meta = (b0 & 0xFFFFu) | (((qh >> (8 * c)) & 0xFFu) << 16) | ((u32)(c >> 1) * 4 << 24);
+            run.q[0] = qs[2 * (c & 1)];
+            run.q[1] = qs[2 * (c & 1) + 1];
+            split::Q5_0::decode(run, w);
+            store_chunk(tile, r, 4 * h + c, w);
+        }
+    }
+};
+
+// Q8_0 (34 bytes: f16 d | 32 int8): 9 words
+template <>
+struct RowSteps<split::Q8_0> {
+    static constexpr bool ON = true;
+    typedef BlockWords<9> Raw;
+    __device__ static Raw load(const u8* row, int k0, int k, int h, bool valid) {
+        Raw r;
+        r.valid = valid && k0 + 32 * h < k;
+        if (r.valid) r.load(row + (size_t)(k0 / 32 + h) * split::Q8_0::BYTES);
+        return r;
+    }
+    __device__ static void store(unsigned char* tile, int r, int h, const Raw& raw) {
+        float w[8];
+        if (!raw.valid) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) w[i] = 0.f;
+#pragma unroll
+            for (int c = 0; c < 4; c++) store_chunk(tile, r, 4 * h + c, w);
+            return;
+        }
+        const u32 d = raw.at(0, 0) & 0xFFFFu;
+#pragma unroll
+        for (int c = 0; c < 4; c++) {  // run c: bytes 2 + 8 c.. (split::Q8_0::fetch(block, c))
+            split::Q8_0::Raw run;
+            run.d = d;
+            run.q[0] = raw.at(2 * c, 2);
+            run.q[1] = raw.at(2 * c + 1, 2);
+            split::Q8_0::decode(run, w);
+            store_chunk(tile, r, 4 * h + c, w);
+        }
+    }
+};
