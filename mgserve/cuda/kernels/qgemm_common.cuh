@@ -7,10 +7,6 @@
 
 // The 8 values of a fetched W run as f16 (to nearest even), as the W tiles and qgemm_dequant
 // store them (one code path: they all give the same bits).
-__device__ __forceinline__ uint4 f16x8_rn(const float* w) {
-    return make_uint4(f16x2_rn(w[0], w[1]), f16x2_rn(w[2], w[3]), f16x2_rn(w[4], w[5]),
-                      f16x2_rn(w[6], w[7]));
-}
 template <typename WT>
 __device__ __forceinline__ uint4 w_f16(const typename WT::Raw& raw) {
     float wv[8];

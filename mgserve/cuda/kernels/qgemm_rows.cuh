@@ -7,11 +7,12 @@
 //
 // RowSteps<T>: ON for the formats with an item reader; load(row, k0, k, h, valid) fetches half
 // h of the step at k0 of the row at `row` (nothing where !valid: its chunks are zeros), and
-// store(tile, r, h, raw) writes its four chunks of tile row r.
+// store(tile, r, h, raw) writes its four chunks of tile row r. Host-compiled by
+// tests/cuda/test_qgemm_rows_host.py (so only gguf_split.cuh's and scalar.cuh's device code).
 #pragma once
 
 #include "gguf_split.cuh"
-#include "qgemm_common.cuh"
+#include "scalar.cuh"
 
 // chunk c (16 bytes) of tile row r in the 128-byte swizzle (wgmma.cuh)
 __device__ __forceinline__ unsigned swz128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
@@ -42,7 +43,7 @@ struct RowSteps<split::Q4_K> {
         int j;
     };
     __device__ static Raw load(const u8* row, int k0, int k, int h, bool valid) {
-        Raw r{make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0), (int)((unsigned)k0 % 256 / 64)};
+        Raw r{{0, 0, 0, 0}, {0, 0, 0, 0}, (int)((unsigned)k0 % 256 / 64)};
         if (valid && k0 < k) {  // (k is a multiple of 256: a step is wholly in or out)
             const u8* b = row + (size_t)((unsigned)k0 / 256) * split::Q4_K::BYTES;
             r.head = __ldg((const uint4*)b);

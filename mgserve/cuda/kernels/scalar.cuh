@@ -30,6 +30,17 @@ __device__ __forceinline__ u32 f16x2_rn(float lo, float hi) {
     return r;
 }
 
+// 8 values as f16 (to nearest even), value i in half i & 1 of word i / 2: a 16-byte chunk of an
+// f16 tile (the prompt GEMMs' W tiles and qgemm_dequant store them so: the same bits)
+__device__ __forceinline__ uint4 f16x8_rn(const float* w) {
+    uint4 r;  // (no make_uint4: host-compiled by the CPU tests)
+    r.x = f16x2_rn(w[0], w[1]);
+    r.y = f16x2_rn(w[2], w[3]);
+    r.z = f16x2_rn(w[4], w[5]);
+    r.w = f16x2_rn(w[6], w[7]);
+    return r;
+}
+
 // The 8 f16 values packed in a (value 2i in the low half of word i) as f32.
 __device__ __forceinline__ void f16x8_to_f32(const uint4& a, float* w) {
     const u32 v[4] = {a.x, a.y, a.z, a.w};
