@@ -105,6 +105,8 @@
 #   bash tests/cuda/gpu_stages.sh s40         ncu3, then ncu1
 #   bash tests/cuda/gpu_stages.sh rows        Q4_K's W by half row-steps: tests, a chunk side by
 #                                              side
+#   bash tests/cuda/gpu_stages.sh rows2       the row readers at qwen4exp's shapes, a chunk side
+#                                              by side (a short call)
 #   bash tests/cuda/gpu_stages.sh chunks      a 16384-token prompt in chunks of 512..8192 tokens
 #   bash tests/cuda/gpu_stages.sh ncu2        Nsight Compute counters of the wgmma prompt GEMMs,
 #                                              the clustered HC mix and the fused router
@@ -766,6 +768,14 @@ case "${1:-tests}" in
     echo "== rows tests rc=$?"
     grep -E "^(FAILED|ERROR|E )|passed|failed|grouped moe" "$OUT/t_rows.log" | head -30
     bench rows 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
+      --multi-decode= --paired 3 --moe-tiles wg:128,128,2/wg:128,128,2,2,2,1 --record ;;
+  rows2)  # 2026-12-07 23:45: rows in a short call: the readers at qwen4exp's shapes (bitwise,
+    # timed), then a prompt chunk side by side
+    timeout 150 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_qgemm_wgmma.py -k "row_readers_at" > "$OUT/t_rows2.log" 2>&1
+    echo "== rows2 tests rc=$?"
+    grep -E "^(FAILED|ERROR|E )|passed|failed|grouped, rows" "$OUT/t_rows2.log" | head -20
+    bench rows 130 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
       --multi-decode= --paired 3 --moe-tiles wg:128,128,2/wg:128,128,2,2,2,1 --record ;;
   chunks)  # 2026-12-07 23:10: the prompt chunk's size by measurement (the server's --batch-size
     # is 512 by default, the benches' --ubatch 4096): one 16384-token prompt cut five ways

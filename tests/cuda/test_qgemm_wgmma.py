@@ -280,3 +280,32 @@ def test_grouped_moe_timing(moe_wgmma) -> None:  # type: ignore[no-untyped-def]
         assert torch.equal(grouped(x, case.w, experts, weights), want), f"{t}: not the default's"
         ms = gpu_ms(lambda: grouped(x, case.w, experts, weights), 10)
         print(f"grouped moe wgmma {t}: {ms:.3f} ms {flop / ms / 1e9:.0f} TFLOP/s")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("down_type", ["Q5_0", "Q8_0"])
+def test_row_readers_at_qwen4exp_shapes(moe_wgmma, down_type: str) -> None:  # type: ignore[no-untyped-def]
+    """The half row-step readers (``QWgmmaTuning.rows``) at qwen4exp's MoE shapes (a Q4_K gate /
+    up fused as the converter writes it, a Q4_K_M file's down formats) and on dense products of
+    their formats: bitwise the runs' reader; the grouped products' times printed side by side."""
+    d, ff, e, kk, n = 2560, 640, 64, 8, 1024
+    case = make_case("Q4_K", down_type, e, d, ff, fused=True, seed=7, device="cuda")
+    rng = np.random.default_rng(7)
+    x = torch.from_numpy(rng.standard_normal((n, d), dtype=np.float32)).cuda()
+    experts = torch.from_numpy(np.stack([rng.choice(e, kk, replace=False) for _ in range(n)]))
+    weights = torch.full((n, kk), 1.0 / kk, device="cuda")
+    grouped, qgemm = moe_wgmma.moe.prefill.grouped, moe_wgmma.linear.qgemm
+    flop = 2 * n * kk * 3 * d * ff
+    ys = {}
+    for rows in (False, True, False):
+        qgemm.grouped_wgmma = QWgmmaTuning(rows=rows)
+        ys[rows] = grouped(x, case.w, experts.cuda(), weights)
+        ms = gpu_ms(lambda: grouped(x, case.w, experts.cuda(), weights), 10)
+        print(f"\nQ4_K/{down_type} grouped, rows {rows}: {ms:.3f} ms {flop / ms / 1e9:.0f} TFLOP/s")
+    assert torch.equal(ys[True], ys[False]), f"Q4_K/{down_type}: rows != runs"
+    for type_name, k in (("Q4_K", 2560), (down_type, 640)):
+        w, _ = make_weight(type_name, 1000, k, rng, "cuda")
+        xs = torch.from_numpy(rng.standard_normal((300, k), dtype=np.float32)).cuda()
+        want = wg_qgemm(qgemm.kernels).matmul(xs, w)
+        got = wg_qgemm(qgemm.kernels, QWgmmaTuning(rows=True)).matmul(xs, w)
+        assert torch.equal(got, want), f"dense {type_name}: rows != runs"
