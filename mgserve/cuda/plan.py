@@ -33,6 +33,7 @@ from typing import NamedTuple
 from mgserve.config import Settings
 from mgserve.cuda.plan_sizes import PLE_TABLE, ModelSizes, Part, kv_bytes
 from mgserve.cuda.plan_trace import allocator_bytes
+from mgserve.settings_checks import with_batch
 
 __all__ = ["PLE_TABLE", "Item", "ModelSizes", "Part", "device_total", "human", "kv_bytes", "plan"]
 
@@ -45,9 +46,10 @@ class Item(NamedTuple):
 
 
 def plan(sizes: ModelSizes, settings: Settings, part: Part | None = None) -> list[Item]:
-    """The plan's items for ``settings`` (resolved for the model: ``Settings.for_model``), of the
-    whole model or of one ``part`` (a pipeline stage: its layers, the ends it holds)."""
-    s, spec = settings, sizes.spec
+    """The plan's items for ``settings`` (resolved for the model: ``Settings.for_model``; an
+    automatic ``--batch-size`` as a GPU takes it unfitted), of the whole model or of one
+    ``part`` (a pipeline stage: its layers, the ends it holds)."""
+    s, spec = with_batch(settings, gpu=True), sizes.spec
     pt = part or Part.whole(spec.n_layer)
     n_ctx, n_slots, pools = s.ctx_size, s.parallel, s.parallel + 1
     types = f"K {s.cache_type_k}, V {s.cache_type_v}"

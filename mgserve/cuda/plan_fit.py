@@ -45,7 +45,7 @@ def render(sizes: ModelSizes, settings: Settings, items: list[Item], free: int |
     s = settings
     lines = [
         f"memory plan: {sizes.spec.arch}, {s.parallel} slot(s) x {s.ctx_size:,} tokens, "
-        f"K {s.cache_type_k} / V {s.cache_type_v}, batch {s.batch_size}",
+        f"K {s.cache_type_k} / V {s.cache_type_v}, batch {with_batch(s, gpu=True).batch_size}",
         f"  {'item':<20} {'GPU':>11} {'host':>11}  detail",
     ]
     for it in items:
@@ -106,6 +106,7 @@ def _round(ctx: int) -> int:
 
 def lowering(s: Settings, fits: Callable[[Settings], bool], rewindable: bool) -> list[str]:
     """What would make ``s`` fit (``fits``: whether settings do), each change alone."""
+    s = with_batch(s, gpu=True)  # (an automatic --batch-size as plan() counts it)
 
     def new(**kw: object) -> Settings:
         return dataclasses.replace(s, **kw)  # type: ignore[arg-type]

@@ -98,16 +98,16 @@ def launch(settings: Settings, ranks: list[str | None]) -> Settings:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     world = len(ranks)
-    split = settings.tensor_split
+    split, batch = settings.tensor_split, settings.batch_size
     if split is None and ranks[0] is not None:  # GPUs: info --plan's split, within each's memory
-        split = planned_split(settings, [r or "" for r in ranks])
+        split, batch = planned_split(settings, [r or "" for r in ranks])
     threads = settings.threads
     if ranks[0] is None and not threads:  # CPU ranks share this host's cores, not each take all
         from mgserve.machine import available_cpus
 
         threads = max(1, available_cpus() // world)
     common = dataclasses.replace(
-        settings, device_list=None, dist_world_size=world, tensor_split=split,
+        settings, device_list=None, dist_world_size=world, tensor_split=split, batch_size=batch,
         dist_init=f"tcp://127.0.0.1:{port}", threads=threads,
     )  # fmt: skip
     children = []
@@ -134,18 +134,19 @@ def launch(settings: Settings, ranks: list[str | None]) -> Settings:
     return dataclasses.replace(common, dist_rank=0)
 
 
-def planned_split(settings: Settings, gpus: list[str]) -> str:
+def planned_split(settings: Settings, gpus: list[str]) -> tuple[str, int]:
     """The layers per GPU of the stage plan (``mgserve info --plan``'s: balanced by decode weight
     bytes within each GPU's memory, ``--gpu-memory`` or what nvidia-smi says is free) as a
-    ``--tensor-split`` of layer counts, which every rank splits the same way; StagePlanError,
-    naming what to lower, before any rank starts when the stages do not fit."""
+    ``--tensor-split`` of layer counts, which every rank splits the same way, and its
+    ``--batch-size`` (an automatic one fitted: ``fitted_plan``); StagePlanError, naming what to
+    lower, before any rank starts when the stages do not fit."""
     from mgserve.core.builtin_models import resolve_model
     from mgserve.core.gguf.info import model_spec
     from mgserve.core.gguf.reader import GGUFFile
     from mgserve.machine import gpu_free
     from mgserve.pipeline.costs import ModelCosts
     from mgserve.pipeline.report import render
-    from mgserve.pipeline.stages import StagePlanError, stage_plan
+    from mgserve.pipeline.stages import StagePlanError, fitted_plan
     from mgserve.sizes import parse_sizes
 
     g = GGUFFile(resolve_model(settings.model, settings.cache_dir))
@@ -164,9 +165,9 @@ def planned_split(settings: Settings, gpus: list[str]) -> str:
             )
         free = [(f or 0, "free (nvidia-smi)") for f in found]
     costs = ModelCosts.of(g, s.cache_type_k, s.cache_type_v)
-    plan = stage_plan(costs, s, tuple(range(len(gpus))), free)
+    plan = fitted_plan(costs, s, tuple(range(len(gpus))), free)
     log.info("%s", render(plan))
-    return ",".join(str(b - a) for a, b in plan.ranges)
+    return ",".join(str(b - a) for a, b in plan.ranges), plan.settings.batch_size
 
 
 def _env(settings: Settings, gpu: str | None) -> dict[str, str]:

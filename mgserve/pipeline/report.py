@@ -14,7 +14,8 @@ from mgserve.cuda.plan import human
 from mgserve.cuda.plan_fit import free_memory
 from mgserve.devices import parse_split, stage_devices
 from mgserve.pipeline.costs import ModelCosts
-from mgserve.pipeline.stages import StagePlan, StagePlanError, stage_plan
+from mgserve.pipeline.stages import StagePlan, StagePlanError, fitted_plan
+from mgserve.settings_checks import with_batch
 
 WEIGHTS = ("weights", "output head", "token embedding")
 STATE = ("KV cache", "QSA block keys", "recurrent state", "device checkpoints")
@@ -55,7 +56,8 @@ def render(p: StagePlan) -> str:
     peak = max(st.load for st in stages) or 1.0
     lines = [
         f"stage plan: {p.arch}, {len(stages)} GPUs, {s.parallel} slot(s) x {s.ctx_size:,} "
-        f"tokens, K {s.cache_type_k} / V {s.cache_type_v}, batch {s.batch_size}; {p.how}",
+        f"tokens, K {s.cache_type_k} / V {s.cache_type_v}, "
+        f"batch {with_batch(s, gpu=True).batch_size}; {p.how}",
         f"  {'stage':>5} {'GPU':>4}  {'layers':<8} {'weights':>10} {'KV + state':>11} "
         f"{'buffers':>10} {'total':>10} {'free':>10}  load",
     ]
@@ -97,7 +99,7 @@ def plan_for(g: GGUFFile, settings: Settings) -> StagePlan:
     devices = devices_of(settings)
     costs = ModelCosts.of(g, settings.cache_type_k, settings.cache_type_v)
     split = parse_split(settings.tensor_split) if settings.tensor_split else None
-    return stage_plan(costs, settings, devices, stage_free(settings, devices), split)
+    return fitted_plan(costs, settings, devices, stage_free(settings, devices), split)
 
 
 def info_main(args: argparse.Namespace) -> int:

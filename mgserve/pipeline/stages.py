@@ -17,14 +17,16 @@ A plan that does not fit raises ``StagePlanError`` naming the GPU and what to lo
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 from mgserve.config import Settings
 from mgserve.cuda.plan import Item, ModelSizes, Part, device_total, human, plan
 from mgserve.cuda.plan_fit import PlanError, lowering
 from mgserve.pipeline.costs import ModelCosts
+from mgserve.settings_checks import GPU_BATCHES
 
 
 class StagePlanError(PlanError):
@@ -178,6 +180,19 @@ def _feasible(sizes: ModelSizes, free: Sequence[int]) -> Callable[[Settings], bo
 def _ends(part: Part) -> str:
     ends = [" and the token embedding"] * part.first + [" and the output head"] * part.last
     return f"layers {part.start}-{part.stop - 1}" + "".join(ends)
+
+
+def fitted_plan(costs: ModelCosts, settings: Settings, devices: Sequence[int],
+                free: Sequence[tuple[int, str]], split: Sequence[float] | None = None
+                ) -> StagePlan:  # fmt: skip
+    """``stage_plan``, with an automatic ``--batch-size`` (0) the first of GPU_BATCHES the
+    stages hold (the plan's settings carry it; the launcher gives it to every rank); the last
+    one's StagePlanError where none does."""
+    *tries, last = GPU_BATCHES if not settings.batch_size else (settings.batch_size,)
+    for b in tries:
+        with contextlib.suppress(StagePlanError):
+            return stage_plan(costs, replace(settings, batch_size=b), devices, free, split)
+    return stage_plan(costs, replace(settings, batch_size=last), devices, free, split)
 
 
 def stage_plan(costs: ModelCosts, settings: Settings, devices: Sequence[int],

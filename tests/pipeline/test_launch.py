@@ -107,9 +107,13 @@ def test_the_gpus_split_the_layers_as_info_plan_does(two_gpus: None, tmp_path: P
 
     path = str(_file("qwen4exp", tmp_path).path)  # 8 layers
     s = Settings(model=path, device_list="0,1", gpu_memory="1GiB,150MiB", ctx_size=32768)
-    counts = launch.planned_split(s, ["GPU-a", "GPU-b"])
-    want = plan_for(GGUFFile(path), s).ranges
+    counts, batch = launch.planned_split(s, ["GPU-a", "GPU-b"])
+    plan = plan_for(GGUFFile(path), s)
+    want = plan.ranges
     assert split_shares(8, [float(c) for c in counts.split(",")]) == want
+    assert batch == plan.settings.batch_size == 512  # automatic: the first that fits, here 512
+    roomy = dataclasses.replace(s, gpu_memory="4GiB,4GiB")
+    assert launch.planned_split(roomy, ["GPU-a", "GPU-b"])[1] == 4096
     assert want[0][1] - want[0][0] > want[1][1] - want[1][0]  # the smaller GPU takes fewer
     with pytest.raises(StagePlanError, match="no split of the 8 layers over 2 GPUs fits"):
         launch.planned_split(dataclasses.replace(s, gpu_memory="1GiB,120MiB"), ["GPU-a", "GPU-b"])
