@@ -13,11 +13,11 @@ sites of ``Kernels.kernel`` this inventory covers and fails on one it does not k
 
 Covered: what ``cuda_backend`` (``mgserve serve``) builds, i.e. the default tunings, and
 ``deltanet.scan_tc``'s one variant (every kernel file is compiled), and gguf_split.cuh's
-shifts-and-masks readers in qgemm_wgmma.cu (``--moe-tiles wg:128,128,2,2,1``: the code a bench
-times against stays compiled) and its half row-step readers (``wg:128,128,2,2,2,1``), the
-clustered HC mix with ``stage_hoist`` off in a Q4_K_M file's formats (``--toggle
-hc.stage_hoist``), and the router and the int8 gate/up with fenced tickets (``--toggle
-route.tickets.acq_rel``). Not covered: the tunings only
+shifts-and-masks readers in qgemm_wgmma.cu (``--moe-tiles wg:128,128,2,2,1,0``: the code a bench
+times against stays compiled), the runs' readers where half row-steps are the default
+(``wg:128,128,2,2,2,0``), the clustered HC mix with ``stage_hoist`` off in a Q4_K_M file's
+formats (``--toggle hc.stage_hoist``), and the router and the int8 gate/up with fenced tickets
+(``--toggle route.tickets.acq_rel``). Not covered: the tunings only
 benchmarks choose (``bench matvec --tunings / --q8-rows``, ``bench model --hgemm /
 --moe-tiles``, ``MoeCuda(moe_rows=...)``, ``--set deltanet.scan_cols=16``), and DeltaNet decode
 head dims other than 64, 128 and 256 (the runtime takes any up to MAX_STEP_HEAD_DIM; the models
@@ -164,12 +164,13 @@ def variants() -> list[Variant]:
         for f in FORMATS
         if f in WGMMA_FORMATS
     ]
+    shifts = QWgmmaTuning(decode=1, rows=False)
     out += [  # gguf_split.cuh's shifts-and-masks readers, kept to time against (bench --moe-tiles)
-        Variant(QGEMM_WG_SOURCE, QWgmmaTuning(decode=1).defines(f), f"{f} decode 1 sm_90a", True)
+        Variant(QGEMM_WG_SOURCE, shifts.defines(f), f"{f} decode 1 sm_90a", True)
         for f in ("Q4_K", "Q5_0", "Q6_K", "Q8_0")
     ]
-    out += [  # W by half row-steps (bench --moe-tiles wg:128,128,2,2,2,1)
-        Variant(QGEMM_WG_SOURCE, QWgmmaTuning(rows=True).defines(f), f"{f} rows sm_90a", True)
+    out += [  # the runs' reader where a half row-step one is the default (--moe-tiles ...,2,2,2,0)
+        Variant(QGEMM_WG_SOURCE, QWgmmaTuning(rows=False).defines(f), f"{f} runs sm_90a", True)
         for f in sorted(ROW_FORMATS)
     ]
     out += [Variant(HC_SOURCE, HCTuning().defines(f), f) for f in FORMATS]

@@ -301,14 +301,14 @@ def test_moe_tiles_of_the_wgmma_kernels() -> None:
 
     qgemm = SimpleNamespace(grouped="untouched", grouped_wgmma=None)
     bench = SimpleNamespace(ops=SimpleNamespace(linear=SimpleNamespace(qgemm=qgemm)))
-    tiles = "wg:128,128/wg:192,128,1/wg:128,128,2,2,1/wg:128,128,2,2,2,1/wg:64,128,2,3,2,1"
+    tiles = "wg:128,128/wg:192,128,1/wg:128,128,2,2,1,0/wg:128,128,2,2,2,0/wg:64,128,2,3,2,1"
     variants = tile_variants(bench, tiles)  # type: ignore[arg-type]
     assert [v for v, _ in variants] == [
         "moe tiles wg:128,128,2",
         "moe tiles wg:192,128,1",
-        "moe tiles wg:128,128,2,2,1",  # W decoded by shifts and masks (SPLIT_DECODE 1)
-        "moe tiles wg:128,128,2,2,2,1",  # Q4_K's W by half row-steps
-        "moe tiles wg:64,128,2,3,2,1",
+        "moe tiles wg:128,128,2,2,1,0",  # W's runs decoded by shifts and masks (SPLIT_DECODE 1)
+        "moe tiles wg:128,128,2,2,2,0",  # W by 8-value runs, not half row-steps
+        "moe tiles wg:64,128,2,3",  # (half row-steps: the default)
     ]
     variants[1][1]()
     assert qgemm.grouped_wgmma == QWgmmaTuning(192, 128, 1) and qgemm.grouped == "untouched"

@@ -756,7 +756,7 @@ case "${1:-tests}" in
     # a launch for 2.6 MB)
     bash "$0" ncu3
     bash "$0" ncu1 ;;
-  rows)  # 2026-12-07 23:55: W tiles by half row-steps (QWgmmaTuning.rows, qgemm_rows.cuh:
+  rows)  # 2026-12-07 23:55 (on by default since 23:49's rows2): W tiles by half row-steps (QWgmmaTuning.rows, qgemm_rows.cuh:
     # Q4_K's step loop 298 SASS instructions a thread against 424, Q5_0's 320 against 398 with
     # 12 loads against 29; Nsight at 23:10: the decode is most of the MoE kernels' instructions,
     # issue slots 48% busy): bitwise the runs' reader (dense Q4_K / Q5_0 / Q8_0, the grouped
@@ -768,15 +768,16 @@ case "${1:-tests}" in
     echo "== rows tests rc=$?"
     grep -E "^(FAILED|ERROR|E )|passed|failed|grouped moe" "$OUT/t_rows.log" | head -30
     bench rows 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
-      --multi-decode= --paired 3 --moe-tiles wg:128,128,2/wg:128,128,2,2,2,1 --record ;;
+      --multi-decode= --paired 3 --moe-tiles wg:128,128,2,2,2,0/wg:128,128,2 --record ;;
   rows2)  # 2026-12-07 23:45: rows in a short call: the readers at qwen4exp's shapes (bitwise,
-    # timed), then a prompt chunk side by side
+    # timed), then a prompt chunk side by side (ran 23:49: +8.3%; the default since, so the
+    # chunk now compares the runs' reader, ROWS 0, with it)
     timeout 150 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm_wgmma.py -k "row_readers_at" > "$OUT/t_rows2.log" 2>&1
     echo "== rows2 tests rc=$?"
     grep -E "^(FAILED|ERROR|E )|passed|failed|grouped, rows" "$OUT/t_rows2.log" | head -20
     bench rows 130 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode= \
-      --multi-decode= --paired 3 --moe-tiles wg:128,128,2/wg:128,128,2,2,2,1 --record ;;
+      --multi-decode= --paired 3 --moe-tiles wg:128,128,2,2,2,0/wg:128,128,2 --record ;;
   chunks)  # 2026-12-07 23:10: the prompt chunk's size by measurement (the server's --batch-size
     # is 512 by default, the benches' --ubatch 4096): one 16384-token prompt cut five ways
     bench chunks 300 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 16384@0 --decode= \

@@ -29,20 +29,19 @@ from tests.cuda.test_moe_torch import RTOL_F16, bound_error, make_case, make_wei
 from tests.cuda.test_qgemm import GROUPED_CASES, TYPES, check_dense, grouped_case, k_values
 
 QW_TUNINGS = [
-    QWgmmaTuning(),
-    QWgmmaTuning(64, 128, 1),
+    QWgmmaTuning(),  # Q4_K / Q5_0 / Q8_0's W by half row-steps (the default), the others by runs
+    QWgmmaTuning(rows=False),  # every format's W by 8-value runs
+    QWgmmaTuning(64, 128, 1),  # half row-steps: two a thread
     QWgmmaTuning(128, 256, 1),
     QWgmmaTuning(64, 256),  # one warpgroup, X read by half as many column tiles
-    QWgmmaTuning(192, 128, 1),  # 384 threads: some threads' last W run idle
+    QWgmmaTuning(192, 128, 1),  # 384 threads: the runs, some threads' last W run idle
     QWgmmaTuning(256, 128, 1),
     QWgmmaTuning(128, 128, 2, 3),  # three buffers: X and W two steps ahead
     QWgmmaTuning(64, 256, 2, 3),
     QWgmmaTuning(256, 128, 1, 3),  # W decoded once for 256 rows, loads two steps ahead
-    QWgmmaTuning(decode=1),  # W's values by shifts and masks (SPLIT_DECODE 1)
-    QWgmmaTuning(rows=True),  # Q4_K / Q5_0 / Q8_0's W by half row-steps, one a thread
-    QWgmmaTuning(64, 128, 1, rows=True),  # two a thread
-    QWgmmaTuning(128, 128, 2, 3, rows=True),  # three buffers
-    QWgmmaTuning(192, 128, 1, rows=True),  # 256 half rows on 384 threads: the runs' reader
+    QWgmmaTuning(decode=1, rows=False),  # W's values by shifts and masks (SPLIT_DECODE 1)
+    QWgmmaTuning(64, 128, 1, rows=False),
+    QWgmmaTuning(128, 128, 2, 3, rows=False),
 ]
 
 
@@ -57,13 +56,16 @@ def test_tuning_validation() -> None:
     assert QWgmmaTuning(64, 256, 2, 3).with_rows(256) == QWgmmaTuning(256, 128, 1, 3)
     assert dict(QWgmmaTuning.parse("128,128,2,2,1").defines("Q4_K"))["SPLIT_DECODE"] == "1"
     assert QWgmmaTuning(decode=1).with_rows(256) == QWgmmaTuning(256, 128, 1, 2, 1)
+    assert QWgmmaTuning.parse("128,128,2,2,2,0") == QWgmmaTuning(rows=False)
+    assert QWgmmaTuning.parse("128,128") == QWgmmaTuning()  # half row-steps by default
     for bad in ("128", "1,2,3,4,5,6,7", "x,y"):
         with pytest.raises(ValueError, match="expected BM,BN"):
             QWgmmaTuning.parse(bad)
     assert QWgmmaTuning.parse("128,128,2,2,2,1") == QWgmmaTuning(rows=True)
     with pytest.raises(ValueError, match="ROWS is 0 or 1"):
         QWgmmaTuning.parse("128,128,2,2,2,3")
-    assert dict(QWgmmaTuning(rows=True).defines("Q4_K"))["QW_ROWS"] == "1"
+    assert dict(QWgmmaTuning().defines("Q4_K"))["QW_ROWS"] == "1"
+    assert "QW_ROWS" not in dict(QWgmmaTuning(rows=False).defines("Q4_K"))
     assert "QW_ROWS" not in dict(QWgmmaTuning(rows=True).defines("Q6_K"))  # no reader for it
     assert QWgmmaTuning(rows=True).with_rows(64) == QWgmmaTuning(64, 128, 2, rows=True)
     assert QWgmmaTuning.parse("192,128,1").threads == 384

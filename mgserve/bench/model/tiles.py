@@ -32,7 +32,7 @@ def is_wgmma(t: Any) -> bool:
 def tiling_label(t: Any) -> str:
     if is_wgmma(t):
         tail = [t.stages, t.decode, int(t.rows)]
-        while tail and tail[-1] == (2, 2, 0)[len(tail) - 1]:  # the defaults left off the end
+        while tail and tail[-1] == (2, 2, 1)[len(tail) - 1]:  # the defaults left off the end
             tail.pop()
         return "wg:" + ",".join(str(v) for v in [t.bm, t.bn, t.min_ctas, *tail])
     return f"{t.bm},{t.bn},{t.bk},{t.warps_m},{t.warps_n},{t.min_ctas}"

@@ -84,14 +84,18 @@ class QWgmmaTuning:
     of a step from few wide loads, the scales once for them; Q4_K's runs' reader makes 20 loads
     and four scale / min pairs for them, and the decode was most of the MoE kernels'
     instructions, Nsight 2026-12-07 23:10), where 2 x bn divides by the threads; other formats
-    and shapes keep the runs. Every shape, decode and reader gives the same bits."""
+    and shapes keep the runs (ROWS 0 in a bench flag: the runs for every format). Every shape,
+    decode and reader gives the same bits."""
 
     bm: int = 128  # output rows per CTA: 64 per warpgroup
     bn: int = 128  # output columns per CTA (one wgmma's N)
     min_ctas: int = 2  # CTAs per SM the registers are capped for (__launch_bounds__)
     stages: int = 2  # shared buffers: 2 or 3
     decode: int = 2  # gguf_split.cuh's SPLIT_DECODE: 2 byte permutes, 1 shifts and masks
-    rows: bool = False  # ROW_FORMATS' W by half row-steps (QW_ROWS)
+    # ROW_FORMATS' W by half row-steps (QW_ROWS), bitwise the runs' reader: a 4096-token
+    # qwen4exp chunk +8.3% at depth 0 and +6.1% at 32768, the grouped products of qwen4exp's
+    # shapes 0.88-1.11 ms against 0.93-1.26 (H100, paired 3, BENCHMARKS.md 2026-12-07 23:49)
+    rows: bool = True
 
     def __post_init__(self) -> None:
         if (
@@ -145,7 +149,7 @@ class QWgmmaTuning:
         if len(v) == 6 and v[5] not in (0, 1):
             raise ValueError(f"qgemm wgmma tuning {text!r}: ROWS is 0 or 1")
         ints = dict(zip(("bm", "bn", "min_ctas", "stages", "decode"), v, strict=False))
-        return cls(**ints, rows=len(v) == 6 and v[5] == 1)
+        return cls(**ints, rows=v[5] == 1 if len(v) == 6 else cls.rows)
 
     def defines(self, type_name: str) -> tuple[tuple[str, str], ...]:
         return (
