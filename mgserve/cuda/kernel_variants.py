@@ -75,6 +75,7 @@ from mgserve.cuda.ops.wgmma import (
     HGEMM_WG_SOURCE,
     QGEMM_WG_SOURCE,
     ROW_FORMATS,
+    ROW_FORMATS_UNTRIED,
     WGMMA_FORMATS,
     QWgmmaTuning,
     WgmmaTuning,
@@ -172,6 +173,15 @@ def variants() -> list[Variant]:
     out += [  # the runs' reader where a half row-step one is the default (--moe-tiles ...,2,2,2,0)
         Variant(QGEMM_WG_SOURCE, QWgmmaTuning(rows=False).defines(f), f"{f} runs sm_90a", True)
         for f in sorted(ROW_FORMATS)
+    ]
+    out += [  # readers not yet run on a GPU, compiled as they would be (ROW_FORMATS_UNTRIED)
+        Variant(
+            QGEMM_WG_SOURCE,
+            (*QWgmmaTuning().defines(f), ("QW_ROWS", "1")),
+            f"{f} rows sm_90a",
+            True,
+        )
+        for f in sorted(ROW_FORMATS_UNTRIED)
     ]
     out += [Variant(HC_SOURCE, HCTuning().defines(f), f) for f in FORMATS]
     out += [Variant(HC_SOURCE, CLUSTER_TUNING.defines(f, True), f"{f} cluster") for f in FORMATS]

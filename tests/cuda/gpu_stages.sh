@@ -763,7 +763,7 @@ case "${1:-tests}" in
     # cases, qwen4exp's shapes with timings), then a prompt chunk side by side
     timeout 280 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm_wgmma.py \
-      -k "(dense_matches and (Q4_K or Q5_0 or Q8_0)) or grouped_moe" \
+      -k "(dense_matches and (Q4_K or Q5_0 or Q8_0)) or grouped_moe or untried" \
       > "$OUT/t_rows.log" 2>&1
     echo "== rows tests rc=$?"
     grep -E "^(FAILED|ERROR|E )|passed|failed|grouped moe" "$OUT/t_rows.log" | head -30

@@ -21,7 +21,7 @@ from tests.cuda.test_linear_matvec_host_decoders import CXX, SHIMS, build, host_
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="no host C++ compiler")
 
-ROW_TYPES = {"Q4_K": (256, 768), "Q5_0": (96, 544, 640), "Q8_0": (96, 544, 640)}
+ROW_TYPES = {"Q4_K": (256, 768), "Q5_0": (96, 544, 640), "Q6_K": (256, 768), "Q8_0": (96, 544, 640)}
 PTX_F16X2 = 'asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));'
 HOST_SHIMS = r"""
 static inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned s) {

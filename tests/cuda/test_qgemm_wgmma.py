@@ -311,3 +311,31 @@ def test_row_readers_at_qwen4exp_shapes(moe_wgmma, down_type: str) -> None:  # t
         want = wg_qgemm(qgemm.kernels).matmul(xs, w)
         got = wg_qgemm(qgemm.kernels, QWgmmaTuning(rows=True)).matmul(xs, w)
         assert torch.equal(got, want), f"dense {type_name}: rows != runs"
+
+
+@pytest.mark.gpu
+def test_untried_row_readers(moe_wgmma, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The readers written and host-tested but not yet run on a GPU (ROW_FORMATS_UNTRIED, kept
+    out of ROW_FORMATS until this passes): bitwise the runs' reader on dense products (partial
+    shapes) and on the grouped case with a Q6_K gate / up; their grouped times printed."""
+    from mgserve.cuda.ops import wgmma
+
+    monkeypatch.setattr(wgmma, "ROW_FORMATS", wgmma.ROW_FORMATS | wgmma.ROW_FORMATS_UNTRIED)
+    qgemm = moe_wgmma.linear.qgemm
+    rng = np.random.default_rng(9)
+    for type_name in sorted(wgmma.ROW_FORMATS_UNTRIED):
+        for k in k_values(type_name):
+            w, _ = make_weight(type_name, 300, k, rng, "cuda")
+            x = torch.from_numpy(rng.standard_normal((129, k), dtype=np.float32)).cuda()
+            want = wg_qgemm(qgemm.kernels, QWgmmaTuning(rows=False)).matmul(x, w)
+            got = wg_qgemm(qgemm.kernels, QWgmmaTuning()).matmul(x, w)
+            assert torch.equal(got, want), f"dense {type_name} k={k}: rows != runs"
+    args, _, _ = grouped_case("Q6_K", "Q5_0", True)
+    grouped = moe_wgmma.moe.prefill.grouped
+    ys = {}
+    for rows in (False, True):
+        qgemm.grouped_wgmma = QWgmmaTuning(rows=rows)
+        ys[rows] = grouped(*args)
+        ms = gpu_ms(lambda: grouped(*args), 10)
+        print(f"\nQ6_K/Q5_0 grouped (test_qgemm's case), rows {rows}: {ms:.3f} ms")
+    assert torch.equal(ys[True], ys[False]), "grouped Q6_K: rows != runs"

@@ -158,3 +158,63 @@ struct RowSteps<split::Q8_0> {
         }
     }
 };
+
+// Q6_K (210 bytes: ql[128] low nibbles | qh[64] high bit pairs | 16 int8 scales | f16 d): a
+// step's 64 values are quarters 2 (j & 1), + 1 of the block's half j >> 1 (j = k0 % 256 / 64),
+// half h of the step quarter q = 2 (j & 1) + h: 32 ql bytes (low nibbles of the half's first or
+// second 32 for q = 0, 1, high nibbles for 2, 3), the half's 32 qh bytes (bit pair q), scale
+// bytes 8 (j >> 1) + 2 q + 0 / 1 (values 0..15 / 16..31) and d. The ql and qh runs are 2-byte
+// aligned 32-byte pieces inside the block with bytes after them: 9 words each, shifted into place.
+template <>
+struct RowSteps<split::Q6_K> {
+    static constexpr bool ON = true;
+    struct Raw {
+        u32 ql[9], qh[9], scd, shift;  // scd: the two scale bytes | d << 16
+        int q;
+        bool valid;
+    };
+    __device__ static Raw load(const u8* row, int k0, int k, int h, bool valid) {
+        Raw r;
+        const int j = (int)((unsigned)k0 % 256 / 64), half = j >> 1;
+        r.q = 2 * (j & 1) + h;
+        r.valid = valid && k0 < k;  // (k is a multiple of 256: a step is wholly in or out)
+        if (r.valid) {
+            const u8* b = row + (size_t)((unsigned)k0 / 256) * split::Q6_K::BYTES;
+            const unsigned off = (unsigned)(size_t)b & 3u;
+            const u32* pl = (const u32*)(b - off + 64 * half + 32 * (r.q & 1));
+            const u32* ph = (const u32*)(b - off + 128 + 32 * half);
+#pragma unroll
+            for (int i = 0; i < 9; i++) {
+                r.ql[i] = __ldg(pl + i);
+                r.qh[i] = __ldg(ph + i);
+            }
+            r.scd = split::ldg_u16(b + 192 + 8 * half + 2 * r.q) | split::ldg_u16(b + 208) << 16;
+            r.shift = 8 * off;
+        }
+        return r;
+    }
+    __device__ static void store(unsigned char* tile, int r, int h, const Raw& raw) {
+        float w[8];
+        if (!raw.valid) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) w[i] = 0.f;
+#pragma unroll
+            for (int c = 0; c < 4; c++) store_chunk(tile, r, 4 * h + c, w);
+            return;
+        }
+#pragma unroll
+        for (int c = 0; c < 4; c++) {  // run c: l = 8 c..8 c + 7 (split::Q6_K::fetch's bits)
+            split::Q6_K::Raw run;
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                run.ql[i] = __funnelshift_r(raw.ql[2 * c + i], raw.ql[2 * c + i + 1], raw.shift);
+                run.qh[i] = __funnelshift_r(raw.qh[2 * c + i], raw.qh[2 * c + i + 1], raw.shift);
+            }
+            const u32 sc = (raw.scd >> (8 * (c >> 1))) & 0xFFu;  // values 0..15, then 16..31
+            run.meta = (raw.scd >> 16) | (sc << 16) | ((u32)raw.q << 24);
+            split::Q6_K::decode(run, w);
+            store_chunk(tile, r, 4 * h + c, w);
+        }
+    }
+};
+

@@ -69,6 +69,9 @@ class WgmmaTuning:
 
 QW_BMS = (64, 128, 192, 256)  # qgemm_wgmma.cu's tile rows: 1 to 4 warpgroups
 ROW_FORMATS = frozenset({"Q4_K", "Q5_0", "Q8_0"})  # qgemm_rows.cuh's readers (QWgmmaTuning.rows)
+# readers written and host-tested (test_qgemm_rows_host.py), not yet run on a GPU: not used
+# unless added to ROW_FORMATS (test_qgemm_wgmma.py's GPU test of them does so)
+ROW_FORMATS_UNTRIED = frozenset({"Q6_K"})
 
 
 @dataclass(frozen=True)
