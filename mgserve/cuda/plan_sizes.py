@@ -24,6 +24,7 @@ from mgserve.cuda.ops.deltanet_prefill_cuda import CHUNK as DELTA_CHUNK
 from mgserve.cuda.ops.deltanet_prefill_cuda import CHUNK_FLOATS, PREFILL_PIECE
 from mgserve.cuda.ops.hgemm import HGemmTuning
 from mgserve.cuda.ops.linear_cuda import SCRATCH_BYTES
+from mgserve.cuda.ops.qsa_prefill import QSA_SCORE_GROUP
 
 if TYPE_CHECKING:
     from mgserve.cuda.plan_trace import LoadTrace
@@ -249,7 +250,8 @@ class ModelSizes:
             decode += 4 * b * s.n_head * MAX_SPLITS * (s.head_dim + 2)
         if qp is not None and self.qsa_layers(pt):  # QSA block scores, the prompt's visibility
             cols = -(-(n_ctx // qp.ratio) // 4) * 4
-            prompt += 8 * batch * cols + 4 * batch * (n_ctx // 32)
+            group = max(2 * batch, QSA_SCORE_GROUP * qp.idx_heads)  # (a padded score group)
+            prompt += 4 * group * cols + 4 * batch * (n_ctx // 32)
             decode += 8 * b * cols
         sampler = SAMPLER_ROW_PASSES * 4 * b * (v + 1) if pt.last else 0
         scratch = self.scratch if batch >= HGemmTuning().min_rows else 0

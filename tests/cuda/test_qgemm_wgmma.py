@@ -308,20 +308,26 @@ def test_row_readers_at_qwen4exp_shapes(moe_wgmma, down_type: str) -> None:  # t
     for type_name, k in (("Q4_K", 2560), (down_type, 640)):
         w, _ = make_weight(type_name, 1000, k, rng, "cuda")
         xs = torch.from_numpy(rng.standard_normal((300, k), dtype=np.float32)).cuda()
-        want = wg_qgemm(qgemm.kernels).matmul(xs, w)
+        want = wg_qgemm(qgemm.kernels, QWgmmaTuning(rows=False)).matmul(xs, w)
         got = wg_qgemm(qgemm.kernels, QWgmmaTuning(rows=True)).matmul(xs, w)
         assert torch.equal(got, want), f"dense {type_name}: rows != runs"
 
 
 @pytest.mark.gpu
 def test_untried_row_readers(moe_wgmma, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    """The readers written and host-tested but not yet run on a GPU (ROW_FORMATS_UNTRIED, kept
-    out of ROW_FORMATS until this passes): bitwise the runs' reader on dense products (partial
-    shapes) and on the grouped case with a Q6_K gate / up; their grouped times printed."""
+    """The readers and wgmma formats written and host-tested but not yet run on a GPU
+    (ROW_FORMATS_UNTRIED, WGMMA_FORMATS_UNTRIED: kept out until this passes), turned on here:
+    dense products bitwise the runs' reader and qgemm.cu's mma.sync; grouped layers (a Q6_K and
+    a Q5_K gate / up, a Q6_K / Q5_K down) bitwise the runs' reader and mma.sync, with their
+    errors against the float64 reference; the grouped times printed."""
+    from mgserve.cuda.ops import qgemm as qgemm_module
     from mgserve.cuda.ops import wgmma
 
     monkeypatch.setattr(wgmma, "ROW_FORMATS", wgmma.ROW_FORMATS | wgmma.ROW_FORMATS_UNTRIED)
+    formats = wgmma.WGMMA_FORMATS | wgmma.WGMMA_FORMATS_UNTRIED
+    monkeypatch.setattr(qgemm_module, "WGMMA_FORMATS", formats)
     qgemm = moe_wgmma.linear.qgemm
+    mma = QGemm(qgemm.kernels, wgmma=False)
     rng = np.random.default_rng(9)
     for type_name in sorted(wgmma.ROW_FORMATS_UNTRIED):
         for k in k_values(type_name):
@@ -330,12 +336,19 @@ def test_untried_row_readers(moe_wgmma, monkeypatch: pytest.MonkeyPatch) -> None
             want = wg_qgemm(qgemm.kernels, QWgmmaTuning(rows=False)).matmul(x, w)
             got = wg_qgemm(qgemm.kernels, QWgmmaTuning()).matmul(x, w)
             assert torch.equal(got, want), f"dense {type_name} k={k}: rows != runs"
-    args, _, _ = grouped_case("Q6_K", "Q5_0", True)
+            assert torch.equal(got, mma.matmul(x, w)), f"dense {type_name} k={k}: != mma.sync"
     grouped = moe_wgmma.moe.prefill.grouped
-    ys = {}
-    for rows in (False, True):
-        qgemm.grouped_wgmma = QWgmmaTuning(rows=rows)
-        ys[rows] = grouped(*args)
-        ms = gpu_ms(lambda: grouped(*args), 10)
-        print(f"\nQ6_K/Q5_0 grouped (test_qgemm's case), rows {rows}: {ms:.3f} ms")
-    assert torch.equal(ys[True], ys[False]), "grouped Q6_K: rows != runs"
+    for gate_type, down_type in (("Q6_K", "Q5_0"), ("Q5_K", "Q6_K"), ("Q4_K", "Q5_K")):
+        args, ref, scale = grouped_case(gate_type, down_type, True)
+        ys = {}
+        for rows in (False, True):
+            qgemm.grouped_wgmma = QWgmmaTuning(rows=rows)
+            ys[rows] = grouped(*args)
+            ms = gpu_ms(lambda a=args: grouped(*a), 10)  # type: ignore[misc]
+            print(f"\n{gate_type}/{down_type} grouped, rows {rows}: {ms:.3f} ms")
+        label = f"grouped {gate_type}/{down_type}"
+        assert torch.equal(ys[True], ys[False]), f"{label}: rows != runs"
+        assert bound_error(ys[True].cpu(), ref, scale) <= RTOL_F16, label
+        qgemm.wgmma = False
+        assert torch.equal(grouped(*args), ys[True]), f"{label}: != mma.sync"
+        qgemm.wgmma = True

@@ -144,3 +144,18 @@ def test_cpu_ranks_share_the_cores(two_gpus: None, monkeypatch: pytest.MonkeyPat
     assert mine.threads == 2 and [e["MGSERVE_THREADS"] for e in started] == ["2", "2"]
     mine = launch.launch(Settings(device="cpu", dist_world_size=2, threads=3), [None] * 2)
     assert mine.threads == 3  # as given
+
+
+def test_an_automatic_batch_is_fitted_to_a_given_split(two_gpus: None, tmp_path: Path) -> None:
+    """With ``--tensor-split`` and an automatic ``--batch-size`` the launcher keeps the split and
+    fits the batch to it (what ``info --plan`` with the same flags reports); a given batch and
+    split are left as they are."""
+    from mgserve.core.gguf.reader import GGUFFile
+    from mgserve.pipeline.report import plan_for
+
+    path = str(_file("qwen4exp", tmp_path).path)
+    s = Settings(model=path, device_list="0,1", gpu_memory="1GiB,150MiB", ctx_size=32768,
+                 tensor_split="7,1")  # fmt: skip
+    split, batch = launch.planned_split(s, ["GPU-a", "GPU-b"])
+    assert split == "7,1" and batch == plan_for(GGUFFile(path), s).settings.batch_size
+    assert batch in (4096, 2048, 1024, 512)

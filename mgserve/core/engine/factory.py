@@ -80,8 +80,7 @@ def memory_plan(g: GGUFFile, settings: Settings, check: bool) -> str:
     what to lower when it does not fit), or its summary lines."""
     from mgserve.cuda.plan_fit import checked_plan, gpu_batch, summary
 
-    settings = gpu_batch(g, settings)
-    return checked_plan(g, settings) if check else summary(g, settings)
+    return checked_plan(g, gpu_batch(g, settings)) if check else summary(g, settings)
 
 
 def _on_gpu(g: GGUFFile, settings: Settings) -> LoadedEngine:

@@ -68,6 +68,53 @@ struct RowSteps<split::Q4_K> {
     }
 };
 
+// Q5_K (176 bytes: the header as Q4_K's | qh[32] | qs[128]): Q4_K's items, each value's fifth
+// bit from qh byte l (bit 2 j of the low nibbles' values, 2 j + 1 of the high ones'), half h's
+// 16 qh bytes one more 16-byte load. The values of gguf_blocks.cuh's Q5_K (Whole<Q5_K>, which
+// qgemm_dequant and the runs read): d x sc x v - dmin x mn with the same products.
+template <>
+struct RowSteps<Whole<Q5_K>> {  // (SplitFormat<Q5_K>: the runs decode at fetch)
+    static constexpr bool ON = true;
+    struct Raw {
+        uint4 head, qh, q;
+        int j;
+    };
+    __device__ static Raw load(const u8* row, int k0, int k, int h, bool valid) {
+        Raw r{{0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, (int)((unsigned)k0 % 256 / 64)};
+        if (valid && k0 < k) {  // (k is a multiple of 256: a step is wholly in or out)
+            const u8* b = row + (size_t)((unsigned)k0 / 256) * Q5_K::BYTES;
+            r.head = __ldg((const uint4*)b);
+            r.qh = __ldg((const uint4*)(b + 16 + 16 * h));
+            r.q = __ldg((const uint4*)(b + 48 + 32 * r.j + 16 * h));
+        }
+        return r;
+    }
+    __device__ static void store(unsigned char* tile, int r, int h, const Raw& raw) {
+        const uint4 hd = raw.head;
+        float d0, m0, d1, m1, w[8];
+        split::Q4_K::scale_min(hd.x, hd.y, hd.z, hd.w, 2 * raw.j, d0, m0);
+        split::Q4_K::scale_min(hd.x, hd.y, hd.z, hd.w, 2 * raw.j + 1, d1, m1);
+        const u32 q[4] = {raw.q.x, raw.q.y, raw.q.z, raw.q.w};
+        const u32 qh[4] = {raw.qh.x, raw.qh.y, raw.qh.z, raw.qh.w};
+        const u32 s0 = 2 * raw.j, s1 = s0 + 1;
+#pragma unroll
+        for (int c = 0; c < 2; c++) {  // bytes 8 c..8 c + 7 of the half
+            u32 v[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                v[i] = (q[2 * c + i] & 0x0F0F0F0Fu) | (((qh[2 * c + i] >> s0) & 0x01010101u) << 4);
+            split::Q4_K::values(d0, m0, v[0], v[1], w);
+            store_chunk(tile, r, 2 * h + c, w);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                v[i] = ((q[2 * c + i] >> 4) & 0x0F0F0F0Fu) |
+                       (((qh[2 * c + i] >> s1) & 0x01010101u) << 4);
+            split::Q4_K::values(d1, m1, v[0], v[1], w);
+            store_chunk(tile, r, 4 + 2 * h + c, w);
+        }
+    }
+};
+
 // Blocks of 32 values (Q5_0, Q8_0): half h is block k0 / 32 + h, the step's chunks 4 h..4 h + 3
 // (its runs 0..3). Its BYTES (even) start 2-byte aligned: the words from the one below are
 // loaded (the last as 2 bytes where it would pass the block) and shifted into place.
