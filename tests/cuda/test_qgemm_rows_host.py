@@ -24,6 +24,7 @@ pytestmark = pytest.mark.skipif(CXX is None, reason="no host C++ compiler")
 ROW_TYPES = {  # (the readers of ROW_FORMATS and ROW_FORMATS_UNTRIED: their row lengths)
     "Q4_K": (256, 768),
     "Q5_0": (96, 544, 640),
+    "Q5_1": (96, 544, 640),
     "Q5_K": (256, 768),
     "Q6_K": (256, 768),
     "Q8_0": (96, 544, 640),

@@ -318,7 +318,7 @@ def test_untried_row_readers(moe_wgmma, monkeypatch: pytest.MonkeyPatch) -> None
     """The readers and wgmma formats written and host-tested but not yet run on a GPU
     (ROW_FORMATS_UNTRIED, WGMMA_FORMATS_UNTRIED: kept out until this passes), turned on here:
     dense products bitwise the runs' reader and qgemm.cu's mma.sync; grouped layers (a Q6_K and
-    a Q5_K gate / up, a Q6_K / Q5_K down) bitwise the runs' reader and mma.sync, with their
+    a Q5_K gate / up, a Q6_K / Q5_K / Q5_1 down) bitwise the runs' reader and mma.sync, with their
     errors against the float64 reference; the grouped times printed."""
     from mgserve.cuda.ops import qgemm as qgemm_module
     from mgserve.cuda.ops import wgmma
@@ -338,7 +338,8 @@ def test_untried_row_readers(moe_wgmma, monkeypatch: pytest.MonkeyPatch) -> None
             assert torch.equal(got, want), f"dense {type_name} k={k}: rows != runs"
             assert torch.equal(got, mma.matmul(x, w)), f"dense {type_name} k={k}: != mma.sync"
     grouped = moe_wgmma.moe.prefill.grouped
-    for gate_type, down_type in (("Q6_K", "Q5_0"), ("Q5_K", "Q6_K"), ("Q4_K", "Q5_K")):
+    layers = (("Q6_K", "Q5_0"), ("Q5_K", "Q6_K"), ("Q4_K", "Q5_K"), ("Q5_K", "Q5_1"))
+    for gate_type, down_type in layers:
         args, ref, scale = grouped_case(gate_type, down_type, True)
         ys = {}
         for rows in (False, True):

@@ -206,6 +206,51 @@ struct RowSteps<split::Q8_0> {
     }
 };
 
+// Q5_1 (24 bytes, 8-byte aligned: f16 d | f16 m | u32 qh | 16 bytes of nibbles): three 8-byte
+// loads; value = d v + m as gguf_blocks.cuh's Q5_1 (Whole<Q5_1>: the runs and qgemm_dequant).
+template <>
+struct RowSteps<Whole<Q5_1>> {  // (SplitFormat<Q5_1>: the runs decode at fetch)
+    static constexpr bool ON = true;
+    struct Raw {
+        uint2 w[3];
+        bool valid;
+    };
+    __device__ static Raw load(const u8* row, int k0, int k, int h, bool valid) {
+        Raw r;
+        r.valid = valid && k0 + 32 * h < k;
+        if (r.valid) {
+            const uint2* b = (const uint2*)(row + (size_t)(k0 / 32 + h) * Q5_1::BYTES);
+#pragma unroll
+            for (int i = 0; i < 3; i++) r.w[i] = __ldg(b + i);
+        }
+        return r;
+    }
+    __device__ static void store(unsigned char* tile, int r, int h, const Raw& raw) {
+        float w[8];
+        if (!raw.valid) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) w[i] = 0.f;
+#pragma unroll
+            for (int c = 0; c < 4; c++) store_chunk(tile, r, 4 * h + c, w);
+            return;
+        }
+        const float d = f16_bits((u16)(raw.w[0].x & 0xFFFF)), m = f16_bits((u16)(raw.w[0].x >> 16));
+        const u32 qh = raw.w[0].y, qs[4] = {raw.w[1].x, raw.w[1].y, raw.w[2].x, raw.w[2].y};
+#pragma unroll
+        for (int c = 0; c < 4; c++) {  // run c: qs bytes 8 (c & 1).., nibble c >> 1, qh byte c
+            const u32 hb = (qh >> (8 * c)) & 0xFFu, shift = (c >> 1) * 4;
+            // bit k of a 4-bit x times 0x02040810 lands on bit 8 k + 4 (Q5_0's decode)
+            const u32 v[2] = {((qs[2 * (c & 1)] >> shift) & 0x0F0F0F0Fu) |
+                                  (((hb & 0xF) * 0x02040810u) & 0x10101010u),
+                              ((qs[2 * (c & 1) + 1] >> shift) & 0x0F0F0F0Fu) |
+                                  (((hb >> 4) * 0x02040810u) & 0x10101010u)};
+#pragma unroll
+            for (int i = 0; i < 8; i++) w[i] = d * byte_f(v[i >> 2], i & 3, 0.f) + m;
+            store_chunk(tile, r, 4 * h + c, w);
+        }
+    }
+};
+
 // Q6_K (210 bytes: ql[128] low nibbles | qh[64] high bit pairs | 16 int8 scales | f16 d): a
 // step's 64 values are quarters 2 (j & 1), + 1 of the block's half j >> 1 (j = k0 % 256 / 64),
 // half h of the step quarter q = 2 (j & 1) + h: 32 ql bytes (low nibbles of the half's first or

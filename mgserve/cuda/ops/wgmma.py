@@ -71,10 +71,10 @@ QW_BMS = (64, 128, 192, 256)  # qgemm_wgmma.cu's tile rows: 1 to 4 warpgroups
 ROW_FORMATS = frozenset({"Q4_K", "Q5_0", "Q8_0"})  # qgemm_rows.cuh's readers (QWgmmaTuning.rows)
 # readers written and host-tested (test_qgemm_rows_host.py), not yet run on a GPU: not used
 # unless added to ROW_FORMATS (test_qgemm_wgmma.py's GPU test of them does so)
-ROW_FORMATS_UNTRIED = frozenset({"Q6_K", "Q5_K"})
+ROW_FORMATS_UNTRIED = frozenset({"Q6_K", "Q5_K", "Q5_1"})
 # formats whose qgemm_wgmma.cu kernels are written (with a row reader), not yet run on a GPU:
 # qgemm.cu's take them until added to WGMMA_FORMATS (test_untried_row_readers does so)
-WGMMA_FORMATS_UNTRIED = frozenset({"Q5_K"})
+WGMMA_FORMATS_UNTRIED = frozenset({"Q5_K", "Q5_1"})  # (a Q5_K file's fallback below 256)
 
 
 @dataclass(frozen=True)
