@@ -105,6 +105,8 @@
 #   bash tests/cuda/gpu_stages.sh s40         ncu3, then ncu1
 #   bash tests/cuda/gpu_stages.sh rows        Q4_K's W by half row-steps: tests, a chunk side by
 #                                              side
+#   bash tests/cuda/gpu_stages.sh s41         the MoE GEMMs' tests with every reader (the untried
+#                                              ones too), the prefill rows with the defaults
 #   bash tests/cuda/gpu_stages.sh rows2       the row readers at qwen4exp's shapes, a chunk side
 #                                              by side (a short call)
 #   bash tests/cuda/gpu_stages.sh chunks      a 16384-token prompt in chunks of 512..8192 tokens
@@ -756,6 +758,19 @@ case "${1:-tests}" in
     # a launch for 2.6 MB)
     bash "$0" ncu3
     bash "$0" ncu1 ;;
+  s41)  # 2026-12-08 00:10: what 2026-12-07 22:52 left for a GPU: the MoE GEMMs' tests over every
+    # tiling with the half row-step readers, and the readers written but not yet run
+    # (test_untried_row_readers: Q6_K, Q5_K, Q5_1, and Q5_K / Q5_1 on wgmma at all; add them to
+    # ROW_FORMATS / WGMMA_FORMATS where it passes), then a served start with the automatic
+    # --batch-size (the plan's log line) and the table's prefill rows with the defaults
+    timeout 300 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_qgemm_wgmma.py \
+      -k "(dense_matches and (Q4_K or Q5_0 or Q8_0)) or grouped_moe or untried or row_readers" \
+      > "$OUT/t_s41.log" 2>&1
+    echo "== s41 tests rc=$?"
+    grep -E "^(FAILED|ERROR|E )|passed|failed|grouped, rows|grouped moe" "$OUT/t_s41.log" | head -30
+    bench prefill 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0,4096@32768 \
+      --decode= --multi-decode= --prefill-repeat 3 --record ;;
   rows)  # 2026-12-07 23:55 (on by default since 23:49's rows2): W tiles by half row-steps (QWgmmaTuning.rows, qgemm_rows.cuh:
     # Q4_K's step loop 298 SASS instructions a thread against 424, Q5_0's 320 against 398 with
     # 12 loads against 29; Nsight at 23:10: the decode is most of the MoE kernels' instructions,
