@@ -761,14 +761,15 @@ case "${1:-tests}" in
   s41)  # 2026-12-08 00:10: what 2026-12-07 22:52 left for a GPU: the MoE GEMMs' tests over every
     # tiling with the half row-step readers, and the readers written but not yet run
     # (test_untried_row_readers: Q6_K, Q5_K, Q5_1, and Q5_K / Q5_1 on wgmma at all; add them to
-    # ROW_FORMATS / WGMMA_FORMATS where it passes), then a served start with the automatic
-    # --batch-size (the plan's log line) and the table's prefill rows with the defaults
+    # ROW_FORMATS / WGMMA_FORMATS where it passes), then the plan with the automatic
+    # --batch-size fitted to the GPU's free memory and the table's prefill rows with the defaults
     timeout 300 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE -m gpu \
       tests/cuda/test_qgemm_wgmma.py \
       -k "(dense_matches and (Q4_K or Q5_0 or Q8_0)) or grouped_moe or untried or row_readers" \
       > "$OUT/t_s41.log" 2>&1
     echo "== s41 tests rc=$?"
     grep -E "^(FAILED|ERROR|E )|passed|failed|grouped, rows|grouped moe" "$OUT/t_s41.log" | head -30
+    python3 -m mgserve info .tiny/qwen4exp.gguf --plan -c 65536 -np 5 2>&1 | grep -E "batch|free"
     bench prefill 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0,4096@32768 \
       --decode= --multi-decode= --prefill-repeat 3 --record ;;
   rows)  # 2026-12-07 23:55 (on by default since 23:49's rows2): W tiles by half row-steps (QWgmmaTuning.rows, qgemm_rows.cuh:
