@@ -210,15 +210,16 @@ def test_scan_on_tensor_cores_fits_two_ctas_an_sm() -> None:
 
 def test_three_buffer_gemms_spill_only_as_documented() -> None:
     """The wgmma GEMMs on three buffers (QWgmmaTuning(stages=3), off by default) at 128 x 128 on
-    two CTAs an SM: Q4_K's MoE kernels spill 4-8 bytes and F32's kernels 16-32 (their raw W
-    registers live across the barrier), the other formats none; 256 x 128 on one CTA an SM
-    spills in no format. A change in either fails here, and the docstring of QWgmmaTuning must
-    follow it."""
+    two CTAs an SM: F32's kernels spill 16-32 bytes (their raw W registers live across the
+    barrier), and with the runs' reader (rows=False) Q4_K's MoE kernels 4-8; the other formats
+    and the half row-step readers none; 256 x 128 on one CTA an SM spills in no format. A change
+    in either fails here, and the docstring of QWgmmaTuning must follow it."""
     from mgserve.cuda.ops.wgmma import QGEMM_WG_SOURCE, WGMMA_FORMATS, QWgmmaTuning
 
     every = {"qgemm_wg", "qgemm_gate_up_wg", "qgemm_down_wg"}
-    moe = {"Q4_K": every - {"qgemm_wg"}, "F32": every}
-    for tuning, spilling in ((QWgmmaTuning(stages=3), moe),
+    runs = {"Q4_K": every - {"qgemm_wg"}, "F32": every}
+    for tuning, spilling in ((QWgmmaTuning(stages=3), {"F32": every}),
+                             (QWgmmaTuning(stages=3, rows=False), runs),
                              (QWgmmaTuning(256, 128, 1, 3), {})):  # fmt: skip
         chosen = [
             Variant(QGEMM_WG_SOURCE, tuning.defines(f), f"{f} stages 3", sm90a=True)

@@ -20,6 +20,7 @@ from mgserve.pipeline.stages import (
     StagePlan,
     StagePlanError,
     best_split,
+    fitted_plan,
     split_shares,
     stage_plan,
 )
@@ -27,7 +28,10 @@ from tests.cuda.test_plan import SYNTH, _file
 
 GIB = 1 << 30
 S = Settings(parallel=2, ctx_size=512, cache_type_k="q8_0", cache_type_v="f16", batch_size=64)
-SEED = Settings(parallel=5, ctx_size=262144, cache_type_k="q8_0", cache_type_v="q8_0")
+# the seed's machine's sessions, in llama.cpp's 512-token prompt chunks
+SEED = Settings(
+    parallel=5, ctx_size=262144, cache_type_k="q8_0", cache_type_v="q8_0", batch_size=512
+)
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +100,9 @@ def test_the_seed_machine_takes_five_full_contexts(flash: ModelCosts) -> None:
         _brute_force(48, 6, bal.cost, lambda s, a, b: True), rel=1e-12
     )  # 24 GiB each is room enough: the unconstrained optimum
     assert p.handoff_bytes == 4 * 4 * 2560 + 8  # the HC residual: 4 streams of 2560 float32
+    auto = fitted_plan(flash, dataclasses.replace(SEED, batch_size=0), range(6), _free(6, 24 * GIB))
+    assert auto.settings.batch_size in (2048, 1024)  # 4096's workspace does not fit the last GPU
+    assert len(auto.stages) == 6
 
 
 def _brute_force(n: int, k: int, cost, fits) -> float:  # type: ignore[no-untyped-def]

@@ -82,8 +82,9 @@ class QWgmmaTuning:
     """Compile-time tile shape of kernels/qgemm_wgmma.cu (its QW_* -D macros, QG_TYPE per
     format); two shared buffers (the W tile of the next step is decoded into the other), or three
     (X copied and W fetched two steps ahead: neither load waited for in the step that issues
-    it; the raw W registers then live across the barrier: at 128 x 128 on two CTAs an SM Q4_K
-    spills 4-8 bytes in the MoE kernels and F32 16-32, at 64 x 256 most formats spill).
+    it; the raw W registers then live across the barrier: at 128 x 128 on two CTAs an SM F32
+    spills 16-32 bytes and, with the runs' reader, Q4_K 4-8 in the MoE kernels; at 64 x 256
+    most formats spill).
     ``decode`` 1 forms W's values from GGUF blocks by shifts and masks as before 2026-12-07
     (gguf_split.cuh's SPLIT_DECODE, kept to time against), 2 by byte permutes. ``rows``: the W
     tiles of ROW_FORMATS read by half row-steps (kernels/qgemm_rows.cuh: a thread's 32 values
