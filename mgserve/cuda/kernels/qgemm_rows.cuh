@@ -21,6 +21,13 @@ __device__ __forceinline__ void store_chunk(unsigned char* tile, int r, int c, c
     *(uint4*)(tile + swz128(r, c)) = f16x8_rn(w);
 }
 
+// the step's chunks 4 h..4 h + 3 of tile row r as zeros (half h of an invalid item: past the
+// row's k or past n_rows), the bits f16x8_rn writes for +0
+__device__ __forceinline__ void store_zeros(unsigned char* tile, int r, int h) {
+#pragma unroll
+    for (int c = 0; c < 4; c++) *(uint4*)(tile + swz128(r, 4 * h + c)) = uint4{0, 0, 0, 0};
+}
+
 template <typename T>
 struct RowSteps {
     static constexpr bool ON = false;
@@ -139,26 +146,25 @@ struct BlockWords {
     }
 };
 
-// Q5_0 (22 bytes: f16 d | u32 qh | 16 bytes of nibbles): 6 words
-template <>
-struct RowSteps<split::Q5_0> {
+// An item of a 32-value block format T from N words (its load; the format gives store)
+template <typename T, int N>
+struct Block32Rows {
     static constexpr bool ON = true;
-    typedef BlockWords<6> Raw;
+    typedef BlockWords<N> Raw;
     __device__ static Raw load(const u8* row, int k0, int k, int h, bool valid) {
         Raw r;
         r.valid = valid && k0 + 32 * h < k;
-        if (r.valid) r.load(row + (size_t)(k0 / 32 + h) * split::Q5_0::BYTES);
+        if (r.valid) r.load(row + (size_t)(k0 / 32 + h) * T::BYTES);
         return r;
     }
+};
+
+// Q5_0 (22 bytes: f16 d | u32 qh | 16 bytes of nibbles): 6 words
+template <>
+struct RowSteps<split::Q5_0> : Block32Rows<split::Q5_0, 6> {
     __device__ static void store(unsigned char* tile, int r, int h, const Raw& raw) {
+        if (!raw.valid) return store_zeros(tile, r, h);
         float w[8];
-        if (!raw.valid) {
-#pragma unroll
-            for (int i = 0; i < 8; i++) w[i] = 0.f;
-#pragma unroll
-            for (int c = 0; c < 4; c++) store_chunk(tile, r, 4 * h + c, w);
-            return;
-        }
         const u32 b0 = raw.at(0, 0), qh = raw.at(0, 2);  // bytes 0..3, 2..5
         const u32 qs[4] = {raw.at(1, 2), raw.at(2, 2), raw.at(3, 2), raw.at(4, 2)};  // 6..21
 #pragma unroll
@@ -175,24 +181,10 @@ struct RowSteps<split::Q5_0> {
 
 // Q8_0 (34 bytes: f16 d | 32 int8): 9 words
 template <>
-struct RowSteps<split::Q8_0> {
-    static constexpr bool ON = true;
-    typedef BlockWords<9> Raw;
-    __device__ static Raw load(const u8* row, int k0, int k, int h, bool valid) {
-        Raw r;
-        r.valid = valid && k0 + 32 * h < k;
-        if (r.valid) r.load(row + (size_t)(k0 / 32 + h) * split::Q8_0::BYTES);
-        return r;
-    }
+struct RowSteps<split::Q8_0> : Block32Rows<split::Q8_0, 9> {
     __device__ static void store(unsigned char* tile, int r, int h, const Raw& raw) {
+        if (!raw.valid) return store_zeros(tile, r, h);
         float w[8];
-        if (!raw.valid) {
-#pragma unroll
-            for (int i = 0; i < 8; i++) w[i] = 0.f;
-#pragma unroll
-            for (int c = 0; c < 4; c++) store_chunk(tile, r, 4 * h + c, w);
-            return;
-        }
         const u32 d = raw.at(0, 0) & 0xFFFFu;
 #pragma unroll
         for (int c = 0; c < 4; c++) {  // run c: bytes 2 + 8 c.. (split::Q8_0::fetch(block, c))
@@ -226,14 +218,8 @@ struct RowSteps<Whole<Q5_1>> {  // (SplitFormat<Q5_1>: the runs decode at fetch)
         return r;
     }
     __device__ static void store(unsigned char* tile, int r, int h, const Raw& raw) {
+        if (!raw.valid) return store_zeros(tile, r, h);
         float w[8];
-        if (!raw.valid) {
-#pragma unroll
-            for (int i = 0; i < 8; i++) w[i] = 0.f;
-#pragma unroll
-            for (int c = 0; c < 4; c++) store_chunk(tile, r, 4 * h + c, w);
-            return;
-        }
         const float d = f16_bits((u16)(raw.w[0].x & 0xFFFF)), m = f16_bits((u16)(raw.w[0].x >> 16));
         const u32 qh = raw.w[0].y, qs[4] = {raw.w[1].x, raw.w[1].y, raw.w[2].x, raw.w[2].y};
 #pragma unroll
@@ -286,14 +272,8 @@ struct RowSteps<split::Q6_K> {
         return r;
     }
     __device__ static void store(unsigned char* tile, int r, int h, const Raw& raw) {
+        if (!raw.valid) return store_zeros(tile, r, h);
         float w[8];
-        if (!raw.valid) {
-#pragma unroll
-            for (int i = 0; i < 8; i++) w[i] = 0.f;
-#pragma unroll
-            for (int c = 0; c < 4; c++) store_chunk(tile, r, 4 * h + c, w);
-            return;
-        }
 #pragma unroll
         for (int c = 0; c < 4; c++) {  // run c: l = 8 c..8 c + 7 (split::Q6_K::fetch's bits)
             split::Q6_K::Raw run;
