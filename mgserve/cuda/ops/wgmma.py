@@ -139,6 +139,11 @@ class QWgmmaTuning:
         """``stages`` (bm + bn) x 64 f16 buffers, and 1024 bytes to align them."""
         return self.stages * (self.bm + self.bn) * 128 + 1024
 
+    def reads_rows(self, type_name: str) -> bool:
+        """Whether ``type_name``'s W tiles are read by half row-steps: ``rows``, a format with a
+        reader, and decode 2 (decode 1, shifts and masks, is the runs' reader's alternative)."""
+        return self.rows and self.decode == 2 and type_name in ROW_FORMATS
+
     def with_rows(self, bm: int) -> QWgmmaTuning:
         """This shape on tiles of ``bm`` rows: its columns where they fit the registers (two CTAs
         an SM if they can), else 128 columns; ValueError naming bm where no kernel has such rows."""
@@ -168,5 +173,5 @@ class QWgmmaTuning:
             )
             + ((("QW_STAGES", str(self.stages)),) if self.stages != 2 else ())
             + ((("SPLIT_DECODE", str(self.decode)),) if self.decode != 2 else ())
-            + ((("QW_ROWS", "1"),) if self.rows and type_name in ROW_FORMATS else ())
+            + ((("QW_ROWS", "1"),) if self.reads_rows(type_name) else ())
         )
