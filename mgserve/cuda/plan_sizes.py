@@ -250,7 +250,9 @@ class ModelSizes:
             decode += 4 * b * s.n_head * MAX_SPLITS * (s.head_dim + 2)
         if qp is not None and self.qsa_layers(pt):  # QSA block scores, the prompt's visibility
             cols = -(-(n_ctx // qp.ratio) // 4) * 4
-            group = max(2 * batch, QSA_SCORE_GROUP * qp.idx_heads)  # (a padded score group)
+            # a padded score group's products (the last one still held while the next is made)
+            # and scores: QSA_SCORE_GROUP x (2 heads + 1) rows, where 2 x batch does not cover it
+            group = max(2 * batch, QSA_SCORE_GROUP * (2 * qp.idx_heads + 1))
             prompt += 4 * group * cols + 4 * batch * (n_ctx // 32)
             decode += 8 * b * cols
         sampler = SAMPLER_ROW_PASSES * 4 * b * (v + 1) if pt.last else 0

@@ -59,6 +59,7 @@ def test_tuning_validation() -> None:
     assert QWgmmaTuning.parse("128,128,2,2,2,0") == QWgmmaTuning(rows=False)
     assert QWgmmaTuning.parse("128,128") == QWgmmaTuning()  # half row-steps by default
     assert "QW_ROWS" not in dict(QWgmmaTuning(decode=1).defines("Q4_K"))  # decode 1: the runs
+    assert "QW_ROWS" not in dict(QWgmmaTuning(192, 128, 1).defines("Q4_K"))  # 256 halves, 384 t
     for bad in ("128", "1,2,3,4,5,6,7", "x,y"):
         with pytest.raises(ValueError, match="expected BM,BN"):
             QWgmmaTuning.parse(bad)

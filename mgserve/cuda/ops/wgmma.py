@@ -141,8 +141,11 @@ class QWgmmaTuning:
 
     def reads_rows(self, type_name: str) -> bool:
         """Whether ``type_name``'s W tiles are read by half row-steps: ``rows``, a format with a
-        reader, and decode 2 (decode 1, shifts and masks, is the runs' reader's alternative)."""
-        return self.rows and self.decode == 2 and type_name in ROW_FORMATS
+        reader, decode 2 (decode 1, shifts and masks, is the runs' reader's alternative) and a
+        tile whose half rows the threads share out evenly (qgemm_wgmma.cu's ROWS: 2 bn a
+        multiple of 2 bm; not 192 rows)."""
+        return (self.rows and self.decode == 2 and type_name in ROW_FORMATS
+                and self.bn % self.bm == 0)  # fmt: skip
 
     def with_rows(self, bm: int) -> QWgmmaTuning:
         """This shape on tiles of ``bm`` rows: its columns where they fit the registers (two CTAs
