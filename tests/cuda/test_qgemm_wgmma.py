@@ -336,9 +336,15 @@ def test_untried_row_readers(moe_wgmma, monkeypatch: pytest.MonkeyPatch) -> None
             w, _ = make_weight(type_name, 300, k, rng, "cuda")
             x = torch.from_numpy(rng.standard_normal((129, k), dtype=np.float32)).cuda()
             want = wg_qgemm(qgemm.kernels, QWgmmaTuning(rows=False)).matmul(x, w)
-            got = wg_qgemm(qgemm.kernels, QWgmmaTuning()).matmul(x, w)
-            assert torch.equal(got, want), f"dense {type_name} k={k}: rows != runs"
-            assert torch.equal(got, mma.matmul(x, w)), f"dense {type_name} k={k}: != mma.sync"
+            assert torch.equal(want, mma.matmul(x, w)), f"dense {type_name} k={k}: != mma.sync"
+            for t in (
+                QWgmmaTuning(),
+                QWgmmaTuning(64, 128, 1),
+                QWgmmaTuning(64, 256),
+                QWgmmaTuning(128, 128, 2, 3),
+            ):  # fmt: skip  (items a thread: 1, 2, 4; 3 buffers)
+                got = wg_qgemm(qgemm.kernels, t).matmul(x, w)
+                assert torch.equal(got, want), f"dense {type_name} k={k} {t}: rows != runs"
     grouped = moe_wgmma.moe.prefill.grouped
     layers = (("Q6_K", "Q5_0"), ("Q5_K", "Q6_K"), ("Q4_K", "Q5_K"), ("Q5_K", "Q5_1"))
     for gate_type, down_type in layers:
