@@ -337,12 +337,12 @@ def test_untried_row_readers(moe_wgmma, monkeypatch: pytest.MonkeyPatch) -> None
             x = torch.from_numpy(rng.standard_normal((129, k), dtype=np.float32)).cuda()
             want = wg_qgemm(qgemm.kernels, QWgmmaTuning(rows=False)).matmul(x, w)
             assert torch.equal(want, mma.matmul(x, w)), f"dense {type_name} k={k}: != mma.sync"
-            for t in (
+            for t in (  # a thread's items 1, 2 and 4, and three buffers
                 QWgmmaTuning(),
                 QWgmmaTuning(64, 128, 1),
                 QWgmmaTuning(64, 256),
                 QWgmmaTuning(128, 128, 2, 3),
-            ):  # fmt: skip  (items a thread: 1, 2, 4; 3 buffers)
+            ):
                 got = wg_qgemm(qgemm.kernels, t).matmul(x, w)
                 assert torch.equal(got, want), f"dense {type_name} k={k} {t}: rows != runs"
     grouped = moe_wgmma.moe.prefill.grouped
