@@ -106,7 +106,7 @@ def test_the_gpus_split_the_layers_as_info_plan_does(two_gpus: None, tmp_path: P
     from mgserve.pipeline.stages import StagePlanError, split_shares
 
     path = str(_file("qwen4exp", tmp_path).path)  # 8 layers
-    s = Settings(model=path, device_list="0,1", gpu_memory="1GiB,150MiB", ctx_size=32768)
+    s = Settings(model=path, device_list="0,1", gpu_memory="1GiB,160MiB", ctx_size=32768)
     counts, batch = launch.planned_split(s, ["GPU-a", "GPU-b"])
     plan = plan_for(GGUFFile(path), s)
     want = plan.ranges
@@ -154,7 +154,7 @@ def test_an_automatic_batch_is_fitted_to_a_given_split(two_gpus: None, tmp_path:
     from mgserve.pipeline.report import plan_for
 
     path = str(_file("qwen4exp", tmp_path).path)
-    s = Settings(model=path, device_list="0,1", gpu_memory="1GiB,150MiB", ctx_size=32768,
+    s = Settings(model=path, device_list="0,1", gpu_memory="1GiB,160MiB", ctx_size=32768,
                  tensor_split="7,1")  # fmt: skip
     split, batch = launch.planned_split(s, ["GPU-a", "GPU-b"])
     assert split == "7,1" and batch == plan_for(GGUFFile(path), s).settings.batch_size
