@@ -1,9 +1,10 @@
 // qgemm_wgmma.cu's W tiles read by half row-steps (QW_ROWS, QWgmmaTuning.rows): a step's 64
 // values of a W row in two items, a thread each, where the runs' reader gives a thread one
 // 8-value run of each of several rows. An item's loads are few and wide, and its block header
-// (scales) serves 32 values, not 8. Each format's values are its split reader's (gguf_split.cuh:
-// the same arithmetic, the same f16), written to the tile's 16-byte chunks (8 values of k each)
-// in the 128-byte swizzle.
+// (scales) serves 32 values, not 8. Each format's values are its runs' reader's (gguf_split.cuh's
+// split readers; gguf_blocks.cuh's decoders through Whole<> for Q5_K and Q5_1): the same
+// arithmetic, the same f16, written to the tile's 16-byte chunks (8 values of k each) in the
+// 128-byte swizzle.
 //
 // RowSteps<T>: ON for the formats with an item reader; load(row, k0, k, h, valid) fetches half
 // h of the step at k0 of the row at `row` (nothing where !valid: its chunks are zeros), and
