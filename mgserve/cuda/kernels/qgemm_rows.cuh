@@ -171,7 +171,8 @@ struct RowSteps<split::Q5_0> : Block32Rows<split::Q5_0, 6> {
 #pragma unroll
         for (int c = 0; c < 4; c++) {  // run c: split::Q5_0::fetch(block, c)'s raw bits
             split::Q5_0::Raw run;
-            run.meta = (b0 & 0xFFFFu) | (((qh >> (8 * c)) & 0xFFu) << 16) | ((u32)(c >> 1) * 4 << 24);
+            run.meta =
+                (b0 & 0xFFFFu) | (((qh >> (8 * c)) & 0xFFu) << 16) | ((u32)(c >> 1) * 4 << 24);
             run.q[0] = qs[2 * (c & 1)];
             run.q[1] = qs[2 * (c & 1) + 1];
             split::Q5_0::decode(run, w);
