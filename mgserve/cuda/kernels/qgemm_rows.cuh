@@ -43,46 +43,17 @@ struct RowSteps {
 // sub-block 2 j + 1 (chunks 4 + 2 h, 5 + 2 h): two 16-byte loads (those bytes and the block's
 // header: d, dmin, the 12 scale bytes) and two scale / min pairs for 32 values, where the runs'
 // reader makes four runs' five loads and four pairs.
-template <>
-struct RowSteps<split::Q4_K> {
+// Q5_K (FIFTH; 176 bytes: the header as Q4_K's | qh[32] | qs[128]): the same items, each
+// value's fifth bit from qh byte l (bit 2 j of the low nibbles' values, 2 j + 1 of the high
+// ones'), half h's 16 qh bytes one more 16-byte load. The values of gguf_blocks.cuh's Q5_K
+// (Whole<Q5_K>, which qgemm_dequant and the runs read): d x sc x v - dmin x mn with the same
+// products. (Q4_K's instructions are those it had as a reader of its own: no qh is loaded or
+// used without FIFTH.)
+template <bool FIFTH>
+struct KQuantRows {
     static constexpr bool ON = true;
-    struct Raw {
-        uint4 head, q;
-        int j;
-    };
-    __device__ static Raw load(const u8* row, int k0, int k, int h, bool valid) {
-        Raw r{{0, 0, 0, 0}, {0, 0, 0, 0}, (int)((unsigned)k0 % 256 / 64)};
-        if (valid && k0 < k) {  // (k is a multiple of 256: a step is wholly in or out)
-            const u8* b = row + (size_t)((unsigned)k0 / 256) * split::Q4_K::BYTES;
-            r.head = __ldg((const uint4*)b);
-            r.q = __ldg((const uint4*)(b + 16 + 32 * r.j + 16 * h));
-        }
-        return r;
-    }
-    __device__ static void store(unsigned char* tile, int r, int h, const Raw& raw) {
-        const uint4 hd = raw.head;
-        float d0, m0, d1, m1, w[8];
-        split::Q4_K::scale_min(hd.x, hd.y, hd.z, hd.w, 2 * raw.j, d0, m0);
-        split::Q4_K::scale_min(hd.x, hd.y, hd.z, hd.w, 2 * raw.j + 1, d1, m1);
-        const u32 q[4] = {raw.q.x, raw.q.y, raw.q.z, raw.q.w};
-#pragma unroll
-        for (int c = 0; c < 2; c++) {  // bytes 8 c..8 c + 7 of the half
-            split::Q4_K::values(d0, m0, q[2 * c] & 0x0F0F0F0Fu, q[2 * c + 1] & 0x0F0F0F0Fu, w);
-            store_chunk(tile, r, 2 * h + c, w);
-            split::Q4_K::values(d1, m1, (q[2 * c] >> 4) & 0x0F0F0F0Fu,
-                                (q[2 * c + 1] >> 4) & 0x0F0F0F0Fu, w);
-            store_chunk(tile, r, 4 + 2 * h + c, w);
-        }
-    }
-};
-
-// Q5_K (176 bytes: the header as Q4_K's | qh[32] | qs[128]): Q4_K's items, each value's fifth
-// bit from qh byte l (bit 2 j of the low nibbles' values, 2 j + 1 of the high ones'), half h's
-// 16 qh bytes one more 16-byte load. The values of gguf_blocks.cuh's Q5_K (Whole<Q5_K>, which
-// qgemm_dequant and the runs read): d x sc x v - dmin x mn with the same products.
-template <>
-struct RowSteps<Whole<Q5_K>> {  // (SplitFormat<Q5_K>: the runs decode at fetch)
-    static constexpr bool ON = true;
+    static constexpr int BYTES = FIFTH ? Q5_K::BYTES : split::Q4_K::BYTES;
+    static constexpr int QS = FIFTH ? 48 : 16;  // the quant bytes' offset in the block
     struct Raw {
         uint4 head, qh, q;
         int j;
@@ -90,12 +61,18 @@ struct RowSteps<Whole<Q5_K>> {  // (SplitFormat<Q5_K>: the runs decode at fetch)
     __device__ static Raw load(const u8* row, int k0, int k, int h, bool valid) {
         Raw r{{0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, (int)((unsigned)k0 % 256 / 64)};
         if (valid && k0 < k) {  // (k is a multiple of 256: a step is wholly in or out)
-            const u8* b = row + (size_t)((unsigned)k0 / 256) * Q5_K::BYTES;
+            const u8* b = row + (size_t)((unsigned)k0 / 256) * BYTES;
             r.head = __ldg((const uint4*)b);
-            r.qh = __ldg((const uint4*)(b + 16 + 16 * h));
-            r.q = __ldg((const uint4*)(b + 48 + 32 * r.j + 16 * h));
+            if (FIFTH) r.qh = __ldg((const uint4*)(b + 16 + 16 * h));
+            r.q = __ldg((const uint4*)(b + QS + 32 * r.j + 16 * h));
         }
         return r;
+    }
+    // the 4-bit values of bytes q (low nibbles, or the high ones when `high`), each with its
+    // fifth bit from bit s of its qh byte with FIFTH
+    __device__ static u32 nibbles(u32 q, u32 qh, u32 s, bool high) {
+        const u32 v = (high ? q >> 4 : q) & 0x0F0F0F0Fu;
+        return FIFTH ? v | (((qh >> s) & 0x01010101u) << 4) : v;
     }
     __device__ static void store(unsigned char* tile, int r, int h, const Raw& raw) {
         const uint4 hd = raw.head;
@@ -107,21 +84,22 @@ struct RowSteps<Whole<Q5_K>> {  // (SplitFormat<Q5_K>: the runs decode at fetch)
         const u32 s0 = 2 * raw.j, s1 = s0 + 1;
 #pragma unroll
         for (int c = 0; c < 2; c++) {  // bytes 8 c..8 c + 7 of the half
-            u32 v[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-                v[i] = (q[2 * c + i] & 0x0F0F0F0Fu) | (((qh[2 * c + i] >> s0) & 0x01010101u) << 4);
-            split::Q4_K::values(d0, m0, v[0], v[1], w);
+            const int a = 2 * c, b = 2 * c + 1;
+            split::Q4_K::values(d0, m0, nibbles(q[a], qh[a], s0, false),
+                                nibbles(q[b], qh[b], s0, false), w);
             store_chunk(tile, r, 2 * h + c, w);
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-                v[i] = ((q[2 * c + i] >> 4) & 0x0F0F0F0Fu) |
-                       (((qh[2 * c + i] >> s1) & 0x01010101u) << 4);
-            split::Q4_K::values(d1, m1, v[0], v[1], w);
+            split::Q4_K::values(d1, m1, nibbles(q[a], qh[a], s1, true),
+                                nibbles(q[b], qh[b], s1, true), w);
             store_chunk(tile, r, 4 + 2 * h + c, w);
         }
     }
 };
+
+template <>
+struct RowSteps<split::Q4_K> : KQuantRows<false> {};
+
+template <>
+struct RowSteps<Whole<Q5_K>> : KQuantRows<true> {};  // (SplitFormat<Q5_K>: decode at fetch)
 
 // Blocks of 32 values (Q5_0, Q8_0): half h is block k0 / 32 + h, the step's chunks 4 h..4 h + 3
 // (its runs 0..3). Its BYTES (even) start 2-byte aligned: the words from the one below are
