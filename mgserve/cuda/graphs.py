@@ -37,10 +37,11 @@ from mgserve.cuda.ops.chains import Chains, has_runs, runs_of, to_device
 BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
 # op-family switches that change what a decode step launches (hc.cluster also its bits, as a
 # tuning does): a graph is captured per setting (bench model --paired R --toggle one of them
-# times both from graphs; route.split's group size is keyed too, not toggled)
+# times both from graphs; route.split's group size and route.unroll are keyed too)
 GRAPH_SWITCHES = (
     "branch.decode", "moe.shared_parts", "hc.cluster", "route.lean", "qsa.cluster",
     "hc.stage_hoist", "route.tickets.acq_rel", "route.split", "route.split_tokens",
+    "route.unroll", "route.batch",
 )  # fmt: skip
 _SWITCH_PATHS = tuple(tuple(name.split(".")) for name in GRAPH_SWITCHES)  # family, .., attribute
 POW2_BUCKETS = (1, 2, 4, 8, 16)  # the buckets before 2026-12-03 (bench comparisons)

@@ -70,7 +70,7 @@ from mgserve.cuda.ops.moe_prefill_cuda import MOE_PREFILL_SOURCE
 from mgserve.cuda.ops.norm import NORM_SOURCE
 from mgserve.cuda.ops.qgemm import DENSE_TUNING, GROUPED_TUNING, QGEMM_SOURCE
 from mgserve.cuda.ops.qsa_cuda import SELECT_SOURCE, UTIL_SOURCE
-from mgserve.cuda.ops.route import LEAN_DEFINES, LEAN_TUNING, ROUTE_SOURCE
+from mgserve.cuda.ops.route import BATCH_DEFINES, LEAN_DEFINES, LEAN_TUNING, ROUTE_SOURCE
 from mgserve.cuda.ops.wgmma import (
     HGEMM_WG_SOURCE,
     QGEMM_WG_SOURCE,
@@ -135,6 +135,7 @@ def _deltanet() -> list[Variant]:
 
 
 ACQ_REL = (("TICKET_ACQREL", "1"),)  # Tickets.acq_rel's define
+BATCH10 = replace(LEAN_TUNING, unroll=10).defines()  # route.unroll=10
 
 
 def variants() -> list[Variant]:
@@ -148,6 +149,8 @@ def variants() -> list[Variant]:
         # fences (to time it)
         Variant(ROUTE_SOURCE, LEAN_TUNING.defines() + LEAN_DEFINES + ACQ_REL, "lean acq_rel"),
         Variant(ROUTE_SOURCE, LEAN_TUNING.defines() + LEAN_DEFINES, "router lean"),
+        # route.batch with route.unroll 10: a 2560-wide (qwen4exp) router row's loads at once
+        Variant(ROUTE_SOURCE, BATCH10 + LEAN_DEFINES + BATCH_DEFINES + ACQ_REL, "lean batch 10"),
         Variant(ROUTE_SOURCE, MatvecTuning().defines() + ACQ_REL, "router acq_rel"),
         Variant(ROUTE_SOURCE, MatvecTuning().defines(), "router"),
         Variant(Q8_SOURCE, q8_defines(Q8_ROWS, Q8_THREADS), ""),

@@ -107,6 +107,10 @@
 #                                              side
 #   bash tests/cuda/gpu_stages.sh s41         the MoE GEMMs' tests with every reader (the untried
 #                                              ones too), the prefill rows with the defaults
+#   bash tests/cuda/gpu_stages.sh s42         s41 with route.batch's tests and rounds
+#   bash tests/cuda/gpu_stages.sh s44         the prefill rows, a chunk's operations by family
+#   bash tests/cuda/gpu_stages.sh s43         the lane beside decoders with the MoE prompt GEMMs
+#                                              on 1 CTA an SM (room for decode blocks)
 #   bash tests/cuda/gpu_stages.sh rows2       the row readers at qwen4exp's shapes, a chunk side
 #                                              by side (a short call)
 #   bash tests/cuda/gpu_stages.sh chunks      a 16384-token prompt in chunks of 512..8192 tokens
@@ -772,6 +776,36 @@ case "${1:-tests}" in
     python3 -m mgserve info .tiny/qwen4exp.gguf --plan -c 65536 -np 5 2>&1 | grep -E "batch|free"
     bench prefill 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0,4096@32768 \
       --decode= --multi-decode= --prefill-repeat 3 --record ;;
+  s42)  # 2026-12-08 (no GPU was lent that session): s41's tests (every reader, the untried ones
+    # too: promote what passes), route.batch's tests, the automatic --batch-size, then
+    # route.batch (a 2560-wide router row's loads in one batch: matvec.cuh's RUN_BATCH) on and
+    # off side by side (the prefill rows: s44)
+    timeout 300 python3 -m pytest -q -s --tb=short -p no:cacheprovider -rfE -m gpu \
+      tests/cuda/test_qgemm_wgmma.py tests/cuda/test_fused_router.py \
+      -k "(dense_matches and (Q4_K or Q5_0 or Q8_0)) or grouped_moe or untried or row_readers \
+          or (router and (batch or lean))" > "$OUT/t_s42.log" 2>&1
+    echo "== s42 tests rc=$?"
+    grep -E "^(FAILED|ERROR|E )|passed|failed|grouped, rows|grouped moe" "$OUT/t_s42.log" | head -30
+    python3 -m mgserve info .tiny/qwen4exp.gguf --plan -c 65536 -np 5 2>&1 | grep -E "batch|free"
+    bench batch 150 model $Q4X --ctx 65536 --slots 5 --int8 --prefill= --decode 0 \
+      --multi-decode 5@32768 --paired 5 --set route.unroll=10 --toggle route.batch --record ;;
+  s44)  # the prefill rows with the defaults (the row readers, 2026-12-07), then a prompt
+    # chunk's GPU operations by the op family that launched them (--gaps: which family's torch
+    # kernels are the 532 vectorized_elementwise launches, 21 ms of a 4096-token chunk at 17:12)
+    bench prefill 150 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0,4096@32768 \
+      --decode= --multi-decode= --prefill-repeat 3 --record
+    bench gaps 200 model $Q4X --ctx 65536 --slots 1 --int8 --prefill 4096@0 --decode 0 \
+      --multi-decode= --decode-steps 1 --gaps --record ;;
+  s43)  # issue 12, room for the decoders beside the lane (2026-12-08): a decode kernel waits
+    # for an SM the lane's blocks leave room on, and the MoE prompt GEMMs' 2 CTAs an SM take all
+    # 65,536 registers (128 x 256 x 2); on 1 CTA an SM (wg:128,128,1) they leave half. The lane
+    # on every SM with them and the DeltaNet scan in pieces of 1024, against the default lane
+    for tiles in "wg:128,128,2" "wg:128,128,1"; do
+      bench "mixed_${tiles//[:,]/_}" 150 mixed $Q4X --int8 --ctx 163840 --slots 3 \
+        --depth 131072 --prompt 32768 --ubatch 4096 --moe-tiles "$tiles" \
+        --set=deltanet.prefill_piece=1024 --itl-target-ms= --time-limit 30 --prefill-lane \
+        --decode-steps 32 --record
+    done ;;
   rows)  # 2026-12-07 23:55 (on by default since 23:49's rows2): W tiles by half row-steps (QWgmmaTuning.rows, qgemm_rows.cuh:
     # Q4_K's step loop 298 SASS instructions a thread against 424, Q5_0's 320 against 398 with
     # 12 loads against 29; Nsight at 23:10: the decode is most of the MoE kernels' instructions,

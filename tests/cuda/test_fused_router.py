@@ -5,7 +5,8 @@
   against the gate ``moe.add_shared`` computes (add_shared(0, 1, h, gate) is that gate exactly);
   every router format and token bucket, expert counts that fill the last CTA or not, repeated
   launches (the last CTA resets its counter) and a CUDA-graph replay, with the launch's tokens
-  in one group or in groups of 2 and 1 (route.split);
+  in one group or in groups of 2 and 1 (route.split), and one token's loads in batches
+  (route.batch, route.unroll);
 - ``MoeCuda.experts(shared=...)``: the shared expert added by the down kernel against
   ``experts`` then ``add_shared``, fp32 and int8, gated or not, with and without a residual.
 
@@ -39,27 +40,44 @@ def gate_of(ops, h: torch.Tensor, gate_inp: torch.Tensor) -> torch.Tensor:
 
 @pytest.fixture(
     params=[
-        (False, False, 0),
-        (True, False, 0),
-        (False, True, 0),
-        (True, True, 0),
-        (True, True, 2),
-        (True, True, 1),
-        (False, True, 2),
+        (False, False, 0, 0),
+        (True, False, 0, 0),
+        (False, True, 0, 0),
+        (True, True, 0, 0),
+        (True, True, 2, 0),
+        (True, True, 1, 0),
+        (False, True, 2, 0),
+        (True, True, 1, 10),
+        (True, True, 1, 3),
+        (True, True, 0, 3),
     ],
-    ids=["plain", "lean", "plain_acq_rel", "acq_rel", "split2", "split1", "plain_split2"],
+    ids=[
+        "plain",
+        "lean",
+        "plain_acq_rel",
+        "acq_rel",
+        "split2",
+        "split1",
+        "plain_split2",
+        "batch10",
+        "batch3",
+        "batch3_groups",
+    ],  # fmt: skip
 )
 def lean(cuda_ops, request):  # type: ignore[no-untyped-def]
     """route.lean off and on (a row a warp, the top k by warp reductions), each with the tickets
-    taken by fences and by one acq_rel atomic a CTA (route.tickets.acq_rel, the default), and
-    the tokens in groups of 2 and of 1 (route.split: grid y, a counter and a last CTA a group):
-    the same results. (Yields route.lean.)"""
+    taken by fences and by one acq_rel atomic a CTA (route.tickets.acq_rel, the default), the
+    tokens in groups of 2 and of 1 (route.split: grid y, a counter and a last CTA a group), and
+    route.batch with 10 runs a batch (a 2560-wide row's in one) and 3 (rows of several batches,
+    the last one partial; a launch's tokens in one group too, where only its 1-token kernel
+    batches): the same results. (Yields route.lean.)"""
     rt, tickets = cuda_ops.route, cuda_ops.route.tickets
-    before = rt.lean, tickets.acq_rel, rt.split, rt.split_tokens
-    rt.lean, tickets.acq_rel, group = request.param
+    before = rt.lean, tickets.acq_rel, rt.split, rt.split_tokens, rt.batch, rt.unroll
+    rt.lean, tickets.acq_rel, group, unroll = request.param
     rt.split, rt.split_tokens = group > 0, group or rt.split_tokens
+    rt.batch, rt.unroll = unroll > 0, unroll or rt.unroll
     yield request.param[0]
-    rt.lean, tickets.acq_rel, rt.split, rt.split_tokens = before
+    rt.lean, tickets.acq_rel, rt.split, rt.split_tokens, rt.batch, rt.unroll = before
 
 
 @pytest.mark.parametrize("type_name", ["F32", "F16", "BF16"])
@@ -158,6 +176,10 @@ def test_router_refuses_what_it_cannot_fuse(cuda_ops) -> None:
         with pytest.raises(ValueError, match="route.split_tokens must be one of"):
             rt.split_tokens = bad
     assert rt.split and rt.split_tokens == 1  # the default: groups of 1
+    for bad in (0, 17, 2.0, True):
+        with pytest.raises(ValueError, match="route.unroll must be an int in 1..16"):
+            rt.unroll = bad
+    assert rt.unroll == 8 and not rt.batch  # the defaults
 
 
 @pytest.mark.parametrize("int8", [False, True])

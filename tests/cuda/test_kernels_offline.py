@@ -65,6 +65,8 @@ KNOWN_SPILLS = {
     ("matvec.cu", "matvec_IQ3_S_t2"),
     ("matvec.cu", "matvec_IQ3_XXS_t2"),
     ("moe.cu", "moe_down_IQ3_S"),
+    # route.unroll 10 (off by default): the 8-token F16 router, which does not batch, 12/16 B
+    ("route.cu[lean batch 10]", "matvec_route_F16_t8"),
 }
 
 

@@ -166,5 +166,9 @@ def test_tuning_is_validated() -> None:
 
     with pytest.raises(ValueError, match="three integers"):
         MatvecTuning.parse("1,2")
-    with pytest.raises(ValueError, match="unroll must be in 1..8"):
+    with pytest.raises(ValueError, match="unroll must be in 1..16"):
         MatvecTuning(1, 1, 0)
+    with pytest.raises(ValueError, match="unroll must be in 1..16"):
+        MatvecTuning(1, 1, 17)
+    with pytest.raises(ValueError, match="rows_per_warp_n must be in 1..8"):
+        MatvecTuning(1, 9, 4)

@@ -17,6 +17,9 @@
 #ifndef RUN_UNROLL
 #define RUN_UNROLL 4  // run-loop unroll: loads of several runs in flight per lane
 #endif
+#ifndef RUN_BATCH
+#define RUN_BATCH 0  // 1: one token's run loop in batches of RUN_UNROLL runs (below)
+#endif
 
 // w: [n_rows, k / BLOCK * BYTES] bytes; x: fp32 [n_tok, k]; y: fp32 [n_tok, n_rows].
 // n_rows: output rows; k: inputs per row, a multiple of BLOCK; n_tok: tokens, 1..NT.
@@ -43,19 +46,49 @@ __device__ void matvec(const u8* __restrict__ w, const float* __restrict__ x, fl
     }
     float acc[R][NT] = {};
     const int n_runs = k / 8;
+    if (RUN_BATCH && NT == 1) {
+        // every load of RUN_UNROLL runs (W and x) issued before any is used, the runs past the
+        // row's end skipped: a row of up to 256 RUN_UNROLL inputs in one round trip, where the
+        // unrolled loop below does a trip count's remainder a run at a time. The same sums in
+        // the same order (so the same bits).
+        for (int r0 = lane; r0 < n_runs; r0 += 32 * RUN_UNROLL) {
+            float v[RUN_UNROLL][R][8];
+            float4 a[RUN_UNROLL], c[RUN_UNROLL];
+#pragma unroll
+            for (int u = 0; u < RUN_UNROLL; u++) {
+                const int r = r0 + 32 * u;
+                if (r < n_runs) {
+#pragma unroll
+                    for (int rr = 0; rr < R; rr++)
+                        T::load(wrow[rr] + (size_t)(r / RUNS) * T::BYTES, r % RUNS, v[u][rr]);
+                    const float4* xp = (const float4*)(x + (size_t)r * 8);
+                    a[u] = xp[0];
+                    c[u] = xp[1];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < RUN_UNROLL; u++) {
+                if (r0 + 32 * u < n_runs) {
+#pragma unroll
+                    for (int rr = 0; rr < R; rr++) acc[rr][0] += dot8(v[u][rr], a[u], c[u]);
+                }
+            }
+        }
+    } else {
 #pragma unroll RUN_UNROLL
-    for (int r = lane; r < n_runs; r += 32) {
-        float v[R][8];
+        for (int r = lane; r < n_runs; r += 32) {
+            float v[R][8];
 #pragma unroll
-        for (int rr = 0; rr < R; rr++)
-            T::load(wrow[rr] + (size_t)(r / RUNS) * T::BYTES, r % RUNS, v[rr]);
+            for (int rr = 0; rr < R; rr++)
+                T::load(wrow[rr] + (size_t)(r / RUNS) * T::BYTES, r % RUNS, v[rr]);
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (t < n_tok) {
-                const float4* xp = (const float4*)(x + (size_t)t * k + (size_t)r * 8);
-                const float4 a = xp[0], c = xp[1];
+            for (int t = 0; t < NT; t++) {
+                if (t < n_tok) {
+                    const float4* xp = (const float4*)(x + (size_t)t * k + (size_t)r * 8);
+                    const float4 a = xp[0], c = xp[1];
 #pragma unroll
-                for (int rr = 0; rr < R; rr++) acc[rr][t] += dot8(v[rr], a, c);
+                    for (int rr = 0; rr < R; rr++) acc[rr][t] += dot8(v[rr], a, c);
+                }
             }
         }
     }

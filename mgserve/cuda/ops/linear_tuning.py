@@ -71,9 +71,11 @@ class MatvecTuning:
     unroll: int = 4  # run-loop unroll: independent weight loads in flight per lane
 
     def __post_init__(self) -> None:
-        for name in ("rows_per_warp_1", "rows_per_warp_n", "unroll"):
-            if not 1 <= getattr(self, name) <= 8:
-                raise ValueError(f"MatvecTuning.{name} must be in 1..8, got {getattr(self, name)}")
+        for name, most in (("rows_per_warp_1", 8), ("rows_per_warp_n", 8), ("unroll", 16)):
+            if not 1 <= getattr(self, name) <= most:
+                raise ValueError(
+                    f"MatvecTuning.{name} must be in 1..{most}, got {getattr(self, name)}"
+                )
 
     @classmethod
     def parse(cls, text: str) -> MatvecTuning:

@@ -19,6 +19,7 @@ gate.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -47,10 +48,12 @@ ROUTE_MAX_EXPERTS = 512  # 32 * ROUTE_PER_LANE in route.cuh
 ROUTE_MAX_K = 32  # one lane keeps each chosen expert
 ROUTER_TYPES = frozenset({"F32", "F16", "BF16"})  # route.cu's matvec_route_<T> formats
 # the fused router's product with ``lean`` (the default): a row a warp for any token count, and
-# 8 runs' loads in flight a lane (RUN_UNROLL 8: all of them up to 2048 inputs): matvec.cu's bits
-# (a row's sums do not depend on these)
+# ``RouteCuda.unroll`` runs' loads in flight a lane (RUN_UNROLL; 8: all of them up to 2048
+# inputs): matvec.cu's bits (a row's sums do not depend on these)
 LEAN_TUNING = MatvecTuning(1, 1, 8)
-LEAN_DEFINES = (("ROUTE_REDUX", "1"),)  # and the top k by warp reductions (route.cuh)
+LEAN_DEFINES = (("ROUTE_REDUX", "1"),)
+BATCH_DEFINES = (("RUN_BATCH", "1"),)  # route.batch (matvec.cuh)
+MAX_UNROLL = 16  # and the top k by warp reductions (route.cuh)
 
 
 class Route(NamedTuple):
@@ -104,6 +107,14 @@ class RouteCuda:
         # sessions' decode +1.3% on the H100 (bench model --paired 5 --toggle route.lean,
         # 2026-12-07; one session +0.5%, within the noise)
         self.lean = True
+        # the lean product's runs in flight a lane (RUN_UNROLL, 1..16) and, with ``batch``, its
+        # one-token loop in batches of that many runs, every load issued before any is used
+        # (matvec.cuh's RUN_BATCH; the unrolled loop does a trip count's remainder a run at a
+        # time, and ptxas kept about four runs in flight of 8): the same bits. 8 covers a
+        # 2048-wide router row, qwen4exp's 2560 take 10 (bench model --set route.unroll=10
+        # --toggle route.batch: not measured yet)
+        self._unroll = LEAN_TUNING.unroll
+        self.batch = False
         # 2..8 tokens in groups of split_tokens (grid y; route.cu): each warp does a group's
         # serial work, not all tokens', and the groups route in parallel; the same bits. Five
         # sessions' decode on the H100 (bench model --paired 5 --toggle route.split, 2026-12-07):
@@ -111,6 +122,17 @@ class RouteCuda:
         # group: split_tokens, below; on against off, by the medians)
         self.split = True
         self._split_tokens = 1
+
+    @property
+    def unroll(self) -> int:
+        """The lean router's runs a lane loads before it uses any (``lean``'s RUN_UNROLL)."""
+        return self._unroll
+
+    @unroll.setter
+    def unroll(self, n: int) -> None:
+        if type(n) is not int or not 1 <= n <= MAX_UNROLL:  # a bool is refused too
+            raise ValueError(f"route.unroll must be an int in 1..{MAX_UNROLL}, got {n!r}")
+        self._unroll = n
 
     @property
     def split_tokens(self) -> int:
@@ -196,8 +218,11 @@ class RouteCuda:
         experts = torch.empty((n, k), dtype=torch.int32, device=self.device)
         weights = torch.empty((n, k), dtype=torch.float32, device=self.device)
         gate = None if gate_inp is None else torch.empty(n, dtype=torch.float32, device=self.device)
-        tuning = LEAN_TUNING if self.lean else self.linear.tuning
-        defines = tuning.defines() + (LEAN_DEFINES if self.lean else ()) + self.tickets.defines
+        tuning = self.linear.tuning
+        if self.lean:
+            tuning = dataclasses.replace(LEAN_TUNING, unroll=self.unroll)
+        lean = LEAN_DEFINES + (BATCH_DEFINES if self.batch else ()) if self.lean else ()
+        defines = tuning.defines() + lean + self.tickets.defines
         bucket = token_bucket(min(n, self.split_tokens) if self.split else n)
         per_cta = tuning.rows_per_cta(bucket)
         # x: the rows' CTAs and the gates' one; y: the groups of `bucket` tokens (route.cu)
