@@ -63,6 +63,14 @@ def _parser(serve_only: bool = False) -> argparse.ArgumentParser:
         "shared memory per kernel; exit 1 if one fails to compile (needs the extra `kernels`)",
     )
     offline.add_arguments(check)
+    from mgserve.cuda import prebuild
+
+    build = ksub.add_parser(
+        "build",
+        help="compile every kernel variant into the server's kernel cache ahead of its first "
+        "start on a GPU (no GPU needed; needs the extra `kernels`)",
+    )
+    prebuild.add_arguments(build)
     return p
 
 
@@ -100,9 +108,9 @@ def main(argv: list[str] | None = None) -> int:
 
             return synth.run(args)
         if args.command == "kernels":
-            from mgserve.cuda import offline
+            from mgserve.cuda import offline, prebuild
 
-            return offline.run(args)
+            return prebuild.run(args) if args.kernels == "build" else offline.run(args)
         mod = importlib.import_module(f"mgserve.bench.{args.bench.replace('-', '_')}")
         return int(mod.run(args))
     except ValueError as e:  # user errors (bad settings, bad GGUF) get one clear line, no trace

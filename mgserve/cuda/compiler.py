@@ -4,7 +4,8 @@ A cubin is keyed by the source's SHA-256, the compile options, the target arch a
 version, so editing a kernel, changing a flag or upgrading the toolkit each miss the cache, and
 nothing else does. A warm start reads the cubin and loads it in milliseconds instead of spending
 seconds in NVRTC. Entries are written to a temporary name and renamed, so a crash or a second
-process never leaves a torn cubin behind.
+process never leaves a torn cubin behind. ``mgserve kernels build`` (prebuild.py) writes the
+same files ahead of a first start, without a GPU.
 """
 
 from __future__ import annotations
@@ -66,6 +67,30 @@ class CompileOptions:
         return f"sm_{self.arch};{self.std};{defs}"
 
 
+def cubin_name(source: str, source_text: bytes, opts: CompileOptions,
+               nvrtc: tuple[int, int]) -> str:  # fmt: skip
+    """The cache file name of ``kernels/<source>`` (its expanded text) compiled with ``opts`` by
+    NVRTC ``nvrtc`` (major, minor)."""
+    h = hashlib.sha256()
+    for part in (source_text, opts.key().encode(), f"nvrtc {nvrtc[0]}.{nvrtc[1]}".encode()):
+        h.update(part)
+        h.update(b"\0")
+    return f"{Path(source).stem}-sm{opts.arch}-{h.hexdigest()[:24]}.cubin"
+
+
+def store(path: Path, cubin: bytes) -> None:
+    """Write ``cubin`` to ``path`` through a temporary name and a rename (never torn)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(cubin)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 @dataclass
 class CompileStats:
     compiles: int = 0  # NVRTC invocations (cache misses)
@@ -88,12 +113,7 @@ class KernelCompiler:
         return CompileOptions(arch=runtime.gpu_info(self.device_index).arch, defines=defines)
 
     def cache_path(self, source: str, source_text: bytes, opts: CompileOptions) -> Path:
-        major, minor = runtime.nvrtc_version()
-        h = hashlib.sha256()
-        for part in (source_text, opts.key().encode(), f"nvrtc {major}.{minor}".encode()):
-            h.update(part)
-            h.update(b"\0")
-        return self.cache_dir / f"{Path(source).stem}-sm{opts.arch}-{h.hexdigest()[:24]}.cubin"
+        return self.cache_dir / cubin_name(source, source_text, opts, runtime.nvrtc_version())
 
     def module(self, source: str, opts: CompileOptions | None = None) -> ObjectCode:
         """The compiled module of ``kernels/<source>``: from memory, the disk cache, or NVRTC."""
@@ -115,7 +135,7 @@ class KernelCompiler:
             how = "cache"
         else:
             cubin = self._compile(source, text.decode(), opts)
-            self._store(cubin_path, cubin)
+            store(cubin_path, cubin)
             self.stats.compiles += 1
             self.stats.seconds_compiling += time.perf_counter() - t0
             how = "nvrtc"
@@ -148,14 +168,3 @@ class KernelCompiler:
         finally:
             program.close()
         return bytes(obj.code)
-
-    def _store(self, path: Path, cubin: bytes) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(cubin)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise

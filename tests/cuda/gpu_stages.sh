@@ -121,11 +121,19 @@
 #   bash tests/cuda/gpu_stages.sh moewg       the wgmma MoE prompt kernels on 192- and 256-row
 #                                              tiles, the DeltaNet scan on 16 columns: tests,
 #                                              the prompt's tilings and scan widths side by side
-# Logs and files land in $OUT.
+# Logs and files land in $OUT. A fresh machine compiles each kernel module at its first use
+# (minutes of device time for a full-width model): carry .kcache.tar.xz, the cubins built here
+# without a GPU (same NVRTC, 13.0), and every stage starts with them in its cache:
+#   mgserve kernels build --cache-dir /tmp/kc && tar -cJf .kcache.tar.xz -C /tmp/kc kernels
 set -o pipefail
 OUT=${OUT:-/tmp/mgserve-out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 XDG_CACHE_HOME=/tmp/xdg-cache
+if [ -f .kcache.tar.xz ]; then  # the prebuilt cubins into the kernel cache (python: no xz needed)
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
+    .kcache.tar.xz "$XDG_CACHE_HOME/mgserve" \
+    && echo "prebuilt kernels: $(ls "$XDG_CACHE_HOME/mgserve/kernels" | wc -l) cubins"
+fi
 [ -d .tiny ] && export MGSERVE_TEST_TINY=$PWD/.tiny
 Q4X="--shape qwen4exp-flash-next --layers 48 --experts 256 --ple-rows 4000000"
 ncu_kernels() {  # "name:kernel regex:launches" ...: Nsight Compute on one prompt chunk and
