@@ -219,18 +219,25 @@ def _print(r: Compiled, every_kernel: bool) -> None:
         print("    " + r.log.replace("\n", "\n    ").rstrip())
 
 
-def run(args: argparse.Namespace) -> int:
-    """Compile, print per variant (and kernels that spill), a summary; 1 on any failure."""
-    if not re.fullmatch(r"\d+[a-z]?", args.arch):
-        raise ValueError(f"--arch {args.arch!r}: expected a number such as 90 (sm_90) or 90a")
+def chosen_variants(only: str | None) -> list[Variant]:
+    """kernel_variants.py's variants whose label contains ``only`` (all without it);
+    ValueError where NVRTC cannot run here or none matches."""
     missing = nvrtc_missing()
     if missing:
         raise ValueError(missing)
     from mgserve.cuda.kernel_variants import variants
 
-    chosen = [v for v in variants() if not args.only or args.only in v.label]
+    chosen = [v for v in variants() if not only or only in v.label]
     if not chosen:
-        raise ValueError(f"--only {args.only!r} matches no variant")
+        raise ValueError(f"--only {only!r} matches no variant")
+    return chosen
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compile, print per variant (and kernels that spill), a summary; 1 on any failure."""
+    if not re.fullmatch(r"\d+[a-z]?", args.arch):
+        raise ValueError(f"--arch {args.arch!r}: expected a number such as 90 (sm_90) or 90a")
+    chosen = chosen_variants(args.only)
     t0 = time.perf_counter()
     results = check(chosen, args.arch, args.jobs, lambda r: _print(r, args.kernels))
     wall = time.perf_counter() - t0

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from mgserve import env
 from mgserve.cuda.compiler import KERNEL_DIR, CompileOptions, cubin_name, expand_includes, store
-from mgserve.cuda.offline import nvrtc_missing, nvrtc_options
+from mgserve.cuda.offline import chosen_variants, nvrtc_options
 from mgserve.machine import available_cpus
 
 if TYPE_CHECKING:
@@ -119,14 +119,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--arch {a!r}: expected numbers such as 90 or 86,90")
     if not archs:
         raise ValueError("--arch: no arch given")
-    missing = nvrtc_missing()
-    if missing:
-        raise ValueError(missing)
-    from mgserve.cuda.kernel_variants import variants
-
-    chosen = [v for v in variants() if not args.only or args.only in v.label]
-    if not chosen:
-        raise ValueError(f"--only {args.only!r} matches no variant")
+    chosen = chosen_variants(args.only)
     cache = env.cache_dir(args.cache_dir) / "kernels"
     t0 = time.perf_counter()
     results = build(chosen, archs, cache, args.jobs)
