@@ -108,9 +108,9 @@
 #   bash tests/cuda/gpu_stages.sh s41         the MoE GEMMs' tests with every reader (the untried
 #                                              ones too), the prefill rows with the defaults
 #   bash tests/cuda/gpu_stages.sh s42         s41 with route.batch's tests and rounds
-#   bash tests/cuda/gpu_stages.sh s44         the prefill rows, a chunk's operations by family
 #   bash tests/cuda/gpu_stages.sh s43         the lane beside decoders with the MoE prompt GEMMs
 #                                              on 1 CTA an SM (room for decode blocks)
+#   bash tests/cuda/gpu_stages.sh s44         the prefill rows, a chunk's operations by family
 #   bash tests/cuda/gpu_stages.sh rows2       the row readers at qwen4exp's shapes, a chunk side
 #                                              by side (a short call)
 #   bash tests/cuda/gpu_stages.sh chunks      a 16384-token prompt in chunks of 512..8192 tokens

@@ -91,9 +91,13 @@ def test_router_is_matvec_then_top_k(cuda_ops, lean: bool, type_name: str, n: in
     rt = cuda_ops.route
     assert rt.fuses(n, w, k)
     grids: list[tuple[int, int]] = []  # each launch's grid (the router's: y, its token groups)
-    real = rt.kernels.launch
+    real, real_kernel = rt.kernels.launch, rt.kernels.kernel
     monkeypatch.setattr(rt.kernels, "launch", lambda kern, grid, *a, **kw: (
         grids.append(grid), real(kern, grid, *a, **kw)))  # fmt: skip
+    asked: list[dict[str, str]] = []  # the router kernels' -D defines (the settings reach them)
+    monkeypatch.setattr(rt.kernels, "kernel", lambda src, name, defines=(), *a, **kw: (
+        asked.append(dict(defines)) if src == "route.cu" else None,
+        real_kernel(src, name, defines, *a, **kw))[1])  # fmt: skip
     group = token_bucket(min(n, rt.split_tokens) if rt.split else n)  # tokens a group
     want_gate = gate_of(cuda_ops, h, gate_inp)
     for norm in (True, False):
@@ -103,6 +107,9 @@ def test_router_is_matvec_then_top_k(cuda_ops, lean: bool, type_name: str, n: in
             got = rt.router(h, w, k, norm, gate)
             what = f"{type_name} N={n} E={e} k={k} norm={norm}"
             assert [g[1] for g in grids] == [-(-n // group)], f"{what}: {grids}"
+            assert asked[-1].get("RUN_BATCH") == ("1" if rt.lean and rt.batch else None), what
+            if rt.lean:
+                assert asked[-1]["RUN_UNROLL"] == str(rt.unroll), what
             assert int(rt.tickets.buf.count_nonzero()) == 0, f"{what}: a counter left set"
             assert torch.equal(got.route.experts, want.experts), what
             assert torch.equal(got.route.weights, want.weights), what
@@ -176,10 +183,17 @@ def test_router_refuses_what_it_cannot_fuse(cuda_ops) -> None:
         with pytest.raises(ValueError, match="route.split_tokens must be one of"):
             rt.split_tokens = bad
     assert rt.split and rt.split_tokens == 1  # the default: groups of 1
-    for bad in (0, 17, 2.0, True):
-        with pytest.raises(ValueError, match="route.unroll must be an int in 1..16"):
+    for bad in (0, 13, 2.0, True):
+        with pytest.raises(ValueError, match="route.unroll must be an int in 1..12"):
             rt.unroll = bad
     assert rt.unroll == 8 and not rt.batch  # the defaults
+    f32_router, _ = make_weight("F32", 256, 256, rng, "cuda")
+    rt.lean, rt.batch = False, True  # the batch is the lean router's: refused, not ignored
+    try:
+        with pytest.raises(ValueError, match="route.batch and route.unroll are the lean"):
+            rt.router(rand(1, 256, seed=1), f32_router, 8, True)
+    finally:
+        rt.lean, rt.batch = True, False
 
 
 @pytest.mark.parametrize("int8", [False, True])

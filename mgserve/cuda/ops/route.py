@@ -51,9 +51,11 @@ ROUTER_TYPES = frozenset({"F32", "F16", "BF16"})  # route.cu's matvec_route_<T> 
 # ``RouteCuda.unroll`` runs' loads in flight a lane (RUN_UNROLL; 8: all of them up to 2048
 # inputs): matvec.cu's bits (a row's sums do not depend on these)
 LEAN_TUNING = MatvecTuning(1, 1, 8)
-LEAN_DEFINES = (("ROUTE_REDUX", "1"),)
+LEAN_DEFINES = (("ROUTE_REDUX", "1"),)  # and the top k by warp reductions (route.cuh)
 BATCH_DEFINES = (("RUN_BATCH", "1"),)  # route.batch (matvec.cuh)
-MAX_UNROLL = 16  # and the top k by warp reductions (route.cuh)
+# route.unroll at most: batches of 12 runs take 255 registers in the one-token F16 / BF16
+# kernels, of 16 they spill (144-272 B; NVRTC 13.0, sm_90)
+MAX_UNROLL = 12
 
 
 class Route(NamedTuple):
@@ -107,7 +109,7 @@ class RouteCuda:
         # sessions' decode +1.3% on the H100 (bench model --paired 5 --toggle route.lean,
         # 2026-12-07; one session +0.5%, within the noise)
         self.lean = True
-        # the lean product's runs in flight a lane (RUN_UNROLL, 1..16) and, with ``batch``, its
+        # the lean product's runs in flight a lane (RUN_UNROLL, 1..12) and, with ``batch``, its
         # one-token loop in batches of that many runs, every load issued before any is used
         # (matvec.cuh's RUN_BATCH; the unrolled loop does a trip count's remainder a run at a
         # time, and ptxas kept about four runs in flight of 8): the same bits. 8 covers a
@@ -221,6 +223,8 @@ class RouteCuda:
         tuning = self.linear.tuning
         if self.lean:
             tuning = dataclasses.replace(LEAN_TUNING, unroll=self.unroll)
+        elif self.batch or self.unroll != LEAN_TUNING.unroll:  # (they would change nothing)
+            raise ValueError("route.batch and route.unroll are the lean router's (route.lean)")
         lean = LEAN_DEFINES + (BATCH_DEFINES if self.batch else ()) if self.lean else ()
         defines = tuning.defines() + lean + self.tickets.defines
         bucket = token_bucket(min(n, self.split_tokens) if self.split else n)
