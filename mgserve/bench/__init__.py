@@ -20,6 +20,7 @@ BENCHMARKS = (
     "plot",
     "glue",
     "ple-host",
+    "sampling-host",
     "invariance",
     "grammar",
     "structured",
