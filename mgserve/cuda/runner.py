@@ -75,7 +75,8 @@ from mgserve.cuda.green import green_stream
 from mgserve.cuda.models.base import DeviceLM, Span, Step
 from mgserve.cuda.ops.chains import to_device
 from mgserve.cuda.runner_lane import LAYERS_AHEAD, Lane, LaunchWindow
-from mgserve.cuda.sampling import DeviceSampler, HostBuffers, SamplingBatch, SamplingRow, seeded
+from mgserve.cuda.sampling import DeviceSampler, HostBuffers, SamplingRow, seeded
+from mgserve.cuda.sampling.kept import kept_batch
 from mgserve.cuda.save_stream import SaveStream
 
 
@@ -267,8 +268,7 @@ class DeviceRunner:
                 for i in range(1, 1 + w.n_draft):
                     window = [*tail, *w.tokens[1 : i + 1]]
                     rows.append(SamplingRow(st.params, window, st.counter + i))
-        batch = SamplingBatch.build(rows, v, self.device)
-        out = self.sampler.sample(logits, batch)
+        out = self.sampler.sample(logits, kept_batch(lane.sampling, rows, v, self.device))
         host = out.to_host(lane.host)
         lane.sync()  # the step's one wait: ids are in pinned memory after it
         tokens = host.tokens.tolist()

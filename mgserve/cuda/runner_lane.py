@@ -1,16 +1,17 @@
 """A lane of the device runner (cuda/runner.py): the CUDA stream its steps run on, the pinned
-buffers its sampled ids come back through, the event a step's one wait is on, and how far its
-host may run ahead of the GPU: by steps (``pace``) and, in the prefill lane, by layers within a
-prompt chunk (``LaunchWindow``)."""
+buffers its sampled ids come back through, its sampling inputs' batches (sampling/kept.py), the
+event a step's one wait is on, and how far its host may run ahead of the GPU: by steps
+(``pace``) and, in the prefill lane, by layers within a prompt chunk (``LaunchWindow``)."""
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from mgserve.cuda.sampling import HostBuffers
+from mgserve.cuda.sampling import HostBuffers, SamplingBatch
+from mgserve.cuda.sampling.kept import SizeClass
 
 LAYERS_AHEAD = 2  # the prefill lane waits after each layer for the end of the one this far back
 
@@ -24,6 +25,7 @@ class Lane:
     done: torch.cuda.Event | None  # None off the GPU
     ahead: torch.cuda.Event | None = None  # the end of its last step that waited for nothing
     layers_ahead: int = 0  # a prompt chunk's LaunchWindow depth (0: no window)
+    sampling: dict[SizeClass, SamplingBatch] = field(default_factory=dict)  # kept.py's batches
 
     def window(self) -> LaunchWindow | None:
         """A prompt chunk's ``LaunchWindow`` in this lane (None: unbounded)."""

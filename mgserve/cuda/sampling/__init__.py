@@ -7,6 +7,8 @@ step uses them:
 
     plan.py     SamplingPlan (which stages run, with what shapes) and SamplingRow (one session)
     inputs.py   SamplingBatch: the rows' inputs packed into one device buffer, one copy per step
+    layout.py   that buffer's fields (offsets, dtypes, shapes) and what a batch's rows need of it
+    kept.py     a runner lane's batches, one per size class, refilled step after step
     rng.py      the counter-based random numbers: a hash of (seed, counter, token id)
     chain.py    the chain: SeqSampler's stages, batched, and the Gumbel-max draw
     sampler.py  DeviceSampler: the chain, greedy rows, logprobs

@@ -16,51 +16,11 @@ import torch
 
 from mgserve.core.engine.contract import SamplingParams
 from mgserve.core.grammar import bitmask_words
+from mgserve.cuda.sampling.layout import layout as _layout
+from mgserve.cuda.sampling.layout import row_sizes
+from mgserve.cuda.sampling.layout import views as _views
 from mgserve.cuda.sampling.plan import SamplingPlan, SamplingRow, cheapest_plan, window_len
 from mgserve.cuda.sampling.rng import to_int64
-
-
-def _align(n: int) -> int:
-    return (n + 15) // 16 * 16
-
-
-def _layout(
-    b: int, w: int, nb: int, mw: int
-) -> tuple[dict[str, tuple[int, torch.dtype, tuple]], int]:
-    """Byte offset, dtype and shape of every field in the packed buffer; and its total size."""
-    fields: list[tuple[str, torch.dtype, tuple]] = [
-        ("temperature", torch.float64, (b,)),
-        ("seed", torch.int64, (b,)),
-        ("counter", torch.int64, (b,)),
-        ("top_k", torch.int64, (b,)),
-        ("bias_ids", torch.int64, (b, nb)),
-        ("top_p", torch.float32, (b,)),
-        ("log_min_p", torch.float32, (b,)),
-        ("repeat_penalty", torch.float32, (b,)),
-        ("frequency_penalty", torch.float32, (b,)),
-        ("presence_penalty", torch.float32, (b,)),
-        ("bias_values", torch.float32, (b, nb)),
-        ("window", torch.int32, (b, w)),
-        ("allowed", torch.int32, (b, mw)),
-        ("n_probs", torch.int32, (b,)),
-        ("greedy", torch.bool, (b,)),
-        ("want_logprob", torch.bool, (b,)),
-    ]
-    out: dict[str, tuple[int, torch.dtype, tuple]] = {}
-    off = 0
-    for name, dt, shape in fields:
-        out[name] = (off, dt, shape)
-        off = _align(off + math.prod(shape) * dt.itemsize)
-    return out, max(off, 16)
-
-
-def _views(raw: torch.Tensor, layout: dict[str, tuple[int, torch.dtype, tuple]]) -> dict:
-    """Typed views of the packed uint8 buffer ``raw``, one per field."""
-    out = {}
-    for name, (off, dt, shape) in layout.items():
-        n = math.prod(shape) * dt.itemsize
-        out[name] = raw[off : off + n].view(dt).view(shape)
-    return out
 
 
 @dataclass(eq=False)
@@ -126,10 +86,7 @@ class SamplingBatch:
         rs = [SamplingRow(*r) for r in rows]
         if not rs:
             raise ValueError("SamplingBatch.build: no rows")
-        w = max(window_len(r) for r in rs)
-        nb = max(len({t for t, _ in r.params.logit_bias if 0 <= t < n_vocab}) for r in rs)
-        mw = bitmask_words(n_vocab) if any(r.matcher is not None for r in rs) else 0
-        batch = cls._empty(len(rs), w, nb, mw, n_vocab, torch.device(device))
+        batch = cls._empty(len(rs), *row_sizes(rs, n_vocab), n_vocab, torch.device(device))
         return batch._fill(rs)
 
     @classmethod
