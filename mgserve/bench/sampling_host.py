@@ -1,9 +1,10 @@
 """``mgserve bench sampling-host``: the host's sampling inputs of one decode step, on the CPU.
 
-A served decode step takes longer than its graph replayed alone (``bench model``: 5.67 against
-5.28 ms for one session on an H100, 2026-12-07), and the sampler's inputs are part of the host's
-work between steps: every session's row packed into a staging buffer (neutral values, then each
-row's temperature, seed, counter, penalty window, biases) and copied to the device. This times
+The sampler's inputs are part of the host's work in a decode step: every session's row packed
+into a staging buffer (neutral values, then each row's temperature, seed, counter, penalty
+window, biases) and copied to the device. The runner does it after launching the step's
+forward, so it runs while the GPU computes and lengthens a step only where the host is behind
+(many sessions, a slow or busy CPU: the API's threads share the interpreter). This times
 one step's inputs for 1..S sessions of the server's default sampling with a 64-token penalty
 window, side by side: as served (the lane's kept batch of the rows' size class refilled,
 sampling/kept.py) and as before 2026-12-08 (a new batch built every step: a device buffer, a

@@ -1,7 +1,8 @@
 """Sampling batches kept from step to step: a runner's lane refills one preallocated
 ``SamplingBatch`` per size class (``SamplingBatch.update``) where it built a new one every step:
 a device buffer, a pinned staging buffer and two sets of views of them a step, most of the
-host's sampling work between decode steps (``mgserve bench sampling-host``).
+host's sampling work in a decode step (``mgserve bench sampling-host``; done while the GPU runs
+the step's forward, it costs the host's time, not the step's, until the host falls behind).
 
 A class rounds the rows' needs up (rows, window tokens and biased ids to powers of two, a grammar
 mask or not), so a session's growing window or a batch's changing size finds its batch again;
