@@ -79,12 +79,14 @@ def cubin_name(source: str, source_text: bytes, opts: CompileOptions,
 
 
 def store(path: Path, cubin: bytes) -> None:
-    """Write ``cubin`` to ``path`` through a temporary name and a rename (never torn)."""
+    """Write ``cubin`` to ``path`` through a temporary name and a rename (never torn), readable
+    by every user (an image's prebuilt cubins serve whatever uid runs it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(cubin)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

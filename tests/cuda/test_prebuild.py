@@ -1,6 +1,7 @@
 """``mgserve kernels build`` (cuda/prebuild.py): cubins compiled without a GPU under the names the
-server's ``KernelCompiler`` looks up, kept when already there, a failure named; on a GPU, a
-server's compiler then loads a prebuilt module from disk without calling NVRTC. The CPU tests
+server's ``KernelCompiler`` looks up, kept when already there, copied from an earlier build's
+folder, a failure named; on a GPU, the server's ``Kernels`` then load prebuilt modules (plain,
+with defines, sm_90a) from disk without calling NVRTC. The CPU tests
 need NVRTC (the ``test`` extra installs it), as test_kernels_offline.py does."""
 
 from __future__ import annotations
@@ -72,7 +73,30 @@ def test_a_failure_is_named_and_fails_the_command(tmp_path: Path, monkeypatch, c
     assert main(["kernels", "build", "--cache-dir", str(tmp_path), "--jobs", "1"]) == 1
     out = capsys.readouterr().out
     assert "FAILED: act.cu[broken] @ sm_90" in out
-    assert "1 built, 0 already there, 1 failed" in out
+    assert "1 built, 0 already there, 0 reused, 1 failed" in out
+
+
+@needs_nvrtc
+def test_reuse_copies_an_earlier_build_and_keeps_what_it_compiles(tmp_path: Path) -> None:
+    from mgserve.cuda import prebuild
+
+    first, second, shared = tmp_path / "a", tmp_path / "b", tmp_path / "shared"
+    built = prebuild.build(SMALL, ["90"], first / "kernels", jobs=2, reuse=shared)
+    assert [r.how for r in built] == ["built"] * len(SMALL)
+    assert sorted(p.name for p in shared.iterdir()) == sorted(r.path.name for r in built)
+    again = prebuild.build(SMALL, ["90"], second / "kernels", jobs=2, reuse=shared)
+    assert [r.how for r in again] == ["reused"] * len(SMALL)
+    for a, b in zip(built, again, strict=True):
+        assert a.path.name == b.path.name and a.path.read_bytes() == b.path.read_bytes()
+        assert b.path.stat().st_mode & 0o777 == 0o644  # readable by whatever uid serves
+
+
+@needs_nvrtc
+def test_the_default_folder_is_the_servers(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("MGSERVE_CACHE_DIR", str(tmp_path / "served"))
+    assert main(["kernels", "build", "--only", "act.cu", "--jobs", "1"]) == 0
+    assert len(list((tmp_path / "served" / "kernels").glob("act-sm90-*.cubin"))) == 1
+    assert "1 built, 0 already there, 0 reused, 0 failed" in capsys.readouterr().out
 
 
 def test_bad_arguments_are_clear_errors(tmp_path: Path, capsys) -> None:
@@ -92,11 +116,22 @@ def test_a_server_compiler_loads_a_prebuilt_module(tmp_path: Path) -> None:
     pytest.importorskip("cuda.core")
     from mgserve.cuda import prebuild
     from mgserve.cuda.compiler import KernelCompiler
+    from mgserve.cuda.launch import Kernels
     from mgserve.cuda.runtime import gpu_info
 
+    arch = gpu_info(0).arch
     act = next(v for v in variants() if v.source == "act.cu")
-    (r,) = prebuild.build([act], [gpu_info(0).arch], tmp_path / "kernels")
-    assert r.how == "built"
-    compiler = KernelCompiler(0, cache_dir=tmp_path)
-    compiler.module("act.cu", compiler.options(defines=act.defines))
-    assert (compiler.stats.compiles, compiler.stats.disk_hits) == (0, 1)
+    # a module with defines, and on an H100 / H200 a wgmma one (sm_90a), as the ops ask for them
+    lean = next(v for v in variants() if v.label == "route.cu[lean acq_rel]")
+    wg = next(v for v in variants() if v.sm90a and v.defines)
+    chosen = [act, lean, *([wg] if arch == "90" else [])]
+    built = prebuild.build(chosen, [arch], tmp_path / "kernels")
+    assert [r.how for r in built] == ["built"] * len(chosen)
+    kernels = Kernels(KernelCompiler(0, cache_dir=tmp_path))
+    kernels.kernel("act.cu", "silu_mul_f32_v4")
+    kernels.kernel("route.cu", "matvec_route_F32_t1", lean.defines)
+    if arch == "90":
+        kernels.kernel(wg.source, "qgemm_wg" if "qgemm" in wg.source else "hgemm_wg", wg.defines,
+                       sm90a=True)  # fmt: skip
+    stats = kernels.compiler.stats
+    assert (stats.compiles, stats.disk_hits) == (0, len(chosen)), stats.log

@@ -7,7 +7,7 @@ the step's forward, it costs the host's time, not the step's, until the host fal
 A class rounds the rows' needs up (rows, window tokens and biased ids to powers of two, a grammar
 mask or not), so a session's growing window or a batch's changing size finds its batch again;
 its spare rows and slots hold the neutral values, so a row samples what an exactly sized batch
-gives it (tests/cuda/test_device_sampling.py). A batch is reused only in stream order: a lane's
+gives it (tests/cuda/test_sampling_kept.py). A batch is reused only in stream order: a lane's
 steps run on one stream and end in its one wait, so the next fill finds the last step's sampling
 done; each lane keeps its own batches.
 """
@@ -22,7 +22,7 @@ from mgserve.cuda.sampling.inputs import SamplingBatch
 from mgserve.cuda.sampling.layout import row_sizes
 from mgserve.cuda.sampling.plan import SamplingRow
 
-MOST_KEPT = 8  # size classes a lane keeps (the oldest made goes first)
+MOST_KEPT = 8  # size classes a lane keeps (the one used longest ago goes first)
 
 SizeClass = tuple[int, int, int, bool]  # (rows, window tokens, biased ids, grammar masks)
 
@@ -45,10 +45,11 @@ def kept_batch(
     if not rows:
         raise ValueError("kept_batch: no rows")
     key = size_class(rows, n_vocab)
-    batch = kept.get(key)
+    batch = kept.pop(key, None)  # (put back last: the dict's order is the order of use)
     if batch is None:
         if len(kept) >= MOST_KEPT:
             kept.pop(next(iter(kept)))
         b, w, nb, grammar = key
-        batch = kept[key] = SamplingBatch.allocate(b, n_vocab, device, w, nb, grammar)
+        batch = SamplingBatch.allocate(b, n_vocab, device, w, nb, grammar)
+    kept[key] = batch
     return batch.update(rows)
