@@ -21,6 +21,7 @@ BENCHMARKS = (
     "glue",
     "ple-host",
     "sampling-host",
+    "engine-host",
     "invariance",
     "grammar",
     "structured",
