@@ -109,7 +109,7 @@
 #                                              ones too), the prefill rows with the defaults
 #   bash tests/cuda/gpu_stages.sh s42         s41 with route.batch's tests and rounds
 #   bash tests/cuda/gpu_stages.sh s43         the lane beside decoders with the MoE prompt GEMMs
-#                                              on 1 CTA an SM (room for decode blocks)
+#                                              padded to 1 CTA an SM (room for decode blocks)
 #   bash tests/cuda/gpu_stages.sh s44         the prefill rows, a chunk's operations by family
 #   bash tests/cuda/gpu_stages.sh rows2       the row readers at qwen4exp's shapes, a chunk side
 #                                              by side (a short call)
@@ -806,11 +806,13 @@ case "${1:-tests}" in
       --multi-decode= --decode-steps 1 --gaps --record ;;
   s43)  # issue 12, room for the decoders beside the lane (2026-12-08): a decode kernel waits
     # for an SM the lane's blocks leave room on, and the MoE prompt GEMMs' 2 CTAs an SM take all
-    # 65,536 registers (128 x 256 x 2); on 1 CTA an SM (wg:128,128,1) they leave half. The lane
-    # on every SM with them and the DeltaNet scan in pieces of 1024, against the default lane
-    for tiles in "wg:128,128,2" "wg:128,128,1"; do
-      bench "mixed_${tiles//[:,]/_}" 150 mixed $Q4X --int8 --ctx 163840 --slots 3 \
-        --depth 131072 --prompt 32768 --ubatch 4096 --moe-tiles "$tiles" \
+    # 65,536 registers (128 x 256 x 2; their __launch_bounds__ minimum does not change that:
+    # 128 registers at min 1 too). linear.qgemm.room=51200 pads each CTA's shared memory to
+    # 116.5 KB, so one fits an SM and leaves half the registers and ~110 KB. The lane on every SM
+    # with it and the DeltaNet scan in pieces of 1024, against the same without it
+    for room in 0 51200; do
+      bench "mixed_room$room" 150 mixed $Q4X --int8 --ctx 163840 --slots 3 \
+        --depth 131072 --prompt 32768 --ubatch 4096 --set=linear.qgemm.room=$room \
         --set=deltanet.prefill_piece=1024 --itl-target-ms= --time-limit 30 --prefill-lane \
         --decode-steps 32 --record
     done ;;

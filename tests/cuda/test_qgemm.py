@@ -150,6 +150,47 @@ def test_grouped_launches_without_host_reads() -> None:
     assert c.total <= 16, f"{c.total} torch ops besides the launches: {dict(c.ops)}"
 
 
+class _SmemRecorder(LaunchRecorder):
+    """LaunchRecorder on the wgmma path, keeping each kernel's allowed and launched smem."""
+
+    wgmma = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.smem: list[tuple[str, int, int]] = []  # (kernel, allowed, launched)
+        self._allowed = 0
+
+    def kernel(self, source: str, name: str, defines: tuple = (), smem: int = 0,
+               sm90a: bool = False) -> str:  # fmt: skip
+        self._allowed = smem
+        return name
+
+    def launch(self, kernel: object, *args: object, **kw: object) -> None:
+        super().launch(kernel, *args, **kw)
+        self.smem.append((str(kernel), self._allowed, int(kw.get("shmem", 0))))  # type: ignore[call-overload]
+
+
+def test_room_pads_the_wgmma_ctas_shared_memory() -> None:
+    """qgemm.room: a wgmma CTA launched (and allowed) with that many bytes beyond its tiles, so
+    fewer fit an SM (a prefill lane leaving room to decode blocks); refused past 227 KB."""
+    from mgserve.cuda.ops.wgmma import MAX_SMEM, QWgmmaTuning
+    from mgserve.cuda.weights import QuantWeight
+
+    rec = _SmemRecorder()
+    q = QGemm(rec)  # type: ignore[arg-type]
+    w = QuantWeight("w", "Q4_K", (256, 128), torch.empty(0, dtype=torch.uint8))
+    tiles = QWgmmaTuning().smem_bytes
+    for room in (0, 51200):
+        q.room = room
+        q._launch(q.tuning, "qgemm", "Q4_K", 128, None, 4096, label=w.name)
+        assert rec.smem[-1] == ("qgemm_wg", tiles + room, tiles + room)
+    assert 2 * (tiles + 51200 + 1024) > 228 * 1024  # one CTA an SM where two fitted
+    for bad in (-1, MAX_SMEM - tiles + 1, 1.5):
+        q.room = bad  # type: ignore[assignment]
+        with pytest.raises(ValueError, match="qgemm.room"):
+            q._launch(q.tuning, "qgemm", "Q4_K", 128, None, 4096, label=w.name)
+
+
 def test_hgemm_tuning_validation() -> None:
     for t in HG_TUNINGS:
         assert t.smem_bytes <= 227 * 1024

@@ -28,7 +28,7 @@ from mgserve.cuda.launch import MAX_GRID_Y, Kernels
 from mgserve.cuda.ops.f16_rows import f16_rows
 from mgserve.cuda.ops.grouped_rows import GroupedRows
 from mgserve.cuda.ops.linear import check_rows
-from mgserve.cuda.ops.wgmma import QGEMM_WG_SOURCE, WGMMA_FORMATS, QWgmmaTuning
+from mgserve.cuda.ops.wgmma import MAX_SMEM, QGEMM_WG_SOURCE, WGMMA_FORMATS, QWgmmaTuning
 from mgserve.cuda.weights import QuantWeight
 
 if TYPE_CHECKING:
@@ -137,6 +137,10 @@ class QGemm:
         # same bits (tests/cuda/test_qgemm_wgmma.py); on the H100 a 4096-token prompt 6.5%
         # faster, the grouped MoE products 13% (BENCHMARKS.md, 2026-12-06 17:10)
         self.wgmma = kernels.wgmma if wgmma is None else wgmma
+        # shared memory a wgmma CTA holds beyond its tiles (bytes, 0: none): from ~50 KB the MoE
+        # tiles' 2 CTAs an SM become 1, leaving half the registers and ~110 KB to decode blocks
+        # beside a prefill lane (gpu_stages s43: --set linear.qgemm.room=51200; not measured)
+        self.room = 0
 
     def _kernel(self, tuning: QGemmTuning, name: str, type_name: str) -> Kernel:
         return self.kernels.kernel(QGEMM_SOURCE, name, tuning.defines(type_name))
@@ -164,10 +168,13 @@ class QGemm:
             t = wg or self.wgmma_tuning
             if not self.kernels.wgmma:
                 raise ValueError("QGemm.wgmma: warpgroup MMA needs an sm_90 GPU (H100 / H200)")
+            smem = t.smem_bytes + self.room
+            if type(self.room) is not int or not 0 <= self.room <= MAX_SMEM - t.smem_bytes:
+                raise ValueError(f"qgemm.room {self.room!r}: 0..{MAX_SMEM - t.smem_bytes} bytes")
             kernel = self.kernels.kernel(
-                QGEMM_WG_SOURCE, name + "_wg", t.defines(type_name), smem=t.smem_bytes, sm90a=True
+                QGEMM_WG_SOURCE, name + "_wg", t.defines(type_name), smem=smem, sm90a=True
             )
-            bm, bn, threads, smem = t.bm, t.bn, t.threads, t.smem_bytes
+            bm, bn, threads = t.bm, t.bn, t.threads
         else:
             kernel = self._kernel(tuning, name, type_name)
             bm, bn, threads, smem = tuning.bm, tuning.bn, tuning.threads, 0
