@@ -7,7 +7,10 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
+import statistics
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 # command names; the module of ``a-b`` is ``mgserve.bench.a_b``
@@ -76,3 +79,15 @@ def record(title: str, body: str, path: str | Path = "BENCHMARKS.md") -> None:
         p.write_text("# Benchmarks\n\nEvery row comes from `mgserve bench ...`; newest last.\n")
     with p.open("a") as f:
         f.write(entry)
+
+
+def median_us(fn: Callable[[], object], repeat: int) -> float:
+    """Median over 5 runs of ``repeat`` calls of ``fn``, in microseconds per call (the CPU
+    benches' timing: ple-host, sampling-host)."""
+    runs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            fn()
+        runs.append((time.perf_counter() - t0) / repeat * 1e6)
+    return statistics.median(runs)

@@ -13,12 +13,11 @@ the project's numpy decoding (``ple_rows.decode_blocks``, the same bits), median
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from mgserve.bench import median_us
 
 TABLE_ROWS = 200_000  # rows of the random table (the real one has ~4M; a row read costs the same)
 
@@ -27,17 +26,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--type", default="Q5_0", help="the table's type (a Q4_K_M file's: Q5_0)")
     parser.add_argument("--sessions", default="1,5", help="comma-separated session counts")
     parser.add_argument("--repeat", type=int, default=2000, help="calls per timing")
-
-
-def _us(fn: Callable[[], object], repeat: int) -> float:
-    """Median over 5 runs of ``repeat`` calls, in microseconds per call."""
-    runs = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(repeat):
-            fn()
-        runs.append((time.perf_counter() - t0) / repeat * 1e6)
-    return statistics.median(runs)
 
 
 def _row(s: int, spec: Any, table: np.ndarray, type_name: str, qtype: Any,
@@ -55,11 +43,11 @@ def _row(s: int, spec: Any, table: np.ndarray, type_name: str, qtype: Any,
     ours, theirs = ple_rows.decode_blocks(raw, type_name), quants.dequantize(raw, qtype)
     assert np.array_equal(ours.view(np.uint32), theirs.reshape(ours.shape).view(np.uint32))
     return (
-        f"| {s} | {_us(lambda: ple.decode_contexts(toks, hists, spec), repeat):.1f} "
-        f"| {_us(lambda: ple.hash_contexts(ctx, spec), repeat):.1f} "
-        f"| {_us(lambda: np.take(table, rows, axis=0), repeat):.1f} "
-        f"| {_us(lambda: ple_rows.decode_blocks(raw, type_name), repeat):.1f} "
-        f"| {_us(lambda: quants.dequantize(raw, qtype), repeat):.1f} |"
+        f"| {s} | {median_us(lambda: ple.decode_contexts(toks, hists, spec), repeat):.1f} "
+        f"| {median_us(lambda: ple.hash_contexts(ctx, spec), repeat):.1f} "
+        f"| {median_us(lambda: np.take(table, rows, axis=0), repeat):.1f} "
+        f"| {median_us(lambda: ple_rows.decode_blocks(raw, type_name), repeat):.1f} "
+        f"| {median_us(lambda: quants.dequantize(raw, qtype), repeat):.1f} |"
     )
 
 

@@ -15,11 +15,11 @@ pinned staging buffer on a GPU and two sets of views). The device copy is the CP
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
+from functools import partial
 
 import torch
+
+from mgserve.bench import median_us
 
 VOCAB = 248320  # qwen4exp's
 
@@ -27,17 +27,6 @@ VOCAB = 248320  # qwen4exp's
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sessions", default="1,5,16", help="comma-separated session counts")
     parser.add_argument("--repeat", type=int, default=2000, help="calls per timing")
-
-
-def _us(fn: Callable[[], object], repeat: int) -> float:
-    """Median over 5 runs of ``repeat`` calls, in microseconds per call."""
-    runs = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(repeat):
-            fn()
-        runs.append((time.perf_counter() - t0) / repeat * 1e6)
-    return statistics.median(runs)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
     ]
     for s in sessions:
         rows = [SamplingRow(SamplingParams(seed=i), list(range(100 + i)), 7) for i in range(s)]
-        now = _us(lambda rows=rows: kept_batch(kept, rows, VOCAB, cpu), args.repeat)  # type: ignore[misc]
-        before = _us(lambda rows=rows: SamplingBatch.build(rows, VOCAB, cpu), args.repeat)  # type: ignore[misc]
+        now = median_us(partial(kept_batch, kept, rows, VOCAB, cpu), args.repeat)
+        before = median_us(partial(SamplingBatch.build, rows, VOCAB, cpu), args.repeat)
         lines.append(f"| {s} | {now:.1f} | {before:.1f} | {before / now:.2f}x |")
         print(lines[-1], flush=True)
     print("\n".join(lines))

@@ -8,16 +8,11 @@ import argparse
 import pytest
 
 from mgserve.bench import engine_host
+from tests.bench.cli_args import bench_args
 
 
 def _args(**kw: object) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    engine_host.add_arguments(p)
-    args = p.parse_args([])
-    args.record = False
-    for k, v in kw.items():
-        setattr(args, k, v)
-    return args
+    return bench_args(engine_host, **{**kw})
 
 
 def test_times_a_step_for_each_session_count(capsys) -> None:

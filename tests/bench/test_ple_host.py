@@ -8,16 +8,11 @@ import argparse
 import pytest
 
 from mgserve.bench import ple_host
+from tests.bench.cli_args import bench_args
 
 
 def _args(**kw: object) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    ple_host.add_arguments(p)
-    args = p.parse_args([])
-    args.record, args.repeat = False, 3
-    for k, v in kw.items():
-        setattr(args, k, v)
-    return args
+    return bench_args(ple_host, **{"repeat": 3, **kw})
 
 
 @pytest.mark.parametrize("qtype", ["Q5_0", "Q8_0"])

@@ -8,16 +8,11 @@ import argparse
 import pytest
 
 from mgserve.bench import sampling_host
+from tests.bench.cli_args import bench_args
 
 
 def _args(**kw: object) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    sampling_host.add_arguments(p)
-    args = p.parse_args([])
-    args.record, args.repeat = False, 3
-    for k, v in kw.items():
-        setattr(args, k, v)
-    return args
+    return bench_args(sampling_host, **{"repeat": 3, **kw})
 
 
 def test_times_both_ways_for_each_session_count(capsys) -> None:
